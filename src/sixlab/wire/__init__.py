@@ -1,0 +1,1 @@
+"""Pure codecs: bytes in, typed values out, and back. No I/O, no clocks."""

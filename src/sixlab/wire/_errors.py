@@ -1,0 +1,29 @@
+"""The exception tree of ``sixlab.wire``.
+
+::
+
+    ValueError
+     └── WireError              any byte string a decoder refuses
+          ├── TruncatedError    the buffer ends before a field it must hold
+          └── InvalidFieldError a field holds a value the format forbids
+
+Every decoder either returns a value or raises a ``WireError``; nothing else escapes
+(no ``IndexError``, no ``struct.error``). Encoders raise ``WireError`` too when given a
+value that cannot be represented on the wire.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InvalidFieldError", "TruncatedError", "WireError"]
+
+
+class WireError(ValueError):
+    """A byte string that does not decode, or a value that does not encode."""
+
+
+class TruncatedError(WireError):
+    """The buffer ends before a field that must be present."""
+
+
+class InvalidFieldError(WireError):
+    """A field holds a value that the format does not allow."""
