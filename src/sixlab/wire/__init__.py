@@ -1,1 +1,8 @@
-"""Pure codecs: bytes in, typed values out, and back. No I/O, no clocks."""
+"""Pure codecs: bytes in, typed values out, and back. No I/O, no clocks.
+
+Every decoder returns a value or raises ``WireError`` (a ``ValueError``).
+"""
+
+from sixlab.wire._errors import InvalidFieldError, TruncatedError, WireError
+
+__all__ = ["InvalidFieldError", "TruncatedError", "WireError"]

@@ -40,6 +40,11 @@ __all__ = [
     "AUTH_HMAC_OFFSET",
     "AUTH_PACKET_SIZE",
     "MIN_SENDER_SIZE",
+    "REFLECTOR_AUTH",
+    "REFLECTOR_UNAUTH",
+    "SENDER_AUTH",
+    "SENDER_SHORT",
+    "SENDER_UNAUTH",
     "STAMP_PORT",
     "UNAUTH_PACKET_SIZE",
     "ReflectorPacket",
@@ -64,7 +69,7 @@ SENDER_UNAUTH = struct.Struct("!IQHH28x")
 SENDER_AUTH = struct.Struct("!I12xQHH68x16x")
 REFLECTOR_UNAUTH = struct.Struct("!IQHHQIQH2xB3x")
 REFLECTOR_AUTH = struct.Struct("!I12xQHH4xQ8xI12xQH6xB15x16x")
-_SENDER_SHORT = struct.Struct("!IQH")
+SENDER_SHORT = struct.Struct("!IQH")
 _SSID = struct.Struct("!H")
 
 
@@ -155,7 +160,7 @@ def decode_sender(data: bytes, *, authenticated: bool = False) -> SenderPacket:
         raise TruncatedError(
             f"Session-Sender packet of {size} bytes, need at least {MIN_SENDER_SIZE}"
         )
-    seq, ts, ee = _SENDER_SHORT.unpack_from(data)
+    seq, ts, ee = SENDER_SHORT.unpack_from(data)
     ssid = _SSID.unpack_from(data, 14)[0] if size >= 16 else 0
     return SenderPacket(seq, ts, ErrorEstimate.from_int(ee), ssid)
 
