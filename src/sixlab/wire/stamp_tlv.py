@@ -32,8 +32,9 @@ Three layers, all pure:
 
 The HMAC TLV (type 8, RFC 8972 §4.8) carries HMAC-SHA-256 truncated to 16 bytes over the
 Sequence Number field of the base packet (its first 4 bytes, in both modes) followed by
-every TLV that precedes the HMAC TLV, headers included. It must follow every other TLV
-except Extra Padding, which may come after it and is then not covered.
+every TLV that precedes the HMAC TLV, headers included (not the HMAC TLV's own header, so
+flags set on it in flight do not break it). It must follow every other TLV except Extra
+Padding, which may come after it and is then not covered.
 
 Exceptions come from ``sixlab.wire._errors``: ``TruncatedError`` when the area ends inside
 a TLV, ``InvalidFieldError`` when a value has the wrong length or content.
