@@ -1,0 +1,142 @@
+"""Values the sans-I/O STAMP core gives out: result records, events, drop reasons.
+
+::
+
+    StampError                 misuse of the core by its caller (not bad packets)
+     ├── SessionStateError     an input the session's state table does not accept
+     └── ConfigError           a session configuration that cannot work
+
+Bad *packets* never raise out of the core: they become a ``PacketDropped`` event and a
+count under a ``DropReason`` (STYLE.md §6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sixlab.wire.timestamp import ErrorEstimate
+
+__all__ = [
+    "ConfigError",
+    "DropReason",
+    "DuplicateReceived",
+    "Event",
+    "PacketDropped",
+    "PacketLost",
+    "PacketSent",
+    "SessionFinished",
+    "SessionStateError",
+    "StampError",
+    "StampResult",
+]
+
+
+class StampError(Exception):
+    """The caller used the STAMP core wrongly."""
+
+
+class SessionStateError(StampError):
+    """An input that the session's state table does not accept in its current state."""
+
+
+class ConfigError(StampError, ValueError):
+    """A session configuration that cannot work; the message names the field."""
+
+
+class DropReason(StrEnum):
+    """Why a received packet was dropped; the value is the counter's name."""
+
+    TOO_SHORT = "too-short"  # cannot hold Seq, Timestamp and Error Estimate (RFC 8762 §4.6)
+    MULTIPLIER_ZERO = "multiplier-zero"  # invalid Error Estimate (RFC 4656 §4.1.2)
+    HMAC_FAILED = "hmac-failed"  # RFC 8762 §4.4
+    NO_SESSION = "no-session"  # SSID of no session and no default session
+    BAD_TIMESTAMP = "bad-timestamp"  # PTP nanoseconds >= 10^9, or a T1 we never sent
+    UNKNOWN_SEQ = "unknown-seq"  # a reflected Seq the sender never sent
+    LATE = "late"  # arrived after its loss timeout had declared it lost
+    NOT_RUNNING = "not-running"  # session not started, or already finished
+    #: Not an error: the Return Path TLV's Control Code asked for no reply (RFC 9503 §4.1).
+    NO_REPLY_REQUESTED = "no-reply-requested"
+
+
+@dataclass(frozen=True, slots=True)
+class StampResult:
+    """One measurement: the four timestamps as Unix-epoch UTC nanoseconds, and context.
+
+    T1 and T4 come from the Session-Sender's clock, T2 and T3 from the Reflector's; PTP
+    timestamps (TAI) are converted to UTC with the session's TAI−UTC offset, so records of
+    both formats compare directly.
+    """
+
+    ssid: int
+    seq: int
+    t1_ns: int
+    t2_ns: int
+    t3_ns: int
+    t4_ns: int
+    sender_error: ErrorEstimate
+    reflector_error: ErrorEstimate
+    ses_sender_ttl: int
+    reflector_seq: int
+    tlvs: bytes = b""
+
+    @property
+    def direct_ns(self) -> int:
+        """Forward one-way delay T2 − T1 (as good as the clocks' synchronisation)."""
+        return self.t2_ns - self.t1_ns
+
+    @property
+    def return_ns(self) -> int:
+        """Backward one-way delay T4 − T3."""
+        return self.t4_ns - self.t3_ns
+
+    @property
+    def rtt_ns(self) -> int:
+        """Round trip without the reflector's residence time: (T4 − T1) − (T3 − T2)."""
+        return (self.t4_ns - self.t1_ns) - (self.t3_ns - self.t2_ns)
+
+    @property
+    def error_bound_ns(self) -> int:
+        """Bound on the error of any of the three delays: the two estimates added.
+
+        Each delay is a difference of one reading of each clock (one-way) or of two
+        differences each within one clock (round trip); either way the errors of the
+        Sender's and the Reflector's timestamps add (RFC 4656 §4.1.2 semantics).
+        """
+        return self.sender_error.error_ns + self.reflector_error.error_ns
+
+
+@dataclass(frozen=True, slots=True)
+class PacketSent:
+    ssid: int
+    seq: int
+    t1_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PacketLost:
+    """No reflected packet for ``seq`` within the session's loss timeout."""
+
+    ssid: int
+    seq: int
+    t1_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateReceived:
+    ssid: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PacketDropped:
+    ssid: int | None
+    reason: DropReason
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFinished:
+    ssid: int
+
+
+Event = StampResult | PacketSent | PacketLost | DuplicateReceived | PacketDropped | SessionFinished

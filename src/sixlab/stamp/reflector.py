@@ -1,0 +1,352 @@
+"""Sans-I/O STAMP Session-Reflector (RFC 8762 §4.3, RFC 8972 §4, RFC 9503).
+
+Theory of operation
+-------------------
+The adapter hands every received UDP payload to ``Reflector.reflect`` with the arrival
+time (T2, UTC ns, as close to the wire as the adapter can take it: a kernel RX
+timestamp), the IPv6 Hop Limit it arrived with, and a clock to read T3 from.
+``reflect`` returns the reply to send (and the return path to send it on), or None; a
+packet it will not answer is counted under a ``DropReason`` and never raises.
+
+Sessions. A reflector holds sessions by SSID (RFC 8972 §3) and, optionally, a default
+session that answers every SSID (an RFC 8762 reflector that knows nothing of SSIDs).
+A session is stateless (reply Seq = sender Seq) or stateful (reply Seq = its own count
+of replies from 0, RFC 8762 §4.3.1, which lets the Sender tell forward from backward
+loss), unauthenticated or authenticated (a per-session key).
+
+Order of checks for one packet:
+
+1. Authenticated? If the packet is long enough and bytes 26:28 name an authenticated
+   session (or the default session is authenticated and no unauthenticated session
+   claims bytes 14:16), its HMAC is verified first, in constant time (RFC 8762 §4.4).
+2. Long enough to hold Seq, Timestamp and Error Estimate (14 bytes); a shorter-than-base
+   packet from a TWAMP-Light sender is answered with a full base packet (§4.6).
+3. Error Estimate Multiplier not 0 (RFC 4656 §4.1.2: such a packet is corrupt).
+4. TLVs (RFC 8972 §4): copied back (symmetric size); U cleared on the ones understood;
+   Location and Timestamp Information filled in; a TLV whose length runs past the end
+   is returned with M set; a Return Path TLV (RFC 9503) chooses the return path.
+5. T2 and T3 are two clock readings: T2 given, T3 read just before the reply is packed.
+   Ses-Sender TTL is the received Hop Limit.
+
+The unauthenticated path without TLVs is the hot path of the user-space data planes:
+one ``unpack_from`` and one ``pack`` on precompiled structs, no per-packet objects but
+the reply bytes and one small tuple (benchmarks/bench_reflector.py measures it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from sixlab.stamp import _tlvs
+from sixlab.stamp._events import ConfigError, DropReason
+from sixlab.stamp.sender import DEFAULT_TAI_UTC_OFFSET_NS
+from sixlab.wire import stamp as wire
+from sixlab.wire import stamp_auth
+from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, ntp_from_ns, ptp_from_ns
+
+__all__ = [
+    "PacketContext",
+    "Reflection",
+    "Reflector",
+    "ReflectorCounters",
+    "ReflectorMode",
+    "ReflectorSessionConfig",
+    "ReturnPath",
+]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_SENDER_UNAUTH = wire.SENDER_UNAUTH
+_SENDER_AUTH = wire.SENDER_AUTH
+_SENDER_SHORT = wire.SENDER_SHORT
+_REFLECTOR_UNAUTH = wire.REFLECTOR_UNAUTH
+_REFLECTOR_AUTH = wire.REFLECTOR_AUTH
+_UNAUTH = wire.UNAUTH_PACKET_SIZE
+_AUTH = wire.AUTH_PACKET_SIZE
+_MIN = wire.MIN_SENDER_SIZE
+
+
+class ReflectorMode(StrEnum):
+    STATELESS = "stateless"
+    STATEFUL = "stateful"
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnPath:
+    """Where a reply goes: a return SRv6 SID list (travel order) and/or another address.
+
+    Both None means "back to the packet's source, by plain routing".
+    """
+
+    segments: tuple[ipaddress.IPv6Address, ...] | None = None
+    address: IPAddress | None = None
+
+
+_PLAIN_RETURN = ReturnPath()
+
+
+@dataclass(frozen=True, slots=True)
+class ReflectorSessionConfig:
+    """One reflector session. ``ssid=None`` makes it the SSID-agnostic default."""
+
+    ssid: int | None
+    mode: ReflectorMode = ReflectorMode.STATELESS
+    key: bytes | None = None
+    fmt: TimestampFormat = TimestampFormat.NTP
+    error_estimate: ErrorEstimate | None = None
+    return_segments: tuple[ipaddress.IPv6Address, ...] | None = None
+    tai_utc_offset_ns: int = DEFAULT_TAI_UTC_OFFSET_NS
+    #: Clock-source and timestamping-method codes reported in the Timestamp Information
+    #: TLV (RFC 8972 §4.3; IANA: sync source 1 = NTP, method 1 = SW local, 2 = HW).
+    sync_source: int = 1
+    timestamp_method: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ssid is not None and not 0 <= self.ssid <= 0xFFFF:
+            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+        if self.key is not None and not self.key:
+            raise ConfigError("key: authenticated mode needs a non-empty key")
+        if self.return_segments is not None and not self.return_segments:
+            raise ConfigError("return_segments: an SRv6 SID list cannot be empty")
+        if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
+            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+        if self.error_estimate is not None and not self.error_estimate.is_valid:
+            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+
+    @property
+    def authenticated(self) -> bool:
+        return self.key is not None
+
+
+@dataclass(slots=True)
+class _Session:
+    config: ReflectorSessionConfig
+    ee: ErrorEstimate
+    ee_int: int
+    ptp: bool
+    return_path: ReturnPath
+    next_seq: int = 0
+    reflected: int = 0
+    dropped: dict[DropReason, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: ReflectorSessionConfig) -> _Session:
+        ee = config.error_estimate or ErrorEstimate.for_error_ns(1000, fmt=config.fmt)
+        segs = config.return_segments
+        return cls(
+            config=config,
+            ee=ee,
+            ee_int=ee.to_int(),
+            ptp=config.fmt is TimestampFormat.PTP,
+            return_path=ReturnPath(segments=segs) if segs else _PLAIN_RETURN,
+        )
+
+    def timestamp(self, utc_ns: int) -> int:
+        if self.ptp:
+            return ptp_from_ns(utc_ns + self.config.tai_utc_offset_ns)
+        return ntp_from_ns(utc_ns)
+
+    def take_seq(self, sender_seq: int) -> int:
+        if self.config.mode is ReflectorMode.STATELESS:
+            return sender_seq
+        seq = self.next_seq
+        self.next_seq = (seq + 1) & 0xFFFF_FFFF
+        return seq
+
+
+class Reflection(NamedTuple):
+    payload: bytes
+    ssid: int
+    return_path: ReturnPath
+
+
+@dataclass(frozen=True, slots=True)
+class PacketContext:
+    """Addresses and ports of the received packet, for the Location TLV (RFC 8972 §4.2)."""
+
+    src: IPAddress
+    dst: IPAddress
+    src_port: int
+    dst_port: int
+
+
+@dataclass(slots=True)
+class ReflectorCounters:
+    received: int = 0
+    reflected: int = 0
+    dropped: dict[DropReason, int] = field(default_factory=dict)
+
+
+class Reflector:
+    """A Session-Reflector: its sessions, its default session, its counters."""
+
+    def __init__(self, default: ReflectorSessionConfig | None = None) -> None:
+        self.counters = ReflectorCounters()
+        self._unauth: dict[int, _Session] = {}
+        self._auth: dict[int, _Session] = {}
+        self._default: _Session | None = None
+        if default is not None:
+            self.set_default(default)
+
+    # -- configuration ----------------------------------------------------------------
+
+    def add_session(self, config: ReflectorSessionConfig) -> None:
+        if config.ssid is None:
+            raise ConfigError("ssid: use set_default for the SSID-agnostic session")
+        if config.ssid in self._unauth or config.ssid in self._auth:
+            raise ConfigError(f"ssid: session {config.ssid} already exists")
+        table = self._auth if config.authenticated else self._unauth
+        table[config.ssid] = _Session.from_config(config)
+
+    def remove_session(self, ssid: int) -> None:
+        if self._unauth.pop(ssid, None) is None and self._auth.pop(ssid, None) is None:
+            raise ConfigError(f"ssid: no session {ssid}")
+
+    def set_default(self, config: ReflectorSessionConfig | None) -> None:
+        if config is not None and config.ssid is not None:
+            raise ConfigError("ssid: the default session has no SSID (None)")
+        self._default = None if config is None else _Session.from_config(config)
+
+    def session_counters(self, ssid: int | None) -> tuple[int, dict[DropReason, int]]:
+        """(replies sent, drops by reason) of one session; None names the default."""
+        sess = self._default if ssid is None else self._unauth.get(ssid) or self._auth.get(ssid)
+        if sess is None:
+            raise ConfigError(f"ssid: no session {ssid}")
+        return sess.reflected, dict(sess.dropped)
+
+    @property
+    def ssids(self) -> list[int]:
+        return sorted([*self._unauth, *self._auth])
+
+    # -- the packet path --------------------------------------------------------------
+
+    def reflect(
+        self,
+        data: bytes,
+        t2_ns: int,
+        clock: Callable[[], int],
+        hop_limit: int,
+        context: PacketContext | None = None,
+    ) -> Reflection | None:
+        """The reply to a Session-Sender packet, or None (the drop is counted)."""
+        self.counters.received += 1
+        size = len(data)
+        if size >= _AUTH and (self._auth or (self._default and self._default.config.key)):
+            sess = self._auth.get(int.from_bytes(data[26:28]))
+            if sess is None and int.from_bytes(data[14:16]) not in self._unauth:
+                sess = self._default if self._default and self._default.config.key else None
+            if sess is not None:
+                return self._reflect_auth(sess, data, t2_ns, clock, hop_limit, context=context)
+        if size < _MIN:
+            self._drop(None, DropReason.TOO_SHORT)
+            return None
+        if size >= _UNAUTH:
+            seq, ts, ee, ssid = _SENDER_UNAUTH.unpack_from(data)
+        else:
+            seq, ts, ee = _SENDER_SHORT.unpack_from(data)
+            ssid = int.from_bytes(data[14:16]) if size >= 16 else 0
+        sess = self._unauth.get(ssid)
+        if sess is None:
+            sess = self._default
+            if sess is None or sess.config.key is not None:
+                self._drop(None, DropReason.NO_SESSION)
+                return None
+        if not ee & 0xFF:
+            self._drop(sess, DropReason.MULTIPLIER_ZERO)
+            return None
+        route = sess.return_path
+        tlvs = b""
+        if size > _UNAUTH:
+            reflected = self._tlvs(sess, data, data[_UNAUTH:], route, context)
+            if reflected is None:
+                self._drop(sess, DropReason.NO_REPLY_REQUESTED)
+                return None
+            tlvs, route = reflected
+        rseq = sess.take_seq(seq)
+        t2 = sess.timestamp(t2_ns)
+        t3 = sess.timestamp(clock())
+        payload = _REFLECTOR_UNAUTH.pack(rseq, t3, sess.ee_int, ssid, t2, seq, ts, ee, hop_limit)
+        sess.reflected += 1
+        self.counters.reflected += 1
+        return Reflection(payload + tlvs if tlvs else payload, ssid, route)
+
+    def _reflect_auth(
+        self,
+        sess: _Session,
+        data: bytes,
+        t2_ns: int,
+        clock: Callable[[], int],
+        hop_limit: int,
+        *,
+        context: PacketContext | None,
+    ) -> Reflection | None:
+        key = sess.config.key
+        assert key is not None  # only authenticated sessions come here
+        if not stamp_auth.verify(data, key):
+            self._drop(sess, DropReason.HMAC_FAILED)
+            return None
+        seq, ts, ee, ssid = _SENDER_AUTH.unpack_from(data)
+        if not ee & 0xFF:
+            self._drop(sess, DropReason.MULTIPLIER_ZERO)
+            return None
+        route = sess.return_path
+        tlvs = b""
+        if len(data) > _AUTH:
+            reflected = self._tlvs(sess, data, data[_AUTH:], route, context)
+            if reflected is None:
+                self._drop(sess, DropReason.NO_REPLY_REQUESTED)
+                return None
+            tlvs, route = reflected
+        rseq = sess.take_seq(seq)
+        t2 = sess.timestamp(t2_ns)
+        t3 = sess.timestamp(clock())
+        body = _REFLECTOR_AUTH.pack(rseq, t3, sess.ee_int, ssid, t2, seq, ts, ee, hop_limit)
+        if tlvs:
+            tlvs = _tlvs.resign_hmac_tlv(body[:4], tlvs, key)
+        sess.reflected += 1
+        self.counters.reflected += 1
+        return Reflection(stamp_auth.sign(body + tlvs, key), ssid, route)
+
+    def _tlvs(
+        self,
+        sess: _Session,
+        data: bytes,
+        area: bytes,
+        route: ReturnPath,
+        context: PacketContext | None,
+    ) -> tuple[bytes, ReturnPath] | None:
+        """The reflected TLV area and return path; None if the sender asked for no reply."""
+        cfg = sess.config
+        out = _tlvs.reflect_tlvs(
+            area,
+            _tlvs.TlvContext(
+                src=context.src if context else None,
+                dst=context.dst if context else None,
+                src_port=context.src_port if context else 0,
+                dst_port=context.dst_port if context else 0,
+                sync_source=cfg.sync_source,
+                timestamp_method=cfg.timestamp_method,
+                key=cfg.key,
+                seq_field=data[:4],
+                received=sess.reflected + sum(sess.dropped.values()) + 1,
+                transmitted=sess.reflected,
+            ),
+        )
+        if not out.reply_requested:
+            return None
+        if out.return_segments is not None or out.return_address is not None:
+            route = ReturnPath(
+                segments=out.return_segments or route.segments,
+                address=out.return_address,
+            )
+        return out.area, route
+
+    def _drop(self, sess: _Session | None, reason: DropReason) -> None:
+        """Count a packet not answered, globally and in its session if it has one."""
+        self.counters.dropped[reason] = self.counters.dropped.get(reason, 0) + 1
+        if sess is not None:
+            sess.dropped[reason] = sess.dropped.get(reason, 0) + 1
