@@ -7,6 +7,7 @@ exactly as the link was told to behave.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -87,8 +88,7 @@ def run(
             if direction == "fwd":
                 seq = int.from_bytes(data[:4])
                 plan = link.plans[seq]
-                t3 = now + plan.residence
-                out = reflector.reflect(data, now, lambda t3=t3: t3, 61)
+                out = reflector.reflect(data, now, functools.partial(int, now + plan.residence), 61)
                 assert out is not None
                 if not plan.bwd_drop:
                     link.put(now + plan.residence + plan.bwd_delay, "bwd", out.payload)
