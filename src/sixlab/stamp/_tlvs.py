@@ -53,8 +53,8 @@ class TlvContext:
     dst: IPAddress | None = None
     src_port: int = 0
     dst_port: int = 0
-    sync_source: int = 1
-    timestamp_method: int = 1
+    sync_source: int = t.SyncSource.NTP
+    timestamp_method: int = t.TimestampMethod.SW_LOCAL
     key: bytes | None = None
     seq_field: bytes = b"\0\0\0\0"  # the received base packet's Sequence Number field
     received: int = 0  # session packets received, this one included (Direct Measurement)

@@ -46,6 +46,7 @@ from sixlab.stamp._events import ConfigError, DropReason
 from sixlab.stamp.sender import DEFAULT_TAI_UTC_OFFSET_NS
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
+from sixlab.wire.stamp_tlv import SyncSource, TimestampMethod
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, ntp_from_ns, ptp_from_ns
 
 __all__ = [
@@ -100,10 +101,10 @@ class ReflectorSessionConfig:
     error_estimate: ErrorEstimate | None = None
     return_segments: tuple[ipaddress.IPv6Address, ...] | None = None
     tai_utc_offset_ns: int = DEFAULT_TAI_UTC_OFFSET_NS
-    #: Clock-source and timestamping-method codes reported in the Timestamp Information
-    #: TLV (RFC 8972 §4.3; IANA: sync source 1 = NTP, method 1 = SW local, 2 = HW).
-    sync_source: int = 1
-    timestamp_method: int = 1
+    #: Clock source and timestamping method reported in the Timestamp Information TLV
+    #: (RFC 8972 §4.3, IANA registries): the host clock, read in software.
+    sync_source: int = SyncSource.NTP
+    timestamp_method: int = TimestampMethod.SW_LOCAL
 
     def __post_init__(self) -> None:
         if self.ssid is not None and not 0 <= self.ssid <= 0xFFFF:
