@@ -1,0 +1,189 @@
+"""The SRv6 two-path testbed of the STAMP experiments.
+
+::
+
+                         link A (emulated)
+    sender ── R1 ═══════════════════════════ R2 ── reflector
+                 ═══════════════════════════
+                         link B (emulated)
+
+Addresses (ULA, only inside the namespaces)::
+
+    sender  eth0   fd00:0:1::1/64     R1 to_snd fd00:0:1::2/64
+    R1      to_r2a fd00:0:a::1/64     R2 to_r1a fd00:0:a::2/64      (link A)
+    R1      to_r2b fd00:0:b::1/64     R2 to_r1b fd00:0:b::2/64      (link B)
+    R2      to_rfl fd00:0:2::1/64     reflector eth0 fd00:0:2::2/64
+
+SIDs (seg6local)::
+
+    R1  fc00:0:1::1 End   fc00:0:1::a End.X -> link A   fc00:0:1::b End.X -> link B
+    R2  fc00:0:2::1 End   fc00:0:2::a End.X -> link A   fc00:0:2::b End.X -> link B
+    sender    fc00:0:11::d6 End.DT6 (table local: decapsulated packets are delivered)
+    reflector fc00:0:12::d6 End.DT6 (table local)
+
+Path X (X in A, B) pins link X in both directions with one End.X SID each way:
+
+- forward  ``[R1 End.X X, reflector]``: R1 sends the packet over link X with the
+  destination set to the reflector, and R2 forwards it normally.
+- return   ``[R2 End.X X, sender]``: the mirror image.
+
+The last segment is the end host itself, so the host receives the datagram with the SRH
+still present (Segments Left 0) on an ordinary UDP socket: what an SRv6 STAMP
+Session-Reflector expects (the SRH tells it the return path). Plain IPv6 between the
+hosts (no SRH) follows link A.
+
+Delays are per link and direction: ``forward`` is R1 → R2 (the sender-to-reflector
+direction), ``return`` R2 → R1. Defaults: path A 5 ms / 12 ms, path B 20 ms / 3 ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from sixlab.testbed import _netns
+from sixlab.testbed._topology import EmulatedLink, LinkEmulation, Node, Testbed
+from sixlab.testbed.linkemu import DirectionConfig
+
+__all__ = ["SRv6Path", "SRv6TwoPaths", "srv6_two_paths"]
+
+
+@dataclass(frozen=True, slots=True)
+class SRv6Path:
+    """One SRv6 path between the hosts: segment lists in travel order, configured delays."""
+
+    name: str
+    forward_segments: tuple[str, ...]
+    return_segments: tuple[str, ...]
+    forward_delay_ms: float
+    return_delay_ms: float
+
+    @property
+    def round_trip_delay_ms(self) -> float:
+        """Configured round-trip delay of the path (emulated links only)."""
+        return self.forward_delay_ms + self.return_delay_ms
+
+
+class SRv6TwoPaths:
+    """Handle of :func:`srv6_two_paths`: nodes, addresses, SIDs, paths, link emulators."""
+
+    SENDER_ADDR = "fd00:0:1::1"
+    REFLECTOR_ADDR = "fd00:0:2::2"
+
+    def __init__(self, testbed: Testbed, link_a: LinkEmulation, link_b: LinkEmulation) -> None:
+        self.testbed = testbed
+        tb = testbed
+        self.sender: Node = tb.add_node("snd")
+        self.r1: Node = tb.add_node("r1", router=True)
+        self.r2: Node = tb.add_node("r2", router=True)
+        self.reflector: Node = tb.add_node("rfl")
+        self.sender_addr = self.SENDER_ADDR
+        self.reflector_addr = self.REFLECTOR_ADDR
+        self.sids: dict[str, str] = {
+            "r1.end": "fc00:0:1::1",
+            "r1.endx_a": "fc00:0:1::a",
+            "r1.endx_b": "fc00:0:1::b",
+            "r2.end": "fc00:0:2::1",
+            "r2.endx_a": "fc00:0:2::a",
+            "r2.endx_b": "fc00:0:2::b",
+            "sender.dt6": "fc00:0:11::d6",
+            "reflector.dt6": "fc00:0:12::d6",
+        }
+        s, r1, r2, rf = self.sender, self.r1, self.r2, self.reflector
+        tb.add_link(s, r1, if_a="eth0", if_b="to_snd", addr_a="fd00:0:1::1", addr_b="fd00:0:1::2")
+        la = tb.add_link(
+            r1, r2, if_a="to_r2a", if_b="to_r1a", addr_a="fd00:0:a::1", addr_b="fd00:0:a::2",
+            emulation=link_a,
+        )  # fmt: skip
+        lb = tb.add_link(
+            r1, r2, if_a="to_r2b", if_b="to_r1b", addr_a="fd00:0:b::1", addr_b="fd00:0:b::2",
+            emulation=link_b,
+        )  # fmt: skip
+        tb.add_link(r2, rf, if_a="to_rfl", if_b="eth0", addr_a="fd00:0:2::1", addr_b="fd00:0:2::2")
+        assert la.emulator is not None
+        assert lb.emulator is not None
+        self.links: dict[str, EmulatedLink] = {"A": la.emulator, "B": lb.emulator}
+
+        # Plain routes: hosts default to their router; routers reach the far side over A.
+        s.add_route("default", via="fd00:0:1::2")
+        rf.add_route("default", via="fd00:0:2::1")
+        for dst in ("fd00:0:2::/64", "fc00:0:2::/48", "fc00:0:12::/48"):
+            r1.add_route(dst, via="fd00:0:a::2")
+        r1.add_route("fc00:0:11::/48", via="fd00:0:1::1")
+        for dst in ("fd00:0:1::/64", "fc00:0:1::/48", "fc00:0:11::/48"):
+            r2.add_route(dst, via="fd00:0:a::1")
+        r2.add_route("fc00:0:12::/48", via="fd00:0:2::2")
+
+        # SIDs.
+        r1.add_seg6local(self.sids["r1.end"], "End", dev="to_snd")
+        r1.add_seg6local(self.sids["r1.endx_a"], "End.X", nh6="fd00:0:a::2", dev="to_r2a")
+        r1.add_seg6local(self.sids["r1.endx_b"], "End.X", nh6="fd00:0:b::2", dev="to_r2b")
+        r2.add_seg6local(self.sids["r2.end"], "End", dev="to_rfl")
+        r2.add_seg6local(self.sids["r2.endx_a"], "End.X", nh6="fd00:0:a::1", dev="to_r1a")
+        r2.add_seg6local(self.sids["r2.endx_b"], "End.X", nh6="fd00:0:b::1", dev="to_r1b")
+        s.add_seg6local(self.sids["sender.dt6"], "End.DT6", dev="eth0", table=255)
+        rf.add_seg6local(self.sids["reflector.dt6"], "End.DT6", dev="eth0", table=255)
+
+        self.paths: dict[str, SRv6Path] = {}
+        for name, emu in (("A", link_a), ("B", link_b)):
+            x = name.lower()
+            self.paths[name] = SRv6Path(
+                name=name,
+                forward_segments=(self.sids[f"r1.endx_{x}"], self.reflector_addr),
+                return_segments=(self.sids[f"r2.endx_{x}"], self.sender_addr),
+                forward_delay_ms=emu.ab.delay_ms,
+                return_delay_ms=emu.ba.delay_ms,
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Tear the whole testbed down."""
+        self.testbed.close()
+
+
+def srv6_two_paths(
+    *,
+    path_a_ms: tuple[float, float] = (5.0, 12.0),
+    path_b_ms: tuple[float, float] = (20.0, 3.0),
+    jitter_ms: float = 0.0,
+    loss: float = 0.0,
+    seed: int = 0,
+    link_a: LinkEmulation | None = None,
+    link_b: LinkEmulation | None = None,
+    prefix: str = _netns.DEFAULT_PREFIX,
+) -> SRv6TwoPaths:
+    """Build the two-path SRv6 testbed; use it as a context manager.
+
+    ``path_X_ms`` is (forward, return) delay in ms of link X; ``jitter_ms`` and ``loss``
+    apply to every direction of both links. ``link_a``/``link_b`` replace all of that
+    for one link (``ab`` is the forward direction R1 → R2).
+    """
+    if link_a is None:
+        link_a = LinkEmulation(
+            ab=DirectionConfig(path_a_ms[0], jitter_ms, loss),
+            ba=DirectionConfig(path_a_ms[1], jitter_ms, loss),
+            seed=seed,
+        )
+    if link_b is None:
+        link_b = LinkEmulation(
+            ab=DirectionConfig(path_b_ms[0], jitter_ms, loss),
+            ba=DirectionConfig(path_b_ms[1], jitter_ms, loss),
+            seed=seed + 1,
+        )
+    testbed = Testbed(prefix)
+    try:
+        return SRv6TwoPaths(testbed, link_a, link_b)
+    except BaseException:
+        testbed.close()
+        raise
