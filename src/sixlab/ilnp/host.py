@@ -1,0 +1,595 @@
+"""A sans-I/O ILNPv6 host: receive and send paths, Locator Updates, admission.
+
+Theory of operation
+-------------------
+The host sits between the network and applications (DESIGN.md "ILNP host"). It owns no
+socket and reads no clock: the adapter passes bytes and ``now`` in, and takes packets
+(:meth:`IlnpHost.datagrams_to_send`), events (:meth:`IlnpHost.next_event`) and the next
+timer (:meth:`IlnpHost.get_timer`) out — the aioquic shape (STYLE.md §1, §2).
+
+Receive (:meth:`IlnpHost.receive`, a wire packet):
+  1. parse; anything not for our NID and one of our locators is dropped;
+  2. a known correspondent: its nonce must match (the first nonce it sent is learned),
+     and the source locator must be in its set and not expired; Locator Updates are
+     authenticated by the nonce alone, since they come from a locator we do not know yet;
+  3. an unknown correspondent must carry a nonce; then the admission policy decides
+     whether it gets an ILCC entry. Either way the packet is delivered; a refused peer
+     goes into a small bounded *reply table* so that the answer of a non-connected
+     server still finds its way back without growing the ILCC;
+  4. deliver: addresses rewritten to identifier addresses (prefix + NID), nonce removed.
+     The upper-layer checksum is untouched: see ``sixlab.wire.ilnp.IDENTIFIER_PREFIX``.
+
+Send (:meth:`IlnpHost.send`, an application packet with identifier addresses): the
+best valid peer locator (lowest preference) and our current locator replace the prefix;
+our nonce is added until the peer has answered, while a Locator Update is pending, and
+always with ``always_carry_nonce``. A peer that answered our nonce with ICMPv6
+Parameter Problem code 2 pointing at option 0x8B is marked non-ILNP and gets plain IPv6
+(no nonce, checksum recomputed for its real addresses).
+
+Locator Update (RFC 6743): :meth:`IlnpHost.set_local_locators` advertises the new set
+to every active correspondent, retransmits every ``lu_interval`` seconds up to
+``lu_max_tries`` times until acknowledged. A received advertisement with the right
+nonce replaces the peer's whole locator set and is acknowledged; a wrong or missing
+nonce is dropped and counted.
+
+Every drop is counted in :attr:`IlnpHost.counters` under its :class:`DropReason` and
+emitted as a :class:`Dropped` event.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sixlab.ilnp.ilcc import EntryEvent, EntryState, IlccEntry, IlccStore, PeerLocator, create_store
+from sixlab.ilnp.policy import AdmissionPolicy, AdmissionRequest, NonePolicy
+from sixlab.wire._errors import WireError
+from sixlab.wire.ilnp import (
+    ICMPV6_NEXT_HEADER,
+    ICMPV6_PARAM_PROBLEM,
+    IDENTIFIER_PREFIX,
+    ILNP_NONCE_OPTION,
+    ILV,
+    LOCATOR_UPDATE_TYPE,
+    PARAM_PROBLEM_UNRECOGNIZED_OPTION,
+    IlnpPacket,
+    LocatorEntry,
+    LocatorUpdate,
+    LuOperation,
+    Nonce,
+    decode_locator_update,
+    decode_packet,
+    encode_locator_update,
+    encode_packet,
+    relocate_checksum,
+)
+
+__all__ = [
+    "Adopted",
+    "Deliver",
+    "DropReason",
+    "Dropped",
+    "Event",
+    "HostConfig",
+    "IlnpHost",
+    "LocatorUpdateAcked",
+    "LocatorUpdateFailed",
+    "PeerLocatorsChanged",
+    "PeerNotIlnp",
+    "Removed",
+]
+
+_PORTS = struct.Struct("!HH")
+_PORT_PROTOCOLS = frozenset({6, 17, 132, 136})  # TCP, UDP, SCTP, UDP-Lite: ports first
+
+
+class DropReason(StrEnum):
+    MALFORMED = "malformed"
+    NOT_FOR_US = "not_for_us"
+    NO_NONCE = "no_nonce"
+    NONCE_MISMATCH = "nonce_mismatch"
+    UNKNOWN_LOCATOR = "unknown_locator"
+    NOT_IDENTIFIER = "not_identifier"  # an application packet not on the identifier prefix
+    NO_ROUTE = "no_route"  # no usable locator for the destination NID
+    LU_UNKNOWN_PEER = "lu_unknown_peer"
+    LU_BAD_NONCE = "lu_bad_nonce"
+    LU_BAD_CHECKSUM = "lu_bad_checksum"
+    LU_UNEXPECTED_ACK = "lu_unexpected_ack"
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A packet for the application, on identifier addresses."""
+
+    packet: bytes
+    peer_nid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    reason: DropReason
+    peer_nid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    peer_nid: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    peer_nid: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLocatorsChanged:
+    peer_nid: int
+    locators: tuple[LocatorEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocatorUpdateAcked:
+    peer_nid: int
+
+
+@dataclass(frozen=True, slots=True)
+class LocatorUpdateFailed:
+    peer_nid: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerNotIlnp:
+    peer_nid: int
+
+
+Event = (
+    Deliver
+    | Dropped
+    | Adopted
+    | Removed
+    | PeerLocatorsChanged
+    | LocatorUpdateAcked
+    | LocatorUpdateFailed
+    | PeerNotIlnp
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    """Static settings of one host; ``locators`` are our own, with preferences."""
+
+    nid: int
+    locators: tuple[LocatorEntry, ...]
+    identifier_prefix: int = IDENTIFIER_PREFIX
+    always_carry_nonce: bool = False
+    nonce_size: int = 4  # RFC 6744: 4 or 12
+    #: Retransmit an unacknowledged Locator Update every second, at most 7 times: what
+    #: the Linux prototypes do (PROTOCOLS.md); RFC 6743 leaves both open.
+    lu_interval: float = 1.0
+    lu_max_tries: int = 7
+    #: Lifetime given to a locator learned from a packet's source address (no LU yet).
+    learned_lifetime: int = 600
+    #: The reply table for correspondents the policy did not adopt: small and bounded.
+    reply_capacity: int = 256
+    reply_ttl: float = 30.0
+    hop_limit: int = 64
+
+
+@dataclass(slots=True)
+class _ReplyHint:
+    locator: int
+    peer_nonce: Nonce
+    local_nonce: Nonce
+    expires: float
+
+
+class IlnpHost:
+    """One ILNPv6 node: ILCC, admission policy, nonce handling and Locator Updates."""
+
+    def __init__(
+        self,
+        config: HostConfig,
+        *,
+        policy: AdmissionPolicy | None = None,
+        store: IlccStore | str = "hash",
+        nonce_source: Callable[[int], bytes] = secrets.token_bytes,
+    ) -> None:
+        if not config.locators:
+            raise ValueError("a host needs at least one locator")
+        self.config = config
+        self.policy: AdmissionPolicy = policy if policy is not None else NonePolicy()
+        self.ilcc: IlccStore = create_store(store) if isinstance(store, str) else store
+        self.counters: Counter[str] = Counter()
+        self._nonce_source = nonce_source
+        self._locators: tuple[LocatorEntry, ...] = config.locators
+        self._replies: OrderedDict[int, _ReplyHint] = OrderedDict()
+        self._out: list[bytes] = []
+        self._events: deque[Event] = deque()
+
+    # ------------------------------------------------------------------ outputs
+
+    def datagrams_to_send(self) -> list[bytes]:
+        """Wire packets produced since the last call."""
+        out, self._out = self._out, []
+        return out
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    @property
+    def local_locator(self) -> int:
+        """Our preferred locator: lowest preference value."""
+        return min(self._locators, key=lambda e: (e.preference, e.locator)).locator
+
+    @property
+    def reply_table_size(self) -> int:
+        return len(self._replies)
+
+    # ------------------------------------------------------------------ configuration
+
+    def add_correspondent(
+        self, nid: int, locators: Iterable[LocatorEntry], now: float
+    ) -> IlccEntry:
+        """Create an entry for a peer we start talking to (its L64s from DNS, RFC 6742).
+
+        This is an explicit local decision (like ``connect``), so no policy is asked.
+        """
+        entry = self._new_entry(nid, None, now)
+        entry.replace_locators(tuple(locators), now)
+        self.ilcc.add(entry)
+        return entry
+
+    def set_local_locators(self, locators: Iterable[LocatorEntry], now: float) -> None:
+        """Our locators changed (a move, a new uplink): tell every active correspondent."""
+        new = tuple(locators)
+        if not new:
+            raise ValueError("a host needs at least one locator")
+        self._locators = new
+        for entry in self.ilcc:
+            entry.local_locator = self.local_locator
+            entry.fire(EntryEvent.LOCAL_LOCATOR_CHANGE)
+            if entry.state is EntryState.LU_PENDING:
+                entry.carry_nonce = True
+                entry.lu_advertised = new
+                entry.lu_tries = 0
+                self._send_advertisement(entry, now)
+
+    # ------------------------------------------------------------------ timers
+
+    def get_timer(self) -> float | None:
+        times = [t for e in self.ilcc if (t := e.next_deadline()) is not None]
+        policy_deadline = self.policy.next_deadline(self.ilcc)
+        if policy_deadline is not None:
+            times.append(policy_deadline)
+        if self._replies:
+            times.append(min(h.expires for h in self._replies.values()))
+        return min(times, default=None)
+
+    def handle_timer(self, now: float) -> None:
+        for entry in self.ilcc:
+            entry.advance(now)
+            if entry.state is EntryState.EXPIRED:
+                self._remove(entry.peer_nid, "locators_expired")
+                continue
+            if entry.lu_next is not None and now >= entry.lu_next:
+                if entry.lu_tries >= self.config.lu_max_tries:
+                    entry.lu_next = None
+                    entry.fire(EntryEvent.LU_GAVE_UP)
+                    self.counters["lu_failed"] += 1
+                    self._events.append(LocatorUpdateFailed(entry.peer_nid))
+                else:
+                    self.counters["lu_retransmitted"] += 1
+                    self._send_advertisement(entry, now)
+        for nid in self.policy.expired(self.ilcc, now):
+            self._remove(nid, "policy_expired")
+        for nid in [n for n, h in self._replies.items() if h.expires <= now]:
+            del self._replies[nid]
+
+    # ------------------------------------------------------------------ receive
+
+    def receive(self, data: bytes, now: float) -> None:
+        """A packet from the network."""
+        try:
+            packet = decode_packet(data)
+        except WireError:
+            self._drop(DropReason.MALFORMED)
+            return
+        if packet.dst.nid != self.config.nid or packet.dst.locator not in {
+            e.locator for e in self._locators
+        }:
+            self._drop(DropReason.NOT_FOR_US, packet.src.nid)
+            return
+        if packet.next_header == ICMPV6_NEXT_HEADER and packet.payload[:1] == bytes(
+            [ICMPV6_PARAM_PROBLEM]
+        ):
+            self._param_problem(packet)
+            return
+        if packet.next_header == ICMPV6_NEXT_HEADER and packet.payload[:1] == bytes(
+            [LOCATOR_UPDATE_TYPE]
+        ):
+            self._locator_update(packet, now)
+            return
+        peer = packet.src.nid
+        entry = self.ilcc.get(peer)
+        if entry is not None:
+            self._receive_known(entry, packet, now)
+            return
+        hint = self._replies.get(peer)
+        if hint is not None and (
+            packet.nonce == hint.peer_nonce
+            or (packet.nonce is None and packet.src.locator == hint.locator)
+        ):
+            hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
+            self._deliver(packet)
+            return
+        if packet.nonce is None:
+            self._drop(DropReason.NO_NONCE, peer)
+            return
+        self._admit(packet, packet.nonce, now)
+
+    def _receive_known(self, entry: IlccEntry, packet: IlnpPacket, now: float) -> None:
+        peer = entry.peer_nid
+        if packet.nonce is not None:
+            if entry.peer_nonce is None:
+                entry.peer_nonce = packet.nonce
+            elif packet.nonce != entry.peer_nonce:
+                self._drop(DropReason.NONCE_MISMATCH, peer)
+                return
+        elif entry.peer_nonce is None:
+            self._drop(DropReason.NO_NONCE, peer)
+            return
+        entry.advance(now)
+        source = entry.find_locator(packet.src.locator)
+        if source is None or source.next_deadline() is None:  # unknown or expired
+            self._drop(DropReason.UNKNOWN_LOCATOR, peer)
+            return
+        if entry.state is not EntryState.LU_PENDING:
+            entry.carry_nonce = False  # the peer answered: it knows our nonce
+        self._use(entry, now)
+        self._deliver(packet)
+
+    def _admit(self, packet: IlnpPacket, nonce: Nonce, now: float) -> None:
+        peer = packet.src.nid
+        local_port = remote_port = None
+        if packet.next_header in _PORT_PROTOCOLS and len(packet.payload) >= _PORTS.size:
+            remote_port, local_port = _PORTS.unpack_from(packet.payload)
+        request = AdmissionRequest(
+            peer, packet.src.locator, packet.next_header, local_port, remote_port
+        )
+        decision = self.policy.admit(request, self.ilcc, now)
+        if decision.admit:
+            for nid in decision.evict:
+                self._remove(nid, "evicted")
+            entry = self._new_entry(peer, nonce, now)
+            entry.replace_locators(
+                (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
+            )
+            self.ilcc.add(entry)
+            self.counters["adopted"] += 1
+            self._events.append(Adopted(peer, decision.reason))
+        else:
+            self.counters["not_adopted"] += 1
+            self.counters[f"not_adopted_{decision.reason}"] += 1
+            self._replies.pop(peer, None)
+            self._replies[peer] = _ReplyHint(
+                packet.src.locator, nonce, self._make_nonce(), now + self.config.reply_ttl
+            )
+            while len(self._replies) > self.config.reply_capacity:
+                self._replies.popitem(last=False)
+        self._deliver(packet)
+
+    def _deliver(self, packet: IlnpPacket) -> None:
+        prefix = self.config.identifier_prefix
+        inner = IlnpPacket(
+            ILV(prefix, packet.src.nid),
+            ILV(prefix, packet.dst.nid),
+            packet.next_header,
+            packet.payload,
+            None,
+            packet.hop_limit,
+            packet.traffic_class,
+            packet.flow_label,
+        )
+        self.counters["delivered"] += 1
+        self._events.append(Deliver(encode_packet(inner), packet.src.nid))
+
+    # ------------------------------------------------------------------ send
+
+    def send(self, data: bytes, now: float) -> None:
+        """A packet from an application, on identifier addresses."""
+        try:
+            packet = decode_packet(data)
+        except WireError:
+            self._drop(DropReason.MALFORMED)
+            return
+        prefix = self.config.identifier_prefix
+        if (
+            packet.src.locator != prefix
+            or packet.dst.locator != prefix
+            or packet.src.nid != self.config.nid
+        ):
+            self._drop(DropReason.NOT_IDENTIFIER, packet.dst.nid)
+            return
+        peer = packet.dst.nid
+        entry = self.ilcc.get(peer)
+        if entry is None:
+            self._send_by_hint(packet, now)
+            return
+        entry.advance(now)
+        best = entry.best_locator()
+        if best is None:
+            self._drop(DropReason.NO_ROUTE, peer)
+            return
+        self._use(entry, now)
+        src = ILV(entry.local_locator, self.config.nid)
+        dst = ILV(best.locator, peer)
+        payload = packet.payload
+        nonce: Nonce | None = None
+        if entry.state is EntryState.NON_ILNP:
+            payload = relocate_checksum(
+                packet.next_header,
+                payload,
+                old_src=packet.src.packed,
+                old_dst=packet.dst.packed,
+                new_src=src.packed,
+                new_dst=dst.packed,
+            )
+        elif (
+            self.config.always_carry_nonce
+            or entry.carry_nonce
+            or entry.state is EntryState.LU_PENDING
+        ):
+            nonce = entry.local_nonce
+        self._transmit(
+            IlnpPacket(
+                src,
+                dst,
+                packet.next_header,
+                payload,
+                nonce,
+                packet.hop_limit,
+                packet.traffic_class,
+                packet.flow_label,
+            )
+        )
+
+    def _send_by_hint(self, packet: IlnpPacket, now: float) -> None:
+        hint = self._replies.get(packet.dst.nid)
+        if hint is None or hint.expires <= now:
+            self._drop(DropReason.NO_ROUTE, packet.dst.nid)
+            return
+        # A peer we did not adopt gets our nonce on every reply: it may be adopting us.
+        self._transmit(
+            IlnpPacket(
+                ILV(self.local_locator, self.config.nid),
+                ILV(hint.locator, packet.dst.nid),
+                packet.next_header,
+                packet.payload,
+                hint.local_nonce,
+                packet.hop_limit,
+                packet.traffic_class,
+                packet.flow_label,
+            )
+        )
+
+    def _transmit(self, packet: IlnpPacket) -> None:
+        self.counters["transmitted"] += 1
+        self._out.append(encode_packet(packet))
+
+    # ------------------------------------------------------------------ Locator Update
+
+    def _send_lu(self, entry: IlccEntry, update: LocatorUpdate, to: PeerLocator) -> None:
+        src = ILV(entry.local_locator, self.config.nid)
+        dst = ILV(to.locator, entry.peer_nid)
+        body = encode_locator_update(update, src.packed, dst.packed)
+        self._transmit(
+            IlnpPacket(src, dst, ICMPV6_NEXT_HEADER, body, entry.local_nonce, self.config.hop_limit)
+        )
+
+    def _send_advertisement(self, entry: IlccEntry, now: float) -> None:
+        best = entry.best_locator()
+        if best is None:
+            entry.lu_next = None
+            return
+        entry.lu_tries += 1
+        entry.lu_next = now + self.config.lu_interval
+        self.counters["lu_sent"] += 1
+        self._send_lu(entry, LocatorUpdate(LuOperation.ADVERTISEMENT, entry.lu_advertised), best)
+
+    def _locator_update(self, packet: IlnpPacket, now: float) -> None:
+        peer = packet.src.nid
+        entry = self.ilcc.get(peer)
+        if entry is None:
+            self._drop(DropReason.LU_UNKNOWN_PEER, peer)
+            return
+        # The nonce alone authenticates an LU: it comes from a locator not yet known.
+        if packet.nonce is None or packet.nonce != entry.peer_nonce:
+            self._drop(DropReason.LU_BAD_NONCE, peer)
+            return
+        try:
+            update = decode_locator_update(packet.payload, packet.src.packed, packet.dst.packed)
+        except WireError as exc:
+            reason = DropReason.LU_BAD_CHECKSUM if "checksum" in str(exc) else DropReason.MALFORMED
+            self._drop(reason, peer)
+            return
+        if update.operation is LuOperation.ACKNOWLEDGEMENT:
+            if entry.state is not EntryState.LU_PENDING or update.locators != entry.lu_advertised:
+                self._drop(DropReason.LU_UNEXPECTED_ACK, peer)
+                return
+            entry.fire(EntryEvent.LU_ACKED)
+            entry.lu_next = None
+            self.counters["lu_acked"] += 1
+            self._events.append(LocatorUpdateAcked(peer))
+            return
+        if not update.locators:
+            self._drop(DropReason.MALFORMED, peer)
+            return
+        entry.replace_locators(update.locators, now)
+        entry.fire(EntryEvent.PEER_UPDATE)
+        self._use(entry, now)
+        self.counters["lu_received"] += 1
+        self._events.append(PeerLocatorsChanged(peer, update.locators))
+        best = entry.best_locator()
+        if best is not None:
+            self._send_lu(entry, LocatorUpdate(LuOperation.ACKNOWLEDGEMENT, update.locators), best)
+
+    # ------------------------------------------------------------------ ICMPv6 errors
+
+    def _param_problem(self, packet: IlnpPacket) -> None:
+        """RFC 4443 §3.4 code 2 pointing at our nonce option: the peer is not ILNP."""
+        body = packet.payload
+        if len(body) < 8 or body[1] != PARAM_PROBLEM_UNRECOGNIZED_OPTION:
+            self._drop(DropReason.MALFORMED, packet.src.nid)
+            return
+        (pointer,) = struct.unpack_from("!I", body, 4)
+        invoking = body[8:]
+        if len(invoking) < 40 or pointer >= len(invoking) or invoking[pointer] != ILNP_NONCE_OPTION:
+            self._drop(DropReason.MALFORMED, packet.src.nid)
+            return
+        peer = ILV.from_address(invoking[24:40]).nid
+        entry = self.ilcc.get(peer)
+        if entry is None or entry.state is EntryState.NON_ILNP:
+            self.counters["param_problem_ignored"] += 1
+            return
+        entry.fire(EntryEvent.PARAM_PROBLEM)
+        entry.lu_next = None
+        self.counters["peer_not_ilnp"] += 1
+        self._events.append(PeerNotIlnp(peer))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _make_nonce(self) -> Nonce:
+        return Nonce(self._nonce_source(self.config.nonce_size))
+
+    def _new_entry(self, nid: int, peer_nonce: Nonce | None, now: float) -> IlccEntry:
+        return IlccEntry(
+            peer_nid=nid,
+            local_nid=self.config.nid,
+            local_locator=self.local_locator,
+            local_nonce=self._make_nonce(),
+            peer_nonce=peer_nonce,
+            created=now,
+            last_used=now,
+        )
+
+    def _use(self, entry: IlccEntry, now: float) -> None:
+        entry.last_used = now
+        self.ilcc.touch(entry.peer_nid)
+
+    def _remove(self, nid: int, why: str) -> None:
+        entry = self.ilcc.remove(nid)
+        if entry is not None:
+            if entry.state is not EntryState.EXPIRED:
+                entry.fire(EntryEvent.EVICTED)
+            self.counters[f"removed_{why}"] += 1
+            self._events.append(Removed(nid, why))
+
+    def _drop(self, reason: DropReason, peer_nid: int | None = None) -> None:
+        self.counters[reason.value] += 1
+        self._events.append(Dropped(reason, peer_nid))

@@ -1,0 +1,358 @@
+"""IlnpHost: two in-memory hosts under a fake clock, Locator Updates, forged updates,
+admission policies under a random-NID flood, Parameter Problem fallback."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from sixlab.ilnp import (
+    Adopted,
+    Deliver,
+    Dropped,
+    DropReason,
+    EntryState,
+    Event,
+    HostConfig,
+    IlnpHost,
+    LocatorUpdateAcked,
+    LocatorUpdateFailed,
+    PeerLocatorsChanged,
+    PeerNotIlnp,
+    create_policy,
+)
+from sixlab.wire.ilnp import (
+    IDENTIFIER_PREFIX,
+    ILV,
+    IlnpPacket,
+    LocatorEntry,
+    LocatorUpdate,
+    LuOperation,
+    Nonce,
+    decode_packet,
+    encode_locator_update,
+    encode_packet,
+    ipv6_checksum,
+    nid_checksum,
+)
+
+A_NID, B_NID, M_NID = 0xA, 0xB, 0xE71
+LOC_A1, LOC_A2, LOC_B = 0x2001_0DB8_000A_0001, 0x2001_0DB8_000A_0002, 0x2001_0DB8_000B_0001
+
+
+def counting_nonces() -> Callable[[int], bytes]:
+    counter = itertools.count(1)
+    return lambda n: next(counter).to_bytes(n, "big")
+
+
+def make_host(nid: int, loc: int, store: str = "hash", **kw: object) -> IlnpHost:
+    policy = kw.pop("policy", None)
+    config = HostConfig(nid, (LocatorEntry(loc, 10, 600),), **kw)  # type: ignore[arg-type]
+    source = counting_nonces()
+    return IlnpHost(config, policy=policy, store=store, nonce_source=source)  # type: ignore[arg-type]
+
+
+def udp(src_nid: int, dst_nid: int, sport: int, dport: int, data: bytes) -> bytes:
+    """An application packet on identifier addresses with a correct UDP checksum."""
+    length = 8 + len(data)
+    raw = struct.pack("!HHHH", sport, dport, length, 0) + data
+    csum = nid_checksum(src_nid, dst_nid, 17, raw) or 0xFFFF
+    raw = raw[:6] + struct.pack("!H", csum) + raw[8:]
+    return encode_packet(
+        IlnpPacket(ILV(IDENTIFIER_PREFIX, src_nid), ILV(IDENTIFIER_PREFIX, dst_nid), 17, raw)
+    )
+
+
+def events(host: IlnpHost) -> list[Event]:
+    out = []
+    while (event := host.next_event()) is not None:
+        out.append(event)
+    return out
+
+
+def deliver(src: IlnpHost, dst: IlnpHost, now: float, drop: int = 0) -> list[bytes]:
+    """Move src's queued packets to dst, losing the first ``drop`` of them."""
+    sent = src.datagrams_to_send()
+    for packet in sent[drop:]:
+        dst.receive(packet, now)
+    return sent
+
+
+def pair(store: str = "hash") -> tuple[IlnpHost, IlnpHost]:
+    a = make_host(A_NID, LOC_A1, store)
+    b = make_host(B_NID, LOC_B, store)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    return a, b
+
+
+def test_first_packet_carries_nonce_and_is_delivered_on_identifier_addresses() -> None:
+    a, b = pair()
+    app = udp(A_NID, B_NID, 5000, 7, b"ping")
+    a.send(app, now=0.0)
+    (wire,) = a.datagrams_to_send()
+    packet = decode_packet(wire)
+    assert packet.src == ILV(LOC_A1, A_NID)
+    assert packet.dst == ILV(LOC_B, B_NID)
+    assert packet.nonce is not None
+    b.receive(wire, now=0.1)
+    got = [e for e in events(b) if isinstance(e, Deliver)]
+    assert got == [Deliver(app, A_NID)]  # byte-identical: checksum untouched
+    inner = decode_packet(got[0].packet)
+    pseudo = ipv6_checksum(inner.src.packed, inner.dst.packed, 17, inner.payload)
+    assert pseudo == 0  # the checksum verifies over identifier addresses
+
+
+def test_nonce_stops_after_peer_answers_unless_always() -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"r"), 0.1)
+    deliver(b, a, 0.1)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"2"), 0.2)
+    (wire,) = a.datagrams_to_send()
+    assert decode_packet(wire).nonce is None
+    b.receive(wire, 0.2)
+    assert isinstance(events(b)[-1], Deliver)
+
+    always = make_host(A_NID, LOC_A1, always_carry_nonce=True)
+    always.add_correspondent(B_NID, [LocatorEntry(LOC_B)], 0.0)
+    for t in range(3):
+        always.send(udp(A_NID, B_NID, 5000, 7, b"x"), float(t))
+    assert all(decode_packet(p).nonce is not None for p in always.datagrams_to_send())
+
+
+def test_wrong_nonce_and_unknown_locator_are_dropped_and_counted() -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    good = decode_packet(encode_packet(decode_packet(udp(A_NID, B_NID, 5000, 7, b"z"))))
+    forged = IlnpPacket(ILV(LOC_A1, A_NID), ILV(LOC_B, B_NID), 17, good.payload, Nonce(b"evil"))
+    b.receive(encode_packet(forged), 1.0)
+    moved = IlnpPacket(ILV(LOC_A2, A_NID), ILV(LOC_B, B_NID), 17, good.payload)
+    b.receive(encode_packet(moved), 1.0)
+    assert b.counters[DropReason.NONCE_MISMATCH] == 1
+    assert b.counters[DropReason.UNKNOWN_LOCATOR] == 1
+    assert [e.reason for e in events(b) if isinstance(e, Dropped)] == [
+        DropReason.NONCE_MISMATCH,
+        DropReason.UNKNOWN_LOCATOR,
+    ]
+
+
+@pytest.mark.parametrize("store", ["hash", "linear"])
+def test_locator_update_with_lost_first_advertisement(store: str) -> None:
+    a, b = pair(store)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"hi"), 0.1)
+    deliver(b, a, 0.1)
+
+    a.set_local_locators([LocatorEntry(LOC_A2, 5, 600)], now=10.0)
+    assert a.ilcc.get(B_NID) is not None
+    assert a.ilcc.get(B_NID).state is EntryState.LU_PENDING  # type: ignore[union-attr]
+    lost = deliver(a, b, 10.0, drop=1)  # the first advertisement is lost
+    assert len(lost) == 1
+    assert a.get_timer() == pytest.approx(11.0)
+    a.handle_timer(11.0)  # retransmission
+    (retry,) = deliver(a, b, 11.0)
+    lu = decode_packet(retry)
+    assert lu.nonce is not None
+    assert lu.src == ILV(LOC_A2, A_NID)
+    assert any(isinstance(e, PeerLocatorsChanged) for e in events(b))
+    assert [p.locator for p in b.ilcc.get(A_NID).locators] == [LOC_A2]  # type: ignore[union-attr]
+    deliver(b, a, 11.1)  # the acknowledgement
+    assert LocatorUpdateAcked(B_NID) in events(a)
+    assert a.ilcc.get(B_NID).state is EntryState.ACTIVE  # type: ignore[union-attr]
+    assert a.counters["lu_retransmitted"] == 1
+
+    # Traffic now flows from the new locator and B answers to it.
+    a.send(udp(A_NID, B_NID, 5000, 7, b"after move"), 12.0)
+    deliver(a, b, 12.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"ok"), 12.1)
+    (reply,) = deliver(b, a, 12.1)
+    assert decode_packet(reply).dst == ILV(LOC_A2, A_NID)
+    assert isinstance(events(a)[-1], Deliver)
+
+
+def test_locator_update_gives_up_after_bounded_tries() -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    a.set_local_locators([LocatorEntry(LOC_A2)], now=1.0)
+    now = 1.0
+    while (timer := a.get_timer()) is not None and timer < 100.0:
+        now = timer
+        a.handle_timer(now)
+    assert len(a.datagrams_to_send()) == a.config.lu_max_tries
+    assert LocatorUpdateFailed(B_NID) in events(a)
+
+
+def test_forged_locator_update_from_third_host_is_refused() -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    mallory_loc = 0x2001_0DB8_0666_0001
+    lu = LocatorUpdate(LuOperation.ADVERTISEMENT, (LocatorEntry(mallory_loc),))
+    src, dst = ILV(mallory_loc, A_NID), ILV(LOC_B, B_NID)
+    body = encode_locator_update(lu, src.packed, dst.packed)
+    for nonce in (None, Nonce(b"gues")):
+        b.receive(encode_packet(IlnpPacket(src, dst, 58, body, nonce)), 1.0)
+    assert b.counters[DropReason.LU_BAD_NONCE] == 2
+    assert [p.locator for p in b.ilcc.get(A_NID).locators] == [LOC_A1]  # type: ignore[union-attr]
+    assert b.datagrams_to_send() == []
+
+
+def test_parameter_problem_marks_peer_non_ilnp_and_falls_back() -> None:
+    a, _ = pair()
+    app = udp(A_NID, B_NID, 5000, 7, b"1")
+    a.send(app, 0.0)
+    (wire,) = a.datagrams_to_send()
+    # A plain IPv6 node: option 0x8B unknown -> Parameter Problem code 2, pointer 42.
+    icmp = struct.pack("!BBHI", 4, 2, 0, 42) + wire
+    a.receive(encode_packet(IlnpPacket(ILV(LOC_B, B_NID), ILV(LOC_A1, A_NID), 58, icmp)), 0.1)
+    assert PeerNotIlnp(B_NID) in events(a)
+    a.send(app, 0.2)
+    (plain,) = a.datagrams_to_send()
+    packet = decode_packet(plain)
+    assert packet.nonce is None
+    # The checksum now verifies for a plain IPv6 receiver on the real addresses.
+    assert ipv6_checksum(packet.src.packed, packet.dst.packed, 17, packet.payload) == 0
+
+
+def flood(host: IlnpHost, count: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    for i in range(count):
+        nid = rng.getrandbits(64)
+        payload = struct.pack("!HHHH", 40000, 7, 12, 0) + b"echo"
+        packet = IlnpPacket(
+            ILV(0x2001_0DB8_00FF_0000 + i % 7, nid),
+            ILV(host.local_locator, host.config.nid),
+            17,
+            payload,
+            Nonce(rng.randbytes(4)),
+        )
+        host.receive(encode_packet(packet), now=i * 0.001)
+
+
+class FakeSockets:
+    def __init__(self, listening: set[int], connected: set[tuple[int, int, int]]) -> None:
+        self.listening = listening
+        self.connected = connected
+
+    def has_connected(
+        self, protocol: int, local_port: int, remote_nid: int, remote_port: int
+    ) -> bool:
+        return (local_port, remote_nid, remote_port) in self.connected
+
+    def is_listening(self, protocol: int, local_port: int) -> bool:
+        return local_port in self.listening
+
+
+@pytest.mark.parametrize("store", ["hash", "linear"])
+def test_flood_grows_ilcc_with_none_policy(store: str) -> None:
+    host = make_host(B_NID, LOC_B, store, policy=create_policy("none"))
+    flood(host, 300)
+    assert len(host.ilcc) == 300
+    assert host.counters["delivered"] == 300
+
+
+def test_flood_leaves_ilcc_empty_with_socket_policy_and_replies_work() -> None:
+    sockets = FakeSockets(listening={7}, connected=set())
+    host = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    flood(host, 300)
+    assert len(host.ilcc) == 0
+    assert host.counters["not_adopted_unconnected_socket"] == 300
+    assert host.reply_table_size <= host.config.reply_capacity
+    # A non-connected echo server answers one of the (recent) clients.
+    client = [e for e in events(host) if isinstance(e, Deliver)][-1]
+    request = decode_packet(client.packet)
+    host.send(udp(B_NID, request.src.nid, 7, 40000, b"echo"), now=0.5)
+    (reply,) = host.datagrams_to_send()
+    out = decode_packet(reply)
+    assert out.dst.nid == request.src.nid
+    assert out.nonce is not None
+    assert len(host.ilcc) == 0
+
+
+def test_socket_policy_adopts_connected_flow_only() -> None:
+    sockets = FakeSockets(listening=set(), connected={(7, A_NID, 5000)})
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B)], 0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    a.send(udp(A_NID, B_NID, 5001, 7, b"2"), 0.0)
+    deliver(a, b, 0.0)
+    assert len(b.ilcc) == 1
+    assert Adopted(A_NID, "connected_socket") in events(b)
+    assert b.counters["delivered"] == 2
+
+
+def test_no_socket_at_all_is_counted_separately() -> None:
+    host = make_host(
+        B_NID, LOC_B, policy=create_policy("socket", sockets=FakeSockets(set(), set()))
+    )
+    flood(host, 20)
+    assert len(host.ilcc) == 0
+    assert host.counters["not_adopted_no_socket"] == 20
+
+
+def test_flood_stays_under_cap_with_bounded_policy_and_idle_entries_expire() -> None:
+    host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=50, idle_timeout=5.0))
+    flood(host, 300)
+    assert len(host.ilcc) == 50
+    assert host.counters["removed_evicted"] == 250
+    timer = host.get_timer()
+    assert timer is not None
+    host.handle_timer(10.0)
+    assert len(host.ilcc) == 0
+
+
+def test_unknown_peer_without_nonce_is_dropped() -> None:
+    host = make_host(B_NID, LOC_B)
+    raw = encode_packet(IlnpPacket(ILV(LOC_A1, A_NID), ILV(LOC_B, B_NID), 17, b"\0" * 8))
+    host.receive(raw, 0.0)
+    assert host.counters[DropReason.NO_NONCE] == 1
+    host.receive(encode_packet(IlnpPacket(ILV(LOC_A1, A_NID), ILV(LOC_B, 99), 17, b"")), 0.0)
+    assert host.counters[DropReason.NOT_FOR_US] == 1
+    host.receive(b"\x60garbage", 0.0)
+    assert host.counters[DropReason.MALFORMED] == 1
+
+
+def test_send_without_route_or_identifier_addresses_is_dropped() -> None:
+    host = make_host(A_NID, LOC_A1)
+    host.send(udp(A_NID, 0x77, 1, 2, b""), 0.0)
+    assert host.counters[DropReason.NO_ROUTE] == 1
+    host.send(encode_packet(IlnpPacket(ILV(1, A_NID), ILV(1, 2), 17, b"")), 0.0)
+    assert host.counters[DropReason.NOT_IDENTIFIER] == 1
+
+
+def trace(store: str) -> list[object]:
+    """Run one scripted scenario and record every observable output."""
+    a, b = pair(store)
+    log: list[object] = []
+    script: list[Callable[[float], object]] = [
+        lambda t: a.send(udp(A_NID, B_NID, 5000, 7, b"1"), t),
+        lambda t: deliver(a, b, t),
+        lambda t: b.send(udp(B_NID, A_NID, 7, 5000, b"2"), t),
+        lambda t: deliver(b, a, t),
+        lambda t: a.set_local_locators([LocatorEntry(LOC_A2)], t),
+        lambda t: deliver(a, b, t, drop=1),
+        a.handle_timer,
+        lambda t: deliver(a, b, t),
+        lambda t: deliver(b, a, t),
+        lambda t: flood(b, 20),
+    ]
+    for step, action in enumerate(script):
+        action(float(step))
+        log.extend(events(a) + events(b))
+    log.append(sorted(a.counters.items()))
+    log.append(sorted(b.counters.items()))
+    log.append(len(b.ilcc))
+    return log
+
+
+def test_linear_and_hash_stores_behave_identically() -> None:
+    assert trace("hash") == trace("linear")
