@@ -212,6 +212,13 @@ def test_parameter_problem_marks_peer_non_ilnp_and_falls_back() -> None:
     (wire,) = a.datagrams_to_send()
     # A plain IPv6 node: option 0x8B unknown -> Parameter Problem code 2, pointer 42.
     icmp = struct.pack("!BBHI", 4, 2, 0, 42) + wire
+    forged = bytearray(icmp)
+    forged[8 + 44] ^= 0xFF  # an off-path forger does not know our nonce
+    a.receive(
+        encode_packet(IlnpPacket(ILV(LOC_B, B_NID), ILV(LOC_A1, A_NID), 58, bytes(forged))), 0.05
+    )
+    assert a.counters[DropReason.NONCE_MISMATCH] == 1
+    assert a.ilcc.get(B_NID).state is EntryState.ACTIVE  # type: ignore[union-attr]
     a.receive(encode_packet(IlnpPacket(ILV(LOC_B, B_NID), ILV(LOC_A1, A_NID), 58, icmp)), 0.1)
     assert PeerNotIlnp(B_NID) in events(a)
     a.send(app, 0.2)

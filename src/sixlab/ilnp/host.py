@@ -61,6 +61,7 @@ from sixlab.wire.ilnp import (
     LocatorUpdate,
     LuOperation,
     Nonce,
+    decode_destination_options,
     decode_locator_update,
     decode_packet,
     encode_locator_update,
@@ -556,6 +557,15 @@ class IlnpHost:
         entry = self.ilcc.get(peer)
         if entry is None or entry.state is EntryState.NON_ILNP:
             self.counters["param_problem_ignored"] += 1
+            return
+        # The quoted packet must hold the nonce we sent this peer: an off-path forger
+        # cannot downgrade the session to plain IPv6 (RFC 4443 §2.4 quotes the invoker).
+        try:
+            quoted = decode_destination_options(invoking[40:])[0].nonce
+        except WireError:
+            quoted = None
+        if quoted != entry.local_nonce:
+            self._drop(DropReason.NONCE_MISMATCH, peer)
             return
         entry.fire(EntryEvent.PARAM_PROBLEM)
         entry.lu_next = None
