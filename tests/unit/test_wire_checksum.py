@@ -6,6 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from sixlab.wire import InvalidFieldError
 from sixlab.wire.checksum import (
     PSEUDO_HEADER_SIZE,
     checksum_adjust,
@@ -85,7 +86,7 @@ def test_pseudo_header_layout() -> None:
     ],
 )
 def test_pseudo_header_rejects_bad_arguments(src: bytes, dst: bytes, length: int, nh: int) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidFieldError):
         ipv6_pseudo_header(src, dst, length, nh)
 
 

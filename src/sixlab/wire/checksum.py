@@ -29,6 +29,8 @@ from __future__ import annotations
 import struct
 from typing import TypeAlias
 
+from sixlab.wire._errors import InvalidFieldError
+
 __all__ = [
     "PSEUDO_HEADER_SIZE",
     "BytesLike",
@@ -79,11 +81,11 @@ def ipv6_pseudo_header(src: bytes, dst: bytes, upper_length: int, next_header: i
     one is present at the originator, the Destination Address at the recipient.
     """
     if len(src) != 16 or len(dst) != 16:
-        raise ValueError("pseudo-header addresses must be 16 bytes each")
+        raise InvalidFieldError("pseudo-header addresses must be 16 bytes each")
     if not 0 <= upper_length <= 0xFFFF_FFFF:
-        raise ValueError(f"upper-layer length {upper_length} does not fit in 32 bits")
+        raise InvalidFieldError(f"upper-layer length {upper_length} does not fit in 32 bits")
     if not 0 <= next_header <= 0xFF:
-        raise ValueError(f"next header {next_header} does not fit in 8 bits")
+        raise InvalidFieldError(f"next header {next_header} does not fit in 8 bits")
     return _PSEUDO.pack(src, dst, upper_length, next_header)
 
 
@@ -94,7 +96,8 @@ def checksum_adjust(checksum: int, old: BytesLike, new: BytesLike, *, udp: bool 
     before and after and start at an even offset of the checksummed data. With
     ``udp=True`` a result of 0x0000 is returned as 0xFFFF (``udp_field``); a stored
     0xFFFF (UDP's spelling of a computed zero) is accepted as input either way, since
-    both spellings are the same one's-complement number.
+    both spellings are the same one's-complement number. Misuse (spans of different or
+    odd length, a checksum wider than 16 bits) raises a plain ``ValueError``.
 
     The result equals a full recomputation over the new data whenever ``checksum`` was
     itself a full computation (or its UDP field form), with one exception no transport
