@@ -12,11 +12,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from sixlab.testbed import BenchTestbed, SRv6TwoPaths, srv6_two_paths, two_node_bench
+from sixlab.testbed import BenchTestbed, SRv6TwoPaths, srv6_two_paths, sweep, two_node_bench
 
 #: Every namespace made by the test suite starts with this, so a crashed run can be
 #: found and swept (``sixlab.testbed.sweep("sixlab-t-")``) without touching a demo.
 TEST_PREFIX = "sixlab-t-"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remove namespaces that a crashed earlier test run left behind (dead owners only)."""
+    if os.geteuid() == 0:
+        sweep(TEST_PREFIX)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
