@@ -1,0 +1,159 @@
+"""The interface every STAMP data plane implements, and the registry that picks one.
+
+A data plane moves STAMP payloads and timestamps; it knows nothing of the protocol.
+It receives UDP datagrams for one port (with the arrival time taken as close to the
+wire as it can, the Hop Limit they arrived with, and their addresses), and sends
+payloads to an address and port, optionally along an SRv6 SID list. The engines in
+``sixlab.dataplane.engine`` join a data plane to the sans-I/O core.
+
+Backends register under a name (STYLE.md §3) and are chosen by ``--dataplane NAME``::
+
+    @register("socket")
+    class SocketDataplane(Dataplane): ...
+
+    dp = create("socket", DataplaneConfig(port=862))
+"""
+
+from __future__ import annotations
+
+import abc
+import ipaddress
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+__all__ = [
+    "Dataplane",
+    "DataplaneConfig",
+    "DataplaneError",
+    "Received",
+    "available",
+    "create",
+    "register",
+]
+
+IPv6Address = ipaddress.IPv6Address
+
+
+class DataplaneError(RuntimeError):
+    """A data plane cannot be set up or used (the message says what to fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneConfig:
+    """Init parameters common to every data plane (the seed's Init RPC).
+
+    ``port`` is the local STAMP UDP port (862 on a reflector, RFC 8762 §4.1);
+    ``interface`` the one to capture on (needed by capture-based planes); ``source`` the
+    address to send from and listen on (None: any).
+    """
+
+    port: int
+    interface: str | None = None
+    source: IPv6Address | None = None
+    #: Destination ports of sessions this plane must also capture (sender side).
+    peer_ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One datagram, as the core needs it. Addresses are 16-byte packed IPv6."""
+
+    payload: bytes
+    src: bytes
+    dst: bytes
+    src_port: int
+    dst_port: int
+    hop_limit: int
+    rx_ns: int  # Unix-epoch UTC ns; a kernel timestamp where the plane has one
+
+
+class Dataplane(abc.ABC):
+    """Moves STAMP payloads for one local UDP port."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: DataplaneConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Acquire sockets, rings, filters. Idempotent cleanup of a crashed run first."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything ``open`` acquired; safe to call twice."""
+
+    @abc.abstractmethod
+    def fileno(self) -> int:
+        """A descriptor that polls readable when ``receive`` may return datagrams."""
+
+    @abc.abstractmethod
+    def receive(self, max_batch: int = 64) -> list[Received]:
+        """Datagrams waiting now (never blocks; may return an empty list)."""
+
+    @abc.abstractmethod
+    def send(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        """Send ``payload`` from the local port; ``segments`` in travel order, last = dst."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Push out sends a batching plane has queued."""
+
+    def __enter__(self) -> Dataplane:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_REGISTRY: dict[str, Callable[[DataplaneConfig], Dataplane]] = {}
+
+
+_D = TypeVar("_D", bound=type[Dataplane])
+
+
+def register(name: str) -> Callable[[_D], _D]:
+    def deco(cls: _D) -> _D:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _load_builtin() -> None:
+    # Import for the side effect of registration; planes whose system dependencies are
+    # missing still register and fail in open() with a message naming the package.
+    from sixlab.dataplane import udpsocket  # noqa: F401, PLC0415
+
+    for optional in ("scapy_plane", "mmap_plane", "xdp_plane"):
+        try:
+            __import__(f"sixlab.dataplane.{optional}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"sixlab.dataplane.{optional}":
+                raise
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def create(name: str, config: DataplaneConfig) -> Dataplane:
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise DataplaneError(
+            f"dataplane: unknown data plane {name!r} (available: {', '.join(available())})"
+        ) from None
+    return factory(config)

@@ -1,0 +1,173 @@
+"""The ``socket`` data plane: one kernel UDP socket, SRv6 through the kernel's SRH support.
+
+Receive: ``recvmsg`` with ancillary data for the arrival time (``SO_TIMESTAMPNS``: the
+kernel's receive timestamp, taken when the packet entered the stack, not when Python got
+to it), the Hop Limit (``IPV6_RECVHOPLIMIT``, for Ses-Sender TTL) and the local address
+the packet was sent to (``IPV6_RECVPKTINFO``, to answer from it). A datagram that came
+with an SRH (Segments Left 0) is delivered like any other.
+
+Send: ``sendmsg`` to the final destination with an ``IPV6_RTHDR`` control message holding
+a type-4 routing header (RFC 8754). Linux (``ipv6_push_rthdr4``) writes the socket's
+destination into Segment List[0] and sends to the active segment, and it computes the
+UDP checksum over the final destination (RFC 8200 §8.1). Receiving a packet with an SRH
+needs ``seg6_enabled`` on the receiving interface; the testbed sets it.
+
+This plane needs no capture and no filter: the kernel delivers STAMP packets to the
+socket, so it never answers them with ICMP port unreachable. It is the default of the
+standalone tools and works with any RFC 8762 peer.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from collections.abc import Sequence
+from ipaddress import IPv6Address
+
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
+from sixlab.wire.ipv6 import NextHeader
+from sixlab.wire.srh import SegmentRoutingHeader
+
+__all__ = ["SocketDataplane"]
+
+# Linux values (asm-generic/socket.h, linux/in6.h); the socket module lacks some of them.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
+IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
+IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
+IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
+IPV6_RTHDR = getattr(socket, "IPV6_RTHDR", 57)
+
+_TIMESPEC = struct.Struct("@qq")
+_INT = struct.Struct("@i")
+_PKTINFO = struct.Struct("@16sI")  # struct in6_pktinfo
+_CMSG_SPACE = (
+    socket.CMSG_SPACE(_TIMESPEC.size)
+    + socket.CMSG_SPACE(_INT.size)
+    + socket.CMSG_SPACE(_PKTINFO.size)
+)
+#: Largest STAMP payload accepted: base packet plus TLVs within an IPv6 minimum MTU
+#: would be 1232 bytes, but jumbo-frame links exist; 9000 covers them.
+_MAX_PAYLOAD = 9000
+
+
+@register("socket")
+class SocketDataplane(Dataplane):
+    _sock: socket.socket | None = None
+    _srh_cache: dict[tuple[IPv6Address, ...], bytes]
+
+    def open(self) -> None:
+        if self._sock is not None:
+            return
+        self._srh_cache = {}
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # Probe bursts must not be dropped in the socket queue: 4 MiB of buffer.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            src = str(self.config.source) if self.config.source else "::"
+            sock.bind((src, self.config.port))
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise DataplaneError(
+                f"socket: cannot bind UDP port {self.config.port} on "
+                f"{self.config.source or '::'}: {exc.strerror}"
+            ) from exc
+        self._sock = sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    @property
+    def local_port(self) -> int:
+        """The bound port (useful when the config asked for port 0)."""
+        port: int = self._socket().getsockname()[1]
+        return port
+
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            raise DataplaneError("socket: data plane is not open (Init first)")
+        return self._sock
+
+    def fileno(self) -> int:
+        return self._socket().fileno()
+
+    def receive(self, max_batch: int = 64) -> list[Received]:
+        sock = self._socket()
+        out: list[Received] = []
+        for _ in range(max_batch):
+            try:
+                data, ancdata, _flags, addr = sock.recvmsg(_MAX_PAYLOAD, _CMSG_SPACE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                # ICMP errors queued on the socket (e.g. port unreachable from a peer that
+                # is gone) surface here; they are not datagrams.
+                if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    continue
+                raise
+            rx_ns = hop = 0
+            dst = b"\0" * 16
+            for level, kind, value in ancdata:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack_from(value)
+                    rx_ns = sec * 1_000_000_000 + nsec
+                elif level == socket.IPPROTO_IPV6 and kind == IPV6_HOPLIMIT:
+                    hop = _INT.unpack_from(value)[0]
+                elif level == socket.IPPROTO_IPV6 and kind == IPV6_PKTINFO:
+                    dst = _PKTINFO.unpack_from(value)[0]
+            out.append(
+                Received(
+                    payload=data,
+                    src=socket.inet_pton(socket.AF_INET6, addr[0].split("%")[0]),
+                    dst=dst,
+                    src_port=addr[1],
+                    dst_port=self.config.port,
+                    hop_limit=hop,
+                    rx_ns=rx_ns,
+                )
+            )
+        return out
+
+    def send(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        sock = self._socket()
+        cmsgs = []
+        if segments:
+            cmsgs.append((socket.IPPROTO_IPV6, IPV6_RTHDR, self._srh(dst, segments)))
+        if src is not None:
+            cmsgs.append((socket.IPPROTO_IPV6, IPV6_PKTINFO, _PKTINFO.pack(src.packed, 0)))
+        try:
+            sock.sendmsg([payload], cmsgs, 0, (str(dst), dst_port))
+        except BlockingIOError:
+            raise DataplaneError("socket: send buffer full") from None
+        except OSError as exc:
+            raise DataplaneError(
+                f"socket: cannot send to [{dst}]:{dst_port}: {exc.strerror}"
+            ) from exc
+
+    def _srh(self, dst: IPv6Address, segments: Sequence[IPv6Address]) -> bytes:
+        path = tuple(segments)
+        if path[-1] != dst:
+            path = (*path, dst)  # the final destination closes the SID list
+        cached = self._srh_cache.get(path)
+        if cached is None:
+            # The kernel fills Next Header itself; UDP is what it will be.
+            cached = SegmentRoutingHeader.from_path(path, NextHeader.UDP).encode()
+            self._srh_cache[path] = cached
+        return cached
