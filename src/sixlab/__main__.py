@@ -1,0 +1,5 @@
+"""``python -m sixlab`` runs the command-line interface."""
+
+from sixlab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,268 @@
+"""``sixlab stamp sender`` and ``sixlab stamp reflector``: one measurement, now.
+
+Like ping or twping: the reflector answers any RFC 8762 Session-Sender until
+interrupted; the sender runs one session, prints each result as it arrives and a
+summary (or one JSON document with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
+from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.stamp import _events as ev
+from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.stamp.sender import SenderConfig
+from sixlab.stamp.stats import DelaySummary, summarize
+from sixlab.wire.stamp import STAMP_PORT
+from sixlab.wire.timestamp import TimestampFormat
+
+__all__ = ["add_parsers"]
+
+IPv6Address = ipaddress.IPv6Address
+NS_PER_S = 1_000_000_000
+
+
+def _address(text: str) -> IPv6Address:
+    try:
+        return IPv6Address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IPv6 address: {text!r}") from None
+
+
+def _segments(text: str) -> tuple[IPv6Address, ...]:
+    segs = tuple(_address(s.strip()) for s in text.split(",") if s.strip())
+    if not segs:
+        raise argparse.ArgumentTypeError("the SID list is empty")
+    return segs
+
+
+def _key(text: str) -> bytes:
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("the key must be hexadecimal") from None
+    if not key:
+        raise argparse.ArgumentTypeError("the key is empty")
+    return key
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
+    return port
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _ssid(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"SSID {value} is not a 16-bit value")
+    return value
+
+
+def add_parsers(stamp: Any) -> None:
+    planes = available()
+    r = stamp.add_parser("reflector", help="answer STAMP Session-Senders until interrupted")
+    r.add_argument("--listen", type=_address, default=None, help="address to listen on (any)")
+    r.add_argument("--port", type=_port, default=STAMP_PORT)
+    r.add_argument("--dataplane", choices=planes, default="socket")
+    r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    r.add_argument("--stateful", action="store_true", help="own Seq counter (RFC 8762 §4.3.1)")
+    r.add_argument("--auth-key", type=_key, default=None, help="HMAC key, hex (authenticated)")
+    r.add_argument("--ptp", action="store_true", help="PTPv2 timestamps (default NTP)")
+    r.add_argument("--return-segments", type=_segments, default=None, help="return SID list")
+    r.add_argument("--ssid", type=_ssid, default=None, help="answer only this SSID")
+    r.set_defaults(handler=_run_reflector)
+
+    s = stamp.add_parser("sender", help="run one STAMP session and print the delays")
+    s.add_argument("reflector", type=_address)
+    s.add_argument("--port", type=_port, default=STAMP_PORT, help="the reflector's port")
+    s.add_argument("--source", type=_address, default=None)
+    s.add_argument("--source-port", type=_port, default=0)
+    s.add_argument("--segments", type=_segments, default=None, help="SID list to the reflector")
+    s.add_argument("--count", type=int, default=10)
+    s.add_argument("--interval", type=_positive, default=1.0, help="seconds between packets")
+    s.add_argument("--timeout", type=_positive, default=2.0, help="loss timeout, seconds")
+    s.add_argument("--ssid", type=_ssid, default=1)
+    s.add_argument("--auth-key", type=_key, default=None)
+    s.add_argument("--ptp", action="store_true")
+    s.add_argument("--dataplane", choices=planes, default="socket")
+    s.add_argument("--json", action="store_true", help="one JSON document at the end")
+    s.set_defaults(handler=_run_sender)
+
+
+def _fmt(ptp: bool) -> TimestampFormat:
+    return TimestampFormat.PTP if ptp else TimestampFormat.NTP
+
+
+def _run_reflector(args: argparse.Namespace) -> int:
+    config = ReflectorSessionConfig(
+        ssid=args.ssid,
+        mode=ReflectorMode.STATEFUL if args.stateful else ReflectorMode.STATELESS,
+        key=args.auth_key,
+        fmt=_fmt(args.ptp),
+        return_segments=args.return_segments,
+    )
+    reflector = Reflector()
+    if args.ssid is None:
+        reflector.set_default(config)
+    else:
+        reflector.add_session(config)
+    plane = create(
+        args.dataplane,
+        DataplaneConfig(port=args.port, interface=args.interface, source=args.listen),
+    )
+    try:
+        plane.open()
+    except DataplaneError as exc:
+        print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
+        return 1
+    engine = ReflectorEngine(plane, reflector)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    engine.start()
+    print(
+        f"reflecting on [{args.listen or '::'}]:{args.port} with the {args.dataplane} data plane",
+        file=sys.stderr,
+    )
+    try:
+        while not stop.wait(0.5) and engine.running:
+            pass
+    finally:
+        engine.shutdown()
+        plane.close()
+    c = reflector.counters
+    drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
+    print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
+    if engine.error is not None:
+        print(f"sixlab stamp reflector: {engine.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _record_json(r: ev.StampResult) -> dict[str, int]:
+    return {
+        "seq": r.seq,
+        "t1_ns": r.t1_ns,
+        "t2_ns": r.t2_ns,
+        "t3_ns": r.t3_ns,
+        "t4_ns": r.t4_ns,
+        "direct_ns": r.direct_ns,
+        "return_ns": r.return_ns,
+        "rtt_ns": r.rtt_ns,
+        "ttl": r.ses_sender_ttl,
+        "reflector_seq": r.reflector_seq,
+        "error_bound_ns": r.error_bound_ns,
+    }
+
+
+def _summary_json(s: DelaySummary | None) -> dict[str, int] | None:
+    if s is None:
+        return None
+    return {"min": s.min_ns, "mean": s.mean_ns, "p50": s.p50_ns, "p99": s.p99_ns, "max": s.max_ns}
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def _run_sender(args: argparse.Namespace) -> int:
+    if args.count <= 0:
+        print("sixlab stamp sender: --count must be positive", file=sys.stderr)
+        return 2
+    config = SenderConfig(
+        ssid=args.ssid,
+        interval_ns=round(args.interval * NS_PER_S),
+        count=args.count,
+        fmt=_fmt(args.ptp),
+        key=args.auth_key,
+        loss_timeout_ns=round(args.timeout * NS_PER_S),
+    )
+    plane = create(args.dataplane, DataplaneConfig(port=args.source_port, source=args.source))
+    try:
+        plane.open()
+    except DataplaneError as exc:
+        print(f"sixlab stamp sender: {exc}", file=sys.stderr)
+        return 1
+
+    def show(event: ev.Event) -> None:
+        if args.json:
+            return
+        if isinstance(event, ev.StampResult):
+            print(
+                f"seq={event.seq} direct={_ms(event.direct_ns)} ms "
+                f"return={_ms(event.return_ns)} ms rtt={_ms(event.rtt_ns)} ms "
+                f"ttl={event.ses_sender_ttl}",
+                flush=True,
+            )
+        elif isinstance(event, ev.PacketLost):
+            print(f"seq={event.seq} lost", flush=True)
+
+    engine = SenderEngine(plane, on_event=show)
+    spec = SenderSessionSpec(config, args.reflector, args.port, args.segments, args.source)
+    engine.add_session(spec)
+    engine.start()
+    try:
+        engine.start_session(args.ssid)
+        deadline = args.count * args.interval + args.timeout + 5
+        start = time.monotonic()
+        while not engine.wait_finished(args.ssid, 0.2):
+            if time.monotonic() - start > deadline or not engine.running:
+                break
+    except KeyboardInterrupt:
+        engine.stop_session(args.ssid)
+    finally:
+        records = engine.results(args.ssid)
+        snap = engine.snapshot(args.ssid)
+        engine.shutdown()
+        plane.close()
+    c = snap.counters
+    direct = summarize(r.direct_ns for r in records)
+    back = summarize(r.return_ns for r in records)
+    rtt = summarize(r.rtt_ns for r in records)
+    if args.json:
+        doc = {
+            "sent": c.sent,
+            "received": c.received,
+            "lost": c.lost,
+            "duplicates": c.duplicates,
+            "reordered": c.reordered,
+            "records": [_record_json(r) for r in records],
+            "summary": {
+                "direct": _summary_json(direct),
+                "return": _summary_json(back),
+                "rtt": _summary_json(rtt),
+            },
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"--- [{args.reflector}]:{args.port} STAMP statistics ---")
+        print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
+        for name, s in (("direct", direct), ("return", back), ("round trip", rtt)):
+            if s is not None:
+                print(
+                    f"{name}: min/mean/p50/p99/max = {_ms(s.min_ns)}/{_ms(s.mean_ns)}/"
+                    f"{_ms(s.p50_ns)}/{_ms(s.p99_ns)}/{_ms(s.max_ns)} ms"
+                )
+    if engine.error is not None:
+        print(f"sixlab stamp sender: {engine.error}", file=sys.stderr)
+        return 1
+    return 0 if c.received else 1
