@@ -89,9 +89,9 @@ def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
             if isinstance(parsed, t.Location):
                 value = _fill_location(parsed, ctx).to_tlv().value
             elif isinstance(parsed, t.TimestampInfo):
-                value = bytes(
-                    [ctx.sync_source, ctx.timestamp_method, ctx.sync_source, ctx.timestamp_method]
-                )
+                # In and Out alike; optional sub-TLVs kept, so the size stays symmetric.
+                codes = bytes((ctx.sync_source, ctx.timestamp_method) * 2)
+                value = codes + parsed.sub_tlvs
             elif isinstance(parsed, t.DirectMeasurement):
                 value = (
                     t.DirectMeasurement(

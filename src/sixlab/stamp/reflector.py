@@ -117,6 +117,11 @@ class ReflectorSessionConfig:
             raise ConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
             raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+        # One byte each in the Timestamp Information TLV (RFC 8972 §4.3).
+        if not 0 <= self.sync_source <= 0xFF:
+            raise ConfigError(f"sync_source {self.sync_source} is not an 8-bit value")
+        if not 0 <= self.timestamp_method <= 0xFF:
+            raise ConfigError(f"timestamp_method {self.timestamp_method} is not an 8-bit value")
 
     @property
     def authenticated(self) -> bool:
