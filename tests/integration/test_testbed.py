@@ -84,8 +84,12 @@ class Endpoint:
         self.sock.bind(("::", port))
         self.sock.settimeout(2.0)
 
-    def send_via(self, segments: Sequence[str], dst: str, port: int, payload: bytes) -> None:
+    def route_via(self, segments: Sequence[str]) -> None:
+        """Sticky SRH for every datagram sent from now on (RFC 3542 §7)."""
         self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RTHDR, srh(segments))
+
+    def send_via(self, segments: Sequence[str], dst: str, port: int, payload: bytes) -> None:
+        self.route_via(segments)
         self.sock.sendto(payload, (dst, port))
 
     def recv(self) -> tuple[bytes, int, bytes | None]:
@@ -105,7 +109,8 @@ def one_way_delays(
     assert tx_warm[0] == b"warm-up"
     delays = []
     for seq in range(PROBES):
-        tx.send_via(segments, dst, port, struct.pack("!IQ", seq, time.time_ns()))
+        # The SRH is already set (sticky): the timestamp is taken right before sendto.
+        tx.sock.sendto(struct.pack("!IQ", seq, time.time_ns()), (dst, port))
         data, rx_ns, _ = rx.recv()
         got_seq, sent_ns = struct.unpack("!IQ", data)
         assert got_seq == seq

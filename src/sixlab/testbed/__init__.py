@@ -15,6 +15,7 @@ user-space element in a middle namespace: this kernel has no netem.
 """
 
 from sixlab.testbed._bench import BenchTestbed, two_node_bench
+from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed._netns import DEFAULT_PREFIX, exec_in, run_in, sweep
 from sixlab.testbed._srv6 import SRv6Path, SRv6TwoPaths, srv6_two_paths
 from sixlab.testbed._tools import PingResult, pin_cpu, ping6
@@ -26,7 +27,6 @@ from sixlab.testbed._topology import (
     Testbed,
     TestbedError,
 )
-from sixlab.testbed.linkemu import DirectionConfig
 
 __all__ = [
     "DEFAULT_PREFIX",

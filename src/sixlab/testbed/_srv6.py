@@ -43,8 +43,8 @@ from types import TracebackType
 from typing import Self
 
 from sixlab.testbed import _netns
+from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed._topology import EmulatedLink, LinkEmulation, Node, Testbed
-from sixlab.testbed.linkemu import DirectionConfig
 
 __all__ = ["SRv6Path", "SRv6TwoPaths", "srv6_two_paths"]
 

@@ -44,7 +44,7 @@ from pyroute2 import IPRoute
 from pyroute2 import netns as _pyr_netns
 
 from sixlab.testbed import _netns
-from sixlab.testbed.linkemu import DirectionConfig
+from sixlab.testbed._emulation import DirectionConfig
 
 __all__ = [
     "SEG6LOCAL_ACTIONS",
@@ -236,13 +236,16 @@ class EmulatedLink:
         """Current counters ``{"ab": {...}, "ba": {...}}`` (asks the element for a dump)."""
         if self.final is not None:
             return self.final
-        before = self.stats_path.stat().st_mtime_ns
+        before = self._read()["generation"]
         self.proc.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + timeout
-        while self.stats_path.stat().st_mtime_ns == before:
+        while (now := self._read())["generation"] == before:
             if time.monotonic() > deadline:
-                break  # same mtime tick: the file still holds fresh-enough counters
-            time.sleep(0.005)
+                raise TestbedError(f"link emulator in {self.ns} did not answer SIGUSR1")
+            time.sleep(0.002)
+        return now
+
+    def _read(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.stats_path.read_text())
         return result
 

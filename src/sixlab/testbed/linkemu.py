@@ -34,9 +34,11 @@ Theory of operation
   ``ethtool`` changes on the end interfaces.
 
 Counters (per direction ``ab`` and ``ba``: received, forwarded, dropped_loss,
-send_errors, pending) are written as JSON to ``--stats`` on ``SIGUSR1`` and at exit,
-and printed on stdout at exit (``SIGTERM``/``SIGINT``). The first stdout line,
-``{"event": "ready"}``, tells the parent that both sockets are bound.
+send_errors, pending, and the element's own lateness late_ns_max/late_ns_sum) are
+written as JSON to ``--stats`` on ``SIGUSR1`` and at exit, with a ``generation`` number
+that grows with every dump, and printed on stdout at exit (``SIGTERM``/``SIGINT``).
+The first stdout line, ``{"event": "ready"}``, tells the parent that both sockets are
+bound.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["DirectionConfig", "DirectionStats", "main", "parse_args"]
+from sixlab.testbed._emulation import DirectionConfig
+
+__all__ = ["DirectionConfig", "DirectionStats", "main", "parse_args", "run"]
 
 #: <linux/if_ether.h>: every protocol; bound per socket, not at socket() time, so the
 #: socket sees nothing before ``bind`` names the interface.
@@ -86,21 +90,6 @@ _RCVBUF = 4 << 20
 #: Default busy-wait window before a deadline (µs): covers the late wake-up of
 #: ``select`` on the shared 2-core lab machines (tens of µs, more under load).
 DEFAULT_SPIN_US = 200
-
-
-@dataclass(frozen=True, slots=True)
-class DirectionConfig:
-    """What one direction of the link does to frames."""
-
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    loss: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.delay_ms < 0 or self.jitter_ms < 0:
-            raise ValueError("delay and jitter must be >= 0 ms")
-        if not 0.0 <= self.loss <= 1.0:
-            raise ValueError("loss is a probability in [0, 1]")
 
 
 @dataclass(slots=True)
@@ -212,11 +201,15 @@ def run(
             d.stats.pending += 1
         return {name: asdict(d.stats) for name, d in named.items()}
 
+    generation = 0
+
     def dump() -> None:
+        nonlocal generation
         if stats_path is None:
             return
+        generation += 1  # lets a reader tell a fresh dump from the previous one
         tmp = stats_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(counters()))
+        tmp.write_text(json.dumps({"generation": generation, **counters()}))
         tmp.replace(stats_path)  # atomic: a reader never sees half a file
 
     def on_stop(_signum: int, _frame: FrameType | None) -> None:
