@@ -120,13 +120,13 @@ class SenderConfig:
         if not 0 <= self.ssid <= 0xFFFF:
             raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.interval_ns <= 0:
-            raise ConfigError(f"interval must be positive, got {self.interval_ns} ns")
+            raise ConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
         if self.count is not None and self.count < 0:
             raise ConfigError(f"count must not be negative, got {self.count}")
         if self.duration_ns is not None and self.duration_ns < 0:
-            raise ConfigError(f"duration must not be negative, got {self.duration_ns} ns")
+            raise ConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
         if self.loss_timeout_ns <= 0:
-            raise ConfigError(f"loss timeout must be positive, got {self.loss_timeout_ns} ns")
+            raise ConfigError(f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns")
         if self.key is not None and not self.key:
             raise ConfigError("key: authenticated mode needs a non-empty key")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
@@ -218,10 +218,17 @@ class SenderSession:
 
     def receive(self, data: bytes, now: int) -> None:
         """A reflected packet arrived at ``now`` (T4, UTC ns)."""
-        cfg = self.config
         if self.state not in (State.RUNNING, State.DRAINING):
             self._drop(DropReason.NOT_RUNNING)
             return
+        # Deadlines first: a reply past its loss timeout is late even when the adapter
+        # hands it over before running the overdue timer.
+        self._expire(now)
+        self._match(data, now)
+        self._maybe_drained()
+
+    def _match(self, data: bytes, now: int) -> None:
+        cfg = self.config
         if cfg.key is not None and not stamp_auth.verify(data, cfg.key):
             self._drop(DropReason.HMAC_FAILED)
             return
@@ -281,7 +288,6 @@ class SenderSession:
                 tlvs=pkt.tlvs,
             )
         )
-        self._maybe_drained()
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -323,10 +329,10 @@ class SenderSession:
                 self._transition(_Input.STOP)
                 return
             self._send_one(now)
-            # Keep the schedule (no drift) but never burst to catch up after a stall.
-            self._next_send_ns = max(self._next_send_ns + cfg.interval_ns, now + 1)
-            if self._next_send_ns > now:
-                break
+            # Keep the schedule (no drift) but never burst to catch up after a stall:
+            # the slots missed are skipped, the next send is the grid's first after now.
+            missed = (now - self._next_send_ns) // cfg.interval_ns
+            self._next_send_ns += (missed + 1) * cfg.interval_ns
 
     def _send_one(self, now: int) -> None:
         cfg = self.config
