@@ -65,7 +65,8 @@ def main() -> None:
         for _ in range(n):
             now()
 
-    print(f"{'time.time_ns() alone (for scale)':40} {_per_packet_ns(clock_only, n, args.repeat):10.0f}")
+    scale = _per_packet_ns(clock_only, n, args.repeat)
+    print(f"{'time.time_ns() alone (for scale)':40} {scale:10.0f}")
 
 
 if __name__ == "__main__":
