@@ -19,8 +19,13 @@ from sixlab.testbed import BenchTestbed, SRv6TwoPaths, srv6_two_paths, sweep, tw
 TEST_PREFIX = "sixlab-t-"
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Remove namespaces that a crashed earlier test run left behind (dead owners only)."""
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_leftovers() -> None:
+    """Remove namespaces that a crashed earlier test run left behind (dead owners only).
+
+    A session fixture, not ``pytest_sessionstart``: that hook only runs for conftests
+    loaded at start-up, and this one is found later, during collection.
+    """
     if os.geteuid() == 0:
         sweep(TEST_PREFIX)
 

@@ -262,3 +262,21 @@ def test_bench_forward_mode(bench_testbed: BenchTestbed) -> None:
     fwd = tb.sut.exec(["cat", "/proc/net/snmp6"]).stdout
     counters = dict(line.split() for line in fwd.splitlines() if line.strip())
     assert int(counters["Ip6OutForwDatagrams"]) >= 4
+
+
+def test_seg6_encap_to_end_dt6(srv6_testbed: SRv6TwoPaths) -> None:
+    """H.Encaps on the sender over link B, decapsulated by the reflector's End.DT6 SID."""
+    tb = srv6_testbed
+    policy = [tb.sids["r1.endx_b"], tb.sids["reflector.dt6"]]
+    tb.sender.add_seg6_encap(f"{tb.reflector_addr}/128", policy, dev="eth0")
+    before = tb.links["B"].stats()["ab"]["forwarded"]
+    snd, rfl = Endpoint(tb, "sender", 8620), Endpoint(tb, "reflector", 862)
+    try:
+        for i in range(3):  # the first may wait for neighbour discovery
+            snd.sock.sendto(b"encap %d" % i, (tb.reflector_addr, 862))
+        got = sorted(rfl.recv()[0] for _ in range(3))
+    finally:
+        snd.close()
+        rfl.close()
+    assert got == [b"encap 0", b"encap 1", b"encap 2"]
+    assert tb.links["B"].stats()["ab"]["forwarded"] >= before + 3
