@@ -218,6 +218,13 @@ class _SenderEntry:
     lost: list[ev.PacketLost] = field(default_factory=list)
     overflow: int = 0
     fetched: int = 0
+    #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
+    #: that stored everything up to id N asks for "after N" and never sees one twice.
+    first_id: int = 1
+
+    def pop_oldest(self) -> ev.StampResult:
+        self.first_id += 1
+        return self.fifo.popleft()
 
 
 class SenderEngine(_Loop):
@@ -335,9 +342,37 @@ class SenderEngine(_Loop):
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
         n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))
-        out = [entry.fifo.popleft() for _ in range(n)]
+        out = [entry.pop_oldest() for _ in range(n)]
         entry.fetched += n
         return out
+
+    def fetch(
+        self, ssid: int, after: int, max_items: int = 1000, timeout: float = 0.0
+    ) -> list[tuple[int, ev.StampResult]]:
+        """At-least-once delivery with acknowledgement, for a controller that must store
+        every record exactly once even across its own restarts.
+
+        Every record with an id up to ``after`` is acknowledged (removed); up to
+        ``max_items`` of the following ones are returned with their ids and stay queued
+        until a later call acknowledges them. Waits up to ``timeout`` s for one to come.
+        A gap in the ids is records the FIFO had to drop (``overflow``).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                entry = self._entry(ssid)
+                while entry.fifo and entry.first_id <= after:
+                    entry.pop_oldest()
+                    entry.fetched += 1
+                start = max(0, after + 1 - entry.first_id)
+                if len(entry.fifo) > start or entry.session.state is State.FINISHED:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            stop = min(len(entry.fifo), start + max_items)
+            return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
     def _timeout(self) -> float:
         with self.lock:
@@ -387,7 +422,7 @@ class SenderEngine(_Loop):
         while (event := entry.session.next_event()) is not None:
             if isinstance(event, ev.StampResult):
                 if len(entry.fifo) >= self.fifo_capacity:
-                    entry.fifo.popleft()
+                    entry.pop_oldest()
                     entry.overflow += 1
                 entry.fifo.append(event)
                 notify = True

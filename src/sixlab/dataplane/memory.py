@@ -1,0 +1,141 @@
+"""The ``memory`` data plane: planes joined in one process, for tests and examples.
+
+A ``MemoryNetwork`` delivers what one plane sends to the plane bound to the destination
+address and port, instantly, with a fixed Hop Limit; ``fileno`` is a pipe that polls
+readable while datagrams wait. It is the in-memory backend a test suite wants
+(STYLE.md §3): engines and agents run unchanged on it, with no root and no sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from ipaddress import IPv6Address
+
+from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received
+
+__all__ = ["MemoryDataplane", "MemoryNetwork"]
+
+
+class MemoryNetwork:
+    """Where memory planes find each other, by (address, port)."""
+
+    def __init__(self, hop_limit: int = 64, clock: Callable[[], int] = time.time_ns) -> None:
+        self.hop_limit = hop_limit
+        self.clock = clock
+        self._planes: dict[tuple[IPv6Address, int], MemoryDataplane] = {}
+        self._lock = threading.Lock()
+        self._next_port = 40000
+        #: Every datagram sent, with the SID list it was sent along (for assertions).
+        self.sent: list[tuple[IPv6Address, int, tuple[IPv6Address, ...] | None]] = []
+
+    def plane(self, config: DataplaneConfig) -> MemoryDataplane:
+        return MemoryDataplane(config, self)
+
+    def _bind(self, plane: MemoryDataplane, address: IPv6Address, port: int) -> int:
+        with self._lock:
+            if port == 0:
+                self._next_port += 1
+                port = self._next_port
+            if (address, port) in self._planes:
+                raise DataplaneError(f"memory: [{address}]:{port} is already bound")
+            self._planes[(address, port)] = plane
+            return port
+
+    def _unbind(self, address: IPv6Address, port: int) -> None:
+        with self._lock:
+            self._planes.pop((address, port), None)
+
+    def _deliver(self, received: Received, dst: IPv6Address, port: int) -> bool:
+        with self._lock:
+            plane = self._planes.get((dst, port))
+        if plane is None:
+            return False
+        plane._enqueue(received)
+        return True
+
+
+class MemoryDataplane(Dataplane):
+    """One endpoint on a ``MemoryNetwork`` (not in the registry: it needs its network)."""
+
+    name = "memory"
+
+    def __init__(self, config: DataplaneConfig, network: MemoryNetwork) -> None:
+        super().__init__(config)
+        self.network = network
+        self.address = config.source or IPv6Address("::1")
+        self.port = 0
+        self._queue: deque[Received] = deque()
+        self._pipe: tuple[int, int] | None = None
+        self.undeliverable = 0
+
+    def open(self) -> None:
+        if self._pipe is not None:
+            return
+        self.port = self.network._bind(self, self.address, self.config.port)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self._pipe = (r, w)
+
+    def close(self) -> None:
+        if self._pipe is None:
+            return
+        self.network._unbind(self.address, self.port)
+        for fd in self._pipe:
+            os.close(fd)
+        self._pipe = None
+
+    @property
+    def local_port(self) -> int:
+        return self.port
+
+    def fileno(self) -> int:
+        if self._pipe is None:
+            raise DataplaneError("memory: data plane is not open")
+        return self._pipe[0]
+
+    def receive(self, max_batch: int = 64) -> list[Received]:
+        out: list[Received] = []
+        while self._queue and len(out) < max_batch:
+            out.append(self._queue.popleft())
+        if self._pipe is not None and not self._queue:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._pipe[0], 4096):
+                    pass
+        return out
+
+    def send(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        if self._pipe is None:
+            raise DataplaneError("memory: data plane is not open")
+        net = self.network
+        net.sent.append((dst, dst_port, tuple(segments) if segments else None))
+        rx = Received(
+            payload=bytes(payload),
+            src=(src or self.address).packed,
+            dst=dst.packed,
+            src_port=self.port,
+            dst_port=dst_port,
+            hop_limit=net.hop_limit,
+            rx_ns=net.clock(),
+        )
+        if not net._deliver(rx, dst, dst_port):
+            self.undeliverable += 1
+
+    def _enqueue(self, received: Received) -> None:
+        self._queue.append(received)
+        if self._pipe is not None:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._pipe[1], b"x")
