@@ -1,0 +1,875 @@
+"""The STAMP agent: a gRPC server (``stamp.proto``) in front of one STAMP engine.
+
+Theory of operation
+-------------------
+One agent runs per node, in a role fixed at start (Session-Sender or Session-Reflector)
+and with a default data plane chosen by name (any plane registered with
+``sixlab.dataplane.base.register``)::
+
+    Init ──▶ data plane opened, engine thread started ──▶ sessions ──▶ Reset
+              (create(name, DataplaneConfig))                 Create / Start / Stop / Destroy
+
+The servicer is thin: it turns a request into the core's configuration
+(``SenderConfig`` / ``ReflectorSessionConfig``), checking every field and naming it in
+the error, then calls the engine (``sixlab.dataplane.engine``). Every check happens
+before anything changes, so a refused request leaves the agent as it was. Failures
+become gRPC statuses in one place (``_status_of``):
+
+===========================  =======================================================
+``AgentError``               its own code (NOT_FOUND, ALREADY_EXISTS, …)
+``ConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
+``SessionStateError``        FAILED_PRECONDITION (e.g. starting a session twice)
+``DataplaneError``           UNAVAILABLE (cannot bind, missing system support)
+===========================  =======================================================
+
+Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
+Reset that must come first.
+
+A reflector session has no life of its own in the core (``Reflector`` answers the
+SSIDs it holds), so the agent keeps it here: Create stores the configuration, Start
+adds it to the core, Stop removes it (adding its counters to those kept from earlier
+runs), Destroy forgets it.
+
+Results. A sender session's records queue in the engine's bounded FIFO.
+GetStampSessionResults drains it (the seed's polling mode);
+StreamStampSessionResults waits on it and pushes batches (the "notification mode" the
+seed paper describes but did not build). The stream ends after the batch with
+``final`` set (the session finished and its FIFO is empty), when the client cancels,
+and with ABORTED when the session is destroyed or the agent reset under it.
+
+Concurrency. gRPC calls run on a thread pool. One lock serialises every unary call, so
+a check and the change it guards cannot be split by another call; streams take it
+only to look the session up and wait on the engine's condition without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import ipaddress
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, available, create
+from sixlab.dataplane.engine import (
+    DEFAULT_FIFO_CAPACITY,
+    ReflectorEngine,
+    SenderEngine,
+    SenderSessionSpec,
+)
+from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
+from sixlab.wire import stamp as wire
+from sixlab.wire._errors import WireError
+from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
+from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
+
+__all__ = [
+    "DEFAULT_MAX_WORKERS",
+    "MAX_KEY_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_SIDS",
+    "MAX_TLV_BYTES",
+    "AgentError",
+    "AgentServer",
+    "Role",
+    "StampAgentServicer",
+    "TlsFiles",
+    "result_to_proto",
+    "serve",
+]
+
+IPv6Address = ipaddress.IPv6Address
+Code = grpc.StatusCode
+
+#: gRPC worker threads. Each open results stream holds one for its lifetime, so this
+#: bounds concurrent streams plus unary calls (a controller needs a handful).
+DEFAULT_MAX_WORKERS = 16
+#: Largest request accepted (bytes). The biggest legitimate one is a CreateStampSession
+#: with a full TLV area and SID lists: well under 64 KiB; 1 MiB leaves room and keeps a
+#: hostile client from making the agent buffer gRPC's default 4 MiB per call.
+MAX_MESSAGE_BYTES = 1 << 20
+#: TLV area of a test packet: the socket plane receives at most 9000-byte payloads
+#: (jumbo frames), less the 112-byte authenticated base packet (RFC 8762 §4.2.2).
+MAX_TLV_BYTES = 9000 - wire.AUTH_PACKET_SIZE
+#: An SRH holds at most 127 SIDs: Hdr Ext Len is 8 bits of 8-octet units (RFC 8754 §2).
+MAX_SIDS = 127
+#: HMAC keys: RFC 8762 §4.4 leaves key management out; HMAC-SHA-256 hashes longer keys
+#: anyway (RFC 2104 §2), so a bound only stops absurd requests.
+MAX_KEY_BYTES = 1024
+#: Shortest interval accepted: below 1 µs the engine could only send back to back.
+MIN_INTERVAL_NS = 1_000
+#: TAI−UTC is 37 s today (IERS Bulletin C); accept up to an hour, never negative.
+MAX_TAI_UTC_OFFSET_NS = 3600 * NS_PER_S
+#: Linux interface names are at most IFNAMSIZ − 1 = 15 characters.
+MAX_IFNAME = 15
+#: Results stream defaults and bounds (see StreamStampSessionResultsRequest).
+DEFAULT_BATCH = 1000
+MAX_BATCH = 100_000
+DEFAULT_BATCH_WINDOW_NS = 100_000_000
+MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
+#: How often a waiting stream looks at its client and its session (s).
+_STREAM_POLL_S = 0.25
+#: DataplaneConfig fields set by Init's own fields, not by ``dataplane_options``.
+_INIT_FIELDS = frozenset({"port", "interface", "source"})
+
+
+class Role(StrEnum):
+    SENDER = "sender"
+    REFLECTOR = "reflector"
+
+
+_ROLE_PB = {Role.SENDER: pb.ROLE_SENDER, Role.REFLECTOR: pb.ROLE_REFLECTOR}
+_STATE_PB = {
+    State.IDLE: pb.SESSION_STATE_IDLE,
+    State.RUNNING: pb.SESSION_STATE_RUNNING,
+    State.DRAINING: pb.SESSION_STATE_DRAINING,
+    State.FINISHED: pb.SESSION_STATE_FINISHED,
+}
+_FORMATS = {
+    pb.TIMESTAMP_FORMAT_NTP: TimestampFormat.NTP,
+    pb.TIMESTAMP_FORMAT_PTP: TimestampFormat.PTP,
+}
+_MODES = {
+    pb.REFLECTOR_MODE_STATELESS: ReflectorMode.STATELESS,
+    pb.REFLECTOR_MODE_STATEFUL: ReflectorMode.STATEFUL,
+}
+
+
+class AgentError(Exception):
+    """A request the agent refuses, with the gRPC status code to refuse it with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The one mapping from the agent's and the core's errors to gRPC statuses."""
+    if isinstance(exc, AgentError):
+        return exc.code, str(exc)
+    if isinstance(exc, SessionStateError):
+        return Code.FAILED_PRECONDITION, str(exc)
+    if isinstance(exc, ConfigError | WireError):
+        return Code.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, DataplaneError):
+        return Code.UNAVAILABLE, str(exc)
+    return None
+
+
+_S = TypeVar("_S", bound="StampAgentServicer")
+_Req = TypeVar("_Req")
+_Rep = TypeVar("_Rep")
+
+
+def _unary(
+    method: Callable[[_S, _Req], _Rep],
+) -> Callable[[_S, _Req, Any], _Rep]:
+    """Run a unary handler under the agent lock and turn its errors into statuses."""
+
+    @functools.wraps(method)
+    def handler(self: _S, request: _Req, context: Any) -> _Rep:
+        try:
+            with self._lock:
+                return method(self, request)
+        except Exception as exc:
+            status = _status_of(exc)
+            if status is None:
+                raise
+            context.abort(*status)
+            raise  # abort raises; this keeps the type checker informed
+
+    return handler
+
+
+# ------------------------------------------------------------------------ field checks
+
+
+def _invalid(message: str) -> AgentError:
+    return AgentError(Code.INVALID_ARGUMENT, message)
+
+
+def _ssid(value: int) -> int:
+    if not 0 <= value <= 0xFFFF:
+        raise _invalid(f"ssid: {value} is not a 16-bit value (RFC 8972 §3)")
+    return value
+
+
+def _port(name: str, value: int) -> int:
+    if not 0 <= value <= 0xFFFF:
+        raise _invalid(f"{name}: {value} is not a UDP port (0..65535)")
+    return value
+
+
+def _address(name: str, text: str) -> IPv6Address:
+    try:
+        return IPv6Address(text)
+    except ValueError:
+        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+
+
+def _sid_list(name: str, texts: Sequence[str]) -> tuple[IPv6Address, ...]:
+    if len(texts) > MAX_SIDS:
+        raise _invalid(f"{name}: {len(texts)} SIDs, an SRH holds at most {MAX_SIDS}")
+    return tuple(_address(f"{name}[{i}]", t) for i, t in enumerate(texts))
+
+
+def _choice(name: str, value: int, table: Mapping[Any, _Rep]) -> _Rep:
+    try:
+        return table[value]
+    except KeyError:
+        raise _invalid(f"{name}: unknown value {value}") from None
+
+
+def _key(request: pb.CreateStampSessionRequest) -> bytes | None:
+    if request.auth_mode == pb.AUTH_MODE_AUTHENTICATED:
+        if not request.key:
+            raise _invalid("key: authenticated mode needs a key")
+        if len(request.key) > MAX_KEY_BYTES:
+            raise _invalid(f"key: {len(request.key)} bytes, at most {MAX_KEY_BYTES}")
+        return bytes(request.key)
+    if request.auth_mode != pb.AUTH_MODE_UNAUTHENTICATED:
+        raise _invalid(f"auth_mode: unknown value {request.auth_mode}")
+    if request.key:
+        raise _invalid("key: set, but auth_mode is unauthenticated")
+    return None
+
+
+def _error_estimate(value: int) -> ErrorEstimate | None:
+    if value == 0:
+        return None
+    if value > 0xFFFF:
+        raise _invalid(f"error_estimate: {value} does not fit in 16 bits")
+    return ErrorEstimate.from_int(value)
+
+
+def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, int]:
+    if not request.HasField("tai_utc_offset_ns"):
+        return {}
+    offset = request.tai_utc_offset_ns
+    if not 0 <= offset <= MAX_TAI_UTC_OFFSET_NS:
+        raise _invalid(f"tai_utc_offset_ns: {offset} is not in 0..{MAX_TAI_UTC_OFFSET_NS}")
+    return {"tai_utc_offset_ns": offset}
+
+
+def _local_port(name: str, value: int, bound: int) -> None:
+    _port(name, value)
+    if value not in (0, bound):
+        raise _invalid(f"{name}: {value}, but this agent's data plane is bound to port {bound}")
+
+
+def _dataplane_options(options: Mapping[str, str]) -> dict[str, Any]:
+    """``dataplane_options`` as DataplaneConfig keyword arguments, typed by each default."""
+    fields = {f.name: f for f in dataclasses.fields(DataplaneConfig) if f.name not in _INIT_FIELDS}
+    out: dict[str, Any] = {}
+    for key, text in sorted(options.items()):
+        spec = fields.get(key)
+        if spec is None:
+            known = ", ".join(sorted(fields)) or "none"
+            raise _invalid(f"dataplane_options: unknown option {key!r} (known: {known})")
+        default = spec.default
+        name = f"dataplane_options[{key!r}]"
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false"):
+                raise _invalid(f"{name}: {text!r} is not true or false")
+            out[key] = text.lower() == "true"
+            continue
+        try:
+            if isinstance(default, int):
+                out[key] = int(text)
+            elif isinstance(default, tuple):
+                out[key] = tuple(int(part) for part in text.split(",") if part.strip())
+            else:
+                out[key] = text
+        except ValueError:
+            raise _invalid(f"{name}: cannot use {text!r} here") from None
+    ports = out.get("peer_ports", ())
+    for port in ports:
+        _port("dataplane_options['peer_ports']", port)
+    return out
+
+
+def _sender_spec(
+    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPv6Address | None
+) -> tuple[SenderSessionSpec, int]:
+    """The engine's session spec for a sender CreateStampSession, and its delay mode."""
+    ssid = _ssid(request.ssid)
+    if not request.reflector_address:
+        raise _invalid("reflector_address: required on a sender")
+    reflector = _address("reflector_address", request.reflector_address)
+    segments = _sid_list("sid_list", request.sid_list) or None
+    source = (
+        _address("source_address", request.source_address)
+        if request.source_address
+        else init_source
+    )
+    interval = request.interval_ns or NS_PER_S
+    if interval < MIN_INTERVAL_NS:
+        raise _invalid(f"interval_ns: {interval}, at least {MIN_INTERVAL_NS}")
+    reflector_port = _port("reflector_udp_port", request.reflector_udp_port) or wire.STAMP_PORT
+    _local_port("sender_udp_port", request.sender_udp_port, bound_port)
+    fmt = _choice("timestamp_format", request.timestamp_format, _FORMATS)
+    mode = _choice("reflector_mode", request.reflector_mode, _MODES)
+    delay_mode = _choice(
+        "delay_mode",
+        request.delay_mode,
+        {
+            pb.DELAY_MODE_TWO_WAY: pb.DELAY_MODE_TWO_WAY,
+            pb.DELAY_MODE_ONE_WAY: pb.DELAY_MODE_ONE_WAY,
+        },
+    )
+    key = _key(request)
+    tlvs = bytes(request.tlvs)
+    return_sids = _sid_list("return_sid_list", request.return_sid_list)
+    if request.request_return_path:
+        if not return_sids:
+            raise _invalid("return_sid_list: request_return_path needs a return SID list")
+        # RFC 9503 §4: the Return Path TLV with an SRv6 Segment List sub-TLV (§4.4). It
+        # goes first so that an HMAC TLV in ``tlvs`` stays last (RFC 8972 §4.8).
+        tlvs = ReturnPath((Srv6SegmentList(return_sids),)).to_tlv().encode() + tlvs
+    elif return_sids:
+        raise _invalid("return_sid_list: a sender uses it only with request_return_path")
+    if len(tlvs) > MAX_TLV_BYTES:
+        raise _invalid(f"tlvs: {len(tlvs)} bytes of TLVs, at most {MAX_TLV_BYTES}")
+    config = SenderConfig(
+        ssid=ssid,
+        interval_ns=interval,
+        count=request.count or None,
+        duration_ns=request.duration_ns or None,
+        fmt=fmt,
+        key=key,
+        tlvs=tlvs,
+        error_estimate=_error_estimate(request.error_estimate),
+        loss_timeout_ns=request.loss_timeout_ns or DEFAULT_LOSS_TIMEOUT_NS,
+        reflector_stateful=mode is ReflectorMode.STATEFUL,
+        **_tai_offset(request),
+    )
+    spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
+    return spec, delay_mode
+
+
+def _reflector_config(
+    request: pb.CreateStampSessionRequest, bound_port: int
+) -> ReflectorSessionConfig:
+    ssid = _ssid(request.ssid)
+    if request.source_address:
+        _address("source_address", request.source_address)
+    _local_port("reflector_udp_port", request.reflector_udp_port, bound_port)
+    return ReflectorSessionConfig(
+        ssid=ssid,
+        mode=_choice("reflector_mode", request.reflector_mode, _MODES),
+        key=_key(request),
+        fmt=_choice("timestamp_format", request.timestamp_format, _FORMATS),
+        error_estimate=_error_estimate(request.error_estimate),
+        return_segments=_sid_list("return_sid_list", request.return_sid_list) or None,
+        **_tai_offset(request),
+    )
+
+
+def result_to_proto(result: StampResult) -> pb.StampResult:
+    """A core result record as the API carries it."""
+    return pb.StampResult(
+        ssid=result.ssid,
+        seq=result.seq,
+        t1_ns=result.t1_ns,
+        t2_ns=result.t2_ns,
+        t3_ns=result.t3_ns,
+        t4_ns=result.t4_ns,
+        sender_error_estimate=result.sender_error.to_int(),
+        sender_error_ns=result.sender_error.error_ns,
+        reflector_error_estimate=result.reflector_error.to_int(),
+        reflector_error_ns=result.reflector_error.error_ns,
+        ses_sender_ttl=result.ses_sender_ttl,
+        reflector_seq=result.reflector_seq,
+        tlvs=result.tlvs,
+    )
+
+
+def _drops(dropped: Mapping[DropReason, int]) -> dict[str, int]:
+    return {str(reason): n for reason, n in dropped.items()}
+
+
+# ----------------------------------------------------------------------------- servicer
+
+
+@dataclass(slots=True)
+class _Runtime:
+    """What Init made and Reset undoes."""
+
+    dataplane: Dataplane
+    name: str
+    port: int
+    source: IPv6Address | None
+    sender: SenderEngine | None = None
+    reflector: ReflectorEngine | None = None
+
+    def shutdown(self) -> None:
+        engine = self.sender or self.reflector
+        if engine is not None:
+            engine.shutdown()
+        self.dataplane.close()
+
+
+@dataclass(slots=True)
+class _SenderRecord:
+    delay_mode: int
+    fetched: int = 0
+
+
+@dataclass(slots=True)
+class _ReflectorRecord:
+    config: ReflectorSessionConfig
+    state: State = State.IDLE
+    #: Counters of earlier runs (Stop removes the session from the core).
+    reflected: int = 0
+    dropped: dict[DropReason, int] = field(default_factory=dict)
+
+
+class StampAgentServicer(pb_grpc.StampAgentServicer):
+    """The StampAgent service of one agent; see the module docstring."""
+
+    def __init__(
+        self,
+        role: Role | str,
+        dataplane: str = "socket",
+        *,
+        fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.role = Role(role)
+        self.default_dataplane = dataplane
+        self._fifo_capacity = fifo_capacity
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._rt: _Runtime | None = None
+        self._senders: dict[int, _SenderRecord] = {}
+        self._reflectors: dict[int, _ReflectorRecord] = {}
+
+    # -- helpers (lock held) -----------------------------------------------------------
+
+    def _runtime(self, call: str) -> _Runtime:
+        if self._rt is None:
+            raise AgentError(
+                Code.FAILED_PRECONDITION, f"{call}: agent not initialised (Init first)"
+            )
+        return self._rt
+
+    def _sender_only(self, call: str) -> SenderEngine:
+        if self.role is not Role.SENDER:
+            raise AgentError(
+                Code.FAILED_PRECONDITION, f"{call}: this agent is a reflector (sender only)"
+            )
+        engine = self._runtime(call).sender
+        assert engine is not None  # a sender's runtime always has one
+        return engine
+
+    def _known(self, ssid: int) -> int:
+        _ssid(ssid)
+        if ssid not in self._senders and ssid not in self._reflectors:
+            raise AgentError(Code.NOT_FOUND, f"ssid: no session {ssid}")
+        return ssid
+
+    def _reflector_counts(self, ssid: int, rec: _ReflectorRecord) -> tuple[int, dict[str, int]]:
+        reflected, dropped = rec.reflected, dict(rec.dropped)
+        rt = self._rt
+        if rec.state is State.RUNNING and rt is not None and rt.reflector is not None:
+            with rt.reflector.lock:
+                live, live_dropped = rt.reflector.reflector.session_counters(ssid)
+            reflected += live
+            for reason, n in live_dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        return reflected, _drops(dropped)
+
+    # -- agent ------------------------------------------------------------------------
+
+    @_unary
+    def GetAgentInfo(self, _request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
+        rt = self._rt
+        engine = None if rt is None else rt.sender or rt.reflector
+        error = None if engine is None else engine.error
+        return pb.GetAgentInfoReply(
+            role=_ROLE_PB[self.role],
+            default_dataplane=self.default_dataplane,
+            available_dataplanes=available(),
+            initialized=rt is not None,
+            dataplane="" if rt is None else rt.name,
+            port=0 if rt is None else rt.port,
+            ssids=sorted([*self._senders, *self._reflectors]),
+            engine_error="" if error is None else repr(error),
+        )
+
+    @_unary
+    def Init(self, request: pb.InitRequest) -> pb.InitReply:  # noqa: N802
+        if self._rt is not None:
+            raise AgentError(
+                Code.FAILED_PRECONDITION,
+                f"init: already initialised on port {self._rt.port} (Reset first)",
+            )
+        name = request.dataplane or self.default_dataplane
+        if name not in available():
+            raise _invalid(
+                f"dataplane: unknown data plane {name!r} (available: {', '.join(available())})"
+            )
+        if request.HasField("port"):
+            port = _port("port", request.port)
+        else:
+            port = wire.STAMP_PORT if self.role is Role.REFLECTOR else 0
+        if len(request.interface) > MAX_IFNAME or "/" in request.interface:
+            raise _invalid(f"interface: {request.interface!r} is not an interface name")
+        source = (
+            _address("source_address", request.source_address) if request.source_address else None
+        )
+        config = DataplaneConfig(port=port, interface=request.interface or None, source=source)
+        config = dataclasses.replace(config, **_dataplane_options(request.dataplane_options))
+        dataplane = create(name, config)
+        dataplane.open()
+        try:
+            bound = int(getattr(dataplane, "local_port", port))
+            rt = _Runtime(dataplane, name, bound, source)
+            if self.role is Role.SENDER:
+                rt.sender = SenderEngine(dataplane, self._clock, self._fifo_capacity)
+                rt.sender.start()
+            else:
+                rt.reflector = ReflectorEngine(dataplane, Reflector(), self._clock)
+                rt.reflector.start()
+        except BaseException:
+            dataplane.close()
+            raise
+        self._rt = rt
+        return pb.InitReply(port=bound, dataplane=name)
+
+    @_unary
+    def Reset(self, _request: pb.ResetRequest) -> pb.ResetReply:  # noqa: N802
+        return pb.ResetReply(sessions_destroyed=self.reset())
+
+    def reset(self) -> int:
+        """Destroy every session and close the data plane; the number of sessions."""
+        with self._lock:
+            rt, self._rt = self._rt, None
+            count = len(self._senders) + len(self._reflectors)
+            if rt is not None and rt.sender is not None:
+                for ssid in rt.sender.sessions():
+                    rt.sender.remove_session(ssid)  # wakes the streams, which then end
+            self._senders.clear()
+            self._reflectors.clear()
+            if rt is not None:
+                rt.shutdown()
+            return count
+
+    # -- sessions ---------------------------------------------------------------------
+
+    @_unary
+    def CreateStampSession(  # noqa: N802
+        self, request: pb.CreateStampSessionRequest
+    ) -> pb.CreateStampSessionReply:
+        rt = self._runtime("CreateStampSession")
+        ssid = _ssid(request.ssid)
+        if ssid in self._senders or ssid in self._reflectors:
+            raise AgentError(Code.ALREADY_EXISTS, f"ssid: session {ssid} already exists")
+        if rt.sender is not None:
+            spec, delay_mode = _sender_spec(request, rt.port, rt.source)
+            rt.sender.add_session(spec)
+            self._senders[ssid] = _SenderRecord(delay_mode)
+        else:
+            self._reflectors[ssid] = _ReflectorRecord(_reflector_config(request, rt.port))
+        return pb.CreateStampSessionReply()
+
+    @_unary
+    def StartStampSession(  # noqa: N802
+        self, request: pb.StartStampSessionRequest
+    ) -> pb.StartStampSessionReply:
+        rt = self._runtime("StartStampSession")
+        ssid = self._known(request.ssid)
+        if rt.sender is not None:
+            rt.sender.start_session(ssid)
+        else:
+            assert rt.reflector is not None
+            rec = self._reflectors[ssid]
+            if rec.state is State.RUNNING:
+                raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {ssid} already running")
+            with rt.reflector.lock:
+                rt.reflector.reflector.add_session(rec.config)
+            rec.state = State.RUNNING
+        return pb.StartStampSessionReply()
+
+    @_unary
+    def StopStampSession(  # noqa: N802
+        self, request: pb.StopStampSessionRequest
+    ) -> pb.StopStampSessionReply:
+        rt = self._runtime("StopStampSession")
+        ssid = self._known(request.ssid)
+        if rt.sender is not None:
+            rt.sender.stop_session(ssid)
+        else:
+            rec = self._reflectors[ssid]
+            if rec.state is not State.RUNNING:
+                raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {ssid} is not running")
+            self._stop_reflector(rt, ssid, rec)
+        return pb.StopStampSessionReply()
+
+    def _stop_reflector(self, rt: _Runtime, ssid: int, rec: _ReflectorRecord) -> None:
+        assert rt.reflector is not None
+        with rt.reflector.lock:
+            reflected, dropped = rt.reflector.reflector.session_counters(ssid)
+            rt.reflector.reflector.remove_session(ssid)
+        rec.reflected += reflected
+        for reason, n in dropped.items():
+            rec.dropped[reason] = rec.dropped.get(reason, 0) + n
+        rec.state = State.FINISHED
+
+    @_unary
+    def DestroyStampSession(  # noqa: N802
+        self, request: pb.DestroyStampSessionRequest
+    ) -> pb.DestroyStampSessionReply:
+        rt = self._runtime("DestroyStampSession")
+        ssid = self._known(request.ssid)
+        if rt.sender is not None:
+            rt.sender.remove_session(ssid)
+            del self._senders[ssid]
+        else:
+            rec = self._reflectors[ssid]
+            if rec.state is State.RUNNING:
+                self._stop_reflector(rt, ssid, rec)
+            del self._reflectors[ssid]
+        return pb.DestroyStampSessionReply()
+
+    # -- results ----------------------------------------------------------------------
+
+    @_unary
+    def GetStampSessionResults(  # noqa: N802
+        self, request: pb.GetStampSessionResultsRequest
+    ) -> pb.GetStampSessionResultsReply:
+        engine = self._sender_only("GetStampSessionResults")
+        ssid = self._known(request.ssid)
+        results = engine.results(ssid, request.max_results or None)
+        lost = engine.lost(ssid)
+        snap = engine.snapshot(ssid)
+        self._senders[ssid].fetched += len(results)
+        return pb.GetStampSessionResultsReply(
+            results=[result_to_proto(r) for r in results],
+            lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
+            overflow=snap.overflow,
+            state=_STATE_PB[snap.state],
+            remaining=snap.fifo_len,
+        )
+
+    def StreamStampSessionResults(  # noqa: N802
+        self, request: pb.StreamStampSessionResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatch]:
+        try:
+            yield from self._stream(request, context)
+        except Exception as exc:
+            status = _status_of(exc)
+            if status is None:
+                raise
+            context.abort(*status)
+
+    def _stream(
+        self, request: pb.StreamStampSessionResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatch]:
+        with self._lock:
+            engine = self._sender_only("StreamStampSessionResults")
+            ssid = self._known(request.ssid)
+            record = self._senders[ssid]
+        max_batch = request.max_batch or DEFAULT_BATCH
+        if max_batch > MAX_BATCH:
+            raise _invalid(f"max_batch: {max_batch}, at most {MAX_BATCH}")
+        window_ns = request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS
+        if window_ns > MAX_BATCH_WINDOW_NS:
+            raise _invalid(f"batch_window_ns: {window_ns}, at most {MAX_BATCH_WINDOW_NS}")
+        while context.is_active():
+            try:
+                batch = engine.wait_results(ssid, _STREAM_POLL_S, max_batch)
+                deadline = time.monotonic() + window_ns / NS_PER_S
+                while batch and len(batch) < max_batch:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not context.is_active():
+                        break
+                    more = engine.wait_results(ssid, remaining, max_batch - len(batch))
+                    if not more:
+                        break
+                    batch.extend(more)
+                lost = engine.lost(ssid)
+                snap = engine.snapshot(ssid)
+            except ConfigError:
+                raise AgentError(
+                    Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
+                ) from None
+            with self._lock:
+                if self._senders.get(ssid) is not record:
+                    raise AgentError(
+                        Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
+                    )
+                record.fetched += len(batch)
+            final = snap.state is State.FINISHED and snap.fifo_len == 0
+            if batch or lost or final:
+                yield pb.ResultBatch(
+                    ssid=ssid,
+                    results=[result_to_proto(r) for r in batch],
+                    lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
+                    overflow=snap.overflow,
+                    state=_STATE_PB[snap.state],
+                    final=final,
+                )
+            if final:
+                return
+
+    # -- counters ---------------------------------------------------------------------
+
+    @_unary
+    def GetCounters(self, request: pb.GetCountersRequest) -> pb.GetCountersReply:  # noqa: N802
+        if request.HasField("ssid"):
+            ssids = [self._known(request.ssid)]
+        else:
+            ssids = sorted([*self._senders, *self._reflectors])
+        reply = pb.GetCountersReply(role=_ROLE_PB[self.role])
+        rt = self._rt
+        engine = None if rt is None else rt.sender or rt.reflector
+        if engine is not None:
+            with engine.lock:
+                c = engine.counters
+                reply.engine.CopyFrom(
+                    pb.EngineCounters(
+                        received=c.received, no_session=c.no_session, send_failed=c.send_failed
+                    )
+                )
+        if self.role is Role.REFLECTOR:
+            reply.reflector.SetInParent()
+            if rt is not None and rt.reflector is not None:
+                with rt.reflector.lock:
+                    rc = rt.reflector.reflector.counters
+                    reply.reflector.received = rc.received
+                    reply.reflector.reflected = rc.reflected
+                    reply.reflector.dropped.update(_drops(rc.dropped))
+        for ssid in ssids:
+            reply.sessions.append(self._session_counters(ssid))
+        return reply
+
+    def _session_counters(self, ssid: int) -> pb.SessionCounters:
+        rt = self._rt
+        if ssid in self._senders:
+            assert rt is not None  # sessions live between Init and Reset
+            assert rt.sender is not None
+            snap = rt.sender.snapshot(ssid)
+            c = snap.counters
+            out = pb.SessionCounters(
+                ssid=ssid,
+                state=_STATE_PB[snap.state],
+                sent=c.sent,
+                received=c.received,
+                lost=c.lost,
+                duplicates=c.duplicates,
+                reordered=c.reordered,
+                dropped=_drops(c.dropped),
+                queued=snap.fifo_len,
+                overflow=snap.overflow,
+                fetched=self._senders[ssid].fetched,
+            )
+            if c.forward_lost is not None:
+                out.forward_lost = c.forward_lost
+            return out
+        rec = self._reflectors[ssid]
+        reflected, dropped = self._reflector_counts(ssid, rec)
+        return pb.SessionCounters(
+            ssid=ssid, state=_STATE_PB[rec.state], reflected=reflected, dropped=dropped
+        )
+
+
+# ------------------------------------------------------------------------------ server
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for a TLS server: its certificate chain and key; ``ca`` turns on mTLS.
+
+    With ``ca`` the server requires a client certificate signed by it (mutual TLS).
+    """
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def credentials(self) -> Any:
+        try:
+            chain = Path(self.cert).read_bytes()
+            key = Path(self.key).read_bytes()
+            ca = Path(self.ca).read_bytes() if self.ca is not None else None
+        except OSError as exc:
+            raise ValueError(f"tls: cannot read {exc.filename}: {exc.strerror}") from exc
+        return grpc.ssl_server_credentials(
+            [(key, chain)], root_certificates=ca, require_client_auth=ca is not None
+        )
+
+
+class AgentServer:
+    """A running agent: its gRPC server and servicer. ``stop`` also Resets the agent."""
+
+    def __init__(self, server: Any, servicer: StampAgentServicer, port: int) -> None:
+        self.server = server
+        self.servicer = servicer
+        #: The TCP port gRPC listens on (0 for a unix: address).
+        self.port = port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.server.stop(grace).wait()
+        self.servicer.reset()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops; False if ``timeout`` passed first."""
+        return bool(self.server.wait_for_termination(timeout))
+
+    def __enter__(self) -> AgentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    address: str,
+    role: Role | str,
+    dataplane: str = "socket",
+    *,
+    tls: TlsFiles | None = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+    fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
+) -> AgentServer:
+    """Start an agent serving gRPC on ``address`` (``"[::1]:50051"``, ``"unix:/path"``).
+
+    Port 0 picks a free port (``AgentServer.port``). Returns once the server accepts
+    calls; the agent is not initialised until a client calls Init.
+    """
+    if dataplane not in available():
+        raise ValueError(
+            f"dataplane: unknown data plane {dataplane!r} (available: {', '.join(available())})"
+        )
+    servicer = StampAgentServicer(role, dataplane, fifo_capacity=fifo_capacity)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stamp-agent"),
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_StampAgentServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials())
+    except RuntimeError as exc:
+        server.stop(None)
+        raise OSError(f"grpc: cannot listen on {address}: {exc}") from exc
+    server.start()
+    return AgentServer(server, servicer, int(port))

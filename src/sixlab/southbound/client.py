@@ -1,0 +1,317 @@
+"""A typed client for the STAMP agent's gRPC API (``stamp.proto``), for the controller.
+
+Every method is one RPC with a deadline. A refused call raises ``SouthboundError``
+carrying the gRPC status code and the agent's message (which names the field)::
+
+    with AgentClient("[::1]:50051") as sender:
+        port = sender.init(port=0)
+        sender.create_sender_session(7, reflector="2001:db8::2", sid_list=[...], count=50,
+                                     interval_ns=5_000_000)
+        sender.start_session(7)
+        for batch in sender.stream_results(7):
+            for record in batch.results:
+                print(result_from_proto(record).rtt_ns)
+
+Addresses may be given as text or ``ipaddress.IPv6Address``; times are integer ns.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.stamp._events import StampResult
+from sixlab.wire.timestamp import ErrorEstimate
+
+__all__ = [
+    "AgentClient",
+    "ClientTls",
+    "ResultStream",
+    "SouthboundError",
+    "result_from_proto",
+]
+
+Address = str | ipaddress.IPv6Address
+#: Deadline of one unary call (s): an agent answers in milliseconds; a stuck one fails.
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class SouthboundError(Exception):
+    """An agent refused a call (or could not be reached); ``code`` is the gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc(cls, exc: grpc.RpcError) -> SouthboundError:
+        return cls(exc.code(), exc.details() or "")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """PEM files: ``ca`` to verify the agent; ``cert`` and ``key`` for mTLS.
+
+    ``server_name`` overrides the name checked against the agent's certificate (e.g. when
+    dialling an IP address with a certificate issued to a name).
+    """
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None
+
+    def credentials(self) -> Any:
+        return grpc.ssl_channel_credentials(
+            root_certificates=Path(self.ca).read_bytes(),
+            private_key=Path(self.key).read_bytes() if self.key else None,
+            certificate_chain=Path(self.cert).read_bytes() if self.cert else None,
+        )
+
+
+def result_from_proto(record: pb.StampResult) -> StampResult:
+    """An API record as the core's ``StampResult`` (with its delay properties)."""
+    return StampResult(
+        ssid=record.ssid,
+        seq=record.seq,
+        t1_ns=record.t1_ns,
+        t2_ns=record.t2_ns,
+        t3_ns=record.t3_ns,
+        t4_ns=record.t4_ns,
+        sender_error=ErrorEstimate.from_int(record.sender_error_estimate),
+        reflector_error=ErrorEstimate.from_int(record.reflector_error_estimate),
+        ses_sender_ttl=record.ses_sender_ttl,
+        reflector_seq=record.reflector_seq,
+        tlvs=record.tlvs,
+    )
+
+
+class ResultStream:
+    """The batches of StreamStampSessionResults; iterate, or ``cancel`` to end early."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[pb.ResultBatch]:
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.CANCELLED:
+                return
+            raise SouthboundError.from_rpc(exc) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+def _texts(addresses: Iterable[Address]) -> list[str]:
+    return [str(a) for a in addresses]
+
+
+class AgentClient:
+    """One agent, over one gRPC channel (plain, TLS, or mTLS)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        tls: ClientTls | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        if tls is None:
+            self._channel = grpc.insecure_channel(target)
+        else:
+            options = []
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.secure_channel(target, tls.credentials(), options=options)
+        self._stub = pb_grpc.StampAgentStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the agent accepts connections (e.g. right after it was started)."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise SouthboundError(
+                grpc.StatusCode.UNAVAILABLE, f"agent at {self.target} not ready in {timeout} s"
+            ) from None
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise SouthboundError.from_rpc(exc) from None
+
+    # -- agent ------------------------------------------------------------------------
+
+    def info(self) -> pb.GetAgentInfoReply:
+        reply: pb.GetAgentInfoReply = self._call("GetAgentInfo", pb.GetAgentInfoRequest())
+        return reply
+
+    def init(
+        self,
+        *,
+        port: int | None = None,
+        interface: str = "",
+        source: Address | None = None,
+        dataplane: str = "",
+        options: Mapping[str, str] | None = None,
+    ) -> int:
+        """Init the agent; returns the UDP port its data plane bound."""
+        request = pb.InitRequest(
+            interface=interface,
+            source_address="" if source is None else str(source),
+            dataplane=dataplane,
+            dataplane_options=dict(options or {}),
+        )
+        if port is not None:
+            request.port = port
+        reply: pb.InitReply = self._call("Init", request)
+        return reply.port
+
+    def reset(self) -> int:
+        """Reset the agent; returns how many sessions it destroyed."""
+        reply: pb.ResetReply = self._call("Reset", pb.ResetRequest())
+        return reply.sessions_destroyed
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+        """CreateStampSession with a request built by the caller (any role)."""
+        self._call("CreateStampSession", request)
+
+    def create_sender_session(
+        self,
+        ssid: int,
+        reflector: Address,
+        *,
+        sid_list: Iterable[Address] = (),
+        interval_ns: int = 1_000_000_000,
+        count: int = 0,
+        duration_ns: int = 0,
+        source: Address | None = None,
+        reflector_port: int = 0,
+        sender_port: int = 0,
+        key: bytes | None = None,
+        ptp: bool = False,
+        one_way: bool = False,
+        stateful_reflector: bool = False,
+        tlvs: bytes = b"",
+        return_sid_list: Iterable[Address] = (),
+        loss_timeout_ns: int = 0,
+        error_estimate: int = 0,
+        tai_utc_offset_ns: int | None = None,
+    ) -> None:
+        """Create a Session-Sender session (``key`` set: authenticated mode).
+
+        ``return_sid_list`` non-empty asks the reflector for that return path with an
+        RFC 9503 Return Path TLV.
+        """
+        returns = _texts(return_sid_list)
+        request = pb.CreateStampSessionRequest(
+            ssid=ssid,
+            reflector_address=str(reflector),
+            sid_list=_texts(sid_list),
+            interval_ns=interval_ns,
+            count=count,
+            duration_ns=duration_ns,
+            source_address="" if source is None else str(source),
+            reflector_udp_port=reflector_port,
+            sender_udp_port=sender_port,
+            auth_mode=pb.AUTH_MODE_AUTHENTICATED
+            if key is not None
+            else pb.AUTH_MODE_UNAUTHENTICATED,
+            key=key or b"",
+            timestamp_format=pb.TIMESTAMP_FORMAT_PTP if ptp else pb.TIMESTAMP_FORMAT_NTP,
+            delay_mode=pb.DELAY_MODE_ONE_WAY if one_way else pb.DELAY_MODE_TWO_WAY,
+            reflector_mode=(
+                pb.REFLECTOR_MODE_STATEFUL if stateful_reflector else pb.REFLECTOR_MODE_STATELESS
+            ),
+            tlvs=tlvs,
+            return_sid_list=returns,
+            request_return_path=bool(returns),
+            loss_timeout_ns=loss_timeout_ns,
+            error_estimate=error_estimate,
+        )
+        if tai_utc_offset_ns is not None:
+            request.tai_utc_offset_ns = tai_utc_offset_ns
+        self.create_session(request)
+
+    def create_reflector_session(
+        self,
+        ssid: int,
+        *,
+        stateful: bool = False,
+        key: bytes | None = None,
+        ptp: bool = False,
+        return_sid_list: Iterable[Address] = (),
+        error_estimate: int = 0,
+        tai_utc_offset_ns: int | None = None,
+    ) -> None:
+        """Create a Session-Reflector session; ``return_sid_list`` is its return path."""
+        request = pb.CreateStampSessionRequest(
+            ssid=ssid,
+            reflector_mode=pb.REFLECTOR_MODE_STATEFUL if stateful else pb.REFLECTOR_MODE_STATELESS,
+            auth_mode=pb.AUTH_MODE_AUTHENTICATED
+            if key is not None
+            else pb.AUTH_MODE_UNAUTHENTICATED,
+            key=key or b"",
+            timestamp_format=pb.TIMESTAMP_FORMAT_PTP if ptp else pb.TIMESTAMP_FORMAT_NTP,
+            return_sid_list=_texts(return_sid_list),
+            error_estimate=error_estimate,
+        )
+        if tai_utc_offset_ns is not None:
+            request.tai_utc_offset_ns = tai_utc_offset_ns
+        self.create_session(request)
+
+    def start_session(self, ssid: int) -> None:
+        self._call("StartStampSession", pb.StartStampSessionRequest(ssid=ssid))
+
+    def stop_session(self, ssid: int) -> None:
+        self._call("StopStampSession", pb.StopStampSessionRequest(ssid=ssid))
+
+    def destroy_session(self, ssid: int) -> None:
+        self._call("DestroyStampSession", pb.DestroyStampSessionRequest(ssid=ssid))
+
+    # -- results and counters ---------------------------------------------------------
+
+    def results(self, ssid: int, max_results: int = 0) -> pb.GetStampSessionResultsReply:
+        """Drain a sender session's queued records (polling mode)."""
+        request = pb.GetStampSessionResultsRequest(ssid=ssid, max_results=max_results)
+        reply: pb.GetStampSessionResultsReply = self._call("GetStampSessionResults", request)
+        return reply
+
+    def stream_results(
+        self, ssid: int, *, max_batch: int = 0, batch_window_ns: int = 0
+    ) -> ResultStream:
+        """Batches of a sender session's records as they come (push mode), no deadline."""
+        request = pb.StreamStampSessionResultsRequest(
+            ssid=ssid, max_batch=max_batch, batch_window_ns=batch_window_ns
+        )
+        return ResultStream(self._stub.StreamStampSessionResults(request))
+
+    def counters(self, ssid: int | None = None) -> pb.GetCountersReply:
+        request = pb.GetCountersRequest()
+        if ssid is not None:
+            request.ssid = ssid
+        reply: pb.GetCountersReply = self._call("GetCounters", request)
+        return reply
