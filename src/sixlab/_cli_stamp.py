@@ -22,6 +22,7 @@ from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.stamp.stats import DelaySummary, summarize
+from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.stamp import STAMP_PORT
 from sixlab.wire.timestamp import TimestampFormat
 
@@ -96,6 +97,12 @@ def add_parsers(stamp: Any) -> None:
     s.add_argument("--source", type=_address, default=None)
     s.add_argument("--source-port", type=_port, default=0)
     s.add_argument("--segments", type=_segments, default=None, help="SID list to the reflector")
+    s.add_argument(
+        "--return-segments",
+        type=_segments,
+        default=None,
+        help="ask the reflector to answer along this SID list (RFC 9503 Return Path TLV)",
+    )
     s.add_argument("--count", type=int, default=10)
     s.add_argument("--interval", type=_positive, default=1.0, help="seconds between packets")
     s.add_argument("--timeout", type=_positive, default=2.0, help="loss timeout, seconds")
@@ -187,12 +194,16 @@ def _run_sender(args: argparse.Namespace) -> int:
     if args.count <= 0:
         print("sixlab stamp sender: --count must be positive", file=sys.stderr)
         return 2
+    tlvs = b""
+    if args.return_segments:
+        tlvs = tlv.ReturnPath((tlv.Srv6SegmentList(args.return_segments),)).to_tlv().encode()
     config = SenderConfig(
         ssid=args.ssid,
         interval_ns=round(args.interval * NS_PER_S),
         count=args.count,
         fmt=_fmt(args.ptp),
         key=args.auth_key,
+        tlvs=tlvs,
         loss_timeout_ns=round(args.timeout * NS_PER_S),
     )
     plane = create(args.dataplane, DataplaneConfig(port=args.source_port, source=args.source))

@@ -6,11 +6,14 @@ to it), the Hop Limit (``IPV6_RECVHOPLIMIT``, for Ses-Sender TTL) and the local 
 the packet was sent to (``IPV6_RECVPKTINFO``, to answer from it). A datagram that came
 with an SRH (Segments Left 0) is delivered like any other.
 
-Send: ``sendmsg`` to the final destination with an ``IPV6_RTHDR`` control message holding
-a type-4 routing header (RFC 8754). Linux (``ipv6_push_rthdr4``) writes the socket's
-destination into Segment List[0] and sends to the active segment, and it computes the
-UDP checksum over the final destination (RFC 8200 §8.1). Receiving a packet with an SRH
-needs ``seg6_enabled`` on the receiving interface; the testbed sets it.
+Send: ``sendmsg`` to the final destination with the socket's sticky ``IPV6_RTHDR``
+option holding a type-4 routing header (RFC 8754). Linux (``ipv6_push_rthdr4``) writes
+the socket's destination into Segment List[0] and sends to the active segment, and it
+computes the UDP checksum over the final destination (RFC 8200 §8.1). The per-message
+form (an ``IPV6_RTHDR`` control message) is refused with EINVAL for type 4 on this
+kernel, so the sticky option is set whenever the path changes from the last send.
+Receiving a packet with an SRH needs ``seg6_enabled`` on the receiving interface; the
+testbed sets it.
 
 This plane needs no capture and no filter: the kernel delivers STAMP packets to the
 socket, so it never answers them with ICMP port unreachable. It is the default of the
@@ -56,11 +59,13 @@ _MAX_PAYLOAD = 9000
 class SocketDataplane(Dataplane):
     _sock: socket.socket | None = None
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
+    _rthdr: bytes = b""  # the sticky routing header currently set on the socket
 
     def open(self) -> None:
         if self._sock is not None:
             return
         self._srh_cache = {}
+        self._rthdr = b""
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,9 +152,14 @@ class SocketDataplane(Dataplane):
         src: IPv6Address | None = None,
     ) -> None:
         sock = self._socket()
+        rthdr = self._srh(dst, segments) if segments else b""
+        if rthdr != self._rthdr:
+            try:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
+            except OSError as exc:
+                raise DataplaneError(f"socket: the kernel refused the SRH: {exc.strerror}") from exc
+            self._rthdr = rthdr
         cmsgs = []
-        if segments:
-            cmsgs.append((socket.IPPROTO_IPV6, IPV6_RTHDR, self._srh(dst, segments)))
         if src is not None:
             cmsgs.append((socket.IPPROTO_IPV6, IPV6_PKTINFO, _PKTINFO.pack(src.packed, 0)))
         try:
