@@ -169,6 +169,10 @@ class HostConfig:
     locators: tuple[LocatorEntry, ...]
     identifier_prefix: int = IDENTIFIER_PREFIX
     always_carry_nonce: bool = False
+    #: Refuse a packet without our peer's nonce even from a known correspondent (not
+    #: NON_ILNP): with both ends carrying it always (RFC 6744 §2 allows that), an
+    #: off-path node that spoofs a known I-LV cannot inject data.
+    require_nonce: bool = False
     nonce_size: int = 4  # RFC 6744: 4 or 12
     #: Retransmit an unacknowledged Locator Update every second, at most 7 times: what
     #: the Linux prototypes do (PROTOCOLS.md); RFC 6743 leaves both open.
@@ -227,6 +231,17 @@ class IlnpHost:
     def local_locator(self) -> int:
         """Our preferred locator: lowest preference value."""
         return min(self._locators, key=lambda e: (e.preference, e.locator)).locator
+
+    def can_reach(self, nid: int, now: float) -> bool:
+        """Whether :meth:`send` has a way to ``nid``: an ILCC entry or a live reply hint.
+
+        An adapter asks this before resolving a peer by name, so that the answer of a
+        server to a correspondent the policy did not adopt never grows the ILCC.
+        """
+        if self.ilcc.get(nid) is not None:
+            return True
+        hint = self._replies.get(nid)
+        return hint is not None and hint.expires > now
 
     @property
     def reply_table_size(self) -> int:
@@ -324,7 +339,11 @@ class IlnpHost:
         hint = self._replies.get(peer)
         if hint is not None and (
             packet.nonce == hint.peer_nonce
-            or (packet.nonce is None and packet.src.locator == hint.locator)
+            or (
+                packet.nonce is None
+                and packet.src.locator == hint.locator
+                and not self.config.require_nonce
+            )
         ):
             hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
             self._deliver(packet)
@@ -342,7 +361,9 @@ class IlnpHost:
             elif packet.nonce != entry.peer_nonce:
                 self._drop(DropReason.NONCE_MISMATCH, peer)
                 return
-        elif entry.peer_nonce is None:
+        elif entry.peer_nonce is None or (
+            self.config.require_nonce and entry.state is not EntryState.NON_ILNP
+        ):
             self._drop(DropReason.NO_NONCE, peer)
             return
         entry.advance(now)

@@ -1,0 +1,138 @@
+"""``sixlab ilnp``: the host daemon and the tools that talk to it.
+
+* ``sixlab ilnp host --nid NID --locator L64[,PREF] ... --interface IF --policy P`` runs
+  :class:`sixlab.ilnp.daemon.IlnpDaemon` in the foreground until SIGTERM/SIGINT; it
+  prints one ``ready ...`` line once the TUN device, rings, nft table and control socket
+  exist.
+* ``sixlab ilnp status`` and ``sixlab ilnp cache`` ask a running daemon over its
+  control socket (JSON lines); ``--json`` prints the reply as it came.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_parsers", "main"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
+    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
+
+    ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
+    tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
+
+    host = tools.add_parser("host", help="run the ILNPv6 host daemon")
+    host.add_argument("--nid", required=True, help="our NID: 0:0:0:a or an integer")
+    host.add_argument(
+        "--locator",
+        action="append",
+        required=True,
+        metavar="L64[,PREF[,LIFETIME]]",
+        help="one of our locators (repeat for multihoming); lower PREF is preferred",
+    )
+    host.add_argument(
+        "--interface", action="append", required=True, help="link to serve (repeatable)"
+    )
+    host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
+    host.add_argument("--store", choices=["hash", "linear"], default="hash")
+    host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
+    host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
+    host.add_argument(
+        "--nonce",
+        choices=["always", "initial"],
+        default="always",
+        help="carry (and require) the nonce in every packet, or only where RFC 6744 must",
+    )
+    host.add_argument("--capacity", type=int, default=1024, help="bounded policy: ILCC cap")
+    host.add_argument("--idle", type=float, default=60.0, help="bounded policy: idle expiry, s")
+    host.set_defaults(handler=_host)
+
+    for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
+        tool = tools.add_parser(name, help=text)
+        tool.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+        tool.add_argument("--json", action="store_true", help="print the JSON reply")
+        tool.set_defaults(handler=_query, query=name)
+
+
+def _host(args: argparse.Namespace) -> int:
+    from sixlab.ilnp.daemon import DaemonConfig, parse_nid, run_daemon  # noqa: PLC0415
+    from sixlab.ilnp.resolve import parse_locator_spec  # noqa: PLC0415
+
+    config = DaemonConfig(
+        nid=parse_nid(args.nid),
+        locators=tuple(parse_locator_spec(s) for s in args.locator),
+        interfaces=tuple(args.interface),
+        policy=args.policy,
+        store=args.store,
+        control=args.control,
+        hosts=args.hosts,
+        tun_name=args.tun,
+        always_nonce=args.nonce == "always",
+        bounded_capacity=args.capacity,
+        bounded_idle=args.idle,
+    )
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    return run_daemon(config, announce=announce)
+
+
+def _query(args: argparse.Namespace) -> int:
+    from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
+
+    try:
+        reply = control_request(args.control, {"cmd": args.query})
+    except OSError as exc:
+        print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    elif args.query == "status":
+        _print_status(reply)
+    else:
+        _print_cache(reply)
+    return 0 if reply.get("ok") else 1
+
+
+def _print_status(reply: dict[str, Any]) -> None:
+    if not reply.get("ok"):
+        print(reply.get("error"))
+        return
+    print(f"NID {reply['nid']}  address {reply['identifier_address']}")
+    for loc in reply["locators"]:
+        mark = "*" if loc["in_use"] else " "
+        print(f" {mark} locator {loc['locator']}  pref {loc['preference']}")
+    print(f"policy {reply['policy']}  store {reply['store']}  ILCC {reply['ilcc_size']}")
+    for title in ("counters", "drops", "events"):
+        items = ", ".join(f"{k}={v}" for k, v in sorted(reply[title].items()))
+        print(f"{title}: {items or '-'}")
+
+
+def _print_cache(reply: dict[str, Any]) -> None:
+    if not reply.get("ok"):
+        print(reply.get("error"))
+        return
+    for entry in reply["entries"]:
+        locs = " ".join(
+            f"{p['locator']}({p['preference']},{p['state']})" for p in entry["locators"]
+        )
+        print(f"{entry['peer_nid']}  {entry['state']}  {locs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sixlab.ilnp._cli TOOL ...``: the group on its own (tests, before wiring)."""
+    parser = argparse.ArgumentParser(prog="sixlab")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["ilnp", *(sys.argv[1:] if argv is None else argv)])
+    rc: int = args.handler(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

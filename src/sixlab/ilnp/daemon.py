@@ -1,0 +1,715 @@
+"""The ILNPv6 host daemon: the I/O adapter around :class:`sixlab.ilnp.IlnpHost`.
+
+Theory of operation
+-------------------
+Applications keep using ordinary sockets. They bind to and connect to *identifier
+addresses* (``fd00:2ff::/64`` + NID, :func:`sixlab.wire.ilnp.identifier_address`),
+which live on a TUN device this daemon owns::
+
+    app ─ TCP/UDP ─ kernel ─▶ TUN ─▶ daemon: IlnpHost.send ─▶ raw socket ─▶ wire
+    app ◀ TCP/UDP ◀ kernel ◀─ TUN ◀─ daemon: IlnpHost.receive ◀─ TPACKET_V3 ring ◀─ wire
+
+* **Egress.** The kernel routes packets for the identifier prefix into the TUN device.
+  The daemon hands each to the host, which picks locators from the ILCC, adds the nonce
+  Destination Option and gives back a wire packet; a raw ``IPPROTO_RAW`` socket (the
+  header is ours, RFC 3542 §3) sends it. A peer without an ILCC entry is resolved by
+  NID in the I-LV hosts file (:mod:`sixlab.ilnp.resolve`) and added as a correspondent.
+* **Ingress.** A ``TPACKET_V3`` ring on each interface sees every IPv6 frame; those for
+  our NID (the low 64 bits of the destination, whatever the locator: a locator change
+  must not need a filter change) other than Neighbour Discovery go to the host. An
+  nftables table drops the same packets at the kernel's input hook, after the packet
+  taps have copied them, so the kernel neither answers the unknown option 0x8B with a
+  Parameter Problem nor resets TCP segments for a socket it does not have. The host
+  validates nonce and locator, asks the admission policy, and gives back a packet on
+  identifier addresses, which the daemon writes to the TUN device.
+* **Checksums.** The identifier prefix's words add up to 0xFFFF, so the checksum the
+  kernel computes over identifier addresses *is* the NID-only ILNP checksum (RFC 6740
+  §6.3): neither direction touches it.
+* **Control.** A Unix stream socket speaks JSON lines: ``status``, ``cache``,
+  ``set-locators`` (a move: the host sends Locator Updates), ``add-peer``.
+* **Links.** Each locator is tied to the interface that holds an address under it;
+  when that interface goes down its locator is withdrawn (Locator Updates go out), and
+  it comes back when the link does: multihoming failover.
+
+One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import mmap
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
+from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.policy import AdmissionPolicy, create_policy
+from sixlab.ilnp.resolve import Resolver, parse_locator_spec
+from sixlab.ilnp.socktable import KernelSocketTable
+from sixlab.wire.ilnp import (
+    DSTOPTS_NEXT_HEADER,
+    ICMPV6_NEXT_HEADER,
+    IDENTIFIER_PREFIX,
+    ILV,
+    IPV6_HEADER_SIZE,
+    LocatorEntry,
+    identifier_address,
+)
+
+__all__ = [
+    "DEFAULT_CONTROL",
+    "DaemonConfig",
+    "IlnpDaemon",
+    "KernelDrop",
+    "PacketRing",
+    "control_request",
+    "format_locator",
+    "parse_nid",
+    "run_daemon",
+]
+
+#: Default control socket (tests and several daemons per machine pass their own).
+DEFAULT_CONTROL = "/run/sixlab-ilnp.sock"
+
+# <linux/if_tun.h>
+_TUNSETIFF = 0x400454CA
+_IFF_TUN = 0x0001
+_IFF_NO_PI = 0x1000
+# <linux/if_packet.h>
+_SOL_PACKET = 263
+_PACKET_RX_RING = 5
+_PACKET_VERSION = 10
+_PACKET_IGNORE_OUTGOING = 23
+_TPACKET_V3 = 2
+_TP_STATUS_KERNEL = 0
+_TP_STATUS_USER = 1
+_ETH_P_IPV6 = 0x86DD
+_TPACKET_REQ3 = struct.Struct("7I")
+# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1:
+# block_status, num_pkts, offset_to_first_pkt (the fields we need).
+_BLOCK_DESC = struct.Struct("IIIII")
+# struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len, tp_status,
+# tp_mac, tp_net.
+_TPACKET3_HDR = struct.Struct("IIIIIIHH")
+#: Ring geometry: 32 blocks of 64 KiB (2 MiB) and a 1 ms block retire timeout: a block
+#: is handed over when full or after 1 ms, which bounds the latency the ring adds.
+_RING_BLOCK_SIZE = 1 << 16
+_RING_BLOCKS = 32
+_RING_FRAME_SIZE = 2048
+_RING_RETIRE_MS = 1
+#: ICMPv6 Neighbour Discovery types (RFC 4861 §4): the kernel must keep answering these.
+_ND_TYPES = frozenset(range(133, 138))
+#: Identifier MTU: the links' 1500 bytes less the 16-byte nonce header (96-bit nonce)
+#: and some room; IPv6 needs at least 1280 (RFC 8200 §5).
+_TUN_MTU = 1400
+_IFA_F_NODAD = 0x02
+_U64 = (1 << 64) - 1
+#: How often the daemon checks the links its locators sit on (multihoming failover).
+_LINK_POLL_S = 0.2
+_LATENCY_SAMPLES = 20000
+_READ_BATCH = 256
+
+
+def format_locator(locator: int) -> str:
+    """A 64-bit locator as four hex groups, the notation of the hosts file and CLI."""
+    return ":".join(f"{(locator >> s) & 0xFFFF:x}" for s in (48, 32, 16, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """What ``sixlab ilnp host`` was given."""
+
+    nid: int
+    locators: tuple[LocatorEntry, ...]
+    interfaces: tuple[str, ...]
+    policy: str = "socket"
+    store: str = "hash"
+    control: str = DEFAULT_CONTROL
+    hosts: str | None = None
+    tun_name: str = "ilnp0"
+    #: Carry the nonce in every packet and require it back (RFC 6744 §2 allows always);
+    #: False follows the minimum: first packets, after a locator change, and in LUs.
+    always_nonce: bool = True
+    bounded_capacity: int = 1024
+    bounded_idle: float = 60.0
+    policy_options: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------- kernel drop
+
+
+class KernelDrop:
+    """An nftables table that stops the kernel from handling our ILNP packets.
+
+    The input hook runs after AF_PACKET taps, so the ring still sees what is dropped
+    here. Matching the destination's NID (not its locator) keeps the rule valid across
+    moves; Neighbour Discovery is let through so the link keeps resolving our address.
+    The table is named after the NID: a leftover from a crashed run is replaced.
+    """
+
+    def __init__(self, nid: int, interfaces: tuple[str, ...]) -> None:
+        self.nid = nid
+        self.interfaces = interfaces
+        self.table = f"sixlab_ilnp_{nid:016x}"
+
+    def _ruleset(self) -> str:
+        ifaces = ", ".join(f'"{i}"' for i in self.interfaces)
+        match = (
+            f"iifname {{ {ifaces} }} ip6 daddr & ::ffff:ffff:ffff:ffff == "
+            f"{ipaddress.IPv6Address(self.nid)}"
+        )
+        nd = "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
+        return (
+            f"table ip6 {self.table} {{\n"
+            "  chain input {\n"
+            "    type filter hook input priority -300; policy accept;\n"
+            f"    {match} icmpv6 type {{ {nd}, nd-redirect }} accept\n"
+            f"    {match} counter drop\n"
+            "  }\n"
+            "}\n"
+        )
+
+    def install(self) -> None:
+        self.remove()
+        subprocess.run(["nft", "-f", "-"], input=self._ruleset(), text=True, check=True)
+
+    def remove(self) -> None:
+        subprocess.run(
+            ["nft", "delete", "table", "ip6", self.table],
+            capture_output=True,
+            check=False,
+        )
+
+
+# --------------------------------------------------------------------- ring
+
+
+class PacketRing:
+    """A TPACKET_V3 receive ring on one interface, IPv6 frames only, ours excluded."""
+
+    def __init__(self, ifname: str) -> None:
+        self.ifname = ifname
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_IPV6))
+        try:
+            self.sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V3)
+            with contextlib.suppress(OSError):  # Linux >= 4.20; else outgoing are skipped by dst
+                self.sock.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
+            req = _TPACKET_REQ3.pack(
+                _RING_BLOCK_SIZE,
+                _RING_BLOCKS,
+                _RING_FRAME_SIZE,
+                _RING_BLOCK_SIZE * _RING_BLOCKS // _RING_FRAME_SIZE,
+                _RING_RETIRE_MS,
+                0,
+                0,
+            )
+            self.sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, req)
+            self.map = mmap.mmap(
+                self.sock.fileno(),
+                _RING_BLOCK_SIZE * _RING_BLOCKS,
+                mmap.MAP_SHARED,
+                mmap.PROT_READ | mmap.PROT_WRITE,
+            )
+            self.sock.bind((ifname, _ETH_P_IPV6))
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self._block = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def packets(self, limit: int = _READ_BATCH) -> Iterator[bytes]:
+        """The IPv6 packets of every block the kernel has handed over (up to ``limit``)."""
+        view = self.map
+        count = 0
+        while count < limit:
+            base = self._block * _RING_BLOCK_SIZE
+            _ver, _priv, status, num, first = _BLOCK_DESC.unpack_from(view, base)
+            if not status & _TP_STATUS_USER:
+                return
+            offset = base + first
+            for _ in range(num):
+                nxt, _s, _ns, snaplen, _len, _st, mac, net = _TPACKET3_HDR.unpack_from(view, offset)
+                yield view[offset + net : offset + mac + snaplen]
+                count += 1
+                offset += nxt
+            struct.pack_into("I", view, base + 8, _TP_STATUS_KERNEL)
+            self._block = (self._block + 1) % _RING_BLOCKS
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):
+            self.map.close()
+        self.sock.close()
+
+
+# --------------------------------------------------------------------- TUN and links
+
+
+def _open_tun(name: str) -> int:
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TUN | _IFF_NO_PI))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=name)[0]
+        ipr.link("set", index=index, mtu=_TUN_MTU, state="up")
+        ipr.addr("add", index=index, address=str(address), prefixlen=64, flags=_IFA_F_NODAD)
+
+
+def _link_states(names: tuple[str, ...]) -> dict[str, tuple[bool, set[int]]]:
+    """For each interface: is it up (carrier included), and the /64 prefixes on it."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    out: dict[str, tuple[bool, set[int]]] = {}
+    with IPRoute() as ipr:
+        for name in names:
+            found = ipr.link_lookup(ifname=name)
+            if not found:
+                out[name] = (False, set())
+                continue
+            link = ipr.get_links(found[0])[0]
+            up = link.get("operstate") in ("UP", "UNKNOWN") and bool(link.get("carrier", 1))
+            prefixes = {
+                int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
+                for a in ipr.get_addr(family=socket.AF_INET6, index=found[0])
+            }
+            out[name] = (up, prefixes)
+    return out
+
+
+# --------------------------------------------------------------------- the daemon
+
+
+class IlnpDaemon:
+    """TUN + ring + raw socket + control socket around one :class:`IlnpHost`."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        policy: AdmissionPolicy | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.socket_table: KernelSocketTable | None = None
+        if policy is None:
+            policy = self._make_policy(config)
+        self.host = IlnpHost(
+            HostConfig(
+                nid=config.nid,
+                locators=config.locators,
+                always_carry_nonce=config.always_nonce,
+                require_nonce=config.always_nonce,
+            ),
+            policy=policy,
+            store=config.store,
+        )
+        self.resolver = Resolver.from_file(config.hosts)
+        self.identifier = identifier_address(config.nid)
+        self.events: Counter[str] = Counter()
+        self.latency_ns: deque[int] = deque(maxlen=_LATENCY_SAMPLES)
+        self.wire: Counter[str] = Counter()
+        self.drop = KernelDrop(config.nid, config.interfaces)
+        self._configured = config.locators
+        self._withdrawn: set[int] = set()
+        self._nid_bytes = config.nid.to_bytes(8, "big")
+        self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
+        self._selector = selectors.DefaultSelector()
+        self._rings: list[PacketRing] = []
+        self._tun_fd = -1
+        self._raw: socket.socket | None = None
+        self._control: socket.socket | None = None
+        self._clients: dict[socket.socket, bytearray] = {}
+        self._stop = False
+        self._next_link_poll = 0.0
+
+    def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
+        options = dict(config.policy_options)
+        if config.policy == "socket":
+            self.socket_table = KernelSocketTable()
+            options.setdefault("sockets", self.socket_table)
+        elif config.policy == "bounded":
+            options.setdefault("capacity", config.bounded_capacity)
+            options.setdefault("idle_timeout", config.bounded_idle)
+        return create_policy(config.policy, **options)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Create TUN, rings, raw socket, kernel drop and control socket."""
+        try:
+            self._tun_fd = _open_tun(self.config.tun_name)
+            _configure_tun(self.config.tun_name, self.identifier)
+            self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
+            for ifname in self.config.interfaces:
+                ring = PacketRing(ifname)
+                self._rings.append(ring)
+                self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
+            self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            self._raw.setblocking(False)
+            self.drop.install()
+            self._open_control()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_control(self) -> None:
+        path = Path(self.config.control)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a leftover of a crashed daemon
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        sock.listen(8)
+        sock.setblocking(False)
+        self._control = sock
+        self._selector.register(sock, selectors.EVENT_READ, "control")
+
+    def close(self) -> None:
+        """Undo everything :meth:`open` did; safe to call twice or after a failed open."""
+        for client in list(self._clients):
+            self._drop_client(client)
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+            with contextlib.suppress(FileNotFoundError):
+                Path(self.config.control).unlink()
+        self.drop.remove()
+        for ring in self._rings:
+            ring.close()
+        self._rings.clear()
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        if self._tun_fd >= 0:
+            os.close(self._tun_fd)  # the TUN device goes with its last descriptor
+            self._tun_fd = -1
+        self._selector.close()
+
+    def stop(self, *_args: object) -> None:
+        self._stop = True
+
+    def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until :meth:`stop` (SIGTERM/SIGINT in :func:`run_daemon`)."""
+        if ready is not None:
+            ready()
+        while not self._stop:
+            self.step()
+
+    def step(self, max_wait: float = 0.2) -> None:
+        now = self.clock()
+        deadline = self.host.get_timer()
+        wait = max_wait if deadline is None else min(max_wait, max(0.0, deadline - now))
+        wait = min(wait, max(0.0, self._next_link_poll - now))
+        for key, _mask in self._selector.select(wait):
+            data = key.data
+            if isinstance(data, PacketRing):
+                self._on_ring(data)
+            elif data == "tun":
+                self._on_tun()
+            elif data == "control":
+                self._accept()
+            else:
+                self._on_client(key.fileobj)  # type: ignore[arg-type]
+        now = self.clock()
+        deadline = self.host.get_timer()
+        if deadline is not None and deadline <= now:
+            self.host.handle_timer(now)
+            self._flush()
+        if now >= self._next_link_poll:
+            self._next_link_poll = now + _LINK_POLL_S
+            self._poll_links(now)
+
+    # ------------------------------------------------------------------ data path
+
+    def _is_ours(self, packet: bytes) -> bool:
+        """IPv6 for our NID on some locator, not Neighbour Discovery."""
+        if len(packet) < IPV6_HEADER_SIZE or packet[0] >> 4 != 6:
+            return False
+        if packet[32:40] != self._nid_bytes or packet[24:32] == self._prefix_bytes:
+            return False
+        if packet[6] == ICMPV6_NEXT_HEADER and len(packet) > IPV6_HEADER_SIZE:
+            return packet[IPV6_HEADER_SIZE] not in _ND_TYPES
+        return True
+
+    def _on_ring(self, ring: PacketRing) -> None:
+        perf = time.perf_counter_ns
+        for packet in ring.packets():
+            start = perf()
+            if not self._is_ours(packet):
+                continue
+            self.wire["rx"] += 1
+            if packet[6] == DSTOPTS_NEXT_HEADER:
+                self.wire["rx_nonce"] += 1
+            self.host.receive(packet, self.clock())
+            self._flush()
+            self.latency_ns.append(perf() - start)
+
+    def _on_tun(self) -> None:
+        for _ in range(_READ_BATCH):
+            try:
+                packet = os.read(self._tun_fd, 65535)
+            except BlockingIOError:
+                return
+            if len(packet) < IPV6_HEADER_SIZE or packet[24] == 0xFF:
+                continue  # multicast (MLD and the like): nothing ILNP can carry
+            now = self.clock()
+            nid = int.from_bytes(packet[32:40], "big")
+            if packet[24:32] == self._prefix_bytes and not self.host.can_reach(nid, now):
+                found = self.resolver.by_nid(nid)
+                if found is not None:
+                    self.host.add_correspondent(nid, found.locators, now)
+                    self.events["resolved"] += 1
+            self.host.send(packet, now)
+            self._flush()
+
+    def _flush(self) -> None:
+        """Transmit what the host produced and act on its events."""
+        raw = self._raw
+        for datagram in self.host.datagrams_to_send():
+            dst = str(ipaddress.IPv6Address(datagram[24:40]))
+            if raw is not None:
+                try:
+                    raw.sendto(datagram, (dst, 0))
+                    self.wire["tx"] += 1
+                except OSError:
+                    self.wire["tx_error"] += 1
+        while (event := self.host.next_event()) is not None:
+            self.events[type(event).__name__] += 1
+            if isinstance(event, Deliver):
+                try:
+                    os.write(self._tun_fd, event.packet)
+                except OSError:
+                    self.wire["tun_error"] += 1
+
+    # ------------------------------------------------------------------ locators
+
+    def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
+        """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        self._configured = locators
+        self._withdrawn.clear()
+        self.host.set_local_locators(locators, self.clock())
+        self._flush()
+
+    def _poll_links(self, now: float) -> None:
+        """Withdraw locators whose interface went down; restore them when it is back."""
+        try:
+            states = _link_states(self.config.interfaces)
+        except OSError:
+            return
+        down: set[int] = set()
+        for entry in self._configured:
+            homes = [up for up, prefixes in states.values() if entry.locator in prefixes]
+            if homes and not any(homes):
+                down.add(entry.locator)
+        if down == self._withdrawn:
+            return
+        usable = tuple(e for e in self._configured if e.locator not in down)
+        if not usable:
+            return  # nothing left to advertise: keep the old set, the peer keeps trying
+        self._withdrawn = down
+        self.events["links_changed"] += 1
+        self.host.set_local_locators(usable, now)
+        self._flush()
+
+    # ------------------------------------------------------------------ control
+
+    def _accept(self) -> None:
+        assert self._control is not None
+        with contextlib.suppress(BlockingIOError):
+            client, _ = self._control.accept()
+            client.setblocking(False)
+            self._clients[client] = bytearray()
+            self._selector.register(client, selectors.EVENT_READ, "client")
+
+    def _drop_client(self, client: socket.socket) -> None:
+        self._clients.pop(client, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(client)
+        client.close()
+
+    def _on_client(self, client: socket.socket) -> None:
+        try:
+            chunk = client.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop_client(client)
+            return
+        buffer = self._clients[client]
+        buffer += chunk
+        while b"\n" in buffer:
+            line, _, rest = bytes(buffer).partition(b"\n")
+            buffer[:] = rest
+            reply = self.handle_request(line)
+            client.setblocking(True)
+            try:
+                client.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                self._drop_client(client)
+                return
+            finally:
+                with contextlib.suppress(OSError):
+                    client.setblocking(False)
+
+    def handle_request(self, line: bytes) -> dict[str, Any]:
+        """One JSON request to its JSON reply (never raises)."""
+        try:
+            request = json.loads(line)
+            command = request["cmd"]
+            if command == "status":
+                return self.status()
+            if command == "cache":
+                return {"ok": True, "entries": [_entry_json(e) for e in self.host.ilcc]}
+            if command == "set-locators":
+                self.set_locators(tuple(parse_locator_spec(s) for s in request["locators"]))
+                return self.status()
+            if command == "add-peer":
+                found = self.resolver.by_name(request["name"])
+                self.host.add_correspondent(found.nid, found.locators, self.clock())
+                return {"ok": True, "nid": format_locator(found.nid)}
+        except Exception as exc:  # noqa: BLE001 - a bad request must not stop the daemon
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": f"unknown command {command!r}"}
+
+    def status(self) -> dict[str, Any]:
+        counters = self.host.counters
+        reasons = {r.value for r in DropReason}
+        samples = sorted(self.latency_ns)
+
+        def pct(q: float) -> float | None:
+            if not samples:
+                return None
+            return samples[min(len(samples) - 1, int(q * len(samples)))] / 1000.0
+
+        return {
+            "ok": True,
+            "nid": format_locator(self.config.nid),
+            "identifier_address": str(self.identifier),
+            "locators": [
+                {
+                    "locator": format_locator(e.locator),
+                    "preference": e.preference,
+                    "lifetime": e.lifetime,
+                    "in_use": e.locator == self.host.local_locator,
+                }
+                for e in self._configured
+                if e.locator not in self._withdrawn
+            ],
+            "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
+            "interfaces": list(self.config.interfaces),
+            "policy": self.host.policy.name,
+            "store": self.host.ilcc.name,
+            "ilcc_size": len(self.host.ilcc),
+            "reply_table_size": self.host.reply_table_size,
+            "counters": {k: v for k, v in counters.items() if k not in reasons},
+            "drops": {k: v for k, v in counters.items() if k in reasons},
+            "events": dict(self.events),
+            "wire": dict(self.wire),
+            "socket_table": None
+            if self.socket_table is None
+            else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
+            "latency_us": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(samples)},
+        }
+
+
+def _entry_json(entry: IlccEntry) -> dict[str, Any]:
+    return {
+        "peer_nid": format_locator(entry.peer_nid),
+        "state": entry.state.value,
+        "local_locator": format_locator(entry.local_locator),
+        "local_nonce": entry.local_nonce.value.hex(),
+        "peer_nonce": None if entry.peer_nonce is None else entry.peer_nonce.value.hex(),
+        "locators": [
+            {
+                "locator": format_locator(p.locator),
+                "preference": p.preference,
+                "lifetime": p.lifetime,
+                "state": p.state.value,
+            }
+            for p in entry.locators
+        ],
+        "created": entry.created,
+        "last_used": entry.last_used,
+    }
+
+
+# --------------------------------------------------------------------- entry points
+
+
+def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
+    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
+    daemon = IlnpDaemon(config)
+    previous = {}
+
+    def _stop(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 (signal API)
+        daemon.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, _stop)
+    try:
+        daemon.open()
+        daemon.run(
+            lambda: announce(
+                f"ready nid={format_locator(config.nid)} address={daemon.identifier} "
+                f"control={config.control}"
+            )
+        )
+    finally:
+        daemon.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def control_request(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """Send one JSON request to a daemon's control socket and return its reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        buffer = b""
+        while not buffer.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buffer += chunk
+    reply: dict[str, Any] = json.loads(buffer)
+    return reply
+
+
+def parse_nid(text: str) -> int:
+    """A NID as four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
+    if ":" in text:
+        return ILV.parse(f"0:0:0:0/{text}").nid
+    value = int(text, 0)
+    if not 0 <= value <= _U64:
+        raise ValueError(f"NID {text} does not fit in 64 bits")
+    return value
