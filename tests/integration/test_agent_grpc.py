@@ -33,7 +33,9 @@ from sixlab.southbound import (
     serve,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
-from sixlab.wire.stamp_tlv import ExtraPadding, TlvFlag, decode_tlvs
+from sixlab.testbed._netns import make_token
+from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
+from tests.integration.conftest import TEST_PREFIX
 
 MS = 1_000_000
 COUNT = 50
@@ -444,3 +446,86 @@ def test_agent_subprocess() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+# ------------------------------------------------------------------- SRv6 in a namespace
+
+
+def _start_agent(argv: list[str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("stamp agent:"), line
+    return proc
+
+
+@pytest.mark.root
+def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
+    """SRv6 both ways on a namespace's ``lo`` with seg6 enabled: the sender's SID list
+    and the Return Path TLV it sends (RFC 9503) both carry packets that arrive.
+
+    The agents run in the namespace as subprocesses and serve gRPC on unix sockets, which
+    the test (in the host namespace) reaches through the file system.
+    """
+    ns = f"{TEST_PREFIX}{make_token()}-agent"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        for conf in ("all", "lo"):
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sysctl",
+                    "-qw",
+                    f"net.ipv6.conf.{conf}.seg6_enabled=1",
+                ],
+                check=True,
+            )
+        sockets = {role: tmp_path / f"{role}.sock" for role in ("sender", "reflector")}
+        for role, path in sockets.items():
+            argv = _agent_command("--role", role, "--grpc", f"unix:{path}")
+            procs.append(_start_agent(["ip", "netns", "exec", ns, *argv]))
+        with (
+            AgentClient(f"unix:{sockets['sender']}") as sender,
+            AgentClient(f"unix:{sockets['reflector']}") as reflector,
+        ):
+            rport = reflector.init(port=0, source="::1")
+            sender.init(port=0, source="::1")
+            reflector.create_reflector_session(30)
+            reflector.start_session(30)
+            sender.create_sender_session(
+                30,
+                "::1",
+                sid_list=["::1"],
+                reflector_port=rport,
+                count=10,
+                interval_ns=5 * MS,
+                return_sid_list=["::1"],
+                loss_timeout_ns=500 * MS,
+            )
+            sender.start_session(30)
+            records = [r for batch in sender.stream_results(30) for r in batch.results]
+            assert [r.seq for r in records] == list(range(10))
+            for record in records:
+                (tlv,) = decode_tlvs(record.tlvs)
+                assert tlv.type == ReturnPath.TYPE
+                returned = ReturnPath.from_tlv(tlv).segment_list
+                assert returned is not None
+                assert [str(s) for s in returned.segments] == ["::1"]
+                assert 0 < result_from_proto(record).rtt_ns < SANE_DELAY_NS
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
