@@ -517,6 +517,16 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
                 assert returned is not None
                 assert [str(s) for s in returned.segments] == ["::1"]
                 assert 0 < result_from_proto(record).rtt_ns < SANE_DELAY_NS
+            # The seed's way: the return SID list configured on the reflector's session.
+            reflector.create_reflector_session(31, return_sid_list=["::1"])
+            reflector.start_session(31)
+            sender.create_sender_session(
+                31, "::1", reflector_port=rport, count=10, interval_ns=5 * MS
+            )
+            sender.start_session(31)
+            records = [r for batch in sender.stream_results(31) for r in batch.results]
+            assert [r.seq for r in records] == list(range(10))
+            assert reflector.counters(31).sessions[0].reflected == 10
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -121,6 +121,9 @@ DEFAULT_BATCH_WINDOW_NS = 100_000_000
 MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
 #: How often a waiting stream looks at its client and its session (s).
 _STREAM_POLL_S = 0.25
+#: An Error Estimate can claim up to 255 × 2^31 s (RFC 4656 §4.1.2), more ns than a
+#: uint64 holds: such errors are reported saturated.
+_U64_MAX = 2**64 - 1
 #: DataplaneConfig fields set by Init's own fields, not by ``dataplane_options``.
 _INIT_FIELDS = frozenset({"port", "interface", "source"})
 
@@ -387,9 +390,9 @@ def result_to_proto(result: StampResult) -> pb.StampResult:
         t3_ns=result.t3_ns,
         t4_ns=result.t4_ns,
         sender_error_estimate=result.sender_error.to_int(),
-        sender_error_ns=result.sender_error.error_ns,
+        sender_error_ns=min(result.sender_error.error_ns, _U64_MAX),
         reflector_error_estimate=result.reflector_error.to_int(),
-        reflector_error_ns=result.reflector_error.error_ns,
+        reflector_error_ns=min(result.reflector_error.error_ns, _U64_MAX),
         ses_sender_ttl=result.ses_sender_ttl,
         reflector_seq=result.reflector_seq,
         tlvs=result.tlvs,

@@ -661,11 +661,13 @@ class StampResult(_message.Message):
     sender_error_estimate: _builtins.int
     """The sender's Error Estimate as on the wire (16 bits: S, Z, Scale, Multiplier)."""
     sender_error_ns: _builtins.int
-    """The same as an error bound in ns (rounded up)."""
+    """The same as an error bound in ns (rounded up; saturates at 2^64 - 1, since an
+    estimate can claim up to 255 x 2^31 s).
+    """
     reflector_error_estimate: _builtins.int
     """The reflector's Error Estimate as on the wire (16 bits)."""
     reflector_error_ns: _builtins.int
-    """The same as an error bound in ns (rounded up)."""
+    """The same as an error bound in ns (rounded up; saturates like sender_error_ns)."""
     ses_sender_ttl: _builtins.int
     """Ses-Sender TTL: the Hop Limit the test packet arrived with at the reflector."""
     reflector_seq: _builtins.int
