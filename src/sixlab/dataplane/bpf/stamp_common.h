@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Shared by stamp_reflector.bpf.c and stamp_collector.bpf.c: the map layouts that the
+ * Python side (sixlab.dataplane.xdp_plane) mirrors with ctypes structures, the counter
+ * reasons, the header parser and the timestamp conversions.
+ *
+ * Every struct here is laid out with explicit padding so that the C and the ctypes
+ * sides agree byte for byte (no compiler-inserted holes).
+ */
+#ifndef SIXLAB_STAMP_COMMON_H
+#define SIXLAB_STAMP_COMMON_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ETH_P_IPV6 0x86DD
+#define NH_ROUTING 43
+#define NH_UDP 17
+#define SRH_TYPE 4 /* RFC 8754 §2: Routing Type 4 */
+
+/* RFC 8762 §4.2-4.3 base packet sizes, and the least a sender packet holds (§4.6). */
+#define STAMP_UNAUTH_SIZE 44
+#define STAMP_AUTH_SIZE 112
+#define STAMP_MIN_SIZE 14
+/* Return SID lists longer than this are answered by the user-space path. */
+#define STAMP_MAX_SEGS 8
+/* TLVs walked in the kernel; an area with more goes to user space. */
+#define STAMP_MAX_TLVS 8
+/* Largest UDP datagram (header included) handled in XDP: one 1500-byte MTU frame. */
+#define STAMP_MAX_UDP 1460
+/* Session key of the SSID-agnostic default session: outside the 16-bit SSID space. */
+#define STAMP_DEFAULT_SSID 0x10000
+/* Counter key of packets that belong to no session. */
+#define STAMP_NO_SSID 0xFFFFFFFF
+#define NS_PER_S 1000000000ULL
+/* Seconds from 1900-01-01 (NTP epoch) to 1970-01-01 (RFC 868). */
+#define NTP_UNIX_OFFSET_S 2208988800ULL
+
+enum stamp_fmt { STAMP_FMT_NTP = 0, STAMP_FMT_PTP = 1 };
+enum stamp_mode { STAMP_STATELESS = 0, STAMP_STATEFUL = 1 };
+
+/* Why a packet for the STAMP port was handled the way it was (counter keys). */
+enum stamp_reason {
+	R_REFLECTED = 0,       /* answered with XDP_TX */
+	R_COLLECTED = 1,       /* collector: record pushed, packet consumed */
+	R_PASS_AUTH = 2,       /* authenticated session: user space verifies the HMAC */
+	R_PASS_NO_SESSION = 3, /* no session and no default: user space decides */
+	R_PASS_TLV = 4,        /* TLVs other than Extra Padding: user space fills them */
+	R_PASS_SHORT = 5,      /* 14..43 bytes: user space answers with a full base packet */
+	R_PASS_BIG = 6,        /* larger than STAMP_MAX_UDP */
+	R_DROP_TOO_SHORT = 7,  /* under 14 bytes (RFC 8762 §4.6) */
+	R_DROP_MULT_ZERO = 8,  /* Error Estimate Multiplier 0 (RFC 4656 §4.1.2) */
+	R_DROP_MALFORMED = 9,  /* UDP/IPv6 lengths disagree with the frame */
+	R_DROP_ADJUST = 10,    /* bpf_xdp_adjust_head refused the resize */
+	R_PASS_RINGBUF = 11,   /* collector: ring buffer full, user space gets it */
+	R_PASS_CSUM = 12,      /* UDP checksum 0: invalid over IPv6, the kernel drops it */
+	R_MAX = 13,
+};
+
+struct stamp_config {
+	__u16 port;       /* host order: the local STAMP port */
+	__u8 hop_limit;   /* Hop Limit of the replies */
+	__u8 pad0;
+	__u32 pad1;
+	__s64 tai_minus_utc_ns; /* CLOCK_TAI - CLOCK_REALTIME as measured by the agent */
+};
+
+struct stamp_session {
+	__u8 mode;  /* enum stamp_mode */
+	__u8 fmt;   /* enum stamp_fmt */
+	__u8 auth;  /* 1: authenticated, handled by the user-space path */
+	__u8 nsegs; /* return SIDs in segs, 0: plain return */
+	__u16 ee;   /* Error Estimate of the replies, host order */
+	__u16 pad0;
+	__u32 next_seq; /* stateful reply Seq, from 0 (RFC 8762 §4.3.1) */
+	__u32 pad1;
+	__s64 ptp_offset_ns; /* TAI - UTC for PTP timestamps, as the Python core adds it */
+	__u8 segs[STAMP_MAX_SEGS][16]; /* return path in WIRE order: segs[0] = last visited */
+};
+
+struct stamp_counter_key {
+	__u32 ssid; /* SSID, STAMP_DEFAULT_SSID or STAMP_NO_SSID */
+	__u32 reason;
+};
+
+/* One reflected packet seen by the collector; timestamps raw as on the wire. */
+struct stamp_record {
+	__u64 t4_tai_ns;
+	__u64 t1, t2, t3;
+	__u32 seq;       /* Session-Sender Seq echoed by the reflector */
+	__u32 rseq;      /* the reflector's own Seq */
+	__u16 ssid;
+	__u16 sender_ee;
+	__u16 reflector_ee;
+	__u8 ttl;
+	__u8 hop_limit;  /* Hop Limit the reply arrived with */
+	__u16 sport;     /* host order */
+	__u16 dport;
+	__u32 pad;
+	__u8 src[16];
+	__u8 dst[16];
+};
+
+struct srh_fixed {
+	__u8 nexthdr;
+	__u8 hdrlen;
+	__u8 type;
+	__u8 segments_left;
+	__u8 last_entry;
+	__u8 flags;
+	__u16 tag;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stamp_config);
+} stamp_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct stamp_counter_key);
+	__type(value, __u64);
+} stamp_counters SEC(".maps");
+
+static __always_inline void count(__u32 ssid, __u32 reason)
+{
+	struct stamp_counter_key key = { .ssid = ssid, .reason = reason };
+	__u64 *v = bpf_map_lookup_elem(&stamp_counters, &key);
+	if (v) {
+		*v += 1; /* per-CPU value: no atomics needed */
+		return;
+	}
+	__u64 one = 1;
+	bpf_map_update_elem(&stamp_counters, &key, &one, BPF_NOEXIST);
+}
+
+/* Where the UDP header of a STAMP packet for port `port` sits, or NULL to XDP_PASS. */
+struct parsed {
+	struct ethhdr *eth;
+	struct ipv6hdr *ip6;
+	struct udphdr *udp;
+	__u32 srh_len; /* bytes of the SRH, 0 if none */
+};
+
+static __always_inline int parse(struct xdp_md *ctx, __u16 port, struct parsed *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return 0;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > end)
+		return 0;
+	__u8 nh = ip6->nexthdr;
+	void *l4 = ip6 + 1;
+	__u32 srh_len = 0;
+	if (nh == NH_ROUTING) {
+		struct srh_fixed *srh = l4;
+		if ((void *)(srh + 1) > end)
+			return 0;
+		/* Only an SRH at its last segment is for this node; anything else (another
+		 * routing type, a packet still in transit) is the kernel's business. */
+		if (srh->type != SRH_TYPE || srh->segments_left != 0)
+			return 0;
+		if (2 * ((__u32)srh->last_entry + 1) > srh->hdrlen)
+			return 0;
+		srh_len = ((__u32)srh->hdrlen + 1) * 8;
+		nh = srh->nexthdr;
+		l4 = (void *)srh + srh_len;
+	}
+	if (nh != NH_UDP)
+		return 0;
+	struct udphdr *udp = l4;
+	if ((void *)(udp + 1) > end)
+		return 0;
+	if (udp->dest != bpf_htons(port))
+		return 0;
+	p->eth = eth;
+	p->ip6 = ip6;
+	p->udp = udp;
+	p->srh_len = srh_len;
+	return 1;
+}
+
+static __always_inline __u64 ntp_from_ns(__u64 utc_ns)
+{
+	__u64 sec = utc_ns / NS_PER_S;
+	__u64 nsec = utc_ns % NS_PER_S;
+	/* nsec * 2^32 / 10^9 rounded to nearest (nsec < 2^30: no overflow, no carry). */
+	__u64 frac = ((nsec << 32) + NS_PER_S / 2) / NS_PER_S;
+	return (((sec + NTP_UNIX_OFFSET_S) & 0xFFFFFFFFULL) << 32) | frac;
+}
+
+static __always_inline __u64 ptp_from_ns(__u64 tai_ns)
+{
+	return ((tai_ns / NS_PER_S) << 32) | (tai_ns % NS_PER_S);
+}
+
+#endif
