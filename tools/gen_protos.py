@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,9 @@ def generate(out: Path) -> None:
         f"--mypy_out={out}",
         *map(str, protos),
     ]
-    subprocess.run(cmd, check=True)
+    # protoc finds the mypy plugin (protoc-gen-mypy) on PATH: the one beside this Python.
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(cmd, check=True, env=env)
     # protoc emits absolute imports ("import stamp_pb2"); make them package-relative.
     for path in out.glob("*_pb2*.py*"):
         text = path.read_text()

@@ -17,6 +17,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from sixlab import _cli_demo, _cli_stamp  # noqa: PLC0415 - keeps `--version` instant
+    from sixlab.southbound import _cli as _cli_agent  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="sixlab",
@@ -25,10 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sixlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _cli_demo.add_parsers(sub)
-    stamp = sub.add_parser("stamp", help="STAMP tools: sender, reflector").add_subparsers(
+    stamp = sub.add_parser("stamp", help="STAMP tools: sender, reflector, agent").add_subparsers(
         dest="stamp_command", required=True, metavar="TOOL"
     )
     _cli_stamp.add_parsers(stamp)
+    _cli_agent.add_parsers(stamp)
     return parser
 
 
