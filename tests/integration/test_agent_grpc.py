@@ -539,3 +539,48 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
             if proc.stdout is not None:
                 proc.stdout.close()
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_cursor_mode_polling_is_exactly_once(pair: Pair) -> None:
+    """A reader that stores what it reads loses nothing when it dies between a read and
+    its store: records stay queued until acknowledged by the next read."""
+    pair.reflector.create_reflector_session(21)
+    pair.reflector.start_session(21)
+    _run(pair, 21)
+    deadline = time.monotonic() + 10
+    while pair.sender.counters(21).sessions[0].state != pb.SESSION_STATE_FINISHED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first = pair.sender.results(21, 10, after_id=0)
+    assert [r.record_id for r in first.results] == list(range(1, 11))
+    # The reader "crashed" before storing: asking again from the same cursor repeats.
+    again = pair.sender.results(21, 10, after_id=0)
+    assert [r.seq for r in again.results] == [r.seq for r in first.results]
+    stored = list(again.results)
+    cursor = stored[-1].record_id
+    while True:
+        reply = pair.sender.results(21, 7, after_id=cursor)
+        if not reply.results:
+            break
+        stored += reply.results
+        cursor = reply.results[-1].record_id
+    assert [r.record_id for r in stored] == list(range(1, COUNT + 1))
+    assert sorted(r.seq for r in stored) == list(range(COUNT))
+    assert pair.sender.counters(21).sessions[0].queued == 0  # the last read acknowledged all
+
+
+def test_cursor_mode_stream_then_acknowledge(pair: Pair) -> None:
+    pair.reflector.create_reflector_session(22)
+    pair.reflector.start_session(22)
+    _run(pair, 22)
+    seen: list[pb.StampResult] = []
+    for batch in pair.sender.stream_results(22, max_batch=16, after_id=0):
+        seen.extend(batch.results)
+    assert [r.record_id for r in seen] == list(range(1, COUNT + 1))
+    # Nothing was removed by streaming: a second stream from 30 sees the rest again.
+    tail = [r for b in pair.sender.stream_results(22, after_id=30) for r in b.results]
+    assert [r.record_id for r in tail] == list(range(31, COUNT + 1))
+    assert pair.sender.acknowledge(22, 40) == 40
+    assert pair.sender.counters(22).sessions[0].queued == COUNT - 40
+    rest = pair.sender.results(22, after_id=40)
+    assert [r.record_id for r in rest.results] == list(range(41, COUNT + 1))

@@ -357,13 +357,29 @@ class SenderEngine(_Loop):
         until a later call acknowledges them. Waits up to ``timeout`` s for one to come.
         A gap in the ids is records the FIFO had to drop (``overflow``).
         """
+        self.acknowledge(ssid, after)
+        return self.peek(ssid, after, max_items, timeout)
+
+    def acknowledge(self, ssid: int, through: int) -> int:
+        """Remove the records with ids up to ``through``; returns how many went."""
+        with self.lock:
+            entry = self._entry(ssid)
+            n = 0
+            while entry.fifo and entry.first_id <= through:
+                entry.pop_oldest()
+                n += 1
+            entry.fetched += n
+            return n
+
+    def peek(
+        self, ssid: int, after: int, max_items: int = 1000, timeout: float = 0.0
+    ) -> list[tuple[int, ev.StampResult]]:
+        """Up to ``max_items`` records with ids above ``after``, left queued (waits up to
+        ``timeout`` s for one; returns at once when the session has finished)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 entry = self._entry(ssid)
-                while entry.fifo and entry.first_id <= after:
-                    entry.pop_oldest()
-                    entry.fetched += 1
                 start = max(0, after + 1 - entry.first_id)
                 if len(entry.fifo) > start or entry.session.state is State.FINISHED:
                     break

@@ -380,9 +380,10 @@ def _reflector_config(
     )
 
 
-def result_to_proto(result: StampResult) -> pb.StampResult:
+def result_to_proto(result: StampResult, record_id: int = 0) -> pb.StampResult:
     """A core result record as the API carries it."""
     return pb.StampResult(
+        record_id=record_id,
         ssid=result.ssid,
         seq=result.seq,
         t1_ns=result.t1_ns,
@@ -655,17 +656,30 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     ) -> pb.GetStampSessionResultsReply:
         engine = self._sender_only("GetStampSessionResults")
         ssid = self._known(request.ssid)
-        results = engine.results(ssid, request.max_results or None)
+        if request.HasField("after_id"):
+            limit = request.max_results or DEFAULT_BATCH
+            protos = [result_to_proto(r, i) for i, r in engine.fetch(ssid, request.after_id, limit)]
+        else:
+            protos = [result_to_proto(r) for r in engine.results(ssid, request.max_results or None)]
         lost = engine.lost(ssid)
         snap = engine.snapshot(ssid)
-        self._senders[ssid].fetched += len(results)
+        self._senders[ssid].fetched += len(protos)
         return pb.GetStampSessionResultsReply(
-            results=[result_to_proto(r) for r in results],
+            results=protos,
             lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
             overflow=snap.overflow,
             state=_STATE_PB[snap.state],
             remaining=snap.fifo_len,
         )
+
+    @_unary
+    def AcknowledgeStampSessionResults(  # noqa: N802
+        self, request: pb.AcknowledgeStampSessionResultsRequest
+    ) -> pb.AcknowledgeStampSessionResultsReply:
+        engine = self._sender_only("AcknowledgeStampSessionResults")
+        ssid = self._known(request.ssid)
+        n = engine.acknowledge(ssid, request.through_id)
+        return pb.AcknowledgeStampSessionResultsReply(acknowledged=n)
 
     def StreamStampSessionResults(  # noqa: N802
         self, request: pb.StreamStampSessionResultsRequest, context: Any
@@ -691,20 +705,32 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         window_ns = request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS
         if window_ns > MAX_BATCH_WINDOW_NS:
             raise _invalid(f"batch_window_ns: {window_ns}, at most {MAX_BATCH_WINDOW_NS}")
+        cursor: int | None = request.after_id if request.HasField("after_id") else None
+
+        def take(timeout: float, n: int) -> list[tuple[int, StampResult]]:
+            nonlocal cursor
+            if cursor is None:  # drain mode: records leave the FIFO as they are sent
+                return [(0, r) for r in engine.wait_results(ssid, timeout, n)]
+            items = engine.peek(ssid, cursor, n, timeout)  # cursor mode: nothing removed
+            if items:
+                cursor = items[-1][0]
+            return items
+
         while context.is_active():
             try:
-                batch = engine.wait_results(ssid, _STREAM_POLL_S, max_batch)
+                batch = take(_STREAM_POLL_S, max_batch)
                 deadline = time.monotonic() + window_ns / NS_PER_S
                 while batch and len(batch) < max_batch:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not context.is_active():
                         break
-                    more = engine.wait_results(ssid, remaining, max_batch - len(batch))
+                    more = take(remaining, max_batch - len(batch))
                     if not more:
                         break
                     batch.extend(more)
                 lost = engine.lost(ssid)
                 snap = engine.snapshot(ssid)
+                pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
             except ConfigError:
                 raise AgentError(
                     Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
@@ -715,11 +741,11 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                         Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                     )
                 record.fetched += len(batch)
-            final = snap.state is State.FINISHED and snap.fifo_len == 0
+            final = snap.state is State.FINISHED and pending == 0
             if batch or lost or final:
                 yield pb.ResultBatch(
                     ssid=ssid,
-                    results=[result_to_proto(r) for r in batch],
+                    results=[result_to_proto(r, i) for i, r in batch],
                     lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
                     overflow=snap.overflow,
                     state=_STATE_PB[snap.state],

@@ -294,19 +294,47 @@ class AgentClient:
 
     # -- results and counters ---------------------------------------------------------
 
-    def results(self, ssid: int, max_results: int = 0) -> pb.GetStampSessionResultsReply:
-        """Drain a sender session's queued records (polling mode)."""
+    def results(
+        self, ssid: int, max_results: int = 0, *, after_id: int | None = None
+    ) -> pb.GetStampSessionResultsReply:
+        """A sender session's queued records (polling mode).
+
+        Without ``after_id`` the records are drained. With it (cursor mode), records up
+        to ``after_id`` are acknowledged and the next ones come with their ``record_id``
+        and stay queued until acknowledged: what a caller that stores them needs.
+        """
         request = pb.GetStampSessionResultsRequest(ssid=ssid, max_results=max_results)
+        if after_id is not None:
+            request.after_id = after_id
         reply: pb.GetStampSessionResultsReply = self._call("GetStampSessionResults", request)
         return reply
 
+    def acknowledge(self, ssid: int, through_id: int) -> int:
+        """Remove a sender session's records up to ``through_id`` (cursor mode)."""
+        request = pb.AcknowledgeStampSessionResultsRequest(ssid=ssid, through_id=through_id)
+        reply: pb.AcknowledgeStampSessionResultsReply = self._call(
+            "AcknowledgeStampSessionResults", request
+        )
+        return reply.acknowledged
+
     def stream_results(
-        self, ssid: int, *, max_batch: int = 0, batch_window_ns: int = 0
+        self,
+        ssid: int,
+        *,
+        max_batch: int = 0,
+        batch_window_ns: int = 0,
+        after_id: int | None = None,
     ) -> ResultStream:
-        """Batches of a sender session's records as they come (push mode), no deadline."""
+        """Batches of a sender session's records as they come (push mode), no deadline.
+
+        With ``after_id`` the stream starts after that record and removes nothing: the
+        caller acknowledges what it stored with ``acknowledge``.
+        """
         request = pb.StreamStampSessionResultsRequest(
             ssid=ssid, max_batch=max_batch, batch_window_ns=batch_window_ns
         )
+        if after_id is not None:
+            request.after_id = after_id
         return ResultStream(self._stub.StreamStampSessionResults(request))
 
     def counters(self, ssid: int | None = None) -> pb.GetCountersReply:

@@ -646,6 +646,7 @@ class StampResult(_message.Message):
     SES_SENDER_TTL_FIELD_NUMBER: _builtins.int
     REFLECTOR_SEQ_FIELD_NUMBER: _builtins.int
     TLVS_FIELD_NUMBER: _builtins.int
+    RECORD_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     seq: _builtins.int
@@ -674,6 +675,10 @@ class StampResult(_message.Message):
     """The reflector's sequence number (= seq for a stateless reflector)."""
     tlvs: _builtins.bytes
     """The reflected TLV area (RFC 8972 §4), raw."""
+    record_id: _builtins.int
+    """The record's id in its session: 1, 2, ... in arrival order. Set when the request
+    gave after_id (cursor mode); 0 otherwise. A gap is records lost to FIFO overflow.
+    """
     def __init__(
         self,
         *,
@@ -690,10 +695,11 @@ class StampResult(_message.Message):
         ses_sender_ttl: _builtins.int = ...,
         reflector_seq: _builtins.int = ...,
         tlvs: _builtins.bytes = ...,
+        record_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "ses_sender_ttl", b"ses_sender_ttl", "ssid", b"ssid", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "tlvs", b"tlvs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_id", b"record_id", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "ses_sender_ttl", b"ses_sender_ttl", "ssid", b"ssid", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "tlvs", b"tlvs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -731,23 +737,76 @@ class GetStampSessionResultsRequest(_message.Message):
 
     SSID_FIELD_NUMBER: _builtins.int
     MAX_RESULTS_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
     """At most this many records. 0: all that are queued."""
+    after_id: _builtins.int
+    """Cursor mode (exactly-once for a controller that stores what it reads): every
+    record with an id up to after_id is acknowledged and removed; the following ones
+    are returned with their record_id and stay queued until acknowledged. Unset: drain.
+    """
     def __init__(
         self,
         *,
         ssid: _builtins.int = ...,
         max_results: _builtins.int = ...,
+        after_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
+    _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
+
+Global___GetStampSessionResultsRequest: _TypeAlias = GetStampSessionResultsRequest  # noqa: Y015
+
+@_typing.final
+class AcknowledgeStampSessionResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SSID_FIELD_NUMBER: _builtins.int
+    THROUGH_ID_FIELD_NUMBER: _builtins.int
+    ssid: _builtins.int
+    """The sender session."""
+    through_id: _builtins.int
+    """Remove every record with an id up to and including this one."""
+    def __init__(
+        self,
+        *,
+        ssid: _builtins.int = ...,
+        through_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ssid", b"ssid", "through_id", b"through_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___GetStampSessionResultsRequest: _TypeAlias = GetStampSessionResultsRequest  # noqa: Y015
+Global___AcknowledgeStampSessionResultsRequest: _TypeAlias = AcknowledgeStampSessionResultsRequest  # noqa: Y015
+
+@_typing.final
+class AcknowledgeStampSessionResultsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    acknowledged: _builtins.int
+    """How many records were removed."""
+    def __init__(
+        self,
+        *,
+        acknowledged: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcknowledgeStampSessionResultsReply: _TypeAlias = AcknowledgeStampSessionResultsReply  # noqa: Y015
 
 @_typing.final
 class GetStampSessionResultsReply(_message.Message):
@@ -798,6 +857,7 @@ class StreamStampSessionResultsRequest(_message.Message):
     SSID_FIELD_NUMBER: _builtins.int
     MAX_BATCH_FIELD_NUMBER: _builtins.int
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to stream."""
     max_batch: _builtins.int
@@ -806,18 +866,27 @@ class StreamStampSessionResultsRequest(_message.Message):
     """After the first record of a batch, wait up to this long (ns) for more before
     sending it. 0: 100 ms. Bounded by 10 s.
     """
+    after_id: _builtins.int
+    """Cursor mode: stream the records with ids above after_id, with their record_id,
+    WITHOUT removing them; the caller acknowledges what it stored with
+    AcknowledgeStampSessionResults (so a caller that dies loses nothing). Unset: the
+    stream drains the FIFO as it goes.
+    """
     def __init__(
         self,
         *,
         ssid: _builtins.int = ...,
         max_batch: _builtins.int = ...,
         batch_window_ns: _builtins.int = ...,
+        after_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
+    _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
 
 Global___StreamStampSessionResultsRequest: _TypeAlias = StreamStampSessionResultsRequest  # noqa: Y015
 

@@ -75,6 +75,11 @@ class StampAgentStub:
                 request_serializer=stamp__pb2.GetStampSessionResultsRequest.SerializeToString,
                 response_deserializer=stamp__pb2.GetStampSessionResultsReply.FromString,
                 _registered_method=True)
+        self.AcknowledgeStampSessionResults = channel.unary_unary(
+                '/sixlab.stamp.v1.StampAgent/AcknowledgeStampSessionResults',
+                request_serializer=stamp__pb2.AcknowledgeStampSessionResultsRequest.SerializeToString,
+                response_deserializer=stamp__pb2.AcknowledgeStampSessionResultsReply.FromString,
+                _registered_method=True)
         self.StreamStampSessionResults = channel.unary_stream(
                 '/sixlab.stamp.v1.StampAgent/StreamStampSessionResults',
                 request_serializer=stamp__pb2.StreamStampSessionResultsRequest.SerializeToString,
@@ -146,7 +151,15 @@ class StampAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStampSessionResults(self, request, context):
-        """Sender only (polling mode): drain the session's result FIFO.
+        """Sender only (polling mode): drain the session's result FIFO; or, with after_id,
+        acknowledge the records up to it and read the next ones without removing them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcknowledgeStampSessionResults(self, request, context):
+        """Sender only: remove the records up to an id, once the caller has stored them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,6 +222,11 @@ def add_StampAgentServicer_to_server(servicer, server):
                     servicer.GetStampSessionResults,
                     request_deserializer=stamp__pb2.GetStampSessionResultsRequest.FromString,
                     response_serializer=stamp__pb2.GetStampSessionResultsReply.SerializeToString,
+            ),
+            'AcknowledgeStampSessionResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeStampSessionResults,
+                    request_deserializer=stamp__pb2.AcknowledgeStampSessionResultsRequest.FromString,
+                    response_serializer=stamp__pb2.AcknowledgeStampSessionResultsReply.SerializeToString,
             ),
             'StreamStampSessionResults': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamStampSessionResults,
@@ -438,6 +456,33 @@ class StampAgent:
             '/sixlab.stamp.v1.StampAgent/GetStampSessionResults',
             stamp__pb2.GetStampSessionResultsRequest.SerializeToString,
             stamp__pb2.GetStampSessionResultsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcknowledgeStampSessionResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.stamp.v1.StampAgent/AcknowledgeStampSessionResults',
+            stamp__pb2.AcknowledgeStampSessionResultsRequest.SerializeToString,
+            stamp__pb2.AcknowledgeStampSessionResultsReply.FromString,
             options,
             channel_credentials,
             insecure,
