@@ -72,13 +72,37 @@ def test_results_are_stored_exactly_once(store: Store) -> None:
     assert store.store_results(sid, [(1, _r(0)), (2, _r(1))], counters=(3, 1, None, 0)) == 2
     # The agent sends the same records again (the controller died before acking them).
     assert store.store_results(sid, [(2, _r(1)), (3, _r(2))]) == 1
-    assert store.record_ids(sid) == [1, 2, 3]
+    assert store.record_ids(sid) == [(0, 1), (0, 2), (0, 3)]
     assert [r.seq for r in store.results(sid)] == [0, 1, 2]
     row = store.session("p")
     assert (row.cursor, row.sent, row.lost) == (3, 3, 1)
     stored = store.results(sid)[0]
     assert (stored.direct_ns, stored.return_ns, stored.rtt_ns) == (100, 150, 250)
     assert stored.sender_error == ErrorEstimate(scale=10, multiplier=3)
+
+
+def test_new_epoch_restarts_ids_without_collisions(store: Store) -> None:
+    sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+    store.store_results(sid, [(1, _r(0)), (2, _r(1))])
+    assert store.new_epoch("p") == 1
+    assert store.session("p").cursor == 0
+    # The restarted agent numbers from 1 again: new rows, not duplicates.
+    assert store.store_results(sid, [(1, _r(2)), (2, _r(3))], epoch=1) == 2
+    assert store.record_ids(sid) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert [r.seq for r in store.results(sid)] == [0, 1, 2, 3]
+    assert store.session("p").cursor == 2
+
+
+def test_counters_add_up_across_epochs(store: Store) -> None:
+    sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+    store.store_results(sid, [(1, _r(0))], counters=(10, 2, 1, 0))
+    store.new_epoch("p")
+    store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 0), epoch=1)
+    row = store.session("p")
+    assert (row.sent, row.lost, row.forward_lost) == (14, 3, 1)
+    # A late snapshot of the old epoch must not overwrite the totals.
+    store.store_results(sid, [], counters=(11, 2, 1, 0), epoch=0)
+    assert store.session("p").sent == 14
 
 
 def test_survives_reopen(tmp_path: Path) -> None:

@@ -8,6 +8,10 @@ it asks again after restart and gets the same records; killed after the commit, 
 acknowledges them with its next call. The primary key (session, record id) makes a
 repeated insert a no-op, so even a misbehaving agent cannot duplicate a row.
 
+An agent that restarted has lost its sessions; the controller creates the session again
+on it and bumps the session's ``epoch``: ids and the agent's counters restart, so rows
+are keyed by epoch too and the counters of earlier epochs are kept as a base.
+
 Schema (``SCHEMA``) is created on open; the file may be shared by a CLI reading it while
 a controller writes (WAL lets readers run beside one writer).
 """
@@ -34,7 +38,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     role        TEXT NOT NULL CHECK (role IN ('sender', 'reflector')),
     healthy     INTEGER NOT NULL DEFAULT 0,
     last_seen   INTEGER,                -- Unix ns of the last successful call
-    last_error  TEXT
+    last_error  TEXT,
+    init        TEXT                    -- JSON Init parameters, replayed when it restarts
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -44,15 +49,20 @@ CREATE TABLE IF NOT EXISTS sessions (
     reflector   TEXT NOT NULL REFERENCES nodes(name),
     params      TEXT NOT NULL,          -- JSON: segments, return segments, interval, ...
     state       TEXT NOT NULL,          -- created, running, stopped, destroyed
-    cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored
-    sent        INTEGER NOT NULL DEFAULT 0,  -- latest counters snapshot from the agent
+    epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
+    cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
+    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the agent's snapshot plus the base
     lost        INTEGER NOT NULL DEFAULT 0,
     forward_lost INTEGER,
+    sent_base   INTEGER NOT NULL DEFAULT 0,  -- totals of the epochs before this one
+    lost_base   INTEGER NOT NULL DEFAULT 0,
+    forward_lost_base INTEGER NOT NULL DEFAULT 0,
     overflow    INTEGER NOT NULL DEFAULT 0,
     created_ns  INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS results (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    epoch       INTEGER NOT NULL,       -- an agent that restarted numbers from 1 again
     record_id   INTEGER NOT NULL,
     seq         INTEGER NOT NULL,
     t1_ns       INTEGER NOT NULL,
@@ -63,9 +73,17 @@ CREATE TABLE IF NOT EXISTS results (
     reflector_ee INTEGER NOT NULL,
     ttl         INTEGER NOT NULL,
     reflector_seq INTEGER NOT NULL,
-    PRIMARY KEY (session_id, record_id)
+    PRIMARY KEY (session_id, epoch, record_id)
 ) WITHOUT ROWID;
 """
+
+
+#: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
+_SELECT_SESSIONS = (
+    "SELECT id, name, ssid, sender, reflector, params, state, epoch, cursor, sent, lost,"
+    " forward_lost, overflow, created_ns FROM sessions"
+)
+_SELECT_NODES = "SELECT name, address, role, healthy, last_seen, last_error, init FROM nodes"
 
 
 class StoreError(ValueError):
@@ -80,6 +98,7 @@ class NodeRow:
     healthy: bool
     last_seen: int | None
     last_error: str | None
+    init: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +110,7 @@ class SessionRow:
     reflector: str
     params: dict[str, Any]
     state: str
+    epoch: int
     cursor: int
     sent: int
     lost: int
@@ -147,15 +167,21 @@ class Store:
 
     def node(self, name: str) -> NodeRow:
         with self._lock:
-            row = self._db.execute("SELECT * FROM nodes WHERE name=?", (name,)).fetchone()
+            row = self._db.execute(_SELECT_NODES + " WHERE name=?", (name,)).fetchone()
         if row is None:
             raise StoreError(f"node: no node named {name!r}")
-        return NodeRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5])
+        return _node_row(row)
 
     def nodes(self) -> list[NodeRow]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
-        return [NodeRow(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
+            rows = self._db.execute(_SELECT_NODES + " ORDER BY name").fetchall()
+        return [_node_row(r) for r in rows]
+
+    def set_init(self, name: str, init: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE nodes SET init=? WHERE name=?", (json.dumps(init, sort_keys=True), name)
+            )
 
     def remove_node(self, name: str) -> None:
         with self._lock:
@@ -197,13 +223,13 @@ class Store:
 
     def session(self, name: str) -> SessionRow:
         with self._lock:
-            row = self._db.execute("SELECT * FROM sessions WHERE name=?", (name,)).fetchone()
+            row = self._db.execute(_SELECT_SESSIONS + " WHERE name=?", (name,)).fetchone()
         if row is None:
             raise StoreError(f"session: no session named {name!r}")
         return _session_row(row)
 
     def sessions(self, *, include_destroyed: bool = False) -> list[SessionRow]:
-        query = "SELECT * FROM sessions"
+        query = _SELECT_SESSIONS
         if not include_destroyed:
             query += " WHERE state != 'destroyed'"
         with self._lock:
@@ -213,6 +239,23 @@ class Store:
     def set_state(self, name: str, state: str) -> None:
         with self._lock:
             self._db.execute("UPDATE sessions SET state=? WHERE name=?", (state, name))
+
+    def new_epoch(self, name: str) -> int:
+        """The session was created again on its sender: ids, cursor and counters restart.
+
+        The totals so far become the base the next epoch's agent counters add to.
+        """
+        with self._lock:
+            self._db.execute(
+                "UPDATE sessions SET epoch=epoch+1, cursor=0, sent_base=sent, lost_base=lost,"
+                " forward_lost_base=COALESCE(forward_lost, 0) WHERE name=?",
+                (name,),
+            )
+            row = self._db.execute("SELECT epoch FROM sessions WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise StoreError(f"session: no session named {name!r}")
+        epoch: int = row[0]
+        return epoch
 
     def used_ssids(self, node: str) -> set[int]:
         with self._lock:
@@ -229,15 +272,19 @@ class Store:
         session_id: int,
         records: Sequence[tuple[int, StampResult]],
         counters: tuple[int, int, int | None, int] | None = None,
+        *,
+        epoch: int = 0,
     ) -> int:
         """Insert records (agent id, result) and advance the cursor, atomically.
 
-        ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot.
-        Returns how many rows were new.
+        ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot for this
+        epoch; the stored totals add the earlier epochs' base. Returns how many rows
+        were new.
         """
         rows = [
             (
                 session_id,
+                epoch,
                 rid,
                 r.seq,
                 r.t1_ns,
@@ -258,20 +305,23 @@ class Store:
                 self._db.executemany(
                     # Only a repeated (session, record id) is skipped: OR IGNORE would also
                     # swallow a NOT NULL violation, silently losing a row.
-                    "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT(session_id, record_id) DO NOTHING",
+                    "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT(session_id, epoch, record_id) DO NOTHING",
                     rows,
                 )
                 new = self._db.total_changes - before
                 if rows:
                     self._db.execute(
-                        "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=?",
-                        (max(r[1] for r in rows), session_id),
+                        "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
+                        (max(r[2] for r in rows), session_id, epoch),
                     )
                 if counters is not None:
+                    sent, lost, forward_lost, overflow = counters
                     self._db.execute(
-                        "UPDATE sessions SET sent=?, lost=?, forward_lost=?, overflow=? WHERE id=?",
-                        (*counters, session_id),
+                        "UPDATE sessions SET sent=sent_base+?, lost=lost_base+?,"
+                        " forward_lost=CASE WHEN ? IS NULL THEN NULL"
+                        " ELSE forward_lost_base+? END, overflow=? WHERE id=? AND epoch=?",
+                        (sent, lost, forward_lost, forward_lost, overflow, session_id, epoch),
                     )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -287,7 +337,7 @@ class Store:
         if since_ns is not None:
             query += " AND t1_ns >= ?"
             args.append(since_ns)
-        query += " ORDER BY record_id"
+        query += " ORDER BY epoch, record_id"
         if limit is not None:
             query += " LIMIT ?"
             args.append(limit)
@@ -295,13 +345,14 @@ class Store:
             rows = self._db.execute(query, args).fetchall()
         return [_result(session_id, r) for r in rows]
 
-    def record_ids(self, session_id: int) -> list[int]:
+    def record_ids(self, session_id: int) -> list[tuple[int, int]]:
+        """(epoch, record id) of every stored record, in order."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT record_id FROM results WHERE session_id=? ORDER BY record_id",
+                "SELECT epoch, record_id FROM results WHERE session_id=? ORDER BY epoch, record_id",
                 (session_id,),
             ).fetchall()
-        return [r[0] for r in rows]
+        return [(r[0], r[1]) for r in rows]
 
 
 def _session_row(row: Iterable[Any]) -> SessionRow:
@@ -314,26 +365,31 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         reflector=r[4],
         params=json.loads(r[5]),
         state=r[6],
-        cursor=r[7],
-        sent=r[8],
-        lost=r[9],
-        forward_lost=r[10],
-        overflow=r[11],
-        created_ns=r[12],
+        epoch=r[7],
+        cursor=r[8],
+        sent=r[9],
+        lost=r[10],
+        forward_lost=r[11],
+        overflow=r[12],
+        created_ns=r[13],
     )
+
+
+def _node_row(r: Sequence[Any]) -> NodeRow:
+    return NodeRow(r[0], r[1], r[2], bool(r[3]), r[4], r[5], json.loads(r[6]) if r[6] else None)
 
 
 def _result(session_id: int, r: Sequence[Any]) -> StampResult:
     del session_id
     return StampResult(
         ssid=0,
-        seq=r[2],
-        t1_ns=r[3],
-        t2_ns=r[4],
-        t3_ns=r[5],
-        t4_ns=r[6],
-        sender_error=ErrorEstimate.from_int(r[7]),
-        reflector_error=ErrorEstimate.from_int(r[8]),
-        ses_sender_ttl=r[9],
-        reflector_seq=r[10],
+        seq=r[3],
+        t1_ns=r[4],
+        t2_ns=r[5],
+        t3_ns=r[6],
+        t4_ns=r[7],
+        sender_error=ErrorEstimate.from_int(r[8]),
+        reflector_error=ErrorEstimate.from_int(r[9]),
+        ses_sender_ttl=r[10],
+        reflector_seq=r[11],
     )
