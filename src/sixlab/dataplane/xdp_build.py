@@ -49,6 +49,7 @@ KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
 PROGRAMS = {
     "stamp_reflector": "stamp_reflector.bpf.c",
     "stamp_collector": "stamp_collector.bpf.c",
+    "xdp_pass": "xdp_pass.bpf.c",
 }
 #: Debian package that provides each tool.
 _PACKAGES = {"clang": "clang", "bpftool": "bpftool"}

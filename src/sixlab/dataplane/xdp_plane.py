@@ -71,6 +71,7 @@ __all__ = [
     "PROGRAM_NAMES",
     "Reason",
     "XdpDataplane",
+    "attach_xdp_pass",
     "measure_tai_offset_ns",
     "pack_config",
     "pack_session",
@@ -210,6 +211,28 @@ def _in_netns(target: int | None) -> Iterator[None]:
             _setns(here)
     finally:
         os.close(here)
+
+
+def attach_xdp_pass(ifname: str, *, cache_dir: Path | None = None) -> int:
+    """Attach a plain XDP_PASS program to ``ifname`` (in the calling thread's namespace).
+
+    For the veth peer of an interface that runs the reflector: frames sent with XDP_TX
+    on a veth are lost unless its peer runs an XDP program too. The attachment keeps
+    the program alive after its object is closed; it goes with the interface. Returns
+    the program's id.
+    """
+    try:
+        ifindex = socket.if_nametoindex(ifname)
+    except OSError as exc:
+        raise DataplaneError(f"xdp: no interface {ifname!r} in this namespace") from exc
+    obj = libbpf.BpfObject(build_objects(cache_dir)["xdp_pass"])
+    try:
+        obj.load()
+        prog = obj.program("sixlab_xdp_pass")
+        libbpf.xdp_attach(ifindex, prog.fd)
+        return prog.info().id
+    finally:
+        obj.close()
 
 
 def _detach_ours(ifindex: int) -> list[int]:
