@@ -42,6 +42,7 @@ import ipaddress
 import json
 import mmap
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -117,11 +118,14 @@ _ND_TYPES = frozenset(range(133, 138))
 #: and some room; IPv6 needs at least 1280 (RFC 8200 §5).
 _TUN_MTU = 1400
 _IFA_F_NODAD = 0x02
+#: Next hop of the identifier route on the TUN device; a TUN has no link layer, so it
+#: is never resolved, only keyed on (see :func:`_configure_tun`).
+_TUN_GATEWAY = "fe80::1"
 _U64 = (1 << 64) - 1
 #: How often the daemon checks the links its locators sit on (multihoming failover).
 _LINK_POLL_S = 0.2
 _LATENCY_SAMPLES = 20000
-_READ_BATCH = 256
+_READ_BATCH = 64
 
 
 def format_locator(locator: int) -> str:
@@ -146,6 +150,10 @@ class DaemonConfig:
     always_nonce: bool = True
     bounded_capacity: int = 1024
     bounded_idle: float = 60.0
+    #: Correspondents answered without an ILCC entry (non-adopted). Larger than the
+    #: host's default: under a flood of unknown NIDs a legitimate client's slot must
+    #: outlive the time its answer takes through the application (a ring batch).
+    reply_capacity: int = 8192
     policy_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -277,7 +285,19 @@ def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
     with IPRoute() as ipr:
         index = ipr.link_lookup(ifname=name)[0]
         ipr.link("set", index=index, mtu=_TUN_MTU, state="up")
-        ipr.addr("add", index=index, address=str(address), prefixlen=64, flags=_IFA_F_NODAD)
+        ipr.addr("add", index=index, address=str(address), prefixlen=128, flags=_IFA_F_NODAD)
+        # The identifier /64 goes through one (fictitious) gateway instead of being
+        # on-link: an on-link route makes the kernel create a neighbour entry per
+        # correspondent, even on a TUN device, and past gc_thresh3 (1024) sendto()
+        # fails with EINVAL; via a gateway there is one entry whatever the load.
+        ipr.route(
+            "add",
+            dst=str(ipaddress.IPv6Address(int(address) >> 64 << 64)),
+            dst_len=64,
+            gateway=_TUN_GATEWAY,
+            oif=index,
+            family=socket.AF_INET6,
+        )
 
 
 def _link_states(names: tuple[str, ...]) -> dict[str, tuple[bool, set[int]]]:
@@ -325,6 +345,8 @@ class IlnpDaemon:
                 locators=config.locators,
                 always_carry_nonce=config.always_nonce,
                 require_nonce=config.always_nonce,
+                nonce_key=secrets.token_bytes(32),
+                reply_capacity=config.reply_capacity,
             ),
             policy=policy,
             store=config.store,
@@ -337,6 +359,7 @@ class IlnpDaemon:
         self.drop = KernelDrop(config.nid, config.interfaces)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
+        self._homes: dict[int, set[str]] = {}
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -517,15 +540,25 @@ class IlnpDaemon:
         self._flush()
 
     def _poll_links(self, now: float) -> None:
-        """Withdraw locators whose interface went down; restore them when it is back."""
+        """Withdraw locators whose interface went down; restore them when it is back.
+
+        A locator's home is every interface it was ever seen on: IPv6 drops a link's
+        addresses when it goes down (``keep_addr_on_down=0``), so the home is
+        remembered, and a locator is down when none of its homes is up and holds it.
+        """
         try:
             states = _link_states(self.config.interfaces)
         except OSError:
             return
+        for name, (_up, prefixes) in states.items():
+            for prefix in prefixes:
+                self._homes.setdefault(prefix, set()).add(name)
         down: set[int] = set()
         for entry in self._configured:
-            homes = [up for up, prefixes in states.values() if entry.locator in prefixes]
-            if homes and not any(homes):
+            homes = self._homes.get(entry.locator)
+            if homes and not any(
+                states[h][0] and entry.locator in states[h][1] for h in homes if h in states
+            ):
                 down.add(entry.locator)
         if down == self._withdrawn:
             return

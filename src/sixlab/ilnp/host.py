@@ -38,6 +38,7 @@ emitted as a :class:`Dropped` event.
 
 from __future__ import annotations
 
+import hmac
 import secrets
 import struct
 from collections import Counter, OrderedDict, deque
@@ -183,6 +184,18 @@ class HostConfig:
     #: The reply table for correspondents the policy did not adopt: small and bounded.
     reply_capacity: int = 256
     reply_ttl: float = 30.0
+    #: Ask the policy again, at most this often, about a correspondent answered through
+    #: the reply table (None: never). A TCP server's socket is only connected after the
+    #: handshake, long after the first packet; like the FreeBSD prototype's tentative
+    #: entries promoted when a socket connects, the peer then gets its ILCC entry (and
+    #: with it Locator Updates) under the ``socket`` policy.
+    readmit_interval: float | None = 0.25
+    #: With a key, our nonce toward a peer is HMAC-SHA256(key, NID), truncated: the same
+    #: every time that peer gets an entry or a reply-table slot again (after an LRU
+    #: eviction under a flood, say), so the peer never sees our nonce change and drop
+    #: us; unpredictable to anyone without the key (RFC 6744 §2 asks no more). Without
+    #: one, every entry draws a fresh nonce from ``nonce_source``.
+    nonce_key: bytes | None = None
     hop_limit: int = 64
 
 
@@ -192,6 +205,7 @@ class _ReplyHint:
     peer_nonce: Nonce
     local_nonce: Nonce
     expires: float
+    retry_at: float = 0.0
 
 
 class IlnpHost:
@@ -254,10 +268,20 @@ class IlnpHost:
     ) -> IlccEntry:
         """Create an entry for a peer we start talking to (its L64s from DNS, RFC 6742).
 
-        This is an explicit local decision (like ``connect``), so no policy is asked.
+        This is an explicit local decision (like ``connect``): the policy cannot refuse
+        it, but a capped one still makes room (its evictions are applied), so that an
+        application sending to many named peers cannot push the ILCC past its cap.
         """
+        entries = tuple(locators)
+        if self.ilcc.get(nid) is None:
+            first = entries[0].locator if entries else 0
+            decision = self.policy.admit(
+                AdmissionRequest(nid, first, 0, None, None), self.ilcc, now
+            )
+            for evicted in decision.evict:
+                self._remove(evicted, "evicted")
         entry = self._new_entry(nid, None, now)
-        entry.replace_locators(tuple(locators), now)
+        entry.replace_locators(entries, now)
         self.ilcc.add(entry)
         return entry
 
@@ -346,6 +370,10 @@ class IlnpHost:
             )
         ):
             hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
+            interval = self.config.readmit_interval
+            if interval is not None and now >= hint.retry_at:
+                hint.retry_at = now + interval
+                self._readmit(packet, hint, now)
             self._deliver(packet)
             return
         if packet.nonce is None:
@@ -376,15 +404,40 @@ class IlnpHost:
         self._use(entry, now)
         self._deliver(packet)
 
-    def _admit(self, packet: IlnpPacket, nonce: Nonce, now: float) -> None:
-        peer = packet.src.nid
+    @staticmethod
+    def _request(packet: IlnpPacket) -> AdmissionRequest:
         local_port = remote_port = None
         if packet.next_header in _PORT_PROTOCOLS and len(packet.payload) >= _PORTS.size:
             remote_port, local_port = _PORTS.unpack_from(packet.payload)
-        request = AdmissionRequest(
-            peer, packet.src.locator, packet.next_header, local_port, remote_port
+        return AdmissionRequest(
+            packet.src.nid, packet.src.locator, packet.next_header, local_port, remote_port
         )
-        decision = self.policy.admit(request, self.ilcc, now)
+
+    def _readmit(self, packet: IlnpPacket, hint: _ReplyHint, now: float) -> None:
+        """Promote a reply-table correspondent once the policy accepts it.
+
+        The entry keeps the nonces both sides already use, so the peer sees no change.
+        """
+        decision = self.policy.admit(self._request(packet), self.ilcc, now)
+        if not decision.admit:
+            return
+        for nid in decision.evict:
+            self._remove(nid, "evicted")
+        peer = packet.src.nid
+        del self._replies[peer]
+        entry = self._new_entry(peer, hint.peer_nonce, now)
+        entry.local_nonce = hint.local_nonce
+        entry.replace_locators(
+            (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
+        )
+        self.ilcc.add(entry)
+        self.counters["adopted"] += 1
+        self.counters["adopted_late"] += 1
+        self._events.append(Adopted(peer, decision.reason))
+
+    def _admit(self, packet: IlnpPacket, nonce: Nonce, now: float) -> None:
+        peer = packet.src.nid
+        decision = self.policy.admit(self._request(packet), self.ilcc, now)
         if decision.admit:
             for nid in decision.evict:
                 self._remove(nid, "evicted")
@@ -400,7 +453,11 @@ class IlnpHost:
             self.counters[f"not_adopted_{decision.reason}"] += 1
             self._replies.pop(peer, None)
             self._replies[peer] = _ReplyHint(
-                packet.src.locator, nonce, self._make_nonce(), now + self.config.reply_ttl
+                packet.src.locator,
+                nonce,
+                self._make_nonce(peer),
+                now + self.config.reply_ttl,
+                now + (self.config.readmit_interval or 0.0),
             )
             while len(self._replies) > self.config.reply_capacity:
                 self._replies.popitem(last=False)
@@ -595,7 +652,11 @@ class IlnpHost:
 
     # ------------------------------------------------------------------ helpers
 
-    def _make_nonce(self) -> Nonce:
+    def _make_nonce(self, peer_nid: int) -> Nonce:
+        key = self.config.nonce_key
+        if key is not None:
+            digest = hmac.digest(key, peer_nid.to_bytes(8, "big"), "sha256")
+            return Nonce(digest[: self.config.nonce_size])
         return Nonce(self._nonce_source(self.config.nonce_size))
 
     def _new_entry(self, nid: int, peer_nonce: Nonce | None, now: float) -> IlccEntry:
@@ -603,7 +664,7 @@ class IlnpHost:
             peer_nid=nid,
             local_nid=self.config.nid,
             local_locator=self.local_locator,
-            local_nonce=self._make_nonce(),
+            local_nonce=self._make_nonce(nid),
             peer_nonce=peer_nonce,
             created=now,
             last_used=now,

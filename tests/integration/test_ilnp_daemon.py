@@ -1,0 +1,715 @@
+"""The ILNPv6 host daemon end to end: unmodified sockets over ILNP between namespaces.
+
+Topology (one per test, unique names, removed even on failure)::
+
+    A eth0 ── ra  R  rb ── eth0 B        A: NID 0:0:0:a, locators 2001:db8:a:0 (eth0),
+    A eth1 ── ra2 R  rc ── eth0 C           2001:db8:d:0 (eth1, multihoming only)
+                                         B: NID 0:0:0:b, locator 2001:db8:b:0
+                                         C: the attacker, 2001:db8:e::c
+
+Each host runs ``sixlab ilnp host`` (through ``python -m sixlab.ilnp._cli``); the
+applications are plain Python sockets bound to identifier addresses, made in the
+hosts' namespaces by this process. The router forwards plain IPv6; a raw AF_PACKET
+socket on it captures what crosses the wire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sixlab.ilnp.daemon import control_request
+from sixlab.testbed import Node, Testbed
+from sixlab.wire.ilnp import (
+    DSTOPTS_NEXT_HEADER,
+    ILV,
+    LOCATOR_UPDATE_TYPE,
+    IlnpPacket,
+    LocatorEntry,
+    LocatorUpdate,
+    LuOperation,
+    Nonce,
+    decode_locator_update,
+    decode_packet,
+    encode_locator_update,
+    encode_packet,
+    ipv6_checksum,
+    nid_checksum,
+)
+
+pytestmark = pytest.mark.root
+
+PREFIX = "sixlab-t-"
+NID_A, NID_B = 0xA, 0xB
+ID_A, ID_B = "fd00:2ff::a", "fd00:2ff::b"
+LOC_A, LOC_A_NEW, LOC_A2, LOC_B, LOC_C = (
+    0x2001_0DB8_000A_0000,
+    0x2001_0DB8_000C_0000,
+    0x2001_0DB8_000D_0000,
+    0x2001_0DB8_000B_0000,
+    0x2001_0DB8_000E_0000,
+)
+LOC_FLOOD = 0x2001_0DB8_000F_0000
+ECHO_PORT = 7
+TCP_PORT = 5001
+HOSTS = """\
+# I-LV hosts file of the test network
+2001:db8:a:0/0:0:0:a,10  2001:db8:d:0/0:0:0:a,20  alice
+2001:db8:b:0/0:0:0:b  bob
+"""
+_ETH_P_ALL = 0x0003
+_ND = (133, 134, 135, 136, 137)
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Daemon:
+    node: Node
+    proc: subprocess.Popen[bytes]
+    control: str
+
+    def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        return control_request(self.control, {"cmd": cmd, **fields})
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")
+
+    def counter(self, name: str) -> int:
+        status = self.status()
+        value: int = status["counters"].get(name, 0) + status["drops"].get(name, 0)
+        return value
+
+
+@dataclass
+class Capture:
+    """Frames seen by a raw AF_PACKET socket on a router interface."""
+
+    sock: socket.socket
+    frames: list[bytes] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.sock.settimeout(0.1)
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    self.frames.append(self.sock.recv(65535))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sock.close()
+        return self.frames
+
+    def ipv6(self) -> list[bytes]:
+        return [f[14:] for f in self.frames if f[12:14] == b"\x86\xdd"]
+
+    def write_pcap(self, path: Path) -> None:
+        with path.open("wb") as out:
+            out.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+            for frame in self.frames:
+                out.write(struct.pack("<IIII", 0, 0, len(frame), len(frame)) + frame)
+
+
+class IlnpNet:
+    def __init__(self, tb: Testbed, tmp: Path) -> None:
+        self.tb = tb
+        self.tmp = tmp
+        self.r = tb.add_node("r", router=True)
+        self.a = tb.add_node("a")
+        self.b = tb.add_node("b")
+        self.c = tb.add_node("c")
+        tb.add_link(self.a, self.r, if_a="eth0", if_b="ra", addr_a="2001:db8:a::a")
+        tb.add_link(self.a, self.r, if_a="eth1", if_b="ra2", addr_a="2001:db8:d::a")
+        tb.add_link(self.b, self.r, if_a="eth0", if_b="rb", addr_a="2001:db8:b::b")
+        tb.add_link(self.c, self.r, if_a="eth0", if_b="rc", addr_a="2001:db8:e::c")
+        for ifname, prefix, ll in (
+            ("ra", "2001:db8:a::1", "fe80::1"),
+            ("ra2", "2001:db8:d::1", "fe80::2"),
+            ("rb", "2001:db8:b::1", "fe80::1"),
+            ("rc", "2001:db8:e::1", "fe80::1"),
+        ):
+            self.r.add_address(ifname, prefix)
+            self.r.add_address(ifname, ll)
+        # Link-local gateways: the hosts' routes survive re-addressing (mobility).
+        self.ip(self.a, "route", "add", "default", "via", "fe80::1", "dev", "eth0", "metric", "100")
+        self.ip(self.a, "route", "add", "default", "via", "fe80::2", "dev", "eth1", "metric", "200")
+        for node in (self.b, self.c):
+            self.ip(node, "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+        # The flood's source locator is routed to C through one next hop: answers to
+        # thousands of random NIDs must not make the router resolve each of them (the
+        # kernel's neighbour table is shared by every namespace, 1024 entries at most).
+        self.c.add_address("eth0", "fe80::c")
+        self.ip(self.r, "route", "add", "2001:db8:f::/64", "via", "fe80::c", "dev", "rc")
+        self.hosts = tmp / "hosts"
+        self.hosts.write_text(HOSTS)
+        self.daemons: list[Daemon] = []
+
+    def ip(self, node: Node, *argv: str) -> None:
+        self.tb.exec_in(node, ["ip", "-6", *argv])
+
+    def start(
+        self,
+        node: Node,
+        nid: str,
+        locators: list[str],
+        *,
+        interfaces: tuple[str, ...] = ("eth0",),
+        policy: str = "socket",
+        extra: tuple[str, ...] = (),
+    ) -> Daemon:
+        control = str(self.tmp / f"{node.name}.sock")
+        argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", nid]
+        for loc in locators:
+            argv += ["--locator", loc]
+        for ifname in interfaces:
+            argv += ["--interface", ifname]
+        argv += ["--policy", policy, "--control", control, "--hosts", str(self.hosts), *extra]
+        proc = self.tb.run_in(node, argv, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(b"ready"), f"daemon on {node.name} did not start: {line!r}"
+        daemon = Daemon(node, proc, control)
+        self.daemons.append(daemon)
+        return daemon
+
+    def start_pair(self, policy_b: str = "socket", **kwargs: Any) -> tuple[Daemon, Daemon]:
+        a = self.start(self.a, "0:0:0:a", ["2001:db8:a:0,10"], **kwargs)
+        b = self.start(self.b, "0:0:0:b", ["2001:db8:b:0"], policy=policy_b)
+        return a, b
+
+    def capture(self, ifname: str) -> Capture:
+        sock = self.r.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+        sock.bind((ifname, 0))
+        cap = Capture(sock)
+        cap.start()
+        return cap
+
+    def stop_daemons(self) -> None:
+        for daemon in self.daemons:
+            if daemon.proc.poll() is None:
+                daemon.proc.terminate()
+                daemon.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[IlnpNet]:
+    with Testbed(prefix=PREFIX) as tb:
+        network = IlnpNet(tb, tmp_path)
+        try:
+            yield network
+        finally:
+            network.stop_daemons()
+
+
+# --------------------------------------------------------------------- applications
+
+
+class EchoServer:
+    """A non-connected UDP echo server (the seed's echo service) on B's identifier."""
+
+    def __init__(self, node: Node, address: str, port: int = ECHO_PORT) -> None:
+        self.sock = node.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        self.sock.bind((address, port))
+        self.sock.settimeout(0.2)
+        self.answered = 0
+        self.errors: list[tuple[Any, OSError]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, peer = self.sock.recvfrom(65535)
+            except TimeoutError:
+                continue
+            try:
+                self.sock.sendto(data, peer)
+            except OSError as exc:
+                self.errors.append((peer, exc))
+                continue
+            self.answered += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+class UdpFlow:
+    """A connected UDP client: sequenced requests every ``gap`` s, each waited for.
+
+    A request without an answer in ``timeout`` is sent again (counted in ``resent``);
+    the flow records every sequence number answered, on one socket for its lifetime.
+    """
+
+    def __init__(self, node: Node, local: str, remote: str, gap: float = 0.01) -> None:
+        self.sock = node.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        self.sock.bind((local, 0))
+        self.sock.connect((remote, ECHO_PORT))
+        self.sock.settimeout(0.3)
+        self.gap = gap
+        self.answered: set[int] = set()
+        self.sent = 0
+        self.resent = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> UdpFlow:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                payload = struct.pack("!I", seq) + bytes(60)
+                tries = 0
+                while not self._stop.is_set() and tries < 30:
+                    self.sock.send(payload)
+                    self.resent += tries > 0
+                    tries += 1
+                    try:
+                        reply = self.sock.recv(2048)
+                    except TimeoutError:
+                        continue
+                    (got,) = struct.unpack_from("!I", reply)
+                    self.answered.add(got)
+                    if got == seq:
+                        break
+                self.sent = seq + 1
+                seq += 1
+                time.sleep(self.gap)
+        except OSError as exc:
+            self.errors.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+class TcpFlow:
+    """A TCP transfer from ``client`` to ``server`` that runs until told to finish."""
+
+    def __init__(self, client: Node, server: Node, local: str, remote: str) -> None:
+        self.listener = server.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.listener.bind((remote, TCP_PORT))
+        self.listener.listen(1)
+        self.client = client.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.client.bind((local, 0))
+        self.client.settimeout(10)
+        self.client.connect((remote, TCP_PORT))
+        conn, _ = self.listener.accept()
+        self.conn = conn
+        self.conn.settimeout(20)
+        self.sent_hash = hashlib.sha256()
+        self.recv_hash = hashlib.sha256()
+        self.sent = self.received = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._writer = threading.Thread(target=self._write, daemon=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> TcpFlow:
+        self._reader.start()
+        self._writer.start()
+        return self
+
+    def _write(self) -> None:
+        rng = random.Random(6)
+        try:
+            while not self._stop.is_set():
+                chunk = rng.randbytes(8192)
+                self.client.sendall(chunk)
+                self.sent_hash.update(chunk)
+                self.sent += len(chunk)
+                time.sleep(0.002)
+            self.client.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self.errors.append(exc)
+
+    def _read(self) -> None:
+        try:
+            while chunk := self.conn.recv(65536):
+                self.recv_hash.update(chunk)
+                self.received += len(chunk)
+        except OSError as exc:
+            self.errors.append(exc)
+
+    def finish(self) -> None:
+        self._stop.set()
+        self._writer.join()
+        self._reader.join(timeout=30)
+        for sock in (self.client, self.conn, self.listener):
+            sock.close()
+
+
+# --------------------------------------------------------------------- tests
+
+
+def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(net: IlnpNet) -> None:
+    """Unmodified sockets over ILNP; the wire shows the nonce and NID-only checksums."""
+    da, db = net.start_pair()
+    cap = net.capture("rb")
+    echo = EchoServer(net.b, ID_B)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind((ID_A, 0))
+    client.settimeout(2)
+    try:
+        for i in range(20):
+            client.sendto(b"ping %d" % i, (ID_B, ECHO_PORT))
+            data, peer = client.recvfrom(100)
+            assert data == b"ping %d" % i
+            assert peer[:2] == (ID_B, ECHO_PORT)
+        flow = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+        time.sleep(0.5)
+        flow.finish()
+        assert not flow.errors
+        assert flow.received == flow.sent > 100_000
+        assert flow.recv_hash.digest() == flow.sent_hash.digest()
+    finally:
+        client.close()
+        echo.close()
+    frames = cap.stop()
+    assert frames
+
+    # Our own decoder: every packet between the locators is ILNP with a nonce, and its
+    # UDP/TCP checksum verifies over ::NIDs/::NIDd but not over the real addresses.
+    udp = tcp = 0
+    for raw in cap.ipv6():
+        if raw[8] == 0xFE or raw[24] == 0xFF or (raw[6] == 58 and raw[40] in _ND):
+            continue  # link-local, multicast (MLD) and Neighbour Discovery
+        packet = decode_packet(raw)
+        assert {packet.src.locator, packet.dst.locator} == {LOC_A, LOC_B}
+        assert raw[6] == DSTOPTS_NEXT_HEADER
+        assert packet.nonce is not None
+        assert len(packet.nonce.value) == 4
+        if packet.next_header in (6, 17):
+            offset = 6 if packet.next_header == 17 else 16
+            body = bytearray(packet.payload)
+            (wire_sum,) = struct.unpack_from("!H", body, offset)
+            body[offset : offset + 2] = b"\0\0"
+            expected = nid_checksum(packet.src.nid, packet.dst.nid, packet.next_header, bytes(body))
+            if packet.next_header == 17 and expected == 0:
+                expected = 0xFFFF
+            assert wire_sum == expected
+            plain = ipv6_checksum(
+                packet.src.packed, packet.dst.packed, packet.next_header, bytes(body)
+            )
+            assert wire_sum != plain
+            udp += packet.next_header == 17
+            tcp += packet.next_header == 6
+    assert udp >= 40
+    assert tcp > 50
+
+    # tshark, an independent decoder: the ILNP nonce option on the same packets.
+    pcap = net.tmp / "rb.pcap"
+    cap.write_pcap(pcap)
+    out = subprocess.run(
+        [
+            "tshark",
+            "-r",
+            str(pcap),
+            "-Y",
+            "udp or tcp",
+            "-T",
+            "fields",
+            "-e",
+            "ipv6.opt.ilnp_nonce",
+            "-e",
+            "ipv6.src",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    assert len(out) == udp + tcp
+    nonces = {line.split("\t")[0] for line in out}
+    assert all(len(n.replace(":", "")) == 8 for n in nonces)
+    assert len(nonces) == 2  # one per direction: A's and B's
+
+    status = db.status()
+    assert status["nid"] == "0:0:0:b"
+    assert status["identifier_address"] == ID_B
+    assert status["policy"] == "socket"
+    assert status["counters"]["delivered"] > 0
+    assert da.status()["events"]["resolved"] >= 1
+
+
+def _move_a(net: IlnpNet, da: Daemon) -> None:
+    """Make-before-break: new locator preferred, LU acked, then the old one dropped."""
+    net.r.add_address("ra", "2001:db8:c::1")
+    net.a.add_address("eth0", "2001:db8:c::a")
+    da.request("set-locators", locators=["2001:db8:c:0,0", "2001:db8:a:0,10"])
+    wait_until(lambda: da.counter("lu_acked") >= 1, what="first LU acknowledged")
+    da.request("set-locators", locators=["2001:db8:c:0,0"])
+    wait_until(lambda: da.counter("lu_acked") >= 2, what="second LU acknowledged")
+    net.ip(net.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+
+
+def test_mobility_keeps_tcp_and_udp_flows(net: IlnpNet) -> None:
+    """A re-addresses its link during a TCP transfer and a UDP flow: LUs exchanged and
+    acknowledged, both flows go on on the same sockets without losing data."""
+    da, db = net.start_pair()
+    cap = net.capture("rb")
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B).start()
+    tcp = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+    try:
+        # The TCP server's socket connects after the handshake: B then adopts A.
+        wait_until(lambda: db.status()["ilcc_size"] == 1, what="B adopts A")
+        before_udp, before_tcp = len(udp.answered), tcp.received
+        _move_a(net, da)
+        moved_at_udp, moved_at_tcp = len(udp.answered), tcp.received
+        time.sleep(1.0)
+        assert len(udp.answered) > moved_at_udp + 20
+        assert tcp.received > moved_at_tcp
+    finally:
+        udp.stop()
+        tcp.finish()
+        echo.close()
+    frames_ok = cap.stop()
+    assert before_udp > 0
+    assert before_tcp > 0
+    assert not udp.errors
+    assert not tcp.errors
+    assert udp.answered == set(range(udp.sent))
+    assert udp.resent == 0
+    assert tcp.received == tcp.sent
+    assert tcp.recv_hash.digest() == tcp.sent_hash.digest()
+
+    sa, sb = da.status(), db.status()
+    assert sa["counters"]["lu_sent"] >= 2
+    assert sa["counters"]["lu_acked"] >= 2
+    assert sb["counters"]["lu_received"] >= 2
+    assert [loc["locator"] for loc in sa["locators"]] == ["2001:db8:c:0"]
+    (entry,) = db.request("cache")["entries"]
+    assert entry["peer_nid"] == "0:0:0:a"
+    assert [p["locator"] for p in entry["locators"]] == ["2001:db8:c:0"]
+
+    # On the wire: advertisements from A and acknowledgements from B, nonces on both.
+    ops = []
+    for raw in cap.ipv6():
+        if raw[6] != DSTOPTS_NEXT_HEADER:
+            continue
+        packet = decode_packet(raw)
+        if packet.next_header == 58 and packet.payload[0] == LOCATOR_UPDATE_TYPE:
+            assert packet.nonce is not None
+            lu = decode_locator_update(packet.payload, packet.src.packed, packet.dst.packed)
+            ops.append((packet.src.nid, lu.operation))
+    assert (NID_A, LuOperation.ADVERTISEMENT) in ops
+    assert (NID_B, LuOperation.ACKNOWLEDGEMENT) in ops
+    assert frames_ok
+
+
+def test_multihoming_fails_over_when_preferred_link_goes_down(net: IlnpNet) -> None:
+    """A has two links and locators (pref 10 on eth0, 20 on eth1); eth0 goes down and
+    both flows move to eth1's locator after a Locator Update."""
+    da = net.start(
+        net.a,
+        "0:0:0:a",
+        ["2001:db8:a:0,10", "2001:db8:d:0,20"],
+        interfaces=("eth0", "eth1"),
+    )
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B).start()
+    tcp = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+    try:
+        wait_until(lambda: db.status()["ilcc_size"] == 1, what="B adopts A")
+        (entry,) = db.request("cache")["entries"]
+        assert [p["locator"] for p in entry["locators"]] == ["2001:db8:a:0"]
+        net.ip(net.a, "link", "set", "eth0", "down")
+        wait_until(lambda: da.counter("lu_acked") >= 1, what="failover LU acknowledged")
+        failed_at_udp, failed_at_tcp = len(udp.answered), tcp.received
+        time.sleep(1.0)
+        assert len(udp.answered) > failed_at_udp + 20
+        assert tcp.received > failed_at_tcp
+    finally:
+        udp.stop()
+        tcp.finish()
+        echo.close()
+    assert not udp.errors
+    assert not tcp.errors
+    assert udp.answered == set(range(udp.sent))  # lost requests were sent again, answered
+    assert tcp.received == tcp.sent
+    assert tcp.recv_hash.digest() == tcp.sent_hash.digest()
+    status = da.status()
+    assert status["withdrawn"] == ["2001:db8:a:0"]
+    assert [loc["locator"] for loc in status["locators"]] == ["2001:db8:d:0"]
+    (entry,) = db.request("cache")["entries"]
+    assert [p["locator"] for p in entry["locators"]] == ["2001:db8:d:0"]
+
+
+# --------------------------------------------------------------------- security
+
+
+def _raw_sender(node: Node) -> socket.socket:
+    return node.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+
+
+def _udp(src_nid: int, dst_nid: int, sport: int, dport: int, data: bytes) -> bytes:
+    header = struct.pack("!HHHH", sport, dport, 8 + len(data), 0)
+    checksum = nid_checksum(src_nid, dst_nid, 17, header + data) or 0xFFFF
+    return struct.pack("!HHHH", sport, dport, 8 + len(data), checksum) + data
+
+
+def test_off_path_node_cannot_redirect_or_inject(net: IlnpNet) -> None:
+    """C, without the nonce, forges a Locator Update and data 'from B' towards A."""
+    da, _db = net.start_pair()
+    echo = EchoServer(net.b, ID_B)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind((ID_A, 0))
+    client.connect((ID_B, ECHO_PORT))
+    client.settimeout(2)
+    raw = _raw_sender(net.c)
+    try:
+        client.send(b"hello")
+        assert client.recv(100) == b"hello"
+        port = client.getsockname()[1]
+        a_addr = ILV(LOC_A, NID_A)
+        forged_src = ILV(LOC_C, NID_B)  # B's NID at the attacker's locator
+        rng = random.Random(1)
+        for _ in range(20):
+            nonce = Nonce(rng.randbytes(4))
+            lu = LocatorUpdate(LuOperation.ADVERTISEMENT, (LocatorEntry(LOC_C, 0, 600),))
+            body = encode_locator_update(lu, forged_src.packed, a_addr.packed)
+            for packet in (
+                IlnpPacket(forged_src, a_addr, 58, body, nonce),
+                IlnpPacket(forged_src, a_addr, 58, body, None),
+                # data from B's real I-LV, with a guessed nonce and with none
+                IlnpPacket(
+                    ILV(LOC_B, NID_B),
+                    a_addr,
+                    17,
+                    _udp(NID_B, NID_A, ECHO_PORT, port, b"INJECTED"),
+                    nonce,
+                ),
+                IlnpPacket(
+                    ILV(LOC_B, NID_B),
+                    a_addr,
+                    17,
+                    _udp(NID_B, NID_A, ECHO_PORT, port, b"INJECTED"),
+                ),
+            ):
+                raw.sendto(encode_packet(packet), (str(a_addr.address), 0))
+        wait_until(
+            lambda: (
+                da.counter("lu_bad_nonce") >= 40
+                and da.counter("nonce_mismatch") + da.counter("no_nonce") >= 40
+            ),
+            what="forgeries dropped",
+        )
+        # The session still goes to B's real locator, and nothing injected got through.
+        for i in range(5):
+            client.send(b"after %d" % i)
+            assert client.recv(100) == b"after %d" % i
+        (entry,) = da.request("cache")["entries"]
+        assert entry["peer_nid"] == "0:0:0:b"
+        assert [p["locator"] for p in entry["locators"]] == ["2001:db8:b:0"]
+        client.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            client.recv(100)
+        drops = da.status()["drops"]
+        assert drops["lu_bad_nonce"] == 40
+        assert drops.get("nonce_mismatch", 0) == 20
+        assert drops.get("no_nonce", 0) == 20
+    finally:
+        raw.close()
+        client.close()
+        echo.close()
+
+
+FLOOD = 2000
+CAP = 50
+
+
+@pytest.mark.parametrize("policy", ["none", "socket", "bounded"])
+def test_random_nid_flood_ilcc_growth_by_policy(net: IlnpNet, policy: str) -> None:
+    """The seed's load: UDP to the echo service from random source NIDs (with nonces).
+    ``socket`` keeps the ILCC at 0, ``bounded`` at its cap, ``none`` grows with the load,
+    and the echo service keeps answering the real client throughout."""
+    extra = ("--capacity", str(CAP)) if policy == "bounded" else ()
+    net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"])
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy=policy, extra=extra)
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B, gap=0.005).start()
+    raw = _raw_sender(net.c)
+    rng = random.Random(os.getpid())
+    b_addr = ILV(LOC_B, NID_B)
+    try:
+        wait_until(lambda: len(udp.answered) > 5, what="echo answering")
+        nids = set()
+        for i in range(FLOOD):
+            nid = rng.getrandbits(64) | 0x100  # never A's or B's NID
+            nids.add(nid)
+            packet = IlnpPacket(
+                ILV(LOC_FLOOD, nid),
+                b_addr,
+                17,
+                _udp(nid, NID_B, 40000 + i % 1000, ECHO_PORT, b"load"),
+                Nonce(rng.randbytes(4)),
+            )
+            raw.sendto(encode_packet(packet), (str(b_addr.address), 0))
+            if i % 200 == 199:
+                time.sleep(0.01)
+        wait_until(
+            lambda: db.status()["counters"].get("delivered", 0) >= FLOOD,
+            timeout=15,
+            what="flood processed",
+        )
+        during = len(udp.answered)
+        time.sleep(0.3)
+        assert len(udp.answered) > during  # still answering after the flood
+    finally:
+        udp.stop()
+        raw.close()
+        echo.close()
+    status = db.status()
+    size = status["ilcc_size"]
+    if policy == "socket":
+        assert size == 0
+        assert status["counters"]["not_adopted_unconnected_socket"] >= FLOOD
+    elif policy == "bounded":
+        assert size == CAP
+        assert status["counters"]["removed_evicted"] >= FLOOD - CAP
+    else:
+        assert size >= FLOOD  # every random NID plus A
+        assert status["counters"]["adopted"] >= FLOOD
+    assert echo.answered >= FLOOD
+    assert not udp.errors
+    assert udp.answered == set(range(udp.sent))
+    print(json.dumps({"policy": policy, "ilcc_size": size, "nids": len(nids)}))
