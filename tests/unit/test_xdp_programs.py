@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 
 import pytest
@@ -60,6 +60,14 @@ class Loaded:
     obj: libbpf.BpfObject
     prog: libbpf.BpfProgram
     tai_offset: int
+    keys: set[int] = field(default_factory=set)
+
+    def add(self, cfg: ReflectorSessionConfig) -> None:
+        """Write a reflector session, its reply counter from 0."""
+        key = session_key(cfg.ssid)
+        self.map("stamp_reflected").update(key, struct.pack("<Q", 0))
+        self.keys.add(struct.unpack("<I", key)[0])
+        self.map("stamp_sessions").update(key, pack_session(cfg))
 
     def map(self, name: str) -> libbpf.BpfMap:
         return self.obj.map(name)
@@ -72,6 +80,7 @@ class Loaded:
                 continue
             for key in list(m.iter_keys()):
                 m.delete(key)
+        self.keys.clear()
 
     def counters(self) -> dict[tuple[int, str], int]:
         m = self.map("stamp_counters")
@@ -80,6 +89,10 @@ class Loaded:
             ssid, reason = struct.unpack("<II", key)
             slots = m.lookup_percpu(key) or []
             out[ssid, Reason(reason).label] = sum(struct.unpack("<Q", s)[0] for s in slots)
+        for index in self.keys:
+            slots = self.map("stamp_reflected").lookup_percpu(struct.pack("<I", index)) or []
+            if n := sum(struct.unpack("<Q", s)[0] for s in slots):
+                out[index, Reason.REFLECTED.label] = n
         return out
 
 
@@ -227,7 +240,7 @@ def test_reflector_matches_python_core(
     via: tuple[IPv6Address, ...],
 ) -> None:
     cfg = ReflectorSessionConfig(ssid=7, mode=mode, fmt=fmt, return_segments=ret)
-    refl.map("stamp_sessions").update(session_key(7), pack_session(cfg))
+    refl.add(cfg)
     hops = [61, 3, 255]
     frames = [
         arrived(sender_payload(seq, 7, fmt=fmt), hop_limit=h, via=via)
@@ -245,7 +258,7 @@ def test_reflector_matches_python_core(
 
 def test_reflector_default_session_and_return_list_ending_at_sender(refl: Loaded) -> None:
     cfg = ReflectorSessionConfig(ssid=None, return_segments=(IPv6Address("fc00::a"), SENDER))
-    refl.map("stamp_sessions").update(session_key(None), pack_session(cfg))
+    refl.add(cfg)
     f = arrived(sender_payload(3, 999))
     before = time.time_ns()
     r = run(refl, f)
@@ -275,7 +288,7 @@ def test_reflector_differential_padding_tlvs(
     refl.reset()
     ret = tuple(IPv6Address(f"fc00::{i + 1:x}") for i in range(nret)) or None
     cfg = ReflectorSessionConfig(ssid=ssid, mode=ReflectorMode.STATEFUL, return_segments=ret)
-    refl.map("stamp_sessions").update(session_key(ssid), pack_session(cfg))
+    refl.add(cfg)
     f = arrived(sender_payload(seq, ssid, tlvs=b"".join(padding(n) for n in pads)), hop_limit=hop)
     exp = expected_reply(cfg, [f], [hop])[0]
     before = time.time_ns()
@@ -299,7 +312,7 @@ NO_SSID = 0xFFFFFFFF
 
 def test_reflector_drops_and_counts_malformed(refl: Loaded) -> None:
     cfg = ReflectorSessionConfig(ssid=7)
-    refl.map("stamp_sessions").update(session_key(7), pack_session(cfg))
+    refl.add(cfg)
     good = sender_payload(1, 7)
     # Truncated below Seq + Timestamp + Error Estimate (RFC 8762 §4.6): every length.
     for n in range(14):
@@ -313,9 +326,9 @@ def test_reflector_drops_and_counts_malformed(refl: Loaded) -> None:
 
 
 def test_reflector_passes_what_user_space_answers(refl: Loaded) -> None:
-    refl.map("stamp_sessions").update(session_key(7), pack_session(ReflectorSessionConfig(ssid=7)))
+    refl.add(ReflectorSessionConfig(ssid=7))
     auth = ReflectorSessionConfig(ssid=9, key=b"k")
-    refl.map("stamp_sessions").update(session_key(9), pack_session(auth))
+    refl.add(auth)
     apkt = wire.encode_sender(
         wire.SenderPacket(1, ntp_from_ns(time.time_ns()), EE, 9), authenticated=True
     )
@@ -329,7 +342,7 @@ def test_reflector_passes_what_user_space_answers(refl: Loaded) -> None:
 
 
 def test_reflector_leaves_other_traffic_alone(refl: Loaded) -> None:
-    refl.map("stamp_sessions").update(session_key(None), pack_session(ReflectorSessionConfig(None)))
+    refl.add(ReflectorSessionConfig(None))
     payload = sender_payload(1, 7)
     others = [
         arrived(payload, dport=PORT + 1),  # another port
@@ -354,7 +367,7 @@ def test_reflector_fuzz_never_answers_garbage(refl: Loaded) -> None:
     import random  # noqa: PLC0415 - seeded local generator
 
     rng = random.Random(862)
-    refl.map("stamp_sessions").update(session_key(None), pack_session(ReflectorSessionConfig(None)))
+    refl.add(ReflectorSessionConfig(None))
     base = arrived(sender_payload(1, 7, tlvs=padding(12)), via=(IPv6Address("fc00::1"),))
     for i in range(400):
         data = bytearray(base)

@@ -277,6 +277,7 @@ class XdpDataplane(Dataplane):
         self._netns: int | None = None
         self._pending: list[Received] = []
         self._senders: set[int] = set()
+        self._reflector_keys: set[int] = set()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -337,6 +338,7 @@ class XdpDataplane(Dataplane):
             os.close(self._netns)
             self._netns = None
         self._senders.clear()
+        self._reflector_keys.clear()
         self._pending = []
 
     def _mode_flags(self) -> int:
@@ -382,7 +384,12 @@ class XdpDataplane(Dataplane):
         sessions = self._object("stamp_reflector").map("stamp_sessions")
         value = pack_session(config)
         self._attach("reflector")
-        sessions.update(session_key(config.ssid), value)
+        key = session_key(config.ssid)
+        index = _U32.unpack(key)[0]
+        if index not in self._reflector_keys:  # a new session counts from 0
+            self._object("stamp_reflector").map("stamp_reflected").update(key, _U64.pack(0))
+            self._reflector_keys.add(index)
+        sessions.update(key, value)
 
     def remove_reflector_session(self, ssid: int | None) -> bool:
         """Forget a reflector session; False if the kernel did not have it."""
@@ -419,6 +426,14 @@ class XdpDataplane(Dataplane):
                 label = Reason(reason).label if reason in Reason._value2member_map_ else str(reason)
                 per = out.setdefault(sid, {})
                 per[label] = per.get(label, 0) + total
+        # Replies sent are counted in an array (the hot path), read for known sessions.
+        reflected = self._object("stamp_reflector").map("stamp_reflected")
+        for index in sorted(self._reflector_keys):
+            slots = reflected.lookup_percpu(_U32.pack(index)) or []
+            total = sum(_U64.unpack(s)[0] for s in slots)
+            if total:
+                sid = -1 if index == _DEFAULT_KEY else index
+                out.setdefault(sid, {})[Reason.REFLECTED.label] = total
         return out
 
     def counters(self) -> dict[str, int]:
