@@ -68,7 +68,8 @@ class SocketDataplane(Dataplane):
         self._rthdr = b""
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # No SO_REUSEADDR: on UDP it lets a second reflector bind the same port and
+            # silently take part of the traffic. UDP has no TIME_WAIT to get around.
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)

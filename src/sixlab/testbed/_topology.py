@@ -56,6 +56,9 @@ __all__ = [
     "TestbedError",
 ]
 
+#: Neighbour state of an entry the kernel never expires (linux/neighbour.h).
+_NUD_PERMANENT = 0x80
+
 #: seg6local behaviours this kernel runs without VRF (End.DT4/End.DT46 need a VRF).
 SEG6LOCAL_ACTIONS = ("End", "End.X", "End.T", "End.DX6", "End.DT6")
 #: Table numbers of <linux/rtnetlink.h>: End.DT6 with RT_TABLE_LOCAL delivers to the
@@ -119,6 +122,18 @@ class Node:
     def add_address(self, ifname: str, address: str, prefixlen: int = 64) -> None:
         """Add an IPv6 address (usable at once: DAD is off)."""
         self.ipr.addr("add", index=self.ifindex(ifname), address=address, prefixlen=prefixlen)
+
+    def mac(self, ifname: str) -> str:
+        """The link-layer address of ``ifname``."""
+        (link,) = self.ipr.get_links(self.ifindex(ifname))
+        mac: str = link.get_attr("IFLA_ADDRESS")
+        return mac
+
+    def add_neighbour(self, ifname: str, address: str, lladdr: str) -> None:
+        """A permanent neighbour entry: no Neighbour Discovery for ``address``."""
+        self.ipr.neigh(
+            "add", dst=address, lladdr=lladdr, ifindex=self.ifindex(ifname), state=_NUD_PERMANENT
+        )
 
     def sysctl(self, values: dict[str, str | int]) -> None:
         """Write ``net.*`` sysctls in this namespace."""
@@ -371,6 +386,11 @@ class Testbed:
         for node, ifname, addr in ((a, if_a, addr_a), (b, if_b, addr_b)):
             if addr is not None:
                 node.add_address(ifname, addr, prefixlen)
+        if addr_a is not None and addr_b is not None:
+            # Static neighbours: the first packet over a cold, delayed link would otherwise
+            # wait a Neighbour Discovery round trip across it, which is no path delay.
+            a.add_neighbour(if_a, addr_b, b.mac(if_b))
+            b.add_neighbour(if_b, addr_a, a.mac(if_a))
         link = Link(a, b, if_a, if_b, addr_a, addr_b, emulator)
         self.links.append(link)
         return link
