@@ -1,0 +1,433 @@
+"""A typed client for the controller's northbound gRPC API (``controller.proto``).
+
+Every method is one RPC with a deadline and returns plain values (frozen dataclasses,
+``StampResult`` records, ``DelaySummary``). A refused call raises ``NorthboundError``
+carrying the gRPC status code and the controller's message (which names the field)::
+
+    with ControllerClient(default_address()) as ctl:
+        ctl.register_node("s", "[::1]:50051", "sender")
+        ctl.register_node("r", "[::1]:50052", "reflector")
+        ctl.init_node("s", source="::1", port=0)
+        port = ctl.init_node("r", source="::1", port=0)
+        ctl.create_session(SessionSpec("p", "s", "r", "::1", reflector_port=port, count=50))
+        ctl.start_session("p")
+        ctl.wait_state("p", ("finished",), timeout=30)
+        print(ctl.stats("p").rtt)
+
+Where the controller listens by default (``default_address``): the environment variable
+``SIXLAB_CONTROLLER`` if set; else ``unix:/run/sixlab/controller.sock`` where /run is
+writable (root, or a service user given /run/sixlab), and otherwise
+``unix:$TMPDIR/sixlab-$UID/controller.sock``. A client takes whichever of the two
+sockets exists, /run first, so an unprivileged user reaches a root controller.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sixlab.controller.core import SessionSpec
+from sixlab.southbound._generated import controller_pb2 as pb
+from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
+from sixlab.stamp._events import StampResult
+from sixlab.stamp.stats import DelaySummary
+from sixlab.wire.timestamp import ErrorEstimate
+
+__all__ = [
+    "RUN_SOCKET",
+    "ControllerClient",
+    "NodeInfo",
+    "NorthboundError",
+    "ResultPage",
+    "SessionInfo",
+    "SessionStats",
+    "default_address",
+    "default_socket",
+    "node_from_proto",
+    "record_from_proto",
+    "session_from_proto",
+    "spec_to_proto",
+    "stats_from_proto",
+]
+
+#: Deadline of one call (s). Calls that reach agents (Init, Create, Start) take a few of
+#: their round trips; an agent's own deadline is 10 s, so this leaves room for two.
+DEFAULT_TIMEOUT_S = 30.0
+#: Largest reply accepted: a full page of results (northbound.MAX_RESULTS records).
+MAX_MESSAGE_BYTES = 16 << 20
+#: The controller's socket when it may write /run (FHS: runtime data of system daemons).
+RUN_SOCKET = Path("/run/sixlab/controller.sock")
+ENV_ADDRESS = "SIXLAB_CONTROLLER"
+
+_ROLES = {"sender": pb.NODE_ROLE_SENDER, "reflector": pb.NODE_ROLE_REFLECTOR}
+_ROLE_NAMES = {v: k for k, v in _ROLES.items()}
+_COLLECT = {"poll": pb.COLLECT_MODE_POLL, "stream": pb.COLLECT_MODE_STREAM}
+_COLLECT_NAMES = {v: k for k, v in _COLLECT.items()}
+_STATE_NAMES = {
+    pb.SESSION_STATE_CREATED: "created",
+    pb.SESSION_STATE_RUNNING: "running",
+    pb.SESSION_STATE_STOPPING: "stopping",
+    pb.SESSION_STATE_STOPPED: "stopped",
+    pb.SESSION_STATE_FINISHED: "finished",
+    pb.SESSION_STATE_DESTROYED: "destroyed",
+}
+
+
+def _tmp_socket() -> Path:
+    return Path(tempfile.gettempdir()) / f"sixlab-{os.getuid()}" / "controller.sock"
+
+
+def default_socket(*, server: bool = False) -> Path:
+    """The controller's default unix socket: the server's choice, or the client's guess.
+
+    A server takes /run/sixlab when it can write there. A client takes the socket that
+    exists (/run first), else the path a server run by this user would choose.
+    """
+    run_dir = RUN_SOCKET.parent
+    writable = os.access(run_dir, os.W_OK) if run_dir.exists() else os.access("/run", os.W_OK)
+    if not server:
+        for candidate in (RUN_SOCKET, _tmp_socket()):
+            if candidate.exists():
+                return candidate
+    return RUN_SOCKET if writable else _tmp_socket()
+
+
+def default_address(*, server: bool = False) -> str:
+    """``$SIXLAB_CONTROLLER`` if set, else ``unix:`` + ``default_socket``."""
+    return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
+
+
+class NorthboundError(Exception):
+    """The controller refused a call (or could not be reached); ``code`` is the status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc(cls, exc: grpc.RpcError) -> NorthboundError:
+        return cls(exc.code(), exc.details() or "")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    address: str
+    role: str
+    healthy: bool
+    last_seen_ns: int | None
+    last_error: str
+    initialized: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    name: str
+    ssid: int
+    state: str
+    sender: str
+    reflector: str
+    reflector_address: str
+    segments: tuple[str, ...]
+    return_segments: tuple[str, ...]
+    return_path_tlv: bool
+    reflector_port: int
+    source_address: str
+    interval_ns: int
+    count: int
+    duration_ns: int
+    ptp: bool
+    authenticated: bool
+    stateful: bool
+    loss_timeout_ns: int
+    collect: str
+    created_ns: int
+    epoch: int
+    sent: int
+    lost: int
+    forward_lost: int | None
+    overflow: int
+    stored: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResultPage:
+    """Stored results, oldest first; ``more`` if the limit cut the answer short."""
+
+    records: tuple[StampResult, ...]
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """A path's delays (``None`` until a result is stored), jitter and loss."""
+
+    direct: DelaySummary | None
+    backward: DelaySummary | None
+    rtt: DelaySummary | None
+    direct_jitter_ns: int | None
+    return_jitter_ns: int | None
+    received: int
+    lost: int
+    loss_ratio: float
+    forward_lost: int | None
+    backward_lost: int | None
+    max_error_bound_ns: int | None
+    sent: int
+
+
+def node_from_proto(n: pb.Node) -> NodeInfo:
+    return NodeInfo(
+        name=n.name,
+        address=n.address,
+        role=_ROLE_NAMES.get(n.role, "unspecified"),
+        healthy=n.healthy,
+        last_seen_ns=n.last_seen_ns if n.HasField("last_seen_ns") else None,
+        last_error=n.last_error,
+        initialized=n.initialized,
+    )
+
+
+def session_from_proto(s: pb.Session) -> SessionInfo:
+    return SessionInfo(
+        name=s.name,
+        ssid=s.ssid,
+        state=_STATE_NAMES.get(s.state, "unspecified"),
+        sender=s.sender,
+        reflector=s.reflector,
+        reflector_address=s.reflector_address,
+        segments=tuple(s.segments),
+        return_segments=tuple(s.return_segments),
+        return_path_tlv=s.return_path_tlv,
+        reflector_port=s.reflector_port,
+        source_address=s.source_address,
+        interval_ns=s.interval_ns,
+        count=s.count,
+        duration_ns=s.duration_ns,
+        ptp=s.ptp,
+        authenticated=s.authenticated,
+        stateful=s.stateful,
+        loss_timeout_ns=s.loss_timeout_ns,
+        collect=_COLLECT_NAMES.get(s.collect, "poll"),
+        created_ns=s.created_ns,
+        epoch=s.epoch,
+        sent=s.sent,
+        lost=s.lost,
+        forward_lost=s.forward_lost if s.HasField("forward_lost") else None,
+        overflow=s.overflow,
+        stored=s.stored,
+    )
+
+
+def record_from_proto(r: pb.Record, ssid: int = 0) -> StampResult:
+    return StampResult(
+        ssid=ssid,
+        seq=r.seq,
+        t1_ns=r.t1_ns,
+        t2_ns=r.t2_ns,
+        t3_ns=r.t3_ns,
+        t4_ns=r.t4_ns,
+        sender_error=ErrorEstimate.from_int(r.sender_error_estimate),
+        reflector_error=ErrorEstimate.from_int(r.reflector_error_estimate),
+        ses_sender_ttl=r.ttl,
+        reflector_seq=r.reflector_seq,
+    )
+
+
+def _summary(reply: pb.GetPathStatsReply, field: str) -> DelaySummary | None:
+    if not reply.HasField(field):  # type: ignore[arg-type]
+        return None
+    s: pb.DelaySummary = getattr(reply, field)
+    return DelaySummary(s.count, s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns)
+
+
+def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
+    def opt(field: str) -> int | None:
+        return int(getattr(reply, field)) if reply.HasField(field) else None  # type: ignore[arg-type]
+
+    return SessionStats(
+        direct=_summary(reply, "direct_delay"),
+        backward=_summary(reply, "return_delay"),
+        rtt=_summary(reply, "round_trip_delay"),
+        direct_jitter_ns=opt("direct_jitter_ns"),
+        return_jitter_ns=opt("return_jitter_ns"),
+        received=reply.received,
+        lost=reply.lost,
+        loss_ratio=reply.loss_ratio,
+        forward_lost=opt("forward_lost"),
+        backward_lost=opt("backward_lost"),
+        max_error_bound_ns=opt("max_error_bound_ns"),
+        sent=reply.sent,
+    )
+
+
+def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
+    try:
+        key = bytes.fromhex(spec.key_hex)
+    except ValueError:
+        raise NorthboundError(
+            grpc.StatusCode.INVALID_ARGUMENT, "key_hex: not hexadecimal"
+        ) from None
+    collect = _COLLECT.get(spec.collect)
+    if collect is None:
+        raise NorthboundError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"collect: {spec.collect!r} is neither poll nor stream",
+        )
+    return pb.CreateSessionRequest(
+        name=spec.name,
+        sender=spec.sender,
+        reflector=spec.reflector,
+        reflector_address=spec.reflector_address,
+        segments=spec.segments,
+        return_segments=spec.return_segments,
+        return_path_tlv=spec.return_path_tlv,
+        reflector_port=spec.reflector_port,
+        source_address=spec.source_address,
+        interval_ns=spec.interval_ns,
+        count=spec.count,
+        duration_ns=spec.duration_ns,
+        ptp=spec.ptp,
+        key=key,
+        stateful=spec.stateful,
+        loss_timeout_ns=spec.loss_timeout_ns,
+        collect=collect,
+    )
+
+
+class ControllerClient:
+    """One controller, over one gRPC channel."""
+
+    def __init__(self, target: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.target = target or default_address()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            self.target, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
+        self._stub = pb_grpc.ControllerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ControllerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the controller accepts connections (e.g. right after it started)."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise NorthboundError(
+                grpc.StatusCode.UNAVAILABLE, f"controller at {self.target} not ready in {timeout} s"
+            ) from None
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise NorthboundError.from_rpc(exc) from None
+
+    # -- nodes ------------------------------------------------------------------------
+
+    def register_node(self, name: str, address: str, role: str) -> NodeInfo:
+        """Register an agent; ``role`` is "sender" or "reflector"."""
+        if role not in _ROLES:
+            raise NorthboundError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"role: {role!r} is neither 'sender' nor 'reflector'",
+            )
+        request = pb.RegisterNodeRequest(name=name, address=address, role=_ROLES[role])
+        reply: pb.RegisterNodeReply = self._call("RegisterNode", request)
+        return node_from_proto(reply.node)
+
+    def init_node(
+        self,
+        name: str,
+        *,
+        dataplane: str = "",
+        port: int | None = None,
+        interface: str = "",
+        source: str = "",
+    ) -> int:
+        """Init the node's agent; returns the UDP port its data plane bound."""
+        request = pb.InitNodeRequest(
+            name=name, dataplane=dataplane, interface=interface, source=source
+        )
+        if port is not None:
+            request.port = port
+        reply: pb.InitNodeReply = self._call("InitNode", request)
+        return reply.port
+
+    def nodes(self) -> list[NodeInfo]:
+        reply: pb.ListNodesReply = self._call("ListNodes", pb.ListNodesRequest())
+        return [node_from_proto(n) for n in reply.nodes]
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def create_session(self, spec: SessionSpec) -> SessionInfo:
+        reply: pb.CreateSessionReply = self._call("CreateSession", spec_to_proto(spec))
+        return session_from_proto(reply.session)
+
+    def start_session(self, name: str) -> None:
+        self._call("StartSession", pb.StartSessionRequest(name=name))
+
+    def stop_session(self, name: str) -> None:
+        self._call("StopSession", pb.StopSessionRequest(name=name))
+
+    def destroy_session(self, name: str) -> None:
+        self._call("DestroySession", pb.DestroySessionRequest(name=name))
+
+    def sessions(self, *, include_destroyed: bool = False) -> list[SessionInfo]:
+        request = pb.ListSessionsRequest(include_destroyed=include_destroyed)
+        reply: pb.ListSessionsReply = self._call("ListSessions", request)
+        return [session_from_proto(s) for s in reply.sessions]
+
+    def session(self, name: str) -> SessionInfo:
+        for s in self.sessions(include_destroyed=True):
+            if s.name == name:
+                return s
+        raise NorthboundError(grpc.StatusCode.NOT_FOUND, f"session: no session named {name!r}")
+
+    def wait_state(self, name: str, states: Iterable[str], timeout: float) -> SessionInfo:
+        """Poll until the session is in one of ``states``; NorthboundError on timeout."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.session(name)
+            if info.state in wanted:
+                return info
+            if time.monotonic() >= deadline:
+                raise NorthboundError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"session {name!r} is {info.state}, not {'/'.join(sorted(wanted))}, "
+                    f"after {timeout} s",
+                )
+            time.sleep(0.05)
+
+    # -- results ----------------------------------------------------------------------
+
+    def results(self, name: str, *, since_ns: int | None = None, limit: int = 0) -> ResultPage:
+        """Stored results (T1 >= ``since_ns``), at most ``limit`` (0: the server's default)."""
+        request = pb.GetResultsRequest(name=name, limit=limit)
+        if since_ns is not None:
+            request.since_ns = since_ns
+        reply: pb.GetResultsReply = self._call("GetResults", request)
+        return ResultPage(tuple(record_from_proto(r) for r in reply.records), reply.more)
+
+    def stats(self, name: str, *, since_ns: int | None = None) -> SessionStats:
+        request = pb.GetPathStatsRequest(name=name)
+        if since_ns is not None:
+            request.since_ns = since_ns
+        reply: pb.GetPathStatsReply = self._call("GetPathStats", request)
+        return stats_from_proto(reply)

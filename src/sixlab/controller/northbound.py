@@ -1,0 +1,481 @@
+"""The controller's northbound API: a gRPC server (``controller.proto``) over ``Controller``.
+
+Theory of operation
+-------------------
+The servicer is thin, like the agent's: it turns a request into the controller's
+terms (a ``SessionSpec``, a role, Init parameters), checking the fields that the proto
+cannot (enums, optional fields, required names) before anything changes, then calls
+``Controller`` and reads ``Store``. Calls that change something run one at a time
+under a lock, so a check and the change it guards (a state test, then a start) are
+never split by another call; reads run beside them (the store serialises itself).
+
+Failures become gRPC statuses in one place (``_status_of``):
+
+=======================================  ==============================================
+``RequestRefusedError`` (own checks)     its code
+``ControllerError``, ``StoreError``      by what the message says: "no ... named" →
+                                         NOT_FOUND, "already exists" → ALREADY_EXISTS,
+                                         a session in the wrong state →
+                                         FAILED_PRECONDITION, no SSID left →
+                                         RESOURCE_EXHAUSTED, else INVALID_ARGUMENT
+``SouthboundError`` (an agent refused)   INVALID_ARGUMENT if the agent refused a value
+                                         the caller chose; UNAVAILABLE if it could not
+                                         be reached; else FAILED_PRECONDITION. The
+                                         message is the agent's, prefixed ``agent:``.
+=======================================  ==============================================
+
+The core's two exception classes carry no code, so the phrases are the contract:
+``_PHRASES`` lists them next to the code they mean.
+
+A refused call changes no node or session. It may refresh health observations (an
+agent that answered a refused Init was seen alive; one that did not is unhealthy).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+
+from sixlab.controller.core import CollectMode, Controller, ControllerError, SessionSpec
+from sixlab.controller.store import NodeRow, SessionRow, StoreError
+from sixlab.southbound._generated import controller_pb2 as pb
+from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
+from sixlab.southbound.client import SouthboundError
+from sixlab.stamp._events import StampResult
+from sixlab.stamp.stats import DelaySummary
+
+__all__ = [
+    "DEFAULT_MAX_WORKERS",
+    "DEFAULT_RESULTS_LIMIT",
+    "MAX_MESSAGE_BYTES",
+    "MAX_RESULTS",
+    "ControllerServer",
+    "ControllerServicer",
+    "RequestRefusedError",
+    "node_to_proto",
+    "record_to_proto",
+    "serve_controller",
+    "session_to_proto",
+    "summary_to_proto",
+]
+
+log = logging.getLogger(__name__)
+Code = grpc.StatusCode
+
+#: gRPC worker threads: a handful of CLI users and a dashboard at once.
+DEFAULT_MAX_WORKERS = 8
+#: Results per GetResults when the request sets no limit, and the most it may ask for.
+#: A Record is about 80 bytes encoded: 100 000 of them stay under 10 MiB.
+DEFAULT_RESULTS_LIMIT = 10_000
+MAX_RESULTS = 100_000
+#: Largest request accepted and reply sent (bytes): the largest reply is a full page of
+#: results (see MAX_RESULTS); requests are tiny.
+MAX_MESSAGE_BYTES = 16 << 20
+#: Default STAMP timing when a CreateSession leaves the optional fields out.
+_SPEC_DEFAULTS = SessionSpec(name="", sender="", reflector="", reflector_address="")
+
+_ROLES = {pb.NODE_ROLE_SENDER: "sender", pb.NODE_ROLE_REFLECTOR: "reflector"}
+_ROLES_PB = {v: k for k, v in _ROLES.items()}
+_COLLECT = {pb.COLLECT_MODE_POLL: CollectMode.POLL, pb.COLLECT_MODE_STREAM: CollectMode.STREAM}
+_COLLECT_PB = {v: k for k, v in _COLLECT.items()}
+_STATES_PB = {
+    "created": pb.SESSION_STATE_CREATED,
+    "running": pb.SESSION_STATE_RUNNING,
+    "stopping": pb.SESSION_STATE_STOPPING,
+    "stopped": pb.SESSION_STATE_STOPPED,
+    "finished": pb.SESSION_STATE_FINISHED,
+    "destroyed": pb.SESSION_STATE_DESTROYED,
+}
+
+#: What the core's messages say, and the status that means (first match wins).
+_PHRASES = (
+    ("already exists", Code.ALREADY_EXISTS),
+    ("no node named", Code.NOT_FOUND),
+    ("no session named", Code.NOT_FOUND),
+    ("unknown node", Code.NOT_FOUND),
+    ("not startable", Code.FAILED_PRECONDITION),
+    ("not running", Code.FAILED_PRECONDITION),
+    ("already destroyed", Code.FAILED_PRECONDITION),
+    ("still carries session", Code.FAILED_PRECONDITION),
+    ("no free SSID", Code.RESOURCE_EXHAUSTED),
+)
+
+
+class RequestRefusedError(Exception):
+    """A request this servicer refuses itself, with its status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _invalid(message: str) -> RequestRefusedError:
+    return RequestRefusedError(Code.INVALID_ARGUMENT, message)
+
+
+def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The one mapping from the controller's and the agents' errors to gRPC statuses."""
+    if isinstance(exc, RequestRefusedError):
+        return exc.code, str(exc)
+    if isinstance(exc, SouthboundError):
+        if exc.code in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+            code = Code.UNAVAILABLE
+        elif exc.code is Code.INVALID_ARGUMENT:
+            code = Code.INVALID_ARGUMENT
+        else:
+            code = Code.FAILED_PRECONDITION
+        return code, f"agent: {exc.code.name}: {exc.details}"
+    if isinstance(exc, ControllerError | StoreError):
+        text = str(exc)
+        code = next((c for phrase, c in _PHRASES if phrase in text), Code.INVALID_ARGUMENT)
+        return code, text
+    return None
+
+
+_S = TypeVar("_S", bound="ControllerServicer")
+_Req = TypeVar("_Req")
+_Rep = TypeVar("_Rep")
+
+
+def _handler(
+    *, changes: bool
+) -> Callable[[Callable[[_S, _Req], _Rep]], Callable[[_S, _Req, Any], _Rep]]:
+    """Wrap a unary method: serialise it if it ``changes`` state, map its errors."""
+
+    def wrap(method: Callable[[_S, _Req], _Rep]) -> Callable[[_S, _Req, Any], _Rep]:
+        @functools.wraps(method)
+        def handler(self: _S, request: _Req, context: Any) -> _Rep:
+            try:
+                if changes:
+                    with self._lock:
+                        return method(self, request)
+                return method(self, request)
+            except Exception as exc:
+                status = _status_of(exc)
+                if status is None:
+                    log.exception("northbound %s failed", method.__name__)
+                    raise
+                context.abort(*status)
+                raise  # abort raises; this keeps the type checker informed
+
+        return handler
+
+    return wrap
+
+
+# ------------------------------------------------------------------------ conversions
+
+
+def _required(name: str, value: str) -> str:
+    if not value:
+        raise _invalid(f"{name}: required")
+    return value
+
+
+def _v6(name: str, text: str) -> None:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+
+
+def node_to_proto(row: NodeRow) -> pb.Node:
+    out = pb.Node(
+        name=row.name,
+        address=row.address,
+        role=_ROLES_PB.get(row.role, pb.NODE_ROLE_UNSPECIFIED),
+        healthy=row.healthy,
+        last_error=row.last_error or "",
+        initialized=row.init is not None,
+    )
+    if row.last_seen is not None:
+        out.last_seen_ns = row.last_seen
+    return out
+
+
+def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
+    p = row.params
+    out = pb.Session(
+        name=row.name,
+        ssid=row.ssid,
+        state=_STATES_PB.get(row.state, pb.SESSION_STATE_UNSPECIFIED),
+        sender=row.sender,
+        reflector=row.reflector,
+        reflector_address=p["reflector_address"],
+        segments=p["segments"],
+        return_segments=p["return_segments"],
+        return_path_tlv=p["return_path_tlv"],
+        reflector_port=p["reflector_port"],
+        source_address=p["source_address"],
+        interval_ns=p["interval_ns"],
+        count=p["count"],
+        duration_ns=p["duration_ns"],
+        ptp=p["ptp"],
+        authenticated=bool(p["key_hex"]),
+        stateful=p["stateful"],
+        loss_timeout_ns=p["loss_timeout_ns"],
+        collect=_COLLECT_PB.get(p["collect"], pb.COLLECT_MODE_POLL),
+        created_ns=row.created_ns,
+        epoch=row.epoch,
+        sent=row.sent,
+        lost=row.lost,
+        overflow=row.overflow,
+        stored=stored,
+    )
+    if row.forward_lost is not None:
+        out.forward_lost = row.forward_lost
+    return out
+
+
+def record_to_proto(r: StampResult) -> pb.Record:
+    return pb.Record(
+        seq=r.seq,
+        t1_ns=r.t1_ns,
+        t2_ns=r.t2_ns,
+        t3_ns=r.t3_ns,
+        t4_ns=r.t4_ns,
+        direct_ns=r.direct_ns,
+        return_ns=r.return_ns,
+        rtt_ns=r.rtt_ns,
+        ttl=r.ses_sender_ttl,
+        reflector_seq=r.reflector_seq,
+        sender_error_estimate=r.sender_error.to_int(),
+        reflector_error_estimate=r.reflector_error.to_int(),
+        sender_error_ns=_u64(r.sender_error.error_ns),
+        reflector_error_ns=_u64(r.reflector_error.error_ns),
+        error_bound_ns=_u64(r.error_bound_ns),
+    )
+
+
+def _u64(value: int) -> int:
+    """Error bounds can exceed uint64 (255 × 2^31 s, RFC 4656 §4.1.2): saturate."""
+    return min(value, 2**64 - 1)
+
+
+def summary_to_proto(s: DelaySummary) -> pb.DelaySummary:
+    return pb.DelaySummary(
+        count=s.count,
+        min_ns=s.min_ns,
+        mean_ns=s.mean_ns,
+        p50_ns=s.p50_ns,
+        p90_ns=s.p90_ns,
+        p99_ns=s.p99_ns,
+        max_ns=s.max_ns,
+    )
+
+
+def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
+    """The controller's SessionSpec for a request (its ``validate`` checks the rest)."""
+    _required("name", request.name)
+    _required("sender", request.sender)
+    _required("reflector", request.reflector)
+    _required("reflector_address", request.reflector_address)
+    collect = _COLLECT.get(request.collect)
+    if collect is None:
+        raise _invalid(f"collect: unknown value {request.collect}")
+    d = _SPEC_DEFAULTS
+    loss_timeout = (
+        request.loss_timeout_ns if request.HasField("loss_timeout_ns") else d.loss_timeout_ns
+    )
+    if loss_timeout <= 0:
+        raise _invalid("loss_timeout_ns: must be positive")
+    return SessionSpec(
+        name=request.name,
+        sender=request.sender,
+        reflector=request.reflector,
+        reflector_address=request.reflector_address,
+        segments=tuple(request.segments),
+        return_segments=tuple(request.return_segments),
+        return_path_tlv=request.return_path_tlv,
+        reflector_port=(
+            request.reflector_port if request.HasField("reflector_port") else d.reflector_port
+        ),
+        source_address=request.source_address,
+        interval_ns=request.interval_ns if request.HasField("interval_ns") else d.interval_ns,
+        count=request.count,
+        duration_ns=request.duration_ns,
+        ptp=request.ptp,
+        key_hex=bytes(request.key).hex(),
+        stateful=request.stateful,
+        loss_timeout_ns=loss_timeout,
+        collect=collect,
+    )
+
+
+# --------------------------------------------------------------------------- servicer
+
+
+class ControllerServicer(pb_grpc.ControllerServicer):
+    """The ``Controller`` gRPC service over one ``Controller`` (not owned: not closed)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.store = controller.store
+        self._lock = threading.Lock()
+
+    def _stored(self, row: SessionRow) -> int:
+        return len(self.store.record_ids(row.id))
+
+    # -- nodes ------------------------------------------------------------------------
+
+    @_handler(changes=True)
+    def RegisterNode(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeReply:  # noqa: N802
+        _required("name", request.name)
+        role = _ROLES.get(request.role)
+        if role is None:
+            raise _invalid(f"role: {request.role} is neither NODE_ROLE_SENDER nor REFLECTOR")
+        self.controller.register_node(request.name, request.address, role)
+        return pb.RegisterNodeReply(node=node_to_proto(self.store.node(request.name)))
+
+    @_handler(changes=True)
+    def InitNode(self, request: pb.InitNodeRequest) -> pb.InitNodeReply:  # noqa: N802
+        self.store.node(_required("name", request.name))  # NOT_FOUND before any call
+        port = request.port if request.HasField("port") else None
+        if port is not None and port > 0xFFFF:
+            raise _invalid(f"port: {port} is not a UDP port (0..65535)")
+        if request.source:
+            _v6("source", request.source)
+        bound = self.controller.init_node(
+            request.name,
+            dataplane=request.dataplane,
+            port=port,
+            interface=request.interface,
+            source=request.source,
+        )
+        return pb.InitNodeReply(port=bound)
+
+    @_handler(changes=False)
+    def ListNodes(self, _request: pb.ListNodesRequest) -> pb.ListNodesReply:  # noqa: N802
+        return pb.ListNodesReply(nodes=[node_to_proto(r) for r in self.store.nodes()])
+
+    # -- sessions ---------------------------------------------------------------------
+
+    @_handler(changes=True)
+    def CreateSession(self, request: pb.CreateSessionRequest) -> pb.CreateSessionReply:  # noqa: N802
+        row = self.controller.create_session(_spec(request))
+        return pb.CreateSessionReply(session=session_to_proto(row, 0))
+
+    @_handler(changes=True)
+    def StartSession(self, request: pb.StartSessionRequest) -> pb.StartSessionReply:  # noqa: N802
+        self.controller.start_session(_required("name", request.name))
+        return pb.StartSessionReply()
+
+    @_handler(changes=True)
+    def StopSession(self, request: pb.StopSessionRequest) -> pb.StopSessionReply:  # noqa: N802
+        self.controller.stop_session(_required("name", request.name))
+        return pb.StopSessionReply()
+
+    @_handler(changes=True)
+    def DestroySession(  # noqa: N802
+        self, request: pb.DestroySessionRequest
+    ) -> pb.DestroySessionReply:
+        self.controller.destroy_session(_required("name", request.name))
+        return pb.DestroySessionReply()
+
+    @_handler(changes=False)
+    def ListSessions(self, request: pb.ListSessionsRequest) -> pb.ListSessionsReply:  # noqa: N802
+        rows = self.store.sessions(include_destroyed=request.include_destroyed)
+        return pb.ListSessionsReply(sessions=[session_to_proto(r, self._stored(r)) for r in rows])
+
+    # -- results ----------------------------------------------------------------------
+
+    @_handler(changes=False)
+    def GetResults(self, request: pb.GetResultsRequest) -> pb.GetResultsReply:  # noqa: N802
+        row = self.store.session(_required("name", request.name))
+        limit = request.limit or DEFAULT_RESULTS_LIMIT
+        if limit > MAX_RESULTS:
+            raise _invalid(f"limit: {limit}, at most {MAX_RESULTS}")
+        since = request.since_ns if request.HasField("since_ns") else None
+        records = self.store.results(row.id, since_ns=since, limit=limit + 1)
+        return pb.GetResultsReply(
+            records=[record_to_proto(r) for r in records[:limit]], more=len(records) > limit
+        )
+
+    @_handler(changes=False)
+    def GetPathStats(self, request: pb.GetPathStatsRequest) -> pb.GetPathStatsReply:  # noqa: N802
+        name = _required("name", request.name)
+        row = self.store.session(name)
+        since = request.since_ns if request.HasField("since_ns") else None
+        stats = self.controller.stats(name, since_ns=since)
+        out = pb.GetPathStatsReply(
+            received=stats.received, lost=stats.lost, loss_ratio=stats.loss_ratio, sent=row.sent
+        )
+        for field, summary in (
+            ("direct_delay", stats.direct),
+            ("return_delay", stats.backward),
+            ("round_trip_delay", stats.rtt),
+        ):
+            if summary is not None:
+                getattr(out, field).CopyFrom(summary_to_proto(summary))
+        if stats.direct_jitter_ns is not None:
+            out.direct_jitter_ns = stats.direct_jitter_ns
+        if stats.return_jitter_ns is not None:
+            out.return_jitter_ns = stats.return_jitter_ns
+        if stats.max_error_bound_ns is not None:
+            out.max_error_bound_ns = _u64(stats.max_error_bound_ns)
+        if since is None and row.forward_lost is not None:
+            # A stateful reflector numbers what it received (RFC 8762 §4.3): the sender
+            # splits its losses; what was not lost forward was lost on the way back.
+            out.forward_lost = row.forward_lost
+            out.backward_lost = max(row.lost - row.forward_lost, 0)
+        return out
+
+
+# ------------------------------------------------------------------------------ server
+
+
+class ControllerServer:
+    """A running northbound server. ``stop`` ends it; the controller stays the caller's."""
+
+    def __init__(self, server: Any, servicer: ControllerServicer, port: int) -> None:
+        self.server = server
+        self.servicer = servicer
+        #: The TCP port gRPC listens on (0 for a unix: address).
+        self.port = port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.server.stop(grace).wait()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops; False if ``timeout`` passed first."""
+        return bool(self.server.wait_for_termination(timeout))
+
+    def __enter__(self) -> ControllerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_controller(
+    address: str, controller: Controller, *, max_workers: int = DEFAULT_MAX_WORKERS
+) -> ControllerServer:
+    """Serve the northbound API of ``controller`` on ``address`` (``"[::1]:50050"``,
+    ``"unix:/run/sixlab/controller.sock"``; port 0 picks a free port).
+
+    Returns once the server accepts calls. Raises OSError if it cannot listen.
+    """
+    servicer = ControllerServicer(controller)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-nb"),
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_ControllerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        server.stop(None)
+        raise OSError(f"grpc: cannot listen on {address}: {exc}") from exc
+    server.start()
+    return ControllerServer(server, servicer, int(port))
