@@ -95,6 +95,8 @@ _SOL_PACKET = 263
 _PACKET_RX_RING = 5
 _PACKET_VERSION = 10
 _PACKET_IGNORE_OUTGOING = 23
+_PACKET_STATISTICS = 6
+_TPACKET_STATS_V3 = struct.Struct("III")  # tp_packets, tp_drops, tp_freeze_q_cnt
 _TPACKET_V3 = 2
 _TP_STATUS_KERNEL = 0
 _TP_STATUS_USER = 1
@@ -106,10 +108,12 @@ _BLOCK_DESC = struct.Struct("IIIII")
 # struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len, tp_status,
 # tp_mac, tp_net.
 _TPACKET3_HDR = struct.Struct("IIIIIIHH")
-#: Ring geometry: 32 blocks of 64 KiB (2 MiB) and a 1 ms block retire timeout: a block
-#: is handed over when full or after 1 ms, which bounds the latency the ring adds.
-_RING_BLOCK_SIZE = 1 << 16
-_RING_BLOCKS = 32
+#: Ring geometry: 256 blocks of 32 KiB (8 MiB) and a 1 ms block retire timeout: a block
+#: is handed over when full or after 1 ms, which bounds the latency the ring adds. At
+#: low rates every block retires nearly empty, so the block *count* is what buys time:
+#: 256 blocks let the daemon stall for at least a quarter of a second without a drop.
+_RING_BLOCK_SIZE = 1 << 15
+_RING_BLOCKS = 256
 _RING_FRAME_SIZE = 2048
 _RING_RETIRE_MS = 1
 #: ICMPv6 Neighbour Discovery types (RFC 4861 §4): the kernel must keep answering these.
@@ -238,6 +242,16 @@ class PacketRing:
             raise
         self.sock.setblocking(False)
         self._block = 0
+        self.seen = 0
+        self.drops = 0
+
+    def statistics(self) -> tuple[int, int]:
+        """Packets the kernel offered to the ring and dropped (ring full), cumulated."""
+        raw = self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, _TPACKET_STATS_V3.size)
+        packets, drops, _freezes = _TPACKET_STATS_V3.unpack(raw)  # reading resets them
+        self.seen += packets
+        self.drops += drops
+        return self.seen, self.drops
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -666,6 +680,10 @@ class IlnpDaemon:
             "drops": {k: v for k, v in counters.items() if k in reasons},
             "events": dict(self.events),
             "wire": dict(self.wire),
+            "rings": {
+                r.ifname: dict(zip(("packets", "drops"), r.statistics(), strict=True))
+                for r in self._rings
+            },
             "socket_table": None
             if self.socket_table is None
             else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
