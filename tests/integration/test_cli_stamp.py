@@ -237,7 +237,7 @@ def test_reflector_port_in_use_is_a_clear_error() -> None:
 
 def test_demo_json() -> None:
     out = subprocess.run(
-        [*SIXLAB, "demo", "--duration", "1", "--interval", "0.02", "--json"],
+        [*SIXLAB, "demo", "--loopback", "--duration", "1", "--interval", "0.02", "--json"],
         capture_output=True,
         text=True,
         timeout=60,

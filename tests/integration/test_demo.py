@@ -1,0 +1,126 @@
+"""``sixlab demo`` end to end: the main job, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+DEMO = [sys.executable, "-m", "sixlab", "demo"]
+
+
+def _namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.startswith(prefix)]
+
+
+def _own_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if marker in line and "ps -eo" not in line]
+
+
+@pytest.mark.parametrize("collect", ["stream", "poll"])
+def test_demo_measures_the_configured_delays(tmp_path: Path, collect: str) -> None:
+    out = subprocess.run(
+        [
+            *DEMO,
+            "--duration",
+            "3",
+            "--interval",
+            "0.05",
+            "--json",
+            "--out",
+            str(tmp_path),
+            "--path-a",
+            "4,9",
+            "--path-b",
+            "15,2",
+            "--collect",
+            collect,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    doc = json.loads(out.stdout)
+    assert [p["name"] for p in doc["paths"]] == ["path-A", "path-B"]
+    want = {"path-A": (4.0, 9.0), "path-B": (15.0, 2.0)}
+    for p in doc["paths"]:
+        fwd, ret = want[p["name"]]
+        assert p["configured"] == {"direct_ms": fwd, "return_ms": ret}
+        m = p["measured"]
+        assert abs(m["direct_ms"]["p50"] - fwd) <= 1.0, p
+        assert abs(m["return_ms"]["p50"] - ret) <= 1.0, p
+        assert abs(m["rtt_ms"]["p50"] - fwd - ret) <= 1.0, p
+        assert m["loss"] == 0
+        assert m["received"] >= 50  # 3 s at 20 probes/s, per path
+        assert len(p["segments"]) == 2
+    sqlite = list(tmp_path.glob("demo-*.sqlite"))
+    png = list(tmp_path.glob("demo-*.png"))
+    assert len(sqlite) == len(png) == 1
+    assert png[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"results: {sqlite[0]}" in out.stderr
+    assert not _namespaces("sixlab-demo-")
+    assert not _own_processes(str(tmp_path))
+
+
+def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
+    log = tmp_path / "demo.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [*DEMO, "--duration", "60", "--out", str(tmp_path)], stdout=sink, stderr=sink
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _namespaces("sixlab-demo-") or "measuring" not in log.read_text():
+                assert time.monotonic() < deadline, "the demo did not start measuring"
+                time.sleep(0.2)
+            time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(60) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "interrupted" in log.read_text()
+    assert not _namespaces(f"sixlab-demo-{proc.pid}-")
+    assert not _own_processes("sixlab.testbed.linkemu")
+    assert not _own_processes("stamp agent")
+    # A second run right after works.
+    again = subprocess.run(
+        [*DEMO, "--duration", "1", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert all(p["measured"]["received"] > 0 for p in json.loads(again.stdout)["paths"])
+
+
+def test_demo_without_root_says_so(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            *DEMO,
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "needs root" in out.stderr
+    assert "Traceback" not in out.stderr
