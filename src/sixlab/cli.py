@@ -17,6 +17,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from sixlab import _cli_demo, _cli_stamp  # noqa: PLC0415 - keeps `--version` instant
+    from sixlab.controller import _cli as _cli_controller  # noqa: PLC0415
+    from sixlab.ilnp import _cli as _cli_ilnp  # noqa: PLC0415
     from sixlab.southbound import _cli as _cli_agent  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cli_stamp.add_parsers(stamp)
     _cli_agent.add_parsers(stamp)
+    _cli_controller.add_parsers(sub)
+    _cli_ilnp.add_parsers(sub)
     return parser
 
 
