@@ -44,6 +44,8 @@ DEFAULT_FIFO_CAPACITY = 100_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
+#: Packets taken from a data plane per call (the planes' ``receive`` default).
+_BATCH = 64
 
 Clock = Callable[[], int]
 
@@ -118,14 +120,18 @@ class _Loop:
                 if self._waker.r in readable:
                     self._waker.drain()
                 if fds[0] in readable:
-                    batch = self.dataplane.receive()
-                    while batch:
-                        self._on_batch(batch)
-                        batch = self.dataplane.receive() if len(batch) >= 64 else []
+                    self._on_readable()
                 self._on_tick()
                 self.dataplane.flush()
         except BaseException as exc:  # noqa: BLE001 - kept for the owner to report
             self.error = exc
+
+    def _on_readable(self) -> None:
+        """Take what the data plane has, batch by batch, until a batch comes short."""
+        batch = self.dataplane.receive()
+        while batch:
+            self._on_batch(batch)
+            batch = self.dataplane.receive() if len(batch) >= _BATCH else []
 
     def _timeout(self) -> float:
         return _IDLE_WAKE_S
@@ -154,13 +160,47 @@ class _Loop:
 
 
 class ReflectorEngine(_Loop):
-    """Answers Session-Sender packets with a ``Reflector`` core over a data plane."""
+    """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
+
+    Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
+    ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
+    with no per-packet objects but the reply; what it cannot answer comes back as
+    ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
+    and so how long the lock is held and (the plane kicks its TX ring once per call) how
+    far a reply's departure may trail its T3 under load. ``fast_path=False`` keeps the
+    general path for every packet.
+    """
 
     def __init__(
-        self, dataplane: Dataplane, reflector: Reflector, clock: Clock = time.time_ns
+        self,
+        dataplane: Dataplane,
+        reflector: Reflector,
+        clock: Clock = time.time_ns,
+        *,
+        fast_path: bool = True,
+        fast_batch: int = _BATCH,
     ) -> None:
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
+        self.fast_batch = fast_batch
+        self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+
+    def _on_readable(self) -> None:
+        fast = self._fast
+        if fast is None:
+            super()._on_readable()
+            return
+        reflect = self.reflector.reflect
+        counters = self.counters
+        while True:
+            with self.lock:
+                consumed, handled, failed, slow = fast(reflect, self.clock, self.fast_batch)
+            counters.received += handled
+            counters.send_failed += failed
+            if slow:
+                self._on_batch(slow)
+            if consumed < self.fast_batch:
+                return
 
     def _on_batch(self, batch: list[Received]) -> None:
         clock = self.clock

@@ -50,12 +50,30 @@ neighbour is not resolved yet (first packet to a peer) or the first hop is a loc
 address, the packet goes through an ``AF_INET6``/``IPPROTO_RAW`` socket instead (the
 kernel routes it and resolves the neighbour, so the next packet takes the fast path).
 
-Why ``sendmsg`` per reply rather than ``PACKET_TX_RING``: a TX ring saves the system
-call per packet but sends only when kicked, i.e. once per batch; T3 is read when the
-reply is built (RFC 8762 §4.3: as late as possible before transmission), so batching
-moves the packet's departure away from T3 by up to a whole batch of Python work. One
-``sendmsg`` of a 100-byte frame costs a few µs, small next to the per-packet Python
-cost of the STAMP core (see ``benchmarks/bench_dataplanes.py``). ``flush`` is a no-op.
+``send`` (the general path) uses one ``sendmsg`` per reply, so the packet leaves right
+after T3 is read (RFC 8762 §4.3: as late as possible before transmission).
+
+Fast path (reflector)
+---------------------
+``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
+the RX ring and, for plain IPv6/UDP probes of at most ``FAST_MAX_PAYLOAD`` bytes (the
+unauthenticated base packet, no TLVs) whose reply goes straight back to the source,
+hands the UDP payload to the reflector core and writes the reply frame into a
+``PACKET_TX_RING`` (TPACKET_V2, qdisc bypassed, bound to ``config.interface``) with no
+per-packet objects: the frame head (Ethernet + IPv6 + UDP up to the checksum) is cached
+per (source, destination, ports) with the one's-complement sum of its pseudo-header
+and header, so the checksum is one big-integer sum of the payload. The UDP checksum of
+the probe is checked the same way (the whole packet from the addresses on, mod 0xFFFF)
+when the kernel has not vouched for it. Everything else (SRH, TLVs, authentication, a
+configured return path, an unresolved neighbour) comes back to the engine as
+``Received`` and takes the general path.
+
+Trade-off of the TX ring: frames leave when the ring is kicked (one ``send`` system call
+per ``tx_batch`` frames and at the end of every ``reflect_batch`` call), so under load a
+reply's departure trails its T3 by up to one batch of work (64 replies, some 100-300 µs
+here); at probe rates a batch is one packet and the kick follows at once. Lower
+``tx_batch`` (or the engine's ``fast_batch``) for tighter T3, or turn the fast path off
+(``ReflectorEngine(fast_path=False)``) for a ``sendmsg`` right after each T3.
 
 Kernel drop: the nftables table of ``sixlab.dataplane._filters.KernelDrop`` keeps the
 kernel from answering our probes with ICMPv6 port unreachable (no socket is bound on
@@ -72,11 +90,11 @@ import mmap
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv6Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from sixlab.dataplane import _filters
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
@@ -84,7 +102,7 @@ from sixlab.wire._errors import WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
-__all__ = ["MmapCounters", "MmapDataplane"]
+__all__ = ["FastBatch", "MmapCounters", "MmapDataplane", "ReflectFn"]
 
 # <linux/if_packet.h>, <linux/if_ether.h>
 SOL_PACKET = 263
@@ -100,10 +118,14 @@ TP_STATUS_CSUM_VALID = 1 << 7
 PACKET_HOST = 0
 ETH_P_IPV6 = 0x86DD
 
-#: Ring geometry: 16 blocks of 256 KiB (4 MiB), ~2,800 minimum-size STAMP frames each;
-#: a frame may be up to a block minus its header, so jumbo probes fit too.
-BLOCK_SIZE = 1 << 18
-BLOCK_COUNT = 16
+#: Ring geometry: 256 blocks of 64 KiB (16 MiB). A block is handed over when full or
+#: after RETIRE_BLOCK_TOV_MS, so at low rates each block holds a few packets and the
+#: ring's depth in *time* is about BLOCK_COUNT ms: 256 blocks ride out a 1/4 s stall of
+#: the Python process (GC, scheduling) at any rate; 16 blocks lost packets at 10 kpps.
+#: At full rate a block holds ~370 minimum-size STAMP frames (~94,000 in the ring); a
+#: frame may be up to a block minus its header, so jumbo probes fit too.
+BLOCK_SIZE = 1 << 16
+BLOCK_COUNT = 256
 #: V3 still wants a frame size (a multiple of TPACKET_ALIGNMENT = 16) to size the ring.
 FRAME_SIZE = 2048
 #: Milliseconds before a partly filled block is handed to user space (module doc).
@@ -132,6 +154,39 @@ _NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 _RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
+# TX ring, <linux/if_packet.h>: TPACKET_V2 frames (V3 TX rings are frame-based anyway).
+PACKET_TX_RING = 13
+PACKET_QDISC_BYPASS = 20
+TPACKET_V2 = 1
+TP_STATUS_SEND_REQUEST = 1
+TP_STATUS_SENDING = 2
+#: 512 frames of 2 KiB (1 MiB): eight full batches of 64 may wait for the kernel.
+TX_FRAME_SIZE = 2048
+TX_BLOCK_SIZE = 1 << 16
+TX_FRAME_COUNT = 512
+_TX_REQ = struct.Struct("=4I")  # struct tpacket_req: block size/count, frame size/count
+_TX_STATUS = struct.Struct("=I")  # tpacket2_hdr.tp_status at 0
+_TX_LENGTHS = struct.Struct("=II")  # tp_len, tp_snaplen
+_TX_LEN_OFFSET = 4
+#: TPACKET2_HDRLEN - sizeof(struct sockaddr_ll): where the kernel reads a TX frame.
+_TX_DATA_OFFSET = 32
+#: Default frames per TX ring kick (module doc, "Fast path": bounds T3 skew).
+DEFAULT_TX_BATCH = 64
+
+# Fast path: offsets in a plain IPv6 + UDP packet (RFC 8200 §3, RFC 768).
+_HOP_LIMIT = 7
+_NEXT_HEADER = 6
+_ADDRS = 8  # source, destination, then the UDP ports at 40
+_UDP_LENGTH = 44  # addresses and ports end here: a reply template's key
+_UDP_CHECKSUM = 46
+_UDP_PAYLOAD = 48
+_IPPROTO_UDP = 17
+_IPV6_HEADER = 40
+#: Larger packets (authenticated, TLVs) may need the Location TLV's addresses: general path.
+FAST_MAX_PAYLOAD = 44  # RFC 8762 §4.2.1 unauthenticated base packet
+_FAST_MAX_PACKET = _UDP_PAYLOAD + FAST_MAX_PAYLOAD
+_CSUM_TRUSTED = TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY
+
 
 @dataclass(slots=True)
 class MmapCounters:
@@ -142,6 +197,49 @@ class MmapCounters:
     malformed: int = 0
     bad_checksum: int = 0
     fallback_sends: int = 0
+    tx_ring_errors: int = 0
+
+
+class _Route(Protocol):
+    """What the fast path reads of a reply's return path (``stamp.reflector.ReturnPath``)."""
+
+    @property
+    def segments(self) -> tuple[IPv6Address, ...] | None: ...
+
+    @property
+    def address(self) -> IPv4Address | IPv6Address | None: ...
+
+
+class _Reply(Protocol):
+    """What the fast path reads of a reply (``stamp.reflector.Reflection``)."""
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def return_path(self) -> _Route: ...
+
+
+#: ``Reflector.reflect`` as the fast path calls it: (payload, T2 ns, clock, hop limit).
+ReflectFn = Callable[[bytes, int, Callable[[], int], int], _Reply | None]
+
+
+class FastBatch(NamedTuple):
+    """What one ``reflect_batch`` did: packets taken off the ring, packets handed to
+    ``reflect``, replies that could not be sent, and packets left to the general path."""
+
+    consumed: int
+    handled: int
+    send_failed: int
+    slow: list[Received]
+
+
+@dataclass(frozen=True, slots=True)
+class _FastTemplate:
+    prefix: bytes  # Ethernet + IPv6 + UDP header up to its checksum
+    header_sum: int  # one's-complement sum (mod 0xFFFF) of pseudo-header and UDP header
+    size: int  # the payload size it was built for (the UDP length is in it)
+    expires: float  # the next hop's answer is trusted until then
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +274,12 @@ class MmapDataplane(Dataplane):
     _tx: socket.socket | None = None
     _l3: socket.socket | None = None
     _ring: mmap.mmap | None = None
+    _txs: socket.socket | None = None
+    _txr: mmap.mmap | None = None
     _drop: _filters.KernelDrop | None = None
     _ipr: Any = None
+    #: Frames written to the TX ring between two kicks (module doc, "Fast path").
+    tx_batch: int = DEFAULT_TX_BATCH
 
     def open(self) -> None:
         if self._rx is not None:
@@ -190,11 +292,17 @@ class MmapDataplane(Dataplane):
         self._hop_limit = _default_hop_limit()
         self._templates: dict[_TemplateKey, _Template] = {}
         self._next_hops: dict[IPv6Address, _NextHop] = {}
+        self._fast_templates: dict[bytes, _FastTemplate] = {}
+        self._tx_slot = 0
+        # Import netlink now, not on the first packet (a ~100 ms stall under load).
+        import pyroute2  # noqa: F401, PLC0415
+
         self._block = 0
         self._left = 0
         self._offset = 0
         try:
             self._open_rx()
+            self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             self._drop = _filters.KernelDrop(config.port, self._ports, destination=config.source)
@@ -230,15 +338,40 @@ class MmapDataplane(Dataplane):
             rx.bind((interface, ETH_P_IPV6))
         rx.setblocking(False)
 
+    def _open_tx_ring(self) -> None:
+        """A TPACKET_V2 TX ring on the capture interface (none when capturing everywhere).
+
+        Bound with protocol 0, so the socket receives nothing; the qdisc is bypassed
+        (the reply leaves as the driver takes it, as ``sendmsg`` on a noqueue veth does).
+        """
+        interface = self.config.interface
+        if not interface:
+            return
+        txs = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        self._txs = txs
+        txs.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
+        with contextlib.suppress(OSError):  # an optimisation only
+            txs.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+        blocks = TX_FRAME_SIZE * TX_FRAME_COUNT // TX_BLOCK_SIZE
+        req = _TX_REQ.pack(TX_BLOCK_SIZE, blocks, TX_FRAME_SIZE, TX_FRAME_COUNT)
+        txs.setsockopt(SOL_PACKET, PACKET_TX_RING, req)
+        self._txr = mmap.mmap(
+            txs.fileno(), TX_FRAME_SIZE * TX_FRAME_COUNT, mmap.MAP_SHARED,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+        )  # fmt: skip
+        txs.bind((interface, 0))
+
     def close(self) -> None:
         if self._drop is not None:
             with contextlib.suppress(_filters.KernelDropError):
                 self._drop.remove()
             self._drop = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        for name in ("_rx", "_tx", "_l3"):
+        for ring_name in ("_ring", "_txr"):
+            ring = getattr(self, ring_name)
+            if ring is not None:
+                ring.close()
+                setattr(self, ring_name, None)
+        for name in ("_rx", "_tx", "_l3", "_txs"):
             sock = getattr(self, name)
             if sock is not None:
                 sock.close()
@@ -268,17 +401,10 @@ class MmapDataplane(Dataplane):
         if ring is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
         out: list[Received] = []
-        counters = self.counters
         while len(out) < max_batch:
             if self._left == 0:
-                base = self._block * BLOCK_SIZE
-                (status,) = _BLOCK_STATUS.unpack_from(ring, base + _BLOCK_STATUS_OFFSET)
-                if not status & TP_STATUS_USER:
+                if not self._next_block(ring):
                     break
-                self._left, first = _BLOCK_PKTS.unpack_from(ring, base + _BLOCK_PKTS_OFFSET)
-                self._offset = base + first
-                if self._left == 0:
-                    self._release()
                 continue
             off = self._offset
             next_offset, sec, nsec, snaplen, length, status, _mac, net = _PKT.unpack_from(ring, off)
@@ -288,34 +414,56 @@ class MmapDataplane(Dataplane):
             self._left -= 1
             if self._left == 0:
                 self._release()
-            if pkttype != PACKET_HOST:
-                counters.not_host += 1
-                continue
-            if snaplen < length:
-                counters.truncated += 1
-                continue
-            verify = not status & (TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY)
-            try:
-                packet = parse_udp_packet(data, verify_checksum=verify)
-            except WireError as exc:
-                if "checksum" in str(exc):
-                    counters.bad_checksum += 1
-                else:
-                    counters.malformed += 1
-                continue
-            udp = packet.udp
-            out.append(
-                Received(
-                    packet.payload,
-                    packet.src,
-                    packet.dst,
-                    udp.src_port,
-                    udp.dst_port,
-                    packet.hop_limit,
-                    sec * 1_000_000_000 + nsec,
-                )
-            )
+            rx = self._decode(
+                data, sec * 1_000_000_000 + nsec,
+                snaplen=snaplen, length=length, status=status, pkttype=pkttype,
+            )  # fmt: skip
+            if rx is not None:
+                out.append(rx)
         return out
+
+    def _next_block(self, ring: mmap.mmap) -> bool:
+        """Enter the next block if the kernel has handed it over; False if not yet."""
+        base = self._block * BLOCK_SIZE
+        (status,) = _BLOCK_STATUS.unpack_from(ring, base + _BLOCK_STATUS_OFFSET)
+        if not status & TP_STATUS_USER:
+            return False
+        self._left, first = _BLOCK_PKTS.unpack_from(ring, base + _BLOCK_PKTS_OFFSET)
+        self._offset = base + first
+        if self._left == 0:
+            self._release()
+        return True
+
+    def _decode(
+        self, data: bytes, rx_ns: int, *, snaplen: int, length: int, status: int, pkttype: int
+    ) -> Received | None:
+        """One ring packet as a ``Received``, or None (counted) if it is not one for us."""
+        counters = self.counters
+        if pkttype != PACKET_HOST:
+            counters.not_host += 1
+            return None
+        if snaplen < length:
+            counters.truncated += 1
+            return None
+        verify = not status & (TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY)
+        try:
+            packet = parse_udp_packet(data, verify_checksum=verify)
+        except WireError as exc:
+            if "checksum" in str(exc):
+                counters.bad_checksum += 1
+            else:
+                counters.malformed += 1
+            return None
+        udp = packet.udp
+        return Received(
+            packet.payload,
+            packet.src,
+            packet.dst,
+            udp.src_port,
+            udp.dst_port,
+            packet.hop_limit,
+            rx_ns,
+        )
 
     def _release(self) -> None:
         """Hand the current block back to the kernel and move to the next one."""
@@ -324,6 +472,162 @@ class MmapDataplane(Dataplane):
             self._ring, self._block * BLOCK_SIZE + _BLOCK_STATUS_OFFSET, TP_STATUS_KERNEL
         )
         self._block = (self._block + 1) % BLOCK_COUNT
+
+    # -- reflector fast path ----------------------------------------------------------------
+
+    def reflect_batch(
+        self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
+    ) -> FastBatch:
+        """Answer up to ``max_batch`` ring packets with ``reflect`` (module doc, "Fast path").
+
+        ``reflect(payload, rx_ns, clock, hop_limit)`` is the reflector core. Plain
+        IPv6/UDP packets of at most ``FAST_MAX_PAYLOAD`` bytes whose reply goes straight
+        back to their source are answered here; every other packet is returned in
+        ``FastBatch.slow`` for the caller's general path, in arrival order among them.
+        """
+        ring = self._ring
+        if ring is None:
+            raise DataplaneError("mmap: data plane is not open (Init first)")
+        slow: list[Received] = []
+        consumed = handled = failed = pending = 0
+        now = time.monotonic()
+        templates = self._fast_templates
+        txr = self._txr
+        unpack = _PKT.unpack_from
+        while consumed < max_batch:
+            if self._left == 0:
+                if not self._next_block(ring):
+                    break
+                continue
+            off = self._offset
+            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, off)
+            pkttype = ring[off + _SLL_OFFSET + _SLL_PKTTYPE]
+            data = ring[off + net : off + net + snaplen]
+            self._offset = off + next_offset
+            self._left -= 1
+            if self._left == 0:
+                self._release()
+            consumed += 1
+            rx_ns = sec * 1_000_000_000 + nsec
+            if (
+                snaplen > _FAST_MAX_PACKET
+                or snaplen & 1
+                or data[_NEXT_HEADER] != _IPPROTO_UDP
+                or pkttype != PACKET_HOST
+                or snaplen != length
+                or (
+                    not status & _CSUM_TRUSTED
+                    # RFC 768/8200 check over pseudo-header + UDP: the words from the
+                    # addresses on, plus the length once more and Next Header, must sum
+                    # to -0; mod 0xFFFF that is 0. A zero field is invalid in IPv6.
+                    and (
+                        (
+                            int.from_bytes(data[_ADDRS:], "big")
+                            + snaplen
+                            - _IPV6_HEADER
+                            + _IPPROTO_UDP
+                        )
+                        % 0xFFFF
+                        or data[_UDP_CHECKSUM] == data[_UDP_CHECKSUM + 1] == 0
+                    )
+                )
+            ):
+                rx = self._decode(
+                    data, rx_ns, snaplen=snaplen, length=length, status=status, pkttype=pkttype
+                )
+                if rx is not None:
+                    slow.append(rx)
+                continue
+            handled += 1
+            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT])
+            if out is None:
+                continue
+            payload = out.payload
+            route = out.return_path
+            if txr is None or route.segments is not None or route.address is not None:
+                failed += self._send_general(data, payload, route)
+                continue
+            size = len(payload)
+            key = data[_ADDRS:_UDP_LENGTH]
+            template = templates.get(key)
+            if template is None or template.expires < now or template.size != size:
+                template = self._fast_template(key, size, now)
+                if template is None:
+                    failed += self._send_general(data, payload, route)
+                    continue
+            total = template.header_sum + int.from_bytes(
+                payload + b"\0" if size & 1 else payload, "big"
+            )
+            # One's-complement sum mod 0xFFFF (2**16 = 1 mod 0xFFFF): 0..0xFFFE, so the
+            # checksum 0xFFFF - sum is never 0 (RFC 768: a computed 0 is sent as 0xFFFF).
+            frame = template.prefix + (0xFFFF - total % 0xFFFF).to_bytes(2, "big") + payload
+            slot = self._tx_slot * TX_FRAME_SIZE
+            if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
+                self._kick()  # the ring is full: push it out and look again
+                pending = 0
+                if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
+                    failed += self._send_general(data, payload, route)
+                    continue
+            end = slot + _TX_DATA_OFFSET + len(frame)
+            txr[slot + _TX_DATA_OFFSET : end] = frame
+            _TX_LENGTHS.pack_into(txr, slot + _TX_LEN_OFFSET, len(frame), len(frame))
+            _TX_STATUS.pack_into(txr, slot, TP_STATUS_SEND_REQUEST)  # last: hands it over
+            self._tx_slot = (self._tx_slot + 1) % TX_FRAME_COUNT
+            pending += 1
+            if pending >= self.tx_batch:
+                self._kick()
+                pending = 0
+        if pending:
+            self._kick()
+        return FastBatch(consumed, handled, failed, slow)
+
+    def _send_general(self, data: bytes, payload: bytes, route: _Route) -> int:
+        """The reply by ``send`` (addresses from the probe); 1 if it failed, else 0."""
+        dst = route.address if route.address is not None else IPv6Address(data[8:24])
+        if not isinstance(dst, IPv6Address):
+            return 1  # an IPv4 return address on an IPv6 plane
+        src = data[24:40]
+        port = int.from_bytes(data[40:42], "big")
+        try:
+            self.send(payload, dst, port, segments=route.segments, src=IPv6Address(src))
+        except DataplaneError:
+            return 1
+        return 0
+
+    def _fast_template(self, key: bytes, size: int, now: float) -> _FastTemplate | None:
+        """The frame head of replies to the probe addresses in ``key`` (src, dst, ports)."""
+        peer = IPv6Address(key[:16])
+        hop = self._next_hops.get(peer)
+        if hop is None or hop.expires < now:
+            hop = self._resolve(peer)
+        if not hop.ethernet or hop.ifname != self.config.interface:
+            return None  # not resolved yet, or leaves by another interface: general path
+        # From the address the probe was sent to, as the engine's general path does.
+        packet = build_udp_packet(
+            key[16:32],
+            key[:16],
+            self.config.port,
+            int.from_bytes(key[32:34], "big"),
+            bytes(size),
+            hop_limit=self._hop_limit,
+        )
+        cut = len(packet) - size - _UDP_CHECKSUM_FROM_END
+        zero_sum = 0xFFFF - int.from_bytes(packet[cut : cut + _UDP_CHECKSUM_FROM_END], "big")
+        template = _FastTemplate(hop.ethernet + packet[:cut], zero_sum, size, hop.expires)
+        if len(self._fast_templates) >= _MAX_TEMPLATES:
+            self._fast_templates.clear()
+        self._fast_templates[key] = template
+        return template
+
+    def _kick(self) -> None:
+        """Ask the kernel to send every frame marked in the TX ring (one system call)."""
+        assert self._txs is not None
+        try:
+            self._txs.send(b"", socket.MSG_DONTWAIT)
+        except OSError:
+            # ENOBUFS: the device dropped a frame (a full peer backlog on a veth); the
+            # frames after it stay marked and leave with the next kick.
+            self.counters.tx_ring_errors += 1
 
     # -- send -----------------------------------------------------------------------------
 

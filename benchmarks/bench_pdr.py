@@ -1,0 +1,156 @@
+"""RFC 2544 PDR at 0.5 % loss of each STAMP reflector data plane, side by side in one run.
+
+On one two-node bench (``two_node_bench``, RPS set by ``sixlab.bench.prepare_bench``):
+for each plane, a reflector process with that plane in the SUT namespace pinned to
+CPU 1 (SSID-agnostic stateless default session), and the C frame generator of
+``sixlab.bench.generator`` pinned to CPU 0 driven by the PDR search of
+``sixlab.bench.pdr`` (MLRsearch by default). First the generator's own ceiling is
+measured with nothing reflecting. Prints a table of PDRs and ratios to ``scapy``, and
+one JSON document with every trial (``--json FILE``). Absolute rates drift on shared
+machines (DESIGN.md): compare the ratios of one run.
+
+    sudo .venv/bin/python benchmarks/bench_pdr.py [--planes scapy,mmap,socket,xdp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 862
+
+
+def _reflector(plane: str, interface: str) -> None:
+    from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
+    from sixlab.dataplane.engine import ReflectorEngine  # noqa: PLC0415
+    from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig  # noqa: PLC0415
+
+    dp = create(plane, DataplaneConfig(port=PORT, interface=interface))
+    dp.open()
+    reflector = Reflector(ReflectorSessionConfig(None))
+    engine = ReflectorEngine(dp, reflector)
+    engine.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    engine.shutdown()
+    if hasattr(dp, "kernel_stats"):  # packets the kernel could not put in the ring
+        print(json.dumps({"ring": dp.kernel_stats()}), file=sys.stderr, flush=True)
+    dp.close()
+    if engine.error is not None:
+        raise engine.error
+    counters: dict[str, object] = {
+        "received": engine.counters.received,
+        "reflected": reflector.counters.reflected,
+        "send_failed": engine.counters.send_failed,
+    }
+    plane_counters = getattr(dp, "counters", None)
+    if plane_counters is not None:  # the capture planes count what they skipped
+        counters["plane"] = {k: getattr(plane_counters, k) for k in plane_counters.__slots__}
+    print(json.dumps(counters), flush=True)
+
+
+def _log(plane: str, message: str) -> None:
+    print(f"  [{plane}] {message}", file=sys.stderr)
+
+
+def _planes(requested: str) -> list[str]:
+    planes = requested.split(",")
+    if "xdp" in planes:
+        try:
+            __import__("sixlab.dataplane.xdp_plane")
+        except ImportError as exc:
+            print(f"xdp: skipped ({exc})", file=sys.stderr)
+            planes.remove("xdp")
+    return planes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--planes", default="scapy,mmap,socket,xdp")
+    parser.add_argument("--method", choices=["mlrsearch", "bisect"], default="mlrsearch")
+    parser.add_argument("--loss", type=float, default=0.005, help="PDR loss ratio")
+    parser.add_argument("--precision", type=float, default=0.02, help="relative width")
+    parser.add_argument("--trial", type=float, default=1.0, help="initial trial seconds")
+    parser.add_argument("--final", type=float, default=2.0, help="final trial seconds")
+    parser.add_argument("--min-rate", type=float, default=200.0)
+    parser.add_argument("--max-rate", type=float, default=0.0, help="0: generator ceiling")
+    parser.add_argument("--json", type=Path, help="write every trial here")
+    parser.add_argument("--role", choices=["reflector"], help=argparse.SUPPRESS)
+    parser.add_argument("--plane", help=argparse.SUPPRESS)
+    parser.add_argument("--interface", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "reflector":
+        _reflector(args.plane, args.interface)
+        return
+
+    from sixlab.bench.generator import (  # noqa: PLC0415
+        StampTrialRunner,
+        generator_ceiling,
+        prepare_bench,
+    )
+    from sixlab.bench.pdr import search_pdr  # noqa: PLC0415
+    from sixlab.testbed import two_node_bench  # noqa: PLC0415
+
+    me = [sys.executable, str(Path(__file__).resolve())]
+    rows: list[dict[str, object]] = []
+    with two_node_bench() as tb:
+        prepare_bench(tb)
+        runner = StampTrialRunner(tb)
+        ceiling = generator_ceiling(runner)
+        print(f"generator ceiling: {ceiling:,.0f} frames/s offered (nothing reflecting)")
+        max_rate = args.max_rate or ceiling
+        for plane in _planes(args.planes):
+            refl = tb.run_pinned(
+                tb.sut, [*me, "--role", "reflector", "--plane", plane, "--interface", tb.sut_if],
+                1, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            assert refl.stdout is not None
+            if refl.stdout.readline().strip() != b"ready":
+                raise SystemExit(f"{plane}: reflector did not start")
+            started = time.monotonic()
+            result = search_pdr(
+                runner.trial,
+                min_rate=args.min_rate,
+                max_rate=max_rate,
+                loss_ratio=args.loss,
+                precision=args.precision,
+                trial_seconds=args.trial,
+                final_seconds=args.final,
+                method=args.method,
+                log=functools.partial(_log, plane),
+            )
+            refl_out, _ = refl.communicate(b"", timeout=60)
+            counters = json.loads(refl_out.splitlines()[-1])
+            print(f"{plane}: PDR {result.pdr:,.0f} frames/s ({len(result.trials)} trials, "
+                  f"{time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "plane": plane,
+                    "pdr": result.pdr,
+                    "trials": [asdict(t) for t in result.trials],
+                    "reflector": counters,
+                }
+            )
+    base = next((float(str(r["pdr"])) for r in rows if r["plane"] == "scapy"), 0.0)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"\nPDR at {args.loss:.1%} loss, {args.method}, {stamp}; generator CPU 0, "
+          f"reflector CPU 1; generator ceiling {ceiling:,.0f}/s")  # fmt: skip
+    print(f"{'plane':8} {'PDR pps':>12} {'vs scapy':>9}")
+    for r in rows:
+        pdr = float(str(r["pdr"]))
+        ratio = f"{pdr / base:9.1f}" if base else f"{'-':>9}"
+        print(f"{r['plane']!s:8} {pdr:12,.0f} {ratio}")
+    if args.json is not None:
+        document = {"date": stamp, "ceiling": ceiling, "args": sys.argv[1:], "rows": rows}
+        args.json.write_text(json.dumps(document, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""RFC 2544 trials on the two-node bench: a C frame generator and a kernel reply counter.
+
+Theory of operation
+-------------------
+One trial offers STAMP Session-Sender frames at a rate R for T seconds from the
+generator namespace, pinned to CPU 0, to a reflector in the SUT namespace, and counts
+the reflected frames that come back. Loss ratio = 1 - received / offered.
+
+Why a C generator. Python sending one datagram per system call tops out near
+100-200 kpps on these machines, below the rate the fast planes must be driven to.
+``stampgen.c`` (next to this file, built at first use with the system ``gcc`` and
+cached by source hash) sends pre-built Ethernet frames with ``sendmmsg(2)`` on an
+``AF_PACKET`` socket with ``PACKET_QDISC_BYPASS``: up to ``batch`` frames per system
+call, no qdisc, no per-frame allocation in user space, only the Sequence Number and
+the UDP checksum patched (RFC 1624). ``PACKET_TX_RING`` would save the copy into the
+kernel too, but on a veth each frame is still one ``dev_queue_xmit``; the ceiling
+measured with ``sendmmsg`` (``generator_ceiling``) is well above what any reflector here
+sustains, which is what matters for a PDR search. The pacer spins on the vDSO clock and
+sends what is due (``floor(R * elapsed) - offered``), so the offered rate is exact
+over any window longer than a few batches.
+
+Counting replies: an nftables ``netdev`` ``ingress`` chain on the generator's interface
+counts and drops reflected frames (UDP to the generator's port) before the IPv6 stack
+(no ICMP, no socket queue): the cheapest and exact count. Each trial uses its own
+SSID (the reflector's default session echoes it, RFC 8972 §3), and only replies with
+that SSID count: late replies of an earlier trial are counted as ``stale`` and never
+taken for this trial's. After the generator stops, the counters are read once they
+have stood still for ``_SETTLE_S`` (replies still queued in the SUT's ring count, as
+RFC 2544 §23 asks: loss is what never comes back).
+
+Receive steering: on a veth, the receive work of a frame runs on the CPU that sent it
+(``netif_rx`` on the sender's CPU). So that the SUT's CPU pays for the SUT's receive
+path and the generator's CPU for its own, as on two machines, ``prepare_bench`` sets
+RPS: the SUT's ``rx-0`` to the SUT's CPU, the generator's to the generator's CPU. Frames
+that the SUT's input backlog (``netdev_max_backlog``) cannot take are dropped by the
+kernel at the veth; the generator sees that as ``ENOBUFS`` and counts them as offered
+and lost (``input_drops``), the SUT's NIC-queue overflow of a real bench.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from ipaddress import IPv6Address
+from pathlib import Path
+
+from sixlab.testbed import BenchTestbed, Node
+from sixlab.wire.packet import build_udp_packet
+
+__all__ = [
+    "GEN_PORT",
+    "GeneratorError",
+    "StampTrialRunner",
+    "TrialResult",
+    "build_generator",
+    "generator_ceiling",
+    "prepare_bench",
+    "stamp_frame",
+]
+
+#: The generator's UDP source port; replies come back to it (RFC 8762 §4.3).
+GEN_PORT = 40862
+#: STAMP's port on the reflector (RFC 8762 §4.1: 862 unless configured).
+STAMP_PORT = 862
+#: Frames per sendmmsg(2): enough to amortise the system call, small enough that one
+#: batch (32 x ~100 B) is far below the SUT's input backlog (1000 by default).
+DEFAULT_BATCH = 32
+#: Counters are final once they have not moved for this long after the generator stops.
+_SETTLE_S = 0.2
+#: ... but no trial waits longer than this for late replies (a reflector with a deep
+#: backlog answers for seconds; what comes later is loss for this trial).
+_SETTLE_MAX_S = 3.0
+_SOURCE = Path(__file__).with_name("stampgen.c")
+_TABLE = "sixlab_bench"
+_ETHERTYPE_IPV6 = b"\x86\xdd"
+
+
+class GeneratorError(RuntimeError):
+    """The generator could not be built or a trial could not run."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrialResult:
+    """One trial: what was offered at ``rate`` for ``seconds`` and what came back."""
+
+    rate: float
+    seconds: float
+    offered: int
+    received: int
+    input_drops: int = 0
+    stale: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def loss_ratio(self) -> float:
+        """1 - received/offered; 0 when nothing was offered."""
+        if self.offered <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.received / self.offered)
+
+    @property
+    def offered_rate(self) -> float:
+        return self.offered / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sixlab" / "bench"
+
+
+def build_generator(cache: Path | None = None) -> Path:
+    """Compile ``stampgen.c`` with gcc -O2 once per source version; the binary's path."""
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source).hexdigest()[:16]
+    directory = cache or _cache_dir()
+    binary = directory / f"stampgen-{key}"
+    if binary.exists():
+        return binary
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise GeneratorError("bench: no C compiler (apt-get install gcc)")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".stampgen-")
+    os.close(fd)
+    try:
+        subprocess.run(  # a fixed compiler command on our own source
+            [gcc, "-O2", "-Wall", "-o", tmp, str(_SOURCE)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        Path(tmp).replace(binary)  # atomic: a concurrent user sees all or nothing
+    except subprocess.CalledProcessError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise GeneratorError(f"bench: cannot compile {_SOURCE.name}: {exc.stderr}") from exc
+    return binary
+
+
+def stamp_frame(
+    src_mac: bytes, dst_mac: bytes, src: str, dst: str, *, ssid: int, sport: int = GEN_PORT
+) -> bytes:
+    """An Ethernet frame with an unauthenticated STAMP Session-Sender packet.
+
+    RFC 8762 §4.2.1 layout, 44 bytes: Seq 0, Timestamp 0, Error Estimate with
+    Multiplier 1 (0 would make the packet invalid, RFC 4656 §4.1.2), SSID (RFC 8972 §3),
+    then zero MBZ. The generator patches Seq per frame.
+    """
+    payload = bytes(12) + b"\x00\x01" + ssid.to_bytes(2, "big") + bytes(28)
+    packet = build_udp_packet(IPv6Address(src), IPv6Address(dst), sport, STAMP_PORT, payload)
+    return dst_mac + src_mac + _ETHERTYPE_IPV6 + packet
+
+
+def _mac(tb: BenchTestbed, node: Node, ifname: str) -> bytes:
+    out = tb.testbed.exec_in(node, ["ip", "-j", "link", "show", ifname]).stdout
+    return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
+
+
+def prepare_bench(tb: BenchTestbed, *, gen_cpu: int = 0, sut_cpu: int = 1) -> None:
+    """RPS on both ends (module doc) and the generator's reply counter table."""
+    for node, ifname, cpu in ((tb.gen, tb.gen_if, gen_cpu), (tb.sut, tb.sut_if, sut_cpu)):
+        mask = f"{1 << cpu:x}"
+        path = f"/sys/class/net/{ifname}/queues/rx-0/rps_cpus"
+        tb.testbed.exec_in(node, ["sh", "-c", f"echo {mask} > {path}"])
+    script = (
+        f"table netdev {_TABLE} {{\n"
+        "  counter replies {}\n"
+        "  counter stale {}\n"
+        f"  chain ingress {{ type filter hook ingress device {tb.gen_if} priority -500; }}\n"
+        "}\n"
+    )
+    _nft(tb, script)
+
+
+def _nft(tb: BenchTestbed, script: str) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+        f.write(script)
+    try:
+        return tb.testbed.exec_in(tb.gen, ["nft", "-f", f.name]).stdout
+    finally:
+        Path(f.name).unlink()
+
+
+class StampTrialRunner:
+    """Runs trials on a prepared bench (``prepare_bench``) against whatever reflects."""
+
+    def __init__(
+        self,
+        tb: BenchTestbed,
+        *,
+        binary: Path | None = None,
+        gen_cpu: int = 0,
+        batch: int = DEFAULT_BATCH,
+    ) -> None:
+        self.tb = tb
+        self.binary = binary or build_generator()
+        self.gen_cpu = gen_cpu
+        self.batch = batch
+        self._src_mac = _mac(tb, tb.gen, tb.gen_if)
+        self._dst_mac = _mac(tb, tb.sut, tb.sut_if)
+        self._ssid = 0
+        self.trials: list[TrialResult] = []
+
+    def _arm(self, ssid: int) -> None:
+        # Byte offset of the SSID from the UDP header: 8 (UDP) + 14 (RFC 8972 §3).
+        ssid_bits = (8 + 14) * 8
+        _nft(
+            self.tb,
+            f"flush chain netdev {_TABLE} ingress\n"
+            f"reset counters table netdev {_TABLE}\n"
+            f"add rule netdev {_TABLE} ingress meta protocol ip6 udp dport {GEN_PORT} "
+            f"@th,{ssid_bits},16 {ssid} counter name replies drop\n"
+            f"add rule netdev {_TABLE} ingress meta protocol ip6 udp dport {GEN_PORT} "
+            "counter name stale drop\n",
+        )
+
+    def counters(self) -> tuple[int, int]:
+        """(replies of the current trial, stale replies) counted so far."""
+        out = self.tb.testbed.exec_in(
+            self.tb.gen, ["nft", "-j", "list", "counters", "table", "netdev", _TABLE]
+        ).stdout
+        values = {
+            item["counter"]["name"]: int(item["counter"]["packets"])
+            for item in json.loads(out)["nftables"]
+            if "counter" in item
+        }
+        return values.get("replies", 0), values.get("stale", 0)
+
+    def settle(self) -> tuple[int, int]:
+        """Wait until the counters stand still (module doc); their final values."""
+        deadline = time.monotonic() + _SETTLE_MAX_S
+        last = self.counters()
+        while time.monotonic() < deadline:
+            time.sleep(_SETTLE_S)
+            now = self.counters()
+            if now == last:
+                break
+            last = now
+        return last
+
+    def trial(self, rate: float, seconds: float) -> TrialResult:
+        """Offer ``rate`` frames/s for ``seconds``; count what the reflector sent back."""
+        self.settle()  # let the previous trial's backlog drain before this one starts
+        self._ssid = self._ssid % 0xFFFF + 1
+        self._arm(self._ssid)
+        frame = stamp_frame(
+            self._src_mac, self._dst_mac, self.tb.gen_addr, self.tb.sut_addr, ssid=self._ssid
+        )
+        argv = [str(self.binary), self.tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}"]
+        proc = self.tb.run_pinned(
+            self.tb.gen,
+            [*argv, str(self.batch)],
+            self.gen_cpu,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = proc.communicate(timeout=seconds + 30)
+        if proc.returncode != 0:
+            raise GeneratorError(f"bench: generator failed ({proc.returncode}): {err.decode()}")
+        stats = json.loads(out.decode().splitlines()[-1])
+        received, stale = self.settle()
+        result = TrialResult(
+            rate=rate,
+            seconds=seconds,
+            offered=int(stats["offered"]),
+            received=received,
+            input_drops=int(stats["input_drops"]),
+            stale=stale,
+            elapsed_s=float(stats["elapsed_s"]),
+        )
+        self.trials.append(result)
+        return result
+
+
+def generator_ceiling(runner: StampTrialRunner, seconds: float = 2.0) -> float:
+    """Frames/s the generator offers when asked for far more than it can send.
+
+    Run with nothing reflecting (the SUT's kernel drops the frames): the figure is the
+    generator's own limit on this machine, to compare with the PDRs it measures.
+    """
+    result = runner.trial(1e9, seconds)
+    return result.offered_rate

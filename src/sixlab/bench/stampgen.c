@@ -1,0 +1,162 @@
+/*
+ * stampgen: offer STAMP Session-Sender frames at a fixed rate from one CPU.
+ *
+ * Built and run by sixlab.bench.generator (see its docstring for why C and why
+ * sendmmsg on an AF_PACKET socket with PACKET_QDISC_BYPASS).
+ *
+ *   stampgen IFNAME FRAME_HEX RATE_PPS SECONDS BATCH
+ *
+ * FRAME_HEX is a whole Ethernet frame (Ethernet + IPv6 + UDP + STAMP) with a valid UDP
+ * checksum. Each frame sent carries the next Sequence Number (RFC 8762 section 4.2.1,
+ * the first 4 bytes of the UDP payload); the UDP checksum is updated for it with
+ * RFC 1624 eqn. 3. Pacing: at every step the number of frames due is
+ * floor(RATE * elapsed) - offered; up to BATCH of them go out in one sendmmsg(2), and
+ * the loop spins on CLOCK_MONOTONIC (vDSO, no system call) when none is due.
+ *
+ * The socket is blocking, so a full send buffer waits (generator-side backpressure,
+ * never counted as loss). With the qdisc bypassed, the only error a veth send gives
+ * is ENOBUFS: the peer's input backlog (the SUT's receive queue) was full and the
+ * frame was dropped there. Such a frame was offered and lost: it counts in
+ * "offered" and "input_drops". sendmmsg(2) loses the error of a message that fails
+ * after others were sent, so the message at the short count is taken as that drop.
+ *
+ * Prints one JSON object: offered, sent, input_drops, elapsed_s, calls.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define MAX_FRAME 2048
+#define MAX_BATCH 256
+/* Ethernet (14) + IPv6 (40): the UDP header; its checksum at +6, payload at +8. */
+#define UDP_OFF 54
+#define CSUM_OFF (UDP_OFF + 6)
+#define SEQ_OFF (UDP_OFF + 8)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* RFC 1624 eqn. 3 for one 16-bit word: HC' = ~(~HC + ~m + m'). */
+static uint16_t csum_update(uint16_t hc, uint16_t old, uint16_t new_) {
+    uint32_t sum = (uint16_t)~hc + (uint16_t)~old + new_;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    uint16_t out = (uint16_t)~sum;
+    return out == 0 ? 0xffff : out; /* UDP sends a computed zero as 0xFFFF (RFC 768) */
+}
+
+static uint16_t get16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+
+static void set_seq(uint8_t *frame, uint32_t seq) {
+    uint16_t csum = get16(frame + CSUM_OFF);
+    uint16_t hi = (uint16_t)(seq >> 16), lo = (uint16_t)seq;
+    csum = csum_update(csum, get16(frame + SEQ_OFF), hi);
+    csum = csum_update(csum, get16(frame + SEQ_OFF + 2), lo);
+    put16(frame + SEQ_OFF, hi);
+    put16(frame + SEQ_OFF + 2, lo);
+    put16(frame + CSUM_OFF, csum);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: %s IFNAME FRAME_HEX RATE_PPS SECONDS BATCH\n", argv[0]);
+        return 2;
+    }
+    const char *ifname = argv[1];
+    const char *hex = argv[2];
+    double rate = atof(argv[3]);
+    double seconds = atof(argv[4]);
+    int batch = atoi(argv[5]);
+    size_t len = strlen(hex) / 2;
+    if (len < SEQ_OFF + 4 || len > MAX_FRAME || strlen(hex) % 2 || rate <= 0 ||
+        seconds <= 0 || batch < 1 || batch > MAX_BATCH) {
+        fprintf(stderr, "stampgen: bad arguments\n");
+        return 2;
+    }
+    static uint8_t frames[MAX_BATCH][MAX_FRAME];
+    for (size_t i = 0; i < len; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            fprintf(stderr, "stampgen: bad frame hex\n");
+            return 2;
+        }
+        frames[0][i] = (uint8_t)(hi << 4 | lo);
+    }
+    for (int b = 1; b < batch; b++) memcpy(frames[b], frames[0], len);
+
+    int fd = socket(AF_PACKET, SOCK_RAW, 0);
+    if (fd < 0) { perror("socket"); return 1; }
+    int one = 1, sndbuf = 4 << 20;
+    if (setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one) < 0)
+        perror("PACKET_QDISC_BYPASS"); /* not fatal: the qdisc path works, slower */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    struct sockaddr_ll sll;
+    memset(&sll, 0, sizeof sll);
+    sll.sll_family = AF_PACKET;
+    sll.sll_protocol = htons(ETH_P_IPV6);
+    sll.sll_ifindex = (int)if_nametoindex(ifname);
+    if (sll.sll_ifindex == 0) { perror(ifname); return 1; }
+    if (bind(fd, (struct sockaddr *)&sll, sizeof sll) < 0) { perror("bind"); return 1; }
+
+    static struct mmsghdr msgs[MAX_BATCH];
+    static struct iovec iov[MAX_BATCH];
+    for (int b = 0; b < batch; b++) {
+        iov[b].iov_base = frames[b];
+        iov[b].iov_len = len;
+        memset(&msgs[b], 0, sizeof msgs[b]);
+        msgs[b].msg_hdr.msg_iov = &iov[b];
+        msgs[b].msg_hdr.msg_iovlen = 1;
+    }
+
+    uint64_t offered = 0, sent = 0, drops = 0, calls = 0;
+    uint32_t seq = 0;
+    double start = now_s(), end = start + seconds, t = start;
+    while ((t = now_s()) < end) {
+        uint64_t due = (uint64_t)(rate * (t - start));
+        if (due <= offered) continue;
+        int n = (int)((due - offered) < (uint64_t)batch ? (due - offered) : (uint64_t)batch);
+        for (int b = 0; b < n; b++) set_seq(frames[b], seq + (uint32_t)b);
+        int done = 0;
+        while (done < n) {
+            int r = sendmmsg(fd, msgs + done, (unsigned)(n - done), 0);
+            calls++;
+            if (r < 0) {
+                if (errno == ENOBUFS) { drops++; offered++; done++; continue; }
+                if (errno == EINTR) continue;
+                perror("sendmmsg");
+                return 1;
+            }
+            sent += (uint64_t)r;
+            offered += (uint64_t)r;
+            done += r;
+            if (done < n) { drops++; offered++; done++; } /* the message at the short count */
+        }
+        seq += (uint32_t)n;
+    }
+    double elapsed = now_s() - start;
+    printf("{\"offered\": %llu, \"sent\": %llu, \"input_drops\": %llu, \"elapsed_s\": %.6f, "
+           "\"calls\": %llu}\n",
+           (unsigned long long)offered, (unsigned long long)sent,
+           (unsigned long long)drops, elapsed, (unsigned long long)calls);
+    return 0;
+}
