@@ -129,6 +129,8 @@ _U64 = (1 << 64) - 1
 #: How often the daemon checks the links its locators sit on (multihoming failover).
 _LINK_POLL_S = 0.2
 _LATENCY_SAMPLES = 20000
+#: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
+_TIMER_GRANULARITY = 0.01
 _READ_BATCH = 64
 
 
@@ -384,6 +386,7 @@ class IlnpDaemon:
         self._clients: dict[socket.socket, bytearray] = {}
         self._stop = False
         self._next_link_poll = 0.0
+        self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
         options = dict(config.policy_options)
@@ -460,8 +463,7 @@ class IlnpDaemon:
 
     def step(self, max_wait: float = 0.2) -> None:
         now = self.clock()
-        deadline = self.host.get_timer()
-        wait = max_wait if deadline is None else min(max_wait, max(0.0, deadline - now))
+        wait = min(max_wait, max(0.0, self._timer_check - now))
         wait = min(wait, max(0.0, self._next_link_poll - now))
         for key, _mask in self._selector.select(wait):
             data = key.data
@@ -474,13 +476,27 @@ class IlnpDaemon:
             else:
                 self._on_client(key.fileobj)  # type: ignore[arg-type]
         now = self.clock()
+        if now >= self._timer_check:
+            self._run_timers(now)
+        if now >= self._next_link_poll:
+            self._next_link_poll = now + _LINK_POLL_S
+            self._poll_links(now)
+
+    def _run_timers(self, now: float) -> None:
+        """Fire due host timers, then schedule the next look.
+
+        ``IlnpHost.get_timer`` and ``handle_timer`` walk the whole ILCC, so they run at
+        most every :data:`_TIMER_GRANULARITY` seconds, not once per packet batch: the
+        timers they serve (LU retransmission every second, lifetimes in seconds) do not
+        need finer precision, and per-packet cost stays independent of the ILCC size.
+        """
         deadline = self.host.get_timer()
         if deadline is not None and deadline <= now:
             self.host.handle_timer(now)
             self._flush()
-        if now >= self._next_link_poll:
-            self._next_link_poll = now + _LINK_POLL_S
-            self._poll_links(now)
+            deadline = self.host.get_timer()
+        step = _TIMER_GRANULARITY if deadline is None else max(deadline - now, 0.0)
+        self._timer_check = now + min(max(step, _TIMER_GRANULARITY), 0.2)
 
     # ------------------------------------------------------------------ data path
 
