@@ -1,0 +1,212 @@
+"""ILNP host costs: ILCC lookups by size, the host's receive path, and the daemon end to end.
+
+    python benchmarks/bench_ilnp.py ilcc [--sizes 10,1000000] [--lookups N] [--repeat R]
+    sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
+
+``ilcc`` (no privileges): ns per ``IlccStore.get`` of a random present NID with the
+``hash`` store at each size (and ``linear`` at small sizes, for scale), the ratio of the
+largest to the smallest; then ns per ``IlnpHost.receive`` of a data packet from a known
+correspondent, with the ILCC at the same sizes (the whole per-packet validation path),
+and the cost of one ``get_timer`` walk, which grows with the ILCC.
+
+``daemon`` (root): two namespaces joined by a veth pair, one ``sixlab ilnp host`` daemon
+each (policy ``socket``); a UDP client in one keeps ``W`` requests in flight to an echo
+server in the other for ``S`` seconds. Reports echoes per second and each daemon's
+per-packet processing latency (ring read to TUN write, p50/p99 from its status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sixlab.ilnp import HostConfig, IlccEntry, IlnpHost, create_store
+from sixlab.ilnp.daemon import control_request
+from sixlab.testbed import Testbed
+from sixlab.wire.ilnp import ILV, IlnpPacket, LocatorEntry, Nonce, encode_packet
+
+LOC_A, LOC_B = 0x2001_0DB8_000A_0000, 0x2001_0DB8_000B_0000
+NONCE = Nonce(b"\x01\x02\x03\x04")
+
+
+def _entry(nid: int) -> IlccEntry:
+    return IlccEntry(peer_nid=nid, local_nid=0xB, local_locator=LOC_B, local_nonce=NONCE)
+
+
+def _best_ns(run: Any, n: int, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        run()
+        best = min(best, (time.perf_counter_ns() - t0) / n)
+    return best
+
+
+def bench_lookup(store_name: str, size: int, lookups: int, repeat: int) -> float:
+    store = create_store(store_name)
+    rng = random.Random(size)
+    nids = [rng.getrandbits(64) for _ in range(size)]
+    for nid in nids:
+        store.add(_entry(nid))
+    probe = [nids[rng.randrange(size)] for _ in range(lookups)]
+    get = store.get
+
+    def run() -> None:
+        for nid in probe:
+            get(nid)
+
+    return _best_ns(run, lookups, repeat)
+
+
+def bench_receive(size: int, packets: int, repeat: int) -> tuple[float, float]:
+    """ns per receive() of a known peer's data packet, and ms per get_timer() walk."""
+    host = IlnpHost(HostConfig(nid=0xB, locators=(LocatorEntry(LOC_B),)))
+    rng = random.Random(size)
+    for _ in range(size - 1):
+        host.add_correspondent(rng.getrandbits(64) | 1 << 63, (LocatorEntry(LOC_A),), 0.0)
+    host.add_correspondent(0xA, (LocatorEntry(LOC_A),), 0.0)
+    udp = struct.pack("!HHHH", 4000, 7, 72, 0) + bytes(64)
+    wire = encode_packet(IlnpPacket(ILV(LOC_A, 0xA), ILV(LOC_B, 0xB), 17, udp, NONCE))
+    receive, next_event = host.receive, host.next_event
+
+    def run() -> None:
+        for _ in range(packets):
+            receive(wire, 1.0)
+            next_event()
+
+    per_packet = _best_ns(run, packets, repeat)
+    t0 = time.perf_counter()
+    host.get_timer()
+    return per_packet, (time.perf_counter() - t0) * 1000
+
+
+def run_ilcc(args: argparse.Namespace) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"{'store':8} {'entries':>9} {'ns/lookup':>10}")
+    hash_ns = {}
+    for size in sizes:
+        hash_ns[size] = bench_lookup("hash", size, args.lookups, args.repeat)
+        print(f"{'hash':8} {size:>9} {hash_ns[size]:>10.1f}")
+    for size in (10, 1000, 10000):
+        ns = bench_lookup("linear", size, max(args.lookups // (size // 10 or 1), 200), 3)
+        print(f"{'linear':8} {size:>9} {ns:>10.1f}")
+    lo, hi = min(sizes), max(sizes)
+    print(f"hash ratio {hi} / {lo} entries: {hash_ns[hi] / hash_ns[lo]:.2f}")
+    print(f"\n{'entries':>9} {'ns/receive':>11} {'ms/get_timer':>13}")
+    for size in sizes:
+        per_packet, timer_ms = bench_receive(size, args.packets, args.repeat)
+        print(f"{size:>9} {per_packet:>11.0f} {timer_ms:>13.2f}")
+
+
+# --------------------------------------------------------------------- daemon
+
+ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.bind(("fd00:2ff::b", 7))
+print("ready", flush=True)
+while True:
+    data, peer = s.recvfrom(2048)
+    s.sendto(data, peer)
+"""
+
+CLIENT = """
+import socket, sys, time, json
+window, seconds = int(sys.argv[1]), float(sys.argv[2])
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.bind(("fd00:2ff::a", 0))
+s.connect(("fd00:2ff::b", 7))
+s.settimeout(0.5)
+payload = bytes(64)
+for _ in range(window):
+    s.send(payload)
+got = lost = 0
+start = time.perf_counter()
+end = start + seconds
+while time.perf_counter() < end:
+    try:
+        s.recv(2048)
+        got += 1
+    except TimeoutError:
+        lost += 1
+    s.send(payload)
+elapsed = time.perf_counter() - start
+print(json.dumps({"echoes": got, "timeouts": lost, "seconds": elapsed, "pps": got / elapsed}))
+"""
+
+
+def run_daemon(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="sixlab-bench-ilnp-"))
+    hosts = tmp / "hosts"
+    hosts.write_text("2001:db8:a:0/0:0:0:a alice\n2001:db8:b:0/0:0:0:b bob\n")
+    with Testbed(prefix="sixlab-bench-") as tb:
+        a, b = tb.add_node("a"), tb.add_node("b")
+        tb.add_link(a, b, if_a="eth0", if_b="eth0", addr_a="2001:db8:a::a", addr_b="2001:db8:b::b")
+        tb.exec_in(a, ["ip", "-6", "route", "add", "2001:db8:b::/64", "dev", "eth0"])
+        tb.exec_in(b, ["ip", "-6", "route", "add", "2001:db8:a::/64", "dev", "eth0"])
+        controls = {}
+        for node, nid, loc in ((a, "0:0:0:a", "2001:db8:a:0"), (b, "0:0:0:b", "2001:db8:b:0")):
+            control = str(tmp / f"{node.name}.sock")
+            argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", nid]
+            argv += ["--locator", loc, "--interface", "eth0", "--policy", "socket"]
+            argv += ["--control", control, "--hosts", str(hosts)]
+            proc = tb.run_in(node, argv, stdout=subprocess.PIPE)
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            controls[node.name] = control
+        echo = tb.run_in(b, [sys.executable, "-c", ECHO], stdout=subprocess.PIPE)
+        assert echo.stdout is not None
+        echo.stdout.readline()
+        out = tb.exec_in(
+            a,
+            [sys.executable, "-c", CLIENT, str(args.window), str(args.seconds)],
+            timeout=args.seconds + 30,
+        ).stdout
+        result = json.loads(out)
+        print(
+            f"UDP echo over ILNP, window {args.window}: {result['pps']:.0f} echoes/s "
+            f"({result['echoes']} in {result['seconds']:.1f} s, {result['timeouts']} timeouts)"
+        )
+        for name, control in controls.items():
+            status = control_request(control, {"cmd": "status"})
+            lat = status["latency_us"]
+            print(
+                f"daemon {name}: per-packet ring->TUN p50 {lat['p50']:.1f} us, "
+                f"p99 {lat['p99']:.1f} us over the last {lat['samples']} packets; "
+                f"ring drops {sum(r['drops'] for r in status['rings'].values())}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="part", required=True)
+    ilcc = sub.add_parser("ilcc")
+    ilcc.add_argument("--sizes", default="10,1000000")
+    ilcc.add_argument("--lookups", type=int, default=200_000)
+    ilcc.add_argument("--packets", type=int, default=50_000)
+    ilcc.add_argument("--repeat", type=int, default=5)
+    daemon = sub.add_parser("daemon")
+    daemon.add_argument("--seconds", type=float, default=5.0)
+    daemon.add_argument("--window", type=int, default=32)
+    args = parser.parse_args()
+    if args.part == "ilcc":
+        run_ilcc(args)
+    else:
+        if socket.has_ipv6 is False:
+            raise SystemExit("IPv6 needed")
+        run_daemon(args)
+
+
+if __name__ == "__main__":
+    main()
