@@ -387,6 +387,7 @@ class TcpFlow:
 # --------------------------------------------------------------------- tests
 
 
+@pytest.mark.interop
 def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(net: IlnpNet) -> None:
     """Unmodified sockets over ILNP; the wire shows the nonce and NID-only checksums."""
     da, db = net.start_pair()
