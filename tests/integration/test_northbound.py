@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,10 +375,13 @@ def test_unreachable_agent_is_reported_unhealthy(world: World) -> None:
 # -------------------------------------------------------------- the controller process
 
 
-def _start_controller(tmp: Path, db: Path) -> tuple[subprocess.Popen[str], str]:
+def _start_controller(tmp: Path, db: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     address = f"unix:{tmp}/ctl.sock"
     proc = subprocess.Popen(
-        [*CONTROLLER_CMD, "serve", "--db", str(db), "--grpc", address, "--poll-interval", "0.05"],
+        [
+            *CONTROLLER_CMD,
+            *("serve", "--db", str(db), "--grpc", address, "--poll-interval", "0.05", *extra),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -404,8 +409,19 @@ def _ok(address: str, *args: str) -> str:
     return out.stdout
 
 
+def _free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None:
-    proc, _ = _start_controller(tmp_path, tmp_path / "c.db")
+    metrics_port = _free_tcp_port()
+    proc, line = _start_controller(
+        tmp_path, tmp_path / "c.db", "--metrics", f"127.0.0.1:{metrics_port}"
+    )
+    assert line.strip().endswith(f"resumed=0 metrics=127.0.0.1:{metrics_port}")
     address = f"unix:{tmp_path}/ctl.sock"
     try:
         assert "registered (sender" in _ok(
@@ -461,6 +477,11 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
         assert "sent 30, received 30, lost 0 (forward 0, backward 0)" in table
         assert "29" in _ok(address, "results", "p", "--limit", "30")
         assert "finished" in _ok(address, "session", "list")
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            metrics = reply.read().decode()
+        assert 'sixlab_stamp_delay_seconds_count{direction="rtt",path="p"} 30.0' in metrics
+        assert 'sixlab_agent_up{node="s"} 1.0' in metrics
         # A refused request: one line on stderr, exit 1, no traceback.
         bad = _cli(address, "session", "start", "nope")
         assert bad.returncode == 1

@@ -309,12 +309,16 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     address: str = args.grpc or default_address(server=True)
     socket_path = Path(address.removeprefix("unix:")) if address.startswith("unix:") else None
-    try:
-        if socket_path is not None:
-            # /run/sixlab is 0755 (root's; the socket's own mode guards it); a private
-            # fallback under /tmp is 0700.
-            mode = 0o755 if socket_path.parent.parent == Path("/run") else 0o700
+    if socket_path is not None:
+        # /run/sixlab is 0755 (root's; the socket's own mode guards it); a private
+        # fallback under /tmp is 0700.
+        mode = 0o755 if socket_path.parent.parent == Path("/run") else 0o700
+        try:
             socket_path.parent.mkdir(mode=mode, parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"{PROG}: cannot create {socket_path.parent}: {exc.strerror}", file=sys.stderr)
+            return 2
+    try:
         store = Store(args.db)
     except (OSError, sqlite3.Error) as exc:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)

@@ -78,6 +78,8 @@ MAX_RESULTS = 100_000
 #: Largest request accepted and reply sent (bytes): the largest reply is a full page of
 #: results (see MAX_RESULTS); requests are tiny.
 MAX_MESSAGE_BYTES = 16 << 20
+_U64_MAX = 2**64 - 1
+_I64_MAX = 2**63 - 1
 #: Default STAMP timing when a CreateSession leaves the optional fields out.
 _SPEC_DEFAULTS = SessionSpec(name="", sender="", reflector="", reflector_address="")
 
@@ -241,9 +243,9 @@ def record_to_proto(r: StampResult) -> pb.Record:
         t2_ns=r.t2_ns,
         t3_ns=r.t3_ns,
         t4_ns=r.t4_ns,
-        direct_ns=r.direct_ns,
-        return_ns=r.return_ns,
-        rtt_ns=r.rtt_ns,
+        direct_ns=_i64(r.direct_ns),
+        return_ns=_i64(r.return_ns),
+        rtt_ns=_i64(r.rtt_ns),
         ttl=r.ses_sender_ttl,
         reflector_seq=r.reflector_seq,
         sender_error_estimate=r.sender_error.to_int(),
@@ -256,18 +258,23 @@ def record_to_proto(r: StampResult) -> pb.Record:
 
 def _u64(value: int) -> int:
     """Error bounds can exceed uint64 (255 × 2^31 s, RFC 4656 §4.1.2): saturate."""
-    return min(value, 2**64 - 1)
+    return min(value, _U64_MAX)
+
+
+def _i64(value: int) -> int:
+    """Delays of absurd timestamps (uint64 each) can leave sint64: saturate, not fail."""
+    return max(min(value, _I64_MAX), -_I64_MAX - 1)
 
 
 def summary_to_proto(s: DelaySummary) -> pb.DelaySummary:
     return pb.DelaySummary(
         count=s.count,
-        min_ns=s.min_ns,
-        mean_ns=s.mean_ns,
-        p50_ns=s.p50_ns,
-        p90_ns=s.p90_ns,
-        p99_ns=s.p99_ns,
-        max_ns=s.max_ns,
+        min_ns=_i64(s.min_ns),
+        mean_ns=_i64(s.mean_ns),
+        p50_ns=_i64(s.p50_ns),
+        p90_ns=_i64(s.p90_ns),
+        p99_ns=_i64(s.p99_ns),
+        max_ns=_i64(s.max_ns),
     )
 
 
@@ -415,9 +422,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             if summary is not None:
                 getattr(out, field).CopyFrom(summary_to_proto(summary))
         if stats.direct_jitter_ns is not None:
-            out.direct_jitter_ns = stats.direct_jitter_ns
+            out.direct_jitter_ns = _u64(stats.direct_jitter_ns)
         if stats.return_jitter_ns is not None:
-            out.return_jitter_ns = stats.return_jitter_ns
+            out.return_jitter_ns = _u64(stats.return_jitter_ns)
         if stats.max_error_bound_ns is not None:
             out.max_error_bound_ns = _u64(stats.max_error_bound_ns)
         if since is None and row.forward_lost is not None:
