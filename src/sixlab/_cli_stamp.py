@@ -8,6 +8,7 @@ summary (or one JSON document with ``--json``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import signal
@@ -110,6 +111,7 @@ def add_parsers(stamp: Any) -> None:
     s.add_argument("--auth-key", type=_key, default=None)
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
+    s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
     s.add_argument("--json", action="store_true", help="one JSON document at the end")
     s.set_defaults(handler=_run_sender)
 
@@ -126,11 +128,6 @@ def _run_reflector(args: argparse.Namespace) -> int:
         fmt=_fmt(args.ptp),
         return_segments=args.return_segments,
     )
-    reflector = Reflector()
-    if args.ssid is None:
-        reflector.set_default(config)
-    else:
-        reflector.add_session(config)
     plane = create(
         args.dataplane,
         DataplaneConfig(port=args.port, interface=args.interface, source=args.listen),
@@ -140,7 +137,17 @@ def _run_reflector(args: argparse.Namespace) -> int:
     except DataplaneError as exc:
         print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
         return 1
+    reflector = Reflector()
     engine = ReflectorEngine(plane, reflector)
+    try:  # through the engine: a plane that answers in the kernel needs the session too
+        if args.ssid is None:
+            engine.set_default(config)
+        else:
+            engine.add_session(config)
+    except DataplaneError as exc:
+        plane.close()
+        print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -149,15 +156,21 @@ def _run_reflector(args: argparse.Namespace) -> int:
         f"reflecting on [{args.listen or '::'}]:{args.port} with the {args.dataplane} data plane",
         file=sys.stderr,
     )
+    kernel: dict[str, int] = {}
     try:
         while not stop.wait(0.5) and engine.running:
             pass
     finally:
         engine.shutdown()
+        with contextlib.suppress(DataplaneError):
+            kernel = plane.counters()
         plane.close()
     c = reflector.counters
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
+    if kernel:  # packets the plane answered or dropped itself (xdp), never seen above
+        handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
+        print(f"{args.dataplane} data plane: {handled}", file=sys.stderr)
     if engine.error is not None:
         print(f"sixlab stamp reflector: {engine.error}", file=sys.stderr)
         return 1
@@ -206,7 +219,10 @@ def _run_sender(args: argparse.Namespace) -> int:
         tlvs=tlvs,
         loss_timeout_ns=round(args.timeout * NS_PER_S),
     )
-    plane = create(args.dataplane, DataplaneConfig(port=args.source_port, source=args.source))
+    plane = create(
+        args.dataplane,
+        DataplaneConfig(port=args.source_port, interface=args.interface, source=args.source),
+    )
     try:
         plane.open()
     except DataplaneError as exc:

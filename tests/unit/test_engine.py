@@ -188,3 +188,72 @@ def test_memory_plane_refuses_double_bind() -> None:
     a.close()
     b.open()
     b.close()
+
+
+class _HookedPlane(MemoryDataplane):
+    """A memory plane that records the session hooks, and refuses ``refuse`` SSIDs."""
+
+    def __init__(self, config: DataplaneConfig, network: MemoryNetwork, refuse: int) -> None:
+        super().__init__(config, network)
+        self.refuse = refuse
+        self.calls: list[tuple[str, int | None]] = []
+
+    def reflector_session_added(self, config: ReflectorSessionConfig) -> None:
+        if config.ssid == self.refuse:
+            raise DataplaneError(f"hooked: ssid {config.ssid} refused")
+        self.calls.append(("reflector+", config.ssid))
+
+    def reflector_session_removed(self, ssid: int | None) -> None:
+        self.calls.append(("reflector-", ssid))
+
+    def sender_session_added(self, ssid: int) -> None:
+        if ssid == self.refuse:
+            raise DataplaneError(f"hooked: ssid {ssid} refused")
+        self.calls.append(("sender+", ssid))
+
+    def sender_session_removed(self, ssid: int) -> None:
+        self.calls.append(("sender-", ssid))
+
+
+def test_reflector_engine_sessions_reach_the_core_and_the_plane_hooks() -> None:
+    plane = _HookedPlane(DataplaneConfig(port=862, source=R_ADDR), MemoryNetwork(), refuse=9)
+    reflector = Reflector()
+    engine = ReflectorEngine(plane, reflector)
+    engine.add_session(ReflectorSessionConfig(ssid=3))
+    engine.set_default(ReflectorSessionConfig(ssid=None))
+    assert reflector.ssids == [3]
+    with pytest.raises(DataplaneError, match="refused"):
+        engine.add_session(ReflectorSessionConfig(ssid=9))
+    assert reflector.ssids == [3]  # the plane refused: the core is as it was
+    with pytest.raises(ConfigError):
+        engine.add_session(ReflectorSessionConfig(ssid=3))  # the core refuses first
+    assert engine.remove_session(3) == (0, {})
+    assert reflector.ssids == []
+    with pytest.raises(ConfigError):
+        engine.remove_session(3)
+    engine.set_default(None)
+    with pytest.raises(ConfigError):
+        reflector.session_counters(None)  # no default any more
+    assert plane.calls == [
+        ("reflector+", 3),
+        ("reflector+", None),
+        ("reflector-", 3),
+        ("reflector-", None),
+    ]
+
+
+def test_sender_engine_sessions_reach_the_plane_hooks() -> None:
+    plane = _HookedPlane(DataplaneConfig(port=0, source=S_ADDR), MemoryNetwork(), refuse=9)
+    engine = SenderEngine(plane)
+    engine.add_session(_spec(4, 1))
+    with pytest.raises(DataplaneError, match="refused"):
+        engine.add_session(_spec(9, 1))
+    assert engine.sessions() == [4]  # the plane refused: nothing was added
+    engine.remove_session(4)
+    assert plane.calls == [("sender+", 4), ("sender-", 4)]
+
+
+def test_planes_without_their_own_path_have_no_counters() -> None:
+    plane = MemoryDataplane(DataplaneConfig(port=5, source=R_ADDR), MemoryNetwork())
+    assert plane.counters() == {}
+    assert plane.session_counters(1) == {}

@@ -20,7 +20,10 @@ import abc
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from sixlab.stamp.reflector import ReflectorSessionConfig
 
 __all__ = [
     "Dataplane",
@@ -106,6 +109,33 @@ class Dataplane(abc.ABC):
 
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Push out sends a batching plane has queued."""
+
+    # -- session hooks: a plane that answers or collects packets itself (``xdp``) ------
+    # The engines call these, and only they (``ReflectorEngine.add_session`` and the
+    # like), after the core has the change, so the core and the plane never disagree
+    # about which sessions exist. A plane that only moves bytes ignores them.
+
+    def reflector_session_added(self, config: ReflectorSessionConfig) -> None:  # noqa: B027
+        """A reflector session (``config.ssid is None``: the default one) now exists."""
+
+    def reflector_session_removed(self, ssid: int | None) -> None:  # noqa: B027
+        """Reflector session ``ssid`` (None: the default one) is gone."""
+
+    def sender_session_added(self, ssid: int) -> None:  # noqa: B027
+        """Sender session ``ssid`` now exists: its replies may be collected by the plane."""
+
+    def sender_session_removed(self, ssid: int) -> None:  # noqa: B027
+        """Sender session ``ssid`` is gone."""
+
+    def counters(self) -> dict[str, int]:
+        """The plane's own packet counters by name (e.g. ``reflected``, ``drop-*``) for
+        packets it handled without the engine; empty for a plane that has none."""
+        return {}
+
+    def session_counters(self, ssid: int | None) -> dict[str, int]:
+        """The plane's own counters of one session (None: the default session)."""
+        del ssid
+        return {}
 
     def __enter__(self) -> Dataplane:
         self.open()

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received
 from sixlab.stamp import _events as ev
-from sixlab.stamp.reflector import PacketContext, Reflector
+from sixlab.stamp._events import DropReason
+from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
 
@@ -185,6 +186,43 @@ class ReflectorEngine(_Loop):
         self.fast_batch = fast_batch
         self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
 
+    # -- control (any thread) ----------------------------------------------------------
+    # The one place sessions change on a reflector: the core under the engine lock, then
+    # the data plane's hook (a plane that answers in the kernel needs the session too).
+    # A plane that refuses leaves the core as it was.
+
+    def add_session(self, config: ReflectorSessionConfig) -> None:
+        """Answer the SSID of ``config`` (use ``set_default`` for the SSID-agnostic one)."""
+        with self.lock:
+            self.reflector.add_session(config)
+            try:
+                self.dataplane.reflector_session_added(config)
+            except BaseException:
+                assert config.ssid is not None  # add_session refused None
+                self.reflector.remove_session(config.ssid)
+                raise
+
+    def remove_session(self, ssid: int) -> tuple[int, dict[DropReason, int]]:
+        """Stop answering ``ssid``; the core's (replies, drops by reason) of the session."""
+        with self.lock:
+            counts = self.reflector.session_counters(ssid)
+            self.reflector.remove_session(ssid)
+            self.dataplane.reflector_session_removed(ssid)
+            return counts
+
+    def set_default(self, config: ReflectorSessionConfig | None) -> None:
+        """Answer every SSID without a session of its own with ``config`` (None: stop)."""
+        with self.lock:
+            self.reflector.set_default(config)
+            if config is None:
+                self.dataplane.reflector_session_removed(None)
+                return
+            try:
+                self.dataplane.reflector_session_added(config)
+            except BaseException:
+                self.reflector.set_default(None)
+                raise
+
     def _on_readable(self) -> None:
         fast = self._fast
         if fast is None:
@@ -290,7 +328,13 @@ class SenderEngine(_Loop):
         with self.lock:
             if ssid in self._entries:
                 raise ev.ConfigError(f"ssid: session {ssid} already exists")
-            self._entries[ssid] = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            self._entries[ssid] = entry
+            try:
+                self.dataplane.sender_session_added(ssid)
+            except BaseException:
+                del self._entries[ssid]
+                raise
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
@@ -311,6 +355,7 @@ class SenderEngine(_Loop):
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
+            self.dataplane.sender_session_removed(ssid)
             self._cond.notify_all()
 
     def sessions(self) -> list[int]:

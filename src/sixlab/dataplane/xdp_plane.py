@@ -26,8 +26,11 @@ and one user-space path share the plane's UDP port:
   the base packet (RFC 8762 §4.6) and packets of no configured session.
 
 One interface carries one XDP program, so a plane is a reflector or a collector, chosen
-by the first session call. The agent configures its ``Reflector`` core *and* the plane:
-the core for the user-space path, the plane for the kernel's.
+by the first session call. Sessions reach the plane through the data-plane hooks
+(``reflector_session_added`` and the like, ``sixlab.dataplane.base``) that the engines
+call whenever they change their core (``ReflectorEngine.add_session``,
+``SenderEngine.add_session``...): the core serves the user-space path, the plane the
+kernel's, and both always hold the same sessions.
 
 Clocks: ``bpf_ktime_get_tai_ns()`` reads CLOCK_TAI, whose offset from CLOCK_REALTIME is
 whatever the kernel was told (0 on a machine no NTP/PTP daemon set it on). ``open``
@@ -296,7 +299,12 @@ class XdpDataplane(Dataplane):
             self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
             _detach_ours(self.ifindex)
             self.tai_offset_ns = measure_tai_offset_ns()
-            config = pack_config(self.config.port, self.hop_limit, self.tai_offset_ns)
+            sock = SocketDataplane(self.config)
+            sock.open()
+            self._socket = sock
+            # The port the socket got: a sender's ``port=0`` is an ephemeral one, and the
+            # collector must match the replies that come back to it.
+            config = pack_config(sock.local_port, self.hop_limit, self.tai_offset_ns)
             for name in ("stamp_reflector", "stamp_collector"):
                 obj = libbpf.BpfObject(paths[name])
                 self._objects[name] = obj
@@ -305,9 +313,6 @@ class XdpDataplane(Dataplane):
             self._ring = libbpf.RingBuffer(
                 self._objects["stamp_collector"].map("stamp_records"), self._on_record
             )
-            sock = SocketDataplane(self.config)
-            sock.open()
-            self._socket = sock
             self._epoll = select.epoll()
             self._epoll.register(sock.fileno(), select.EPOLLIN)
             self._epoll.register(self._ring.epoll_fd(), select.EPOLLIN)
@@ -409,6 +414,27 @@ class XdpDataplane(Dataplane):
         self._senders.discard(ssid)
         return self._object("stamp_collector").map("stamp_senders").delete(_U32.pack(ssid))
 
+    # -- the engines' session hooks (sixlab.dataplane.base) ----------------------------
+
+    def reflector_session_added(self, config: ReflectorSessionConfig) -> None:
+        self.set_reflector_session(config)
+
+    def reflector_session_removed(self, ssid: int | None) -> None:
+        if self._objects:
+            self.remove_reflector_session(ssid)
+
+    def sender_session_added(self, ssid: int) -> None:
+        self.add_sender_session(ssid)
+
+    def sender_session_removed(self, ssid: int) -> None:
+        if self._objects:
+            self.remove_sender_session(ssid)
+
+    @property
+    def local_port(self) -> int:
+        """The UDP port of the user-space path (the kernel programs' port too)."""
+        return self._sock().local_port
+
     # -- counters ---------------------------------------------------------------------
 
     def counters_by_session(self) -> dict[int | None, dict[str, int]]:
@@ -443,6 +469,10 @@ class XdpDataplane(Dataplane):
             for label, n in per.items():
                 totals[label] = totals.get(label, 0) + n
         return totals
+
+    def session_counters(self, ssid: int | None) -> dict[str, int]:
+        """Kernel counters of one session (None: the default session), by reason."""
+        return self.counters_by_session().get(-1 if ssid is None else ssid, {})
 
     def program_stats(self) -> libbpf.ProgInfo:
         """The attached program's kernel info (run_time_ns/run_cnt need bpf_stats_enabled)."""

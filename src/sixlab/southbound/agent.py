@@ -602,8 +602,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             rec = self._reflectors[ssid]
             if rec.state is State.RUNNING:
                 raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {ssid} already running")
-            with rt.reflector.lock:
-                rt.reflector.reflector.add_session(rec.config)
+            rt.reflector.add_session(rec.config)
             rec.state = State.RUNNING
         return pb.StartStampSessionReply()
 
@@ -624,9 +623,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
 
     def _stop_reflector(self, rt: _Runtime, ssid: int, rec: _ReflectorRecord) -> None:
         assert rt.reflector is not None
-        with rt.reflector.lock:
-            reflected, dropped = rt.reflector.reflector.session_counters(ssid)
-            rt.reflector.reflector.remove_session(ssid)
+        reflected, dropped = rt.reflector.remove_session(ssid)
         rec.reflected += reflected
         for reason, n in dropped.items():
             rec.dropped[reason] = rec.dropped.get(reason, 0) + n
@@ -781,9 +778,15 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     reply.reflector.received = rc.received
                     reply.reflector.reflected = rc.reflected
                     reply.reflector.dropped.update(_drops(rc.dropped))
+        if rt is not None:
+            reply.dataplane.update(rt.dataplane.counters())
         for ssid in ssids:
             reply.sessions.append(self._session_counters(ssid))
         return reply
+
+    def _dataplane_counters(self, ssid: int) -> dict[str, int]:
+        rt = self._rt
+        return {} if rt is None else rt.dataplane.session_counters(ssid)
 
     def _session_counters(self, ssid: int) -> pb.SessionCounters:
         rt = self._rt
@@ -807,11 +810,16 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost
+            out.dataplane.update(self._dataplane_counters(ssid))
             return out
         rec = self._reflectors[ssid]
         reflected, dropped = self._reflector_counts(ssid, rec)
         return pb.SessionCounters(
-            ssid=ssid, state=_STATE_PB[rec.state], reflected=reflected, dropped=dropped
+            ssid=ssid,
+            state=_STATE_PB[rec.state],
+            reflected=reflected,
+            dropped=dropped,
+            dataplane=self._dataplane_counters(ssid),
         )
 
 

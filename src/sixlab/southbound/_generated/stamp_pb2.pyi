@@ -1066,6 +1066,26 @@ class SessionCounters(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class DataplaneEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SSID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
@@ -1079,6 +1099,7 @@ class SessionCounters(_message.Message):
     QUEUED_FIELD_NUMBER: _builtins.int
     OVERFLOW_FIELD_NUMBER: _builtins.int
     FETCHED_FIELD_NUMBER: _builtins.int
+    DATAPLANE_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     state: Global___SessionState.ValueType
@@ -1109,6 +1130,13 @@ class SessionCounters(_message.Message):
     def dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Packets dropped by reason (e.g. "hmac-failed", "late", "too-short")."""
 
+    @_builtins.property
+    def dataplane(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Packets of this session the data plane handled itself, by what it did (the xdp
+        plane's kernel counters: "reflected", "collected", "pass-auth", "drop-*", ...); empty
+        for planes that hand every packet to the engine. Not included in the fields above.
+        """
+
     def __init__(
         self,
         *,
@@ -1125,10 +1153,11 @@ class SessionCounters(_message.Message):
         queued: _builtins.int = ...,
         overflow: _builtins.int = ...,
         fetched: _builtins.int = ...,
+        dataplane: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
@@ -1140,10 +1169,31 @@ Global___SessionCounters: _TypeAlias = SessionCounters  # noqa: Y015
 class GetCountersReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class DataplaneEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ROLE_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     REFLECTOR_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    DATAPLANE_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     """The agent's role."""
     @_builtins.property
@@ -1158,6 +1208,12 @@ class GetCountersReply(_message.Message):
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionCounters]:
         """Per session, ascending SSID."""
 
+    @_builtins.property
+    def dataplane(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The data plane's own counters summed over every session and over packets of no
+        session, by reason (see SessionCounters.dataplane); empty for most planes.
+        """
+
     def __init__(
         self,
         *,
@@ -1165,10 +1221,11 @@ class GetCountersReply(_message.Message):
         engine: Global___EngineCounters | None = ...,
         reflector: Global___ReflectorCounters | None = ...,
         sessions: _abc.Iterable[Global___SessionCounters] | None = ...,
+        dataplane: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "reflector", b"reflector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "reflector", b"reflector", "role", b"role", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataplane", b"dataplane", "engine", b"engine", "reflector", b"reflector", "role", b"role", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
