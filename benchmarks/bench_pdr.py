@@ -17,43 +17,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-PORT = 862
-
-
-def _reflector(plane: str, interface: str) -> None:
-    from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
-    from sixlab.dataplane.engine import ReflectorEngine  # noqa: PLC0415
-    from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig  # noqa: PLC0415
-
-    dp = create(plane, DataplaneConfig(port=PORT, interface=interface))
-    dp.open()
-    reflector = Reflector(ReflectorSessionConfig(None))
-    engine = ReflectorEngine(dp, reflector)
-    engine.start()
-    print("ready", flush=True)
-    sys.stdin.read()
-    engine.shutdown()
-    if hasattr(dp, "kernel_stats"):  # packets the kernel could not put in the ring
-        print(json.dumps({"ring": dp.kernel_stats()}), file=sys.stderr, flush=True)
-    dp.close()
-    if engine.error is not None:
-        raise engine.error
-    counters: dict[str, object] = {
-        "received": engine.counters.received,
-        "reflected": reflector.counters.reflected,
-        "send_failed": engine.counters.send_failed,
-    }
-    plane_counters = getattr(dp, "counters", None)
-    if plane_counters is not None:  # the capture planes count what they skipped
-        counters["plane"] = {k: getattr(plane_counters, k) for k in plane_counters.__slots__}
-    print(json.dumps(counters), flush=True)
 
 
 def _log(plane: str, message: str) -> None:
@@ -82,13 +49,7 @@ def main() -> None:
     parser.add_argument("--min-rate", type=float, default=200.0)
     parser.add_argument("--max-rate", type=float, default=0.0, help="0: generator ceiling")
     parser.add_argument("--json", type=Path, help="write every trial here")
-    parser.add_argument("--role", choices=["reflector"], help=argparse.SUPPRESS)
-    parser.add_argument("--plane", help=argparse.SUPPRESS)
-    parser.add_argument("--interface", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.role == "reflector":
-        _reflector(args.plane, args.interface)
-        return
 
     from sixlab.bench.generator import (  # noqa: PLC0415
         StampTrialRunner,
@@ -96,9 +57,9 @@ def main() -> None:
         prepare_bench,
     )
     from sixlab.bench.pdr import search_pdr  # noqa: PLC0415
+    from sixlab.bench.reflector import ReflectorProcess  # noqa: PLC0415
     from sixlab.testbed import two_node_bench  # noqa: PLC0415
 
-    me = [sys.executable, str(Path(__file__).resolve())]
     rows: list[dict[str, object]] = []
     with two_node_bench() as tb:
         prepare_bench(tb)
@@ -107,13 +68,7 @@ def main() -> None:
         print(f"generator ceiling: {ceiling:,.0f} frames/s offered (nothing reflecting)")
         max_rate = args.max_rate or ceiling
         for plane in _planes(args.planes):
-            refl = tb.run_pinned(
-                tb.sut, [*me, "--role", "reflector", "--plane", plane, "--interface", tb.sut_if],
-                1, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            )  # fmt: skip
-            assert refl.stdout is not None
-            if refl.stdout.readline().strip() != b"ready":
-                raise SystemExit(f"{plane}: reflector did not start")
+            refl = ReflectorProcess(tb, plane, cpu=1)
             started = time.monotonic()
             result = search_pdr(
                 runner.trial,
@@ -126,8 +81,7 @@ def main() -> None:
                 method=args.method,
                 log=functools.partial(_log, plane),
             )
-            refl_out, _ = refl.communicate(b"", timeout=60)
-            counters = json.loads(refl_out.splitlines()[-1])
+            counters = refl.finish()
             print(f"{plane}: PDR {result.pdr:,.0f} frames/s ({len(result.trials)} trials, "
                   f"{time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
             rows.append(

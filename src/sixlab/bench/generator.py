@@ -79,6 +79,7 @@ _SETTLE_MAX_S = 3.0
 _SOURCE = Path(__file__).with_name("stampgen.c")
 _TABLE = "sixlab_bench"
 _ETHERTYPE_IPV6 = b"\x86\xdd"
+_IPPROTO_UDP = 17
 
 
 class GeneratorError(RuntimeError):
@@ -207,15 +208,19 @@ class StampTrialRunner:
         self.trials: list[TrialResult] = []
 
     def _arm(self, ssid: int) -> None:
-        # Byte offset of the SSID from the UDP header: 8 (UDP) + 14 (RFC 8972 §3).
-        ssid_bits = (8 + 14) * 8
+        # Raw offsets from the IPv6 header (replies are plain IPv6/UDP, RFC 8200 §3):
+        # Next Header at byte 6, UDP destination port at 40 + 2, SSID at 40 + 8 + 14
+        # (RFC 8972 §3). Not ``udp dport``: nftables' netdev ingress leaves the transport
+        # header unset for some frames that come from a TX ring, and such a rule then
+        # misses them (seen here: ``meta l4proto udp`` matched 37 of 99 replies).
+        match = f"@nh,48,8 {_IPPROTO_UDP} @nh,336,16 {GEN_PORT}"
         _nft(
             self.tb,
             f"flush chain netdev {_TABLE} ingress\n"
             f"reset counters table netdev {_TABLE}\n"
-            f"add rule netdev {_TABLE} ingress meta protocol ip6 udp dport {GEN_PORT} "
-            f"@th,{ssid_bits},16 {ssid} counter name replies drop\n"
-            f"add rule netdev {_TABLE} ingress meta protocol ip6 udp dport {GEN_PORT} "
+            f"add rule netdev {_TABLE} ingress meta protocol ip6 {match} "
+            f"@nh,496,16 {ssid} counter name replies drop\n"
+            f"add rule netdev {_TABLE} ingress meta protocol ip6 {match} "
             "counter name stale drop\n",
         )
 
