@@ -192,7 +192,9 @@ def test_stop_then_finish_and_state_errors(agents: Agents, northbound: Northboun
         c.start_session("p")
     assert err.value.code is Code.FAILED_PRECONDITION
     assert "name" in err.value.details
-    time.sleep(0.3)
+    with pytest.raises(NorthboundError, match="is running, not finished") as err:
+        c.wait_state("p", ("finished",), timeout=0.3)  # runs until stopped
+    assert err.value.code is Code.DEADLINE_EXCEEDED
     c.stop_session("p")
     info = c.wait_state("p", ("finished",), timeout=10)
     assert info.stored == info.sent > 0
@@ -301,7 +303,13 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("RegisterNode", _reg(name=""), INVALID, "name", False),
     ("RegisterNode", _reg(role=pb.NODE_ROLE_UNSPECIFIED), INVALID, "role", False),
     ("RegisterNode", _reg(role=pb.NodeRole.ValueType(7)), INVALID, "role", False),
+    ("RegisterNode", _reg(name="a b"), INVALID, "name", False),
+    ("RegisterNode", _reg(name="n" * 65), INVALID, "name", False),
     ("RegisterNode", _reg(address="nowhere"), INVALID, "address", False),
+    ("RegisterNode", _reg(address="[::1]:port"), INVALID, "address", False),
+    ("RegisterNode", _reg(address="[::1]:0"), INVALID, "address", False),
+    ("RegisterNode", _reg(address="::1:50051"), INVALID, "brackets", False),
+    ("RegisterNode", _reg(address="unix:"), INVALID, "address", False),
     ("RegisterNode", _reg(name="s"), EXISTS, "name", False),
     ("InitNode", _init(name=""), INVALID, "name", False),
     ("InitNode", _init(name="x"), NOT_FOUND, "no node named 'x'", False),
@@ -312,6 +320,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("InitNode", _init(name="s", port=0), PRECONDITION, "agent", True),
     ("InitNode", _init(name="gone"), UNAVAILABLE, "agent", True),
     ("CreateSession", _create(name=""), INVALID, "name", False),
+    ("CreateSession", _create(name="p\n"), INVALID, "name", False),
     ("CreateSession", _create(sender=""), INVALID, "sender", False),
     ("CreateSession", _create(reflector_address=""), INVALID, "reflector_address", False),
     ("CreateSession", _create(reflector_address="10.0.0.1"), INVALID, "reflector_address", False),
@@ -453,12 +462,9 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
             10 * MS,
         )
         assert _ok(address, "session", "start", "p").strip() == "session p started"
-        deadline = time.monotonic() + 20
-        while True:
-            sessions = json.loads(_ok(address, "session", "list", "--json"))
-            if sessions[0]["state"] == "finished" or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        waited = _ok(address, "session", "wait", "p", "--timeout", "20")
+        assert waited.strip() == "session p finished: sent 30, lost 0, stored 30"
+        sessions = json.loads(_ok(address, "session", "list", "--json"))
         assert [(s["name"], s["state"], s["sent"], s["lost"], s["stored"]) for s in sessions] == [
             ("p", "finished", 30, 0, 30)
         ]
@@ -487,6 +493,9 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
         assert bad.returncode == 1
         assert bad.stdout == ""
         assert bad.stderr == "sixlab controller: NOT_FOUND: session: no session named 'nope'\n"
+        missing = _cli(address, "session", "wait", "nope", "--timeout", "0.1")
+        assert (missing.returncode, missing.stdout) == (1, "")
+        assert missing.stderr.startswith("sixlab controller: NOT_FOUND: ")
         dup = _cli(address, "node", "add", "s", "[::1]:1", "--role", "sender")
         assert dup.returncode == 1
         assert "ALREADY_EXISTS" in dup.stderr

@@ -91,6 +91,7 @@ def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         ([*CREATE_OK, "--collect", "push"], "invalid choice"),
         ([*CREATE_OK, "--source", "fc00::1::1"], "not an IPv6 address"),
         (["controller", "session", "start"], "name"),
+        (["controller", "session", "wait", "p", "--timeout", "0"], "must be positive"),
         (["controller", "session", "pause", "p"], "invalid choice"),
         (["controller", "results", "p", "--limit", "-1"], "must not be negative"),
         (["controller", "results", "p", "--since-ns", "yesterday"], "not an integer"),

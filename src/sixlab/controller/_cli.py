@@ -10,6 +10,7 @@
     sixlab controller session create path-a --sender s1 --reflector r1 \\
         --reflector-address fc00:3::1 --segments fc00:2::100,fc00:3::1 --count 100
     sixlab controller session start path-a
+    sixlab controller session wait path-a --timeout 30
     sixlab controller stats path-a           # a table; --json for programs
     sixlab controller results path-a --json
 
@@ -267,6 +268,14 @@ def add_parsers(sub: Any) -> None:
         p = s_cmds.add_parser(action, parents=[client], help=help_text)
         p.add_argument("name")
         p.set_defaults(handler=_client_handler(_session_action(action)))
+    wait = s_cmds.add_parser(
+        "wait", parents=[client, as_json], help="wait until a session has finished"
+    )
+    wait.add_argument("name")
+    wait.add_argument(
+        "--timeout", type=_seconds, default=60.0, help="give up after this long (default 60 s)"
+    )
+    wait.set_defaults(handler=_client_handler(_session_wait))
     s_ls = s_cmds.add_parser("list", parents=[client, as_json], help="sessions and counters")
     s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
     s_ls.set_defaults(handler=_client_handler(_session_list))
@@ -534,6 +543,18 @@ def _session_action(action: str) -> Callable[[ControllerClient, argparse.Namespa
         print(f"session {args.name} {done}")
 
     return run
+
+
+def _session_wait(c: ControllerClient, args: argparse.Namespace) -> None:
+    """Exit 0 once the session finished (or was destroyed), 1 with a line on timeout."""
+    info = c.wait_state(args.name, ("finished", "destroyed"), args.timeout)
+    if args.json:
+        _print_json(session_json(info))
+    else:
+        print(
+            f"session {info.name} {info.state}: sent {info.sent}, lost {info.lost}, "
+            f"stored {info.stored}"
+        )
 
 
 def _session_list(c: ControllerClient, args: argparse.Namespace) -> None:

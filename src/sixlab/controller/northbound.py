@@ -75,6 +75,11 @@ DEFAULT_MAX_WORKERS = 8
 #: A Record is about 80 bytes encoded: 100 000 of them stay under 10 MiB.
 DEFAULT_RESULTS_LIMIT = 10_000
 MAX_RESULTS = 100_000
+#: Longest node or session name: they label metrics and table rows, and are typed.
+MAX_NAME = 64
+#: gRPC target schemes passed through as they are (gRPC's naming doc); anything else
+#: must be host:port.
+_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
 #: Largest request accepted and reply sent (bytes): the largest reply is a full page of
 #: results (see MAX_RESULTS); requests are tiny.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -181,6 +186,30 @@ def _required(name: str, value: str) -> str:
     return value
 
 
+def _new_name(field: str, value: str) -> str:
+    """A name for something new: non-empty, at most MAX_NAME printable non-blank chars."""
+    _required(field, value)
+    if len(value) > MAX_NAME:
+        raise _invalid(f"{field}: {len(value)} characters, at most {MAX_NAME}")
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise _invalid(f"{field}: {value!r} has blanks or control characters")
+    return value
+
+
+def _agent_address(text: str) -> str:
+    """A gRPC target: a known scheme, or host:port (IPv6 literal hosts in brackets)."""
+    if text.startswith(_SCHEMES):
+        if not text.partition(":")[2]:
+            raise _invalid(f"address: {text!r} names no socket or host")
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise _invalid(f"address: {text!r} is not host:port, [v6]:port or unix:PATH")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise _invalid(f"address: {text!r}: an IPv6 host goes in brackets, [{host}]:{port}")
+    return text
+
+
 def _v6(name: str, text: str) -> None:
     try:
         ipaddress.IPv6Address(text)
@@ -280,7 +309,7 @@ def summary_to_proto(s: DelaySummary) -> pb.DelaySummary:
 
 def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
     """The controller's SessionSpec for a request (its ``validate`` checks the rest)."""
-    _required("name", request.name)
+    _new_name("name", request.name)
     _required("sender", request.sender)
     _required("reflector", request.reflector)
     _required("reflector_address", request.reflector_address)
@@ -334,7 +363,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @_handler(changes=True)
     def RegisterNode(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeReply:  # noqa: N802
-        _required("name", request.name)
+        _new_name("name", request.name)
+        _agent_address(request.address)
         role = _ROLES.get(request.role)
         if role is None:
             raise _invalid(f"role: {request.role} is neither NODE_ROLE_SENDER nor REFLECTOR")

@@ -131,9 +131,11 @@ class RegisterNodeRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Unique name of the node, e.g. "r1"."""
+    """Unique name of the node, e.g. "r1": 1 to 64 printable characters, no blanks."""
     address: _builtins.str
-    """gRPC address of its agent: "host:port", "[2001:db8::1]:50051" or "unix:/path"."""
+    """gRPC address of its agent: "host:port", "[2001:db8::1]:50051", "unix:/path" (or
+    another gRPC scheme: "unix-abstract:", "dns:", "ipv4:", "ipv6:").
+    """
     role: Global___NodeRole.ValueType
     def __init__(
         self,
@@ -329,7 +331,9 @@ class CreateSessionRequest(_message.Message):
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     COLLECT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Unique name of the session (usually the path's), e.g. "path-a"."""
+    """Unique name of the session (usually the path's), e.g. "path-a": 1 to 64 printable
+    characters, no blanks.
+    """
     sender: _builtins.str
     """Names of the sender and the reflector node."""
     reflector: _builtins.str
