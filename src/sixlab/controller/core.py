@@ -127,6 +127,8 @@ class _Collector:
     name: str
     thread: threading.Thread
     stop: threading.Event = field(default_factory=threading.Event)
+    #: The result stream being read (stream mode), cancelled to stop at once.
+    stream: Any = None
 
 
 ClientFactory = Callable[[str], AgentClient]
@@ -367,6 +369,8 @@ class Controller:
             col = self._collectors.pop(name, None)
         if col is not None:
             col.stop.set()
+            if col.stream is not None:
+                col.stream.cancel()
             if col.thread is not threading.current_thread():
                 col.thread.join(10)
 
@@ -378,7 +382,7 @@ class Controller:
                 self._ensure_on_agent(row)
                 row = self.store.session(col.name)
                 done = (
-                    self._stream_once(row, col.stop)
+                    self._stream_once(row, col)
                     if row.params["collect"] == CollectMode.STREAM
                     else self._poll_once(row)
                 )
@@ -455,13 +459,17 @@ class Controller:
             self._ack(row, cursor)
         return reply.state == pb.SESSION_STATE_FINISHED and not reply.results
 
-    def _stream_once(self, row: SessionRow, stop: threading.Event) -> bool:
+    def _stream_once(self, row: SessionRow, col: _Collector) -> bool:
         stream = self._call(
             row.sender, lambda c: c.stream_results(row.ssid, max_batch=BATCH, after_id=row.cursor)
         )
+        col.stream = stream
+        if col.stop.is_set():  # stopped while the stream was being opened
+            stream.cancel()
+            return False
         try:
             for batch in stream:
-                if stop.is_set():
+                if col.stop.is_set():
                     return False
                 cursor = self._store(row, batch.results)
                 if batch.results:
@@ -470,7 +478,10 @@ class Controller:
                     return True
                 row = self.store.session(row.name)
         except grpc.RpcError as exc:
+            if col.stop.is_set():  # our own cancel
+                return False
             raise SouthboundError.from_rpc(exc) from None
         finally:
+            col.stream = None
             stream.cancel()
         return False
