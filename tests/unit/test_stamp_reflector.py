@@ -617,3 +617,12 @@ def test_packet_of_no_session_is_dropped() -> None:
     assert r.session_counters(1) == (0, {})
     assert r.session_counters(3) == (0, {})
     assert_balanced(r)
+
+
+def test_authenticated_session_cannot_take_ssid_zero() -> None:
+    # An unauthenticated packet of 112+ bytes has MBZ zeros where the authenticated SSID
+    # sits (26:28): an authenticated SSID 0 would claim it and drop it as hmac-failed.
+    with pytest.raises(ConfigError, match="ssid: an authenticated session needs a non-zero"):
+        ReflectorSessionConfig(ssid=0, key=b"k")
+    ReflectorSessionConfig(ssid=0)  # unauthenticated SSID 0 stays allowed
+    ReflectorSessionConfig(ssid=None, key=b"k")  # and so does an authenticated default

@@ -111,6 +111,10 @@ class ReflectorSessionConfig:
             raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.key is not None and not self.key:
             raise ConfigError("key: authenticated mode needs a non-empty key")
+        if self.key is not None and self.ssid == 0:
+            # An unauthenticated packet with TLVs is as long as an authenticated one and
+            # has zeros (MBZ) where the authenticated SSID sits: SSID 0 would claim it.
+            raise ConfigError("ssid: an authenticated session needs a non-zero SSID")
         if self.return_segments is not None and not self.return_segments:
             raise ConfigError("return_segments: an SRv6 SID list cannot be empty")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
