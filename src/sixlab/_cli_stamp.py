@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from sixlab import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.stamp import _events as ev
@@ -33,82 +34,39 @@ IPv6Address = ipaddress.IPv6Address
 NS_PER_S = 1_000_000_000
 
 
-def _address(text: str) -> IPv6Address:
-    try:
-        return IPv6Address(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an IPv6 address: {text!r}") from None
-
-
-def _segments(text: str) -> tuple[IPv6Address, ...]:
-    segs = tuple(_address(s.strip()) for s in text.split(",") if s.strip())
-    if not segs:
-        raise argparse.ArgumentTypeError("the SID list is empty")
-    return segs
-
-
-def _key(text: str) -> bytes:
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("the key must be hexadecimal") from None
-    if not key:
-        raise argparse.ArgumentTypeError("the key is empty")
-    return key
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
-    return port
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
-
-
-def _ssid(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"SSID {value} is not a 16-bit value")
-    return value
-
-
 def add_parsers(stamp: Any) -> None:
     planes = available()
     r = stamp.add_parser("reflector", help="answer STAMP Session-Senders until interrupted")
-    r.add_argument("--listen", type=_address, default=None, help="address to listen on (any)")
-    r.add_argument("--port", type=_port, default=STAMP_PORT)
+    r.add_argument("--listen", type=at.ipv6, default=None, help="address to listen on (any)")
+    r.add_argument("--port", type=at.port, default=STAMP_PORT)
     r.add_argument("--dataplane", choices=planes, default="socket")
     r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
     r.add_argument("--stateful", action="store_true", help="own Seq counter (RFC 8762 §4.3.1)")
-    r.add_argument("--auth-key", type=_key, default=None, help="HMAC key, hex (authenticated)")
+    r.add_argument(
+        "--auth-key", type=at.hex_key, default=None, help="HMAC key, hex (authenticated)"
+    )
     r.add_argument("--ptp", action="store_true", help="PTPv2 timestamps (default NTP)")
-    r.add_argument("--return-segments", type=_segments, default=None, help="return SID list")
-    r.add_argument("--ssid", type=_ssid, default=None, help="answer only this SSID")
+    r.add_argument("--return-segments", type=at.sid_list, default=None, help="return SID list")
+    r.add_argument("--ssid", type=at.ssid, default=None, help="answer only this SSID")
     r.set_defaults(handler=_run_reflector)
 
     s = stamp.add_parser("sender", help="run one STAMP session and print the delays")
-    s.add_argument("reflector", type=_address)
-    s.add_argument("--port", type=_port, default=STAMP_PORT, help="the reflector's port")
-    s.add_argument("--source", type=_address, default=None)
-    s.add_argument("--source-port", type=_port, default=0)
-    s.add_argument("--segments", type=_segments, default=None, help="SID list to the reflector")
+    s.add_argument("reflector", type=at.ipv6)
+    s.add_argument("--port", type=at.port, default=STAMP_PORT, help="the reflector's port")
+    s.add_argument("--source", type=at.ipv6, default=None)
+    s.add_argument("--source-port", type=at.port, default=0)
+    s.add_argument("--segments", type=at.sid_list, default=None, help="SID list to the reflector")
     s.add_argument(
         "--return-segments",
-        type=_segments,
+        type=at.sid_list,
         default=None,
         help="ask the reflector to answer along this SID list (RFC 9503 Return Path TLV)",
     )
     s.add_argument("--count", type=int, default=10)
-    s.add_argument("--interval", type=_positive, default=1.0, help="seconds between packets")
-    s.add_argument("--timeout", type=_positive, default=2.0, help="loss timeout, seconds")
-    s.add_argument("--ssid", type=_ssid, default=1)
-    s.add_argument("--auth-key", type=_key, default=None)
+    s.add_argument("--interval", type=at.seconds, default=1.0, help="seconds between packets")
+    s.add_argument("--timeout", type=at.seconds, default=2.0, help="loss timeout, seconds")
+    s.add_argument("--ssid", type=at.ssid, default=1)
+    s.add_argument("--auth-key", type=at.hex_key, default=None)
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
     s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")

@@ -45,6 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from sixlab import _argtypes as argtypes
 from sixlab.controller.client import (
     ControllerClient,
     NodeInfo,
@@ -80,47 +81,16 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _address(text: str) -> str:
-    try:
-        return str(ipaddress.IPv6Address(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an IPv6 address: {text!r}") from None
+    return str(argtypes.ipv6(text))
 
 
 def _segments(text: str) -> tuple[str, ...]:
-    segs = tuple(_address(s.strip()) for s in text.split(",") if s.strip())
-    if not segs:
-        raise argparse.ArgumentTypeError("the SID list is empty")
-    return segs
+    return tuple(str(sid) for sid in argtypes.sid_list(text))
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{text} s: must be positive")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must not be negative")
-    return value
+_port = argtypes.port
+_seconds = argtypes.seconds
+_count = argtypes.count
 
 
 def _hex_key(text: str) -> str:
