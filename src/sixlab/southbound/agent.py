@@ -28,7 +28,11 @@ Reset that must come first.
 A reflector session has no life of its own in the core (``Reflector`` answers the
 SSIDs it holds), so the agent keeps it here: Create stores the configuration, Start
 adds it to the core, Stop removes it (adding its counters to those kept from earlier
-runs), Destroy forgets it.
+runs), Destroy forgets it. Both go through the engine (``ReflectorEngine.add_session``
+/ ``remove_session``, ``SenderEngine.add_session`` / ``remove_session``), which also
+tells the data plane: the ``xdp`` plane answers (or collects) a session's packets in
+the kernel from then on. What a plane handles itself is not in the core's counters;
+GetCounters reports it apart, as ``dataplane`` (per session and in total).
 
 Results. A sender session's records queue in the engine's bounded FIFO.
 GetStampSessionResults drains it (the seed's polling mode);
