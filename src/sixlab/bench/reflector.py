@@ -15,7 +15,6 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import fields, is_dataclass
 
 from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import ReflectorEngine
@@ -59,8 +58,10 @@ def run(plane: str, interface: str | None, port: int = STAMP_PORT) -> dict[str, 
     dp = create(plane, DataplaneConfig(port=port, interface=interface))
     dp.open()
     try:
-        reflector = Reflector(ReflectorSessionConfig(None))
+        reflector = Reflector()
         engine = ReflectorEngine(dp, reflector)
+        # Through the engine, so a plane that reflects in the kernel (xdp) gets it too.
+        engine.set_default(ReflectorSessionConfig(None))
         engine.start()
         print("ready", flush=True)
         sys.stdin.read()
@@ -72,11 +73,7 @@ def run(plane: str, interface: str | None, port: int = STAMP_PORT) -> dict[str, 
             "reflected": reflector.counters.reflected,
             "send_failed": engine.counters.send_failed,
         }
-        plane_counters = getattr(dp, "counters", None)
-        if is_dataclass(plane_counters):
-            counters["plane"] = {
-                f.name: getattr(plane_counters, f.name) for f in fields(plane_counters)
-            }
+        counters["plane"] = dp.counters()
         kernel_stats = getattr(dp, "kernel_stats", None)
         if callable(kernel_stats):
             counters["ring"] = list(kernel_stats())

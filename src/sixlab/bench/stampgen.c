@@ -4,14 +4,16 @@
  * Built and run by sixlab.bench.generator (see its docstring for why C and why
  * sendmmsg on an AF_PACKET socket with PACKET_QDISC_BYPASS).
  *
- *   stampgen IFNAME FRAME_HEX RATE_PPS SECONDS BATCH
+ *   stampgen IFNAME FRAME_HEX RATE_PPS SECONDS BATCH TICK_US
  *
  * FRAME_HEX is a whole Ethernet frame (Ethernet + IPv6 + UDP + STAMP) with a valid UDP
  * checksum. Each frame sent carries the next Sequence Number (RFC 8762 section 4.2.1,
  * the first 4 bytes of the UDP payload); the UDP checksum is updated for it with
  * RFC 1624 eqn. 3. Pacing: at every step the number of frames due is
  * floor(RATE * elapsed) - offered; up to BATCH of them go out in one sendmmsg(2), and
- * the loop spins on CLOCK_MONOTONIC (vDSO, no system call) when none is due.
+ * the loop spins on CLOCK_MONOTONIC (vDSO, no system call) when none is due. With
+ * TICK_US > 0, sends happen only every TICK_US microseconds (what is due then goes out
+ * back to back, like a NIC's interrupt coalescing delivers it); 0 sends as soon as due.
  *
  * The socket is blocking, so a full send buffer waits (generator-side backpressure,
  * never counted as loss). With the qdisc bypassed, the only error a veth send gives
@@ -78,8 +80,8 @@ static void set_seq(uint8_t *frame, uint32_t seq) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s IFNAME FRAME_HEX RATE_PPS SECONDS BATCH\n", argv[0]);
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s IFNAME FRAME_HEX RATE_PPS SECONDS BATCH TICK_US\n", argv[0]);
         return 2;
     }
     const char *ifname = argv[1];
@@ -87,9 +89,10 @@ int main(int argc, char **argv) {
     double rate = atof(argv[3]);
     double seconds = atof(argv[4]);
     int batch = atoi(argv[5]);
+    double tick = atof(argv[6]) * 1e-6;
     size_t len = strlen(hex) / 2;
     if (len < SEQ_OFF + 4 || len > MAX_FRAME || strlen(hex) % 2 || rate <= 0 ||
-        seconds <= 0 || batch < 1 || batch > MAX_BATCH) {
+        seconds <= 0 || batch < 1 || batch > MAX_BATCH || tick < 0) {
         fprintf(stderr, "stampgen: bad arguments\n");
         return 2;
     }
@@ -130,28 +133,33 @@ int main(int argc, char **argv) {
 
     uint64_t offered = 0, sent = 0, drops = 0, calls = 0;
     uint32_t seq = 0;
-    double start = now_s(), end = start + seconds, t = start;
+    double start = now_s(), end = start + seconds, t = start, next_tick = start;
     while ((t = now_s()) < end) {
+        if (t < next_tick) continue;
         uint64_t due = (uint64_t)(rate * (t - start));
         if (due <= offered) continue;
-        int n = (int)((due - offered) < (uint64_t)batch ? (due - offered) : (uint64_t)batch);
-        for (int b = 0; b < n; b++) set_seq(frames[b], seq + (uint32_t)b);
-        int done = 0;
-        while (done < n) {
-            int r = sendmmsg(fd, msgs + done, (unsigned)(n - done), 0);
-            calls++;
-            if (r < 0) {
-                if (errno == ENOBUFS) { drops++; offered++; done++; continue; }
-                if (errno == EINTR) continue;
-                perror("sendmmsg");
-                return 1;
+        if (tick > 0) next_tick = t + tick;
+        /* All that is due, BATCH frames per system call (and never past the end). */
+        while (offered < due && now_s() < end) {
+            int n = (int)((due - offered) < (uint64_t)batch ? (due - offered) : (uint64_t)batch);
+            for (int b = 0; b < n; b++) set_seq(frames[b], seq + (uint32_t)b);
+            int done = 0;
+            while (done < n) {
+                int r = sendmmsg(fd, msgs + done, (unsigned)(n - done), 0);
+                calls++;
+                if (r < 0) {
+                    if (errno == ENOBUFS) { drops++; offered++; done++; continue; }
+                    if (errno == EINTR) continue;
+                    perror("sendmmsg");
+                    return 1;
+                }
+                sent += (uint64_t)r;
+                offered += (uint64_t)r;
+                done += r;
+                if (done < n) { drops++; offered++; done++; } /* the message at the short count */
             }
-            sent += (uint64_t)r;
-            offered += (uint64_t)r;
-            done += r;
-            if (done < n) { drops++; offered++; done++; } /* the message at the short count */
+            seq += (uint32_t)n;
         }
-        seq += (uint32_t)n;
     }
     double elapsed = now_s() - start;
     printf("{\"offered\": %llu, \"sent\": %llu, \"input_drops\": %llu, \"elapsed_s\": %.6f, "

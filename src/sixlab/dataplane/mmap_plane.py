@@ -86,6 +86,7 @@ the port); it is made by ``open`` and removed by ``close`` or at exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import socket
 import struct
@@ -165,9 +166,7 @@ TX_FRAME_SIZE = 2048
 TX_BLOCK_SIZE = 1 << 16
 TX_FRAME_COUNT = 512
 _TX_REQ = struct.Struct("=4I")  # struct tpacket_req: block size/count, frame size/count
-_TX_STATUS = struct.Struct("=I")  # tpacket2_hdr.tp_status at 0
-_TX_LENGTHS = struct.Struct("=II")  # tp_len, tp_snaplen
-_TX_LEN_OFFSET = 4
+_TX_HEADER = struct.Struct("=III")  # tpacket2_hdr: tp_status, tp_len, tp_snaplen
 #: TPACKET2_HDRLEN - sizeof(struct sockaddr_ll): where the kernel reads a TX frame.
 _TX_DATA_OFFSET = 32
 #: Default frames per TX ring kick (module doc, "Fast path": bounds T3 skew).
@@ -287,7 +286,7 @@ class MmapDataplane(Dataplane):
         config = self.config
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"mmap: needs a fixed UDP port, got {config.port}")
-        self.counters = MmapCounters()
+        self.stats = MmapCounters()
         self._ports = tuple(sorted({config.port, *config.peer_ports}))
         self._hop_limit = _default_hop_limit()
         self._templates: dict[_TemplateKey, _Template] = {}
@@ -385,6 +384,12 @@ class MmapDataplane(Dataplane):
             raise DataplaneError("mmap: data plane is not open (Init first)")
         return self._rx.fileno()
 
+    def counters(self) -> dict[str, int]:
+        """``MmapCounters`` by field name: what the ring gave that the engine never saw,
+        and how often a reply took the kernel's route or the TX ring refused a frame."""
+        stats = getattr(self, "stats", None)
+        return {} if stats is None else dataclasses.asdict(stats)
+
     def kernel_stats(self) -> tuple[int, int]:
         """(packets, drops) the kernel counted for the ring since the last call."""
         if self._rx is None:
@@ -438,7 +443,7 @@ class MmapDataplane(Dataplane):
         self, data: bytes, rx_ns: int, *, snaplen: int, length: int, status: int, pkttype: int
     ) -> Received | None:
         """One ring packet as a ``Received``, or None (counted) if it is not one for us."""
-        counters = self.counters
+        counters = self.stats
         if pkttype != PACKET_HOST:
             counters.not_host += 1
             return None
@@ -494,18 +499,24 @@ class MmapDataplane(Dataplane):
         templates = self._fast_templates
         txr = self._txr
         unpack = _PKT.unpack_from
+        tx_header = _TX_HEADER.pack_into
+        tx_batch = self.tx_batch
+        # The ring and TX cursors live in locals for the loop (attribute writes per
+        # packet were a tenth of its cost) and go back to the object when it ends.
+        left, offset, tx_slot = self._left, self._offset, self._tx_slot
         while consumed < max_batch:
-            if self._left == 0:
+            if left == 0:
+                self._left = 0
                 if not self._next_block(ring):
                     break
+                left, offset = self._left, self._offset
                 continue
-            off = self._offset
-            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, off)
-            pkttype = ring[off + _SLL_OFFSET + _SLL_PKTTYPE]
-            data = ring[off + net : off + net + snaplen]
-            self._offset = off + next_offset
-            self._left -= 1
-            if self._left == 0:
+            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, offset)
+            pkttype = ring[offset + _SLL_OFFSET + _SLL_PKTTYPE]
+            data = ring[offset + net : offset + net + snaplen]
+            offset += next_offset
+            left -= 1
+            if left == 0:
                 self._release()
             consumed += 1
             rx_ns = sec * 1_000_000_000 + nsec
@@ -561,22 +572,24 @@ class MmapDataplane(Dataplane):
             # One's-complement sum mod 0xFFFF (2**16 = 1 mod 0xFFFF): 0..0xFFFE, so the
             # checksum 0xFFFF - sum is never 0 (RFC 768: a computed 0 is sent as 0xFFFF).
             frame = template.prefix + (0xFFFF - total % 0xFFFF).to_bytes(2, "big") + payload
-            slot = self._tx_slot * TX_FRAME_SIZE
+            slot = tx_slot * TX_FRAME_SIZE
             if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
                 self._kick()  # the ring is full: push it out and look again
                 pending = 0
                 if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
                     failed += self._send_general(data, payload, route)
                     continue
-            end = slot + _TX_DATA_OFFSET + len(frame)
-            txr[slot + _TX_DATA_OFFSET : end] = frame
-            _TX_LENGTHS.pack_into(txr, slot + _TX_LEN_OFFSET, len(frame), len(frame))
-            _TX_STATUS.pack_into(txr, slot, TP_STATUS_SEND_REQUEST)  # last: hands it over
-            self._tx_slot = (self._tx_slot + 1) % TX_FRAME_COUNT
+            flen = len(frame)
+            txr[slot + _TX_DATA_OFFSET : slot + _TX_DATA_OFFSET + flen] = frame
+            # Status, length and snap length in one write: the kernel reads TX frames
+            # only inside our own kick below, so there is no ordering to keep.
+            tx_header(txr, slot, TP_STATUS_SEND_REQUEST, flen, flen)
+            tx_slot = (tx_slot + 1) % TX_FRAME_COUNT
             pending += 1
-            if pending >= self.tx_batch:
+            if pending >= tx_batch:
                 self._kick()
                 pending = 0
+        self._left, self._offset, self._tx_slot = left, offset, tx_slot
         if pending:
             self._kick()
         return FastBatch(consumed, handled, failed, slow)
@@ -627,7 +640,7 @@ class MmapDataplane(Dataplane):
         except OSError:
             # ENOBUFS: the device dropped a frame (a full peer backlog on a veth); the
             # frames after it stay marked and leave with the next kick.
-            self.counters.tx_ring_errors += 1
+            self.stats.tx_ring_errors += 1
 
     # -- send -----------------------------------------------------------------------------
 
@@ -672,7 +685,7 @@ class MmapDataplane(Dataplane):
             if hop.ethernet:
                 tx.sendmsg([hop.ethernet, *pieces], (), 0, (hop.ifname, ETH_P_IPV6))
             else:
-                self.counters.fallback_sends += 1
+                self.stats.fallback_sends += 1
                 l3.sendmsg(pieces, (), 0, (str(first_hop), 0))
         except OSError as exc:
             self._next_hops.pop(first_hop, None)  # the route may have changed: ask again
