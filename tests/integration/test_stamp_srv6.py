@@ -165,3 +165,23 @@ def test_links_really_carry_their_paths(srv6_testbed: SRv6TwoPaths) -> None:
         assert after_b[d]["forwarded"] - before_b[d]["forwarded"] >= 10
         # Link A sees at most neighbour discovery, no probe.
         assert after_a[d]["forwarded"] - before_a[d]["forwarded"] < 10
+
+
+@pytest.mark.parametrize("plane", ["scapy", "mmap"])
+@pytest.mark.parametrize("mode", [[], ["--stateful"]], ids=["stateless", "stateful"])
+def test_capture_planes_over_srv6(srv6_testbed: SRv6TwoPaths, plane: str, mode: list[str]) -> None:
+    """The same sessions with the reflector on a capture data plane (``--interface``)."""
+    tb = srv6_testbed
+    a, b = tb.paths["A"], tb.paths["B"]
+    extra = ["--interface", "eth0", *mode]
+    ret_a, ret_b = ",".join(a.return_segments), ",".join(b.return_segments)
+    with (
+        _reflector(
+            tb, "--port", "862", "--ssid", "1", "--return-segments", ret_a, *extra, plane=plane
+        ),
+        _reflector(
+            tb, "--port", "863", "--ssid", "2", "--return-segments", ret_b, *extra, plane=plane
+        ),
+    ):
+        _check(_measure(tb, a, "--ssid", "1", "--port", "862", count=10), a, count=10)
+        _check(_measure(tb, b, "--ssid", "2", "--port", "863", count=10), b, count=10)

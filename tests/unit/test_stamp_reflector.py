@@ -26,6 +26,8 @@ from sixlab.wire import stamp_tlv as t
 from sixlab.wire.timestamp import (
     ErrorEstimate,
     TimestampFormat,
+    decode_timestamp,
+    encode_timestamp,
     ns_from_ntp,
     ns_from_ptp,
     ntp_from_ns,
@@ -626,3 +628,42 @@ def test_authenticated_session_cannot_take_ssid_zero() -> None:
         ReflectorSessionConfig(ssid=0, key=b"k")
     ReflectorSessionConfig(ssid=0)  # unauthenticated SSID 0 stays allowed
     ReflectorSessionConfig(ssid=None, key=b"k")  # and so does an authenticated default
+
+
+@pytest.mark.parametrize("key", [None, b"restamp-key"])
+@pytest.mark.parametrize("fmt", list(TimestampFormat))
+def test_restamp_rewrites_only_t3_and_resigns(key: bytes | None, fmt: TimestampFormat) -> None:
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=7, key=key, fmt=fmt))
+    ee = ErrorEstimate(fmt=fmt, scale=10, multiplier=1)
+    pkt = wire.SenderPacket(3, encode_timestamp(T1, fmt), ee, 7, b"\x80\x01\x00\x02ab")
+    data = wire.encode_sender(pkt, authenticated=key is not None)
+    if key is not None:
+        data = stamp_auth.sign(data, key)
+    out = reflector.reflect(data, T1 + 10, lambda: T1 + 20, 64)
+    assert out is not None
+    again = reflector.restamp(out.payload, T1 + 999)
+    authed = key is not None
+    before = wire.decode_reflector(out.payload, authenticated=authed)
+    after = wire.decode_reflector(again, authenticated=authed)
+    assert after.timestamp != before.timestamp
+    assert decode_timestamp(after.timestamp, fmt) - decode_timestamp(before.timestamp, fmt) == 979
+    # Everything else is as it was.
+    assert (after.receive_timestamp, after.seq, after.sender_seq, after.tlvs) == (
+        before.receive_timestamp,
+        before.seq,
+        before.sender_seq,
+        before.tlvs,
+    )
+    if key is not None:
+        assert stamp_auth.verify(again, key)
+    else:
+        assert again[:4] == out.payload[:4]
+        assert again[12:] == out.payload[12:]
+
+
+def test_restamp_of_an_unknown_session_changes_nothing() -> None:
+    reflector = Reflector()
+    payload = bytes(44)
+    assert reflector.restamp(payload, T1) == payload
+    assert reflector.restamp(b"short", T1) == b"short"

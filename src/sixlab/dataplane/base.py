@@ -110,6 +110,11 @@ class Dataplane(abc.ABC):
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Push out sends a batching plane has queued."""
 
+    def set_restamp(self, restamp: Callable[[bytes], bytes]) -> None:  # noqa: B027
+        """A plane whose send path is slow calls ``restamp(payload)`` right before the
+        packet leaves and sends what it returns: the reply with T3 read again (the
+        reflector engine passes ``Reflector.restamp`` with a fresh clock reading)."""
+
     # -- session hooks: a plane that answers or collects packets itself (``xdp``) ------
     # The engines call these, and only they (``ReflectorEngine.add_session`` and the
     # like), after the core has the change, so the core and the plane never disagree

@@ -164,12 +164,11 @@ class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
     Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
-    ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
+    ``reflect`` and answers plain packets itself, from its receive ring to its socket,
     with no per-packet objects but the reply; what it cannot answer comes back as
     ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
-    and so how long the lock is held and (the plane kicks its TX ring once per call) how
-    far a reply's departure may trail its T3 under load. ``fast_path=False`` keeps the
-    general path for every packet.
+    and so how long the lock is held. ``fast_path=False`` keeps the general path for
+    every packet.
     """
 
     def __init__(
@@ -185,6 +184,7 @@ class ReflectorEngine(_Loop):
         self.reflector = reflector
         self.fast_batch = fast_batch
         self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------
     # The one place sessions change on a reflector: the core under the engine lock, then

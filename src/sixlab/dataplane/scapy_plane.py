@@ -27,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 from typing import Any
 
 from sixlab.dataplane import _filters
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
+from sixlab.wire.checksum import checksum_adjust
 
 __all__ = ["ScapyDataplane"]
 
@@ -53,6 +54,10 @@ class ScapyDataplane(Dataplane):
     _tx: socket.socket | None = None
     _drop: _filters.KernelDrop | None = None
     _layers: Any = None
+    _restamp: Callable[[bytes], bytes] | None = None
+
+    def set_restamp(self, restamp: Callable[[bytes], bytes]) -> None:
+        self._restamp = restamp
 
     def open(self) -> None:
         if self._rx is not None:
@@ -167,8 +172,11 @@ class ScapyDataplane(Dataplane):
                 lastentry=len(path) - 1,
             )
         packet /= udp_layer(sport=self.config.port, dport=dst_port) / raw(payload)
+        frame = bytes(packet)  # scapy's build: slow, so T3 is read again after it
+        if self._restamp is not None:
+            frame = _restamped(frame, payload, self._restamp(payload))
         try:
-            tx.sendto(bytes(packet), (str(first_hop), 0))
+            tx.sendto(frame, (str(first_hop), 0))
         except OSError as exc:
             raise DataplaneError(f"scapy: cannot send to [{dst}]:{dst_port}: {exc}") from exc
 
@@ -182,3 +190,16 @@ class ScapyDataplane(Dataplane):
                 source = str(probe.getsockname()[0])
             self._sources[first_hop] = source
         return source
+
+
+def _restamped(frame: bytes, old: bytes, new: bytes) -> bytes:
+    """``frame`` (IPv6 ... UDP, ``old`` as its payload) carrying ``new`` instead, its UDP
+    checksum updated incrementally (RFC 1624): only T3 (and an HMAC) changed."""
+    if new == old:
+        return frame
+    start = len(frame) - len(old)
+    pad = b"\0" * (len(old) % 2)  # the checksum pads an odd payload with a zero byte
+    csum_at = start - 2  # UDP checksum: the last field of the header before the payload
+    checksum = int.from_bytes(frame[csum_at:start])
+    checksum = checksum_adjust(checksum, old + pad, new + pad, udp=True)
+    return frame[:csum_at] + checksum.to_bytes(2) + new

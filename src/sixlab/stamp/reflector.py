@@ -306,6 +306,30 @@ class Reflector:
         self.counters.reflected += 1
         return Reflection(payload + tlvs if tlvs else payload, ssid, route)
 
+    def restamp(self, payload: bytes, t3_ns: int) -> bytes:
+        """A reply this reflector built, with T3 read again at ``t3_ns``.
+
+        For data planes whose send path is slow (``scapy`` builds the packet with its
+        layers after ``reflect`` returned): they call this right before the packet
+        leaves, so T3 stays "as late as possible" (RFC 8762 §4.3). Authenticated replies
+        are signed again (the HMAC covers T3; an HMAC TLV does not). A reply whose
+        session is gone comes back unchanged.
+        """
+        if len(payload) >= _AUTH:
+            sess = self._auth.get(int.from_bytes(payload[26:28]))
+            default = self._default
+            if sess is None and default is not None and default.config.key is not None:
+                sess = None if int.from_bytes(payload[14:16]) in self._unauth else default
+            if sess is not None and sess.config.key is not None:
+                t3 = sess.timestamp(t3_ns).to_bytes(8)
+                return stamp_auth.sign(payload[:16] + t3 + payload[24:], sess.config.key)
+        if len(payload) < _UNAUTH:
+            return payload
+        sess = self._unauth.get(int.from_bytes(payload[14:16])) or self._default
+        if sess is None or sess.config.key is not None:
+            return payload
+        return payload[:4] + sess.timestamp(t3_ns).to_bytes(8) + payload[12:]
+
     def _reflect_auth(
         self,
         sess: _Session,
