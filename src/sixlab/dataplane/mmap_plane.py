@@ -58,22 +58,25 @@ Fast path (reflector)
 ``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
 the RX ring and, for plain IPv6/UDP probes of at most ``FAST_MAX_PAYLOAD`` bytes (the
 unauthenticated base packet, no TLVs) whose reply goes straight back to the source,
-hands the UDP payload to the reflector core and writes the reply frame into a
-``PACKET_TX_RING`` (TPACKET_V2, qdisc bypassed, bound to ``config.interface``) with no
-per-packet objects: the frame head (Ethernet + IPv6 + UDP up to the checksum) is cached
+hands the UDP payload to the reflector core and sends the reply frame with one ``send``
+on a packet socket bound to ``config.interface`` (qdisc bypassed), with no per-packet
+objects but the frame: its head (Ethernet + IPv6 + UDP up to the checksum) is cached
 per (source, destination, ports) with the one's-complement sum of its pseudo-header
 and header, so the checksum is one big-integer sum of the payload. The UDP checksum of
 the probe is checked the same way (the whole packet from the addresses on, mod 0xFFFF)
 when the kernel has not vouched for it. Everything else (SRH, TLVs, authentication, a
-configured return path, an unresolved neighbour) comes back to the engine as
-``Received`` and takes the general path.
+configured return path, an unresolved neighbour, capture on every interface) comes back
+to the engine as ``Received`` and takes the general path.
 
-Trade-off of the TX ring: frames leave when the ring is kicked (one ``send`` system call
-per ``tx_batch`` frames and at the end of every ``reflect_batch`` call), so under load a
-reply's departure trails its T3 by up to one batch of work (64 replies, some 100-300 µs
-here); at probe rates a batch is one packet and the kick follows at once. Lower
-``tx_batch`` (or the engine's ``fast_batch``) for tighter T3, or turn the fast path off
-(``ReflectorEngine(fast_path=False)``) for a ``sendmsg`` right after each T3.
+Why not ``PACKET_TX_RING`` with one kick per batch: tried, and dropped. Besides moving
+departure away from T3 by up to a batch, our frame cursor fell out of step with the
+kernel's after an overload (a slot still busy when we came round to it, or a dropped
+frame the kernel does not step past: ``tpacket_snd`` leaves its head on a frame whose
+skb was freed by a failed transmit), and from then on each kick sent frames written a
+whole ring earlier: replies of probes long gone, seen as the previous trials' SSIDs in
+the PDR bench, 2 of 199 replies on time. One ``send`` per reply costs a system call,
+but the kernel's transmit work is the same either way and dominates it
+(``benchmarks/README.md``).
 
 Kernel drop: the nftables table of ``sixlab.dataplane._filters.KernelDrop`` keeps the
 kernel from answering our probes with ICMPv6 port unreachable (no socket is bound on
@@ -155,22 +158,8 @@ _NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 _RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
-# TX ring, <linux/if_packet.h>: TPACKET_V2 frames (V3 TX rings are frame-based anyway).
-PACKET_TX_RING = 13
-PACKET_QDISC_BYPASS = 20
-TPACKET_V2 = 1
-TP_STATUS_SEND_REQUEST = 1
-TP_STATUS_SENDING = 2
-#: 512 frames of 2 KiB (1 MiB): eight full batches of 64 may wait for the kernel.
-TX_FRAME_SIZE = 2048
-TX_BLOCK_SIZE = 1 << 16
-TX_FRAME_COUNT = 512
-_TX_REQ = struct.Struct("=4I")  # struct tpacket_req: block size/count, frame size/count
-_TX_HEADER = struct.Struct("=III")  # tpacket2_hdr: tp_status, tp_len, tp_snaplen
-#: TPACKET2_HDRLEN - sizeof(struct sockaddr_ll): where the kernel reads a TX frame.
-_TX_DATA_OFFSET = 32
-#: Default frames per TX ring kick (module doc, "Fast path": bounds T3 skew).
-DEFAULT_TX_BATCH = 64
+PACKET_QDISC_BYPASS = 20  # <linux/if_packet.h>
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K: "ret #0" accepts no byte of any packet
 
 # Fast path: offsets in a plain IPv6 + UDP packet (RFC 8200 §3, RFC 768).
 _HOP_LIMIT = 7
@@ -196,7 +185,7 @@ class MmapCounters:
     malformed: int = 0
     bad_checksum: int = 0
     fallback_sends: int = 0
-    tx_ring_errors: int = 0
+    tx_errors: int = 0
 
 
 class _Route(Protocol):
@@ -274,11 +263,8 @@ class MmapDataplane(Dataplane):
     _l3: socket.socket | None = None
     _ring: mmap.mmap | None = None
     _txs: socket.socket | None = None
-    _txr: mmap.mmap | None = None
     _drop: _filters.KernelDrop | None = None
     _ipr: Any = None
-    #: Frames written to the TX ring between two kicks (module doc, "Fast path").
-    tx_batch: int = DEFAULT_TX_BATCH
 
     def open(self) -> None:
         if self._rx is not None:
@@ -292,7 +278,6 @@ class MmapDataplane(Dataplane):
         self._templates: dict[_TemplateKey, _Template] = {}
         self._next_hops: dict[IPv6Address, _NextHop] = {}
         self._fast_templates: dict[bytes, _FastTemplate] = {}
-        self._tx_slot = 0
         # Import netlink now, not on the first packet (a ~100 ms stall under load).
         import pyroute2  # noqa: F401, PLC0415
 
@@ -301,7 +286,7 @@ class MmapDataplane(Dataplane):
         self._offset = 0
         try:
             self._open_rx()
-            self._open_tx_ring()
+            self._open_fast_tx()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             self._drop = _filters.KernelDrop(config.port, self._ports, destination=config.source)
@@ -337,39 +322,35 @@ class MmapDataplane(Dataplane):
             rx.bind((interface, ETH_P_IPV6))
         rx.setblocking(False)
 
-    def _open_tx_ring(self) -> None:
-        """A TPACKET_V2 TX ring on the capture interface (none when capturing everywhere).
+    def _open_fast_tx(self) -> None:
+        """The fast path's packet socket, bound to the capture interface (none when
+        capturing everywhere).
 
-        Bound with protocol 0, so the socket receives nothing; the qdisc is bypassed
-        (the reply leaves as the driver takes it, as ``sendmsg`` on a noqueue veth does).
+        Bound with the IPv6 EtherType, so that a bare ``send`` gives the frame its
+        protocol (bound to 0, frames lost their way on a veth: 4 of 50 replies missing),
+        with a BPF program that accepts nothing so it never queues what it sees; the qdisc
+        is bypassed (the reply leaves as the driver takes it, as ``sendmsg`` on a noqueue
+        veth does).
         """
         interface = self.config.interface
         if not interface:
             return
         txs = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         self._txs = txs
-        txs.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
+        _filters.attach_filter(txs, [_filters.BpfInstruction(_BPF_RET_K, 0, 0, 0)])
+        txs.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
         with contextlib.suppress(OSError):  # an optimisation only
             txs.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-        blocks = TX_FRAME_SIZE * TX_FRAME_COUNT // TX_BLOCK_SIZE
-        req = _TX_REQ.pack(TX_BLOCK_SIZE, blocks, TX_FRAME_SIZE, TX_FRAME_COUNT)
-        txs.setsockopt(SOL_PACKET, PACKET_TX_RING, req)
-        self._txr = mmap.mmap(
-            txs.fileno(), TX_FRAME_SIZE * TX_FRAME_COUNT, mmap.MAP_SHARED,
-            mmap.PROT_READ | mmap.PROT_WRITE,
-        )  # fmt: skip
-        txs.bind((interface, 0))
+        txs.bind((interface, ETH_P_IPV6))
 
     def close(self) -> None:
         if self._drop is not None:
             with contextlib.suppress(_filters.KernelDropError):
                 self._drop.remove()
             self._drop = None
-        for ring_name in ("_ring", "_txr"):
-            ring = getattr(self, ring_name)
-            if ring is not None:
-                ring.close()
-                setattr(self, ring_name, None)
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         for name in ("_rx", "_tx", "_l3", "_txs"):
             sock = getattr(self, name)
             if sock is not None:
@@ -386,7 +367,7 @@ class MmapDataplane(Dataplane):
 
     def counters(self) -> dict[str, int]:
         """``MmapCounters`` by field name: what the ring gave that the engine never saw,
-        and how often a reply took the kernel's route or the TX ring refused a frame."""
+        and how often a reply took the kernel's route or the device refused a frame."""
         stats = getattr(self, "stats", None)
         return {} if stats is None else dataclasses.asdict(stats)
 
@@ -494,16 +475,14 @@ class MmapDataplane(Dataplane):
         if ring is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
         slow: list[Received] = []
-        consumed = handled = failed = pending = 0
+        consumed = handled = failed = 0
         now = time.monotonic()
         templates = self._fast_templates
-        txr = self._txr
         unpack = _PKT.unpack_from
-        tx_header = _TX_HEADER.pack_into
-        tx_batch = self.tx_batch
+        send = txs.send if (txs := self._txs) is not None else None
         # The ring and TX cursors live in locals for the loop (attribute writes per
         # packet were a tenth of its cost) and go back to the object when it ends.
-        left, offset, tx_slot = self._left, self._offset, self._tx_slot
+        left, offset = self._left, self._offset
         while consumed < max_batch:
             if left == 0:
                 self._left = 0
@@ -555,7 +534,7 @@ class MmapDataplane(Dataplane):
                 continue
             payload = out.payload
             route = out.return_path
-            if txr is None or route.segments is not None or route.address is not None:
+            if send is None or route.segments is not None or route.address is not None:
                 failed += self._send_general(data, payload, route)
                 continue
             size = len(payload)
@@ -572,26 +551,13 @@ class MmapDataplane(Dataplane):
             # One's-complement sum mod 0xFFFF (2**16 = 1 mod 0xFFFF): 0..0xFFFE, so the
             # checksum 0xFFFF - sum is never 0 (RFC 768: a computed 0 is sent as 0xFFFF).
             frame = template.prefix + (0xFFFF - total % 0xFFFF).to_bytes(2, "big") + payload
-            slot = tx_slot * TX_FRAME_SIZE
-            if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
-                self._kick()  # the ring is full: push it out and look again
-                pending = 0
-                if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
-                    failed += self._send_general(data, payload, route)
-                    continue
-            flen = len(frame)
-            txr[slot + _TX_DATA_OFFSET : slot + _TX_DATA_OFFSET + flen] = frame
-            # Status, length and snap length in one write: the kernel reads TX frames
-            # only inside our own kick below, so there is no ordering to keep.
-            tx_header(txr, slot, TP_STATUS_SEND_REQUEST, flen, flen)
-            tx_slot = (tx_slot + 1) % TX_FRAME_COUNT
-            pending += 1
-            if pending >= tx_batch:
-                self._kick()
-                pending = 0
-        self._left, self._offset, self._tx_slot = left, offset, tx_slot
-        if pending:
-            self._kick()
+            try:
+                send(frame)
+            except OSError:
+                # ENOBUFS: the device dropped it (a full peer backlog on a veth).
+                self.stats.tx_errors += 1
+                failed += 1
+        self._left, self._offset = left, offset
         return FastBatch(consumed, handled, failed, slow)
 
     def _send_general(self, data: bytes, payload: bytes, route: _Route) -> int:
@@ -631,16 +597,6 @@ class MmapDataplane(Dataplane):
             self._fast_templates.clear()
         self._fast_templates[key] = template
         return template
-
-    def _kick(self) -> None:
-        """Ask the kernel to send every frame marked in the TX ring (one system call)."""
-        assert self._txs is not None
-        try:
-            self._txs.send(b"", socket.MSG_DONTWAIT)
-        except OSError:
-            # ENOBUFS: the device dropped a frame (a full peer backlog on a veth); the
-            # frames after it stay marked and leave with the next kick.
-            self.stats.tx_ring_errors += 1
 
     # -- send -----------------------------------------------------------------------------
 
