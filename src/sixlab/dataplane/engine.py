@@ -164,11 +164,12 @@ class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
     Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
-    ``reflect`` and answers plain packets itself, from its receive ring to its socket,
+    ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
     with no per-packet objects but the reply; what it cannot answer comes back as
     ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
-    and so how long the lock is held. ``fast_path=False`` keeps the general path for
-    every packet.
+    and so how long the lock is held and (the plane kicks its TX ring at least once per
+    call) how far a reply's departure may trail its T3 under load. ``fast_path=False``
+    keeps the general path for every packet.
     """
 
     def __init__(

@@ -58,25 +58,33 @@ Fast path (reflector)
 ``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
 the RX ring and, for plain IPv6/UDP probes of at most ``FAST_MAX_PAYLOAD`` bytes (the
 unauthenticated base packet, no TLVs) whose reply goes straight back to the source,
-hands the UDP payload to the reflector core and sends the reply frame with one ``send``
-on a packet socket bound to ``config.interface`` (qdisc bypassed), with no per-packet
-objects but the frame: its head (Ethernet + IPv6 + UDP up to the checksum) is cached
-per (source, destination, ports) with the one's-complement sum of its pseudo-header
-and header, so the checksum is one big-integer sum of the payload. The UDP checksum of
-the probe is checked the same way (the whole packet from the addresses on, mod 0xFFFF)
-when the kernel has not vouched for it. Everything else (SRH, TLVs, authentication, a
-configured return path, an unresolved neighbour, capture on every interface) comes back
-to the engine as ``Received`` and takes the general path.
+hands the UDP payload to the reflector core and writes the reply frame into a
+``PACKET_TX_RING`` (TPACKET_V2, qdisc bypassed, bound to ``config.interface``) with no
+per-packet objects but the frame: its head (Ethernet + IPv6 + UDP up to the checksum)
+is cached per (source, destination, ports) with the one's-complement sum of its
+pseudo-header and header, so the checksum is one big-integer sum of the payload. The
+UDP checksum of the probe is checked the same way (the whole packet from the addresses
+on, mod 0xFFFF) when the kernel has not vouched for it. Everything else (SRH, TLVs,
+authentication, a configured return path, an unresolved neighbour, capture on every
+interface) comes back to the engine as ``Received`` and takes the general path.
 
-Why not ``PACKET_TX_RING`` with one kick per batch: tried, and dropped. Besides moving
-departure away from T3 by up to a batch, our frame cursor fell out of step with the
-kernel's after an overload (a slot still busy when we came round to it, or a dropped
-frame the kernel does not step past: ``tpacket_snd`` leaves its head on a frame whose
-skb was freed by a failed transmit), and from then on each kick sent frames written a
-whole ring earlier: replies of probes long gone, seen as the previous trials' SSIDs in
-the PDR bench, 2 of 199 replies on time. One ``send`` per reply costs a system call,
-but the kernel's transmit work is the same either way and dominates it
-(``benchmarks/README.md``).
+The ring is kicked (one ``send`` system call) every ``tx_batch`` frames and at the end
+of every ``reflect_batch`` call. Why a ring and not one ``send`` per reply: on a veth
+each transmit call that wakes the peer's CPU costs an inter-processor interrupt, a VM
+exit here; the PDR of this plane was 43 kpps with a ``send`` per reply and about three
+times that with the ring (``benchmarks/README.md``). Trade-off: under load a reply's
+departure trails its T3 by up to one batch of work (64 replies, some 100-300 µs here);
+at probe rates a batch is one packet and the kick follows at once. Lower ``tx_batch``
+(or the engine's ``fast_batch``) for tighter T3, or turn the fast path off
+(``ReflectorEngine(fast_path=False)``) for a ``sendmsg`` right after each T3.
+
+Our ring cursor must stay the kernel's: ``tpacket_snd`` stops at the first frame that is
+not SEND_REQUEST, and after a failed transmit it may leave its head on a frame it has
+already released, so every later kick sends nothing until we wrap around, then frames
+written a whole ring earlier (seen in the PDR bench after an overload: replies of probes
+long gone, 2 of 199 on time). ``_kick`` therefore checks that the last frame written has
+left; if not, the ring is replaced (``tx_ring_resets``), its unsent frames counted in
+``tx_errors``.
 
 Kernel drop: the nftables table of ``sixlab.dataplane._filters.KernelDrop`` keeps the
 kernel from answering our probes with ICMPv6 port unreachable (no socket is bound on
@@ -159,7 +167,22 @@ _RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
 PACKET_QDISC_BYPASS = 20  # <linux/if_packet.h>
-_BPF_RET_K = 0x06  # BPF_RET | BPF_K: "ret #0" accepts no byte of any packet
+# TX ring, <linux/if_packet.h>: TPACKET_V2 frames (V3 TX rings are frame-based anyway).
+PACKET_TX_RING = 13
+TPACKET_V2 = 1
+TP_STATUS_SEND_REQUEST = 1
+TP_STATUS_SENDING = 2
+#: 512 frames of 2 KiB (1 MiB): eight full batches of 64 may wait for the kernel.
+TX_FRAME_SIZE = 2048
+TX_BLOCK_SIZE = 1 << 16
+TX_FRAME_COUNT = 512
+_TX_REQ = struct.Struct("=4I")  # struct tpacket_req: block size/count, frame size/count
+_TX_HEADER = struct.Struct("=III")  # tpacket2_hdr: tp_status, tp_len, tp_snaplen
+#: TPACKET2_HDRLEN - sizeof(struct sockaddr_ll): where the kernel reads a TX frame.
+_TX_DATA_OFFSET = 32
+#: Default frames per TX ring kick (module doc, "Fast path": bounds T3 skew).
+DEFAULT_TX_BATCH = 64
+
 
 # Fast path: offsets in a plain IPv6 + UDP packet (RFC 8200 §3, RFC 768).
 _HOP_LIMIT = 7
@@ -186,6 +209,7 @@ class MmapCounters:
     bad_checksum: int = 0
     fallback_sends: int = 0
     tx_errors: int = 0
+    tx_ring_resets: int = 0
 
 
 class _Route(Protocol):
@@ -263,6 +287,9 @@ class MmapDataplane(Dataplane):
     _l3: socket.socket | None = None
     _ring: mmap.mmap | None = None
     _txs: socket.socket | None = None
+    _txr: mmap.mmap | None = None
+    #: Frames written to the TX ring between two kicks (module doc, "Fast path").
+    tx_batch: int = DEFAULT_TX_BATCH
     _drop: _filters.KernelDrop | None = None
     _ipr: Any = None
 
@@ -278,6 +305,7 @@ class MmapDataplane(Dataplane):
         self._templates: dict[_TemplateKey, _Template] = {}
         self._next_hops: dict[IPv6Address, _NextHop] = {}
         self._fast_templates: dict[bytes, _FastTemplate] = {}
+        self._tx_slot = 0
         # Import netlink now, not on the first packet (a ~100 ms stall under load).
         import pyroute2  # noqa: F401, PLC0415
 
@@ -286,7 +314,7 @@ class MmapDataplane(Dataplane):
         self._offset = 0
         try:
             self._open_rx()
-            self._open_fast_tx()
+            self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             self._drop = _filters.KernelDrop(config.port, self._ports, destination=config.source)
@@ -322,26 +350,37 @@ class MmapDataplane(Dataplane):
             rx.bind((interface, ETH_P_IPV6))
         rx.setblocking(False)
 
-    def _open_fast_tx(self) -> None:
-        """The fast path's packet socket, bound to the capture interface (none when
-        capturing everywhere).
+    def _open_tx_ring(self) -> None:
+        """A TPACKET_V2 TX ring on the capture interface (none when capturing everywhere).
 
-        Bound with the IPv6 EtherType, so that a bare ``send`` gives the frame its
-        protocol (bound to 0, frames lost their way on a veth: 4 of 50 replies missing),
-        with a BPF program that accepts nothing so it never queues what it sees; the qdisc
-        is bypassed (the reply leaves as the driver takes it, as ``sendmsg`` on a noqueue
-        veth does).
+        Bound with protocol 0, so the socket receives nothing; the qdisc is bypassed
+        (the reply leaves as the driver takes it, as ``sendmsg`` on a noqueue veth does).
         """
         interface = self.config.interface
         if not interface:
             return
         txs = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         self._txs = txs
-        _filters.attach_filter(txs, [_filters.BpfInstruction(_BPF_RET_K, 0, 0, 0)])
-        txs.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        txs.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
         with contextlib.suppress(OSError):  # an optimisation only
             txs.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-        txs.bind((interface, ETH_P_IPV6))
+        blocks = TX_FRAME_SIZE * TX_FRAME_COUNT // TX_BLOCK_SIZE
+        req = _TX_REQ.pack(TX_BLOCK_SIZE, blocks, TX_FRAME_SIZE, TX_FRAME_COUNT)
+        txs.setsockopt(SOL_PACKET, PACKET_TX_RING, req)
+        self._txr = mmap.mmap(
+            txs.fileno(), TX_FRAME_SIZE * TX_FRAME_COUNT, mmap.MAP_SHARED,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+        )  # fmt: skip
+        txs.bind((interface, 0))
+        self._tx_slot = 0
+
+    def _close_tx_ring(self) -> None:
+        if self._txr is not None:
+            self._txr.close()
+            self._txr = None
+        if self._txs is not None:
+            self._txs.close()
+            self._txs = None
 
     def close(self) -> None:
         if self._drop is not None:
@@ -351,7 +390,8 @@ class MmapDataplane(Dataplane):
         if self._ring is not None:
             self._ring.close()
             self._ring = None
-        for name in ("_rx", "_tx", "_l3", "_txs"):
+        self._close_tx_ring()
+        for name in ("_rx", "_tx", "_l3"):
             sock = getattr(self, name)
             if sock is not None:
                 sock.close()
@@ -475,14 +515,16 @@ class MmapDataplane(Dataplane):
         if ring is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
         slow: list[Received] = []
-        consumed = handled = failed = 0
+        consumed = handled = failed = pending = 0
         now = time.monotonic()
         templates = self._fast_templates
+        txr = self._txr
         unpack = _PKT.unpack_from
-        send = txs.send if (txs := self._txs) is not None else None
+        tx_header = _TX_HEADER.pack_into
+        tx_batch = self.tx_batch
         # The ring and TX cursors live in locals for the loop (attribute writes per
         # packet were a tenth of its cost) and go back to the object when it ends.
-        left, offset = self._left, self._offset
+        left, offset, tx_slot = self._left, self._offset, self._tx_slot
         while consumed < max_batch:
             if left == 0:
                 self._left = 0
@@ -534,7 +576,7 @@ class MmapDataplane(Dataplane):
                 continue
             payload = out.payload
             route = out.return_path
-            if send is None or route.segments is not None or route.address is not None:
+            if txr is None or route.segments is not None or route.address is not None:
                 failed += self._send_general(data, payload, route)
                 continue
             size = len(payload)
@@ -551,13 +593,32 @@ class MmapDataplane(Dataplane):
             # One's-complement sum mod 0xFFFF (2**16 = 1 mod 0xFFFF): 0..0xFFFE, so the
             # checksum 0xFFFF - sum is never 0 (RFC 768: a computed 0 is sent as 0xFFFF).
             frame = template.prefix + (0xFFFF - total % 0xFFFF).to_bytes(2, "big") + payload
-            try:
-                send(frame)
-            except OSError:
-                # ENOBUFS: the device dropped it (a full peer backlog on a veth).
-                self.stats.tx_errors += 1
-                failed += 1
-        self._left, self._offset = left, offset
+            slot = tx_slot * TX_FRAME_SIZE
+            if txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
+                if pending:  # the ring is full: push it out and look again
+                    self._tx_slot = tx_slot
+                    self._kick()
+                    pending = 0
+                    tx_slot, txr = self._tx_slot, self._txr
+                    slot = tx_slot * TX_FRAME_SIZE
+                if txr is None or txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
+                    failed += self._send_general(data, payload, route)
+                    continue
+            flen = len(frame)
+            txr[slot + _TX_DATA_OFFSET : slot + _TX_DATA_OFFSET + flen] = frame
+            # Status, length and snap length in one write: the kernel reads TX frames
+            # only inside our own kick below, so there is no ordering to keep.
+            tx_header(txr, slot, TP_STATUS_SEND_REQUEST, flen, flen)
+            tx_slot = (tx_slot + 1) % TX_FRAME_COUNT
+            pending += 1
+            if pending >= tx_batch:
+                self._tx_slot = tx_slot
+                self._kick()
+                pending = 0
+                tx_slot, txr = self._tx_slot, self._txr
+        self._left, self._offset, self._tx_slot = left, offset, tx_slot
+        if pending:
+            self._kick()
         return FastBatch(consumed, handled, failed, slow)
 
     def _send_general(self, data: bytes, payload: bytes, route: _Route) -> int:
@@ -597,6 +658,30 @@ class MmapDataplane(Dataplane):
             self._fast_templates.clear()
         self._fast_templates[key] = template
         return template
+
+    def _kick(self) -> None:
+        """Send every frame marked in the TX ring (one system call), and check that the
+        kernel's cursor is still ours (module doc, "Fast path"): after a kick on this
+        thread, the frame before ``_tx_slot`` must have left (it is AVAILABLE, or SENDING
+        until a real NIC completes it). If it is still SEND_REQUEST the kernel stopped
+        short, and may never step past the frame it stopped at: the ring is replaced and
+        the frames still in it are counted as lost."""
+        txs, txr = self._txs, self._txr
+        assert txs is not None
+        assert txr is not None
+        try:
+            txs.send(b"", socket.MSG_DONTWAIT)
+        except OSError:
+            self.stats.tx_errors += 1  # ENOBUFS: the device dropped a frame
+        last = (self._tx_slot - 1) % TX_FRAME_COUNT * TX_FRAME_SIZE
+        if txr[last] & TP_STATUS_SEND_REQUEST:
+            self.stats.tx_ring_resets += 1
+            self.stats.tx_errors += sum(
+                bool(txr[i * TX_FRAME_SIZE] & TP_STATUS_SEND_REQUEST) for i in range(TX_FRAME_COUNT)
+            )
+            self._close_tx_ring()
+            with contextlib.suppress(OSError):  # without a ring, replies take ``send``
+                self._open_tx_ring()
 
     # -- send -----------------------------------------------------------------------------
 
