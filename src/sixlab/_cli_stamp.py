@@ -217,6 +217,9 @@ def _run_sender(args: argparse.Namespace) -> int:
         records = engine.results(args.ssid)
         snap = engine.snapshot(args.ssid)
         engine.shutdown()
+        kernel: dict[str, int] = {}
+        with contextlib.suppress(DataplaneError):
+            kernel = plane.counters()
         plane.close()
     c = snap.counters
     direct = summarize(r.direct_ns for r in records)
@@ -229,6 +232,7 @@ def _run_sender(args: argparse.Namespace) -> int:
             "lost": c.lost,
             "duplicates": c.duplicates,
             "reordered": c.reordered,
+            "dataplane": kernel,
             "records": [_record_json(r) for r in records],
             "summary": {
                 "direct": _summary_json(direct),
@@ -241,6 +245,9 @@ def _run_sender(args: argparse.Namespace) -> int:
     else:
         print(f"--- [{args.reflector}]:{args.port} STAMP statistics ---")
         print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
+        if kernel:  # replies the plane collected itself (xdp), before the session saw them
+            handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
+            print(f"{args.dataplane} data plane: {handled}")
         for name, s in (("direct", direct), ("return", back), ("round trip", rtt)):
             if s is not None:
                 print(

@@ -192,6 +192,22 @@ def test_xdp_reflector_leaves_tlvs_and_auth_to_its_user_space_path(
         _check(_measure(tb, b, "--auth-key", key, count=10), b, count=10)
 
 
+def test_xdp_sender_collects_in_the_kernel(xdp_testbed: SRv6TwoPaths) -> None:
+    """``sixlab stamp sender --dataplane xdp``: the collector program takes T4 and hands
+    the replies to the session; same delays as with the socket sender."""
+    tb = xdp_testbed
+    a = tb.paths["A"]
+    plane = ["--dataplane", "xdp", "--interface", "eth0", "--ssid", "3"]
+    with _reflector(tb, "xdp", "--ssid", "3", "--return-segments", ",".join(a.return_segments)):
+        via_socket = _check(_measure(tb, a, "--ssid", "3"), a)
+        doc = _measure(tb, a, *plane)
+        via_xdp = _check(doc, a)
+    assert doc["dataplane"] == {"collected": COUNT}
+    assert abs(via_socket[0] - via_xdp[0]) <= TOLERANCE_MS
+    assert abs(via_socket[1] - via_xdp[1]) <= TOLERANCE_MS
+    assert {r["ttl"] for r in doc["records"]} == {62}
+
+
 # -------------------------------------------------------------------------- agents
 
 
