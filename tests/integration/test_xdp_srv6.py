@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from sixlab.controller.core import Controller, SessionSpec
+from sixlab.controller.store import Store
 from sixlab.dataplane.xdp_plane import attach_xdp_pass
 from sixlab.southbound.client import AgentClient, result_from_proto
 from sixlab.stamp._events import StampResult
@@ -313,3 +315,50 @@ def test_xdp_agents_measure_both_paths(xdp_testbed: SRv6TwoPaths, tmp_path: Path
         assert after.dataplane["pass-no-session"] == 3
         assert after.reflector.dropped == {"no-session": 3}
         assert reflector.reset() == 4
+
+
+def test_controller_drives_xdp_agents(xdp_testbed: SRv6TwoPaths, tmp_path: Path) -> None:
+    """The controller, unchanged, over agents whose Init asks for the xdp plane: both
+    paths measured with the configured delays."""
+    tb = xdp_testbed
+    with (
+        _agent(tb, "reflector", tmp_path / "r.sock", "socket") as _r,
+        _agent(tb, "sender", tmp_path / "s.sock", "socket") as _s,
+    ):
+        c = Controller(Store(tmp_path / "c.db"), poll_interval_s=0.05)
+        try:
+            c.register_node("s", f"unix:{tmp_path / 's.sock'}", "sender")
+            c.register_node("r", f"unix:{tmp_path / 'r.sock'}", "reflector")
+            c.init_node("s", dataplane="xdp", interface="eth0", port=0)
+            c.init_node("r", dataplane="xdp", interface="eth0", port=862)
+            for name in ("A", "B"):
+                path = tb.paths[name]
+                c.create_session(
+                    SessionSpec(
+                        name=name,
+                        sender="s",
+                        reflector="r",
+                        reflector_address=tb.reflector_addr,
+                        segments=path.forward_segments,
+                        return_segments=path.return_segments,
+                        interval_ns=20 * MS,
+                        count=30,
+                        stateful=True,
+                        loss_timeout_ns=1000 * MS,
+                    )
+                )
+                c.start_session(name)
+            for name in ("A", "B"):
+                path = tb.paths[name]
+                assert c.wait_finished(name, 30)
+                stats = c.stats(name)
+                assert (stats.received, stats.lost) == (30, 0)
+                assert stats.direct is not None
+                assert stats.backward is not None
+                assert abs(stats.direct.p50_ns / 1e6 - path.forward_delay_ms) <= TOLERANCE_MS
+                assert abs(stats.backward.p50_ns / 1e6 - path.return_delay_ms) <= TOLERANCE_MS
+            kernel = c.client("r").counters()
+            assert kernel.dataplane["reflected"] == 60  # all in XDP
+            assert c.client("s").counters().dataplane["collected"] == 60
+        finally:
+            c.close()
