@@ -11,8 +11,8 @@ machines (DESIGN.md): compare the ratios of one run.
 
     sudo .venv/bin/python benchmarks/bench_pdr.py [--planes scapy,mmap,socket,xdp]
 
-xdp is not in the default list: on this veth bench its XDP_TX replies never reached the
-generator (README of benchmarks/), so its search only measures a failure.
+xdp is not in the default list: its XDP_TX replies only reach the generator when the
+generator's veth has an XDP program too, which ``benchmarks/bench_xdp_pdr.py`` sets up.
 """
 
 from __future__ import annotations
