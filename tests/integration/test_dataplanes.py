@@ -70,7 +70,7 @@ def _reflector_main(args: argparse.Namespace) -> None:
                 "received": counters.received,
                 "send_failed": counters.send_failed,
                 "reflected": engine.reflector.counters.reflected,
-                "fallback_sends": getattr(getattr(plane, "counters", None), "fallback_sends", 0),
+                "fallback_sends": plane.counters().get("fallback_sends", 0),
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
