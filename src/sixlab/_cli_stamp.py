@@ -135,22 +135,6 @@ def _run_reflector(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record_json(r: ev.StampResult) -> dict[str, int]:
-    return {
-        "seq": r.seq,
-        "t1_ns": r.t1_ns,
-        "t2_ns": r.t2_ns,
-        "t3_ns": r.t3_ns,
-        "t4_ns": r.t4_ns,
-        "direct_ns": r.direct_ns,
-        "return_ns": r.return_ns,
-        "rtt_ns": r.rtt_ns,
-        "ttl": r.ses_sender_ttl,
-        "reflector_seq": r.reflector_seq,
-        "error_bound_ns": r.error_bound_ns,
-    }
-
-
 def _summary_json(s: DelaySummary | None) -> dict[str, int] | None:
     if s is None:
         return None
@@ -233,7 +217,7 @@ def _run_sender(args: argparse.Namespace) -> int:
             "duplicates": c.duplicates,
             "reordered": c.reordered,
             "dataplane": kernel,
-            "records": [_record_json(r) for r in records],
+            "records": [r.as_json() for r in records],
             "summary": {
                 "direct": _summary_json(direct),
                 "return": _summary_json(back),

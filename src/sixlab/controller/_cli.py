@@ -406,21 +406,7 @@ def session_json(s: SessionInfo) -> dict[str, Any]:
 
 
 def record_json(r: StampResult) -> dict[str, Any]:
-    return {
-        "seq": r.seq,
-        "t1_ns": r.t1_ns,
-        "t2_ns": r.t2_ns,
-        "t3_ns": r.t3_ns,
-        "t4_ns": r.t4_ns,
-        "direct_ns": r.direct_ns,
-        "return_ns": r.return_ns,
-        "rtt_ns": r.rtt_ns,
-        "ttl": r.ses_sender_ttl,
-        "reflector_seq": r.reflector_seq,
-        "sender_error_ns": r.sender_error.error_ns,
-        "reflector_error_ns": r.reflector_error.error_ns,
-        "error_bound_ns": r.error_bound_ns,
-    }
+    return dict(r.as_json())
 
 
 def stats_json(name: str, s: SessionStats) -> dict[str, Any]:

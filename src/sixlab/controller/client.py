@@ -29,10 +29,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 
+from sixlab._grpcclient import GrpcClient, RpcError
 from sixlab.controller.core import SessionSpec
 from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
@@ -104,17 +104,8 @@ def default_address(*, server: bool = False) -> str:
     return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
 
 
-class NorthboundError(Exception):
+class NorthboundError(RpcError):
     """The controller refused a call (or could not be reached); ``code`` is the status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-    @classmethod
-    def from_rpc(cls, exc: grpc.RpcError) -> NorthboundError:
-        return cls(exc.code(), exc.details() or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,40 +294,19 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
     )
 
 
-class ControllerClient:
+class ControllerClient(GrpcClient):
     """One controller, over one gRPC channel."""
 
+    error = NorthboundError
+    peer = "controller"
+
     def __init__(self, target: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.target = target or default_address()
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            self.target, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        target = target or default_address()
+        channel = grpc.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         )
+        super().__init__(target, channel, timeout)
         self._stub = pb_grpc.ControllerStub(self._channel)  # type: ignore[no-untyped-call]
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> ControllerClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the controller accepts connections (e.g. right after it started)."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise NorthboundError(
-                grpc.StatusCode.UNAVAILABLE, f"controller at {self.target} not ready in {timeout} s"
-            ) from None
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise NorthboundError.from_rpc(exc) from None
 
     # -- nodes ------------------------------------------------------------------------
 

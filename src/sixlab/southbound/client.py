@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from sixlab._grpcclient import GrpcClient, RpcError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.stamp._events import StampResult
@@ -43,17 +44,8 @@ Address = str | ipaddress.IPv6Address
 DEFAULT_TIMEOUT_S = 10.0
 
 
-class SouthboundError(Exception):
+class SouthboundError(RpcError):
     """An agent refused a call (or could not be reached); ``code`` is the gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-    @classmethod
-    def from_rpc(cls, exc: grpc.RpcError) -> SouthboundError:
-        return cls(exc.code(), exc.details() or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +108,11 @@ def _texts(addresses: Iterable[Address]) -> list[str]:
     return [str(a) for a in addresses]
 
 
-class AgentClient:
+class AgentClient(GrpcClient):
     """One agent, over one gRPC channel (plain, TLS, or mTLS)."""
+
+    error = SouthboundError
+    peer = "agent"
 
     def __init__(
         self,
@@ -126,40 +121,15 @@ class AgentClient:
         tls: ClientTls | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.target = target
-        self.timeout = timeout
         if tls is None:
-            self._channel = grpc.insecure_channel(target)
+            channel = grpc.insecure_channel(target)
         else:
             options = []
             if tls.server_name:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))
-            self._channel = grpc.secure_channel(target, tls.credentials(), options=options)
+            channel = grpc.secure_channel(target, tls.credentials(), options=options)
+        super().__init__(target, channel, timeout)
         self._stub = pb_grpc.StampAgentStub(self._channel)  # type: ignore[no-untyped-call]
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> AgentClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the agent accepts connections (e.g. right after it was started)."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise SouthboundError(
-                grpc.StatusCode.UNAVAILABLE, f"agent at {self.target} not ready in {timeout} s"
-            ) from None
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise SouthboundError.from_rpc(exc) from None
 
     # -- agent ------------------------------------------------------------------------
 

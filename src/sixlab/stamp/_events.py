@@ -95,6 +95,24 @@ class StampResult:
         """Round trip without the reflector's residence time: (T4 − T1) − (T3 − T2)."""
         return (self.t4_ns - self.t1_ns) - (self.t3_ns - self.t2_ns)
 
+    def as_json(self) -> dict[str, int]:
+        """The record as the tools print it in JSON (every time in Unix-epoch ns)."""
+        return {
+            "seq": self.seq,
+            "t1_ns": self.t1_ns,
+            "t2_ns": self.t2_ns,
+            "t3_ns": self.t3_ns,
+            "t4_ns": self.t4_ns,
+            "direct_ns": self.direct_ns,
+            "return_ns": self.return_ns,
+            "rtt_ns": self.rtt_ns,
+            "ttl": self.ses_sender_ttl,
+            "reflector_seq": self.reflector_seq,
+            "sender_error_ns": self.sender_error.error_ns,
+            "reflector_error_ns": self.reflector_error.error_ns,
+            "error_bound_ns": self.error_bound_ns,
+        }
+
     @property
     def error_bound_ns(self) -> int:
         """Bound on the error of any of the three delays: the two estimates added.
