@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -97,30 +98,29 @@ def _ms(s: DelaySummary | None) -> dict[str, float] | None:
 
 
 def _table(paths: list[_Path], stats: dict[str, PathStats], title: str) -> Table:
-    table = Table(title=title, caption="ms; delays as mean/p99, jitter as direct/return IPDV")
-    for col in ("path", "set fwd/ret", "direct", "return", "round trip", "jitter", "loss"):
-        table.add_column(col, justify="left" if col == "path" else "right")
+    table = Table(
+        title=title,
+        caption="delays: mean/p99 ms; jitter: direct/return mean |IPDV| µs",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    for col in ("path", "set ms", "direct", "return", "round trip", "jitter", "loss"):
+        table.add_column(col, justify="left" if col == "path" else "right", no_wrap=True)
 
     def cell(s: DelaySummary | None) -> str:
         return "—" if s is None else f"{s.mean_ns / 1e6:.2f}/{s.p99_ns / 1e6:.2f}"
 
     for p in paths:
         st = stats.get(p.name)
-        conf = "—" if p.configured is None else f"{p.configured[0]:g} / {p.configured[1]:g}"
+        conf = "—" if p.configured is None else f"{p.configured[0]:g}/{p.configured[1]:g}"
         if st is None:
             table.add_row(p.name, conf, "—", "—", "—", "—", "—")
             continue
-        jit = st.direct_jitter_ns, st.return_jitter_ns
-        jitter = "—" if None in jit else f"{jit[0] / 1e6:.3f}/{jit[1] / 1e6:.3f}"  # type: ignore[operator]
-        table.add_row(
-            p.name,
-            conf,
-            cell(st.direct),
-            cell(st.backward),
-            cell(st.rtt),
-            jitter,
-            f"{st.loss_ratio:.1%} of {st.received + st.lost}",
-        )
+        fwd, ret = st.direct_jitter_ns, st.return_jitter_ns
+        jitter = "—" if fwd is None or ret is None else f"{fwd / 1e3:.0f}/{ret / 1e3:.0f}"
+        loss = f"{st.loss_ratio:.1%}"
+        table.add_row(p.name, conf, cell(st.direct), cell(st.backward), cell(st.rtt), jitter, loss)
     return table
 
 
