@@ -31,8 +31,8 @@ the NID. That prefix's 16-bit words add up to 0xFFFF, which is zero in one's-com
 arithmetic, so a plain IPv6 checksum over identifier addresses *is* the NID-only checksum
 and rewriting the prefix to a locator and back never touches it.
 
-The one's-complement helpers here are private on purpose: ``sixlab.wire.checksum`` is
-being written in parallel and these few lines can be merged into it later.
+The one's-complement arithmetic is :mod:`sixlab.wire.checksum`'s (RFC 1071 sum, RFC 8200
+§8.1 pseudo-header, RFC 1624 incremental update).
 
 Decoders return a value or raise :class:`~sixlab.wire._errors.WireError`; nothing else.
 """
@@ -45,6 +45,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire.checksum import (
+    checksum_adjust,
+    internet_checksum,
+    ipv6_pseudo_header,
+    ones_complement_sum,
+)
 
 __all__ = [
     "DSTOPTS_NEXT_HEADER",
@@ -106,25 +112,10 @@ _OPT_HDR = struct.Struct("!BB")
 _IPV6 = struct.Struct("!IHBB16s16s")
 _LU_HEADER = struct.Struct("!BBHBBH")
 _LU_ENTRY = struct.Struct("!QHH")
-_PSEUDO_TAIL = struct.Struct("!I3xB")
 _MAX_LOCS = 255  # Num of Locs is one byte (RFC 6743 §2)
 
 
 # --------------------------------------------------------------------- one's complement
-
-
-def _ones_sum(data: bytes, start: int = 0) -> int:
-    """16-bit one's-complement sum of ``data`` (odd length padded with a zero byte)."""
-    if len(data) % 2:
-        data = data + b"\x00"
-    total: int = start + sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total > 0xFFFF:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
-def _pseudo_header(src: bytes, dst: bytes, next_header: int, length: int) -> bytes:
-    return src + dst + _PSEUDO_TAIL.pack(length, next_header)
 
 
 def ipv6_checksum(src: bytes, dst: bytes, next_header: int, upper_layer: bytes) -> int:
@@ -133,10 +124,8 @@ def ipv6_checksum(src: bytes, dst: bytes, next_header: int, upper_layer: bytes) 
     ``upper_layer`` must hold a zero checksum field. The result is the value to write;
     UDP callers turn 0 into 0xFFFF themselves (RFC 8200 §8.1).
     """
-    if len(src) != 16 or len(dst) != 16:
-        raise InvalidFieldError("pseudo-header addresses must be 16 bytes")
-    pseudo = _pseudo_header(src, dst, next_header, len(upper_layer))
-    return ~_ones_sum(upper_layer, _ones_sum(pseudo)) & 0xFFFF
+    pseudo = ipv6_pseudo_header(src, dst, len(upper_layer), next_header)
+    return internet_checksum(pseudo + upper_layer)
 
 
 def nid_checksum(src_nid: int, dst_nid: int, next_header: int, upper_layer: bytes) -> int:
@@ -173,12 +162,8 @@ def relocate_checksum(
     (old,) = struct.unpack_from("!H", upper_layer, offset)
     if next_header == 17 and old == 0:
         return upper_layer
-    # ~C' = ~C + sum(new) - sum(old); subtracting is adding the complement.
-    acc = _ones_sum(new_src + new_dst, ~old & 0xFFFF)
-    acc = _ones_sum(struct.pack("!H", ~_ones_sum(old_src + old_dst) & 0xFFFF), acc)
-    new = ~acc & 0xFFFF
-    if next_header == 17 and new == 0:
-        new = 0xFFFF
+    # The addresses are the pseudo-header's first 32 bytes, so their words line up.
+    new = checksum_adjust(old, old_src + old_dst, new_src + new_dst, udp=next_header == 17)
     return upper_layer[:offset] + struct.pack("!H", new) + upper_layer[offset + 2 :]
 
 
@@ -507,7 +492,7 @@ def decode_locator_update(
     if (
         src is not None
         and dst is not None
-        and _ones_sum(data, _ones_sum(_pseudo_header(src, dst, ICMPV6_NEXT_HEADER, len(data))))
+        and ones_complement_sum(ipv6_pseudo_header(src, dst, len(data), ICMPV6_NEXT_HEADER) + data)
         != 0xFFFF
     ):
         raise InvalidFieldError("Locator Update checksum does not verify")
