@@ -110,7 +110,7 @@ from typing import Any, NamedTuple, Protocol
 
 from sixlab.dataplane import _filters
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
-from sixlab.wire._errors import WireError
+from sixlab.wire._errors import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
@@ -474,11 +474,11 @@ class MmapDataplane(Dataplane):
         verify = not status & (TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY)
         try:
             packet = parse_udp_packet(data, verify_checksum=verify)
-        except WireError as exc:
-            if "checksum" in str(exc):
-                counters.bad_checksum += 1
-            else:
-                counters.malformed += 1
+        except ChecksumError:
+            counters.bad_checksum += 1
+            return None
+        except WireError:
+            counters.malformed += 1
             return None
         udp = packet.udp
         return Received(

@@ -3,6 +3,6 @@
 Every decoder returns a value or raises ``WireError`` (a ``ValueError``).
 """
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError, WireError
+from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError, WireError
 
-__all__ = ["InvalidFieldError", "TruncatedError", "WireError"]
+__all__ = ["ChecksumError", "InvalidFieldError", "TruncatedError", "WireError"]

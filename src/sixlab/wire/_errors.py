@@ -6,6 +6,7 @@
      └── WireError              any byte string a decoder refuses
           ├── TruncatedError    the buffer ends before a field it must hold
           └── InvalidFieldError a field holds a value the format forbids
+               └── ChecksumError  a checksum that does not verify (callers count it apart)
 
 Every decoder either returns a value or raises a ``WireError``; nothing else escapes
 (no ``IndexError``, no ``struct.error``). Encoders raise ``WireError`` too when given a
@@ -14,7 +15,7 @@ value that cannot be represented on the wire.
 
 from __future__ import annotations
 
-__all__ = ["InvalidFieldError", "TruncatedError", "WireError"]
+__all__ = ["ChecksumError", "InvalidFieldError", "TruncatedError", "WireError"]
 
 
 class WireError(ValueError):
@@ -27,3 +28,7 @@ class TruncatedError(WireError):
 
 class InvalidFieldError(WireError):
     """A field holds a value that the format does not allow."""
+
+
+class ChecksumError(InvalidFieldError):
+    """A checksum field that does not verify over the bytes it covers."""

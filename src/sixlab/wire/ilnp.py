@@ -44,7 +44,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError
 from sixlab.wire.checksum import (
     checksum_adjust,
     internet_checksum,
@@ -495,7 +495,7 @@ def decode_locator_update(
         and ones_complement_sum(ipv6_pseudo_header(src, dst, len(data), ICMPV6_NEXT_HEADER) + data)
         != 0xFFFF
     ):
-        raise InvalidFieldError("Locator Update checksum does not verify")
+        raise ChecksumError("Locator Update checksum does not verify")
     entries = tuple(
         LocatorEntry(*_LU_ENTRY.unpack_from(data, _LU_HEADER.size + i * _LU_ENTRY.size))
         for i in range(count)

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv6Address
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError
 from sixlab.wire.checksum import BytesLike
 from sixlab.wire.ipv6 import (
     IPV6_HEADER_SIZE,
@@ -200,7 +200,7 @@ def build_udp_packet(
 def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> ParsedUdpPacket:
     """Parse an IPv6 packet carrying UDP (possibly behind an SRH), without copying it.
 
-    With ``verify_checksum`` a wrong or zero UDP checksum raises ``InvalidFieldError``;
+    With ``verify_checksum`` a wrong or zero UDP checksum raises ``ChecksumError``;
     off by default because a capture of locally sent packets may carry a checksum the
     NIC has yet to fill in (checksum offload).
     """
@@ -264,7 +264,7 @@ def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> Parse
     if udp_end > end:
         raise TruncatedError(f"UDP Length {udp_length} but {end - offset} bytes left")
     if verify_checksum and not verify_udp(src, final_dst, view[offset:udp_end]):
-        raise InvalidFieldError("UDP checksum does not match")
+        raise ChecksumError("UDP checksum does not match")
     payload_offset = offset + UDP_HEADER_SIZE
     return ParsedUdpPacket(
         (first >> 20) & 0xFF,
