@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from sixlab.controller.core import Controller, ControllerError, SessionSpec
-from sixlab.controller.store import Store, StoreError
+from sixlab.controller.core import (
+    Controller,
+    ControllerError,
+    SessionExistsError,
+    SessionSpec,
+    WrongStateError,
+)
+from sixlab.controller.store import NotFoundError, Store
 from sixlab.southbound.agent import AgentServer, serve
 
 MS = 1_000_000
@@ -237,13 +243,13 @@ def test_duplicate_and_unknown_names(agents: Agents, tmp_path: Path) -> None:
     c = _controller(agents, tmp_path / "c.db")
     try:
         c.create_session(_spec(c, count=1))
-        with pytest.raises(ControllerError, match="already exists"):
+        with pytest.raises(SessionExistsError, match="already exists"):
             c.create_session(_spec(c, count=1))
-        with pytest.raises(StoreError, match="no session named 'x'"):
+        with pytest.raises(NotFoundError, match="no session named 'x'"):
             c.start_session("x")
-        with pytest.raises(StoreError, match="no node named 'q'"):
+        with pytest.raises(NotFoundError, match="no node named 'q'"):
             c.create_session(_spec(c, name="q", sender="q"))
-        with pytest.raises(ControllerError, match="not running"):
+        with pytest.raises(WrongStateError, match="not running"):
             c.stop_session("p")
         assert list(c.client("r").info().ssids) == [1]
     finally:

@@ -36,14 +36,26 @@ from sixlab.controller.client import (
     spec_to_proto,
     stats_from_proto,
 )
-from sixlab.controller.core import ControllerError, SessionSpec
+from sixlab.controller.core import (
+    ControllerError,
+    NoFreeSsidError,
+    SessionExistsError,
+    SessionSpec,
+    WrongStateError,
+)
 from sixlab.controller.northbound import (
     _status_of,
     record_to_proto,
     session_to_proto,
     summary_to_proto,
 )
-from sixlab.controller.store import SessionRow, StoreError
+from sixlab.controller.store import (
+    AlreadyExistsError,
+    InUseError,
+    NotFoundError,
+    SessionRow,
+    StoreError,
+)
 from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound.client import SouthboundError
 from sixlab.stamp._events import StampResult
@@ -218,15 +230,21 @@ def test_default_address(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
-        (ControllerError("name: session 'p' already exists"), Code.ALREADY_EXISTS),
-        (StoreError("name: node 'n' already exists"), Code.ALREADY_EXISTS),
-        (StoreError("session: no session named 'x'"), Code.NOT_FOUND),
-        (StoreError("node: no node named 'x'"), Code.NOT_FOUND),
-        (ControllerError("name: session 'p' is running, not startable"), Code.FAILED_PRECONDITION),
-        (ControllerError("name: session 'p' is created, not running"), Code.FAILED_PRECONDITION),
-        (ControllerError("name: session 'p' is already destroyed"), Code.FAILED_PRECONDITION),
-        (ControllerError("ssid: no free SSID left on these nodes"), Code.RESOURCE_EXHAUSTED),
+        (SessionExistsError("name: session 'p' already exists"), Code.ALREADY_EXISTS),
+        (AlreadyExistsError("name: node 'n' already exists"), Code.ALREADY_EXISTS),
+        (NotFoundError("session: no session named 'x'"), Code.NOT_FOUND),
+        (NotFoundError("node: no node named 'x'"), Code.NOT_FOUND),
+        (NotFoundError("sender/reflector: unknown node"), Code.NOT_FOUND),
+        (WrongStateError("name: session 'p' is running, not startable"), Code.FAILED_PRECONDITION),
+        (WrongStateError("name: session 'p' is created, not running"), Code.FAILED_PRECONDITION),
+        (WrongStateError("name: session 'p' is already destroyed"), Code.FAILED_PRECONDITION),
+        (InUseError("node: 'n' still carries session 'p'"), Code.FAILED_PRECONDITION),
+        (NoFreeSsidError("ssid: no free SSID left on these nodes"), Code.RESOURCE_EXHAUSTED),
         (ControllerError("interval_ns: must be positive"), Code.INVALID_ARGUMENT),
+        (StoreError("address: 'x' is not host:port"), Code.INVALID_ARGUMENT),
+        # A message no longer decides: a plain refusal that happens to read like one
+        # of the typed ones is still a bad field.
+        (ControllerError("name: session 'p' already exists"), Code.INVALID_ARGUMENT),
         (SouthboundError(Code.UNAVAILABLE, "down"), Code.UNAVAILABLE),
         (SouthboundError(Code.DEADLINE_EXCEEDED, "slow"), Code.UNAVAILABLE),
         (SouthboundError(Code.INVALID_ARGUMENT, "dataplane: unknown"), Code.INVALID_ARGUMENT),

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sixlab.controller.store import Store, StoreError
+from sixlab.controller.store import (
+    AlreadyExistsError,
+    InUseError,
+    NotFoundError,
+    Store,
+    StoreError,
+)
 from sixlab.stamp._events import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -57,13 +63,13 @@ def test_sessions_and_duplicate_names(store: Store) -> None:
         0,
         {"k": [1]},
     )
-    with pytest.raises(StoreError, match="already exists"):
+    with pytest.raises(AlreadyExistsError, match="already exists"):
         store.add_session("path-a", 2, sender="s1", reflector="r1", params={}, now_ns=6)
-    with pytest.raises(StoreError, match="unknown node"):
+    with pytest.raises(NotFoundError, match="unknown node"):
         store.add_session("path-b", 2, sender="nobody", reflector="r1", params={}, now_ns=6)
     assert [s.name for s in store.sessions()] == ["path-a"]
     assert store.used_ssids("s1") == {1}
-    with pytest.raises(StoreError, match="still carries"):
+    with pytest.raises(InUseError, match="still carries"):
         store.remove_node("s1")
 
 

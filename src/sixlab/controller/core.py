@@ -38,12 +38,20 @@ from typing import Any
 import grpc
 
 from sixlab.controller.metrics import ControllerMetrics
-from sixlab.controller.store import SessionRow, Store, StoreError
+from sixlab.controller.store import NotFoundError, SessionRow, Store
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
 from sixlab.stamp.stats import PathStats, path_stats
 
-__all__ = ["CollectMode", "Controller", "ControllerError", "SessionSpec"]
+__all__ = [
+    "CollectMode",
+    "Controller",
+    "ControllerError",
+    "NoFreeSsidError",
+    "SessionExistsError",
+    "SessionSpec",
+    "WrongStateError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,18 @@ RETRY_MAX_S = 5.0
 
 class ControllerError(ValueError):
     """A request the controller refuses; the message names the field."""
+
+
+class SessionExistsError(ControllerError):
+    """A session of that name exists already."""
+
+
+class WrongStateError(ControllerError):
+    """The session's state forbids the request (start a running one, stop a stopped one)."""
+
+
+class NoFreeSsidError(ControllerError):
+    """Every SSID is taken on the sender or the reflector."""
 
 
 class CollectMode:
@@ -231,14 +251,14 @@ class Controller:
         with self._lock:
             try:
                 self.store.session(spec.name)
-            except StoreError:
+            except NotFoundError:
                 pass
             else:
-                raise ControllerError(f"name: session {spec.name!r} already exists")
+                raise SessionExistsError(f"name: session {spec.name!r} already exists")
             used = self.store.used_ssids(spec.sender) | self.store.used_ssids(spec.reflector)
             ssid = next((i for i in range(1, 0x10000) if i not in used), None)
             if ssid is None:
-                raise ControllerError("ssid: no free SSID left on these nodes")
+                raise NoFreeSsidError("ssid: no free SSID left on these nodes")
             self._create_on_agents(spec, ssid)
             params = asdict(spec)
             return self.store.add_session(
@@ -295,7 +315,7 @@ class Controller:
     def start_session(self, name: str) -> None:
         row = self.store.session(name)
         if row.state not in ("created", "stopped"):
-            raise ControllerError(f"name: session {name!r} is {row.state}, not startable")
+            raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
         self._call(row.reflector, lambda c: c.start_session(row.ssid))
         self._call(row.sender, lambda c: c.start_session(row.ssid))
         self.store.set_state(name, "running")
@@ -305,14 +325,14 @@ class Controller:
         """Stop sending; the collector keeps reading until the session has drained."""
         row = self.store.session(name)
         if row.state != "running":
-            raise ControllerError(f"name: session {name!r} is {row.state}, not running")
+            raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
         self._call(row.sender, lambda c: c.stop_session(row.ssid))
         self.store.set_state(name, "stopping")
 
     def destroy_session(self, name: str) -> None:
         row = self.store.session(name)
         if row.state == "destroyed":
-            raise ControllerError(f"name: session {name!r} is already destroyed")
+            raise WrongStateError(f"name: session {name!r} is already destroyed")
         self._stop_collector(name)
         for node in (row.sender, row.reflector):
             with contextlib.suppress(SouthboundError):

@@ -13,19 +13,17 @@ Failures become gRPC statuses in one place (``_status_of``):
 
 =======================================  ==============================================
 ``RequestRefusedError`` (own checks)     its code
-``ControllerError``, ``StoreError``      by what the message says: "no ... named" →
-                                         NOT_FOUND, "already exists" → ALREADY_EXISTS,
-                                         a session in the wrong state →
-                                         FAILED_PRECONDITION, no SSID left →
-                                         RESOURCE_EXHAUSTED, else INVALID_ARGUMENT
+``ControllerError``, ``StoreError``      by subclass (``_CODES``): not found →
+                                         NOT_FOUND, already exists → ALREADY_EXISTS,
+                                         a session in the wrong state or a node in
+                                         use → FAILED_PRECONDITION, no SSID left →
+                                         RESOURCE_EXHAUSTED; the bases (a bad field)
+                                         → INVALID_ARGUMENT
 ``SouthboundError`` (an agent refused)   INVALID_ARGUMENT if the agent refused a value
                                          the caller chose; UNAVAILABLE if it could not
                                          be reached; else FAILED_PRECONDITION. The
                                          message is the agent's, prefixed ``agent:``.
 =======================================  ==============================================
-
-The core's two exception classes carry no code, so the phrases are the contract:
-``_PHRASES`` lists them next to the code they mean.
 
 A refused call changes no node or session. It may refresh health observations (an
 agent that answered a refused Init was seen alive; one that did not is unhealthy).
@@ -43,8 +41,23 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sixlab.controller.core import CollectMode, Controller, ControllerError, SessionSpec
-from sixlab.controller.store import NodeRow, SessionRow, StoreError
+from sixlab.controller.core import (
+    CollectMode,
+    Controller,
+    ControllerError,
+    NoFreeSsidError,
+    SessionExistsError,
+    SessionSpec,
+    WrongStateError,
+)
+from sixlab.controller.store import (
+    AlreadyExistsError,
+    InUseError,
+    NodeRow,
+    NotFoundError,
+    SessionRow,
+    StoreError,
+)
 from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
 from sixlab.southbound.client import SouthboundError
@@ -101,17 +114,13 @@ _STATES_PB = {
     "destroyed": pb.SESSION_STATE_DESTROYED,
 }
 
-#: What the core's messages say, and the status that means (first match wins).
-_PHRASES = (
-    ("already exists", Code.ALREADY_EXISTS),
-    ("no node named", Code.NOT_FOUND),
-    ("no session named", Code.NOT_FOUND),
-    ("unknown node", Code.NOT_FOUND),
-    ("not startable", Code.FAILED_PRECONDITION),
-    ("not running", Code.FAILED_PRECONDITION),
-    ("already destroyed", Code.FAILED_PRECONDITION),
-    ("still carries session", Code.FAILED_PRECONDITION),
-    ("no free SSID", Code.RESOURCE_EXHAUSTED),
+#: The core's and the store's refusals, and the status each means; any other
+#: ControllerError or StoreError is a bad field (INVALID_ARGUMENT).
+_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
+    ((AlreadyExistsError, SessionExistsError), Code.ALREADY_EXISTS),
+    (NotFoundError, Code.NOT_FOUND),
+    ((WrongStateError, InUseError), Code.FAILED_PRECONDITION),
+    (NoFreeSsidError, Code.RESOURCE_EXHAUSTED),
 )
 
 
@@ -140,9 +149,8 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
             code = Code.FAILED_PRECONDITION
         return code, f"agent: {exc.code.name}: {exc.details}"
     if isinstance(exc, ControllerError | StoreError):
-        text = str(exc)
-        code = next((c for phrase, c in _PHRASES if phrase in text), Code.INVALID_ARGUMENT)
-        return code, text
+        code = next((c for kind, c in _CODES if isinstance(exc, kind)), Code.INVALID_ARGUMENT)
+        return code, str(exc)
     return None
 
 

@@ -29,7 +29,16 @@ from typing import Any
 from sixlab.stamp._events import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
-__all__ = ["SCHEMA", "NodeRow", "SessionRow", "Store", "StoreError"]
+__all__ = [
+    "SCHEMA",
+    "AlreadyExistsError",
+    "InUseError",
+    "NodeRow",
+    "NotFoundError",
+    "SessionRow",
+    "Store",
+    "StoreError",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -88,6 +97,18 @@ _SELECT_NODES = "SELECT name, address, role, healthy, last_seen, last_error, ini
 
 class StoreError(ValueError):
     """A request the store refuses; the message names the field."""
+
+
+class NotFoundError(StoreError):
+    """No node or session of that name."""
+
+
+class AlreadyExistsError(StoreError):
+    """A node or session of that name exists already."""
+
+
+class InUseError(StoreError):
+    """The node still carries a session that is not destroyed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +172,7 @@ class Store:
                     "INSERT INTO nodes(name, address, role) VALUES (?, ?, ?)", (name, address, role)
                 )
             except sqlite3.IntegrityError:
-                raise StoreError(f"name: node {name!r} already exists") from None
+                raise AlreadyExistsError(f"name: node {name!r} already exists") from None
 
     def set_health(self, name: str, healthy: bool, now_ns: int, error: str | None = None) -> None:
         with self._lock:
@@ -169,7 +190,7 @@ class Store:
         with self._lock:
             row = self._db.execute(_SELECT_NODES + " WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise StoreError(f"node: no node named {name!r}")
+            raise NotFoundError(f"node: no node named {name!r}")
         return _node_row(row)
 
     def nodes(self) -> list[NodeRow]:
@@ -190,9 +211,9 @@ class Store:
                 (name, name),
             ).fetchone()
             if busy:
-                raise StoreError(f"node: {name!r} still carries session {busy[0]!r}")
+                raise InUseError(f"node: {name!r} still carries session {busy[0]!r}")
             if not self._db.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount:
-                raise StoreError(f"node: no node named {name!r}")
+                raise NotFoundError(f"node: no node named {name!r}")
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -217,15 +238,15 @@ class Store:
                 )
             except sqlite3.IntegrityError as exc:
                 if "UNIQUE" in str(exc):
-                    raise StoreError(f"name: session {name!r} already exists") from None
-                raise StoreError("sender/reflector: unknown node") from None
+                    raise AlreadyExistsError(f"name: session {name!r} already exists") from None
+                raise NotFoundError("sender/reflector: unknown node") from None
         return self.session(name)
 
     def session(self, name: str) -> SessionRow:
         with self._lock:
             row = self._db.execute(_SELECT_SESSIONS + " WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise StoreError(f"session: no session named {name!r}")
+            raise NotFoundError(f"session: no session named {name!r}")
         return _session_row(row)
 
     def sessions(self, *, include_destroyed: bool = False) -> list[SessionRow]:
@@ -253,7 +274,7 @@ class Store:
             )
             row = self._db.execute("SELECT epoch FROM sessions WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise StoreError(f"session: no session named {name!r}")
+            raise NotFoundError(f"session: no session named {name!r}")
         epoch: int = row[0]
         return epoch
 
