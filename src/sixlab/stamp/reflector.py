@@ -256,9 +256,7 @@ class Reflector:
         self.counters.received += 1
         size = len(data)
         if size >= _AUTH and (self._auth or (self._default and self._default.config.key)):
-            sess = self._auth.get(int.from_bytes(data[26:28]))
-            if sess is None and int.from_bytes(data[14:16]) not in self._unauth:
-                sess = self._default if self._default and self._default.config.key else None
+            sess = self._auth_session(data)
             if sess is not None:
                 return self._reflect_auth(sess, data, t2_ns, clock, hop_limit, context=context)
         if size < _MIN:
@@ -316,10 +314,7 @@ class Reflector:
         session is gone comes back unchanged.
         """
         if len(payload) >= _AUTH:
-            sess = self._auth.get(int.from_bytes(payload[26:28]))
-            default = self._default
-            if sess is None and default is not None and default.config.key is not None:
-                sess = None if int.from_bytes(payload[14:16]) in self._unauth else default
+            sess = self._auth_session(payload)
             if sess is not None and sess.config.key is not None:
                 t3 = sess.timestamp(t3_ns).to_bytes(8)
                 return stamp_auth.sign(payload[:16] + t3 + payload[24:], sess.config.key)
@@ -329,6 +324,19 @@ class Reflector:
         if sess is None or sess.config.key is not None:
             return payload
         return payload[:4] + sess.timestamp(t3_ns).to_bytes(8) + payload[12:]
+
+    def _auth_session(self, data: bytes) -> _Session | None:
+        """The authenticated session of a packet of at least ``_AUTH`` bytes, or None.
+
+        The SSID at bytes 26:28 (authenticated layout) names one; failing that, an
+        authenticated default session takes the packet unless an unauthenticated session
+        claims the SSID at bytes 14:16 (module doc, "Order of checks", step 1).
+        """
+        sess = self._auth.get(int.from_bytes(data[26:28]))
+        default = self._default
+        if sess is None and default is not None and default.config.key is not None:
+            sess = None if int.from_bytes(data[14:16]) in self._unauth else default
+        return sess
 
     def _reflect_auth(
         self,
