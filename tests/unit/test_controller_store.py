@@ -79,6 +79,7 @@ def test_results_are_stored_exactly_once(store: Store) -> None:
     # The agent sends the same records again (the controller died before acking them).
     assert store.store_results(sid, [(2, _r(1)), (3, _r(2))]) == 1
     assert store.record_ids(sid) == [(0, 1), (0, 2), (0, 3)]
+    assert store.count_results(sid) == 3
     assert [r.seq for r in store.results(sid)] == [0, 1, 2]
     row = store.session("p")
     assert (row.cursor, row.sent, row.lost) == (3, 3, 1)
@@ -95,6 +96,7 @@ def test_new_epoch_restarts_ids_without_collisions(store: Store) -> None:
     # The restarted agent numbers from 1 again: new rows, not duplicates.
     assert store.store_results(sid, [(1, _r(2)), (2, _r(3))], epoch=1) == 2
     assert store.record_ids(sid) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert store.count_results(sid) == 4
     assert [r.seq for r in store.results(sid)] == [0, 1, 2, 3]
     assert store.session("p").cursor == 2
 
@@ -131,4 +133,5 @@ def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     with pytest.raises(sqlite3.IntegrityError):
         store.store_results(sid, [(1, _r(5)), (2, bad)])
     assert store.record_ids(sid) == []
+    assert store.count_results(sid) == 0
     assert store.session("p").cursor == 0

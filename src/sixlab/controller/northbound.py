@@ -364,9 +364,6 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self.store = controller.store
         self._lock = threading.Lock()
 
-    def _stored(self, row: SessionRow) -> int:
-        return len(self.store.record_ids(row.id))
-
     # -- nodes ------------------------------------------------------------------------
 
     @_handler(changes=True)
@@ -427,7 +424,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @_handler(changes=False)
     def ListSessions(self, request: pb.ListSessionsRequest) -> pb.ListSessionsReply:  # noqa: N802
         rows = self.store.sessions(include_destroyed=request.include_destroyed)
-        return pb.ListSessionsReply(sessions=[session_to_proto(r, self._stored(r)) for r in rows])
+        return pb.ListSessionsReply(
+            sessions=[session_to_proto(r, self.store.count_results(r.id)) for r in rows]
+        )
 
     # -- results ----------------------------------------------------------------------
 

@@ -366,6 +366,15 @@ class Store:
             rows = self._db.execute(query, args).fetchall()
         return [_result(session_id, r) for r in rows]
 
+    def count_results(self, session_id: int) -> int:
+        """How many records are stored for the session (all epochs)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM results WHERE session_id=?", (session_id,)
+            ).fetchone()
+        count: int = row[0]
+        return count
+
     def record_ids(self, session_id: int) -> list[tuple[int, int]]:
         """(epoch, record id) of every stored record, in order."""
         with self._lock:
