@@ -33,7 +33,6 @@ which splits the total loss into forward and backward.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -68,8 +67,6 @@ DEFAULT_LOSS_TIMEOUT_NS = 2 * NS_PER_S
 #: Seq counts as late rather than duplicate (bounds memory on long sessions).
 DUPLICATE_WINDOW = 65536
 
-_U32 = struct.Struct("!I")
-
 
 class State(Enum):
     IDLE = auto()
@@ -88,7 +85,6 @@ _TRANSITIONS: dict[tuple[State, _Input], State] = {
     (State.IDLE, _Input.START): State.RUNNING,
     (State.IDLE, _Input.STOP): State.FINISHED,
     (State.RUNNING, _Input.STOP): State.DRAINING,
-    (State.RUNNING, _Input.DRAINED): State.FINISHED,
     (State.DRAINING, _Input.STOP): State.DRAINING,
     (State.DRAINING, _Input.DRAINED): State.FINISHED,
     (State.FINISHED, _Input.STOP): State.FINISHED,
@@ -362,9 +358,6 @@ class SenderSession:
     def _maybe_drained(self) -> None:
         if self.state is State.DRAINING and not self._outstanding:
             self._deadlines.clear()
-            self._transition(_Input.DRAINED)
-            self._events.append(SessionFinished(self.config.ssid))
-        elif self.state is State.RUNNING and self._next_send_ns is None and not self._outstanding:
             self._transition(_Input.DRAINED)
             self._events.append(SessionFinished(self.config.ssid))
 
