@@ -399,8 +399,7 @@ class Controller:
         while not col.stop.is_set():
             row = self.store.session(col.name)
             try:
-                self._ensure_on_agent(row)
-                row = self.store.session(col.name)
+                row = self._ensure_on_agent(row)
                 done = (
                     self._stream_once(row, col)
                     if row.params["collect"] == CollectMode.STREAM
@@ -426,11 +425,14 @@ class Controller:
             if row.params["collect"] == CollectMode.POLL:
                 col.stop.wait(self.poll_interval_s)
 
-    def _ensure_on_agent(self, row: SessionRow) -> None:
-        """Make sure the sender still has the session; recreate it after an agent restart."""
+    def _ensure_on_agent(self, row: SessionRow) -> SessionRow:
+        """Make sure the sender still has the session; recreate it after an agent restart.
+
+        Returns the session's row as it is now (a new epoch if it was recreated).
+        """
         info = self._call(row.sender, lambda c: c.info())
         if info.initialized and row.ssid in info.ssids:
-            return
+            return row
         log.warning(
             "session %s: sender %s lost it (restart?); creating it again", row.name, row.sender
         )
@@ -452,6 +454,7 @@ class Controller:
         self.store.new_epoch(row.name)
         self._call(row.reflector, lambda c: c.start_session(row.ssid))
         self._call(row.sender, lambda c: c.start_session(row.ssid))
+        return self.store.session(row.name)
 
     def _store(self, row: SessionRow, results: Iterable[pb.StampResult]) -> int:
         records = [(r.record_id, result_from_proto(r)) for r in results]
@@ -496,7 +499,6 @@ class Controller:
                     self._ack(row, cursor)
                 if batch.final:
                     return True
-                row = self.store.session(row.name)
         except grpc.RpcError as exc:
             if col.stop.is_set():  # our own cancel
                 return False
