@@ -111,8 +111,7 @@ class SessionSpec:
     def validate(self) -> None:
         if not self.name:
             raise ControllerError("name: a session needs a name")
-        for label, addr in (("reflector_address", self.reflector_address),):
-            _v6(label, addr)
+        _v6("reflector_address", self.reflector_address)
         if self.source_address:
             _v6("source_address", self.source_address)
         for sid in self.segments:
