@@ -15,7 +15,7 @@ value that cannot be represented on the wire.
 
 from __future__ import annotations
 
-__all__ = ["ChecksumError", "InvalidFieldError", "TruncatedError", "WireError"]
+__all__ = ["ChecksumError", "InvalidFieldError", "TruncatedError", "WireError", "check_uint"]
 
 
 class WireError(ValueError):
@@ -32,3 +32,9 @@ class InvalidFieldError(WireError):
 
 class ChecksumError(InvalidFieldError):
     """A checksum field that does not verify over the bytes it covers."""
+
+
+def check_uint(name: str, value: int, bits: int) -> None:
+    """Raise ``InvalidFieldError`` unless ``value`` fits an unsigned ``bits``-bit field."""
+    if not 0 <= value < 1 << bits:
+        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")

@@ -44,7 +44,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError
+from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError, check_uint
 from sixlab.wire.checksum import (
     checksum_adjust,
     internet_checksum,
@@ -182,8 +182,8 @@ class ILV:
     nid: int
 
     def __post_init__(self) -> None:
-        _check_uint("Locator", self.locator, 64)
-        _check_uint("NID", self.nid, 64)
+        check_uint("Locator", self.locator, 64)
+        check_uint("NID", self.nid, 64)
 
     @classmethod
     def from_address(cls, address: ipaddress.IPv6Address | bytes | str) -> ILV:
@@ -253,7 +253,7 @@ class DestinationOption:
     data: bytes
 
     def __post_init__(self) -> None:
-        _check_uint("Option Type", self.type, 8)
+        check_uint("Option Type", self.type, 8)
         if self.type in (_PAD1, _PADN):
             raise InvalidFieldError("padding options are added by the encoder")
         if len(self.data) > 255:
@@ -268,7 +268,7 @@ class DestinationOptions:
     options: tuple[DestinationOption, ...]
 
     def __post_init__(self) -> None:
-        _check_uint("Next Header", self.next_header, 8)
+        check_uint("Next Header", self.next_header, 8)
 
     @property
     def nonce(self) -> Nonce | None:
@@ -352,10 +352,10 @@ class IlnpPacket:
     flow_label: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("Next Header", self.next_header, 8)
-        _check_uint("Hop Limit", self.hop_limit, 8)
-        _check_uint("Traffic Class", self.traffic_class, 8)
-        _check_uint("Flow Label", self.flow_label, 20)
+        check_uint("Next Header", self.next_header, 8)
+        check_uint("Hop Limit", self.hop_limit, 8)
+        check_uint("Traffic Class", self.traffic_class, 8)
+        check_uint("Flow Label", self.flow_label, 20)
 
 
 def encode_packet(packet: IlnpPacket) -> bytes:
@@ -441,9 +441,9 @@ class LocatorEntry:
     lifetime: int = 0xFFFF
 
     def __post_init__(self) -> None:
-        _check_uint("Locator", self.locator, 64)
-        _check_uint("Preference", self.preference, 16)
-        _check_uint("Lifetime", self.lifetime, 16)
+        check_uint("Locator", self.locator, 64)
+        check_uint("Preference", self.preference, 16)
+        check_uint("Lifetime", self.lifetime, 16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,8 +501,3 @@ def decode_locator_update(
         for i in range(count)
     )
     return LocatorUpdate(op, entries)
-
-
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from ipaddress import IPv6Address
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire._errors import InvalidFieldError, TruncatedError, check_uint
 from sixlab.wire.checksum import BytesLike
 
 __all__ = [
@@ -92,11 +92,11 @@ class IPv6Header:
     dst: IPv6Address
 
     def __post_init__(self) -> None:
-        _check_uint("Traffic Class", self.traffic_class, 8)
-        _check_uint("Flow Label", self.flow_label, 20)
-        _check_uint("Payload Length", self.payload_length, 16)
-        _check_uint("Next Header", self.next_header, 8)
-        _check_uint("Hop Limit", self.hop_limit, 8)
+        check_uint("Traffic Class", self.traffic_class, 8)
+        check_uint("Flow Label", self.flow_label, 20)
+        check_uint("Payload Length", self.payload_length, 16)
+        check_uint("Next Header", self.next_header, 8)
+        check_uint("Hop Limit", self.hop_limit, 8)
 
     def encode(self) -> bytes:
         """The 40 header bytes."""
@@ -157,8 +157,3 @@ def _check_fast(data: BytesLike) -> None:
         raise TruncatedError(f"IPv6 header of {len(data)} bytes, need {IPV6_HEADER_SIZE}")
     if data[0] >> 4 != IPV6_VERSION:
         raise InvalidFieldError(f"IP version {data[0] >> 4}, expected {IPV6_VERSION}")
-
-
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv6Address
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire._errors import InvalidFieldError, TruncatedError, check_uint
 from sixlab.wire.checksum import BytesLike
 
 __all__ = [
@@ -81,11 +81,11 @@ class SegmentRoutingHeader:
     tlvs: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_uint("Next Header", self.next_header, 8)
-        _check_uint("Segments Left", self.segments_left, 8)
-        _check_uint("Last Entry", self.last_entry, 8)
-        _check_uint("Flags", self.flags, 8)
-        _check_uint("Tag", self.tag, 16)
+        check_uint("Next Header", self.next_header, 8)
+        check_uint("Segments Left", self.segments_left, 8)
+        check_uint("Last Entry", self.last_entry, 8)
+        check_uint("Flags", self.flags, 8)
+        check_uint("Tag", self.tag, 16)
         count = len(self.segments)
         if not 1 <= count <= MAX_SEGMENTS:
             raise InvalidFieldError(f"{count} segments, an SRH holds 1 to {MAX_SEGMENTS}")
@@ -196,8 +196,3 @@ def validate_srh(data: BytesLike, offset: int = 0) -> int:
     if available < size:
         raise TruncatedError(f"SRH of {size} bytes, only {available} in the buffer")
     return size
-
-
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError
+from sixlab.wire._errors import TruncatedError, check_uint
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp
 
 __all__ = [
@@ -89,9 +89,9 @@ class SenderPacket:
     tlvs: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_uint("Sequence Number", self.seq, 32)
-        _check_uint("Timestamp", self.timestamp, 64)
-        _check_uint("SSID", self.ssid, 16)
+        check_uint("Sequence Number", self.seq, 32)
+        check_uint("Timestamp", self.timestamp, 64)
+        check_uint("SSID", self.ssid, 16)
 
     @property
     def timestamp_ns(self) -> int:
@@ -119,13 +119,13 @@ class ReflectorPacket:
     tlvs: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_uint("Sequence Number", self.seq, 32)
-        _check_uint("Timestamp", self.timestamp, 64)
-        _check_uint("SSID", self.ssid, 16)
-        _check_uint("Receive Timestamp", self.receive_timestamp, 64)
-        _check_uint("Session-Sender Sequence Number", self.sender_seq, 32)
-        _check_uint("Session-Sender Timestamp", self.sender_timestamp, 64)
-        _check_uint("Ses-Sender TTL", self.ses_sender_ttl, 8)
+        check_uint("Sequence Number", self.seq, 32)
+        check_uint("Timestamp", self.timestamp, 64)
+        check_uint("SSID", self.ssid, 16)
+        check_uint("Receive Timestamp", self.receive_timestamp, 64)
+        check_uint("Session-Sender Sequence Number", self.sender_seq, 32)
+        check_uint("Session-Sender Timestamp", self.sender_timestamp, 64)
+        check_uint("Ses-Sender TTL", self.ses_sender_ttl, 8)
 
 
 def encode_sender(packet: SenderPacket, *, authenticated: bool = False) -> bytes:
@@ -200,8 +200,3 @@ def decode_reflector(data: bytes, *, authenticated: bool = False) -> ReflectorPa
         ttl,
         bytes(data[layout.size :]),
     )
-
-
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")

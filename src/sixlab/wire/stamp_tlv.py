@@ -50,7 +50,7 @@ from enum import IntEnum, IntFlag
 from ipaddress import IPv4Address, IPv6Address
 from typing import ClassVar, Self, TypeAlias, TypeVar
 
-from sixlab.wire._errors import InvalidFieldError, TruncatedError, WireError
+from sixlab.wire._errors import InvalidFieldError, TruncatedError, WireError, check_uint
 from sixlab.wire.stamp_auth import HMAC_SIZE, hmac16
 
 __all__ = [
@@ -139,11 +139,6 @@ class TlvType(IntEnum):
     MICRO_SESSION_ID = 11
 
 
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise InvalidFieldError(f"{name} {value} does not fit in {bits} bits")
-
-
 def _check_value(name: str, value: bytes) -> None:
     if not isinstance(value, bytes):
         raise InvalidFieldError(f"{name} must be bytes, not {type(value).__name__}")
@@ -163,8 +158,8 @@ class Tlv:
     value: bytes
 
     def __post_init__(self) -> None:
-        _check_uint("TLV Type", self.type, 8)
-        _check_uint("TLV Flags", self.flags, 8)
+        check_uint("TLV Type", self.type, 8)
+        check_uint("TLV Flags", self.flags, 8)
         _check_value("TLV Value", self.value)
 
     def encode(self) -> bytes:
@@ -357,8 +352,8 @@ class LocationSubTlv:
     flags: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("Location sub-TLV Type", self.type, 8)
-        _check_uint("Location sub-TLV Flags", self.flags, 8)
+        check_uint("Location sub-TLV Type", self.type, 8)
+        check_uint("Location sub-TLV Flags", self.flags, 8)
         _check_value("Location sub-TLV Value", self.value)
 
     @property
@@ -395,8 +390,8 @@ class Location:
     sub_tlvs: tuple[LocationSubTlv, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_uint("Destination Port", self.dest_port, 16)
-        _check_uint("Source Port", self.src_port, 16)
+        check_uint("Destination Port", self.dest_port, 16)
+        check_uint("Source Port", self.src_port, 16)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         body = encode_tlvs(sub.to_raw() for sub in self.sub_tlvs)
@@ -461,10 +456,10 @@ class TimestampInfo:
     sub_tlvs: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_uint("Sync Src In", self.sync_src_in, 8)
-        _check_uint("Timestamp In", self.ts_method_in, 8)
-        _check_uint("Sync Src Out", self.sync_src_out, 8)
-        _check_uint("Timestamp Out", self.ts_method_out, 8)
+        check_uint("Sync Src In", self.sync_src_in, 8)
+        check_uint("Timestamp In", self.ts_method_in, 8)
+        check_uint("Sync Src Out", self.sync_src_out, 8)
+        check_uint("Timestamp Out", self.ts_method_out, 8)
         _check_value("Timestamp Information sub-TLVs", self.sub_tlvs)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
@@ -510,12 +505,12 @@ class ClassOfService:
     rpe: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("DSCP1", self.dscp1, 6)
-        _check_uint("ECN1", self.ecn1, 2)
-        _check_uint("DSCP2", self.dscp2, 6)
-        _check_uint("ECN2", self.ecn2, 2)
-        _check_uint("RP", self.rp, 2)
-        _check_uint("RPE", self.rpe, 2)
+        check_uint("DSCP1", self.dscp1, 6)
+        check_uint("ECN1", self.ecn1, 2)
+        check_uint("DSCP2", self.dscp2, 6)
+        check_uint("ECN2", self.ecn2, 2)
+        check_uint("RP", self.rp, 2)
+        check_uint("RPE", self.rpe, 2)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         word = (
@@ -556,9 +551,9 @@ class DirectMeasurement:
     r_txc: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("S_TxC", self.s_txc, 32)
-        _check_uint("R_RxC", self.r_rxc, 32)
-        _check_uint("R_TxC", self.r_txc, 32)
+        check_uint("S_TxC", self.s_txc, 32)
+        check_uint("R_RxC", self.r_rxc, 32)
+        check_uint("R_TxC", self.r_txc, 32)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         return Tlv(self.TYPE, flags, _DIRECT.pack(self.s_txc, self.r_rxc, self.r_txc))
@@ -585,8 +580,8 @@ class AccessReport:
     return_code: int
 
     def __post_init__(self) -> None:
-        _check_uint("Access ID", self.id, 4)
-        _check_uint("Return Code", self.return_code, 8)
+        check_uint("Access ID", self.id, 4)
+        check_uint("Return Code", self.return_code, 8)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         return Tlv(self.TYPE, flags, _ACCESS.pack(self.id << 4, self.return_code, 0))
@@ -613,9 +608,9 @@ class FollowUpTelemetry:
     ts_mode: int = TimestampMethod.RESERVED
 
     def __post_init__(self) -> None:
-        _check_uint("Follow-Up Sequence Number", self.seq, 32)
-        _check_uint("Follow-Up Timestamp", self.timestamp, 64)
-        _check_uint("Timestamp Mode", self.ts_mode, 8)
+        check_uint("Follow-Up Sequence Number", self.seq, 32)
+        check_uint("Follow-Up Timestamp", self.timestamp, 64)
+        check_uint("Timestamp Mode", self.ts_mode, 8)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         return Tlv(self.TYPE, flags, _FOLLOW_UP.pack(self.seq, self.timestamp, self.ts_mode))
@@ -694,8 +689,8 @@ class ControlCode:
     tlv_flags: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("Control Code Flags", self.flags, 32)
-        _check_uint("sub-TLV Flags", self.tlv_flags, 8)
+        check_uint("Control Code Flags", self.flags, 32)
+        check_uint("sub-TLV Flags", self.tlv_flags, 8)
 
     @property
     def reply_request(self) -> bool:
@@ -720,7 +715,7 @@ class ReturnAddress:
 
     def __post_init__(self) -> None:
         _check_address("Return Address", self.address)
-        _check_uint("sub-TLV Flags", self.tlv_flags, 8)
+        check_uint("sub-TLV Flags", self.tlv_flags, 8)
 
     def to_raw(self) -> Tlv:
         return Tlv(self.SUBTYPE, self.tlv_flags, self.address.packed)
@@ -746,8 +741,8 @@ class SrMplsLabelStack:
         if not self.labels:
             raise InvalidFieldError("an SR-MPLS Label Stack needs at least one entry")
         for entry in self.labels:
-            _check_uint("Label stack entry", entry, 32)
-        _check_uint("sub-TLV Flags", self.tlv_flags, 8)
+            check_uint("Label stack entry", entry, 32)
+        check_uint("sub-TLV Flags", self.tlv_flags, 8)
         _check_value("SR-MPLS Label Stack", b"\0" * 4 * len(self.labels))
 
     @property
@@ -788,7 +783,7 @@ class Srv6SegmentList:
         for sid in self.segments:
             if not isinstance(sid, IPv6Address):
                 raise InvalidFieldError("SRv6 segments must be IPv6Address")
-        _check_uint("sub-TLV Flags", self.tlv_flags, 8)
+        check_uint("sub-TLV Flags", self.tlv_flags, 8)
         _check_value("SRv6 Segment List", b"\0" * 16 * len(self.segments))
 
     def to_raw(self) -> Tlv:
@@ -875,8 +870,8 @@ class MicroSessionId:
     reflector_id: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("Sender Micro-session ID", self.sender_id, 16)
-        _check_uint("Reflector Micro-session ID", self.reflector_id, 16)
+        check_uint("Sender Micro-session ID", self.sender_id, 16)
+        check_uint("Reflector Micro-session ID", self.reflector_id, 16)
 
     def to_tlv(self, flags: int = TlvFlag.U) -> Tlv:
         return Tlv(self.TYPE, flags, _MICRO.pack(self.sender_id, self.reflector_id))
