@@ -13,9 +13,7 @@ sender in a Return Path TLV.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,10 +22,10 @@ from typing import Any
 import pytest
 
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
+from tests.integration._stamp_helpers import SIXLAB, run_sender
 
 pytestmark = pytest.mark.root
 
-SIXLAB = [sys.executable, "-m", "sixlab", "stamp"]
 TOLERANCE_MS = 1.0
 
 
@@ -53,32 +51,8 @@ def _measure(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = 20) -> d
     """Run one session; a first short one resolves the neighbours along the path (the
     first packet over a cold path waits for Neighbour Discovery across the delayed links,
     which is real but not the delay under test)."""
-    _run_sender(tb, path, *args, count=2)
-    return _run_sender(tb, path, *args, count=count)
-
-
-def _run_sender(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int) -> dict[str, Any]:
-    out = tb.testbed.exec_in(
-        tb.sender,
-        [
-            *SIXLAB,
-            "sender",
-            tb.reflector_addr,
-            "--json",
-            "--count",
-            str(count),
-            "--interval",
-            "0.02",
-            "--timeout",
-            "1",
-            "--segments",
-            ",".join(path.forward_segments),
-            *args,
-        ],
-        timeout=60,
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
+    run_sender(tb, path, *args, count=2)
+    return run_sender(tb, path, *args, count=count)
 
 
 def _check(doc: dict[str, Any], path: SRv6Path, count: int = 20) -> None:

@@ -21,10 +21,8 @@ through, ``sixlab.testbed.linkemu``).
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,10 +38,10 @@ from sixlab.southbound.client import AgentClient, result_from_proto
 from sixlab.stamp._events import StampResult
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
 from sixlab.testbed._netns import entered
+from tests.integration._stamp_helpers import SIXLAB, run_sender
 
 pytestmark = pytest.mark.root
 
-SIXLAB = [sys.executable, "-m", "sixlab", "stamp"]
 TOLERANCE_MS = 1.0
 MS = 1_000_000
 COUNT = 20
@@ -91,35 +89,11 @@ def _reflector(tb: SRv6TwoPaths, plane: str, *args: str) -> Iterator[list[str]]:
         summary.extend(rest.splitlines())
 
 
-def _sender(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int) -> dict[str, Any]:
-    out = tb.testbed.exec_in(
-        tb.sender,
-        [
-            *SIXLAB,
-            "sender",
-            tb.reflector_addr,
-            "--json",
-            "--count",
-            str(count),
-            "--interval",
-            "0.02",
-            "--timeout",
-            "1",
-            "--segments",
-            ",".join(path.forward_segments),
-            *args,
-        ],
-        timeout=60,
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
-
-
 def _measure(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = COUNT) -> dict[str, Any]:
     """A 2-packet warm-up session (the first packets over a cold path are not the delay
     under test), then the measured one."""
-    _sender(tb, path, *args, count=2)
-    return _sender(tb, path, *args, count=count)
+    run_sender(tb, path, *args, count=2)
+    return run_sender(tb, path, *args, count=count)
 
 
 def _check(doc: dict[str, Any], path: SRv6Path, count: int = COUNT) -> tuple[float, float]:
