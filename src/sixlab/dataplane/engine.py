@@ -14,6 +14,7 @@ full the oldest record is dropped and ``overflow`` counts it: never silent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import select
@@ -301,6 +302,10 @@ class _SenderEntry:
     #: that stored everything up to id N asks for "after N" and never sees one twice.
     first_id: int = 1
 
+    def index_after(self, record_id: int) -> int:
+        """Index in ``fifo`` of the first record with an id above ``record_id``."""
+        return max(0, record_id + 1 - self.first_id)
+
     def pop_oldest(self) -> ev.StampResult:
         self.first_id += 1
         return self.fifo.popleft()
@@ -367,15 +372,7 @@ class SenderEngine(_Loop):
         with self.lock:
             e = self._entry(ssid)
             c = e.session.counters
-            copy = SenderCounters(
-                c.sent,
-                c.received,
-                c.lost,
-                c.duplicates,
-                c.reordered,
-                dict(c.dropped),
-                c.forward_lost,
-            )
+            copy = dataclasses.replace(c, dropped=dict(c.dropped))
             return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
@@ -390,16 +387,15 @@ class SenderEngine(_Loop):
 
         Returns an empty list on timeout and when the session finished with nothing left.
         """
-        deadline = time.monotonic() + timeout
+
+        def ready() -> bool:
+            entry = self._entry(ssid)
+            return bool(entry.fifo) or entry.session.state is State.FINISHED
+
         with self._cond:
-            while True:
-                entry = self._entry(ssid)
-                if entry.fifo or entry.session.state is State.FINISHED:
-                    return self._drain(entry, max_items)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                self._cond.wait(remaining)
+            if not self._cond.wait_for(ready, timeout):
+                return []
+            return self._drain(self._entry(ssid), max_items)
 
     def lost(self, ssid: int) -> list[ev.PacketLost]:
         """Drain the loss events of a session (each lost Seq once)."""
@@ -409,14 +405,10 @@ class SenderEngine(_Loop):
             return out
 
     def wait_finished(self, ssid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._entry(ssid).session.state is not State.FINISHED:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
+            return self._cond.wait_for(
+                lambda: self._entry(ssid).session.state is State.FINISHED, timeout
+            )
 
     # -- the loop (engine thread) ------------------------------------------------------
 
@@ -462,17 +454,17 @@ class SenderEngine(_Loop):
     ) -> list[tuple[int, ev.StampResult]]:
         """Up to ``max_items`` records with ids above ``after``, left queued (waits up to
         ``timeout`` s for one; returns at once when the session has finished)."""
-        deadline = time.monotonic() + timeout
+
+        def ready() -> bool:
+            entry = self._entry(ssid)
+            return len(entry.fifo) > entry.index_after(after) or (
+                entry.session.state is State.FINISHED
+            )
+
         with self._cond:
-            while True:
-                entry = self._entry(ssid)
-                start = max(0, after + 1 - entry.first_id)
-                if len(entry.fifo) > start or entry.session.state is State.FINISHED:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._cond.wait_for(ready, timeout)
+            entry = self._entry(ssid)
+            start = entry.index_after(after)
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
