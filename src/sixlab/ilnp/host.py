@@ -48,7 +48,7 @@ from enum import StrEnum
 
 from sixlab.ilnp.ilcc import EntryEvent, EntryState, IlccEntry, IlccStore, PeerLocator, create_store
 from sixlab.ilnp.policy import AdmissionPolicy, AdmissionRequest, NonePolicy
-from sixlab.wire._errors import WireError
+from sixlab.wire._errors import ChecksumError, WireError
 from sixlab.wire.ilnp import (
     ICMPV6_NEXT_HEADER,
     ICMPV6_PARAM_PROBLEM,
@@ -593,9 +593,11 @@ class IlnpHost:
             return
         try:
             update = decode_locator_update(packet.payload, packet.src.packed, packet.dst.packed)
-        except WireError as exc:
-            reason = DropReason.LU_BAD_CHECKSUM if "checksum" in str(exc) else DropReason.MALFORMED
-            self._drop(reason, peer)
+        except ChecksumError:
+            self._drop(DropReason.LU_BAD_CHECKSUM, peer)
+            return
+        except WireError:
+            self._drop(DropReason.MALFORMED, peer)
             return
         if update.operation is LuOperation.ACKNOWLEDGEMENT:
             if entry.state is not EntryState.LU_PENDING or update.locators != entry.lu_advertised:

@@ -7,7 +7,8 @@
   sample at or below it), so every reported figure is a value that was measured.
 - Jitter is IPDV as RFC 3393 defines it: for each pair of packets with consecutive
   sequence numbers that both arrived (the §4.1 selection function), the difference of
-  their one-way delays. ``jitter_ns`` is the mean absolute IPDV.
+  their one-way delays. ``PathStats.direct_jitter_ns`` and ``return_jitter_ns`` are the
+  mean absolute IPDV of each direction.
 - Loss is the ratio of packets declared lost to packets whose fate is known.
 """
 
