@@ -257,3 +257,13 @@ def test_planes_without_their_own_path_have_no_counters() -> None:
     plane = MemoryDataplane(DataplaneConfig(port=5, source=R_ADDR), MemoryNetwork())
     assert plane.counters() == {}
     assert plane.session_counters(1) == {}
+
+
+def test_full_path_closes_the_sid_list_with_the_destination() -> None:
+    from sixlab.dataplane.base import full_path  # noqa: PLC0415
+
+    seg = IPv6Address("fc00::1")
+    assert full_path(R_ADDR, None) is None
+    assert full_path(R_ADDR, ()) is None
+    assert full_path(R_ADDR, (seg,)) == (seg, R_ADDR)
+    assert full_path(R_ADDR, (seg, R_ADDR)) == (seg, R_ADDR)  # already closed: unchanged

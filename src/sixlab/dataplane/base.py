@@ -32,6 +32,7 @@ __all__ = [
     "Received",
     "available",
     "create",
+    "full_path",
     "register",
 ]
 
@@ -148,6 +149,21 @@ class Dataplane(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def full_path(
+    dst: IPv6Address, segments: Sequence[IPv6Address] | None
+) -> tuple[IPv6Address, ...] | None:
+    """The SID list a packet to ``dst`` travels, in travel order, ending at ``dst``.
+
+    ``send`` takes ``segments`` with or without the final destination (the seed's SID
+    lists end at the reflector; a Return Path TLV's may not): the destination closes the
+    list when it is not already its last segment. None for a plain (no SRH) path.
+    """
+    if not segments:
+        return None
+    path = tuple(segments)
+    return path if path[-1] == dst else (*path, dst)
 
 
 _REGISTRY: dict[str, Callable[[DataplaneConfig], Dataplane]] = {}

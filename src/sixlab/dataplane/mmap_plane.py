@@ -109,7 +109,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
 from sixlab.wire._errors import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
@@ -697,9 +697,7 @@ class MmapDataplane(Dataplane):
         tx, l3 = self._tx, self._l3
         if tx is None or l3 is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
-        path = tuple(segments) if segments else None
-        if path is not None and path[-1] != dst:
-            path = (*path, dst)  # the final destination closes the SID list
+        path = full_path(dst, segments)
         first_hop = path[0] if path is not None else dst
         hop = self._next_hops.get(first_hop)
         if hop is None or hop.expires < time.monotonic():

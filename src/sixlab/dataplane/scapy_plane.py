@@ -32,7 +32,7 @@ from ipaddress import IPv6Address
 from typing import Any
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
 from sixlab.wire.checksum import checksum_adjust
 
 __all__ = ["ScapyDataplane"]
@@ -158,9 +158,7 @@ class ScapyDataplane(Dataplane):
         if tx is None:
             raise DataplaneError("scapy: data plane is not open (Init first)")
         ipv6, srh_layer, udp_layer, raw = self._layers
-        path = list(segments) if segments else []
-        if path and path[-1] != dst:
-            path.append(dst)  # the final destination closes the SID list
+        path = full_path(dst, segments) or ()
         first_hop = path[0] if path else dst
         source = src or self.config.source
         packet = ipv6(src=str(source) if source else self._source(first_hop), dst=str(first_hop))

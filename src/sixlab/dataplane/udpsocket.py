@@ -28,7 +28,7 @@ import struct
 from collections.abc import Sequence
 from ipaddress import IPv6Address
 
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 
@@ -173,9 +173,7 @@ class SocketDataplane(Dataplane):
             ) from exc
 
     def _srh(self, dst: IPv6Address, segments: Sequence[IPv6Address]) -> bytes:
-        path = tuple(segments)
-        if path[-1] != dst:
-            path = (*path, dst)  # the final destination closes the SID list
+        path = full_path(dst, segments) or (dst,)
         cached = self._srh_cache.get(path)
         if cached is None:
             # The kernel fills Next Header itself; UDP is what it will be.
