@@ -271,6 +271,31 @@ def test_reflector_default_session_and_return_list_ending_at_sender(refl: Loaded
     assert srh.travel_order == (IPv6Address("fc00::a"), SENDER)
 
 
+@pytest.mark.parametrize("mode", list(ReflectorMode))
+def test_reflector_default_only_skips_ssid_lookups_same_reply(
+    refl: Loaded, mode: ReflectorMode
+) -> None:
+    """``default_only`` (no SSID session in the map): the default session's reply, unchanged."""
+    cfg = ReflectorSessionConfig(ssid=None, mode=mode, return_segments=(IPv6Address("fc00::a"),))
+    refl.add(cfg)
+    frames = [
+        arrived(sender_payload(5, 999, tlvs=padding(20)), hop_limit=9),
+        arrived(sender_payload(6, 0), via=(IPv6Address("fc00::1"),)),
+    ]
+    expected = expected_reply(cfg, frames, [9, 61])
+    cfg_map = refl.map("stamp_cfg")
+    cfg_map.update(bytes(4), pack_config(PORT, 64, refl.tai_offset, default_only=True))
+    try:
+        for f, exp in zip(frames, expected, strict=True):
+            before = time.time_ns()
+            r = run(refl, f)
+            assert r.retval == XDP_TX
+            check_reply(r.data, exp, TimestampFormat.NTP, before, time.time_ns())
+    finally:
+        cfg_map.update(bytes(4), pack_config(PORT, 64, refl.tai_offset))
+    assert refl.counters() == {(0x10000, "reflected"): 2}  # STAMP_DEFAULT_SSID
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -155,9 +155,16 @@ def record_to_received(record: bytes, tai_offset_ns: int) -> Received:
     return Received(payload, src, dst, sport, dport, hop, t4 - tai_offset_ns)
 
 
-def pack_config(port: int, hop_limit: int, tai_offset_ns: int) -> bytes:
-    """``struct stamp_config``: the port, the replies' Hop Limit, CLOCK_TAI − UTC."""
-    return _CONFIG.pack(port, hop_limit, 0, 0, tai_offset_ns)
+def pack_config(
+    port: int, hop_limit: int, tai_offset_ns: int, *, default_only: bool = False
+) -> bytes:
+    """``struct stamp_config``: the port, the replies' Hop Limit, CLOCK_TAI − UTC.
+
+    ``default_only`` promises the reflector that its session map holds no session but
+    the default one, so that it skips the SSID lookups (each a hash-map miss); False
+    is always correct, only slower.
+    """
+    return _CONFIG.pack(port, hop_limit, int(default_only), 0, tai_offset_ns)
 
 
 def session_key(ssid: int | None) -> bytes:
@@ -281,6 +288,8 @@ class XdpDataplane(Dataplane):
         self._pending: list[Received] = []
         self._senders: set[int] = set()
         self._reflector_keys: set[int] = set()
+        #: SSIDs of the reflector sessions in the kernel other than the default one.
+        self._ssid_sessions: set[int] = set()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -304,12 +313,11 @@ class XdpDataplane(Dataplane):
             self._socket = sock
             # The port the socket got: a sender's ``port=0`` is an ephemeral one, and the
             # collector must match the replies that come back to it.
-            config = pack_config(sock.local_port, self.hop_limit, self.tai_offset_ns)
             for name in ("stamp_reflector", "stamp_collector"):
                 obj = libbpf.BpfObject(paths[name])
                 self._objects[name] = obj
                 obj.load()
-                obj.map("stamp_cfg").update(_U32.pack(0), config)
+                self._write_config(name)
             self._ring = libbpf.RingBuffer(
                 self._objects["stamp_collector"].map("stamp_records"), self._on_record
             )
@@ -320,6 +328,16 @@ class XdpDataplane(Dataplane):
             self.close()
             raise
         atexit.register(self.close)
+
+    def _write_config(self, name: str) -> None:
+        """Write ``stamp_cfg`` of program ``name``; default_only while no SSID session."""
+        config = pack_config(
+            self.local_port,
+            self.hop_limit,
+            self.tai_offset_ns,
+            default_only=not self._ssid_sessions,
+        )
+        self._object(name).map("stamp_cfg").update(_U32.pack(0), config)
 
     def close(self) -> None:
         atexit.unregister(self.close)
@@ -344,6 +362,7 @@ class XdpDataplane(Dataplane):
             self._netns = None
         self._senders.clear()
         self._reflector_keys.clear()
+        self._ssid_sessions.clear()
         self._pending = []
 
     def _mode_flags(self) -> int:
@@ -394,12 +413,22 @@ class XdpDataplane(Dataplane):
         if index not in self._reflector_keys:  # a new session counts from 0
             self._object("stamp_reflector").map("stamp_reflected").update(key, _U64.pack(0))
             self._reflector_keys.add(index)
+        if config.ssid is not None and config.ssid not in self._ssid_sessions:
+            # The kernel must look SSIDs up again before the session exists.
+            self._ssid_sessions.add(config.ssid)
+            self._write_config("stamp_reflector")
         sessions.update(key, value)
 
     def remove_reflector_session(self, ssid: int | None) -> bool:
         """Forget a reflector session; False if the kernel did not have it."""
         sessions = self._object("stamp_reflector").map("stamp_sessions")
-        return sessions.delete(session_key(ssid))
+        found = sessions.delete(session_key(ssid))
+        if ssid is not None and ssid in self._ssid_sessions:
+            # Once the last SSID session is gone, every SSID lookup would miss.
+            self._ssid_sessions.discard(ssid)
+            if not self._ssid_sessions:
+                self._write_config("stamp_reflector")
+        return found
 
     def add_sender_session(self, ssid: int) -> None:
         """Collect the replies of sender session ``ssid`` in XDP (unauthenticated ones)."""
