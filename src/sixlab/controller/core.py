@@ -144,7 +144,7 @@ def _v6(label: str, text: str) -> None:
 @dataclass
 class _Collector:
     name: str
-    thread: threading.Thread
+    thread: threading.Thread = field(init=False)
     stop: threading.Event = field(default_factory=threading.Event)
     #: The result stream being read (stream mode), cancelled to stop at once.
     stream: Any = None
@@ -376,7 +376,7 @@ class Controller:
         with self._lock:
             if self._closed or name in self._collectors:
                 return
-            col = _Collector(name, threading.Thread(target=lambda: None))
+            col = _Collector(name)
             col.thread = threading.Thread(
                 target=self._collect, args=(col,), name=f"collect-{name}", daemon=True
             )
