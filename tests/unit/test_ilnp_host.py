@@ -23,6 +23,7 @@ from sixlab.ilnp import (
     LocatorUpdateFailed,
     PeerLocatorsChanged,
     PeerNotIlnp,
+    Removed,
     create_policy,
 )
 from sixlab.wire.ilnp import (
@@ -363,3 +364,107 @@ def trace(store: str) -> list[object]:
 
 def test_linear_and_hash_stores_behave_identically() -> None:
     assert trace("hash") == trace("linear")
+
+
+def test_take_touched_reports_every_ilcc_change_once() -> None:
+    a, b = pair()
+    assert a.take_touched() == {B_NID}  # the first call: a full sync of what is there
+    assert a.take_touched() == set()
+    assert b.take_touched() == set()
+
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    assert b.take_touched() == {A_NID}  # adopted
+    assert a.take_touched() == set()  # sending changed nothing a mirror holds
+
+    b.send(udp(B_NID, A_NID, 7, 5000, b"2"), 0.1)
+    deliver(b, a, 0.1)
+    assert a.ilcc.get(B_NID).peer_nonce is not None  # type: ignore[union-attr]
+    assert a.take_touched() == {B_NID}  # B's nonce learned (and ours no longer carried)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"3"), 0.2)
+    deliver(a, b, 0.2)
+    assert b.take_touched() == {A_NID}  # A answered B: B stops carrying its nonce
+    b.send(udp(B_NID, A_NID, 7, 5000, b"4"), 0.3)
+    deliver(b, a, 0.3)
+    assert a.take_touched() == set()  # a data packet of an established session: nothing
+
+    a.set_local_locators([LocatorEntry(LOC_A2, 5, 600)], now=1.0)
+    assert a.take_touched() == {B_NID}  # local locator change, LU pending
+    deliver(a, b, 1.0)
+    assert b.take_touched() == {A_NID}  # the peer's Locator Update
+    deliver(b, a, 1.1)
+    assert a.ilcc.get(B_NID).state is EntryState.ACTIVE  # type: ignore[union-attr]
+    assert a.take_touched() == {B_NID}  # acknowledged
+
+    a.send(udp(A_NID, B_NID, 5000, 7, b"5"), 600.5)  # B's locator (600 s from t=0) ages
+    assert a.take_touched() == {B_NID}
+    a.handle_timer(600.5)  # already aged: nothing new
+    assert a.take_touched() == set()
+    a.handle_timer(700.0)  # and expires with its grace: the entry goes
+    assert a.ilcc.get(B_NID) is None
+    assert a.take_touched() == {B_NID}
+    assert a.take_touched() == set()
+
+
+def test_take_touched_reports_added_correspondent_and_timer_aging() -> None:
+    a, _ = pair()
+    a.take_touched()
+    a.add_correspondent(M_NID, [LocatorEntry(LOC_B, 0, 5)], now=0.0)
+    assert a.take_touched() == {M_NID}
+    a.handle_timer(5.0)
+    assert a.take_touched() == {M_NID}  # its only locator aged
+
+
+def test_take_touched_reports_a_nonce_learned_alone() -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    # A moves (A1 stays ours, A2 preferred); its advertisement is lost.
+    a.set_local_locators([LocatorEntry(LOC_A1, 10, 600), LocatorEntry(LOC_A2, 5, 600)], 1.0)
+    deliver(a, b, 1.0, drop=1)
+    a.take_touched()
+    b.send(udp(B_NID, A_NID, 7, 5000, b"2"), 1.1)
+    deliver(b, a, 1.1)  # to A1, with B's nonce
+    entry = a.ilcc.get(B_NID)
+    assert entry is not None
+    assert entry.peer_nonce is not None
+    assert entry.carry_nonce  # LU pending: only the nonce changed
+    assert a.take_touched() == {B_NID}
+
+
+def test_take_touched_reports_late_adoption_and_non_ilnp_peer() -> None:
+    sockets = FakeSockets(listening={7}, connected=set())
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    b.take_touched()
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B)], 0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    deliver(a, b, 0.0)
+    assert len(b.ilcc) == 0
+    assert b.take_touched() == set()  # the reply table is not the ILCC
+    sockets.connected.add((7, A_NID, 5000))
+    a.send(udp(A_NID, B_NID, 5000, 7, b"2"), 1.0)
+    deliver(a, b, 1.0)
+    assert b.counters["adopted_late"] == 1
+    assert b.take_touched() == {A_NID}
+
+    a.take_touched()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"3"), 2.0)
+    (wire,) = a.datagrams_to_send()
+    icmp = struct.pack("!BBHI", 4, 2, 0, 42) + wire  # Parameter Problem at our nonce
+    a.receive(encode_packet(IlnpPacket(ILV(LOC_B, B_NID), ILV(LOC_A1, A_NID), 58, icmp)), 2.1)
+    assert a.ilcc.get(B_NID).state is EntryState.NON_ILNP  # type: ignore[union-attr]
+    assert a.take_touched() == {B_NID}
+
+
+def test_take_touched_reports_eviction_by_policy() -> None:
+    host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=2, idle_timeout=5.0))
+    host.take_touched()
+    flood(host, 3)
+    (evicted,) = {e.peer_nid for e in events(host) if isinstance(e, Removed)}
+    touched = host.take_touched()
+    assert len(touched) == 3
+    assert evicted in touched
+    host.handle_timer(10.0)  # both remaining entries idle out
+    assert host.take_touched() == touched - {evicted}
+    assert len(host.ilcc) == 0

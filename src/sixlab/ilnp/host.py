@@ -34,6 +34,13 @@ nonce is dropped and counted.
 
 Every drop is counted in :attr:`IlnpHost.counters` under its :class:`DropReason` and
 emitted as a :class:`Dropped` event.
+
+Change tracking: every site that creates or removes an ILCC entry, or changes its state,
+locators (the set or their states), nonces, ``carry_nonce``, ``lu_next`` or
+``local_locator``, calls one private hook, :meth:`IlnpHost._changed`. It records the NID
+for :meth:`IlnpHost.take_touched`, so that an adapter mirroring the ILCC elsewhere (a
+kernel fast path) copies only what changed. ``last_used`` and the LRU order change with
+every packet and are not reported.
 """
 
 from __future__ import annotations
@@ -230,6 +237,8 @@ class IlnpHost:
         self._replies: OrderedDict[int, _ReplyHint] = OrderedDict()
         self._out: list[bytes] = []
         self._events: deque[Event] = deque()
+        #: NIDs changed since the last take_touched(); None until someone first asks.
+        self._touched: set[int] | None = None
 
     # ------------------------------------------------------------------ outputs
 
@@ -261,6 +270,25 @@ class IlnpHost:
     def reply_table_size(self) -> int:
         return len(self._replies)
 
+    def take_touched(self) -> set[int]:
+        """NIDs whose entry was added, changed or removed since the last call.
+
+        For I/O adapters that mirror the ILCC elsewhere, e.g. a kernel fast path: look
+        each NID up in :attr:`ilcc` (absent: removed) and copy what the entry holds.
+        "Changed" covers the entry's state, its locators (the set, or one's state as
+        it ages), nonces, ``carry_nonce``, ``lu_next`` and ``local_locator``; not
+        ``last_used`` nor the LRU order, which move with every packet.
+
+        Recording starts with the first call, which returns every NID then in the ILCC
+        (the full sync a mirror starts with): a host nobody asks keeps no set, so a
+        flood of short-lived correspondents cannot grow one without bound.
+        """
+        if self._touched is None:
+            self._touched = set()
+            return {entry.peer_nid for entry in self.ilcc}
+        touched, self._touched = self._touched, set()
+        return touched
+
     # ------------------------------------------------------------------ configuration
 
     def add_correspondent(
@@ -283,6 +311,7 @@ class IlnpHost:
         entry = self._new_entry(nid, None, now)
         entry.replace_locators(entries, now)
         self.ilcc.add(entry)
+        self._changed(entry)
         return entry
 
     def set_local_locators(self, locators: Iterable[LocatorEntry], now: float) -> None:
@@ -291,14 +320,16 @@ class IlnpHost:
         if not new:
             raise ValueError("a host needs at least one locator")
         self._locators = new
-        for entry in self.ilcc:
-            entry.local_locator = self.local_locator
+        local = self.local_locator
+        for entry in self.ilcc:  # changes entries, never the store: a live iteration is safe
+            entry.local_locator = local
             entry.fire(EntryEvent.LOCAL_LOCATOR_CHANGE)
             if entry.state is EntryState.LU_PENDING:
                 entry.carry_nonce = True
                 entry.lu_advertised = new
                 entry.lu_tries = 0
                 self._send_advertisement(entry, now)
+            self._changed(entry)
 
     # ------------------------------------------------------------------ timers
 
@@ -312,12 +343,13 @@ class IlnpHost:
         return min(times, default=None)
 
     def handle_timer(self, now: float) -> None:
-        for entry in self.ilcc:
-            entry.advance(now)
+        for entry in list(self.ilcc):  # removes entries: iterate a snapshot
+            changed = entry.advance(now)
             if entry.state is EntryState.EXPIRED:
                 self._remove(entry.peer_nid, "locators_expired")
                 continue
             if entry.lu_next is not None and now >= entry.lu_next:
+                changed = True
                 if entry.lu_tries >= self.config.lu_max_tries:
                     entry.lu_next = None
                     entry.fire(EntryEvent.LU_GAVE_UP)
@@ -326,6 +358,8 @@ class IlnpHost:
                 else:
                     self.counters["lu_retransmitted"] += 1
                     self._send_advertisement(entry, now)
+            if changed:
+                self._changed(entry)
         for nid in self.policy.expired(self.ilcc, now):
             self._remove(nid, "policy_expired")
         for nid in [n for n, h in self._replies.items() if h.expires <= now]:
@@ -383,9 +417,11 @@ class IlnpHost:
 
     def _receive_known(self, entry: IlccEntry, packet: IlnpPacket, now: float) -> None:
         peer = entry.peer_nid
+        learned = False
         if packet.nonce is not None:
             if entry.peer_nonce is None:
                 entry.peer_nonce = packet.nonce
+                learned = True
             elif packet.nonce != entry.peer_nonce:
                 self._drop(DropReason.NONCE_MISMATCH, peer)
                 return
@@ -394,13 +430,15 @@ class IlnpHost:
         ):
             self._drop(DropReason.NO_NONCE, peer)
             return
-        entry.advance(now)
+        if entry.advance(now) or learned:
+            self._changed(entry)
         source = entry.find_locator(packet.src.locator)
         if source is None or source.next_deadline() is None:  # unknown or expired
             self._drop(DropReason.UNKNOWN_LOCATOR, peer)
             return
-        if entry.state is not EntryState.LU_PENDING:
+        if entry.carry_nonce and entry.state is not EntryState.LU_PENDING:
             entry.carry_nonce = False  # the peer answered: it knows our nonce
+            self._changed(entry)
         self._use(entry, now)
         self._deliver(packet)
 
@@ -431,6 +469,7 @@ class IlnpHost:
             (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
         )
         self.ilcc.add(entry)
+        self._changed(entry)
         self.counters["adopted"] += 1
         self.counters["adopted_late"] += 1
         self._events.append(Adopted(peer, decision.reason))
@@ -446,6 +485,7 @@ class IlnpHost:
                 (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
             )
             self.ilcc.add(entry)
+            self._changed(entry)
             self.counters["adopted"] += 1
             self._events.append(Adopted(peer, decision.reason))
         else:
@@ -500,7 +540,8 @@ class IlnpHost:
         if entry is None:
             self._send_by_hint(packet, now)
             return
-        entry.advance(now)
+        if entry.advance(now):
+            self._changed(entry)
         best = entry.best_locator()
         if best is None:
             self._drop(DropReason.NO_ROUTE, peer)
@@ -572,6 +613,7 @@ class IlnpHost:
         )
 
     def _send_advertisement(self, entry: IlccEntry, now: float) -> None:
+        """Send (again) our advertisement; sets ``lu_next``: the caller reports the change."""
         best = entry.best_locator()
         if best is None:
             entry.lu_next = None
@@ -605,6 +647,7 @@ class IlnpHost:
                 return
             entry.fire(EntryEvent.LU_ACKED)
             entry.lu_next = None
+            self._changed(entry)
             self.counters["lu_acked"] += 1
             self._events.append(LocatorUpdateAcked(peer))
             return
@@ -613,6 +656,7 @@ class IlnpHost:
             return
         entry.replace_locators(update.locators, now)
         entry.fire(EntryEvent.PEER_UPDATE)
+        self._changed(entry)
         self._use(entry, now)
         self.counters["lu_received"] += 1
         self._events.append(PeerLocatorsChanged(peer, update.locators))
@@ -649,6 +693,7 @@ class IlnpHost:
             return
         entry.fire(EntryEvent.PARAM_PROBLEM)
         entry.lu_next = None
+        self._changed(entry)
         self.counters["peer_not_ilnp"] += 1
         self._events.append(PeerNotIlnp(peer))
 
@@ -676,9 +721,21 @@ class IlnpHost:
         entry.last_used = now
         self.ilcc.touch(entry.peer_nid)
 
+    def _changed(self, entry: IlccEntry | int) -> None:
+        """The hook every change to the ILCC goes through: ``entry`` or a removed NID.
+
+        Called after an entry is added (or replaced), after its state, locators, nonces,
+        ``carry_nonce``, ``lu_next`` or ``local_locator`` changed, and with the bare
+        NID after it was removed. Records the NID for :meth:`take_touched`.
+        """
+        nid = entry if isinstance(entry, int) else entry.peer_nid
+        if self._touched is not None:
+            self._touched.add(nid)
+
     def _remove(self, nid: int, why: str) -> None:
         entry = self.ilcc.remove(nid)
         if entry is not None:
+            self._changed(nid)
             if entry.state is not EntryState.EXPIRED:
                 entry.fire(EntryEvent.EVICTED)
             self.counters[f"removed_{why}"] += 1

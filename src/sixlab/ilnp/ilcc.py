@@ -153,12 +153,14 @@ class PeerLocator:
             return self.valid_until + LOCATOR_AGED_GRACE
         return None
 
-    def advance(self, now: float) -> None:
-        """Fire the timer events whose deadline has passed."""
+    def advance(self, now: float) -> bool:
+        """Fire the timer events whose deadline has passed; True if the state changed."""
+        before = self.state
         if self.state is LocatorState.VALID and now >= self.valid_until:
             self.fire(LocatorEvent.LIFETIME_ELAPSED)
         if self.state is LocatorState.AGED and now >= self.valid_until + LOCATOR_AGED_GRACE:
             self.fire(LocatorEvent.GRACE_ELAPSED)
+        return self.state is not before
 
 
 @dataclass(slots=True)
@@ -205,15 +207,23 @@ class IlccEntry:
                 return min(usable, key=lambda p: (p.preference, p.locator))
         return None
 
-    def advance(self, now: float) -> None:
+    def advance(self, now: float) -> bool:
+        """Age the locators to ``now``; True if any locator or the entry changed state.
+
+        The host uses the answer to tell its timer index and :meth:`IlnpHost.take_touched`
+        consumers about the change without comparing whole entries on every packet.
+        """
+        changed = False
         for peer in self.locators:
-            peer.advance(now)
+            changed = peer.advance(now) or changed
         if (
             self.locators
             and self.state is not EntryState.EXPIRED
             and all(p.state is LocatorState.EXPIRED for p in self.locators)
         ):
             self.fire(EntryEvent.ALL_LOCATORS_EXPIRED)
+            changed = True
+        return changed
 
     def next_deadline(self) -> float | None:
         times = [t for p in self.locators if (t := p.next_deadline()) is not None]
