@@ -7,7 +7,9 @@ Topology (one per test, unique names, removed even on failure)::
                                          B: NID 0:0:0:b, locator 2001:db8:b:0
                                          C: the attacker, 2001:db8:e::c
 
-Each host runs ``sixlab ilnp host`` (through ``python -m sixlab.ilnp._cli``); the
+Each host runs ``sixlab ilnp host`` (through ``python -m sixlab.ilnp._cli``) with its
+kernel fast path required (``--fastpath on``; the main tests run again with ``off``, the
+user-space path alone); the
 applications are plain Python sockets bound to identifier addresses, made in the
 hosts' namespaces by this process. The router forwards plain IPv6; a raw AF_PACKET
 socket on it captures what crosses the wire.
@@ -173,6 +175,8 @@ class IlnpNet:
         self.hosts = tmp / "hosts"
         self.hosts.write_text(HOSTS)
         self.daemons: list[Daemon] = []
+        #: ``--fastpath`` of the daemons started from now on.
+        self.fastpath = "on"
 
     def ip(self, node: Node, *argv: str) -> None:
         self.tb.exec_in(node, ["ip", "-6", *argv])
@@ -186,6 +190,7 @@ class IlnpNet:
         interfaces: tuple[str, ...] = ("eth0",),
         policy: str = "socket",
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> Daemon:
         control = str(self.tmp / f"{node.name}.sock")
         argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", nid]
@@ -193,8 +198,11 @@ class IlnpNet:
             argv += ["--locator", loc]
         for ifname in interfaces:
             argv += ["--interface", ifname]
-        argv += ["--policy", policy, "--control", control, "--hosts", str(self.hosts), *extra]
-        proc = self.tb.run_in(node, argv, stdout=subprocess.PIPE)
+        argv += ["--policy", policy, "--control", control, "--hosts", str(self.hosts)]
+        argv += ["--fastpath", self.fastpath, *extra]
+        proc = self.tb.run_in(
+            node, argv, stdout=subprocess.PIPE, env=None if env is None else os.environ | env
+        )
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith(b"ready"), f"daemon on {node.name} did not start: {line!r}"
@@ -388,8 +396,16 @@ class TcpFlow:
 
 
 @pytest.mark.interop
-def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(net: IlnpNet) -> None:
-    """Unmodified sockets over ILNP; the wire shows the nonce and NID-only checksums."""
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(
+    net: IlnpNet, fastpath: str
+) -> None:
+    """Unmodified sockets over ILNP; the wire shows the nonce and NID-only checksums.
+
+    With the fast path on, most UDP packets on the wire were written by the kernel
+    programs, not by the daemon: the same checks hold for them.
+    """
+    net.fastpath = fastpath
     da, db = net.start_pair()
     cap = net.capture("rb")
     echo = EchoServer(net.b, ID_B)
@@ -476,6 +492,17 @@ def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(net: IlnpNet) ->
     assert status["policy"] == "socket"
     assert status["counters"]["delivered"] > 0
     assert da.status()["events"]["resolved"] >= 1
+    fast_a, fast_b = da.status()["fastpath"], db.status()["fastpath"]
+    if fastpath == "off":
+        for fast in (fast_a, fast_b):
+            assert not fast["enabled"]
+            assert not fast["counters"]
+    else:
+        # A's echo requests left through the kernel after the first; B (policy socket,
+        # a non-connected server: A not adopted) answered each through user space.
+        assert fast_a["enabled"]
+        assert fast_a["counters"]["tx_fast"] >= 15
+        assert fast_a["counters"]["rx_fast"] >= 15
 
 
 def _move_a(net: IlnpNet, da: Daemon) -> None:
@@ -489,9 +516,12 @@ def _move_a(net: IlnpNet, da: Daemon) -> None:
     net.ip(net.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
 
 
-def test_mobility_keeps_tcp_and_udp_flows(net: IlnpNet) -> None:
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_mobility_keeps_tcp_and_udp_flows(net: IlnpNet, fastpath: str) -> None:
     """A re-addresses its link during a TCP transfer and a UDP flow: LUs exchanged and
-    acknowledged, both flows go on on the same sockets without losing data."""
+    acknowledged, both flows go on on the same sockets without losing data. With the
+    fast path, the kernel's copies of both entries follow the move."""
+    net.fastpath = fastpath
     da, db = net.start_pair()
     cap = net.capture("rb")
     echo = EchoServer(net.b, ID_B)
@@ -503,7 +533,9 @@ def test_mobility_keeps_tcp_and_udp_flows(net: IlnpNet) -> None:
         before_udp, before_tcp = len(udp.answered), tcp.received
         _move_a(net, da)
         moved_at_udp, moved_at_tcp = len(udp.answered), tcp.received
+        fast_at_move = [d.status()["fastpath"]["counters"] for d in (da, db)]
         time.sleep(1.0)
+        fast_after = [d.status()["fastpath"]["counters"] for d in (da, db)]
         assert len(udp.answered) > moved_at_udp + 20
         assert tcp.received > moved_at_tcp
     finally:
@@ -545,6 +577,12 @@ def test_mobility_keeps_tcp_and_udp_flows(net: IlnpNet) -> None:
     assert (NID_A, LuOperation.ADVERTISEMENT) in ops
     assert (NID_B, LuOperation.ACKNOWLEDGEMENT) in ops
     assert frames_ok
+    if fastpath == "on":
+        # After the move A's requests still leave through the kernel (from the new
+        # locator: B accepts only that one now) and B's answers come in through it.
+        assert fast_after[0]["tx_fast"] > fast_at_move[0].get("tx_fast", 0) + 20
+        assert fast_after[0]["rx_fast"] > fast_at_move[0].get("rx_fast", 0) + 20
+        assert fast_after[1]["rx_fast"] > fast_at_move[1].get("rx_fast", 0) + 20
 
 
 def test_multihoming_fails_over_when_preferred_link_goes_down(net: IlnpNet) -> None:
@@ -599,8 +637,13 @@ def _udp(src_nid: int, dst_nid: int, sport: int, dport: int, data: bytes) -> byt
     return struct.pack("!HHHH", sport, dport, 8 + len(data), checksum) + data
 
 
-def test_off_path_node_cannot_redirect_or_inject(net: IlnpNet) -> None:
-    """C, without the nonce, forges a Locator Update and data 'from B' towards A."""
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_off_path_node_cannot_redirect_or_inject(net: IlnpNet, fastpath: str) -> None:
+    """C, without the nonce, forges a Locator Update and data 'from B' towards A.
+
+    With the fast path, the forged data packets name a peer the kernel knows, and the
+    kernel hands them to user space for the wrong or missing nonce, where they die."""
+    net.fastpath = fastpath
     da, _db = net.start_pair()
     echo = EchoServer(net.b, ID_B)
     client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
@@ -659,6 +702,9 @@ def test_off_path_node_cannot_redirect_or_inject(net: IlnpNet) -> None:
         assert drops["lu_bad_nonce"] == 40
         assert drops.get("nonce_mismatch", 0) == 20
         assert drops.get("no_nonce", 0) == 20
+        if fastpath == "on":
+            # every forgery names B's NID: the 40 LUs and the 40 data packets alike
+            assert da.status()["fastpath"]["counters"]["rx_nonce"] == 80
     finally:
         raw.close()
         client.close()
@@ -736,3 +782,115 @@ def test_random_nid_flood_ilcc_growth_by_policy(net: IlnpNet, policy: str) -> No
     assert not udp.errors
     assert udp.answered == set(range(udp.sent))
     print(json.dumps({"policy": policy, "ilcc_size": size, "sent": len(nids), "arrived": arrived}))
+
+
+# --------------------------------------------------------------------- kernel fast path
+
+
+def test_fastpath_carries_established_udp_and_keeps_the_entry_alive(net: IlnpNet) -> None:
+    """Both ends adopt each other (policy none): after the first exchange every echo
+    goes through the tc programs in both directions, not through either daemon, and
+    the kernel's activity reports keep the ILCC entries' ``last_used`` moving."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind((ID_A, 0))
+    client.connect((ID_B, ECHO_PORT))
+    client.settimeout(2)
+    try:
+        client.send(b"first")
+        assert client.recv(100) == b"first"
+        wire_a, wire_b = da.status()["wire"], db.status()["wire"]
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < 2.5:
+            client.send(b"n %d" % sent)
+            assert client.recv(100) == b"n %d" % sent
+            sent += 1
+    finally:
+        client.close()
+        echo.close()
+    sa, sb = da.status(), db.status()
+    fa, fb = sa["fastpath"], sb["fastpath"]
+    assert fa["enabled"]
+    assert fb["enabled"]
+    assert fa["entries"] == fb["entries"] == 1
+    # The first one or two packets each way teach the hosts the nonces; the rest are
+    # the kernel's. The daemons' own wire counters barely move meanwhile.
+    assert fa["counters"]["tx_fast"] >= sent - 2
+    assert fb["counters"]["rx_fast"] >= sent - 2
+    assert fb["counters"]["tx_fast"] >= sent - 2
+    assert fa["counters"]["rx_fast"] >= sent - 2
+    assert sa["wire"].get("rx", 0) - wire_a.get("rx", 0) <= 2
+    assert sb["wire"].get("rx", 0) - wire_b.get("rx", 0) <= 2
+    assert not {k for k in fa["counters"] if k.endswith("error")}
+    # Activity reported by the kernel (at most once a second per entry) reached the
+    # hosts: the entries were used well after the few packets user space saw.
+    for daemon in (da, db):
+        (entry,) = daemon.request("cache")["entries"]
+        assert entry["last_used"] - entry["created"] >= 1.0
+    assert fa["sync"]["activity"] >= 1
+
+
+def test_fastpath_removed_entry_goes_back_to_user_space(net: IlnpNet) -> None:
+    """An entry the policy expires leaves the kernel too: the next packet from that
+    peer is not taken by the kernel (no peer) and user space decides again."""
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="bounded", extra=("--idle", "1.0"))
+    net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind((ID_A, 0))
+    client.connect((ID_B, ECHO_PORT))
+    client.settimeout(2)
+    try:
+        for i in range(5):
+            client.send(b"%d" % i)
+            assert client.recv(100) == b"%d" % i
+        assert db.status()["fastpath"]["entries"] == 1
+        wait_until(lambda: db.status()["ilcc_size"] == 0, timeout=10, what="idle expiry")
+        wait_until(lambda: db.status()["fastpath"]["entries"] == 0, what="kernel copy removed")
+        before = db.status()["fastpath"]["counters"].get("rx_no_peer", 0)
+        client.send(b"again")
+        assert client.recv(100) == b"again"
+        after = db.status()
+        assert after["fastpath"]["counters"]["rx_no_peer"] == before + 1
+        assert after["ilcc_size"] == 1  # adopted again, by user space
+    finally:
+        client.close()
+        echo.close()
+
+
+def test_fastpath_auto_falls_back_and_on_refuses(net: IlnpNet) -> None:
+    """When the programs cannot be built, ``auto`` serves from user space and says why
+    in ``status``; ``on`` refuses to start with the reason."""
+    broken = {"SIXLAB_BPF_CACHE": "/dev/null/sixlab-bpf"}  # cannot become a directory
+    net.fastpath = "on"
+    control = str(net.tmp / "refused.sock")
+    argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", "0:0:0:a"]
+    argv += ["--locator", "2001:db8:a:0", "--interface", "eth0", "--control", control]
+    argv += ["--fastpath", "on"]
+    proc = net.tb.run_in(
+        net.a, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | broken
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not out.startswith(b"ready")
+    assert b"sixlab-bpf" in err
+    net.fastpath = "auto"
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], env=broken)
+    net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    fast = da.status()["fastpath"]
+    assert fast["mode"] == "auto"
+    assert not fast["enabled"]
+    assert "sixlab-bpf" in fast["error"]
+    echo = EchoServer(net.b, ID_B)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind((ID_A, 0))
+    client.settimeout(2)
+    try:
+        client.sendto(b"still works", (ID_B, ECHO_PORT))
+        assert client.recvfrom(100)[0] == b"still works"
+    finally:
+        client.close()
+        echo.close()

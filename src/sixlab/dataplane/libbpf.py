@@ -15,6 +15,9 @@ machine does not have (DESIGN.md), so the XDP plane talks to libbpf's C API dire
 * ``xdp_attach``/``xdp_detach``/``xdp_query_id`` wrap ``bpf_xdp_attach`` and friends;
   ``prog_info`` reads ``struct bpf_prog_info`` (name, id, and the run-time statistics
   ``run_time_ns``/``run_cnt`` that ``kernel.bpf_stats_enabled`` turns on).
+* ``tc_attach``/``tc_detach`` wrap ``bpf_tc_hook_create`` and ``bpf_tc_attach``/``detach``
+  (a ``clsact`` qdisc and one direct-action ``cls_bpf`` filter at a fixed handle and
+  priority, so that the next start after a crash replaces its own leftover).
 * ``RingBuffer`` wraps ``ring_buffer__new`` with a ctypes callback; ``consume`` never
   blocks, ``epoll_fd`` is what a select loop waits on.
 
@@ -53,6 +56,8 @@ __all__ = [
     "num_possible_cpus",
     "prog_info",
     "prog_info_by_id",
+    "tc_attach",
+    "tc_detach",
     "xdp_attach",
     "xdp_detach",
     "xdp_query_id",
@@ -69,6 +74,10 @@ BPF_EXIST = 2
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
+# enum bpf_tc_attach_point and bpf_tc_attach flags (libbpf.h).
+_BPF_TC_INGRESS = 1 << 0
+_BPF_TC_EGRESS = 1 << 1
+_BPF_TC_F_REPLACE = 1 << 0
 #: Bytes of verifier log kept for an error message (libbpf retries a failed load with
 #: log level 1 into this buffer; the end of the log is what names the fault).
 _LOG_SIZE = 1 << 20
@@ -127,6 +136,30 @@ class _TestRunOpts(_c.Structure):
         ("flags", _c.c_uint32),
         ("cpu", _c.c_uint32),
         ("batch_size", _c.c_uint32),
+    )
+
+
+class _TcHook(_c.Structure):
+    """struct bpf_tc_hook (libbpf.h)."""
+
+    _fields_ = (
+        ("sz", _c.c_size_t),
+        ("ifindex", _c.c_int),
+        ("attach_point", _c.c_int),
+        ("parent", _c.c_uint32),
+    )
+
+
+class _TcOpts(_c.Structure):
+    """struct bpf_tc_opts (libbpf.h)."""
+
+    _fields_ = (
+        ("sz", _c.c_size_t),
+        ("prog_fd", _c.c_int),
+        ("flags", _c.c_uint32),
+        ("prog_id", _c.c_uint32),
+        ("handle", _c.c_uint32),
+        ("priority", _c.c_uint32),
     )
 
 
@@ -197,6 +230,9 @@ _SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "bpf_xdp_attach": (_c.c_int, (_c.c_int, _c.c_int, _c.c_uint32, _vp)),
     "bpf_xdp_detach": (_c.c_int, (_c.c_int, _c.c_uint32, _vp)),
     "bpf_xdp_query_id": (_c.c_int, (_c.c_int, _c.c_int, _c.POINTER(_c.c_uint32))),
+    "bpf_tc_hook_create": (_c.c_int, (_c.POINTER(_TcHook),)),
+    "bpf_tc_attach": (_c.c_int, (_c.POINTER(_TcHook), _c.POINTER(_TcOpts))),
+    "bpf_tc_detach": (_c.c_int, (_c.POINTER(_TcHook), _c.POINTER(_TcOpts))),
     "bpf_obj_get_info_by_fd": (_c.c_int, (_c.c_int, _vp, _c.POINTER(_c.c_uint32))),
     "bpf_prog_get_fd_by_id": (_c.c_int, (_c.c_uint32,)),
     "bpf_prog_test_run_opts": (_c.c_int, (_c.c_int, _c.POINTER(_TestRunOpts))),
@@ -314,6 +350,43 @@ def xdp_query_id(ifindex: int, flags: int = 0) -> int:
         library().bpf_xdp_query_id(ifindex, flags, _c.byref(prog_id)),
     )
     return prog_id.value
+
+
+def _tc_hook(ifindex: int, *, egress: bool) -> _TcHook:
+    point = _BPF_TC_EGRESS if egress else _BPF_TC_INGRESS
+    return _TcHook(sz=_c.sizeof(_TcHook), ifindex=ifindex, attach_point=point)
+
+
+def tc_attach(ifindex: int, prog_fd: int, *, egress: bool, handle: int, priority: int) -> None:
+    """Attach a ``SEC("tc")`` program (direct action) at ``ifindex``'s ingress or egress.
+
+    The ``clsact`` qdisc is created if missing; a filter already at ``handle`` and
+    ``priority`` (ours, from a crashed run) is replaced.
+    """
+    where = f"ifindex {ifindex} {'egress' if egress else 'ingress'}"
+    hook = _tc_hook(ifindex, egress=egress)
+    ret = library().bpf_tc_hook_create(_c.byref(hook))
+    if ret < 0 and -ret != errno.EEXIST:
+        _check(f"bpf_tc_hook_create({where})", ret)
+    opts = _TcOpts(
+        sz=_c.sizeof(_TcOpts),
+        prog_fd=prog_fd,
+        flags=_BPF_TC_F_REPLACE,
+        handle=handle,
+        priority=priority,
+    )
+    _check(f"bpf_tc_attach({where})", library().bpf_tc_attach(_c.byref(hook), _c.byref(opts)))
+
+
+def tc_detach(ifindex: int, *, egress: bool, handle: int, priority: int) -> bool:
+    """Remove the filter at ``handle``/``priority``; False if there was none (or no device)."""
+    hook = _tc_hook(ifindex, egress=egress)
+    opts = _TcOpts(sz=_c.sizeof(_TcOpts), handle=handle, priority=priority)
+    ret = library().bpf_tc_detach(_c.byref(hook), _c.byref(opts))
+    if ret < 0 and -ret in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+        return False
+    _check(f"bpf_tc_detach(ifindex {ifindex})", ret)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,13 @@ def add_parsers(sub: Any) -> None:
         default="always",
         help="carry (and require) the nonce in every packet, or only where RFC 6744 must",
     )
+    host.add_argument(
+        "--fastpath",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="kernel fast path for established correspondents (tc/eBPF): auto uses it "
+        "when it loads, on requires it, off keeps every packet in the daemon",
+    )
     host.add_argument("--capacity", type=int, default=1024, help="bounded policy: ILCC cap")
     host.add_argument("--idle", type=float, default=60.0, help="bounded policy: idle expiry, s")
     host.set_defaults(handler=_host)
@@ -75,6 +82,7 @@ def _host(args: argparse.Namespace) -> int:
         always_nonce=args.nonce == "always",
         bounded_capacity=args.capacity,
         bounded_idle=args.idle,
+        fastpath=args.fastpath,
     )
 
     def announce(line: str) -> None:
@@ -109,8 +117,15 @@ def _print_status(reply: dict[str, Any]) -> None:
         mark = "*" if loc["in_use"] else " "
         print(f" {mark} locator {loc['locator']}  pref {loc['preference']}")
     print(f"policy {reply['policy']}  store {reply['store']}  ILCC {reply['ilcc_size']}")
-    for title in ("counters", "drops", "events"):
-        items = ", ".join(f"{k}={v}" for k, v in sorted(reply[title].items()))
+    fast = reply.get("fastpath") or {}
+    if fast.get("enabled"):
+        print(f"fast path: {fast['entries']} entries in the kernel")
+    elif fast.get("mode") != "off":
+        print(f"fast path: unavailable ({fast.get('error')})")
+    sections = {t: reply[t] for t in ("counters", "drops", "events")}
+    sections["fast path"] = fast.get("counters") or {}
+    for title, values in sections.items():
+        items = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
         print(f"{title}: {items or '-'}")
 
 

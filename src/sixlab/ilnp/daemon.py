@@ -25,6 +25,16 @@ which live on a TUN device this daemon owns::
 * **Checksums.** The identifier prefix's words add up to 0xFFFF, so the checksum the
   kernel computes over identifier addresses *is* the NID-only ILNP checksum (RFC 6740
   §6.3): neither direction touches it.
+* **Kernel fast path.** Once an ILCC entry is established, a copy of it goes into a BPF
+  map, and two tc programs (:mod:`sixlab.ilnp.fastpath`) carry its TCP and UDP packets
+  in both directions without this process: the TUN device's egress rewrites to I-LVs
+  and adds the nonce, each link's ingress checks nonce and locator, strips the option
+  and redirects into the TUN device. Everything else — admission, Locator Updates,
+  ICMPv6, unknown peers, bad nonces, every drop reason — still comes here, and the host
+  stays the authority: it reports changed entries (``take_touched``) and the daemon
+  rewrites their copies once per loop turn. ``--fastpath auto`` (the default) falls
+  back to this process alone, with the reason in ``status``, when the programs cannot
+  be built or loaded; ``on`` makes that an error; ``off`` never loads them.
 * **Control.** A Unix stream socket speaks JSON lines: ``status``, ``cache``,
   ``set-locators`` (a move: the host sends Locator Updates), ``add-peer``.
 * **Links.** Each locator is tied to the interface that holds an address under it;
@@ -56,6 +66,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from sixlab.dataplane.base import DataplaneError
+from sixlab.ilnp.fastpath import FastPath, peer_record
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
@@ -154,6 +166,8 @@ class DaemonConfig:
     #: Carry the nonce in every packet and require it back (RFC 6744 §2 allows always);
     #: False follows the minimum: first packets, after a locator change, and in LUs.
     always_nonce: bool = True
+    #: Kernel fast path: "auto" (use it when it loads), "on" (required), "off".
+    fastpath: str = "auto"
     bounded_capacity: int = 1024
     bounded_idle: float = 60.0
     #: Correspondents answered without an ILCC entry (non-adopted). Larger than the
@@ -385,6 +399,9 @@ class IlnpDaemon:
         self._control: socket.socket | None = None
         self._clients: dict[socket.socket, bytearray] = {}
         self._stop = False
+        self.fastpath: FastPath | None = None
+        self.fastpath_error: str | None = None
+        self._ifindex: dict[str, int] = {}
         self._next_link_poll = 0.0
         self._timer_check = 0.0
 
@@ -413,10 +430,35 @@ class IlnpDaemon:
             self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             self._raw.setblocking(False)
             self.drop.install()
+            self._open_fastpath()
             self._open_control()
         except BaseException:
             self.close()
             raise
+
+    def _open_fastpath(self) -> None:
+        if self.config.fastpath not in ("auto", "on", "off"):
+            raise ValueError(f"fastpath must be auto, on or off, not {self.config.fastpath!r}")
+        if self.config.fastpath == "off":
+            return
+        self._ifindex = {name: socket.if_nametoindex(name) for name in self.config.interfaces}
+        fastpath = FastPath(
+            nid=self.config.nid,
+            prefix=self.host.config.identifier_prefix,
+            tun=self.config.tun_name,
+            links=self.config.interfaces,
+            on_active=self._on_active,
+        )
+        try:
+            fastpath.open(self._usable_locators())
+        except (DataplaneError, OSError) as exc:
+            if self.config.fastpath == "on":
+                raise
+            self.fastpath_error = str(exc).splitlines()[0]
+            self.events["fastpath_unavailable"] += 1
+            return
+        self.fastpath = fastpath
+        self._selector.register(fastpath.fileno(), selectors.EVENT_READ, "fastpath")
 
     def _open_control(self) -> None:
         path = Path(self.config.control)
@@ -439,6 +481,11 @@ class IlnpDaemon:
             self._control = None
             with contextlib.suppress(FileNotFoundError):
                 Path(self.config.control).unlink()
+        if self.fastpath is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.fastpath.fileno())
+            self.fastpath.close()
+            self.fastpath = None
         self.drop.remove()
         for ring in self._rings:
             ring.close()
@@ -473,6 +520,9 @@ class IlnpDaemon:
                 self._on_tun()
             elif data == "control":
                 self._accept()
+            elif data == "fastpath":
+                assert self.fastpath is not None
+                self.fastpath.drain()
             else:
                 self._on_client(key.fileobj)  # type: ignore[arg-type]
         now = self.clock()
@@ -481,6 +531,41 @@ class IlnpDaemon:
         if now >= self._next_link_poll:
             self._next_link_poll = now + _LINK_POLL_S
             self._poll_links(now)
+        self._sync_fastpath()
+
+    # ------------------------------------------------------------------ fast path
+
+    def _sync_fastpath(self, everything: bool = False) -> None:
+        """Rewrite the kernel's copy of every entry the host changed (or of all)."""
+        fastpath = self.fastpath
+        if fastpath is None:
+            return
+        touched = self.host.take_touched()
+        if everything:
+            touched |= {entry.peer_nid for entry in self.host.ilcc} | fastpath.installed
+        for nid in touched:
+            entry = self.host.ilcc.get(nid)
+            record = (
+                None if entry is None else peer_record(entry, self.host.config, self._ifindex_of)
+            )
+            fastpath.update(nid, record)
+
+    def _ifindex_of(self, locator: int) -> int | None:
+        """The interface a local locator lives on (first by name), as far as seen."""
+        for name in sorted(self._homes.get(locator, ())):
+            if name in self._ifindex:
+                return self._ifindex[name]
+        return None
+
+    def _on_active(self, nid: int) -> None:
+        self.host.mark_used(nid, self.clock())
+
+    def _usable_locators(self) -> list[int]:
+        return [e.locator for e in self._configured if e.locator not in self._withdrawn]
+
+    def _locators_changed(self) -> None:
+        if self.fastpath is not None:
+            self.fastpath.set_locators(self._usable_locators())
 
     def _run_timers(self, now: float) -> None:
         """Fire due host timers, then schedule the next look.
@@ -567,6 +652,7 @@ class IlnpDaemon:
         self._configured = locators
         self._withdrawn.clear()
         self.host.set_local_locators(locators, self.clock())
+        self._locators_changed()
         self._flush()
 
     def _poll_links(self, now: float) -> None:
@@ -580,9 +666,12 @@ class IlnpDaemon:
             states = _link_states(self.config.interfaces)
         except OSError:
             return
+        known = sum(len(h) for h in self._homes.values())
         for name, (_up, prefixes) in states.items():
             for prefix in prefixes:
                 self._homes.setdefault(prefix, set()).add(name)
+        if sum(len(h) for h in self._homes.values()) != known:
+            self._sync_fastpath(everything=True)  # egress interfaces may be known now
         down: set[int] = set()
         for entry in self._configured:
             homes = self._homes.get(entry.locator)
@@ -598,6 +687,7 @@ class IlnpDaemon:
         self._withdrawn = down
         self.events["links_changed"] += 1
         self.host.set_local_locators(usable, now)
+        self._locators_changed()
         self._flush()
 
     # ------------------------------------------------------------------ control
@@ -704,6 +794,18 @@ class IlnpDaemon:
             if self.socket_table is None
             else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
             "latency_us": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(samples)},
+            "fastpath": self._fastpath_status(),
+        }
+
+    def _fastpath_status(self) -> dict[str, Any]:
+        fastpath = self.fastpath
+        return {
+            "mode": self.config.fastpath,
+            "enabled": fastpath is not None,
+            "error": self.fastpath_error,
+            "entries": 0 if fastpath is None else len(fastpath.installed),
+            "counters": {} if fastpath is None else fastpath.counters(),
+            "sync": {} if fastpath is None else dict(fastpath.stats),
         }
 
 

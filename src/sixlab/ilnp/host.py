@@ -717,6 +717,15 @@ class IlnpHost:
             last_used=now,
         )
 
+    def mark_used(self, nid: int, now: float) -> None:
+        """``nid``'s traffic went through a path outside the host (the kernel fast path).
+
+        Keeps its entry's LRU place and idle timer as a packet through here would.
+        """
+        entry = self.ilcc.get(nid)
+        if entry is not None:
+            self._use(entry, now)
+
     def _use(self, entry: IlccEntry, now: float) -> None:
         entry.last_used = now
         self.ilcc.touch(entry.peer_nid)
