@@ -6,9 +6,14 @@
 
 ``ilcc`` (no privileges): ns per ``IlccStore.get`` of a random present NID with the
 ``hash`` store at each size (and ``linear`` at small sizes, for scale), the ratio of the
-largest to the smallest; then ns per ``IlnpHost.receive`` of a data packet from a known
-correspondent, with the ILCC at the same sizes (the whole per-packet validation path),
-and the cost of one ``get_timer`` call.
+largest to the smallest. Two ways to make the key: ``premade`` looks up the very int
+objects stored as keys (scattered over the heap: a cache miss to read the probe, none
+to compare it); ``wire`` parses each NID afresh from one buffer of packet bytes, as
+the receive path does (the new int is hot, the stored key is read to compare it), and
+``parse`` is that parsing alone, so ``wire - parse`` is the lookup's own cost. Then ns
+per ``IlnpHost.receive`` of a data packet from a known correspondent, with the ILCC at
+the same sizes (the whole per-packet validation path), and the cost of one
+``get_timer`` call.
 
 ``timers`` (no privileges): ms per ``IlnpHost.get_timer`` and per ``handle_timer`` with
 nothing due, ILCC at each size. To compare with an older commit, run it once more with
@@ -70,6 +75,36 @@ def bench_lookup(store_name: str, size: int, lookups: int, repeat: int) -> float
             get(nid)
 
     return _best_ns(run, lookups, repeat)
+
+
+_NID = struct.Struct("!Q")
+
+
+def bench_hash_keys(size: int, lookups: int, repeat: int) -> dict[str, float]:
+    """ns per ``hash`` store lookup: premade key objects, NIDs parsed from bytes, parse only."""
+    store = create_store("hash")
+    rng = random.Random(size)
+    nids = [rng.getrandbits(64) for _ in range(size)]
+    for nid in nids:
+        store.add(_entry(nid))
+    probe = [nids[rng.randrange(size)] for _ in range(lookups)]
+    wire = b"".join(_NID.pack(nid) for nid in probe)  # the NIDs as packets carry them
+    get, unpack = store.get, _NID.unpack_from
+
+    def premade() -> None:
+        for nid in probe:
+            get(nid)
+
+    def from_wire() -> None:
+        for offset in range(0, len(wire), 8):
+            get(unpack(wire, offset)[0])
+
+    def parse() -> None:
+        for offset in range(0, len(wire), 8):
+            unpack(wire, offset)[0]
+
+    runs = {"premade": premade, "wire": from_wire, "parse": parse}
+    return {name: _best_ns(run, lookups, repeat) for name, run in runs.items()}
 
 
 def bench_receive(size: int, packets: int, repeat: int) -> tuple[float, float]:
@@ -135,16 +170,27 @@ def run_timers(args: argparse.Namespace) -> None:
 
 def run_ilcc(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'store':8} {'entries':>9} {'ns/lookup':>10}")
+    print(
+        f"{'store':8} {'entries':>9} {'ns/lookup':>10} {'wire':>7} {'parse':>7} {'wire-parse':>10}"
+    )
     hash_ns = {}
     for size in sizes:
-        hash_ns[size] = bench_lookup("hash", size, args.lookups, args.repeat)
-        print(f"{'hash':8} {size:>9} {hash_ns[size]:>10.1f}")
+        hash_ns[size] = ns = bench_hash_keys(size, args.lookups, args.repeat)
+        own = ns["wire"] - ns["parse"]
+        print(
+            f"{'hash':8} {size:>9} {ns['premade']:>10.1f} {ns['wire']:>7.1f} "
+            f"{ns['parse']:>7.1f} {own:>10.1f}"
+        )
     for size in (10, 1000, 10000):
-        ns = bench_lookup("linear", size, max(args.lookups // (size // 10 or 1), 200), 3)
-        print(f"{'linear':8} {size:>9} {ns:>10.1f}")
-    lo, hi = min(sizes), max(sizes)
-    print(f"hash ratio {hi} / {lo} entries: {hash_ns[hi] / hash_ns[lo]:.2f}")
+        linear = bench_lookup("linear", size, max(args.lookups // (size // 10 or 1), 200), 3)
+        print(f"{'linear':8} {size:>9} {linear:>10.1f}")
+    lo, hi = hash_ns[min(sizes)], hash_ns[max(sizes)]
+    own = (hi["wire"] - hi["parse"]) / (lo["wire"] - lo["parse"])
+    print(
+        f"hash ratio {max(sizes)} / {min(sizes)} entries: "
+        f"premade {hi['premade'] / lo['premade']:.2f}, "
+        f"wire {hi['wire'] / lo['wire']:.2f}, wire-parse {own:.2f}"
+    )
     print(f"\n{'entries':>9} {'ns/receive':>11} {'ms/get_timer':>13}")
     for size in sizes:
         per_packet, timer_ms = bench_receive(size, args.packets, args.repeat)
