@@ -1,13 +1,23 @@
 """ILNP host costs: ILCC lookups by size, the host's receive path, and the daemon end to end.
 
     python benchmarks/bench_ilnp.py ilcc [--sizes 10,1000000] [--lookups N] [--repeat R]
+    python benchmarks/bench_ilnp.py timers [--sizes 10,1000000] [--repeat R]
     sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
 
 ``ilcc`` (no privileges): ns per ``IlccStore.get`` of a random present NID with the
 ``hash`` store at each size (and ``linear`` at small sizes, for scale), the ratio of the
-largest to the smallest; then ns per ``IlnpHost.receive`` of a data packet from a known
-correspondent, with the ILCC at the same sizes (the whole per-packet validation path),
-and the cost of one ``get_timer`` walk, which grows with the ILCC.
+largest to the smallest. Two ways to make the key: ``premade`` looks up the very int
+objects stored as keys (scattered over the heap: a cache miss to read the probe, none
+to compare it); ``wire`` parses each NID afresh from one buffer of packet bytes, as
+the receive path does (the new int is hot, the stored key is read to compare it), and
+``parse`` is that parsing alone, so ``wire - parse`` is the lookup's own cost. Then ns
+per ``IlnpHost.receive`` of a data packet from a known correspondent, with the ILCC at
+the same sizes (the whole per-packet validation path), and the cost of one
+``get_timer`` call.
+
+``timers`` (no privileges): ms per ``IlnpHost.get_timer`` and per ``handle_timer`` with
+nothing due, ILCC at each size. To compare with an older commit, run it once more with
+that commit's sources first on the path (README.md, "ILNP host").
 
 ``daemon`` (root): two namespaces joined by a veth pair, one ``sixlab ilnp host`` daemon
 each (policy ``socket``); a UDP client in one keeps ``W`` requests in flight to an echo
@@ -67,6 +77,36 @@ def bench_lookup(store_name: str, size: int, lookups: int, repeat: int) -> float
     return _best_ns(run, lookups, repeat)
 
 
+_NID = struct.Struct("!Q")
+
+
+def bench_hash_keys(size: int, lookups: int, repeat: int) -> dict[str, float]:
+    """ns per ``hash`` store lookup: premade key objects, NIDs parsed from bytes, parse only."""
+    store = create_store("hash")
+    rng = random.Random(size)
+    nids = [rng.getrandbits(64) for _ in range(size)]
+    for nid in nids:
+        store.add(_entry(nid))
+    probe = [nids[rng.randrange(size)] for _ in range(lookups)]
+    wire = b"".join(_NID.pack(nid) for nid in probe)  # the NIDs as packets carry them
+    get, unpack = store.get, _NID.unpack_from
+
+    def premade() -> None:
+        for nid in probe:
+            get(nid)
+
+    def from_wire() -> None:
+        for offset in range(0, len(wire), 8):
+            get(unpack(wire, offset)[0])
+
+    def parse() -> None:
+        for offset in range(0, len(wire), 8):
+            unpack(wire, offset)[0]
+
+    runs = {"premade": premade, "wire": from_wire, "parse": parse}
+    return {name: _best_ns(run, lookups, repeat) for name, run in runs.items()}
+
+
 def bench_receive(size: int, packets: int, repeat: int) -> tuple[float, float]:
     """ns per receive() of a known peer's data packet, and ms per get_timer() walk."""
     host = IlnpHost(HostConfig(nid=0xB, locators=(LocatorEntry(LOC_B),)))
@@ -89,18 +129,68 @@ def bench_receive(size: int, packets: int, repeat: int) -> tuple[float, float]:
     return per_packet, (time.perf_counter() - t0) * 1000
 
 
+def _ms_per_call(call: Any, repeat: int) -> float:
+    """Best of ``repeat`` runs, each of as many calls as fit in about 0.2 s (at least 1)."""
+    t0 = time.perf_counter()
+    call()
+    first = time.perf_counter() - t0
+    calls = max(1, min(100_000, int(0.2 / max(first, 1e-9))))
+
+    def run() -> None:
+        for _ in range(calls):
+            call()
+
+    return _best_ns(run, calls, repeat) / 1e6
+
+
+def bench_timers(size: int, repeat: int) -> tuple[float, float]:
+    """ms per get_timer() and per handle_timer() with nothing due, ``size`` entries."""
+    host = IlnpHost(HostConfig(nid=0xB, locators=(LocatorEntry(LOC_B),)))
+    rng = random.Random(size)
+    for _ in range(size):
+        host.add_correspondent(rng.getrandbits(64) | 1 << 63, (LocatorEntry(LOC_A),), 0.0)
+    deadline = host.get_timer()
+    assert deadline is not None
+    assert deadline > 1.0  # nothing is due at 1.0: the default lifetime is 65535 s
+    get_ms = _ms_per_call(host.get_timer, repeat)
+    handle_ms = _ms_per_call(lambda: host.handle_timer(1.0), repeat)
+    assert len(host.ilcc) == size
+    return get_ms, handle_ms
+
+
+def run_timers(args: argparse.Namespace) -> None:
+    import sixlab  # noqa: PLC0415 (which sources: this tree's or an older commit's)
+
+    print(f"sixlab from {Path(sixlab.__file__).parent}")
+    print(f"{'entries':>9} {'ms/get_timer':>13} {'ms/handle_timer':>16}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        get_ms, handle_ms = bench_timers(size, args.repeat)
+        print(f"{size:>9} {get_ms:>13.5f} {handle_ms:>16.5f}", flush=True)
+
+
 def run_ilcc(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'store':8} {'entries':>9} {'ns/lookup':>10}")
+    print(
+        f"{'store':8} {'entries':>9} {'ns/lookup':>10} {'wire':>7} {'parse':>7} {'wire-parse':>10}"
+    )
     hash_ns = {}
     for size in sizes:
-        hash_ns[size] = bench_lookup("hash", size, args.lookups, args.repeat)
-        print(f"{'hash':8} {size:>9} {hash_ns[size]:>10.1f}")
+        hash_ns[size] = ns = bench_hash_keys(size, args.lookups, args.repeat)
+        own = ns["wire"] - ns["parse"]
+        print(
+            f"{'hash':8} {size:>9} {ns['premade']:>10.1f} {ns['wire']:>7.1f} "
+            f"{ns['parse']:>7.1f} {own:>10.1f}"
+        )
     for size in (10, 1000, 10000):
-        ns = bench_lookup("linear", size, max(args.lookups // (size // 10 or 1), 200), 3)
-        print(f"{'linear':8} {size:>9} {ns:>10.1f}")
-    lo, hi = min(sizes), max(sizes)
-    print(f"hash ratio {hi} / {lo} entries: {hash_ns[hi] / hash_ns[lo]:.2f}")
+        linear = bench_lookup("linear", size, max(args.lookups // (size // 10 or 1), 200), 3)
+        print(f"{'linear':8} {size:>9} {linear:>10.1f}")
+    lo, hi = hash_ns[min(sizes)], hash_ns[max(sizes)]
+    own = (hi["wire"] - hi["parse"]) / (lo["wire"] - lo["parse"])
+    print(
+        f"hash ratio {max(sizes)} / {min(sizes)} entries: "
+        f"premade {hi['premade'] / lo['premade']:.2f}, "
+        f"wire {hi['wire'] / lo['wire']:.2f}, wire-parse {own:.2f}"
+    )
     print(f"\n{'entries':>9} {'ns/receive':>11} {'ms/get_timer':>13}")
     for size in sizes:
         per_packet, timer_ms = bench_receive(size, args.packets, args.repeat)
@@ -196,12 +286,17 @@ def main() -> None:
     ilcc.add_argument("--lookups", type=int, default=200_000)
     ilcc.add_argument("--packets", type=int, default=50_000)
     ilcc.add_argument("--repeat", type=int, default=5)
+    timers = sub.add_parser("timers")
+    timers.add_argument("--sizes", default="10,1000000")
+    timers.add_argument("--repeat", type=int, default=5)
     daemon = sub.add_parser("daemon")
     daemon.add_argument("--seconds", type=float, default=5.0)
     daemon.add_argument("--window", type=int, default=32)
     args = parser.parse_args()
     if args.part == "ilcc":
         run_ilcc(args)
+    elif args.part == "timers":
+        run_timers(args)
     else:
         if socket.has_ipv6 is False:
             raise SystemExit("IPv6 needed")

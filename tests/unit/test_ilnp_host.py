@@ -468,3 +468,56 @@ def test_take_touched_reports_eviction_by_policy() -> None:
     host.handle_timer(10.0)  # both remaining entries idle out
     assert host.take_touched() == touched - {evicted}
     assert len(host.ilcc) == 0
+
+
+def test_reply_table_refresh_keeps_expiry_order() -> None:
+    sockets = FakeSockets(listening={7}, connected=set())
+    host = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    ttl = host.config.reply_ttl
+
+    def hello(nid: int, now: float) -> None:
+        payload = struct.pack("!HHHH", 40000, 7, 12, 0) + b"echo"
+        packet = IlnpPacket(ILV(LOC_A1, nid), ILV(LOC_B, B_NID), 17, payload, Nonce(b"\0\0\0\1"))
+        host.receive(encode_packet(packet), now)
+
+    hello(A_NID, 0.0)
+    hello(M_NID, 1.0)
+    hello(A_NID, 2.0)  # refreshed: now expires after M's
+    assert host.reply_table_size == 2
+    assert host.get_timer() == 1.0 + ttl
+    host.handle_timer(1.0 + ttl)
+    assert not host.can_reach(M_NID, 1.0 + ttl)
+    assert host.can_reach(A_NID, 1.0 + ttl)
+    assert host.get_timer() == 2.0 + ttl
+    host.handle_timer(2.0 + ttl)
+    assert host.reply_table_size == 0
+    assert host.get_timer() is None
+
+
+@pytest.mark.parametrize("late", ["locator_update", "param_problem", "move"])
+def test_entry_expired_on_the_data_path_is_removed_at_once(late: str) -> None:
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"1"), 0.0)
+    (first,) = deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"2"), 0.1)
+    deliver(b, a, 0.1)
+    events(a)
+    # No timer ran since: sending at 700 s finds B's only locator (600 s) past its grace.
+    a.send(udp(A_NID, B_NID, 5000, 7, b"3"), 700.0)
+    assert a.counters[DropReason.NO_ROUTE] == 1
+    assert a.ilcc.get(B_NID) is None
+    assert Removed(B_NID, "locators_expired") in events(a)
+    # What used to meet the EXPIRED entry (no row in its state table) is now harmless.
+    if late == "locator_update":
+        b.set_local_locators([LocatorEntry(0x2001_0DB8_000B_0002)], 700.1)
+        deliver(b, a, 700.1)
+        assert a.counters[DropReason.LU_UNKNOWN_PEER] == 1
+    elif late == "param_problem":
+        icmp = struct.pack("!BBHI", 4, 2, 0, 42) + first
+        wire = encode_packet(IlnpPacket(ILV(LOC_B, B_NID), ILV(LOC_A1, A_NID), 58, icmp))
+        a.receive(wire, 700.1)
+        assert a.counters["param_problem_ignored"] == 1
+    else:
+        a.set_local_locators([LocatorEntry(LOC_A2)], 700.1)
+        assert a.datagrams_to_send() == []
+    assert a.get_timer() is None

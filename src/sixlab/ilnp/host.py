@@ -39,12 +39,40 @@ Change tracking: every site that creates or removes an ILCC entry, or changes it
 locators (the set or their states), nonces, ``carry_nonce``, ``lu_next`` or
 ``local_locator``, calls one private hook, :meth:`IlnpHost._changed`. It records the NID
 for :meth:`IlnpHost.take_touched`, so that an adapter mirroring the ILCC elsewhere (a
-kernel fast path) copies only what changed. ``last_used`` and the LRU order change with
-every packet and are not reported.
+kernel fast path) copies only what changed, and it reschedules the entry's timer.
+``last_used`` and the LRU order change with every packet and are not reported.
+
+Timers: nothing walks the ILCC. Three sources, each with its earliest deadline at hand:
+
+=====================  ===========================================  ====================
+source                 earliest deadline                            due work
+=====================  ===========================================  ====================
+ILCC entries           a min-heap of ``(due, nid)`` (``_timers``)   pop the due items
+admission policy       ``policy.next_deadline`` (LRU head: O(1))    ``policy.expired``
+reply table            its first item: kept in expiry order         pop from the front
+=====================  ===========================================  ====================
+
+An entry is due at its :meth:`IlccEntry.next_deadline`. The heap is invalidated lazily:
+``_changed`` pushes the entry's new deadline and leaves the old item where it is; an
+item is live only if its entry is still in the ILCC with that very deadline, and stale
+items are dropped when they reach the top. When the heap holds more than twice as many
+items as the ILCC has entries (stale ones outnumber the live), it is rebuilt from the
+ILCC, which the changes since the last rebuild pay for: ``get_timer`` is O(1) amortised
+and ``handle_timer`` O(k log n) for k due entries. Due entries are handled in deadline
+order (the old walk went in LRU order; only the order of their events and packets
+within one call differs). An entry whose locators all expired on a send or receive is
+removed there and then, as the timer would have: left in the ILCC in state EXPIRED it
+would meet events its table has no row for.
+
+The reply table is an ``OrderedDict`` whose entries all live ``reply_ttl`` from their
+last refresh, and a refresh moves the entry to the end: with ``now`` never decreasing
+(the adapter's clock is monotonic) insertion order is expiry order, so its first entry
+expires first, and the capacity limit evicts the least recently heard correspondent.
 """
 
 from __future__ import annotations
 
+import heapq
 import hmac
 import secrets
 import struct
@@ -94,6 +122,9 @@ __all__ = [
 
 _PORTS = struct.Struct("!HH")
 _PORT_PROTOCOLS = frozenset({6, 17, 132, 136})  # TCP, UDP, SCTP, UDP-Lite: ports first
+#: The timer heap is rebuilt once it holds more than twice the ILCC's entries plus this:
+#: the slack keeps a small ILCC from being rebuilt on every other change.
+_TIMER_HEAP_SLACK = 64
 
 
 class DropReason(StrEnum):
@@ -239,6 +270,8 @@ class IlnpHost:
         self._events: deque[Event] = deque()
         #: NIDs changed since the last take_touched(); None until someone first asks.
         self._touched: set[int] | None = None
+        #: (due, nid) of ILCC entries, a heap invalidated lazily (module docstring).
+        self._timers: list[tuple[float, int]] = []
 
     # ------------------------------------------------------------------ outputs
 
@@ -334,16 +367,30 @@ class IlnpHost:
     # ------------------------------------------------------------------ timers
 
     def get_timer(self) -> float | None:
-        times = [t for e in self.ilcc if (t := e.next_deadline()) is not None]
+        """The earliest time :meth:`handle_timer` has work, or None: O(1) amortised."""
+        times = []
+        heap = self._timers
+        while heap and not self._is_live(*heap[0]):
+            heapq.heappop(heap)
+        if heap:
+            times.append(heap[0][0])
         policy_deadline = self.policy.next_deadline(self.ilcc)
         if policy_deadline is not None:
             times.append(policy_deadline)
         if self._replies:
-            times.append(min(h.expires for h in self._replies.values()))
+            times.append(next(iter(self._replies.values())).expires)  # expiry order
         return min(times, default=None)
 
     def handle_timer(self, now: float) -> None:
-        for entry in list(self.ilcc):  # removes entries: iterate a snapshot
+        """Fire what is due at ``now``: O(k log n) for k due entries, n in the ILCC."""
+        due: dict[int, IlccEntry] = {}
+        heap = self._timers
+        while heap and heap[0][0] <= now:
+            when, nid = heapq.heappop(heap)
+            entry = self.ilcc.get(nid)
+            if entry is not None and nid not in due and entry.next_deadline() == when:
+                due[nid] = entry
+        for entry in due.values():  # deadline order; handling one never touches another
             changed = entry.advance(now)
             if entry.state is EntryState.EXPIRED:
                 self._remove(entry.peer_nid, "locators_expired")
@@ -360,10 +407,38 @@ class IlnpHost:
                     self._send_advertisement(entry, now)
             if changed:
                 self._changed(entry)
+            else:  # not reached (a due entry always changes), but never lose a timer
+                self._schedule(entry)
         for nid in self.policy.expired(self.ilcc, now):
             self._remove(nid, "policy_expired")
-        for nid in [n for n, h in self._replies.items() if h.expires <= now]:
-            del self._replies[nid]
+        replies = self._replies
+        while replies and next(iter(replies.values())).expires <= now:  # expiry order
+            replies.popitem(last=False)
+
+    def _is_live(self, when: float, nid: int) -> bool:
+        """Whether the heap item ``(when, nid)`` is still the entry's own deadline."""
+        entry = self.ilcc.get(nid)
+        return entry is not None and entry.next_deadline() == when
+
+    def _schedule(self, entry: IlccEntry) -> None:
+        """Push ``entry``'s deadline; rebuild the heap once stale items outnumber live ones.
+
+        The old item, if any, stays in the heap and is dropped when it reaches the top
+        (it no longer matches the entry's deadline). Live items are at most
+        ``len(ilcc)``, so past ``2 * len(ilcc)`` items most are stale. The O(n) rebuild
+        comes after at least n pushes or removals since the last one: O(1) amortised
+        per change.
+        """
+        when = entry.next_deadline()
+        if when is None:
+            return
+        heap = self._timers
+        heapq.heappush(heap, (when, entry.peer_nid))
+        if len(heap) > 2 * len(self.ilcc) + _TIMER_HEAP_SLACK:
+            self._timers = [
+                (t, e.peer_nid) for e in self.ilcc if (t := e.next_deadline()) is not None
+            ]
+            heapq.heapify(self._timers)
 
     # ------------------------------------------------------------------ receive
 
@@ -404,6 +479,7 @@ class IlnpHost:
             )
         ):
             hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
+            self._replies.move_to_end(peer)  # keeps the table in expiry order
             interval = self.config.readmit_interval
             if interval is not None and now >= hint.retry_at:
                 hint.retry_at = now + interval
@@ -430,7 +506,7 @@ class IlnpHost:
         ):
             self._drop(DropReason.NO_NONCE, peer)
             return
-        if entry.advance(now) or learned:
+        if self._advance(entry, now) or learned:
             self._changed(entry)
         source = entry.find_locator(packet.src.locator)
         if source is None or source.next_deadline() is None:  # unknown or expired
@@ -540,7 +616,7 @@ class IlnpHost:
         if entry is None:
             self._send_by_hint(packet, now)
             return
-        if entry.advance(now):
+        if self._advance(entry, now):
             self._changed(entry)
         best = entry.best_locator()
         if best is None:
@@ -726,6 +802,20 @@ class IlnpHost:
         if entry is not None:
             self._use(entry, now)
 
+    def _advance(self, entry: IlccEntry, now: float) -> bool:
+        """Age ``entry`` on a send or receive; True if it changed and is still in the ILCC.
+
+        Once all its locators expired the entry is removed at once, as
+        :meth:`handle_timer` would: an EXPIRED entry left in the ILCC would meet events
+        its state table has no row for (a Locator Update, a Parameter Problem, a move).
+        """
+        if not entry.advance(now):
+            return False
+        if entry.state is EntryState.EXPIRED:
+            self._remove(entry.peer_nid, "locators_expired")
+            return False
+        return True
+
     def _use(self, entry: IlccEntry, now: float) -> None:
         entry.last_used = now
         self.ilcc.touch(entry.peer_nid)
@@ -735,9 +825,14 @@ class IlnpHost:
 
         Called after an entry is added (or replaced), after its state, locators, nonces,
         ``carry_nonce``, ``lu_next`` or ``local_locator`` changed, and with the bare
-        NID after it was removed. Records the NID for :meth:`take_touched`.
+        NID after it was removed. Records the NID for :meth:`take_touched` and
+        reschedules the entry's timer (a removed entry's old item goes stale).
         """
-        nid = entry if isinstance(entry, int) else entry.peer_nid
+        if isinstance(entry, int):
+            nid = entry
+        else:
+            nid = entry.peer_nid
+            self._schedule(entry)
         if self._touched is not None:
             self._touched.add(nid)
 

@@ -233,7 +233,13 @@ class IlccEntry:
 
 
 class IlccStore(Protocol):
-    """Entries by correspondent NID, kept in least-recently-used order."""
+    """Entries by correspondent NID, kept in least-recently-used order.
+
+    Iteration yields the entries oldest first. It may be a live view (``hash``: no copy,
+    so that a policy stopping at the first entry still in use pays for what it looks
+    at, not for the whole ILCC): do not add, remove or touch entries while iterating,
+    iterate over ``list(store)`` to do that.
+    """
 
     name: str
 
@@ -276,7 +282,8 @@ class HashStore:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[IlccEntry]:
-        return iter(list(self._entries.values()))
+        # A live view: adding or removing while iterating raises RuntimeError (dict).
+        return iter(self._entries.values())
 
 
 class LinearStore:
@@ -321,6 +328,7 @@ class LinearStore:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[IlccEntry]:
+        # A copy: a list iterator would silently skip entries if the list changed.
         return iter(list(self._entries))
 
 

@@ -157,7 +157,9 @@ class BoundedPolicy:
 
     def expired(self, ilcc: IlccStore, now: float) -> list[int]:
         gone = []
-        for entry in ilcc:  # LRU order: stop at the first one still in use
+        # LRU order: stop at the first one still in use. The store's iterator is a live
+        # view (no copy of the ILCC), which is why the host removes after, not during.
+        for entry in ilcc:
             if entry.last_used + self.idle_timeout > now:
                 break
             gone.append(entry.peer_nid)
