@@ -55,8 +55,12 @@ one receive path and that path runs on the SUT's CPU (``forward`` cannot tell 1 
   (on for that check only) the program ran once per forwarded frame, and its own
   ns/run is reported.
 
-Then, interleaved over ``--rounds`` rounds (each configuration taking each position
-in turn), per configuration: attach, ``--warmup`` s of traffic, then
+Configurations: ``none``, ``xdp-pass``, ``stamp`` as for ``forward``, and
+``timestamps``: no program, only the UDP socket with ``SO_TIMESTAMPNS`` that the xdp
+plane opens for its user-space path (``CPU_CONFIGS``: such a socket makes the kernel
+time-stamp every frame it receives, host-wide, so ``stamp`` pays that too). Interleaved
+over ``--rounds`` rounds (each configuration taking each position in turn), per
+configuration: attach, ``--warmup`` s of traffic, then
 
 (a) flat out: the generator sends as fast as it can for ``--flat-seconds`` (more than
     the SUT forwards: the kthread is ~100 % busy); forwarded frames/s at the sink;
@@ -66,8 +70,11 @@ in turn), per configuration: attach, ``--warmup`` s of traffic, then
     wake-ups) and, as the issue names it, CPU 1's softirq share from /proc/stat (sampled
     at timer ticks: coarse and, for short bursts, biased; reported, not relied on).
 
-Each figure is given as the ratio to ``none`` (and stamp/xdp-pass) with a 95 %
-percentile bootstrap interval over the paired rounds (``--resamples``, ``--seed``).
+Each figure is given as ratios of the configurations' means (``RATIOS``: each to
+``none``; stamp/xdp-pass; and that divided by timestamps/none, the program against the
+empty one with the time stamping taken out) with a 95 % percentile bootstrap interval
+over the paired rounds (``--resamples``, ``--seed``). Another job on the host that opens
+a time-stamping socket switches the stamping on for every configuration meanwhile.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 from pathlib import Path
 
@@ -96,7 +104,8 @@ from sixlab.bench.generator import (
 )
 from sixlab.bench.pdr import search_pdr
 from sixlab.dataplane import libbpf
-from sixlab.dataplane.base import DataplaneConfig
+from sixlab.dataplane.base import Dataplane, DataplaneConfig
+from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.dataplane.xdp_plane import Reason, XdpDataplane, attach_xdp_pass
 from sixlab.stamp.reflector import ReflectorSessionConfig
 from sixlab.testbed import BenchTestbed, Node, two_node_bench
@@ -119,6 +128,13 @@ _SETTLE_S = 0.2
 #: Forwarding runs: no XDP program, the plain XDP_PASS program (what any XDP program
 #: costs a veth), our reflector program with a default session.
 CONFIGS = ("none", "xdp-pass", "stamp")
+#: ``forward-cpu`` adds ``timestamps``: no XDP program, only the UDP socket that the xdp
+#: plane's user-space path opens (``SO_TIMESTAMPNS``). Any socket asking for receive
+#: timestamps turns on the kernel's global ``netstamp_needed`` switch, and from then on
+#: every frame received on the host is stamped with the time of day (``__net_timestamp``
+#: in the receive path), whatever namespace it is in: this separates that cost of the
+#: plane from its program's.
+CPU_CONFIGS = (*CONFIGS, "timestamps")
 _SETTLE_MAX_S = 3.0
 
 
@@ -308,8 +324,13 @@ def _forward_setup(tb: BenchTestbed) -> ForwardTrials:
     return trials
 
 
-def _attach(tb: BenchTestbed, what: str) -> XdpDataplane | None:
-    """Put configuration ``what`` (``CONFIGS``) on the SUT's ingress; the plane if any."""
+def _attach(tb: BenchTestbed, what: str) -> Dataplane | None:
+    """Put configuration ``what`` (``CPU_CONFIGS``) on the SUT; the plane if any."""
+    if what == "timestamps":
+        with entered(tb.sut.ns):
+            sock = SocketDataplane(DataplaneConfig(STAMP_PORT))
+            sock.open()
+        return sock
     if what == "stamp":
         with entered(tb.sut.ns):
             plane = XdpDataplane(DataplaneConfig(STAMP_PORT, interface=tb.sut_if))
@@ -326,7 +347,7 @@ def _attach(tb: BenchTestbed, what: str) -> XdpDataplane | None:
     return None
 
 
-def _detach(tb: BenchTestbed, what: str, plane: XdpDataplane | None) -> None:
+def _detach(tb: BenchTestbed, what: str, plane: Dataplane | None) -> None:
     if plane is not None:
         plane.close()
     if what == "xdp-pass":
@@ -568,7 +589,7 @@ def _where(
     """Where the XDP program and the receive path run, checked (module doc)."""
     assert tb.sink_addr is not None
     out: dict[str, object] = {}
-    for what in CONFIGS:
+    for what in CPU_CONFIGS:
         plane = _attach(tb, what)
         try:
             pid_now = sorted(_kthreads(f"napi/{tb.sut_if}-"))
@@ -598,7 +619,7 @@ def _where(
                 row["xdp_prog"] = info1.name
                 row["xdp_runs"] = runs
                 row["xdp_ns_per_run"] = round((info1.run_time_ns - info0.run_time_ns) / runs, 1)
-            if plane is not None:
+            if isinstance(plane, XdpDataplane):
                 # STAMP frames that the program passes (payload shorter than the base
                 # packet, counted ``pass-short`` per CPU): where the program ran.
                 short = build_udp_packet(
@@ -620,23 +641,40 @@ def _where(
     return out
 
 
-def _bootstrap_ratio(
-    num: list[float], den: list[float], resamples: int, rng: random.Random
-) -> tuple[float, float, float]:
-    """mean(num)/mean(den) and its 95 % percentile bootstrap interval over paired rounds.
+#: Ratios reported, as functions of the configurations' means: each against ``none``,
+#: our program against the empty one, and that with the time stamping taken out (the
+#: xdp plane's socket is open in ``stamp`` and not in ``xdp-pass``).
+RATIOS: dict[str, Callable[[dict[str, float]], float]] = {
+    "xdp-pass/none": lambda m: m["xdp-pass"] / m["none"],
+    "stamp/none": lambda m: m["stamp"] / m["none"],
+    "timestamps/none": lambda m: m["timestamps"] / m["none"],
+    "stamp/xdp-pass": lambda m: m["stamp"] / m["xdp-pass"],
+    "(stamp/xdp-pass)/(timestamps/none)": lambda m: (
+        m["stamp"] * m["none"] / (m["xdp-pass"] * m["timestamps"])
+    ),
+}
 
-    Rounds are resampled with replacement, the same rounds for both (they were measured
-    side by side, so drift of the machine cancels within a round).
+
+def _bootstrap(
+    per: dict[str, list[float]],
+    stat: Callable[[dict[str, float]], float],
+    resamples: int,
+    rng: random.Random,
+) -> tuple[float, float, float]:
+    """``stat`` of the configurations' means, and its 95 % percentile bootstrap interval.
+
+    Rounds are resampled with replacement, the same rounds for every configuration (they
+    were measured side by side, so drift of the machine cancels within a round).
     """
-    n = len(num)
-    stats = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        stats.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
-    stats.sort()
+    n = len(next(iter(per.values())))
+
+    def means(idx: Sequence[int]) -> dict[str, float]:
+        return {c: sum(v[i] for i in idx) / len(idx) for c, v in per.items()}
+
+    stats = sorted(stat(means([rng.randrange(n) for _ in range(n)])) for _ in range(resamples))
     lo = stats[int(0.025 * resamples)]
     hi = stats[min(resamples - 1, int(0.975 * resamples))]
-    return sum(num) / sum(den), lo, hi
+    return stat(means(range(n))), lo, hi
 
 
 def _metrics(fixed: dict[str, float], flat: dict[str, float]) -> dict[str, float]:
@@ -669,8 +707,8 @@ def run_forward_cpu(args: argparse.Namespace) -> dict[str, object]:
         for rnd in range(args.rounds):
             # Interleaved, and each configuration takes each position in turn, so that
             # neither drift nor what ran just before favours one of them.
-            shift = rnd % len(CONFIGS)
-            for what in CONFIGS[shift:] + CONFIGS[:shift]:
+            shift = rnd % len(CPU_CONFIGS)
+            for what in CPU_CONFIGS[shift:] + CPU_CONFIGS[:shift]:
                 plane = _attach(tb, what)
                 try:
                     if sorted(_kthreads(f"napi/{tb.sut_if}-")) != [napi]:
@@ -703,16 +741,13 @@ def run_forward_cpu(args: argparse.Namespace) -> dict[str, object]:
     print(f"{args.rounds} rounds in {took:.0f} s; ratio to none, 95 % bootstrap CI "
           f"({args.resamples} resamples over paired rounds):")  # fmt: skip
     for key in METRICS:
-        per = {c: [float(str(r[key])) for r in rows if r["config"] == c] for c in CONFIGS}
-        for c in CONFIGS[1:]:
-            ratio, lo, hi = _bootstrap_ratio(per[c], per["none"], args.resamples, rng)
-            ratios[f"{key} {c}/none"] = {"ratio": ratio, "lo": lo, "hi": hi}
-            print(f"  {key:22} {c:8}/none {ratio:.4f} [{lo:.4f}, {hi:.4f}]")
-        ratio, lo, hi = _bootstrap_ratio(per["stamp"], per["xdp-pass"], args.resamples, rng)
-        ratios[f"{key} stamp/xdp-pass"] = {"ratio": ratio, "lo": lo, "hi": hi}
-        print(f"  {key:22} stamp   /xdp-pass {ratio:.4f} [{lo:.4f}, {hi:.4f}]")
-        means = {c: sum(v) / len(v) for c, v in per.items()}
-        print(f"  {key:22} means {means}")
+        per = {c: [float(str(r[key])) for r in rows if r["config"] == c] for c in CPU_CONFIGS}
+        means = {c: round(sum(v) / len(v), 1) for c, v in per.items()}
+        print(f"  {key}: means {means}")
+        for name, stat in RATIOS.items():
+            ratio, lo, hi = _bootstrap(per, stat, args.resamples, rng)
+            ratios[f"{key} {name}"] = {"ratio": ratio, "lo": lo, "hi": hi}
+            print(f"    {name:36} {ratio:.4f} [{lo:.4f}, {hi:.4f}]")
     return {"where": where, "rows": rows, "ratios": ratios, "metrics": METRICS}
 
 
