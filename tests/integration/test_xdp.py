@@ -23,6 +23,7 @@ by the next open().
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -34,6 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv6Address
+from typing import Any
 
 import pytest
 
@@ -47,8 +49,15 @@ from sixlab.stamp.sender import SenderConfig
 from sixlab.testbed import Testbed
 from sixlab.testbed._netns import entered
 from sixlab.testbed._topology import Node
+from sixlab.wire import stamp as wire
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
-from sixlab.wire.timestamp import TimestampFormat
+from sixlab.wire.timestamp import (
+    NS_PER_S,
+    ErrorEstimate,
+    TimestampFormat,
+    decode_timestamp,
+    ntp_from_ns,
+)
 
 from .conftest import TEST_PREFIX
 
@@ -429,3 +438,128 @@ def test_xdp_close_detaches_and_reopen_after_sigkill(chain: Chain) -> None:
     _check_delays(results, 20)
     assert counters == {"reflected": 20}
     assert not _xdp_attached(chain.r, "r0")
+
+
+# --------------------------------------------- SSID sessions beside the default session
+
+
+def _kernel_reflector_state(plane: XdpDataplane) -> tuple[int, set[int]]:
+    """``stamp_cfg.default_only`` and the session-map keys of the attached reflector.
+
+    Read with bpftool from the maps of the program attached to the interface: what the
+    kernel holds, not what the plane believes it wrote.
+    """
+
+    def bpftool(*args: str) -> Any:
+        out = subprocess.run(["bpftool", "-j", *args], check=True, capture_output=True, text=True)
+        return json.loads(out.stdout)
+
+    prog = bpftool("prog", "show", "id", str(plane.program_stats().id))
+    default_only: int | None = None
+    keys: set[int] | None = None
+    for map_id in prog["map_ids"]:
+        name = bpftool("map", "show", "id", str(map_id))["name"]
+        if name == "stamp_cfg":  # one entry, key 0: struct stamp_config (BTF-formatted)
+            (entry,) = bpftool("map", "dump", "id", str(map_id))
+            default_only = int(entry["formatted"]["value"]["default_only"])
+        elif name == "stamp_sessions":
+            keys = {int(e["formatted"]["key"]) for e in bpftool("map", "dump", "id", str(map_id))}
+    assert default_only is not None, prog
+    assert keys is not None, prog
+    return default_only, keys
+
+
+@dataclass
+class Prober:
+    """Sends Session-Sender packets from S to the reflector, one at a time."""
+
+    sock: socket.socket
+    seq: int = 1000
+
+    def ask(self, ssid: int) -> tuple[bytes, bytes]:
+        """(request payload, reply payload) for one packet of ``ssid``."""
+        self.seq += 1
+        req = wire.encode_sender(
+            wire.SenderPacket(self.seq, ntp_from_ns(time.time_ns()), ErrorEstimate(), ssid)
+        )
+        self.sock.sendto(req, (str(R_ADDR), PORT))
+        reply = self.sock.recv(2048)
+        return req, reply
+
+
+def _check_answers(prober: Prober, core: Reflector, ssids: list[int]) -> None:
+    """Each SSID's reply is the core's (same sessions), timestamps in the session's format."""
+    for ssid in ssids:
+        req, reply = prober.ask(ssid)
+        refl = core.reflect(req, time.time_ns(), time.time_ns, 63)
+        assert refl is not None
+        # T3 (bytes 4..11) and T2 (16..23) are clock readings: compared by format below.
+        masked = [p[:4] + bytes(8) + p[12:16] + bytes(8) + p[24:] for p in (reply, refl.payload)]
+        assert masked[0] == masked[1], (ssid, reply.hex(), refl.payload.hex())
+        got = wire.decode_reflector(reply)
+        fmt = got.error_estimate.fmt
+        offset = 37 * NS_PER_S if fmt is TimestampFormat.PTP else 0  # TAI - UTC, PTP only
+        for ts in (got.receive_timestamp, got.timestamp):
+            # NTP and PTP epochs are 70 years apart: a minute tells them apart, and the
+            # core's reply (same Error Estimate, Z bit included) says which was meant.
+            assert abs(decode_timestamp(ts, fmt) - offset - time.time_ns()) < 60 * NS_PER_S
+
+
+def test_xdp_ssid_sessions_beside_the_default_keep_default_only(chain: Chain) -> None:
+    """``stamp_cfg.default_only`` follows the session map, and answers follow the sessions.
+
+    Default session alone: the flag is set and every SSID gets the default's reply. An
+    SSID session added: the flag is cleared before the session is written, its SSID gets
+    that session's reply (stateful from 0, PTP, its own Error Estimate), the others the
+    default's. A second one added and the first removed: the flag stays clear. The last
+    one removed: the flag is set again and its SSID falls back to the default.
+    """
+    with entered(chain.r.ns):
+        plane = XdpDataplane(DataplaneConfig(PORT, interface="r0"))
+        plane.open()
+    sock = chain.s.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.bind((str(S_ADDR), SENDER_PORT))
+    sock.settimeout(2.0)
+    prober = Prober(sock)
+    default = ReflectorSessionConfig(ssid=None)  # stateless, NTP
+    ee = ErrorEstimate(synchronized=True, fmt=TimestampFormat.PTP, scale=3, multiplier=7)
+    seven = ReflectorSessionConfig(
+        ssid=7, mode=ReflectorMode.STATEFUL, fmt=TimestampFormat.PTP, error_estimate=ee
+    )
+    nine = ReflectorSessionConfig(ssid=9, mode=ReflectorMode.STATEFUL)
+    core = Reflector()
+    core.set_default(default)
+    default_key = 0x10000  # STAMP_DEFAULT_SSID
+    try:
+        plane.set_reflector_session(default)
+        assert _kernel_reflector_state(plane) == (1, {default_key})
+        _check_answers(prober, core, [7, 8])
+
+        plane.set_reflector_session(seven)
+        core.add_session(seven)
+        assert _kernel_reflector_state(plane) == (0, {default_key, 7})
+        _check_answers(prober, core, [7, 8, 7, 7, 8])  # 7: Seq 0, 1, 2 (stateful)
+
+        plane.set_reflector_session(nine)
+        core.add_session(nine)
+        assert plane.remove_reflector_session(7)
+        core.remove_session(7)
+        assert _kernel_reflector_state(plane) == (0, {default_key, 9})  # 9 is still there
+        _check_answers(prober, core, [9, 7, 9])
+
+        assert not plane.remove_reflector_session(5)  # never there: nothing changes
+        assert _kernel_reflector_state(plane) == (0, {default_key, 9})
+        assert plane.remove_reflector_session(9)
+        core.remove_session(9)
+        assert _kernel_reflector_state(plane) == (1, {default_key})
+        _check_answers(prober, core, [9, 7, 8])
+
+        # Every reply came from the kernel, each counted under the session that answered.
+        assert plane.counters_by_session() == {
+            -1: {"reflected": 2 + 2 + 1 + 3},
+            7: {"reflected": 3},
+            9: {"reflected": 2},
+        }
+    finally:
+        sock.close()
+        plane.close()
