@@ -3,6 +3,7 @@
     python benchmarks/bench_ilnp.py ilcc [--sizes 10,1000000] [--lookups N] [--repeat R]
     python benchmarks/bench_ilnp.py timers [--sizes 10,1000000] [--repeat R]
     sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
+    sudo python benchmarks/bench_ilnp.py echo [--policy none] [--fastpath off] [--json F]
 
 ``ilcc`` (no privileges): ns per ``IlccStore.get`` of a random present NID with the
 ``hash`` store at each size (and ``linear`` at small sizes, for scale), the ratio of the
@@ -22,7 +23,22 @@ that commit's sources first on the path (README.md, "ILNP host").
 ``daemon`` (root): two namespaces joined by a veth pair, one ``sixlab ilnp host`` daemon
 each (policy ``socket``); a UDP client in one keeps ``W`` requests in flight to an echo
 server in the other for ``S`` seconds. Reports echoes per second and each daemon's
-per-packet processing latency (ring read to TUN write, p50/p99 from its status).
+per-packet processing latency (ring read to TUN write, p50/p99 from its status). The
+Python client and server cap this near 10k echoes/s: it cannot show more.
+
+``echo`` (root): the RFC 2544 PDR (0.5 % loss, MLRsearch) of UDP echo over ILNPv6
+through one ``sixlab ilnp host`` daemon (``sixlab.bench.ilnp_echo``): on
+``two_node_bench()``, the C generator (CPU 0) offers whole ILNPv6 frames (nonce
+Destination Option, NID-only UDP checksum) to the SUT, where the daemon and a batched C
+UDP echo server bound to the SUT's identifier address port 7 share CPU 1; the echoes
+are counted and dropped by nftables at the generator's ingress. One run measures the
+generator's ceiling first (nothing answering), then checks that one frame's echo comes
+back (fails loudly otherwise), then searches. Prints the PDR next to the ceiling, the
+daemon's status after the search (host counters, drops, ring drops, latency, and the
+fast path's counters when the daemon has one), udpecho's counters and the SUT kernel's
+drop counters; ``--json FILE`` keeps every trial. ``--fastpath`` is passed to the
+daemon (``sixlab ilnp host --fastpath``) when it has that option; ``off`` works with
+any daemon.
 """
 
 from __future__ import annotations
@@ -278,6 +294,107 @@ def run_daemon(args: argparse.Namespace) -> None:
             )
 
 
+# --------------------------------------------------------------------- echo
+
+#: Issue 6's goal for UDP echo over ILNP through the daemon on the two-node bench.
+TARGET_PPS = 100_000
+
+
+def _log(message: str) -> None:
+    print(f"  [echo] {message}", file=sys.stderr)
+
+
+def _fast_path_status(status: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a daemon's status that describe a fast path (none before it exists)."""
+    return {k: v for k, v in status.items() if "fast" in k.lower()}
+
+
+def run_echo(args: argparse.Namespace) -> None:
+    # Imported here: ``ilcc`` must run without root, gcc or nft.
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from sixlab.bench import generator_ceiling, prepare_bench, search_pdr  # noqa: PLC0415
+    from sixlab.bench.ilnp_echo import (  # noqa: PLC0415
+        IlnpEchoSut,
+        IlnpEchoTrialRunner,
+        preflight,
+    )
+    from sixlab.testbed import two_node_bench  # noqa: PLC0415
+
+    with two_node_bench() as tb:
+        prepare_bench(tb, gen_cpu=0, sut_cpu=1)
+        runner = IlnpEchoTrialRunner(tb, tick_us=args.tick_us, payload_size=args.payload)
+        ceiling = generator_ceiling(runner)
+        print(f"generator ceiling: {ceiling:,.0f} frames/s offered (nothing answering)",
+              flush=True)  # fmt: skip
+        with IlnpEchoSut(tb, policy=args.policy, fastpath=args.fastpath, cpu=1) as sut:
+            first = preflight(runner, sut)
+            print("preflight: 1 echo request offered, 1 echo counted", flush=True)
+            started = time.monotonic()
+            result = search_pdr(
+                runner.trial,
+                min_rate=args.min_rate,
+                max_rate=args.max_rate or ceiling,
+                loss_ratio=args.loss,
+                precision=args.precision,
+                trial_seconds=args.trial,
+                final_seconds=args.final,
+                method=args.method,
+                timeout_s=args.timeout,
+                log=_log,
+            )
+            search_s = time.monotonic() - started
+            status = sut.status()
+            kernel = sut.kernel_counters()
+            daemon_argv = sut.daemon_argv
+            fastpath_passed = sut.fastpath_passed
+        echo = sut.echo or {}
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rings = status.get("rings", {})
+    ring_drops = sum(int(r.get("drops", 0)) for r in rings.values())
+    lat = status.get("latency_us", {})
+    fast = _fast_path_status(status)
+    fastpath = args.fastpath if fastpath_passed else "off (daemon has no --fastpath)"
+    print(f"\nUDP echo over ILNPv6 through `sixlab ilnp host` (policy {args.policy}, "
+          f"fastpath {fastpath}); PDR at {args.loss:.1%} loss, {args.method}, {stamp}; "
+          f"generator CPU 0, daemon + udpecho CPU 1; {args.payload}-byte payload")  # fmt: skip
+    rows = [
+        ("generator ceiling (frames/s)", f"{ceiling:,.0f}"),
+        ("PDR (echoes/s)", f"{result.pdr:,.0f}"),
+        ("PDR / ceiling", f"{result.pdr / ceiling:.1%}" if ceiling else "-"),
+        (f"issue 6 target {TARGET_PPS:,}/s", "met" if result.pdr >= TARGET_PPS else "not met"),
+        ("trials (search time)", f"{len(result.trials)} ({search_s:.0f} s)"),
+    ]
+    for name, value in rows:
+        print(f"{name:32} {value:>16}")
+    print(f"daemon counters: {_items(status.get('counters', {}))}")
+    print(f"daemon drops: {_items(status.get('drops', {})) or '-'}")
+    print(f"daemon wire: {_items(status.get('wire', {}))}; ring drops {ring_drops}")
+    print(f"daemon ring->TUN latency: p50 {lat.get('p50')} us, p99 {lat.get('p99')} us "
+          f"(last {lat.get('samples')} packets)")  # fmt: skip
+    print(f"daemon fast path: {json.dumps(fast) if fast else 'none reported'}")
+    print(f"udpecho: {_items(echo)}")
+    print(f"SUT kernel: {_items(kernel)}")
+    if args.json is not None:
+        document = {
+            "date": stamp,
+            "args": sys.argv[1:],
+            "daemon_argv": daemon_argv[1:],
+            "ceiling": ceiling,
+            "pdr": result.pdr,
+            "preflight": asdict(first),
+            "trials": [asdict(t) for t in result.trials],
+            "daemon_status": status,
+            "udpecho": echo,
+            "sut_kernel": kernel,
+        }
+        args.json.write_text(json.dumps(document, indent=1))
+
+
+def _items(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -292,11 +409,32 @@ def main() -> None:
     daemon = sub.add_parser("daemon")
     daemon.add_argument("--seconds", type=float, default=5.0)
     daemon.add_argument("--window", type=int, default=32)
+    echo = sub.add_parser("echo", help="PDR of UDP echo over ILNP through the daemon")
+    echo.add_argument("--policy", choices=["none", "socket", "bounded"], default="none")
+    echo.add_argument(
+        "--fastpath",
+        choices=["auto", "on", "off"],
+        default="off",
+        help="passed to `sixlab ilnp host --fastpath` (when the daemon has it)",
+    )
+    echo.add_argument("--method", choices=["mlrsearch", "bisect"], default="mlrsearch")
+    echo.add_argument("--loss", type=float, default=0.005, help="PDR loss ratio")
+    echo.add_argument("--precision", type=float, default=0.02, help="relative width")
+    echo.add_argument("--trial", type=float, default=1.0, help="initial trial seconds")
+    echo.add_argument("--final", type=float, default=2.0, help="final trial seconds")
+    echo.add_argument("--min-rate", type=float, default=200.0)
+    echo.add_argument("--max-rate", type=float, default=0.0, help="0: generator ceiling")
+    echo.add_argument("--tick-us", type=float, default=100.0, help="generator send interval")
+    echo.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
+    echo.add_argument("--timeout", type=float, default=420.0, help="search limit, seconds")
+    echo.add_argument("--json", type=Path, help="write every trial and the status here")
     args = parser.parse_args()
     if args.part == "ilcc":
         run_ilcc(args)
     elif args.part == "timers":
         run_timers(args)
+    elif args.part == "echo":
+        run_echo(args)
     else:
         if socket.has_ipv6 is False:
             raise SystemExit("IPv6 needed")

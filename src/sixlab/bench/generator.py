@@ -2,16 +2,20 @@
 
 Theory of operation
 -------------------
-One trial offers STAMP Session-Sender frames at a rate R for T seconds from the
-generator namespace, pinned to CPU 0, to a reflector in the SUT namespace, and counts
-the reflected frames that come back. Loss ratio = 1 - received / offered.
+One trial offers frames at a rate R for T seconds from the generator namespace, pinned
+to CPU 0, to a system in the SUT namespace, and counts the answers that come back.
+Loss ratio = 1 - received / offered. :class:`FrameTrialRunner` is that trial for any
+UDP frame and any answer an nftables rule can recognise; :class:`StampTrialRunner`
+offers STAMP Session-Sender frames to a reflector (``sixlab.bench.ilnp_echo`` has the
+ILNP UDP echo one).
 
 Why a C generator. Python sending one datagram per system call tops out near
 100-200 kpps on these machines, below the rate the fast planes must be driven to.
 ``stampgen.c`` (next to this file, built at first use with the system ``gcc`` and
-cached by source hash) sends pre-built Ethernet frames with ``sendmmsg(2)`` on an
-``AF_PACKET`` socket with ``PACKET_QDISC_BYPASS``: up to ``batch`` frames per system
-call, no qdisc, no per-frame allocation in user space, only the Sequence Number and
+cached by source hash, :func:`build_program`) sends pre-built Ethernet frames with
+``sendmmsg(2)`` on an ``AF_PACKET`` socket with ``PACKET_QDISC_BYPASS``: up to
+``batch`` frames per system call, no qdisc, no per-frame allocation in user space, only
+a sequence number (the first 4 bytes of the UDP payload: STAMP's Sequence Number) and
 the UDP checksum patched (RFC 1624). ``PACKET_TX_RING`` would save the copy into the
 kernel too, but on a veth each frame is still one ``dev_queue_xmit``; the ceiling
 measured with ``sendmmsg`` (``generator_ceiling``) is well above what any reflector here
@@ -28,11 +32,12 @@ grouping with interrupt coalescing (``rx-usecs`` of 50-100 µs is common), which
 what the seed's bench had. ``tick_us=0`` sends each frame as soon as it is due.
 
 Counting replies: an nftables ``netdev`` ``ingress`` chain on the generator's interface
-counts and drops reflected frames (UDP to the generator's port) before the IPv6 stack
-(no ICMP, no socket queue): the cheapest and exact count. Each trial uses its own
-SSID (the reflector's default session echoes it, RFC 8972 §3), and only replies with
-that SSID count: late replies of an earlier trial are counted as ``stale`` and never
-taken for this trial's. After the generator stops, the counters are read once they
+counts and drops the answers (for STAMP: UDP to the generator's port) before the IPv6
+stack (no ICMP, no socket queue): the cheapest and exact count. Each trial carries its
+own 16-bit *tag* in every frame, which the answer echoes (STAMP: the SSID, that the
+reflector's default session echoes, RFC 8972 §3), and only answers with that tag
+count: late answers of an earlier trial are counted as ``stale`` and never taken for
+this trial's. After the generator stops, the counters are read once they
 have stood still for ``_SETTLE_S`` (replies still queued in the SUT's ring count, as
 RFC 2544 §23 asks: loss is what never comes back).
 
@@ -54,6 +59,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from ipaddress import IPv6Address
 from pathlib import Path
@@ -63,10 +69,12 @@ from sixlab.wire.packet import build_udp_packet
 
 __all__ = [
     "GEN_PORT",
+    "FrameTrialRunner",
     "GeneratorError",
     "StampTrialRunner",
     "TrialResult",
     "build_generator",
+    "build_program",
     "generator_ceiling",
     "prepare_bench",
     "stamp_frame",
@@ -126,23 +134,27 @@ def _cache_dir() -> Path:
     return Path(base) / "sixlab" / "bench"
 
 
-def build_generator(cache: Path | None = None) -> Path:
-    """Compile ``stampgen.c`` with gcc -O2 once per source version; the binary's path."""
-    source = _SOURCE.read_bytes()
+def build_program(source_path: Path, cache: Path | None = None) -> Path:
+    """Compile one C file of this package with gcc -O2 once per source version.
+
+    The binary is cached as ``<stem>-<hash of the source>``, so an edited source is
+    rebuilt and an unchanged one never is; the binary's path.
+    """
+    source = source_path.read_bytes()
     key = hashlib.sha256(source).hexdigest()[:16]
     directory = cache or _cache_dir()
-    binary = directory / f"stampgen-{key}"
+    binary = directory / f"{source_path.stem}-{key}"
     if binary.exists():
         return binary
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise GeneratorError("bench: no C compiler (apt-get install gcc)")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".stampgen-")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{source_path.stem}-")
     os.close(fd)
     try:
         subprocess.run(  # a fixed compiler command on our own source
-            [gcc, "-O2", "-Wall", "-o", tmp, str(_SOURCE)],
+            [gcc, "-O2", "-Wall", "-o", tmp, str(source_path)],
             check=True,
             capture_output=True,
             text=True,
@@ -150,8 +162,13 @@ def build_generator(cache: Path | None = None) -> Path:
         Path(tmp).replace(binary)  # atomic: a concurrent user sees all or nothing
     except subprocess.CalledProcessError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise GeneratorError(f"bench: cannot compile {_SOURCE.name}: {exc.stderr}") from exc
+        raise GeneratorError(f"bench: cannot compile {source_path.name}: {exc.stderr}") from exc
     return binary
+
+
+def build_generator(cache: Path | None = None) -> Path:
+    """Compile ``stampgen.c`` (:func:`build_program`); the binary's path."""
+    return build_program(_SOURCE, cache)
 
 
 def stamp_frame(
@@ -198,8 +215,14 @@ def _nft(tb: BenchTestbed, script: str) -> str:
         Path(f.name).unlink()
 
 
-class StampTrialRunner:
-    """Runs trials on a prepared bench (``prepare_bench``) against whatever reflects."""
+class FrameTrialRunner(ABC):
+    """Runs trials of one kind of frame on a prepared bench (``prepare_bench``).
+
+    A subclass says what to send and what counts as an answer: :meth:`frame` builds
+    the Ethernet frame of a trial with its tag, :meth:`reply_matches` gives the nftables
+    matches of an answer (with the tag: this trial's; without: any). Everything else
+    (the generator, pacing, the counter, settling) is shared.
+    """
 
     def __init__(
         self,
@@ -217,24 +240,27 @@ class StampTrialRunner:
         self.tick_us = tick_us
         self._src_mac = _mac(tb, tb.gen, tb.gen_if)
         self._dst_mac = _mac(tb, tb.sut, tb.sut_if)
-        self._ssid = 0
+        self._tag = 0
         self.trials: list[TrialResult] = []
 
-    def _arm(self, ssid: int) -> None:
-        # Raw offsets from the IPv6 header (replies are plain IPv6/UDP, RFC 8200 §3):
-        # Next Header at byte 6, UDP destination port at 40 + 2, SSID at 40 + 8 + 14
-        # (RFC 8972 §3). Not ``udp dport``: nftables' netdev ingress leaves the transport
-        # header unset for some frames that come from a TX ring, and such a rule then
-        # misses them (seen here: ``meta l4proto udp`` matched 37 of 99 replies).
-        match = f"@nh,48,8 {_IPPROTO_UDP} @nh,336,16 {GEN_PORT}"
+    @abstractmethod
+    def frame(self, tag: int) -> bytes:
+        """The Ethernet frame offered in the trial tagged ``tag`` (1..65535)."""
+
+    @abstractmethod
+    def reply_matches(self, tag: int | None) -> list[str]:
+        """nftables matches (after ``meta protocol ip6``) of an answer to this runner's
+        frames: with ``tag``, only that trial's; with None, any. One rule per item."""
+
+    def _arm(self, tag: int) -> None:
+        rules = [f"add rule netdev {_TABLE} ingress meta protocol ip6 {m} counter name "
+                 "replies drop\n" for m in self.reply_matches(tag)]  # fmt: skip
+        rules += [f"add rule netdev {_TABLE} ingress meta protocol ip6 {m} counter name "
+                  "stale drop\n" for m in self.reply_matches(None)]  # fmt: skip
         _nft(
             self.tb,
-            f"flush chain netdev {_TABLE} ingress\n"
-            f"reset counters table netdev {_TABLE}\n"
-            f"add rule netdev {_TABLE} ingress meta protocol ip6 {match} "
-            f"@nh,496,16 {ssid} counter name replies drop\n"
-            f"add rule netdev {_TABLE} ingress meta protocol ip6 {match} "
-            "counter name stale drop\n",
+            f"flush chain netdev {_TABLE} ingress\nreset counters table netdev {_TABLE}\n"
+            + "".join(rules),
         )
 
     def counters(self) -> tuple[int, int]:
@@ -262,13 +288,11 @@ class StampTrialRunner:
         return last
 
     def trial(self, rate: float, seconds: float) -> TrialResult:
-        """Offer ``rate`` frames/s for ``seconds``; count what the reflector sent back."""
+        """Offer ``rate`` frames/s for ``seconds``; count what the SUT sent back."""
         self.settle()  # let the previous trial's backlog drain before this one starts
-        self._ssid = self._ssid % 0xFFFF + 1
-        self._arm(self._ssid)
-        frame = stamp_frame(
-            self._src_mac, self._dst_mac, self.tb.gen_addr, self.tb.sut_addr, ssid=self._ssid
-        )
+        self._tag = self._tag % 0xFFFF + 1
+        self._arm(self._tag)
+        frame = self.frame(self._tag)
         argv = [str(self.binary), self.tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}"]
         proc = self.tb.run_pinned(
             self.tb.gen,
@@ -295,10 +319,28 @@ class StampTrialRunner:
         return result
 
 
-def generator_ceiling(runner: StampTrialRunner, seconds: float = 2.0) -> float:
+class StampTrialRunner(FrameTrialRunner):
+    """Trials of STAMP Session-Sender frames against whatever reflects; the tag is the SSID."""
+
+    def frame(self, tag: int) -> bytes:
+        return stamp_frame(
+            self._src_mac, self._dst_mac, self.tb.gen_addr, self.tb.sut_addr, ssid=tag
+        )
+
+    def reply_matches(self, tag: int | None) -> list[str]:
+        # Raw offsets from the IPv6 header (replies are plain IPv6/UDP, RFC 8200 §3):
+        # Next Header at byte 6, UDP destination port at 40 + 2, SSID at 40 + 8 + 14
+        # (RFC 8972 §3). Not ``udp dport``: nftables' netdev ingress leaves the transport
+        # header unset for some frames that come from a TX ring, and such a rule then
+        # misses them (seen here: ``meta l4proto udp`` matched 37 of 99 replies).
+        match = f"@nh,48,8 {_IPPROTO_UDP} @nh,336,16 {GEN_PORT}"
+        return [match if tag is None else f"{match} @nh,496,16 {tag}"]
+
+
+def generator_ceiling(runner: FrameTrialRunner, seconds: float = 2.0) -> float:
     """Frames/s the generator offers when asked for far more than it can send.
 
-    Run with nothing reflecting (the SUT's kernel drops the frames): the figure is the
+    Run with nothing answering (the SUT's kernel drops the frames): the figure is the
     generator's own limit on this machine, to compare with the PDRs it measures.
     """
     result = runner.trial(1e9, seconds)

@@ -1,15 +1,21 @@
 /*
- * stampgen: offer STAMP Session-Sender frames at a fixed rate from one CPU.
+ * stampgen: offer UDP frames (STAMP Session-Sender, ILNP echo requests) at a fixed
+ * rate from one CPU.
  *
  * Built and run by sixlab.bench.generator (see its docstring for why C and why
  * sendmmsg on an AF_PACKET socket with PACKET_QDISC_BYPASS).
  *
  *   stampgen IFNAME FRAME_HEX RATE_PPS SECONDS BATCH TICK_US
  *
- * FRAME_HEX is a whole Ethernet frame (Ethernet + IPv6 + UDP + STAMP) with a valid UDP
- * checksum. Each frame sent carries the next Sequence Number (RFC 8762 section 4.2.1,
- * the first 4 bytes of the UDP payload); the UDP checksum is updated for it with
- * RFC 1624 eqn. 3. Pacing: at every step the number of frames due is
+ * FRAME_HEX is a whole Ethernet frame (Ethernet + IPv6 + UDP + payload, e.g. STAMP)
+ * with a valid UDP checksum. Hop-by-Hop, Routing and Destination Options headers may
+ * sit between IPv6 and UDP (an ILNPv6 frame carries its nonce in a Destination Options
+ * header, RFC 6744): the UDP header is found by walking them (RFC 8200 section 4).
+ * Each frame sent carries the next sequence number in the first 4 bytes of the UDP
+ * payload (STAMP's Sequence Number, RFC 8762 section 4.2.1); the UDP checksum is
+ * updated for it with RFC 1624 eqn. 3, which needs only the checksum already in the
+ * frame, whatever pseudo-header it was computed over (the ILNP NID-only one too,
+ * RFC 6740 section 6.3). Pacing: at every step the number of frames due is
  * floor(RATE * elapsed) - offered; up to BATCH of them go out in one sendmmsg(2), and
  * the loop spins on CLOCK_MONOTONIC (vDSO, no system call) when none is due. With
  * TICK_US > 0, sends happen only every TICK_US microseconds (what is due then goes out
@@ -39,10 +45,12 @@
 
 #define MAX_FRAME 2048
 #define MAX_BATCH 256
-/* Ethernet (14) + IPv6 (40): the UDP header; its checksum at +6, payload at +8. */
-#define UDP_OFF 54
-#define CSUM_OFF (UDP_OFF + 6)
-#define SEQ_OFF (UDP_OFF + 8)
+/* Ethernet (14) + IPv6 (40): where the first header after IPv6 starts. */
+#define ETH_IPV6_LEN 54
+/* At most this many extension headers before UDP (a sanity bound, not a protocol one). */
+#define MAX_EXT_HEADERS 8
+/* The UDP header's offset in the frame (udp_offset), its checksum at +6, payload at +8. */
+static size_t csum_off, seq_off;
 
 static double now_s(void) {
     struct timespec ts;
@@ -70,13 +78,32 @@ static uint16_t get16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]);
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
 
 static void set_seq(uint8_t *frame, uint32_t seq) {
-    uint16_t csum = get16(frame + CSUM_OFF);
+    uint16_t csum = get16(frame + csum_off);
     uint16_t hi = (uint16_t)(seq >> 16), lo = (uint16_t)seq;
-    csum = csum_update(csum, get16(frame + SEQ_OFF), hi);
-    csum = csum_update(csum, get16(frame + SEQ_OFF + 2), lo);
-    put16(frame + SEQ_OFF, hi);
-    put16(frame + SEQ_OFF + 2, lo);
-    put16(frame + CSUM_OFF, csum);
+    csum = csum_update(csum, get16(frame + seq_off), hi);
+    csum = csum_update(csum, get16(frame + seq_off + 2), lo);
+    put16(frame + seq_off, hi);
+    put16(frame + seq_off + 2, lo);
+    put16(frame + csum_off, csum);
+}
+
+/*
+ * Offset of the UDP header in an Ethernet + IPv6 frame of len bytes, skipping
+ * Hop-by-Hop (0), Routing (43) and Destination Options (60) headers, whose length is
+ * (Hdr Ext Len + 1) * 8 bytes (RFC 8200 section 4.3, 4.4, 4.6); 0 if there is no UDP
+ * header (or no room for it and 4 payload bytes).
+ */
+static size_t udp_offset(const uint8_t *frame, size_t len) {
+    if (len < ETH_IPV6_LEN || get16(frame + 12) != ETH_P_IPV6) return 0;
+    uint8_t next = frame[14 + 6];
+    size_t off = ETH_IPV6_LEN;
+    for (int i = 0; i < MAX_EXT_HEADERS && (next == 0 || next == 43 || next == 60); i++) {
+        if (off + 2 > len) return 0;
+        next = frame[off];
+        off += ((size_t)frame[off + 1] + 1) * 8;
+    }
+    if (next != 17 || off + 8 + 4 > len) return 0;
+    return off;
 }
 
 int main(int argc, char **argv) {
@@ -91,7 +118,7 @@ int main(int argc, char **argv) {
     int batch = atoi(argv[5]);
     double tick = atof(argv[6]) * 1e-6;
     size_t len = strlen(hex) / 2;
-    if (len < SEQ_OFF + 4 || len > MAX_FRAME || strlen(hex) % 2 || rate <= 0 ||
+    if (len < ETH_IPV6_LEN + 8 + 4 || len > MAX_FRAME || strlen(hex) % 2 || rate <= 0 ||
         seconds <= 0 || batch < 1 || batch > MAX_BATCH || tick < 0) {
         fprintf(stderr, "stampgen: bad arguments\n");
         return 2;
@@ -105,6 +132,13 @@ int main(int argc, char **argv) {
         }
         frames[0][i] = (uint8_t)(hi << 4 | lo);
     }
+    size_t udp = udp_offset(frames[0], len);
+    if (udp == 0) {
+        fprintf(stderr, "stampgen: frame is not Ethernet + IPv6 [+ extension headers] + UDP\n");
+        return 2;
+    }
+    csum_off = udp + 6;
+    seq_off = udp + 8;
     for (int b = 1; b < batch; b++) memcpy(frames[b], frames[0], len);
 
     int fd = socket(AF_PACKET, SOCK_RAW, 0);
