@@ -15,8 +15,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sixlab.ilnp import Deliver, HostConfig, IlnpHost
+from sixlab.ilnp.daemon import ring_filter
 from sixlab.ilnp.fastpath import (
     _CONFIG,
     _PEER,
@@ -37,6 +40,7 @@ from sixlab.wire.ilnp import (
     encode_packet,
     nid_checksum,
 )
+from tests.unit.test_bpf_filter import run as run_classic_bpf
 
 NID_A, NID_B = 0xA, 0xB
 LOC_A, LOC_A2, LOC_B, LOC_X = (
@@ -259,3 +263,28 @@ def test_ingress_leaves_to_user_space_what_it_must_not_take(fastpath: FastPath) 
     fastpath.update(NID_A, None)
     assert ingress.test_run(ETH + _wire(a, b"y", now)).retval == TC_ACT_OK
     assert fastpath.counters()["rx_no_peer"] == 2
+
+
+# --------------------------------------------------------------------- the ring's filter
+
+
+@given(
+    dst_hi=st.integers(0, (1 << 64) - 1),
+    dst_nid=st.sampled_from([NID_B, NID_A, NID_B | 1 << 40]),
+)
+def test_ring_filter_keeps_exactly_what_the_daemon_would_look_at(dst_hi: int, dst_nid: int) -> None:
+    """Our NID on any locator but the identifier prefix: kept whole; the rest dropped."""
+    dst = ILV(dst_hi, dst_nid)
+    frame = ETH + encode_packet(IlnpPacket(ILV(LOC_A, NID_A), dst, 17, bytes(12), None))
+    kept = run_classic_bpf(ring_filter(NID_B), frame)
+    wanted = dst_nid == NID_B and dst_hi != IDENTIFIER_PREFIX
+    assert (kept >= len(frame)) == wanted
+    assert kept == 0 or wanted
+
+
+def test_ring_filter_drops_the_identifier_prefix_and_short_frames() -> None:
+    to_us = ETH + encode_packet(
+        IlnpPacket(ILV(LOC_A, NID_A), ILV(IDENTIFIER_PREFIX, NID_B), 17, bytes(12), None)
+    )
+    assert run_classic_bpf(ring_filter(NID_B), to_us) == 0
+    assert run_classic_bpf(ring_filter(NID_B), to_us[:50]) == 0

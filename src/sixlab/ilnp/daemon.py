@@ -66,6 +66,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from sixlab.dataplane._filters import (
+    ACCEPT_SNAPLEN,
+    BPF_ABS,
+    BPF_JEQ,
+    BPF_JMP,
+    BPF_K,
+    BPF_LD,
+    BPF_RET,
+    BPF_W,
+    BpfInstruction,
+    _Assembler,
+    attach_filter,
+)
 from sixlab.dataplane.base import DataplaneError
 from sixlab.ilnp.fastpath import FastPath, peer_record
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
@@ -226,13 +239,36 @@ class KernelDrop:
 # --------------------------------------------------------------------- ring
 
 
+def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstruction, ...]:
+    """Classic BPF for the ring: Ethernet frames whose IPv6 destination ends in our NID
+    and does not start with the identifier prefix (:meth:`IlnpDaemon._is_ours` in the
+    kernel, bar Neighbour Discovery). The rest of the link's traffic never reaches user
+    space; a fast-path packet never reaches the ring at all (redirected at tc ingress,
+    before the ring's tap)."""
+    dst = 14 + 24  # Ethernet header + offset of the IPv6 Destination Address
+    asm = _Assembler()
+    for offset, word in ((dst + 8, nid >> 32), (dst + 12, nid & 0xFFFFFFFF)):
+        asm.emit(BPF_LD | BPF_W | BPF_ABS, offset)
+        asm.emit(BPF_JMP | BPF_JEQ | BPF_K, word, jt=0, jf="drop")
+    asm.emit(BPF_LD | BPF_W | BPF_ABS, dst)
+    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix >> 32, jt=0, jf="accept")
+    asm.emit(BPF_LD | BPF_W | BPF_ABS, dst + 4)
+    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix & 0xFFFFFFFF, jt="drop", jf="accept")
+    asm.label("drop")
+    asm.emit(BPF_RET | BPF_K, 0)
+    asm.label("accept")
+    asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
+    return asm.finish()
+
+
 class PacketRing:
     """A TPACKET_V3 receive ring on one interface, IPv6 frames only, ours excluded."""
 
-    def __init__(self, ifname: str) -> None:
+    def __init__(self, ifname: str, nid: int) -> None:
         self.ifname = ifname
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_IPV6))
         try:
+            attach_filter(self.sock, ring_filter(nid))
             self.sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V3)
             with contextlib.suppress(OSError):  # Linux >= 4.20; else outgoing are skipped by dst
                 self.sock.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
@@ -424,7 +460,7 @@ class IlnpDaemon:
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
             for ifname in self.config.interfaces:
-                ring = PacketRing(ifname)
+                ring = PacketRing(ifname, self.config.nid)
                 self._rings.append(ring)
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
             self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
@@ -644,6 +680,10 @@ class IlnpDaemon:
                     os.write(self._tun_fd, event.packet)
                 except OSError:
                     self.wire["tun_error"] += 1
+        # The kernel's copies follow at once: under a flood the ring loop may not return
+        # to ``step`` for long, and every packet it meanwhile reads for an entry that
+        # just became ready would have been the kernel's to carry.
+        self._sync_fastpath()
 
     # ------------------------------------------------------------------ locators
 
