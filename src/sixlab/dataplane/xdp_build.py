@@ -1,4 +1,7 @@
-"""Compile the XDP programs of ``sixlab/dataplane/bpf/`` on first use, and cache them.
+"""Compile the BPF programs of ``sixlab/dataplane/bpf/`` on first use, and cache them.
+
+The XDP plane's programs and the ILNP host's tc fast path (``ilnp_fastpath``) are built
+together, with one cache key.
 
 Theory of operation
 -------------------
