@@ -894,3 +894,44 @@ def test_fastpath_auto_falls_back_and_on_refuses(net: IlnpNet) -> None:
     finally:
         client.close()
         echo.close()
+
+
+def test_fastpath_leftover_of_a_killed_daemon_is_removed(net: IlnpNet) -> None:
+    """A daemon killed with SIGKILL leaves its ingress program on the link, redirecting
+    its peers' packets into a TUN device that is gone; the next daemon, even one told
+    ``--fastpath off``, removes it, and the echo works through user space."""
+    peer = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    first = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    try:
+        client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        client.bind((ID_A, 0))
+        client.settimeout(2)
+        for i in range(3):
+            client.sendto(b"%d" % i, (ID_B, ECHO_PORT))
+            assert client.recvfrom(100)[0] == b"%d" % i
+        client.close()
+        assert first.status()["fastpath"]["counters"]["rx_fast"] >= 1
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+        filters = net.tb.exec_in(net.a, ["tc", "filter", "show", "dev", "eth0", "ingress"])
+        assert "ilnp_ingress" in filters.stdout
+        net.fastpath = "off"
+        second = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+        assert second.status()["events"]["fastpath_leftovers_removed"] == 1
+        filters = net.tb.exec_in(net.a, ["tc", "filter", "show", "dev", "eth0", "ingress"])
+        assert "ilnp_ingress" not in filters.stdout
+        # B still holds A's old nonce (a restarted host draws new ones): B starts afresh.
+        peer.proc.terminate()
+        peer.proc.wait(timeout=10)
+        net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+        client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        client.bind((ID_A, 0))
+        client.settimeout(2)
+        for i in range(3):
+            client.sendto(b"again %d" % i, (ID_B, ECHO_PORT))
+            assert client.recvfrom(100)[0] == b"again %d" % i
+        client.close()
+        assert second.status()["counters"]["delivered"] >= 3
+    finally:
+        echo.close()

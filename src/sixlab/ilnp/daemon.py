@@ -80,7 +80,7 @@ from sixlab.dataplane._filters import (
     attach_filter,
 )
 from sixlab.dataplane.base import DataplaneError
-from sixlab.ilnp.fastpath import FastPath, peer_record
+from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
@@ -476,6 +476,7 @@ class IlnpDaemon:
         if self.config.fastpath not in ("auto", "on", "off"):
             raise ValueError(f"fastpath must be auto, on or off, not {self.config.fastpath!r}")
         if self.config.fastpath == "off":
+            self._remove_fastpath_leftovers()
             return
         self._ifindex = {name: socket.if_nametoindex(name) for name in self.config.interfaces}
         fastpath = FastPath(
@@ -492,9 +493,14 @@ class IlnpDaemon:
                 raise
             self.fastpath_error = str(exc).splitlines()[0]
             self.events["fastpath_unavailable"] += 1
+            self._remove_fastpath_leftovers()
             return
         self.fastpath = fastpath
         self._selector.register(fastpath.fileno(), selectors.EVENT_READ, "fastpath")
+
+    def _remove_fastpath_leftovers(self) -> None:
+        if removed := remove_leftovers(self.config.interfaces):
+            self.events["fastpath_leftovers_removed"] += removed
 
     def _open_control(self) -> None:
         path = Path(self.config.control)

@@ -48,6 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sixlab.dataplane.base import DataplaneError
 from sixlab.dataplane.libbpf import (
     BpfMap,
     BpfObject,
@@ -71,6 +72,7 @@ __all__ = [
     "FastPath",
     "PeerRecord",
     "peer_record",
+    "remove_leftovers",
 ]
 
 #: Locators per side the programs look at (``MAX_LOCATORS`` in the C).
@@ -195,6 +197,23 @@ def peer_record(
         local_nonce=entry.local_nonce.value,
         peer_nonce=b"" if entry.peer_nonce is None else entry.peer_nonce.value,
     )
+
+
+def remove_leftovers(links: Iterable[str]) -> int:
+    """Detach an ingress filter of ours left on ``links`` by a daemon that died.
+
+    A crashed daemon's ingress program stays attached and keeps redirecting its peers'
+    packets into a TUN device that is gone; :meth:`FastPath.open` replaces it, and a
+    daemon started without the fast path calls this instead. How many were removed.
+    """
+    removed = 0
+    for name in links:
+        try:
+            ifindex = socket.if_nametoindex(name)
+            removed += tc_detach(ifindex, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
+        except (OSError, DataplaneError):
+            continue  # no such link, or no libbpf: nothing of ours can be attached
+    return removed
 
 
 class FastPath:
