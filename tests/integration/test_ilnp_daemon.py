@@ -787,6 +787,25 @@ def test_random_nid_flood_ilcc_growth_by_policy(net: IlnpNet, policy: str) -> No
 # --------------------------------------------------------------------- kernel fast path
 
 
+@contextlib.contextmanager
+def a_client(net: IlnpNet) -> Iterator[socket.socket]:
+    """A UDP socket on A's identifier address, connected to B's echo service."""
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        client.bind((ID_A, 0))
+        client.connect((ID_B, ECHO_PORT))
+        client.settimeout(2)
+        yield client
+    finally:
+        client.close()
+
+
+def echo_each(client: socket.socket, payloads: list[bytes]) -> None:
+    for payload in payloads:
+        client.send(payload)
+        assert client.recv(100) == payload
+
+
 def test_fastpath_carries_established_udp_and_keeps_the_entry_alive(net: IlnpNet) -> None:
     """Both ends adopt each other (policy none): after the first exchange every echo
     goes through the tc programs in both directions, not through either daemon, and
@@ -794,22 +813,16 @@ def test_fastpath_carries_established_udp_and_keeps_the_entry_alive(net: IlnpNet
     da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
     db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
     echo = EchoServer(net.b, ID_B)
-    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    client.bind((ID_A, 0))
-    client.connect((ID_B, ECHO_PORT))
-    client.settimeout(2)
     try:
-        client.send(b"first")
-        assert client.recv(100) == b"first"
-        wire_a, wire_b = da.status()["wire"], db.status()["wire"]
-        started = time.monotonic()
-        sent = 0
-        while time.monotonic() - started < 2.5:
-            client.send(b"n %d" % sent)
-            assert client.recv(100) == b"n %d" % sent
-            sent += 1
+        with a_client(net) as client:
+            echo_each(client, [b"first"])
+            wire_a, wire_b = da.status()["wire"], db.status()["wire"]
+            started = time.monotonic()
+            sent = 0
+            while time.monotonic() - started < 2.5:
+                echo_each(client, [b"n %d" % sent])
+                sent += 1
     finally:
-        client.close()
         echo.close()
     sa, sb = da.status(), db.status()
     fa, fb = sa["fastpath"], sb["fastpath"]
@@ -839,25 +852,18 @@ def test_fastpath_removed_entry_goes_back_to_user_space(net: IlnpNet) -> None:
     db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="bounded", extra=("--idle", "1.0"))
     net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
     echo = EchoServer(net.b, ID_B)
-    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    client.bind((ID_A, 0))
-    client.connect((ID_B, ECHO_PORT))
-    client.settimeout(2)
     try:
-        for i in range(5):
-            client.send(b"%d" % i)
-            assert client.recv(100) == b"%d" % i
-        assert db.status()["fastpath"]["entries"] == 1
-        wait_until(lambda: db.status()["ilcc_size"] == 0, timeout=10, what="idle expiry")
-        wait_until(lambda: db.status()["fastpath"]["entries"] == 0, what="kernel copy removed")
-        before = db.status()["fastpath"]["counters"].get("rx_no_peer", 0)
-        client.send(b"again")
-        assert client.recv(100) == b"again"
-        after = db.status()
-        assert after["fastpath"]["counters"]["rx_no_peer"] == before + 1
-        assert after["ilcc_size"] == 1  # adopted again, by user space
+        with a_client(net) as client:
+            echo_each(client, [b"%d" % i for i in range(5)])
+            assert db.status()["fastpath"]["entries"] == 1
+            wait_until(lambda: db.status()["ilcc_size"] == 0, timeout=10, what="idle expiry")
+            wait_until(lambda: db.status()["fastpath"]["entries"] == 0, what="kernel copy removed")
+            before = db.status()["fastpath"]["counters"].get("rx_no_peer", 0)
+            echo_each(client, [b"again"])
+            after = db.status()
+            assert after["fastpath"]["counters"]["rx_no_peer"] == before + 1
+            assert after["ilcc_size"] == 1  # adopted again, by user space
     finally:
-        client.close()
         echo.close()
 
 
@@ -885,14 +891,10 @@ def test_fastpath_auto_falls_back_and_on_refuses(net: IlnpNet) -> None:
     assert not fast["enabled"]
     assert "sixlab-bpf" in fast["error"]
     echo = EchoServer(net.b, ID_B)
-    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    client.bind((ID_A, 0))
-    client.settimeout(2)
     try:
-        client.sendto(b"still works", (ID_B, ECHO_PORT))
-        assert client.recvfrom(100)[0] == b"still works"
+        with a_client(net) as client:
+            echo_each(client, [b"still works"])
     finally:
-        client.close()
         echo.close()
 
 
@@ -904,13 +906,8 @@ def test_fastpath_leftover_of_a_killed_daemon_is_removed(net: IlnpNet) -> None:
     first = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
     echo = EchoServer(net.b, ID_B)
     try:
-        client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        client.bind((ID_A, 0))
-        client.settimeout(2)
-        for i in range(3):
-            client.sendto(b"%d" % i, (ID_B, ECHO_PORT))
-            assert client.recvfrom(100)[0] == b"%d" % i
-        client.close()
+        with a_client(net) as client:
+            echo_each(client, [b"%d" % i for i in range(3)])
         assert first.status()["fastpath"]["counters"]["rx_fast"] >= 1
         first.proc.kill()
         first.proc.wait(timeout=10)
@@ -925,13 +922,8 @@ def test_fastpath_leftover_of_a_killed_daemon_is_removed(net: IlnpNet) -> None:
         peer.proc.terminate()
         peer.proc.wait(timeout=10)
         net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
-        client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        client.bind((ID_A, 0))
-        client.settimeout(2)
-        for i in range(3):
-            client.sendto(b"again %d" % i, (ID_B, ECHO_PORT))
-            assert client.recvfrom(100)[0] == b"again %d" % i
-        client.close()
+        with a_client(net) as client:
+            echo_each(client, [b"again %d" % i for i in range(3)])
         assert second.status()["counters"]["delivered"] >= 3
     finally:
         echo.close()
