@@ -10,6 +10,7 @@ wire and through the peer.)
 
 from __future__ import annotations
 
+import errno
 import struct
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sixlab.dataplane.libbpf import LibbpfError
 from sixlab.ilnp import Deliver, HostConfig, IlnpHost
 from sixlab.ilnp.daemon import ring_filter
 from sixlab.ilnp.fastpath import (
@@ -288,3 +290,40 @@ def test_ring_filter_drops_the_identifier_prefix_and_short_frames() -> None:
     )
     assert run_classic_bpf(ring_filter(NID_B), to_us) == 0
     assert run_classic_bpf(ring_filter(NID_B), to_us[:50]) == 0
+
+
+class _RefusingMap:
+    """Stands for the peer map: refuses every write with ``err``, records deletes."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+        self.deleted: list[bytes] = []
+
+    def update(self, key: bytes, value: bytes) -> None:
+        raise LibbpfError("bpf_map_update_elem(ilnp_peers)", self.err)
+
+    def delete(self, key: bytes) -> bool:
+        self.deleted.append(key)
+        return True
+
+
+@pytest.mark.parametrize(
+    ("err", "counter"), [(errno.E2BIG, "map_full"), (errno.ENOMEM, "update_errors")]
+)
+def test_refused_write_keeps_the_entry_in_user_space_and_drops_a_stale_copy(
+    err: int, counter: str
+) -> None:
+    _a, b, entry = _pair()
+    fp = FastPath(nid=NID_B, prefix=IDENTIFIER_PREFIX, tun="", links=(), on_active=print)
+    refusing = _RefusingMap(err)
+    fp._peers = refusing  # type: ignore[assignment]
+    record = peer_record(entry, b.config, lambda _loc: 1)
+    fp.update(NID_A, record)  # no copy yet: nothing to take out
+    assert fp.stats[counter] == 1
+    assert fp.installed == set()
+    assert refusing.deleted == []
+    fp.installed.add(NID_A)  # as if an earlier write had gone through
+    fp.update(NID_A, record)
+    assert fp.stats[counter] == 2
+    assert fp.installed == set()
+    assert refusing.deleted == [struct.pack("<Q", NID_A)]

@@ -294,24 +294,36 @@ class FastPath:
         self._cfg_map.update(_INDEX.pack(0), value)
 
     def update(self, nid: int, record: PeerRecord | None) -> None:
-        """Install, replace or remove the kernel's copy of ``nid``'s entry."""
+        """Install, replace or remove the kernel's copy of ``nid``'s entry.
+
+        Never raises for a refused write: the entry then stays in user space (counted,
+        ``map_full`` or ``update_errors``), and an older copy is taken out of the kernel
+        so that it cannot act on stale state.
+        """
         assert self._peers is not None, "open() first"
         key = _KEY.pack(nid)
         if record is None:
             if nid in self.installed:
-                self._peers.delete(key)
-                self.installed.discard(nid)
+                self._forget(key, nid)
                 self.stats["removed"] += 1
             return
         try:
             self._peers.update(key, record.pack())
         except LibbpfError as exc:
-            if exc.errno != errno.E2BIG:
-                raise
-            self.stats["map_full"] += 1  # stays in user space
+            self.stats["map_full" if exc.errno == errno.E2BIG else "update_errors"] += 1
+            if nid in self.installed:
+                self._forget(key, nid)
             return
         self.installed.add(nid)
         self.stats["installed"] += 1
+
+    def _forget(self, key: bytes, nid: int) -> None:
+        assert self._peers is not None
+        self.installed.discard(nid)
+        try:
+            self._peers.delete(key)
+        except LibbpfError:
+            self.stats["delete_errors"] += 1
 
     def counters(self) -> dict[str, int]:
         """The programs' per-CPU counters, summed, by name (zeros left out)."""
