@@ -226,6 +226,9 @@ def test_ingress_output_is_what_the_host_delivers(fastpath: FastPath, nonce_size
         assert run.data[:14] == ETH
         assert run.data[14:] == _deliver(b, wire, now)
     assert fastpath.counters() == {"rx_fast": 3}
+    runs = fastpath.program_stats()
+    assert set(runs) == {"ilnp_ingress", "ilnp_egress"}
+    assert runs["ilnp_egress"]["runs"] == 0  # never run; ingress counts only with stats on
 
 
 @pytest.mark.root

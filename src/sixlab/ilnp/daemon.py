@@ -852,6 +852,7 @@ class IlnpDaemon:
             "entries": 0 if fastpath is None else len(fastpath.installed),
             "counters": {} if fastpath is None else fastpath.counters(),
             "sync": {} if fastpath is None else dict(fastpath.stats),
+            "programs": {} if fastpath is None else fastpath.program_stats(),
         }
 
 

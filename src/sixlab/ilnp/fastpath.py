@@ -337,6 +337,21 @@ class FastPath:
                 out[name] = total
         return out
 
+    def program_stats(self) -> dict[str, dict[str, float]]:
+        """Runs and mean ns per run of each program, from the kernel's BPF statistics.
+
+        The kernel counts only while ``kernel.bpf_stats_enabled`` is 1 (it costs two
+        clock reads a run); otherwise the figures stay 0.
+        """
+        if self._obj is None:
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for name in ("ilnp_ingress", "ilnp_egress"):
+            info = self._obj.program(name).info()
+            mean = info.run_time_ns / info.run_cnt if info.run_cnt else 0.0
+            out[name] = {"runs": info.run_cnt, "ns_per_run": round(mean, 1)}
+        return out
+
     def fileno(self) -> int:
         """The ring buffer's epoll descriptor: readable when activity reports wait."""
         assert self._ring is not None, "open() first"
