@@ -618,6 +618,7 @@ def test_multihoming_fails_over_when_preferred_link_goes_down(net: IlnpNet) -> N
     assert tcp.received == tcp.sent
     assert tcp.recv_hash.digest() == tcp.sent_hash.digest()
     status = da.status()
+    assert status["events"]["link_events"] >= 1  # woken by netlink, not by the poll
     assert status["withdrawn"] == ["2001:db8:a:0"]
     assert [loc["locator"] for loc in status["locators"]] == ["2001:db8:d:0"]
     (entry,) = db.request("cache")["entries"]
@@ -704,7 +705,8 @@ def test_off_path_node_cannot_redirect_or_inject(net: IlnpNet, fastpath: str) ->
         assert drops.get("no_nonce", 0) == 20
         if fastpath == "on":
             # every forgery names B's NID: the 40 LUs and the 40 data packets alike
-            assert da.status()["fastpath"]["counters"]["rx_nonce"] == 80
+            fast = da.status()["fastpath"]
+            assert fast["counters"].get("rx_nonce") == 80, fast
     finally:
         raw.close()
         client.close()

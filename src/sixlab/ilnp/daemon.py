@@ -39,7 +39,9 @@ which live on a TUN device this daemon owns::
   ``set-locators`` (a move: the host sends Locator Updates), ``add-peer``.
 * **Links.** Each locator is tied to the interface that holds an address under it;
   when that interface goes down its locator is withdrawn (Locator Updates go out), and
-  it comes back when the link does: multihoming failover.
+  it comes back when the link does: multihoming failover. A netlink socket subscribed
+  to link and IPv6 address changes wakes the loop the moment one happens (the message
+  itself is not parsed: the links are read again); a slow poll covers missed events.
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
@@ -151,8 +153,12 @@ _IFA_F_NODAD = 0x02
 #: is never resolved, only keyed on (see :func:`_configure_tun`).
 _TUN_GATEWAY = "fe80::1"
 _U64 = (1 << 64) - 1
-#: How often the daemon checks the links its locators sit on (multihoming failover).
-_LINK_POLL_S = 0.2
+#: How often the daemon checks the links its locators sit on even without a netlink
+#: event (an overrun of the event socket loses events; this bounds the damage).
+_LINK_POLL_S = 1.0
+# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
+_RTMGRP_LINK = 0x1
+_RTMGRP_IPV6_IFADDR = 0x100
 _LATENCY_SAMPLES = 20000
 #: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
 _TIMER_GRANULARITY = 0.01
@@ -433,6 +439,7 @@ class IlnpDaemon:
         self._tun_fd = -1
         self._raw: socket.socket | None = None
         self._control: socket.socket | None = None
+        self._link_events: socket.socket | None = None
         self._clients: dict[socket.socket, bytearray] = {}
         self._stop = False
         self.fastpath: FastPath | None = None
@@ -465,6 +472,7 @@ class IlnpDaemon:
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
             self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             self._raw.setblocking(False)
+            self._open_link_events()
             self.drop.install()
             self._open_fastpath()
             self._open_control()
@@ -497,6 +505,29 @@ class IlnpDaemon:
             return
         self.fastpath = fastpath
         self._selector.register(fastpath.fileno(), selectors.EVENT_READ, "fastpath")
+
+    def _open_link_events(self) -> None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR))
+        sock.setblocking(False)
+        self._link_events = sock
+        self._selector.register(sock, selectors.EVENT_READ, "links")
+
+    def _on_link_events(self) -> None:
+        """Drain the notifications, then read the links again (what changed is moot)."""
+        assert self._link_events is not None
+        while True:
+            try:
+                if not self._link_events.recv(65536):
+                    break
+                self.events["link_events"] += 1
+            except BlockingIOError:
+                break
+            except OSError:  # ENOBUFS: events were lost; the re-read below covers them
+                self.events["link_events_lost"] += 1
+        now = self.clock()
+        self._next_link_poll = now + _LINK_POLL_S
+        self._poll_links(now)
 
     def _remove_fastpath_leftovers(self) -> None:
         if removed := remove_leftovers(self.config.interfaces):
@@ -535,6 +566,9 @@ class IlnpDaemon:
         if self._raw is not None:
             self._raw.close()
             self._raw = None
+        if self._link_events is not None:
+            self._link_events.close()
+            self._link_events = None
         if self._tun_fd >= 0:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
@@ -565,6 +599,8 @@ class IlnpDaemon:
             elif data == "fastpath":
                 assert self.fastpath is not None
                 self.fastpath.drain()
+            elif data == "links":
+                self._on_link_events()
             else:
                 self._on_client(key.fileobj)  # type: ignore[arg-type]
         now = self.clock()
@@ -670,6 +706,10 @@ class IlnpDaemon:
 
     def _flush(self) -> None:
         """Transmit what the host produced and act on its events."""
+        # The kernel's copies first, at once: before anything the host produced can
+        # make a peer or an application react (the next packet must meet the new
+        # state), and without waiting for ``step``, which a flood may keep away.
+        self._sync_fastpath()
         raw = self._raw
         for datagram in self.host.datagrams_to_send():
             dst = str(ipaddress.IPv6Address(datagram[24:40]))
@@ -686,10 +726,6 @@ class IlnpDaemon:
                     os.write(self._tun_fd, event.packet)
                 except OSError:
                     self.wire["tun_error"] += 1
-        # The kernel's copies follow at once: under a flood the ring loop may not return
-        # to ``step`` for long, and every packet it meanwhile reads for an entry that
-        # just became ready would have been the kernel's to carry.
-        self._sync_fastpath()
 
     # ------------------------------------------------------------------ locators
 
