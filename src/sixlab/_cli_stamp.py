@@ -11,13 +11,12 @@ import argparse
 import contextlib
 import ipaddress
 import json
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
 from sixlab import _argtypes as at
+from sixlab._runner import StopOnSignal
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.stamp import _events as ev
@@ -106,23 +105,21 @@ def _run_reflector(args: argparse.Namespace) -> int:
         plane.close()
         print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    engine.start()
-    print(
-        f"reflecting on [{args.listen or '::'}]:{args.port} with the {args.dataplane} data plane",
-        file=sys.stderr,
-    )
     kernel: dict[str, int] = {}
-    try:
-        while not stop.wait(0.5) and engine.running:
-            pass
-    finally:
-        engine.shutdown()
-        with contextlib.suppress(DataplaneError):
-            kernel = plane.counters()
-        plane.close()
+    with StopOnSignal() as stop:
+        engine.start()
+        print(
+            f"reflecting on [{args.listen or '::'}]:{args.port} with the {args.dataplane} "
+            "data plane",
+            file=sys.stderr,
+        )
+        try:
+            stop.wait(alive=lambda: engine.running)
+        finally:
+            engine.shutdown()
+            with contextlib.suppress(DataplaneError):
+                kernel = plane.counters()
+            plane.close()
     c = reflector.counters
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)

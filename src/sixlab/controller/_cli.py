@@ -35,17 +35,15 @@ import contextlib
 import ipaddress
 import json
 import logging
-import signal
 import sqlite3
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from sixlab import _argtypes as argtypes
+from sixlab._runner import StopOnSignal
 from sixlab.controller.client import (
     ControllerClient,
     NodeInfo,
@@ -317,27 +315,22 @@ def run_serve(args: argparse.Namespace) -> int:
         controller.close()
         store.close()
         return 2
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        resumed = controller.resume()
-        extra = "" if args.metrics is None else f" metrics={args.metrics[0]}:{args.metrics[1]}"
-        print(f"controller: grpc={address} db={args.db} resumed={len(resumed)}{extra}", flush=True)
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop(1.0)
-        controller.close()
-        store.close()
-        if socket_path is not None:
-            with contextlib.suppress(OSError):
-                socket_path.unlink()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with StopOnSignal() as stop:
+        try:
+            resumed = controller.resume()
+            extra = "" if args.metrics is None else f" metrics={args.metrics[0]}:{args.metrics[1]}"
+            print(
+                f"controller: grpc={address} db={args.db} resumed={len(resumed)}{extra}",
+                flush=True,
+            )
+            stop.wait()
+        finally:
+            server.stop(1.0)
+            controller.close()
+            store.close()
+            if socket_path is not None:
+                with contextlib.suppress(OSError):
+                    socket_path.unlink()
     return 0
 
 

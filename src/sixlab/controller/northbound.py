@@ -31,7 +31,6 @@ agent that answered a refused Init was seen alive; one that did not is unhealthy
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import threading
@@ -41,6 +40,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sixlab._grpcserver import unary
 from sixlab.controller.core import (
     CollectMode,
     Controller,
@@ -159,30 +159,15 @@ _Req = TypeVar("_Req")
 _Rep = TypeVar("_Rep")
 
 
+def _unexpected(method: str) -> None:
+    log.exception("northbound %s failed", method)
+
+
 def _handler(
     *, changes: bool
 ) -> Callable[[Callable[[_S, _Req], _Rep]], Callable[[_S, _Req, Any], _Rep]]:
     """Wrap a unary method: serialise it if it ``changes`` state, map its errors."""
-
-    def wrap(method: Callable[[_S, _Req], _Rep]) -> Callable[[_S, _Req, Any], _Rep]:
-        @functools.wraps(method)
-        def handler(self: _S, request: _Req, context: Any) -> _Rep:
-            try:
-                if changes:
-                    with self._lock:
-                        return method(self, request)
-                return method(self, request)
-            except Exception as exc:
-                status = _status_of(exc)
-                if status is None:
-                    log.exception("northbound %s failed", method.__name__)
-                    raise
-                context.abort(*status)
-                raise  # abort raises; this keeps the type checker informed
-
-        return handler
-
-    return wrap
+    return unary(_status_of, locked=changes, unexpected=_unexpected)
 
 
 # ------------------------------------------------------------------------ conversions

@@ -56,7 +56,6 @@ import mmap
 import os
 import secrets
 import selectors
-import signal
 import socket
 import struct
 import subprocess
@@ -65,9 +64,9 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from sixlab._runner import StopOnSignal
 from sixlab.dataplane._filters import (
     ACCEPT_SNAPLEN,
     BPF_ABS,
@@ -919,25 +918,17 @@ def _entry_json(entry: IlccEntry) -> dict[str, Any]:
 def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
     """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
     daemon = IlnpDaemon(config)
-    previous = {}
-
-    def _stop(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 (signal API)
-        daemon.stop()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        previous[signum] = signal.signal(signum, _stop)
-    try:
-        daemon.open()
-        daemon.run(
-            lambda: announce(
-                f"ready nid={format_locator(config.nid)} address={daemon.identifier} "
-                f"control={config.control}"
+    with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
+        try:
+            daemon.open()
+            daemon.run(
+                lambda: announce(
+                    f"ready nid={format_locator(config.nid)} address={daemon.identifier} "
+                    f"control={config.control}"
+                )
             )
-        )
-    finally:
-        daemon.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        finally:
+            daemon.close()
     return 0
 
 

@@ -15,13 +15,11 @@ first, then the agent is Reset (no socket left behind).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from sixlab._runner import StopOnSignal
 from sixlab.dataplane.base import available
 from sixlab.southbound.agent import DEFAULT_MAX_WORKERS, Role, TlsFiles, serve
 
@@ -88,22 +86,14 @@ def run_agent(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"sixlab stamp agent: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        print(
-            f"stamp agent: role={args.role} grpc={args.grpc} port={server.port} "
-            f"dataplane={args.dataplane}",
-            flush=True,
-        )
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with StopOnSignal() as stop:
+        try:
+            print(
+                f"stamp agent: role={args.role} grpc={args.grpc} port={server.port} "
+                f"dataplane={args.dataplane}",
+                flush=True,
+            )
+            stop.wait()
+        finally:
+            server.stop()
     return 0

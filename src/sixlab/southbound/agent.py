@@ -49,7 +49,6 @@ only to look the session up and wait on the engine's condition without it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import ipaddress
 import threading
 import time
@@ -62,6 +61,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sixlab._grpcserver import abort_for, unary
 from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import (
     DEFAULT_FIFO_CAPACITY,
@@ -175,29 +175,9 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
-_S = TypeVar("_S", bound="StampAgentServicer")
-_Req = TypeVar("_Req")
+#: Every unary call runs under the agent lock, its errors mapped by ``_status_of``.
+_unary = unary(_status_of)
 _Rep = TypeVar("_Rep")
-
-
-def _unary(
-    method: Callable[[_S, _Req], _Rep],
-) -> Callable[[_S, _Req, Any], _Rep]:
-    """Run a unary handler under the agent lock and turn its errors into statuses."""
-
-    @functools.wraps(method)
-    def handler(self: _S, request: _Req, context: Any) -> _Rep:
-        try:
-            with self._lock:
-                return method(self, request)
-        except Exception as exc:
-            status = _status_of(exc)
-            if status is None:
-                raise
-            context.abort(*status)
-            raise  # abort raises; this keeps the type checker informed
-
-    return handler
 
 
 # ------------------------------------------------------------------------ field checks
@@ -688,10 +668,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         try:
             yield from self._stream(request, context)
         except Exception as exc:
-            status = _status_of(exc)
-            if status is None:
-                raise
-            context.abort(*status)
+            abort_for(exc, context, _status_of)
+            raise
 
     def _stream(
         self, request: pb.StreamStampSessionResultsRequest, context: Any

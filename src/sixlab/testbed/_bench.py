@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
 from sixlab.testbed._topology import Node, Testbed
 
 __all__ = ["BenchTestbed", "two_node_bench"]
 
 
-class BenchTestbed:
+class BenchTestbed(ClosingContext):
     """Handle of :func:`two_node_bench`."""
 
     def __init__(self, testbed: Testbed, *, forward: bool) -> None:
@@ -64,17 +64,6 @@ class BenchTestbed:
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` in ``node`` pinned to ``cpu`` (tracked for cleanup)."""
         return self.testbed.run_in(node, ["taskset", "-c", str(cpu), *argv], **popen_kwargs)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Tear the testbed down."""

@@ -39,9 +39,8 @@ direction), ``return`` R2 → R1. Defaults: path A 5 ms / 12 ms, path B 20 ms / 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
+from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
 from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed._topology import EmulatedLink, LinkEmulation, Node, Testbed
@@ -65,7 +64,7 @@ class SRv6Path:
         return self.forward_delay_ms + self.return_delay_ms
 
 
-class SRv6TwoPaths:
+class SRv6TwoPaths(ClosingContext):
     """Handle of :func:`srv6_two_paths`: nodes, addresses, SIDs, paths, link emulators."""
 
     SENDER_ADDR = "fd00:0:1::1"
@@ -135,17 +134,6 @@ class SRv6TwoPaths:
                 forward_delay_ms=emu.ab.delay_ms,
                 return_delay_ms=emu.ba.delay_ms,
             )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Tear the whole testbed down."""

@@ -37,12 +37,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pyr_netns
 
+from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
 from sixlab.testbed._emulation import DirectionConfig
 
@@ -280,7 +280,7 @@ class EmulatedLink:
         return self.final
 
 
-class Testbed:
+class Testbed(ClosingContext):
     """A set of namespaces built as code; close() (or ``with``) removes all of it."""
 
     __test__ = False  # not a pytest test class, whatever its name says
@@ -295,17 +295,6 @@ class Testbed:
         self.emulators: list[EmulatedLink] = []
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{self.token}-"))
         self._closed = False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def ns_name(self, name: str) -> str:
         """The namespace name for node ``name`` in this testbed."""

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
+from sixlab._runner import StopOnSignal
 from sixlab.testbed._emulation import DirectionConfig
 
 __all__ = ["DirectionConfig", "DirectionStats", "main", "parse_args", "run"]
@@ -192,7 +193,6 @@ def run(
     named = {"ab": dirs[sock_a.fileno()], "ba": dirs[sock_b.fileno()]}
     heap: list[tuple[int, int, _Direction, bytes]] = []
     seq = 0
-    running = True
 
     def counters() -> dict[str, dict[str, int]]:
         for d in named.values():
@@ -212,63 +212,59 @@ def run(
         tmp.write_text(json.dumps({"generation": generation, **counters()}))
         tmp.replace(stats_path)  # atomic: a reader never sees half a file
 
-    def on_stop(_signum: int, _frame: FrameType | None) -> None:
-        nonlocal running
-        running = False
-
     def on_dump(_signum: int, _frame: FrameType | None) -> None:
         dump()
 
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGUSR1, on_dump)
-    dump()
-    sys.stdout.write(json.dumps({"event": "ready"}) + "\n")
-    sys.stdout.flush()
+    # Cleanup (the last dump) stays inside: a second SIGTERM then only sets the flag again.
+    with StopOnSignal() as stop:
+        signal.signal(signal.SIGUSR1, on_dump)
+        dump()
+        sys.stdout.write(json.dumps({"event": "ready"}) + "\n")
+        sys.stdout.flush()
 
-    spin_ns = spin_us * 1000
-    readers = list(socks.values())
-    time_ns = time.time_ns
-    while running:
-        # 1. Send everything that is due (the heap is ordered by deadline).
-        now = time_ns()
-        while heap and heap[0][0] <= now:
-            deadline, _, d, frame = heapq.heappop(heap)
-            late = time_ns() - deadline
-            try:
-                d.out.send(frame)
-            except OSError:
-                d.stats.send_errors += 1  # interface down, frame too big: count it
-                continue
-            st = d.stats
-            st.forwarded += 1
-            st.late_ns_sum += late
-            st.late_ns_max = max(st.late_ns_max, late)
-        # 2. Sleep until a frame arrives or the spin window before the next deadline.
-        if heap:
-            wait_ns = heap[0][0] - now - spin_ns
-            if wait_ns <= 0:
-                # Inside the spin window: poll without blocking and go round again.
-                ready, _, _ = select.select(readers, [], [], 0)
-            else:
-                ready, _, _ = select.select(readers, [], [], wait_ns / _NS_PER_S)
-        else:
-            ready, _, _ = select.select(readers, [], [], 0.5)
-        # 3. Read every frame waiting on the ready sockets.
-        for sock in ready:
-            d = dirs[sock.fileno()]
-            while True:
+        spin_ns = spin_us * 1000
+        readers = list(socks.values())
+        time_ns = time.time_ns
+        while not stop.stopped:
+            # 1. Send everything that is due (the heap is ordered by deadline).
+            now = time_ns()
+            while heap and heap[0][0] <= now:
+                deadline, _, d, frame = heapq.heappop(heap)
+                late = time_ns() - deadline
                 try:
-                    frame, ancdata, _, _ = sock.recvmsg(_RECV_SIZE, 64)
-                except BlockingIOError:
-                    break
-                d.stats.received += 1
-                due = d.deadline(_rx_timestamp(ancdata))
-                if due is not None:
-                    seq += 1
-                    heapq.heappush(heap, (due, seq, d, frame))
-    result = counters()
-    dump()
+                    d.out.send(frame)
+                except OSError:
+                    d.stats.send_errors += 1  # interface down, frame too big: count it
+                    continue
+                st = d.stats
+                st.forwarded += 1
+                st.late_ns_sum += late
+                st.late_ns_max = max(st.late_ns_max, late)
+            # 2. Sleep until a frame arrives or the spin window before the next deadline.
+            if heap:
+                wait_ns = heap[0][0] - now - spin_ns
+                if wait_ns <= 0:
+                    # Inside the spin window: poll without blocking and go round again.
+                    ready, _, _ = select.select(readers, [], [], 0)
+                else:
+                    ready, _, _ = select.select(readers, [], [], wait_ns / _NS_PER_S)
+            else:
+                ready, _, _ = select.select(readers, [], [], 0.5)
+            # 3. Read every frame waiting on the ready sockets.
+            for sock in ready:
+                d = dirs[sock.fileno()]
+                while True:
+                    try:
+                        frame, ancdata, _, _ = sock.recvmsg(_RECV_SIZE, 64)
+                    except BlockingIOError:
+                        break
+                    d.stats.received += 1
+                    due = d.deadline(_rx_timestamp(ancdata))
+                    if due is not None:
+                        seq += 1
+                        heapq.heappush(heap, (due, seq, d, frame))
+        result = counters()
+        dump()
     sock_a.close()
     sock_b.close()
     return result

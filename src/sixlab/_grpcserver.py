@@ -1,0 +1,83 @@
+"""What the agent's and the controller's gRPC servicers share: a unary method run under
+the servicer's lock, with its typed errors turned into gRPC statuses.
+
+Theory of operation
+-------------------
+Each server keeps its own table from its errors to statuses, a ``status_of`` function
+(``sixlab.southbound.agent._status_of``, ``sixlab.controller.northbound._status_of``):
+what an error means is that server's business. This module holds only the mechanics
+of a call wrapped by :func:`unary`:
+
+1. if ``locked``, take ``self._lock``, so a check and the change it guards are never
+   split by another call (``locked=False``: a read that may run beside them);
+2. call ``method(self, request)``; its return value is the reply;
+3. an exception ``status_of`` maps aborts the call with that status (:func:`abort_for`);
+   one it does not map is a bug: it is reported to ``unexpected`` (if given, with the
+   method's name, inside the ``except`` so the traceback is at hand) and re-raised,
+   and gRPC answers UNKNOWN.
+
+gRPC calls ``servicer.Method(request, context)``; the wrapped method takes only the
+request, so it can be called (and tested) without a context.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+__all__ = ["StatusOf", "abort_for", "unary"]
+
+#: A server's error table: the status for an exception, or None for one it does not know.
+StatusOf = Callable[[Exception], tuple[grpc.StatusCode, str] | None]
+
+
+class _Locked(Protocol):
+    @property
+    def _lock(self) -> AbstractContextManager[Any]: ...
+
+
+_S = TypeVar("_S", bound=_Locked)
+_Req = TypeVar("_Req")
+_Rep = TypeVar("_Rep")
+
+
+def abort_for(exc: Exception, context: Any, status_of: StatusOf) -> None:
+    """Abort the call with ``exc``'s status; return only if ``status_of`` does not map it.
+
+    Call it in an ``except`` block and re-raise after it: ``context.abort`` raises (it
+    ends the RPC), so what follows it runs only for an error the table does not know.
+    """
+    status = status_of(exc)
+    if status is not None:
+        context.abort(*status)
+
+
+def unary(
+    status_of: StatusOf,
+    *,
+    locked: bool = True,
+    unexpected: Callable[[str], None] | None = None,
+) -> Callable[[Callable[[_S, _Req], _Rep]], Callable[[_S, _Req, Any], _Rep]]:
+    """A decorator for a unary servicer method; see the module docstring."""
+
+    def wrap(method: Callable[[_S, _Req], _Rep]) -> Callable[[_S, _Req, Any], _Rep]:
+        @functools.wraps(method)
+        def handler(self: _S, request: _Req, context: Any) -> _Rep:
+            try:
+                if locked:
+                    with self._lock:
+                        return method(self, request)
+                return method(self, request)
+            except Exception as exc:
+                abort_for(exc, context, status_of)
+                if unexpected is not None:
+                    unexpected(method.__name__)
+                raise
+
+        return handler
+
+    return wrap
