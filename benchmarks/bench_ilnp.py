@@ -322,7 +322,7 @@ def run_echo(args: argparse.Namespace) -> None:
     from sixlab.testbed import two_node_bench  # noqa: PLC0415
 
     with two_node_bench() as tb:
-        prepare_bench(tb, gen_cpu=0, sut_cpu=1)
+        prepare_bench(tb, gen_cpu=0, sut_cpu=1, gen_rps=args.gen_rps == "on")
         runner = IlnpEchoTrialRunner(tb, tick_us=args.tick_us, payload_size=args.payload)
         ceiling = generator_ceiling(runner)
         print(f"generator ceiling: {ceiling:,.0f} frames/s offered (nothing answering)",
@@ -357,7 +357,8 @@ def run_echo(args: argparse.Namespace) -> None:
     fastpath = args.fastpath if fastpath_passed else "off (daemon has no --fastpath)"
     print(f"\nUDP echo over ILNPv6 through `sixlab ilnp host` (policy {args.policy}, "
           f"fastpath {fastpath}); PDR at {args.loss:.1%} loss, {args.method}, {stamp}; "
-          f"generator CPU 0, daemon + udpecho CPU 1; {args.payload}-byte payload")  # fmt: skip
+          f"generator CPU 0, daemon + udpecho CPU 1, echoes received on CPU "
+          f"{0 if args.gen_rps == 'on' else 1}; {args.payload}-byte payload")  # fmt: skip
     rows = [
         ("generator ceiling (frames/s)", f"{ceiling:,.0f}"),
         ("PDR (echoes/s)", f"{result.pdr:,.0f}"),
@@ -380,6 +381,7 @@ def run_echo(args: argparse.Namespace) -> None:
             "date": stamp,
             "args": sys.argv[1:],
             "daemon_argv": daemon_argv[1:],
+            "gen_rps": args.gen_rps,
             "ceiling": ceiling,
             "pdr": result.pdr,
             "preflight": asdict(first),
@@ -426,6 +428,13 @@ def main() -> None:
     echo.add_argument("--max-rate", type=float, default=0.0, help="0: generator ceiling")
     echo.add_argument("--tick-us", type=float, default=100.0, help="generator send interval")
     echo.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
+    echo.add_argument(
+        "--gen-rps",
+        choices=["on", "off"],
+        default="off",
+        help="RPS of the echoes to the generator's CPU; off (default): received and "
+        "counted on the SUT's CPU, without an IPI per echo (sixlab.bench.generator)",
+    )
     echo.add_argument("--timeout", type=float, default=420.0, help="search limit, seconds")
     echo.add_argument("--json", type=Path, help="write every trial and the status here")
     args = parser.parse_args()

@@ -48,6 +48,15 @@ RPS: the SUT's ``rx-0`` to the SUT's CPU, the generator's to the generator's CPU
 that the SUT's input backlog (``netdev_max_backlog``) cannot take are dropped by the
 kernel at the veth; the generator sees that as ``ENOBUFS`` and counts them as offered
 and lost (``input_drops``), the SUT's NIC-queue overflow of a real bench.
+
+RPS has a price on the sending side: a frame steered to another CPU whose backlog is
+idle costs the sender an inter-processor interrupt, and in a VM that is a trap to the
+hypervisor (x2APIC MSR write). Where the SUT answers frame by frame (a UDP application
+that sends each answer with its own ``local_bh_enable``), the generator's RPS makes the
+SUT pay one IPI per answer: profiled on the ILNP echo bench, 36 % of the SUT's CPU was
+``net_rps_send_ipi``. ``prepare_bench(gen_rps=False)`` leaves the generator's interface
+without RPS instead: the answers are then received and counted (nftables, a few hundred
+ns) on the SUT's CPU, which is charged more than on two machines, not less.
 """
 
 from __future__ import annotations
@@ -190,10 +199,17 @@ def _mac(tb: BenchTestbed, node: Node, ifname: str) -> bytes:
     return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
 
 
-def prepare_bench(tb: BenchTestbed, *, gen_cpu: int = 0, sut_cpu: int = 1) -> None:
-    """RPS on both ends (module doc) and the generator's reply counter table."""
-    for node, ifname, cpu in ((tb.gen, tb.gen_if, gen_cpu), (tb.sut, tb.sut_if, sut_cpu)):
-        mask = f"{1 << cpu:x}"
+def prepare_bench(
+    tb: BenchTestbed, *, gen_cpu: int = 0, sut_cpu: int = 1, gen_rps: bool = True
+) -> None:
+    """RPS (module doc) and the generator's reply counter table.
+
+    ``gen_rps=False`` leaves the generator's interface without RPS: the answers are then
+    counted on the CPU that sent them, the SUT's (module doc, "Receive steering").
+    """
+    ends = [(tb.gen, tb.gen_if, gen_cpu if gen_rps else None), (tb.sut, tb.sut_if, sut_cpu)]
+    for node, ifname, cpu in ends:
+        mask = "0" if cpu is None else f"{1 << cpu:x}"
         path = f"/sys/class/net/{ifname}/queues/rx-0/rps_cpus"
         tb.testbed.exec_in(node, ["sh", "-c", f"echo {mask} > {path}"])
     script = (
