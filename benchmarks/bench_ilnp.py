@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ilnp.py ilcc [--sizes 10,1000000] [--lookups N] [--repeat R]
     python benchmarks/bench_ilnp.py timers [--sizes 10,1000000] [--repeat R]
+    python benchmarks/bench_ilnp.py memlat [--mib 1,8,16,32,128]
     sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
     sudo python benchmarks/bench_ilnp.py echo [--policy none] [--fastpath off] [--json F]
 
@@ -19,6 +20,13 @@ the same sizes (the whole per-packet validation path), and the cost of one
 ``timers`` (no privileges): ms per ``IlnpHost.get_timer`` and per ``handle_timer`` with
 nothing due, ILCC at each size. To compare with an older commit, run it once more with
 that commit's sources first on the path (README.md, "ILNP host").
+
+``memlat`` (no privileges, gcc): the latency of one dependent random read from a block
+of each size (``benchmarks/memlat.c``, a pointer chase over huge-page-advised memory)
+next to the ``hash`` lookup at 10 entries, and the least ratio that follows for a table
+of 1M entries: such a table spans at least 16 MiB (an 8-byte key and an 8-byte
+reference per entry), so a lookup of a random entry makes at least one read from a
+16 MiB block that a 10-entry lookup does not, whatever the data structure or language.
 
 ``daemon`` (root): two namespaces joined by a veth pair, one ``sixlab ilnp host`` daemon
 each (policy ``socket``); a UDP client in one keeps ``W`` requests in flight to an echo
@@ -211,6 +219,23 @@ def run_ilcc(args: argparse.Namespace) -> None:
     for size in sizes:
         per_packet, timer_ms = bench_receive(size, args.packets, args.repeat)
         print(f"{size:>9} {per_packet:>11.0f} {timer_ms:>13.2f}")
+
+
+def run_memlat(args: argparse.Namespace) -> None:
+    from sixlab.bench.generator import build_program  # noqa: PLC0415
+
+    binary = build_program(Path(__file__).with_name("memlat.c"))
+    sizes = [str(int(m)) for m in args.mib.split(",")]
+    out = subprocess.run([binary, *sizes], check=True, capture_output=True, text=True).stdout
+    latency = {int(m): float(ns) for m, ns, _ in (line.split() for line in out.splitlines())}
+    lookup_10 = bench_hash_keys(10, args.lookups, args.repeat)["wire"]
+    print(f"{'MiB':>6} {'ns per dependent random read':>30}")
+    for mib, ns in latency.items():
+        print(f"{mib:>6} {ns:>30.1f}")
+    print(f"hash lookup at 10 entries (NID parsed from bytes): {lookup_10:.1f} ns")
+    if 16 in latency:
+        bound = (lookup_10 + latency[16]) / lookup_10
+        print(f"least ratio 1M / 10 entries (one read from 16 MiB more): {bound:.2f}")
 
 
 # --------------------------------------------------------------------- daemon
@@ -408,6 +433,10 @@ def main() -> None:
     timers = sub.add_parser("timers")
     timers.add_argument("--sizes", default="10,1000000")
     timers.add_argument("--repeat", type=int, default=5)
+    memlat = sub.add_parser("memlat")
+    memlat.add_argument("--mib", default="1,8,16,32,128")
+    memlat.add_argument("--lookups", type=int, default=200_000)
+    memlat.add_argument("--repeat", type=int, default=5)
     daemon = sub.add_parser("daemon")
     daemon.add_argument("--seconds", type=float, default=5.0)
     daemon.add_argument("--window", type=int, default=32)
@@ -444,6 +473,8 @@ def main() -> None:
         run_timers(args)
     elif args.part == "echo":
         run_echo(args)
+    elif args.part == "memlat":
+        run_memlat(args)
     else:
         if socket.has_ipv6 is False:
             raise SystemExit("IPv6 needed")
