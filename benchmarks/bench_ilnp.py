@@ -5,6 +5,7 @@
     python benchmarks/bench_ilnp.py memlat [--mib 1,8,16,32,128]
     sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
     sudo python benchmarks/bench_ilnp.py echo [--policy none] [--fastpath off] [--json F]
+    sudo python benchmarks/bench_ilnp.py study [--configs st-andrews,socket,sixlab] [--out DIR]
 
 ``ilcc`` (no privileges): ns per ``IlccStore.get`` of a random present NID with the
 ``hash`` store at each size (and ``linear`` at small sizes, for scale), the ratio of the
@@ -20,6 +21,14 @@ the same sizes (the whole per-packet validation path), and the cost of one
 ``timers`` (no privileges): ms per ``IlnpHost.get_timer`` and per ``handle_timer`` with
 nothing due, ILCC at each size. To compare with an older commit, run it once more with
 that commit's sources first on the path (README.md, "ILNP host").
+
+``study`` (root): the seed's ILCC study rerun (``sixlab.bench.ilnp_study``): for each
+configuration (policy, store, fast path) and test rank K (0..10), a fresh daemon, the
+echo flow at 1,280 requests/s plus K x 66/s from random new correspondents for 60 s
+(the seed's figures; ``--seconds``, ``--base-rate``, ``--per-process`` change them);
+per test the ILCC size, the echo flow's and the crowd's service, the daemon's latency
+p50/p99 and drops. Writes ``study.json`` and ``study.png`` (the seed's four views) to
+``--out``.
 
 ``memlat`` (no privileges, gcc): the latency of one dependent random read from a block
 of each size (``benchmarks/memlat.c``, a pointer chase over huge-page-advised memory)
@@ -238,6 +247,65 @@ def run_memlat(args: argparse.Namespace) -> None:
         print(f"least ratio 1M / 10 entries (one read from 16 MiB more): {bound:.2f}")
 
 
+def _ranks(text: str) -> list[int]:
+    """``0-10`` or ``0,2,5``."""
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-", 1))
+        return list(range(lo, hi + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def run_study(args: argparse.Namespace) -> None:
+    from sixlab.bench import prepare_bench  # noqa: PLC0415
+    from sixlab.bench.ilnp_echo import IlnpEchoTrialRunner  # noqa: PLC0415
+    from sixlab.bench.ilnp_study import (  # noqa: PLC0415
+        CONFIGS,
+        plot_study,
+        route_crowd_via_generator,
+        run_point,
+        write_results,
+    )
+    from sixlab.testbed import two_node_bench  # noqa: PLC0415
+
+    unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configuration(s) {unknown}: choose from {sorted(CONFIGS)}")
+    configs = [CONFIGS[c] for c in args.configs.split(",")]
+    ranks = _ranks(args.ranks)
+    out = args.out or Path(f"ilnp-study-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    meta = {"date": stamp, "args": sys.argv[1:], "configs": [c.name for c in configs],
+            "ranks": ranks, "seconds": args.seconds, "base_rate": args.base_rate,
+            "per_process_rate": args.per_process, "repeat": args.repeat}  # fmt: skip
+    points = []
+    header = (f"{'config':11} {'rank':>4} {'rep':>3} {'echo %':>7} {'crowd %':>8} "
+              f"{'crowd sent':>10} {'ILCC':>7} {'p50 us':>8} {'p99 us':>9} "
+              f"{'drops':>7}")  # fmt: skip
+    print(header, flush=True)
+    with two_node_bench() as tb:
+        prepare_bench(tb, gen_cpu=0, sut_cpu=1, gen_rps=False)
+        route_crowd_via_generator(tb)
+        runner = IlnpEchoTrialRunner(tb, payload_size=args.payload)
+        for config in configs:
+            for rank in ranks:
+                for rep in range(args.repeat):
+                    point = run_point(tb, runner, config, rank, repetition=rep,
+                                      seconds=args.seconds, base_rate=args.base_rate,
+                                      per_process_rate=args.per_process)  # fmt: skip
+                    points.append(point)
+                    drops = sum(point.daemon_drops.values()) + point.ring_drops
+                    drops += point.link_rx_dropped
+                    print(f"{config.name:11} {rank:>4} {rep:>3} {100 * point.base_served:>7.1f} "
+                          f"{100 * point.load_served:>8.1f} {point.load_sent:>10} "
+                          f"{point.ilcc_size if point.ilcc_size is not None else '-':>7} "
+                          f"{point.latency_p50_us or 0:>8.1f} {point.latency_p99_us or 0:>9.1f} "
+                          f"{drops:>7}", flush=True)  # fmt: skip
+                    write_results(points, meta, out / "study.json")
+    png = plot_study(points, configs, out / "study.png")
+    print(f"\nwrote {out / 'study.json'} and {png}")
+
+
 # --------------------------------------------------------------------- daemon
 
 ECHO = """
@@ -433,6 +501,15 @@ def main() -> None:
     timers = sub.add_parser("timers")
     timers.add_argument("--sizes", default="10,1000000")
     timers.add_argument("--repeat", type=int, default=5)
+    study = sub.add_parser("study", help="the seed's ILCC study, per configuration")
+    study.add_argument("--configs", default="st-andrews,socket,sixlab")
+    study.add_argument("--ranks", default="0-10", help="test ranks: 0-10 or 0,5,10")
+    study.add_argument("--seconds", type=float, default=60.0, help="per test (seed: 60)")
+    study.add_argument("--base-rate", type=float, default=1280.0, help="echo flow, requests/s")
+    study.add_argument("--per-process", type=float, default=66.0, help="crowd per rank, /s")
+    study.add_argument("--repeat", type=int, default=1, help="repetitions (seed: 10)")
+    study.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
+    study.add_argument("--out", type=Path, help="directory for study.json and study.png")
     memlat = sub.add_parser("memlat")
     memlat.add_argument("--mib", default="1,8,16,32,128")
     memlat.add_argument("--lookups", type=int, default=200_000)
@@ -475,6 +552,8 @@ def main() -> None:
         run_echo(args)
     elif args.part == "memlat":
         run_memlat(args)
+    elif args.part == "study":
+        run_study(args)
     else:
         if socket.has_ipv6 is False:
             raise SystemExit("IPv6 needed")

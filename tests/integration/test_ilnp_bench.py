@@ -20,6 +20,7 @@ from sixlab.bench.ilnp_echo import (
     ilnp_echo_frame,
     preflight,
 )
+from sixlab.bench.ilnp_study import CONFIGS, route_crowd_via_generator, run_point
 from sixlab.testbed import BenchTestbed
 from sixlab.wire.ilnp import ILV
 
@@ -117,3 +118,30 @@ def test_frame_checksum_is_the_nid_only_one_by_scapy() -> None:
     assert frame[:14] == dst_mac + src_mac + b"\x86\xdd"
     assert frame[14 + 40 :] == oracle[40:]  # extension header, UDP with checksum, payload
     assert frame[14 + 8 : 14 + 40] == GEN.packed + SUT.packed
+
+
+@pytest.mark.root
+def test_study_point_tells_the_policies_apart(bench_testbed: BenchTestbed) -> None:
+    """One short test of the ILCC study per policy, crowd and echo flow at low rates:
+    every request of both is answered, and the ILCC is what each policy promises —
+    nothing adopted with ``socket`` (udpecho's socket is not connected), every
+    correspondent with ``none``, the generator's NID included."""
+    tb = bench_testbed
+    prepare_bench(tb, gen_rps=False)
+    route_crowd_via_generator(tb)
+    runner = IlnpEchoTrialRunner(tb)
+    points = {
+        name: run_point(
+            tb, runner, CONFIGS[name], 2, seconds=1.0, base_rate=300.0, per_process_rate=100.0
+        )
+        for name in ("socket", "none-hash")
+    }
+    for name, p in points.items():
+        assert p.base_offered > 0, (name, p)
+        assert p.base_echoed == p.base_offered, (name, p)
+        assert p.load_sent > 100, (name, p)  # 2 x 100/s for 1 s, give or take a tick
+        assert p.load_echoed == p.load_sent, (name, p)
+        assert p.ring_drops == 0, (name, p)
+        assert p.latency_samples > 0, (name, p)
+    assert points["socket"].ilcc_size == 0
+    assert points["none-hash"].ilcc_size == points["none-hash"].load_sent + 1

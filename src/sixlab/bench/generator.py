@@ -61,6 +61,7 @@ ns) on the SUT's CPU, which is charged more than on two machines, not less.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -303,21 +304,33 @@ class FrameTrialRunner(ABC):
             last = now
         return last
 
-    def trial(self, rate: float, seconds: float) -> TrialResult:
-        """Offer ``rate`` frames/s for ``seconds``; count what the SUT sent back."""
+    def trial(
+        self,
+        rate: float,
+        seconds: float,
+        *,
+        background: contextlib.AbstractContextManager[object] | None = None,
+    ) -> TrialResult:
+        """Offer ``rate`` frames/s for ``seconds``; count what the SUT sent back.
+
+        ``background``, if given, is entered once the counters are armed and left when
+        the generator has finished, before the counters settle: other traffic offered
+        during the trial (answers to it count as ``stale`` unless they carry the tag).
+        """
         self.settle()  # let the previous trial's backlog drain before this one starts
         self._tag = self._tag % 0xFFFF + 1
         self._arm(self._tag)
         frame = self.frame(self._tag)
         argv = [str(self.binary), self.tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}"]
-        proc = self.tb.run_pinned(
-            self.tb.gen,
-            [*argv, str(self.batch), f"{self.tick_us:.3f}"],
-            self.gen_cpu,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        out, err = proc.communicate(timeout=seconds + 30)
+        with background or contextlib.nullcontext():
+            proc = self.tb.run_pinned(
+                self.tb.gen,
+                [*argv, str(self.batch), f"{self.tick_us:.3f}"],
+                self.gen_cpu,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            out, err = proc.communicate(timeout=seconds + 30)
         if proc.returncode != 0:
             raise GeneratorError(f"bench: generator failed ({proc.returncode}): {err.decode()}")
         stats = json.loads(out.decode().splitlines()[-1])

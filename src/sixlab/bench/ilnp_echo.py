@@ -214,6 +214,7 @@ class IlnpEchoSut:
         tb: BenchTestbed,
         *,
         policy: str = "none",
+        store: str = "hash",
         fastpath: str = "off",
         cpu: int = 1,
         batch: int = 64,
@@ -236,7 +237,8 @@ class IlnpEchoSut:
         argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host"]
         argv += ["--nid", format_locator(self.sut_ilv.nid)]
         argv += ["--locator", format_locator(self.sut_ilv.locator)]
-        argv += ["--interface", tb.sut_if, "--policy", policy, "--nonce", "always"]
+        argv += ["--interface", tb.sut_if, "--policy", policy, "--store", store]
+        argv += ["--nonce", "always"]
         argv += ["--control", self.control, "--hosts", str(hosts), "--tun", _TUN]
         if self.fastpath_passed:
             argv += ["--fastpath", fastpath]
