@@ -336,6 +336,10 @@ def _latency_p99(point: StudyPoint) -> float | None:
     return point.latency_p99_us if point.latency_samples >= MIN_LATENCY_SAMPLES else None
 
 
+def _crowd_served(point: StudyPoint) -> float | None:
+    return 100 * point.load_served if point.load_sent else None  # rank 0 has no crowd
+
+
 def plot_study(points: Sequence[StudyPoint], configs: Sequence[StudyConfig], png: Path) -> Path:
     """The seed's figures for these runs: ILCC size, service, latency, crowd service."""
     import matplotlib as mpl  # noqa: PLC0415
@@ -348,7 +352,7 @@ def plot_study(points: Sequence[StudyPoint], configs: Sequence[StudyConfig], png
         (axes[0][0], "ILCC entries at the end", lambda p: p.ilcc_size, False),
         (axes[0][1], "echo flow served (%)", lambda p: 100 * p.base_served, False),
         (axes[1][0], "daemon latency p99 (µs)", _latency_p99, True),
-        (axes[1][1], "crowd requests served (%)", lambda p: 100 * p.load_served, False),
+        (axes[1][1], "crowd requests served (%)", _crowd_served, False),
     ]
     for ax, title, value, log in panels:
         for c in configs:
