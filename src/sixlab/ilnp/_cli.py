@@ -92,12 +92,16 @@ def _host(args: argparse.Namespace) -> int:
 
 
 def _query(args: argparse.Namespace) -> int:
+    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:
         reply = control_request(args.control, {"cmd": args.query})
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        return 1
+    except ControlError as exc:
+        print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(reply, indent=2))
