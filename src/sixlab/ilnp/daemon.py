@@ -472,6 +472,11 @@ class IlnpDaemon:
 
     def open(self) -> None:
         """Create TUN, rings, raw socket, kernel drop and control socket."""
+        for name in self.config.interfaces:  # before anything is made: nothing to undo
+            try:
+                socket.if_nametoindex(name)
+            except (OSError, ValueError):  # ValueError: a NUL in the name
+                raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
