@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sixlab.cli import main
 from sixlab.ilnp._cli import add_parsers
 from sixlab.testbed import Node, Testbed
+from sixlab.wire.ilnp import LocatorEntry
 
 PREFIX = "sixlab-t-"
 TABLE = "sixlab_ilnp_000000000000000a"
@@ -48,7 +50,11 @@ def test_parser_builds_host_status_cache() -> None:
             "/tmp/x.sock",
         ]
     )
-    assert args.locator == ["2001:db8:a:0,10", "2001:db8:d:0,20"]
+    assert args.locator == [
+        LocatorEntry(0x2001_0DB8_000A_0000, 10),
+        LocatorEntry(0x2001_0DB8_000D_0000, 20),
+    ]
+    assert args.nid == 0xA
     assert args.interface == ["eth0", "eth1"]
     assert (args.policy, args.store, args.control, args.nonce) == (
         "bounded",
@@ -73,6 +79,48 @@ def test_status_without_daemon_fails_cleanly(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert "No such file" in out.stderr
+
+
+HOST = ["ilnp", "host", "--nid", "0:0:0:a", "--interface", "eth0"]
+HOST_OK = [*HOST, "--locator", "2001:db8:a:0"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ilnp", "host", "--nid", "zz", "--locator", "2001:db8:a:0", "--interface", "e"], "zz"),
+        ([*HOST_OK[:2], "--nid", "0x1ffffffffffffffff", *HOST_OK[4:]], "does not fit in 64"),
+        ([*HOST_OK[:2], "--nid", "-1", *HOST_OK[4:]], "does not fit in 64 bits"),
+        ([*HOST_OK[:2], "--nid", "0:0:a", *HOST_OK[4:]], "not four 16-bit hex groups"),
+        ([*HOST, "--locator", "2001:db8:a"], "bad locator '2001:db8:a'"),
+        ([*HOST, "--locator", "2001:db8:a:g"], "bad locator"),
+        ([*HOST, "--locator", "2001:db8:a:0,70000"], "Preference 70000 does not fit"),
+        ([*HOST, "--locator", "2001:db8:a:0,-1"], "Preference -1 does not fit"),
+        ([*HOST, "--locator", "2001:db8:a:0,x"], "bad locator"),
+        ([*HOST, "--locator", "2001:db8:a:0,1,2,3"], "is not L64[,PREF[,LIFETIME]]"),
+        ([*HOST_OK, "--capacity", "0"], "must be positive"),
+        ([*HOST_OK, "--capacity", "-5"], "must not be negative"),
+        ([*HOST_OK, "--idle", "nan"], "must be positive"),
+        ([*HOST_OK, "--idle", "soon"], "not a number of seconds"),
+    ],
+)
+def test_bad_host_arguments_exit_2_with_one_clear_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert message in err.strip().splitlines()[-1]
+
+
+def test_duplicate_locators_exit_2_before_anything_is_made(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*HOST_OK, "--locator", "2001:db8:a:0,5", "--control", "/nonexistent/x.sock"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "sixlab ilnp host: locators: 2001:db8:a:0 is given twice\n"
 
 
 class Host:
@@ -111,6 +159,36 @@ class Host:
 def host(tmp_path: Path) -> Iterator[Host]:
     with Testbed(prefix=PREFIX) as tb:
         yield Host(tb, tmp_path)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--interface", "eth9"], "interface 'eth9': no such interface"),
+        (["--hosts", "/nonexistent/hosts"], "hosts file /nonexistent/hosts: No such file"),
+        (["--hosts", "{dir}"], "Is a directory"),
+        (["--hosts", "{dir}/bad"], "line 2: want I-LV ... name [alias ...]"),
+        (["--hosts", "{dir}/binary"], "codec can't decode"),
+    ],
+)
+def test_unusable_configuration_is_one_line_exit_1_and_leaves_nothing(
+    host: Host, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    (tmp_path / "bad").write_text("2001:db8:b:0/0:0:0:b bob\nbob\n")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe 2001:db8:b:0/0:0:0:b bob\n")
+    argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", "0:0:0:a"]
+    argv += ["--locator", "2001:db8:a:0", "--interface", "eth0", "--control", host.control]
+    argv += [arg.format(dir=tmp_path) for arg in extra]
+    out = host.tb.exec_in(host.node, argv, check=False)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("sixlab ilnp host: ")
+    assert message in out.stderr
+    assert out.stderr.count("\n") == 1
+    assert not host.has_tun()
+    assert not host.has_table()
+    assert not Path(host.control).exists()
 
 
 @pytest.mark.root

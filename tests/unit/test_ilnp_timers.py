@@ -259,7 +259,12 @@ operations = st.one_of(  # packets and time weigh more: most sequences need seve
     st.tuples(st.just("pp"), peers),
     st.tuples(
         st.just("move"),
-        st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=2),
+        st.lists(  # a locator set names each locator once (check_locator_set)
+            st.tuples(st.integers(0, 1), st.integers(0, 3)),
+            min_size=1,
+            max_size=2,
+            unique_by=lambda t: t[0],
+        ),
     ),
     st.tuples(st.just("connect"), st.just(PEERS[-1])),  # one only: the others stay unadopted
     st.tuples(st.just("to_timer")),

@@ -184,6 +184,10 @@ def test_duplicate_ssid_on_reflector_is_already_exists(ready_reflector: AgentCli
         pytest.param({"reflector_address": "192.0.2.1"}, "reflector_address", id="ipv4"),
         pytest.param({"reflector_address": ""}, "reflector_address", id="missing-reflector"),
         pytest.param({"sid_list": ["fc00::1", "fc00::zz"]}, "sid_list[1]", id="sid"),
+        pytest.param({"reflector_address": "::"}, "reflector_address", id="unspecified"),
+        pytest.param({"reflector_address": "ff02::1"}, "reflector_address", id="multicast"),
+        pytest.param({"sid_list": ["fc00::1", "::"]}, "sid_list[1]", id="sid-unspecified"),
+        pytest.param({"sid_list": ["ff0e::1"]}, "sid_list[0]", id="sid-multicast"),
         pytest.param({"source_address": "fe80::1%"}, "source_address", id="source"),
         pytest.param({"ssid": 70000}, "ssid", id="ssid-range"),
         pytest.param({"sid_list": ["fc00::1"] * 128}, "sid_list", id="too-many-sids"),
@@ -216,6 +220,7 @@ def test_bad_sender_session_is_invalid_argument(
     ("request_fields", "field"),
     [
         pytest.param({"return_sid_list": ["fc00::1", "x"]}, "return_sid_list[1]", id="return"),
+        pytest.param({"return_sid_list": ["ff02::2"]}, "return_sid_list[0]", id="return-mcast"),
         pytest.param({"auth_mode": pb.AUTH_MODE_AUTHENTICATED}, "key", id="key-missing"),
         pytest.param({"key": bytes(2000), "auth_mode": 1}, "key", id="key-too-long"),
         pytest.param({"reflector_udp_port": 9}, "reflector_udp_port", id="port-mismatch"),

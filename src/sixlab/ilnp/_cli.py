@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sixlab import _argtypes as argtypes
+
+if TYPE_CHECKING:
+    from sixlab.wire.ilnp import LocatorEntry
 
 __all__ = ["add_parsers", "main"]
 
@@ -26,11 +32,12 @@ def add_parsers(sub: Any) -> None:
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
 
     host = tools.add_parser("host", help="run the ILNPv6 host daemon")
-    host.add_argument("--nid", required=True, help="our NID: 0:0:0:a or an integer")
+    host.add_argument("--nid", required=True, type=_nid, help="our NID: 0:0:0:a or an integer")
     host.add_argument(
         "--locator",
         action="append",
         required=True,
+        type=_locator,
         metavar="L64[,PREF[,LIFETIME]]",
         help="one of our locators (repeat for multihoming); lower PREF is preferred",
     )
@@ -55,8 +62,10 @@ def add_parsers(sub: Any) -> None:
         help="kernel fast path for established correspondents (tc/eBPF): auto uses it "
         "when it loads, on requires it, off keeps every packet in the daemon",
     )
-    host.add_argument("--capacity", type=int, default=1024, help="bounded policy: ILCC cap")
-    host.add_argument("--idle", type=float, default=60.0, help="bounded policy: idle expiry, s")
+    host.add_argument("--capacity", type=_positive, default=1024, help="bounded policy: ILCC cap")
+    host.add_argument(
+        "--idle", type=argtypes.seconds, default=60.0, help="bounded policy: idle expiry, s"
+    )
     host.set_defaults(handler=_host)
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
@@ -66,13 +75,46 @@ def add_parsers(sub: Any) -> None:
         tool.set_defaults(handler=_query, query=name)
 
 
-def _host(args: argparse.Namespace) -> int:
-    from sixlab.ilnp.daemon import DaemonConfig, parse_nid, run_daemon  # noqa: PLC0415
-    from sixlab.ilnp.resolve import parse_locator_spec  # noqa: PLC0415
+def _nid(text: str) -> int:
+    from sixlab.ilnp.daemon import parse_nid  # noqa: PLC0415
 
+    try:
+        return parse_nid(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad NID {text!r}: {exc}") from None
+
+
+def _locator(text: str) -> LocatorEntry:
+    from sixlab.ilnp.resolve import ResolveError, parse_locator_spec  # noqa: PLC0415
+
+    try:
+        return parse_locator_spec(text)
+    except ResolveError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    value = argtypes.count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0: must be positive")
+    return value
+
+
+def _host(args: argparse.Namespace) -> int:
+    from sixlab.dataplane.base import DataplaneError  # noqa: PLC0415
+    from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
+    from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
+    from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
+    from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
+
+    try:
+        check_locator_set(args.locator)
+    except ConfigError as exc:
+        print(f"sixlab ilnp host: {exc}", file=sys.stderr)
+        return 2
     config = DaemonConfig(
-        nid=parse_nid(args.nid),
-        locators=tuple(parse_locator_spec(s) for s in args.locator),
+        nid=args.nid,
+        locators=tuple(args.locator),
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
@@ -88,16 +130,26 @@ def _host(args: argparse.Namespace) -> int:
     def announce(line: str) -> None:
         print(line, flush=True)
 
-    return run_daemon(config, announce=announce)
+    try:
+        return run_daemon(config, announce=announce)
+    except (IlnpError, ResolveError, DataplaneError, OSError, subprocess.SubprocessError) as exc:
+        # What the host cannot provide (an interface, a readable hosts file, root for
+        # the TUN device, nft...): one line, no traceback.
+        print(f"sixlab ilnp host: {exc}", file=sys.stderr)
+        return 1
 
 
 def _query(args: argparse.Namespace) -> int:
+    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:
         reply = control_request(args.control, {"cmd": args.query})
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        return 1
+    except ControlError as exc:
+        print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(reply, indent=2))

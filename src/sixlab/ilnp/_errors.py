@@ -5,7 +5,10 @@
     Exception
      └── IlnpError                 a bug or a configuration mistake, never a bad packet
           ├── InvalidTransitionError    a (state, event) pair missing from a state table
-          └── UnknownBackendError  no store or admission policy of that name (LookupError)
+          ├── UnknownBackendError  no store or admission policy of that name (LookupError)
+          ├── ConfigError          a setting that cannot work: no locator, a duplicate
+          │                        one, a missing interface... (ValueError)
+          └── ControlError         a control socket reply that is missing or not JSON
 
 Malformed or unwelcome packets are not exceptions: the host drops them, counts the
 reason and emits a ``Dropped`` event (STYLE.md §6).
@@ -13,7 +16,13 @@ reason and emits a ``Dropped`` event (STYLE.md §6).
 
 from __future__ import annotations
 
-__all__ = ["IlnpError", "InvalidTransitionError", "UnknownBackendError"]
+__all__ = [
+    "ConfigError",
+    "ControlError",
+    "IlnpError",
+    "InvalidTransitionError",
+    "UnknownBackendError",
+]
 
 
 class IlnpError(Exception):
@@ -26,3 +35,11 @@ class InvalidTransitionError(IlnpError):
 
 class UnknownBackendError(IlnpError, LookupError):
     """No ILCC store or admission policy is registered under that name."""
+
+
+class ConfigError(IlnpError, ValueError):
+    """A host or daemon setting that cannot work; the message names the setting."""
+
+
+class ControlError(IlnpError):
+    """The daemon's control socket gave no reply, or one that is not a JSON object."""

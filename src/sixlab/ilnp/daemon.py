@@ -36,7 +36,10 @@ which live on a TUN device this daemon owns::
   back to this process alone, with the reason in ``status``, when the programs cannot
   be built or loaded; ``on`` makes that an error; ``off`` never loads them.
 * **Control.** A Unix stream socket speaks JSON lines: ``status``, ``cache``,
-  ``set-locators`` (a move: the host sends Locator Updates), ``add-peer``.
+  ``set-locators`` (a move: the host sends Locator Updates), ``add-peer``. It is
+  bounded (:mod:`sixlab.ilnp._control`): a client that sends too much, never reads or
+  stalls is cut off, never the loop; a malformed request gets ``{"ok": false,
+  "error": ...}`` and changes nothing.
 * **Links.** Each locator is tied to the interface that holds an address under it;
   when that interface goes down its locator is withdrawn (Locator Updates go out), and
   it comes back when the link does: multihoming failover. A netlink socket subscribed
@@ -63,7 +66,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sixlab._runner import StopOnSignal
@@ -81,12 +83,15 @@ from sixlab.dataplane._filters import (
     attach_filter,
 )
 from sixlab.dataplane.base import DataplaneError
+from sixlab.ilnp._control import ControlClient, ControlServer, control_request
+from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
-from sixlab.ilnp.resolve import Resolver, parse_locator_spec
+from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
+from sixlab.wire._errors import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
@@ -437,9 +442,15 @@ class IlnpDaemon:
         self._rings: list[PacketRing] = []
         self._tun_fd = -1
         self._raw: socket.socket | None = None
-        self._control: socket.socket | None = None
+        self.control = ControlServer(config.control, self.handle_request, self._selector)
+        #: Control commands: each takes the request object and returns the reply.
+        self._commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "status": lambda _request: self.status(),
+            "cache": self._cmd_cache,
+            "set-locators": self._cmd_set_locators,
+            "add-peer": self._cmd_add_peer,
+        }
         self._link_events: socket.socket | None = None
-        self._clients: dict[socket.socket, bytearray] = {}
         self._stop = False
         self.fastpath: FastPath | None = None
         self.fastpath_error: str | None = None
@@ -461,6 +472,11 @@ class IlnpDaemon:
 
     def open(self) -> None:
         """Create TUN, rings, raw socket, kernel drop and control socket."""
+        for name in self.config.interfaces:  # before anything is made: nothing to undo
+            try:
+                socket.if_nametoindex(name)
+            except (OSError, ValueError):  # ValueError: a NUL in the name
+                raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
@@ -474,7 +490,7 @@ class IlnpDaemon:
             self._open_link_events()
             self.drop.install()
             self._open_fastpath()
-            self._open_control()
+            self.control.open()
         except BaseException:
             self.close()
             raise
@@ -532,27 +548,9 @@ class IlnpDaemon:
         if removed := remove_leftovers(self.config.interfaces):
             self.events["fastpath_leftovers_removed"] += removed
 
-    def _open_control(self) -> None:
-        path = Path(self.config.control)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a leftover of a crashed daemon
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        sock.listen(8)
-        sock.setblocking(False)
-        self._control = sock
-        self._selector.register(sock, selectors.EVENT_READ, "control")
-
     def close(self) -> None:
         """Undo everything :meth:`open` did; safe to call twice or after a failed open."""
-        for client in list(self._clients):
-            self._drop_client(client)
-        if self._control is not None:
-            self._control.close()
-            self._control = None
-            with contextlib.suppress(FileNotFoundError):
-                Path(self.config.control).unlink()
+        self.control.close()
         if self.fastpath is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(self.fastpath.fileno())
@@ -587,22 +585,21 @@ class IlnpDaemon:
         now = self.clock()
         wait = min(max_wait, max(0.0, self._timer_check - now))
         wait = min(wait, max(0.0, self._next_link_poll - now))
-        for key, _mask in self._selector.select(wait):
+        for key, mask in self._selector.select(wait):
             data = key.data
             if isinstance(data, PacketRing):
                 self._on_ring(data)
             elif data == "tun":
                 self._on_tun()
-            elif data == "control":
-                self._accept()
+            elif data is self.control or isinstance(data, ControlClient):
+                self.control.on_event(data, mask, self.clock())
             elif data == "fastpath":
                 assert self.fastpath is not None
                 self.fastpath.drain()
             elif data == "links":
                 self._on_link_events()
-            else:
-                self._on_client(key.fileobj)  # type: ignore[arg-type]
         now = self.clock()
+        self.control.expire(now)
         if now >= self._timer_check:
             self._run_timers(now)
         if now >= self._next_link_poll:
@@ -730,9 +727,9 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
         self._withdrawn.clear()
-        self.host.set_local_locators(locators, self.clock())
         self._locators_changed()
         self._flush()
 
@@ -773,65 +770,47 @@ class IlnpDaemon:
 
     # ------------------------------------------------------------------ control
 
-    def _accept(self) -> None:
-        assert self._control is not None
-        with contextlib.suppress(BlockingIOError):
-            client, _ = self._control.accept()
-            client.setblocking(False)
-            self._clients[client] = bytearray()
-            self._selector.register(client, selectors.EVENT_READ, "client")
-
-    def _drop_client(self, client: socket.socket) -> None:
-        self._clients.pop(client, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(client)
-        client.close()
-
-    def _on_client(self, client: socket.socket) -> None:
-        try:
-            chunk = client.recv(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._drop_client(client)
-            return
-        buffer = self._clients[client]
-        buffer += chunk
-        while b"\n" in buffer:
-            line, _, rest = bytes(buffer).partition(b"\n")
-            buffer[:] = rest
-            reply = self.handle_request(line)
-            client.setblocking(True)
-            try:
-                client.sendall(json.dumps(reply).encode() + b"\n")
-            except OSError:
-                self._drop_client(client)
-                return
-            finally:
-                with contextlib.suppress(OSError):
-                    client.setblocking(False)
-
     def handle_request(self, line: bytes) -> dict[str, Any]:
-        """One JSON request to its JSON reply (never raises)."""
+        """One JSON request to its JSON reply (never raises).
+
+        A request that is not a JSON object with a known ``cmd`` and well-typed fields
+        gets ``{"ok": false, "error": ...}`` naming what is wrong, and changes nothing.
+        """
         try:
             request = json.loads(line)
-            command = request["cmd"]
-            if command == "status":
-                return self.status()
-            if command == "cache":
-                return {"ok": True, "entries": [_entry_json(e) for e in self.host.ilcc]}
-            if command == "set-locators":
-                self.set_locators(tuple(parse_locator_spec(s) for s in request["locators"]))
-                return self.status()
-            if command == "add-peer":
-                found = self.resolver.by_name(request["name"])
-                self.host.add_correspondent(found.nid, found.locators, self.clock())
-                return {"ok": True, "nid": format_locator(found.nid)}
-        except Exception as exc:  # noqa: BLE001 - a bad request must not stop the daemon
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        return {"ok": False, "error": f"unknown command {command!r}"}
+        except (ValueError, RecursionError) as exc:  # RecursionError: [[[[... nesting
+            return _error(f"not JSON: {exc}")
+        if not isinstance(request, dict):
+            return _error('a request is a JSON object: {"cmd": ...}')
+        command = request.get("cmd")
+        handler = self._commands.get(command) if isinstance(command, str) else None
+        if handler is None:
+            known = ", ".join(self._commands)
+            return _error(f"unknown command {command!r} (known: {known})")
+        try:
+            return handler(request)
+        except (ConfigError, ResolveError, WireError) as exc:
+            return _error(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug in one command must not stop the daemon
+            return _error(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _cmd_cache(self, _request: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "entries": [_entry_json(e) for e in self.host.ilcc]}
+
+    def _cmd_set_locators(self, request: dict[str, Any]) -> dict[str, Any]:
+        specs = request.get("locators")
+        if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+            raise ConfigError('locators: want a list of "L64[,PREF[,LIFETIME]]" strings')
+        self.set_locators(tuple(parse_locator_spec(s) for s in specs))
+        return self.status()
+
+    def _cmd_add_peer(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name: want a host name (a non-empty string)")
+        found = self.resolver.by_name(name)
+        self.host.add_correspondent(found.nid, found.locators, self.clock())
+        return {"ok": True, "nid": format_locator(found.nid)}
 
     def status(self) -> dict[str, Any]:
         counters = self.host.counters
@@ -875,6 +854,7 @@ class IlnpDaemon:
             if self.socket_table is None
             else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
             "latency_us": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(samples)},
+            "control": dict(self.control.counters),
             "fastpath": self._fastpath_status(),
         }
 
@@ -889,6 +869,10 @@ class IlnpDaemon:
             "sync": {} if fastpath is None else dict(fastpath.stats),
             "programs": {} if fastpath is None else fastpath.program_stats(),
         }
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
 
 
 def _entry_json(entry: IlccEntry) -> dict[str, Any]:
@@ -930,22 +914,6 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
         finally:
             daemon.close()
     return 0
-
-
-def control_request(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Send one JSON request to a daemon's control socket and return its reply."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        buffer = b""
-        while not buffer.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buffer += chunk
-    reply: dict[str, Any] = json.loads(buffer)
-    return reply
 
 
 def parse_nid(text: str) -> int:

@@ -81,6 +81,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.ilcc import EntryEvent, EntryState, IlccEntry, IlccStore, PeerLocator, create_store
 from sixlab.ilnp.policy import AdmissionPolicy, AdmissionRequest, NonePolicy
 from sixlab.wire._errors import ChecksumError, WireError
@@ -106,6 +107,7 @@ from sixlab.wire.ilnp import (
 )
 
 __all__ = [
+    "MAX_LOCATORS",
     "Adopted",
     "Deliver",
     "DropReason",
@@ -118,6 +120,7 @@ __all__ = [
     "PeerLocatorsChanged",
     "PeerNotIlnp",
     "Removed",
+    "check_locator_set",
 ]
 
 _PORTS = struct.Struct("!HH")
@@ -237,6 +240,31 @@ class HostConfig:
     hop_limit: int = 64
 
 
+#: Locators of one host: what the Num of Locs byte of a Locator Update can carry
+#: (RFC 6743 §2); every advertisement holds the whole set.
+MAX_LOCATORS = 255
+
+
+def check_locator_set(locators: Iterable[LocatorEntry]) -> tuple[LocatorEntry, ...]:
+    """Our own locator set, checked: not empty, no locator twice, one LU can carry it.
+
+    Raises :class:`ConfigError`: a set that fails here would break later, in a
+    Locator Update or in the choice of the preferred locator.
+    """
+    new = tuple(locators)
+    if not new:
+        raise ConfigError("locators: a host needs at least one locator")
+    if len(new) > MAX_LOCATORS:
+        raise ConfigError(f"locators: {len(new)}, a Locator Update carries at most {MAX_LOCATORS}")
+    seen: set[int] = set()
+    for entry in new:
+        if entry.locator in seen:
+            quad = ":".join(f"{(entry.locator >> s) & 0xFFFF:x}" for s in (48, 32, 16, 0))
+            raise ConfigError(f"locators: {quad} is given twice")
+        seen.add(entry.locator)
+    return new
+
+
 @dataclass(slots=True)
 class _ReplyHint:
     locator: int
@@ -257,8 +285,7 @@ class IlnpHost:
         store: IlccStore | str = "hash",
         nonce_source: Callable[[int], bytes] = secrets.token_bytes,
     ) -> None:
-        if not config.locators:
-            raise ValueError("a host needs at least one locator")
+        check_locator_set(config.locators)
         self.config = config
         self.policy: AdmissionPolicy = policy if policy is not None else NonePolicy()
         self.ilcc: IlccStore = create_store(store) if isinstance(store, str) else store
@@ -349,9 +376,7 @@ class IlnpHost:
 
     def set_local_locators(self, locators: Iterable[LocatorEntry], now: float) -> None:
         """Our locators changed (a move, a new uplink): tell every active correspondent."""
-        new = tuple(locators)
-        if not new:
-            raise ValueError("a host needs at least one locator")
+        new = check_locator_set(locators)
         self._locators = new
         local = self.local_locator
         for entry in self.ilcc:  # changes entries, never the store: a live iteration is safe

@@ -177,9 +177,16 @@ class Resolver:
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> Resolver:
+        """The resolver of the hosts file at ``path``; :class:`ResolveError` names the
+        file when it cannot be read or parsed."""
         if path is None:
             return cls()
-        return cls(parse_hosts(Path(path).read_text(encoding="utf-8")))
+        try:
+            return cls(parse_hosts(Path(path).read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise ResolveError(f"hosts file {path}: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, ResolveError) as exc:
+            raise ResolveError(f"hosts file {path}: {exc}") from None
 
     def by_nid(self, nid: int) -> Resolution | None:
         return self.hosts.by_nid(nid)

@@ -206,10 +206,19 @@ def _address(name: str, text: str) -> IPv6Address:
         raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
 
 
+def _unicast(name: str, text: str) -> IPv6Address:
+    """A destination: test packets go to one node, so not ``::`` nor a multicast group
+    (STAMP is unicast, RFC 8762 §4; a SID is a unicast address, RFC 8986 §3.1)."""
+    address = _address(name, text)
+    if address.is_unspecified or address.is_multicast:
+        raise _invalid(f"{name}: {text!r} is not a unicast address")
+    return address
+
+
 def _sid_list(name: str, texts: Sequence[str]) -> tuple[IPv6Address, ...]:
     if len(texts) > MAX_SIDS:
         raise _invalid(f"{name}: {len(texts)} SIDs, an SRH holds at most {MAX_SIDS}")
-    return tuple(_address(f"{name}[{i}]", t) for i, t in enumerate(texts))
+    return tuple(_unicast(f"{name}[{i}]", t) for i, t in enumerate(texts))
 
 
 def _choice(name: str, value: int, table: Mapping[Any, _Rep]) -> _Rep:
@@ -294,7 +303,7 @@ def _sender_spec(
     ssid = _ssid(request.ssid)
     if not request.reflector_address:
         raise _invalid("reflector_address: required on a sender")
-    reflector = _address("reflector_address", request.reflector_address)
+    reflector = _unicast("reflector_address", request.reflector_address)
     segments = _sid_list("sid_list", request.sid_list) or None
     source = (
         _address("source_address", request.source_address)
