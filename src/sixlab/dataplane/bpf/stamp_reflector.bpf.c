@@ -290,7 +290,14 @@ default_session:
 	*(__u64 *)(pl + 4) = bpf_cpu_to_be64(stamp_ts(bpf_ktime_get_tai_ns(), cfg, s));
 
 	/* UDP checksum, pseudo-header with the final destination (RFC 8200 §8.1): the
-	 * reply's is the sender's address (Segment List[0]), its source ours. */
+	 * reply's is the sender's address (Segment List[0]), its source ours.
+	 * A second full pass rather than an update of the verified sum (RFC 1624): the
+	 * pseudo-header and ports sum the same both ways, but nearly all of the 44 base
+	 * bytes move or change (T1, Seq, Error Estimate, T2, T3, TTL: RFC 8762 §4.3.1), so
+	 * an update (old and new words) would sum more bytes than this pass; it would save
+	 * only the Extra Padding area (plus tracking the byte lane of each cleared U flag),
+	 * and the verifying sum is in a separate function (stamp_udp6_csum_ok) that would
+	 * have to return it. */
 	__u64 sum = sum_to_end(sum_pseudo(daddr, saddr, ulen), (__u8 *)udp, end);
 	__u16 csum = ~fold(sum);
 	udp->check = csum ? csum : 0xFFFF;
