@@ -15,7 +15,8 @@ What is proved here: the kernel reflector answers a ``socket`` sender on a plain
 SRv6 path, stateless and stateful, NTP and PTP, with sane delays and the return SRH on
 the wire; its replies captured at the sender are byte-identical to what the Python core
 would send, timestamps aside; ping and TCP cross the interface untouched; malformed
-packets are counted and never answered; the collector feeds the sender engine the same
+packets are counted and never answered, nor are packets damaged on the way (bad UDP
+checksum); the collector feeds the sender engine the same
 results the socket plane would; close() detaches, and a SIGKILLed owner is cleaned up
 by the next open().
 """
@@ -386,6 +387,57 @@ def test_xdp_malformed_packets_are_counted_never_answered(chain: Chain) -> None:
         assert counters == {"drop-too-short": 3, "drop-multiplier-zero": 1}
     finally:
         plane.close()
+
+
+def _udp6_csum_errors(node: Node) -> int:
+    """Udp6InCsumErrors of the node's namespace (/proc/net/snmp6)."""
+    for line in node.exec(["cat", "/proc/net/snmp6"]).stdout.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "Udp6InCsumErrors":
+            return int(value)
+    raise AssertionError("no Udp6InCsumErrors in /proc/net/snmp6")
+
+
+def test_xdp_damaged_sender_packet_gets_no_reply(chain: Chain) -> None:
+    """A sender packet damaged on the way (one Seq bit flipped, checksum as sent): the
+    kernel program passes it, the kernel drops it as a checksum error, nobody answers.
+    The same packet intact, sent the same way, is answered in the kernel."""
+    with entered(chain.r.ns):
+        plane = XdpDataplane(DataplaneConfig(PORT, interface="r0"))
+        plane.open()
+    engine = ReflectorEngine(plane, Reflector())  # the user-space path answers too
+    engine.set_default(ReflectorSessionConfig(ssid=None))
+    engine.start()
+    # A raw UDP socket sends the datagram as given: the kernel leaves its checksum alone.
+    raw = chain.s.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    rx = chain.s.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        raw.bind((str(S_ADDR), 0))
+        rx.bind((str(S_ADDR), SENDER_PORT))
+        rx.settimeout(2)
+        payload = wire.encode_sender(
+            wire.SenderPacket(7, ntp_from_ns(time.time_ns()), ErrorEstimate.for_error_ns(1000), 5)
+        )
+        good = build_udp_packet(S_ADDR, R_ADDR, SENDER_PORT, PORT, payload)[40:]
+        damaged = bytearray(good)
+        damaged[8 + 3] ^= 0x04  # Seq 7 -> 3
+        errors = _udp6_csum_errors(chain.r)
+        raw.sendto(bytes(damaged), (str(R_ADDR), 0))
+        raw.sendto(good, (str(R_ADDR), 0))
+        reply = wire.decode_reflector(rx.recv(2048))
+        assert (reply.sender_seq, reply.seq) == (7, 7)  # the intact one, and only it
+        rx.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            rx.recv(2048)
+        assert plane.counters() == {"reflected": 1, "pass-bad-checksum": 1}
+        assert _udp6_csum_errors(chain.r) == errors + 1
+        assert engine.counters.received == 0
+    finally:
+        raw.close()
+        rx.close()
+        engine.shutdown()
+        plane.close()
+    assert engine.error is None
 
 
 def test_xdp_collector_gives_what_the_socket_plane_gives(chain: Chain) -> None:

@@ -31,6 +31,7 @@ from sixlab.dataplane.xdp_plane import (
     session_key,
 )
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.wire import ChecksumError
 from sixlab.wire import stamp as wire
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 from sixlab.wire.timestamp import (
@@ -366,6 +367,86 @@ def test_reflector_passes_what_user_space_answers(refl: Loaded) -> None:
     _counted(refl, arrived(sender_payload(1, 7, tlvs=padding(8)[:-2])), XDP_PASS, (7, "pass-tlv"))
 
 
+def _flipped(data: bytes, offset: int, bit: int = 0x04) -> bytes:
+    """``data`` with one bit flipped at ``offset`` and the UDP checksum left as it was."""
+    b = bytearray(data)
+    b[offset] ^= bit
+    return bytes(b)
+
+
+def _payload_offset(f: bytes) -> int:
+    rx = parse_udp_packet(f[14:])
+    return len(f) - len(rx.payload)
+
+
+#: Sender packet fields (RFC 8762 §4.2.1) that a damaged bit must not carry into a reply:
+#: Seq, T1, Error Estimate (its Multiplier), MBZ, the Extra Padding TLV's value; and one
+#: bit of the IPv6 Source Address (pseudo-header) and of the Checksum field itself.
+DAMAGED = {
+    "seq": lambda f: _payload_offset(f) + 3,
+    "t1": lambda f: _payload_offset(f) + 9,
+    "multiplier": lambda f: _payload_offset(f) + 13,
+    "mbz": lambda f: _payload_offset(f) + 20,
+    "padding": lambda f: _payload_offset(f) + 44 + 4 + 5,
+    "ipv6-source": lambda f: 14 + 8 + 15,
+    "checksum": lambda f: _payload_offset(f) - 1,
+}
+
+
+@pytest.mark.parametrize("field", list(DAMAGED))
+@pytest.mark.parametrize("via", [(), (IPv6Address("fc00::1"),)])
+def test_reflector_never_answers_a_damaged_packet(
+    refl: Loaded, field: str, via: tuple[IPv6Address, ...]
+) -> None:
+    """One bit flipped, checksum unchanged: passed untouched to the kernel and counted;
+    the intact packet is answered as before, with the stateful Seq not used up."""
+    cfg = ReflectorSessionConfig(ssid=7, mode=ReflectorMode.STATEFUL)
+    refl.add(cfg)
+    good = [arrived(sender_payload(seq, 7, tlvs=padding(12)), via=via) for seq in (1, 2)]
+    bad = _flipped(good[0], DAMAGED[field](good[0]))
+    with pytest.raises(ChecksumError):
+        parse_udp_packet(bad[14:], verify_checksum=True)  # the damage is real
+    _counted(refl, bad, XDP_PASS, (NO_SSID, "pass-bad-checksum"))
+    assert refl.counters() == {(NO_SSID, "pass-bad-checksum"): 1}
+    # The Python core answering both intact packets in turn: Seq 0, then 1.
+    expected = expected_reply(cfg, good, [61, 61])
+    for f, exp in zip(good, expected, strict=True):
+        before = time.time_ns()
+        r = run(refl, f)
+        assert r.retval == XDP_TX
+        check_reply(r.data, exp, TimestampFormat.NTP, before, time.time_ns())
+    assert refl.counters() == {(NO_SSID, "pass-bad-checksum"): 1, (7, "reflected"): 2}
+
+
+def test_reflector_bad_checksum_of_the_default_session_and_odd_length(refl: Loaded) -> None:
+    """The default session (default_only: no SSID lookup) and an odd-length datagram,
+    whose last byte is summed padded with zero (RFC 768)."""
+    cfg = ReflectorSessionConfig(ssid=None)
+    refl.add(cfg)
+    cfg_map = refl.map("stamp_cfg")
+    cfg_map.update(bytes(4), pack_config(PORT, 64, refl.tai_offset, default_only=True))
+    try:
+        good = arrived(sender_payload(1, 7, tlvs=padding(7)))
+        assert len(good) % 2 == 1
+        exp = expected_reply(cfg, [good], [61])[0]
+        before = time.time_ns()
+        r = run(refl, good)
+        assert r.retval == XDP_TX
+        check_reply(r.data, exp, TimestampFormat.NTP, before, time.time_ns())
+        _counted(refl, _flipped(good, len(good) - 1), XDP_PASS, (NO_SSID, "pass-bad-checksum"))
+    finally:
+        cfg_map.update(bytes(4), pack_config(PORT, 64, refl.tai_offset))
+    assert refl.counters() == {(NO_SSID, "pass-bad-checksum"): 1, (0x10000, "reflected"): 1}
+
+
+def test_reflector_checksum_zero_is_left_to_the_kernel(refl: Loaded) -> None:
+    refl.add(ReflectorSessionConfig(ssid=7))
+    f = bytearray(arrived(sender_payload(1, 7)))
+    udp = _payload_offset(bytes(f)) - 8
+    f[udp + 6 : udp + 8] = b"\0\0"
+    _counted(refl, bytes(f), XDP_PASS, (NO_SSID, "pass-checksum-zero"))
+
+
 def test_reflector_leaves_other_traffic_alone(refl: Loaded) -> None:
     refl.add(ReflectorSessionConfig(None))
     payload = sender_payload(1, 7)
@@ -388,7 +469,8 @@ def test_reflector_leaves_other_traffic_alone(refl: Loaded) -> None:
 
 
 def test_reflector_fuzz_never_answers_garbage(refl: Loaded) -> None:
-    """Random and mutated frames: PASS or DROP untouched, or a reply with a valid checksum."""
+    """Random and mutated frames: PASS or DROP untouched, or a reply with a valid checksum
+    to a frame whose own checksum verified."""
     import random  # noqa: PLC0415 - seeded local generator
 
     rng = random.Random(862)
@@ -405,6 +487,8 @@ def test_reflector_fuzz_never_answers_garbage(refl: Loaded) -> None:
         if r.retval == XDP_TX:
             rx = parse_udp_packet(r.data[14:], verify_checksum=True)
             assert rx.dst_port == 40000 or rx.src_port == PORT
+            # Answered only what arrived intact (or with its damage summed out).
+            parse_udp_packet(cut[14:], verify_checksum=True)
         elif r.retval == XDP_PASS:
             assert r.data == cut
 
@@ -445,5 +529,55 @@ def test_collector_records_equal_the_socket_plane_view(coll: Loaded) -> None:
         assert run(coll, frame(tlv)).retval == XDP_PASS
         assert ring.consume() == 0
         assert coll.counters() == {(7, "collected"): 1}
+    finally:
+        ring.free()
+
+
+def _reply_frame(payload: bytes, via: tuple[IPv6Address, ...] = ()) -> bytes:
+    """A reflector packet as it reaches the sender: an SRH (if any) at Segments Left 0."""
+    segments = (*via, SENDER) if via else None
+    pkt = bytearray(
+        build_udp_packet(REFLECTOR, SENDER, PORT, PORT, payload, hop_limit=60, segments=segments)
+    )
+    if segments:
+        pkt[24:40] = SENDER.packed
+        pkt[40 + 3] = 0
+    return frame(bytes(pkt))
+
+
+@pytest.mark.parametrize("via", [(), (IPv6Address("fc00::1"),)])
+def test_collector_records_no_damaged_reply(coll: Loaded, via: tuple[IPv6Address, ...]) -> None:
+    """A reply with one bit flipped (T2, T1, Seq...) or a zero checksum is passed to the
+    kernel, which drops it, and counted; nothing is recorded. The intact one is."""
+    coll.map("stamp_senders").update(struct.pack("<I", 7), struct.pack("<I", 1))
+    records: list[bytes] = []
+    ring = libbpf.RingBuffer(coll.map("stamp_records"), records.append)
+    try:
+        reply = wire.encode_reflector(
+            wire.ReflectorPacket(
+                4, ntp_from_ns(time.time_ns()), EE, 7, 123456789, 9, 987654321, EE, 58
+            )
+        )
+        good = _reply_frame(reply, via)
+        base = _payload_offset(good)
+        for offset in (base + 3, base + 20, base + 27, base + 33, base + 40, base - 8):
+            bad = _flipped(good, offset)
+            with pytest.raises(ChecksumError):
+                parse_udp_packet(bad[14:], verify_checksum=True)
+            r = run(coll, bad)
+            assert r.retval == XDP_PASS
+            assert r.data == bad
+        zero = bytearray(good)
+        zero[base - 2 : base] = b"\0\0"
+        assert run(coll, bytes(zero)).retval == XDP_PASS
+        assert ring.consume() == 0
+        assert coll.counters() == {
+            (NO_SSID, "pass-bad-checksum"): 6,
+            (NO_SSID, "pass-checksum-zero"): 1,
+        }
+        assert run(coll, good).retval == XDP_DROP
+        assert ring.consume() == 1
+        assert record_to_received(records[0], coll.tai_offset).payload == reply
+        assert coll.counters()[7, "collected"] == 1
     finally:
         ring.free()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import re
 import struct
 import time
 from ipaddress import IPv6Address
@@ -21,6 +22,7 @@ from sixlab.dataplane import libbpf, xdp_build
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.xdp_plane import (
     MAX_RETURN_SEGMENTS,
+    Reason,
     XdpDataplane,
     measure_tai_offset_ns,
     pack_config,
@@ -183,6 +185,18 @@ def test_sessions_left_to_user_space() -> None:
     assert struct.unpack_from("<H", pack_session(ReflectorSessionConfig(ssid=None)), 4)[0] == (
         default_ee
     )
+
+
+def test_reasons_mirror_the_c_enum() -> None:
+    """``Reason`` has the values of ``enum stamp_reason`` (stamp_common.h), R_MAX aside."""
+    header = (xdp_build.source_dir() / "stamp_common.h").read_text()
+    body = header[header.index("enum stamp_reason {") :]
+    body = body[: body.index("};")]
+    c = {name: int(v) for name, v in re.findall(r"\bR_(\w+) = (\d+),", body)}
+    assert c.pop("MAX") == len(Reason)
+    assert sorted(c.values()) == [r.value for r in Reason]
+    assert c["PASS_BAD_CSUM"] == Reason.PASS_BAD_CHECKSUM
+    assert c["PASS_CSUM"] == Reason.PASS_CHECKSUM_ZERO
 
 
 def test_keys_and_config() -> None:

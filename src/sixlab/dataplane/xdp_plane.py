@@ -25,6 +25,16 @@ and one user-space path share the plane's UDP port:
   answers them. So do packets with TLVs other than Extra Padding, packets shorter than
   the base packet (RFC 8762 §4.6) and packets of no configured session.
 
+Both programs believe a packet only once its UDP checksum verifies (RFC 8200 §8.1):
+one that does not (``pass-bad-checksum``) is passed to the kernel, whose UDP layer drops
+it if it is damaged (``Udp6InCsumErrors``). It may instead be unfinished: a frame sent
+by a local socket through a veth with tx checksum offload on (the default) carries only
+the pseudo-header sum (``CHECKSUM_PARTIAL``) when XDP sees it, even after a router hop
+between namespaces; the kernel delivers those, and the user-space path answers them —
+correct, but at its speed. On a NIC frames arrive with their checksums complete; on a
+veth testbed, turn tx checksum offload off on the interfaces whose frames reach the
+programs (``ethtool -K IF tx off``, as the xdp tests and benchmarks do).
+
 One interface carries one XDP program, so a plane is a reflector or a collector, chosen
 by the first session call. Sessions reach the plane through the data-plane hooks
 (``reflector_session_added`` and the like, ``sixlab.dataplane.base``) that the engines
@@ -119,6 +129,7 @@ class Reason(enum.IntEnum):
     DROP_ADJUST = 10
     PASS_RINGBUF_FULL = 11
     PASS_CHECKSUM_ZERO = 12
+    PASS_BAD_CHECKSUM = 13
 
     @property
     def label(self) -> str:

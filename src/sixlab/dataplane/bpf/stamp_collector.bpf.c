@@ -12,6 +12,11 @@
  * authenticated reply needs its HMAC checked and a TLV area has to reach the core
  * whole, so those, and everything when the ring buffer is full, go on to the kernel
  * (XDP_PASS) and reach the agent through its UDP socket.
+ *
+ * A reply is recorded only if its UDP checksum verifies (stamp_udp6_csum_ok): one
+ * damaged on the way, or with a zero checksum (never valid over IPv6, RFC 8200 §8.1),
+ * is counted and passed on to the kernel, whose UDP layer drops it before the agent's
+ * socket, as it would without this program.
  */
 #include "stamp_common.h"
 
@@ -45,11 +50,24 @@ int stamp_collector(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 	struct udphdr *udp = p.udp;
 	__u8 *pl = (void *)(udp + 1);
-	if (bpf_ntohs(udp->len) != 8 + STAMP_UNAUTH_SIZE || (void *)(pl + STAMP_UNAUTH_SIZE) > end)
+	__u32 ulen = 8 + STAMP_UNAUTH_SIZE;
+	/* The datagram must end the frame: the checksum is summed up to the frame's end.
+	 * (The first bound is the one the verifier reads for the loads below.) */
+	if (bpf_ntohs(udp->len) != ulen || (void *)(pl + STAMP_UNAUTH_SIZE) > end ||
+	    (void *)udp + ulen != end)
 		return XDP_PASS;
 	__u32 key = ((__u32)pl[14] << 8) | pl[15];
 	if (!bpf_map_lookup_elem(&stamp_senders, &key))
 		return XDP_PASS;
+	/* Counted without the SSID, which may be the damaged field. */
+	if (udp->check == 0) {
+		count(STAMP_NO_SSID, R_PASS_CSUM);
+		return XDP_PASS;
+	}
+	if (!stamp_udp6_csum_ok(ctx, udp_offset(&p))) {
+		count(STAMP_NO_SSID, R_PASS_BAD_CSUM);
+		return XDP_PASS;
+	}
 	struct stamp_record *r = bpf_ringbuf_reserve(&stamp_records, sizeof(*r), 0);
 	if (!r) {
 		count(key, R_PASS_RINGBUF);

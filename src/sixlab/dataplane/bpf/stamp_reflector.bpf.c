@@ -17,6 +17,10 @@
  *   6. T3 = a second clock reading, then the UDP checksum over the final destination
  *      (RFC 8200 §8.1), then XDP_TX.
  *
+ * Before step 3, once a session is found, the received UDP checksum is verified
+ * (stamp_udp6_csum_ok): a packet damaged on the way is never answered, but passed on to the
+ * kernel, whose UDP layer drops it (Udp6InCsumErrors).
+ *
  * Everything the kernel program does not handle goes on to the kernel untouched
  * (XDP_PASS), where the agent's user-space path (a UDP socket on the same port) answers
  * it with the Python core: authenticated packets (HMAC-SHA-256 has no place in XDP),
@@ -51,20 +55,6 @@ static __always_inline __u64 stamp_ts(__u64 tai_ns, const struct stamp_config *c
 	if (s->fmt == STAMP_FMT_PTP)
 		return ptp_from_ns(utc + (__u64)s->ptp_offset_ns);
 	return ntp_from_ns(utc);
-}
-
-static __always_inline __u16 fold(__u64 sum)
-{
-	sum = (sum & 0xFFFF) + (sum >> 16);
-	sum = (sum & 0xFFFF) + (sum >> 16);
-	sum = (sum & 0xFFFF) + (sum >> 16);
-	return (__u16)sum;
-}
-
-static __always_inline __u64 sum_addr(const __u8 *a)
-{
-	const __u32 *w = (const __u32 *)a;
-	return (__u64)w[0] + w[1] + w[2] + w[3];
 }
 
 static __always_inline int same_addr(const __u8 *a, const __u8 *b)
@@ -145,6 +135,18 @@ default_session:
 			count(key, R_PASS_AUTH);
 			return XDP_PASS;
 		}
+	}
+	/* Nothing of the packet is believed before its checksum verifies: a damaged Seq, T1
+	 * or Error Estimate would otherwise come back in a reply with a fresh, valid
+	 * checksum. Summed only once a session would answer it: what was passed above the
+	 * kernel verifies itself, and what was dropped no path would answer, damaged or
+	 * not. Before the Multiplier check, so that a damaged Multiplier is not counted as
+	 * a zero one; before the stateful Seq is taken, so that a packet never answered
+	 * does not use one up. A failure is counted without its SSID, which may be the
+	 * damaged field, and left to the kernel (see stamp_udp6_csum_ok). */
+	if (!stamp_udp6_csum_ok(ctx, udp_offset(&p))) {
+		count(STAMP_NO_SSID, R_PASS_BAD_CSUM);
+		return XDP_PASS;
 	}
 	__u16 sender_ee_be = *(__u16 *)(pl + 12);
 	if (!(bpf_ntohs(sender_ee_be) & 0xFF)) {
@@ -287,31 +289,16 @@ default_session:
 	/* T3: the second reading, as late as the checksum allows. */
 	*(__u64 *)(pl + 4) = bpf_cpu_to_be64(stamp_ts(bpf_ktime_get_tai_ns(), cfg, s));
 
-	/* UDP checksum, pseudo-header with the final destination (RFC 8200 §8.1). */
-	__u64 sum = sum_addr(daddr) + sum_addr(saddr) + bpf_htonl(ulen) + bpf_htonl(NH_UDP);
-	/* Eight bytes per step: the two 32-bit halves of each 64-bit load are added to a
-	 * 64-bit accumulator (at most 183 steps of less than 2^33: no overflow); the sum
-	 * is the same as the 16-bit words' modulo 0xFFFF, in the same host order. */
-	__u8 *w = (void *)udp;
-	for (int i = 0; i < STAMP_MAX_UDP / 8; i++) {
-		/* Keep w in one register so the bounds check covers the load. */
-		asm volatile("" : "+r"(w));
-		if ((void *)(w + 8) > end)
-			break;
-		__u64 x = *(__u64 *)w;
-		sum += (x & 0xFFFFFFFF) + (x >> 32);
-		w += 8;
-	}
-	if ((void *)(w + 4) <= end) {
-		sum += *(__u32 *)w;
-		w += 4;
-	}
-	if ((void *)(w + 2) <= end) {
-		sum += *(__u16 *)w;
-		w += 2;
-	}
-	if ((void *)(w + 1) <= end)
-		sum += *w; /* odd length: the last byte padded with zero (network order) */
+	/* UDP checksum, pseudo-header with the final destination (RFC 8200 §8.1): the
+	 * reply's is the sender's address (Segment List[0]), its source ours.
+	 * A second full pass rather than an update of the verified sum (RFC 1624): the
+	 * pseudo-header and ports sum the same both ways, but nearly all of the 44 base
+	 * bytes move or change (T1, Seq, Error Estimate, T2, T3, TTL: RFC 8762 §4.3.1), so
+	 * an update (old and new words) would sum more bytes than this pass; it would save
+	 * only the Extra Padding area (plus tracking the byte lane of each cleared U flag),
+	 * and the verifying sum is in a separate function (stamp_udp6_csum_ok) that would
+	 * have to return it. */
+	__u64 sum = sum_to_end(sum_pseudo(daddr, saddr, ulen), (__u8 *)udp, end);
 	__u16 csum = ~fold(sum);
 	udp->check = csum ? csum : 0xFFFF;
 	/* The hot counter lives in an array: its lookup is inlined by the JIT. */
