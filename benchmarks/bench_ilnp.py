@@ -26,9 +26,9 @@ that commit's sources first on the path (README.md, "ILNP host").
 configuration (policy, store, fast path) and test rank K (0..10), a fresh daemon, the
 echo flow at 1,280 requests/s plus K x 66/s from random new correspondents for 60 s
 (the seed's figures; ``--seconds``, ``--base-rate``, ``--per-process`` change them);
-per test the ILCC size, the echo flow's and the crowd's service, the daemon's latency
-p50/p99 and drops. Writes ``study.json`` and ``study.png`` (the seed's four views) to
-``--out``.
+per test the ILCC size, the echo flow's and the crowd's service, the SUT CPU's busy
+share, the daemon's per-packet time p50/p99 and drops. Writes ``study.json`` and
+``study.png`` (the seed's views, and CPU) to ``--out``.
 
 ``memlat`` (no privileges, gcc): the latency of one dependent random read from a block
 of each size (``benchmarks/memlat.c``, a pointer chase over huge-page-advised memory)
@@ -281,7 +281,7 @@ def run_study(args: argparse.Namespace) -> None:
     points = []
     header = (f"{'config':11} {'rank':>4} {'rep':>3} {'echo %':>7} {'crowd %':>8} "
               f"{'crowd sent':>10} {'ILCC':>7} {'p50 us':>8} {'p99 us':>9} "
-              f"{'drops':>7}")  # fmt: skip
+              f"{'drops':>7} {'cpu %':>6}")  # fmt: skip
     print(header, flush=True)
     with two_node_bench() as tb:
         prepare_bench(tb, gen_cpu=0, sut_cpu=1, gen_rps=False)
@@ -300,7 +300,8 @@ def run_study(args: argparse.Namespace) -> None:
                           f"{100 * point.load_served:>8.1f} {point.load_sent:>10} "
                           f"{point.ilcc_size if point.ilcc_size is not None else '-':>7} "
                           f"{point.latency_p50_us or 0:>8.1f} {point.latency_p99_us or 0:>9.1f} "
-                          f"{drops:>7}", flush=True)  # fmt: skip
+                          f"{drops:>7} {100 * (point.sut_cpu_busy or 0):>6.1f}",
+                          flush=True)  # fmt: skip
                     write_results(points, meta, out / "study.json")
     png = plot_study(points, configs, out / "study.png")
     print(f"\nwrote {out / 'study.json'} and {png}")

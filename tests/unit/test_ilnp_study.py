@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
+import pytest
+
+from sixlab.bench.generator import GeneratorError
 from sixlab.bench.ilnp_study import (
     CONFIGS,
+    CpuBusy,
     StudyPoint,
     _series,
+    cpu_times,
     crowd_frame,
     plot_study,
 )
@@ -86,3 +92,23 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
               for c in ("st-andrews", "sixlab") for r in range(3)]  # fmt: skip
     png = plot_study(points, [CONFIGS["st-andrews"], CONFIGS["sixlab"]], tmp_path / "s.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cpu_times_reads_the_cpu_line(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  10 0 10 100 5 0 0 0 0 0\n"
+        "cpu0 1 0 2 50 1 0 0 0 0 0\n"
+        "cpu1 7 1 3 40 4 2 5 0 0 0\n"  # idle 40 + iowait 4; busy 7+1+3+2+5
+    )
+    assert cpu_times(1, str(stat)) == (18, 62)
+    assert cpu_times(0, str(stat)) == (3, 54)
+    with pytest.raises(GeneratorError, match="no cpu7"):
+        cpu_times(7, str(stat))
+
+
+def test_cpu_busy_is_a_share_of_the_window() -> None:
+    with CpuBusy(0) as busy:
+        time.sleep(0.1)  # ten clock ticks: the share can be anything in [0, 1]
+    assert busy.busy is not None
+    assert 0.0 <= busy.busy <= 1.0

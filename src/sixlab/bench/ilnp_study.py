@@ -47,7 +47,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -65,9 +65,11 @@ from sixlab.wire.ilnp import ILV, Nonce
 
 __all__ = [
     "CONFIGS",
+    "CpuBusy",
     "CrowdLoad",
     "StudyConfig",
     "StudyPoint",
+    "cpu_times",
     "crowd_frame",
     "plot_study",
     "route_crowd_via_generator",
@@ -128,6 +130,9 @@ class StudyPoint:
     daemon_drops: dict[str, int] = field(default_factory=dict)
     ring_drops: int = 0
     link_rx_dropped: int = 0
+    #: Share of the test the SUT's CPU was busy (the daemon, udpecho, the kernel's
+    #: packet work, and the generator's receive of the answers: ``prepare_bench``).
+    sut_cpu_busy: float | None = None
 
     @property
     def base_served(self) -> float:
@@ -241,6 +246,48 @@ def crowd_frame(
     )
 
 
+def cpu_times(cpu: int, stat: str = "/proc/stat") -> tuple[int, int]:
+    """(busy, total) clock ticks of ``cpu`` since boot, from ``/proc/stat``.
+
+    Idle and iowait are idle; everything else (user, nice, system, irq, softirq, steal,
+    ...) is busy. The file is the whole machine's, whatever the namespace.
+    """
+    prefix = f"cpu{cpu} "
+    for line in Path(stat).read_text().splitlines():
+        if line.startswith(prefix):
+            ticks = [int(v) for v in line.split()[1:]]
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+            return sum(ticks) - idle, sum(ticks)
+    raise GeneratorError(f"bench: no cpu{cpu} in {stat}")
+
+
+class CpuBusy:
+    """A context manager: the share of time ``cpu`` was busy while inside (:attr:`busy`)."""
+
+    def __init__(self, cpu: int) -> None:
+        self.cpu = cpu
+        self.busy: float | None = None
+        self._start = (0, 0)
+
+    def __enter__(self) -> Self:
+        self._start = cpu_times(self.cpu)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy, total = cpu_times(self.cpu)
+        elapsed = total - self._start[1]
+        self.busy = (busy - self._start[0]) / elapsed if elapsed > 0 else None
+
+
+@contextlib.contextmanager
+def _together(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """Enter ``managers`` in order, leave them in reverse."""
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
+
+
 def _mac(tb: BenchTestbed, node: Any, ifname: str) -> bytes:
     out = tb.testbed.exec_in(node, ["ip", "-j", "link", "show", ifname]).stdout
     return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
@@ -284,7 +331,10 @@ def run_point(
             payload_size=runner.payload_size,
             seed=rank * 1000 + repetition,
         )
-        result = runner.trial(base_rate, seconds, background=load)
+        busy = CpuBusy(sut_cpu)
+        # Both entered by the trial once its counters are armed and left when the
+        # generator is done: the crowd and the CPU window span the echo flow.
+        result = runner.trial(base_rate, seconds, background=_together(busy, load))
         status: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             status = sut.status()
@@ -307,6 +357,7 @@ def run_point(
         daemon_drops={k: int(v) for k, v in status.get("drops", {}).items()},
         ring_drops=sum(int(r.get("drops", 0)) for r in rings.values()),
         link_rx_dropped=kernel.get("link_rx_dropped", 0),
+        sut_cpu_busy=busy.busy,
     )
 
 
@@ -332,8 +383,16 @@ def _series(
 MIN_LATENCY_SAMPLES = 100
 
 
+def _latency_p50(point: StudyPoint) -> float | None:
+    return point.latency_p50_us if point.latency_samples >= MIN_LATENCY_SAMPLES else None
+
+
 def _latency_p99(point: StudyPoint) -> float | None:
     return point.latency_p99_us if point.latency_samples >= MIN_LATENCY_SAMPLES else None
+
+
+def _cpu_busy(point: StudyPoint) -> float | None:
+    return None if point.sut_cpu_busy is None else 100 * point.sut_cpu_busy
 
 
 def _crowd_served(point: StudyPoint) -> float | None:
@@ -347,12 +406,14 @@ def plot_study(points: Sequence[StudyPoint], configs: Sequence[StudyConfig], png
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
     panels: list[tuple[Any, str, Callable[[StudyPoint], float | None], bool]] = [
         (axes[0][0], "ILCC entries at the end", lambda p: p.ilcc_size, False),
         (axes[0][1], "echo flow served (%)", lambda p: 100 * p.base_served, False),
-        (axes[1][0], "daemon latency p99 (µs)", _latency_p99, True),
-        (axes[1][1], "crowd requests served (%)", _crowd_served, False),
+        (axes[0][2], "crowd requests served (%)", _crowd_served, False),
+        (axes[1][0], "SUT CPU busy (%)", _cpu_busy, False),
+        (axes[1][1], "daemon per-packet time p50 (µs)", _latency_p50, True),
+        (axes[1][2], "daemon per-packet time p99 (µs)", _latency_p99, True),
     ]
     for ax, title, value, log in panels:
         for c in configs:
