@@ -99,7 +99,7 @@ def test_cpu_times_reads_the_cpu_line(tmp_path: Path) -> None:
     stat.write_text(
         "cpu  10 0 10 100 5 0 0 0 0 0\n"
         "cpu0 1 0 2 50 1 0 0 0 0 0\n"
-        "cpu1 7 1 3 40 4 2 5 0 0 0\n"  # idle 40 + iowait 4; busy 7+1+3+2+5
+        "cpu1 7 1 3 40 4 2 5 9 0 0\n"  # busy 7+1+3+2+5, idle 40+4, steal 9 left out
     )
     assert cpu_times(1, str(stat)) == (18, 62)
     assert cpu_times(0, str(stat)) == (3, 54)

@@ -249,15 +249,18 @@ def crowd_frame(
 def cpu_times(cpu: int, stat: str = "/proc/stat") -> tuple[int, int]:
     """(busy, total) clock ticks of ``cpu`` since boot, from ``/proc/stat``.
 
-    Idle and iowait are idle; everything else (user, nice, system, irq, softirq, steal,
-    ...) is busy. The file is the whole machine's, whatever the namespace.
+    Fields (proc(5)): user nice system idle iowait irq softirq steal guest guest_nice.
+    Idle and iowait are idle; user, nice, system, irq and softirq are busy. Steal (time
+    the hypervisor gave to someone else) is left out of both: it is not this machine's
+    work, and on a shared VM it would count a neighbour's load as the SUT's. Guest time
+    is already inside user. The file is the whole machine's, whatever the namespace.
     """
     prefix = f"cpu{cpu} "
     for line in Path(stat).read_text().splitlines():
         if line.startswith(prefix):
-            ticks = [int(v) for v in line.split()[1:]]
-            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-            return sum(ticks) - idle, sum(ticks)
+            ticks = [int(v) for v in line.split()[1:]] + [0] * 10
+            busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+            return busy, busy + ticks[3] + ticks[4]
     raise GeneratorError(f"bench: no cpu{cpu} in {stat}")
 
 
