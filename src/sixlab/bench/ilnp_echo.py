@@ -59,9 +59,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from sixlab._closing import ClosingContext
 from sixlab.bench.generator import (
     GEN_PORT,
     FrameTrialRunner,
@@ -202,7 +202,7 @@ def daemon_has_fastpath() -> bool:
     return "--fastpath" in out
 
 
-class IlnpEchoSut:
+class IlnpEchoSut(ClosingContext):
     """The SUT side: the ILNP host daemon and udpecho, both pinned to ``cpu``.
 
     A context manager; :meth:`status` asks the daemon, :meth:`stop` ends both and keeps
@@ -304,15 +304,8 @@ class IlnpEchoSut:
             self._daemon = None
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """The same as :meth:`stop` (for ``with``)."""
         self.stop()
 
 
