@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import struct
@@ -283,6 +284,7 @@ def run_study(args: argparse.Namespace) -> None:
               f"{'crowd sent':>10} {'ILCC':>7} {'p50 us':>8} {'p99 us':>9} "
               f"{'drops':>7} {'cpu %':>6}")  # fmt: skip
     print(header, flush=True)
+    os.sched_setaffinity(0, {0})  # this process is the generator's side: off the SUT's CPU
     with two_node_bench() as tb:
         prepare_bench(tb, gen_cpu=0, sut_cpu=1, gen_rps=False)
         route_crowd_via_generator(tb)

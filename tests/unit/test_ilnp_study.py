@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from sixlab.bench.ilnp_study import (
     CpuBusy,
     StudyPoint,
     _series,
-    cpu_times,
+    cpu_idle,
     crowd_frame,
     plot_study,
 )
@@ -94,21 +95,31 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cpu_times_reads_the_cpu_line(tmp_path: Path) -> None:
+def test_cpu_idle_reads_idle_and_steal_of_the_cpu(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text(
         "cpu  10 0 10 100 5 0 0 0 0 0\n"
         "cpu0 1 0 2 50 1 0 0 0 0 0\n"
-        "cpu1 7 1 3 40 4 2 5 9 0 0\n"  # busy 7+1+3+2+5, idle 40+4, steal 9 left out
+        "cpu1 7 1 3 40 4 2 5 9 0 0\n"  # idle 40 + iowait 4, steal 9
     )
-    assert cpu_times(1, str(stat)) == (18, 62)
-    assert cpu_times(0, str(stat)) == (3, 54)
+    assert cpu_idle(1, str(stat)) == (44, 9)
+    assert cpu_idle(0, str(stat)) == (51, 0)
     with pytest.raises(GeneratorError, match="no cpu7"):
-        cpu_times(7, str(stat))
+        cpu_idle(7, str(stat))
 
 
-def test_cpu_busy_is_a_share_of_the_window() -> None:
-    with CpuBusy(0) as busy:
-        time.sleep(0.1)  # ten clock ticks: the share can be anything in [0, 1]
+def test_cpu_busy_is_wall_time_less_idle_and_steal(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    hz = os.sysconf("SC_CLK_TCK")
+    stat.write_text("cpu1 0 0 0 1000 0 0 0 0 0 0\n")
+    outer = time.monotonic()
+    with CpuBusy(1, str(stat)) as busy:
+        time.sleep(0.2)
+        # Over the window: 0.05 s idle and 0.05 s stolen (in USER_HZ ticks).
+        quarter = round(0.05 * hz)
+        stat.write_text(f"cpu1 0 0 0 {1000 + quarter} 0 0 0 {quarter} 0 0\n")
+    outer = time.monotonic() - outer
     assert busy.busy is not None
-    assert 0.0 <= busy.busy <= 1.0
+    # busy = 1 - 0.1 s / window, the window being between 0.2 s and the outer time.
+    not_busy = 2 * quarter / hz
+    assert 1 - not_busy / 0.2 - 1e-9 <= busy.busy <= 1 - not_busy / outer + 1e-9

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import socket
 import threading
@@ -69,7 +70,7 @@ __all__ = [
     "CrowdLoad",
     "StudyConfig",
     "StudyPoint",
-    "cpu_times",
+    "cpu_idle",
     "crowd_frame",
     "plot_study",
     "route_crowd_via_generator",
@@ -151,7 +152,9 @@ class CrowdLoad:
     A context manager: entering starts the thread, leaving stops it and keeps the
     number of frames sent in :attr:`sent`. Frames are whole ILNPv6 echo requests
     (:func:`ilnp_echo_frame`) from ``locator``/random NID with a random 32-bit nonce,
-    to the SUT's I-LV; the tag is 0, which no trial uses.
+    to the SUT's I-LV; the tag is 0, which no trial uses. With ``cpu`` the thread runs
+    on that CPU only (the generator's): unpinned, the scheduler moves it to the SUT's CPU
+    whenever the spinning generator keeps its own busy.
     """
 
     def __init__(
@@ -163,8 +166,10 @@ class CrowdLoad:
         target: ILV,
         payload_size: int,
         seed: int = 0,
+        cpu: int | None = None,
     ) -> None:
         self.rate = rate
+        self._cpu = cpu
         self.sent = 0
         self.error: BaseException | None = None
         self._locator = locator
@@ -194,6 +199,8 @@ class CrowdLoad:
 
     def _run(self) -> None:
         assert self._sock is not None
+        if self._cpu is not None:  # this thread only: the generator's side, not the SUT's
+            os.sched_setaffinity(0, {self._cpu})
         start = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -246,40 +253,52 @@ def crowd_frame(
     )
 
 
-def cpu_times(cpu: int, stat: str = "/proc/stat") -> tuple[int, int]:
-    """(busy, total) clock ticks of ``cpu`` since boot, from ``/proc/stat``.
+def cpu_idle(cpu: int, stat: str = "/proc/stat") -> tuple[int, int]:
+    """(idle + iowait, steal) of ``cpu`` since boot, in USER_HZ ticks, from ``/proc/stat``.
 
     Fields (proc(5)): user nice system idle iowait irq softirq steal guest guest_nice.
-    Idle and iowait are idle; user, nice, system, irq and softirq are busy. Steal (time
-    the hypervisor gave to someone else) is left out of both: it is not this machine's
-    work, and on a shared VM it would count a neighbour's load as the SUT's. Guest time
-    is already inside user. The file is the whole machine's, whatever the namespace.
+    Only idle and steal are read, and for a reason: under NOHZ the busy fields are
+    *sampled* at the scheduler tick, which is stopped while the CPU idles, so short
+    bursts of work between idle periods go uncounted (checked here: a thread busy 6 %
+    of the time by its own CPU clock showed as 3 % busy), while idle time is measured
+    at each idle entry and exit. The file is the whole machine's, whatever the
+    namespace.
     """
     prefix = f"cpu{cpu} "
     for line in Path(stat).read_text().splitlines():
         if line.startswith(prefix):
             ticks = [int(v) for v in line.split()[1:]] + [0] * 10
-            busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
-            return busy, busy + ticks[3] + ticks[4]
+            return ticks[3] + ticks[4], ticks[7]
     raise GeneratorError(f"bench: no cpu{cpu} in {stat}")
 
 
 class CpuBusy:
-    """A context manager: the share of time ``cpu`` was busy while inside (:attr:`busy`)."""
+    """A context manager: the share of time ``cpu`` was busy while inside (:attr:`busy`).
 
-    def __init__(self, cpu: int) -> None:
+    Busy is what was neither idle (:func:`cpu_idle`) nor stolen by the hypervisor
+    (time the VM's CPU did not run at all is no work of this machine's), over the
+    wall-clock length of the window. Resolution: one USER_HZ tick (10 ms) at each end.
+    """
+
+    def __init__(self, cpu: int, stat: str = "/proc/stat") -> None:
         self.cpu = cpu
+        self.stat = stat
         self.busy: float | None = None
         self._start = (0, 0)
+        self._t0 = 0.0
 
     def __enter__(self) -> Self:
-        self._start = cpu_times(self.cpu)
+        self._start = cpu_idle(self.cpu, self.stat)
+        self._t0 = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        busy, total = cpu_times(self.cpu)
-        elapsed = total - self._start[1]
-        self.busy = (busy - self._start[0]) / elapsed if elapsed > 0 else None
+        idle, steal = cpu_idle(self.cpu, self.stat)
+        wall = (time.monotonic() - self._t0) * os.sysconf("SC_CLK_TCK")
+        if wall <= 0:
+            return
+        share = 1.0 - (idle - self._start[0] + steal - self._start[1]) / wall
+        self.busy = min(1.0, max(0.0, share))
 
 
 @contextlib.contextmanager
@@ -333,6 +352,7 @@ def run_point(
             target=runner.sut_ilv,
             payload_size=runner.payload_size,
             seed=rank * 1000 + repetition,
+            cpu=runner.gen_cpu,
         )
         busy = CpuBusy(sut_cpu)
         # Both entered by the trial once its counters are armed and left when the
