@@ -16,20 +16,23 @@ daemon per test, so each test starts from an empty ILCC), on ``two_node_bench()`
 * the echo flow is the C generator's fixed ILNPv6 frame (:class:`IlnpEchoTrialRunner`),
   offered at ``base_rate`` for the test's duration, its echoes counted by nftables at
   the generator (the trial's tag);
-* the load (:class:`CrowdLoad`) is a thread of this process on a packet socket in the
-  generator's namespace: echo requests to the same service, each from a fresh random
-  NID on the generator's locator with its own random nonce, paced at
-  ``rank * per_process_rate``; their echoes are counted as the trial's ``stale``
-  answers (they carry no trial tag).
+* the load (:class:`CrowdLoad`) is a thread of this process, pinned to the generator's
+  CPU, on a packet socket in the generator's namespace: echo requests to the same
+  service, each from a fresh random NID on the generator's locator with its own random
+  nonce, paced at ``rank * per_process_rate``; their echoes are counted as the trial's
+  ``stale`` answers (they carry no trial tag).
 
 The random correspondents "live" behind the generator: the SUT's route to the shared
 /64 is set *via* the generator's address (``onlink``), so the SUT's answers to them
-need one neighbour entry, not one Neighbour Discovery per NID (which no host would
-answer, and which would make this a test of the neighbour table).
+need one neighbour entry, not one Neighbour Discovery per NID. Without it no host
+answers those solicitations, the answers wait in neighbour queues holding the daemon's
+raw socket's send buffer, and its sends to every correspondent fail: worth knowing,
+but a test of the neighbour table, not of the ILCC.
 
-After the trial the daemon's ``status`` gives the ILCC size, its per-packet latency
-(ring read to TUN write, p50/p99 of its last samples: the analogue of the seed's
-"kernel latency") and its drop counters; the SUT kernel gives the link's drops.
+During the trial :class:`CpuBusy` measures the SUT CPU's busy share; after it the
+daemon's ``status`` gives the ILCC size, its per-packet time (ring read to TUN write,
+wall clock, p50/p99 of its last samples: the analogue of the seed's "kernel latency")
+and its drop counters; the SUT kernel gives the link's drops.
 
 The configurations (:data:`CONFIGS`): the seed's two kernels — ``st-andrews`` (no
 admission policy, a linear ILCC scanned on every lookup, like the St Andrews code)
