@@ -73,6 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sixlab.bench.ilnp_study import SEED_BASE_RATE, SEED_PER_PROCESS_RATE, SEED_SECONDS
 from sixlab.ilnp import HostConfig, IlccEntry, IlnpHost, create_store
 from sixlab.ilnp.daemon import control_request
 from sixlab.testbed import Testbed
@@ -507,9 +508,10 @@ def main() -> None:
     study = sub.add_parser("study", help="the seed's ILCC study, per configuration")
     study.add_argument("--configs", default="st-andrews,socket,sixlab")
     study.add_argument("--ranks", default="0-10", help="test ranks: 0-10 or 0,5,10")
-    study.add_argument("--seconds", type=float, default=60.0, help="per test (seed: 60)")
-    study.add_argument("--base-rate", type=float, default=1280.0, help="echo flow, requests/s")
-    study.add_argument("--per-process", type=float, default=66.0, help="crowd per rank, /s")
+    study.add_argument("--seconds", type=float, default=SEED_SECONDS, help="per test (seed: 60)")
+    study.add_argument("--base-rate", type=float, default=SEED_BASE_RATE, help="echo flow, /s")
+    study.add_argument("--per-process", type=float, default=SEED_PER_PROCESS_RATE,
+                       help="crowd per rank, /s")  # fmt: skip
     study.add_argument("--repeat", type=int, default=1, help="repetitions (seed: 10)")
     study.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
     study.add_argument("--out", type=Path, help="directory for study.json and study.png")

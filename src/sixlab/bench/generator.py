@@ -86,6 +86,7 @@ __all__ = [
     "build_generator",
     "build_program",
     "generator_ceiling",
+    "interface_mac",
     "prepare_bench",
     "stamp_frame",
 ]
@@ -195,7 +196,8 @@ def stamp_frame(
     return dst_mac + src_mac + _ETHERTYPE_IPV6 + packet
 
 
-def _mac(tb: BenchTestbed, node: Node, ifname: str) -> bytes:
+def interface_mac(tb: BenchTestbed, node: Node, ifname: str) -> bytes:
+    """The MAC address of ``ifname`` in ``node``."""
     out = tb.testbed.exec_in(node, ["ip", "-j", "link", "show", ifname]).stdout
     return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
 
@@ -255,8 +257,8 @@ class FrameTrialRunner(ABC):
         self.gen_cpu = gen_cpu
         self.batch = batch
         self.tick_us = tick_us
-        self._src_mac = _mac(tb, tb.gen, tb.gen_if)
-        self._dst_mac = _mac(tb, tb.sut, tb.sut_if)
+        self._src_mac = interface_mac(tb, tb.gen, tb.gen_if)
+        self._dst_mac = interface_mac(tb, tb.sut, tb.sut_if)
         self._tag = 0
         self.trials: list[TrialResult] = []
 

@@ -49,6 +49,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +58,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sixlab.bench.generator import GeneratorError
+from sixlab.bench.generator import GeneratorError, interface_mac
 from sixlab.bench.ilnp_echo import (
     IlnpEchoSut,
     IlnpEchoTrialRunner,
@@ -85,8 +86,6 @@ __all__ = [
 SEED_BASE_RATE = 1280.0
 SEED_PER_PROCESS_RATE = 66.0
 SEED_SECONDS = 60.0
-SEED_RANKS = tuple(range(11))
-_ETH_P_ALL = 0x0003
 #: The load thread wakes this often and sends what is due (a NIC-like burst).
 _LOAD_TICK_S = 0.002
 #: NIDs the bench itself uses (generator 1, SUT 2) are never drawn for the crowd.
@@ -184,8 +183,8 @@ class CrowdLoad:
         self._sock: socket.socket | None = None
         self._src_mac = self._dst_mac = b""
         if rate > 0:
-            self._src_mac = _mac(tb, tb.gen, tb.gen_if)
-            self._dst_mac = _mac(tb, tb.sut, tb.sut_if)
+            self._src_mac = interface_mac(tb, tb.gen, tb.gen_if)
+            self._dst_mac = interface_mac(tb, tb.sut, tb.sut_if)
             self._sock = tb.gen.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._sock.bind((tb.gen_if, 0))
 
@@ -313,11 +312,6 @@ def _together(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[Non
         yield
 
 
-def _mac(tb: BenchTestbed, node: Any, ifname: str) -> bytes:
-    out = tb.testbed.exec_in(node, ["ip", "-j", "link", "show", ifname]).stdout
-    return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
-
-
 def route_crowd_via_generator(tb: BenchTestbed) -> None:
     """Send the SUT's traffic for the shared /64 through the generator (module doc)."""
     prefix = ILV.from_address(tb.gen_addr).locator
@@ -387,10 +381,6 @@ def run_point(
     )
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 def _series(
     points: Sequence[StudyPoint], config: str, value: Callable[[StudyPoint], float | None]
 ) -> tuple[list[int], list[float]]:
@@ -401,7 +391,7 @@ def _series(
         if p.config == config and v is not None:
             by_rank.setdefault(p.rank, []).append(float(v))
     ranks = sorted(by_rank)
-    return ranks, [_mean(by_rank[r]) for r in ranks]
+    return ranks, [statistics.fmean(by_rank[r]) for r in ranks]
 
 
 #: A latency percentile of fewer samples than this is not plotted (with the fast path the
