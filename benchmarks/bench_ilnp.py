@@ -3,6 +3,7 @@
     python benchmarks/bench_ilnp.py ilcc [--sizes 10,1000000] [--lookups N] [--repeat R]
     python benchmarks/bench_ilnp.py timers [--sizes 10,1000000] [--repeat R]
     python benchmarks/bench_ilnp.py memlat [--mib 1,8,16,32,128]
+    python benchmarks/bench_ilnp.py cpucheck [--cpu 1] [--burst-us 30] [--gap-us 700]
     sudo python benchmarks/bench_ilnp.py daemon [--seconds S] [--window W]
     sudo python benchmarks/bench_ilnp.py echo [--policy none] [--fastpath off] [--json F]
     sudo python benchmarks/bench_ilnp.py study [--configs st-andrews,socket,sixlab] [--out DIR]
@@ -29,6 +30,10 @@ echo flow at 1,280 requests/s plus K x 66/s from random new correspondents for 6
 per test the ILCC size, the echo flow's and the crowd's service, the SUT CPU's busy
 share, the daemon's per-packet time p50/p99 and drops. Writes ``study.json`` and
 ``study.png`` (the seed's views, and CPU) to ``--out``.
+
+``cpucheck`` (no privileges): a thread working ``--burst-us`` then sleeping
+``--gap-us`` on one CPU, its share seen by its own CPU clock, by ``/proc/stat``'s
+tick-sampled busy fields and by ``CpuBusy`` (idle-based, what ``study`` reports).
 
 ``memlat`` (no privileges, gcc): the latency of one dependent random read from a block
 of each size (``benchmarks/memlat.c``, a pointer chase over huge-page-advised memory)
@@ -249,6 +254,33 @@ def run_memlat(args: argparse.Namespace) -> None:
         print(f"least ratio 1M / 10 entries (one read from 16 MiB more): {bound:.2f}")
 
 
+def run_cpucheck(args: argparse.Namespace) -> None:
+    """A thread of known duty cycle on one CPU, seen three ways (CpuBusy's reason)."""
+    from sixlab.bench.ilnp_study import CpuBusy  # noqa: PLC0415
+
+    def ticks() -> list[int]:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith(f"cpu{args.cpu} "):
+                return [int(v) for v in line.split()[1:]]
+        raise SystemExit(f"no cpu{args.cpu} in /proc/stat")
+
+    os.sched_setaffinity(0, {args.cpu})
+    before, wall0, cpu0 = ticks(), time.monotonic(), time.thread_time()
+    with CpuBusy(args.cpu) as busy:
+        end = wall0 + args.seconds
+        while time.monotonic() < end:
+            burst = time.perf_counter()
+            while time.perf_counter() - burst < args.burst_us * 1e-6:
+                pass
+            time.sleep(args.gap_us * 1e-6)
+    after, wall, cpu = ticks(), time.monotonic() - wall0, time.thread_time() - cpu0
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    sampled = d[0] + d[1] + d[2] + d[5] + d[6]
+    print(f"thread's own CPU clock: {cpu / wall:.1%} of CPU {args.cpu}")
+    print(f"/proc/stat busy fields (tick-sampled): {sampled / (sampled + d[3] + d[4]):.1%}")
+    print(f"CpuBusy (1 - (idle + steal) / wall): {busy.busy or 0:.1%}")
+
+
 def _ranks(text: str) -> list[int]:
     """``0-10`` or ``0,2,5``."""
     if "-" in text:
@@ -277,18 +309,20 @@ def run_study(args: argparse.Namespace) -> None:
     out = args.out or Path(f"ilnp-study-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    meta = {"date": stamp, "args": sys.argv[1:], "configs": [c.name for c in configs],
+    meta = {"date": stamp, "args": sys.argv[1:], "crowd_route": args.crowd_route,
+            "configs": [c.name for c in configs],
             "ranks": ranks, "seconds": args.seconds, "base_rate": args.base_rate,
             "per_process_rate": args.per_process, "repeat": args.repeat}  # fmt: skip
     points = []
     header = (f"{'config':11} {'rank':>4} {'rep':>3} {'echo %':>7} {'crowd %':>8} "
               f"{'crowd sent':>10} {'ILCC':>7} {'p50 us':>8} {'p99 us':>9} "
-              f"{'drops':>7} {'cpu %':>6}")  # fmt: skip
+              f"{'drops':>7} {'cpu %':>6} {'tx err':>7}")  # fmt: skip
     print(header, flush=True)
     os.sched_setaffinity(0, {0})  # this process is the generator's side: off the SUT's CPU
     with two_node_bench() as tb:
         prepare_bench(tb, gen_cpu=0, sut_cpu=1, gen_rps=False)
-        route_crowd_via_generator(tb)
+        if args.crowd_route == "via-generator":
+            route_crowd_via_generator(tb)
         runner = IlnpEchoTrialRunner(tb, payload_size=args.payload)
         for config in configs:
             for rank in ranks:
@@ -303,7 +337,8 @@ def run_study(args: argparse.Namespace) -> None:
                           f"{100 * point.load_served:>8.1f} {point.load_sent:>10} "
                           f"{point.ilcc_size if point.ilcc_size is not None else '-':>7} "
                           f"{point.latency_p50_us or 0:>8.1f} {point.latency_p99_us or 0:>9.1f} "
-                          f"{drops:>7} {100 * (point.sut_cpu_busy or 0):>6.1f}",
+                          f"{drops:>7} {100 * (point.sut_cpu_busy or 0):>6.1f} "
+                          f"{point.tx_errors:>7}",
                           flush=True)  # fmt: skip
                     write_results(points, meta, out / "study.json")
     png = plot_study(points, configs, out / "study.png")
@@ -515,6 +550,18 @@ def main() -> None:
     study.add_argument("--repeat", type=int, default=1, help="repetitions (seed: 10)")
     study.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
     study.add_argument("--out", type=Path, help="directory for study.json and study.png")
+    study.add_argument(
+        "--crowd-route",
+        choices=["via-generator", "on-link"],
+        default="via-generator",
+        help="on-link: no route via the generator, each crowd answer needs Neighbour "
+        "Discovery that nobody answers (shows the send-buffer starvation, tx err)",
+    )
+    cpucheck = sub.add_parser("cpucheck", help="CPU busy share: tick-sampled vs idle-based")
+    cpucheck.add_argument("--cpu", type=int, default=1)
+    cpucheck.add_argument("--seconds", type=float, default=5.0)
+    cpucheck.add_argument("--burst-us", type=float, default=30.0)
+    cpucheck.add_argument("--gap-us", type=float, default=700.0)
     memlat = sub.add_parser("memlat")
     memlat.add_argument("--mib", default="1,8,16,32,128")
     memlat.add_argument("--lookups", type=int, default=200_000)
@@ -559,6 +606,8 @@ def main() -> None:
         run_memlat(args)
     elif args.part == "study":
         run_study(args)
+    elif args.part == "cpucheck":
+        run_cpucheck(args)
     else:
         if socket.has_ipv6 is False:
             raise SystemExit("IPv6 needed")

@@ -142,6 +142,7 @@ def test_study_point_tells_the_policies_apart(bench_testbed: BenchTestbed) -> No
         assert p.load_sent > 100, (name, p)  # 2 x 100/s for 1 s, give or take a tick
         assert p.load_echoed == p.load_sent, (name, p)
         assert p.ring_drops == 0, (name, p)
+        assert p.tx_errors == 0, (name, p)  # the crowd is routed: every send goes out
         assert p.latency_samples > 0, (name, p)
     assert points["socket"].ilcc_size == 0
     assert points["none-hash"].ilcc_size == points["none-hash"].load_sent + 1

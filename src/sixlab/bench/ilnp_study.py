@@ -136,6 +136,8 @@ class StudyPoint:
     #: Share of the test the SUT's CPU was busy (the daemon, udpecho, the kernel's
     #: packet work, and the generator's receive of the answers: ``prepare_bench``).
     sut_cpu_busy: float | None = None
+    #: The daemon's raw-socket sends that failed (``wire.tx_error``).
+    tx_errors: int = 0
 
     @property
     def base_served(self) -> float:
@@ -378,6 +380,7 @@ def run_point(
         ring_drops=sum(int(r.get("drops", 0)) for r in rings.values()),
         link_rx_dropped=kernel.get("link_rx_dropped", 0),
         sut_cpu_busy=busy.busy,
+        tx_errors=int(status.get("wire", {}).get("tx_error", 0)),
     )
 
 
