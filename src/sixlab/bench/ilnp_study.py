@@ -263,9 +263,9 @@ def cpu_idle(cpu: int, stat: str = "/proc/stat") -> tuple[int, int]:
     Fields (proc(5)): user nice system idle iowait irq softirq steal guest guest_nice.
     Only idle and steal are read, and for a reason: under NOHZ the busy fields are
     *sampled* at the scheduler tick, which is stopped while the CPU idles, so short
-    bursts of work between idle periods go uncounted (checked here: a thread busy 6 %
-    of the time by its own CPU clock showed as 3 % busy), while idle time is measured
-    at each idle entry and exit. The file is the whole machine's, whatever the
+    bursts of work between idle periods go uncounted (``bench_ilnp.py cpucheck`` shows
+    it against a thread's own CPU clock), while idle time is measured at each idle
+    entry and exit. The file is the whole machine's, whatever the
     namespace.
     """
     prefix = f"cpu{cpu} "
