@@ -37,7 +37,7 @@ MS = 1_000_000
 CONTROLLER_CMD = [
     sys.executable,
     "-c",
-    "import sys; from sixlab.controller._cli import main; "
+    "import sys; from sixlab.cli.controller import main; "
     "sys.exit(main(['controller', *sys.argv[1:]]))",
 ]
 Code = grpc.StatusCode

@@ -1,6 +1,6 @@
 """``sixlab controller``: argument errors, error lines, conversions and default addresses.
 
-The CLI runs in this process through ``sixlab.controller._cli.main``; nothing here needs
+The CLI runs in this process through ``sixlab.cli.controller.main``; nothing here needs
 a controller or an agent (the end-to-end runs are in tests/integration/test_northbound.py).
 """
 
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.controller._cli import (
+from sixlab.cli.controller import (
     main,
     parse_metrics_address,
     record_json,

@@ -40,7 +40,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sixlab._grpcserver import unary
 from sixlab.controller.core import (
     CollectMode,
     Controller,
@@ -61,6 +60,7 @@ from sixlab.controller.store import (
 from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
 from sixlab.southbound.client import SouthboundError
+from sixlab.southbound.rpcserver import unary
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
 
