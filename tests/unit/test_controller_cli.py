@@ -25,6 +25,7 @@ from sixlab.cli.controller import (
     session_json,
     stats_json,
 )
+from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller.client import (
     ControllerClient,
     NorthboundError,
@@ -56,7 +57,6 @@ from sixlab.controller.store import (
     SessionRow,
     StoreError,
 )
-from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound.client import SouthboundError
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
