@@ -521,3 +521,69 @@ def test_entry_expired_on_the_data_path_is_removed_at_once(late: str) -> None:
         a.set_local_locators([LocatorEntry(LOC_A2)], 700.1)
         assert a.datagrams_to_send() == []
     assert a.get_timer() is None
+
+
+def established() -> tuple[IlnpHost, IlnpHost]:
+    """A and B after one exchange each way: both know both nonces."""
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"hi"), 0.1)
+    deliver(b, a, 0.1)
+    events(a)
+    events(b)
+    return a, b
+
+
+def restarted_a() -> IlnpHost:
+    """A again after a restart: same NID and locator, no state, other nonces."""
+    config = HostConfig(A_NID, (LocatorEntry(LOC_A1, 10, 600),))
+    fresh = itertools.count(1000)
+    return IlnpHost(config, nonce_source=lambda n: next(fresh).to_bytes(n, "big"))
+
+
+def test_restarted_peer_gets_a_new_session_once_its_old_one_is_silent() -> None:
+    """Issue 12 #3: B keeps A's old nonce; A restarts with a new one. B drops it while
+    A's old session was heard recently (an off-path forger cannot reset a live
+    session), then takes the new nonce as a new session and both directions work."""
+    _, b = established()
+    a = restarted_a()
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=1.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"again"), 1.0)
+    deliver(a, b, 1.0)
+    assert b.counters[DropReason.NONCE_MISMATCH] == 1
+    assert not [e for e in events(b) if isinstance(e, Deliver)]
+    later = 0.1 + b.config.restart_grace
+    a.send(udp(A_NID, B_NID, 5000, 7, b"still there"), later)
+    deliver(a, b, later)
+    got = events(b)
+    assert Removed(A_NID, "peer_restarted") in got
+    assert [e.packet for e in got if isinstance(e, Deliver)] == [
+        udp(A_NID, B_NID, 5000, 7, b"still there")
+    ]
+    entry = b.ilcc.get(A_NID)
+    assert entry is not None
+    assert entry.peer_nonce == a.ilcc.get(B_NID).local_nonce  # type: ignore[union-attr]
+    b.send(udp(B_NID, A_NID, 7, 5000, b"welcome back"), later + 0.1)
+    deliver(b, a, later + 0.1)
+    assert [e.packet for e in events(a) if isinstance(e, Deliver)] == [
+        udp(B_NID, A_NID, 7, 5000, b"welcome back")
+    ]
+
+
+def test_restart_guess_cannot_reset_a_session_the_kernel_hears() -> None:
+    """A session carried by the fast path is heard through its activity reports
+    (``mark_used(heard=True)``): a packet with another nonce never resets it."""
+    _, b = established()
+    forged = IlnpPacket(
+        ILV(LOC_A1, A_NID),
+        ILV(LOC_B, B_NID),
+        17,
+        decode_packet(udp(A_NID, B_NID, 5000, 7, b"x")).payload,
+        Nonce(b"evil"),
+    )
+    for second in range(1, 30):
+        b.mark_used(A_NID, float(second), heard=True)
+        b.receive(encode_packet(forged), second + 0.5)
+    assert b.counters[DropReason.NONCE_MISMATCH] == 29
+    assert b.counters["removed_peer_restarted"] == 0

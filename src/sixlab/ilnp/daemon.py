@@ -610,8 +610,8 @@ class IlnpDaemon:
                 return self._ifindex[name]
         return None
 
-    def _on_active(self, nid: int) -> None:
-        self.host.mark_used(nid, self.clock())
+    def _on_active(self, nid: int, heard: bool = False) -> None:
+        self.host.mark_used(nid, self.clock(), heard=heard)
 
     def _usable_locators(self) -> list[int]:
         return [e.locator for e in self._configured if e.locator not in self._withdrawn]

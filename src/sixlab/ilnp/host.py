@@ -225,6 +225,13 @@ class HostConfig:
     #: The reply table for correspondents the policy did not adopt: small and bounded.
     reply_capacity: int = 256
     reply_ttl: float = 30.0
+    #: A known correspondent whose packets all failed the nonce check for this long
+    #: (nothing valid heard) and that now sends another nonce is taken to have
+    #: restarted: its old session is removed and the packet starts a new one, through
+    #: admission like any newcomer (RFC 6744 §2: a nonce lives as long as its session;
+    #: docs/ilnp-field.md). Three of the kernel fast path's one-second activity periods,
+    #: so that a session it carries is never mistaken for a dead one.
+    restart_grace: float = 3.0
     #: Ask the policy again, at most this often, about a correspondent answered through
     #: the reply table (None: never). A TCP server's socket is only connected after the
     #: handshake, long after the first packet; like the FreeBSD prototype's tentative
@@ -489,11 +496,15 @@ class IlnpHost:
         ):
             self._locator_update(packet, now)
             return
-        peer = packet.src.nid
-        entry = self.ilcc.get(peer)
+        entry = self.ilcc.get(packet.src.nid)
         if entry is not None:
             self._receive_known(entry, packet, now)
             return
+        self._receive_unknown(packet, now)
+
+    def _receive_unknown(self, packet: IlnpPacket, now: float) -> None:
+        """A packet from a NID without an ILCC entry: reply table, else admission."""
+        peer = packet.src.nid
         hint = self._replies.get(peer)
         if hint is not None and (
             packet.nonce == hint.peer_nonce
@@ -524,6 +535,12 @@ class IlnpHost:
                 entry.peer_nonce = packet.nonce
                 learned = True
             elif packet.nonce != entry.peer_nonce:
+                if now - entry.last_heard >= self.config.restart_grace:
+                    # Nothing valid heard for a while and a new nonce: the peer
+                    # restarted (docs/ilnp-field.md). A fresh session, admitted anew.
+                    self._remove(peer, "peer_restarted")
+                    self._receive_unknown(packet, now)
+                    return
                 self._drop(DropReason.NONCE_MISMATCH, peer)
                 return
         elif entry.peer_nonce is None or (
@@ -541,6 +558,7 @@ class IlnpHost:
             entry.carry_nonce = False  # the peer answered: it knows our nonce
             self._changed(entry)
         self._use(entry, now)
+        entry.last_heard = now
         self._deliver(packet)
 
     @staticmethod
@@ -748,6 +766,7 @@ class IlnpHost:
                 return
             entry.fire(EntryEvent.LU_ACKED)
             entry.lu_next = None
+            entry.last_heard = now
             self._changed(entry)
             self.counters["lu_acked"] += 1
             self._events.append(LocatorUpdateAcked(peer))
@@ -759,6 +778,7 @@ class IlnpHost:
         entry.fire(EntryEvent.PEER_UPDATE)
         self._changed(entry)
         self._use(entry, now)
+        entry.last_heard = now
         self.counters["lu_received"] += 1
         self._events.append(PeerLocatorsChanged(peer, update.locators))
         best = entry.best_locator()
@@ -816,16 +836,21 @@ class IlnpHost:
             peer_nonce=peer_nonce,
             created=now,
             last_used=now,
+            last_heard=now if peer_nonce is not None else 0.0,
         )
 
-    def mark_used(self, nid: int, now: float) -> None:
+    def mark_used(self, nid: int, now: float, *, heard: bool = False) -> None:
         """``nid``'s traffic went through a path outside the host (the kernel fast path).
 
-        Keeps its entry's LRU place and idle timer as a packet through here would.
+        Keeps its entry's LRU place and idle timer as a packet through here would;
+        ``heard``: a packet *from* the peer passed the kernel's nonce check, which
+        also keeps its session safe from a restart guess (``restart_grace``).
         """
         entry = self.ilcc.get(nid)
         if entry is not None:
             self._use(entry, now)
+            if heard:
+                entry.last_heard = now
 
     def _advance(self, entry: IlccEntry, now: float) -> bool:
         """Age ``entry`` on a send or receive; True if it changed and is still in the ILCC.

@@ -176,6 +176,10 @@ class IlccEntry:
     state: EntryState = EntryState.ACTIVE
     created: float = 0.0
     last_used: float = 0.0
+    #: When a packet from the peer last passed the nonce and locator checks (in the
+    #: host or, as reported, in the kernel fast path): a peer heard from recently keeps
+    #: its session against a packet with another nonce (docs/ilnp-field.md, restart).
+    last_heard: float = 0.0
     #: Carry our nonce until the peer has answered (the first packets of a session) and
     #: again after a locator change (PROTOCOLS.md, RFC 6740/6744).
     carry_nonce: bool = True
