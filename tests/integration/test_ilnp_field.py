@@ -16,11 +16,14 @@ import pytest
 
 from sixlab.testbed import Testbed
 from tests.integration.test_ilnp_daemon import (
+    ECHO_PORT,
+    ID_A,
     ID_B,
     PREFIX,
     EchoServer,
     IlnpNet,
     a_client,
+    wait_until,
 )
 
 pytestmark = pytest.mark.root
@@ -75,3 +78,31 @@ def test_restarted_host_reaches_its_peers_again(net: IlnpNet, policy: str) -> No
             assert db.counter("removed_peer_restarted") == 1
     finally:
         echo.close()
+
+
+def test_move_is_acknowledged_by_a_peer_added_by_name_before_it_ever_answered(
+    net: IlnpNet,
+) -> None:
+    """Issue 12 #6: A adds B with ``add-peer``, sends it one datagram B never answers
+    (a socket that does not reply), then moves: B's acknowledgement completes it."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    assert da.request("add-peer", name="bob") == {"ok": True, "nid": "0:0:0:b"}
+    silent = net.b.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    silent.bind((ID_B, ECHO_PORT))
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        client.bind((ID_A, 0))
+        client.sendto(b"anyone?", (ID_B, ECHO_PORT))
+        wait_until(lambda: db.status()["ilcc_size"] == 1, what="B adopts A")
+        (entry,) = da.request("cache")["entries"]
+        assert entry["peer_nonce"] is None
+        net.r.add_address("ra", "2001:db8:c::1")
+        net.a.add_address("eth0", "2001:db8:c::a")
+        da.request("set-locators", locators=["2001:db8:c:0,0", "2001:db8:a:0,10"])
+        wait_until(lambda: da.counter("lu_acked") >= 1, what="LU acknowledged")
+    finally:
+        client.close()
+        silent.close()
+    assert da.counter("lu_bad_nonce") == 0
+    assert da.counter("lu_failed") == 0

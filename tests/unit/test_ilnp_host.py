@@ -587,3 +587,39 @@ def test_restart_guess_cannot_reset_a_session_the_kernel_hears() -> None:
         b.receive(encode_packet(forged), second + 0.5)
     assert b.counters[DropReason.NONCE_MISMATCH] == 29
     assert b.counters["removed_peer_restarted"] == 0
+
+
+def test_ack_from_a_peer_added_by_name_is_taken_before_any_data() -> None:
+    """Issue 12 #6: A added B by name (no nonce of B's yet); B heard A but never sent.
+    A moves: B's acknowledgement teaches A B's nonce instead of being dropped, and the
+    update completes. An ack from a locator not in B's set is still refused."""
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, b, 0.0)
+    assert a.ilcc.get(B_NID).peer_nonce is None  # type: ignore[union-attr]
+    a.set_local_locators([LocatorEntry(LOC_A2, 5, 600)], now=1.0)
+    deliver(a, b, 1.0)
+    (ack,) = b.datagrams_to_send()
+    spoofed = decode_packet(ack)
+    elsewhere = IlnpPacket(
+        ILV(0x2001_0DB8_0666_0001, B_NID),
+        spoofed.dst,
+        58,
+        encode_locator_update(
+            LocatorUpdate(LuOperation.ACKNOWLEDGEMENT, (LocatorEntry(LOC_A2, 5, 600),)),
+            ILV(0x2001_0DB8_0666_0001, B_NID).packed,
+            spoofed.dst.packed,
+        ),
+        spoofed.nonce,
+    )
+    a.receive(encode_packet(elsewhere), 1.05)
+    assert a.counters[DropReason.LU_BAD_NONCE] == 1
+    a.receive(ack, 1.1)
+    assert LocatorUpdateAcked(B_NID) in events(a)
+    entry = a.ilcc.get(B_NID)
+    assert entry is not None
+    assert entry.state is EntryState.ACTIVE
+    assert entry.peer_nonce == b.ilcc.get(A_NID).local_nonce  # type: ignore[union-attr]
+    assert a.counters[DropReason.LU_BAD_NONCE] == 1
+    a.handle_timer(5.0)
+    assert a.datagrams_to_send() == []  # no retransmission: the update is done

@@ -749,7 +749,16 @@ class IlnpHost:
             self._drop(DropReason.LU_UNKNOWN_PEER, peer)
             return
         # The nonce alone authenticates an LU: it comes from a locator not yet known.
-        if packet.nonce is None or packet.nonce != entry.peer_nonce:
+        # A peer whose nonce we never saw (added by name, silent since) is learned from
+        # its LU, as from its first data packet, if it comes from a locator of its set
+        # (docs/ilnp-field.md, "Locator Update from a peer not heard yet").
+        learn = (
+            entry.peer_nonce is None
+            and packet.nonce is not None
+            and (source := entry.find_locator(packet.src.locator)) is not None
+            and source.next_deadline() is not None
+        )
+        if packet.nonce is None or (packet.nonce != entry.peer_nonce and not learn):
             self._drop(DropReason.LU_BAD_NONCE, peer)
             return
         try:
@@ -764,6 +773,8 @@ class IlnpHost:
             if entry.state is not EntryState.LU_PENDING or update.locators != entry.lu_advertised:
                 self._drop(DropReason.LU_UNEXPECTED_ACK, peer)
                 return
+            if learn:
+                entry.peer_nonce = packet.nonce
             entry.fire(EntryEvent.LU_ACKED)
             entry.lu_next = None
             entry.last_heard = now
@@ -774,6 +785,8 @@ class IlnpHost:
         if not update.locators:
             self._drop(DropReason.MALFORMED, peer)
             return
+        if learn:
+            entry.peer_nonce = packet.nonce
         entry.replace_locators(update.locators, now)
         entry.fire(EntryEvent.PEER_UPDATE)
         self._changed(entry)
