@@ -7,6 +7,7 @@ C beside them (here also the plain IPv6 host, which runs no daemon).
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -15,13 +16,19 @@ from pathlib import Path
 import pytest
 
 from sixlab.testbed import Testbed
+from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
 from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
     ID_A,
     ID_B,
+    LOC_B,
+    LOC_FLOOD,
+    NID_B,
     PREFIX,
     EchoServer,
     IlnpNet,
+    UdpFlow,
+    _udp,
     a_client,
     wait_until,
 )
@@ -106,3 +113,48 @@ def test_move_is_acknowledged_by_a_peer_added_by_name_before_it_ever_answered(
         silent.close()
     assert da.counter("lu_bad_nonce") == 0
     assert da.counter("lu_failed") == 0
+
+
+def test_bounded_flood_never_evicts_the_fast_path_correspondent(net: IlnpNet) -> None:
+    """Issue 12 #7: under a random-NID flood against a cap of 50, the echo client
+    whose traffic the kernel carries (activity reported once a second) keeps its entry
+    on B: never evicted and adopted again, and its echo never stops."""
+    net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="bounded", extra=("--capacity", "50"))
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B, gap=0.01).start()
+    raw = net.c.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    rng = random.Random(12)
+    b_addr = ILV(LOC_B, NID_B)
+    try:
+        wait_until(lambda: len(udp.answered) > 20, what="echo answering")
+        wait_until(lambda: db.status()["fastpath"]["entries"] == 1, what="A in B's kernel")
+        (before,) = db.request("cache")["entries"]
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < 6.0:
+            nid = rng.getrandbits(64) | 0x100
+            packet = IlnpPacket(
+                ILV(LOC_FLOOD, nid),
+                b_addr,
+                17,
+                _udp(nid, NID_B, 40000, ECHO_PORT, b"load"),
+                Nonce(rng.randbytes(4)),
+            )
+            raw.sendto(encode_packet(packet), (str(b_addr.address), 0))
+            sent += 1
+            if sent % 20 == 0:
+                time.sleep(0.02)  # ~1,000 newcomers a second
+        answered_during = len(udp.answered)
+        time.sleep(0.5)
+        assert len(udp.answered) > answered_during
+    finally:
+        udp.stop()
+        raw.close()
+        echo.close()
+    status = db.status()
+    assert status["ilcc_size"] == 50
+    assert status["counters"].get("removed_evicted", 0) > 0  # the flood churned
+    entries = {e["peer_nid"]: e for e in db.request("cache")["entries"]}
+    assert entries["0:0:0:a"]["created"] == before["created"]  # never evicted
+    assert not udp.errors

@@ -230,7 +230,7 @@ def test_parameter_problem_marks_peer_non_ilnp_and_falls_back() -> None:
     assert ipv6_checksum(packet.src.packed, packet.dst.packed, 17, packet.payload) == 0
 
 
-def flood(host: IlnpHost, count: int, seed: int = 1) -> None:
+def flood(host: IlnpHost, count: int, seed: int = 1, *, gap: float = 0.001) -> None:
     rng = random.Random(seed)
     for i in range(count):
         nid = rng.getrandbits(64)
@@ -242,7 +242,7 @@ def flood(host: IlnpHost, count: int, seed: int = 1) -> None:
             payload,
             Nonce(rng.randbytes(4)),
         )
-        host.receive(encode_packet(packet), now=i * 0.001)
+        host.receive(encode_packet(packet), now=i * gap)
 
 
 class FakeSockets:
@@ -309,9 +309,11 @@ def test_no_socket_at_all_is_counted_separately() -> None:
 
 def test_flood_stays_under_cap_with_bounded_policy_and_idle_entries_expire() -> None:
     host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=50, idle_timeout=5.0))
-    flood(host, 300)
+    flood(host, 300, gap=0.01)  # 100 newcomers a second for 3 s
     assert len(host.ilcc) == 50
-    assert host.counters["removed_evicted"] == 250
+    # Past the cap, a newcomer evicts an entry at least ACTIVE_WINDOW old, or is refused.
+    assert host.counters["removed_evicted"] == 50
+    assert host.counters["not_adopted_all_active"] == 200
     timer = host.get_timer()
     assert timer is not None
     host.handle_timer(10.0)
@@ -460,7 +462,7 @@ def test_take_touched_reports_late_adoption_and_non_ilnp_peer() -> None:
 def test_take_touched_reports_eviction_by_policy() -> None:
     host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=2, idle_timeout=5.0))
     host.take_touched()
-    flood(host, 3)
+    flood(host, 3, gap=1.0)
     (evicted,) = {e.peer_nid for e in events(host) if isinstance(e, Removed)}
     touched = host.take_touched()
     assert len(touched) == 3
@@ -623,3 +625,29 @@ def test_ack_from_a_peer_added_by_name_is_taken_before_any_data() -> None:
     assert a.counters[DropReason.LU_BAD_NONCE] == 1
     a.handle_timer(5.0)
     assert a.datagrams_to_send() == []  # no retransmission: the update is done
+
+
+def test_bounded_never_evicts_a_correspondent_active_in_the_last_period() -> None:
+    """Issue 12 #7: a fast-path peer is marked used once a second (the kernel's
+    activity reports); 100 newcomers a second against a cap of 20 must not evict it."""
+    host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=20, idle_timeout=60))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, host, 0.0)
+    assert host.ilcc.get(A_NID) is not None
+    rng = random.Random(7)
+    for tick in range(1000):  # 10 s
+        now = tick * 0.01
+        if tick % 100 == 0:
+            host.mark_used(A_NID, now, heard=True)
+        nid = rng.getrandbits(64) | 0x100
+        payload = struct.pack("!HHHH", 40000, 7, 12, 0) + b"echo"
+        packet = IlnpPacket(
+            ILV(0x2001_0DB8_00FF_0000, nid), ILV(LOC_B, B_NID), 17, payload, Nonce(b"\1\2\3\4")
+        )
+        host.receive(encode_packet(packet), now)
+    assert Removed(A_NID, "evicted") not in events(host)
+    assert host.ilcc.get(A_NID) is not None
+    assert len(host.ilcc) == 20
+    assert host.counters["removed_evicted"] > 0  # newcomers still churn among themselves
