@@ -158,3 +158,32 @@ def test_bounded_flood_never_evicts_the_fast_path_correspondent(net: IlnpNet) ->
     entries = {e["peer_nid"]: e for e in db.request("cache")["entries"]}
     assert entries["0:0:0:a"]["created"] == before["created"]  # never evicted
     assert not udp.errors
+
+
+def test_server_with_a_non_connected_socket_moves_and_its_clients_follow(net: IlnpNet) -> None:
+    """Issue 12 #4: A serves a UDP echo from a non-connected socket (policy socket: B is
+    answered through A's reply table, never adopted) and moves; B's flow follows."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"])
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    echo = EchoServer(net.a, ID_A)
+    udp = UdpFlow(net.b, ID_B, ID_A).start()
+    try:
+        wait_until(lambda: len(udp.answered) > 20, what="echo answering")
+        assert da.status()["ilcc_size"] == 0
+        net.r.add_address("ra", "2001:db8:c::1")
+        net.a.add_address("eth0", "2001:db8:c::a")
+        da.request("set-locators", locators=["2001:db8:c:0,0", "2001:db8:a:0,10"])
+        wait_until(lambda: da.counter("lu_acked") >= 1, what="first LU acknowledged")
+        da.request("set-locators", locators=["2001:db8:c:0,0"])
+        wait_until(lambda: da.counter("lu_acked") >= 2, what="second LU acknowledged")
+        net.ip(net.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+        moved_at = len(udp.answered)
+        time.sleep(1.5)
+        assert len(udp.answered) > moved_at + 20
+    finally:
+        udp.stop()
+        echo.close()
+    assert not udp.errors
+    assert udp.answered == set(range(udp.sent))
+    (entry,) = db.request("cache")["entries"]
+    assert [p["locator"] for p in entry["locators"]] == ["2001:db8:c:0"]

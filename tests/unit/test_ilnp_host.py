@@ -651,3 +651,62 @@ def test_bounded_never_evicts_a_correspondent_active_in_the_last_period() -> Non
     assert host.ilcc.get(A_NID) is not None
     assert len(host.ilcc) == 20
     assert host.counters["removed_evicted"] > 0  # newcomers still churn among themselves
+
+
+def test_move_reaches_a_correspondent_answered_through_the_reply_table() -> None:
+    """Issue 12 #4: B serves A with a non-connected socket (policy socket: A is not
+    adopted, B answers through the reply table). B moves: A still gets B's Locator
+    Update, acknowledges it, and sends to the new locator; an unanswered update is
+    retransmitted and given up like an entry's."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"ping"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"pong"), 0.1)
+    deliver(b, a, 0.1)
+    assert len(b.ilcc) == 0
+    assert b.reply_table_size == 1
+    new_loc = 0x2001_0DB8_000B_0002
+    b.set_local_locators([LocatorEntry(new_loc, 0, 600)], now=1.0)
+    (lu,) = deliver(b, a, 1.0)
+    assert decode_packet(lu).dst == ILV(LOC_A1, A_NID)
+    assert PeerLocatorsChanged(B_NID, (LocatorEntry(new_loc, 0, 600),)) in events(a)
+    deliver(a, b, 1.05)  # the acknowledgement
+    assert LocatorUpdateAcked(A_NID) in events(b)
+    b.handle_timer(2.0)
+    assert b.datagrams_to_send() == []  # acknowledged: no retransmission
+    a.send(udp(A_NID, B_NID, 5000, 7, b"after"), 3.0)
+    (moved,) = deliver(a, b, 3.0)
+    assert decode_packet(moved).dst == ILV(new_loc, B_NID)
+    assert [e for e in events(b) if isinstance(e, Deliver)]
+
+    # A second move that nobody acknowledges: retransmitted, then given up.
+    b.set_local_locators([LocatorEntry(LOC_B, 0, 600)], now=4.0)
+    now = 4.0
+    while (timer := b.get_timer()) is not None and timer < 20.0:
+        now = timer
+        b.handle_timer(now)
+    assert len(b.datagrams_to_send()) == b.config.lu_max_tries
+    assert LocatorUpdateFailed(A_NID) in events(b)
+
+
+def test_reply_table_correspondent_that_moves_is_acknowledged() -> None:
+    """The other way round: A (B's client, not adopted by B) moves; B acknowledges
+    from its reply table and answers at the new locator."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"ping"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"pong"), 0.1)
+    deliver(b, a, 0.1)
+    a.set_local_locators([LocatorEntry(LOC_A2, 0, 600)], now=1.0)
+    deliver(a, b, 1.0)
+    deliver(b, a, 1.05)
+    assert LocatorUpdateAcked(B_NID) in events(a)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"to the new place"), 1.1)
+    (reply,) = deliver(b, a, 1.1)
+    assert decode_packet(reply).dst == ILV(LOC_A2, A_NID)

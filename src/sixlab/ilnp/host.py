@@ -279,6 +279,10 @@ class _ReplyHint:
     local_nonce: Nonce
     expires: float
     retry_at: float = 0.0
+    #: Our Locator Update to this correspondent (see ``set_local_locators``).
+    lu_advertised: tuple[LocatorEntry, ...] = ()
+    lu_tries: int = 0
+    lu_next: float | None = None
 
 
 class IlnpHost:
@@ -306,6 +310,10 @@ class IlnpHost:
         self._touched: set[int] | None = None
         #: (due, nid) of ILCC entries, a heap invalidated lazily (module docstring).
         self._timers: list[tuple[float, int]] = []
+        #: (due, nid) of Locator Update retransmissions to reply-table correspondents:
+        #: every due time is now + lu_interval, so appending keeps the queue in order;
+        #: an item is stale unless the hint still waits with that very due time.
+        self._hint_lus: deque[tuple[float, int]] = deque()
 
     # ------------------------------------------------------------------ outputs
 
@@ -395,6 +403,13 @@ class IlnpHost:
                 entry.lu_tries = 0
                 self._send_advertisement(entry, now)
             self._changed(entry)
+        # Correspondents answered through the reply table talk to us too (a client of a
+        # non-connected server, say): they get the same update (docs/ilnp-field.md).
+        for nid, hint in self._replies.items():
+            if hint.expires > now:
+                hint.lu_advertised = new
+                hint.lu_tries = 0
+                self._send_hint_advertisement(nid, hint, now)
 
     # ------------------------------------------------------------------ timers
 
@@ -411,7 +426,17 @@ class IlnpHost:
             times.append(policy_deadline)
         if self._replies:
             times.append(next(iter(self._replies.values())).expires)  # expiry order
+        queue = self._hint_lus
+        while queue and not self._hint_lu_live(*queue[0]):
+            queue.popleft()
+        if queue:
+            times.append(queue[0][0])
         return min(times, default=None)
+
+    def _hint_lu_live(self, when: float, nid: int) -> bool:
+        """Whether ``(when, nid)`` is still the reply-table correspondent's LU due time."""
+        hint = self._replies.get(nid)
+        return hint is not None and hint.lu_next == when
 
     def handle_timer(self, now: float) -> None:
         """Fire what is due at ``now``: O(k log n) for k due entries, n in the ILCC."""
@@ -446,6 +471,19 @@ class IlnpHost:
         replies = self._replies
         while replies and next(iter(replies.values())).expires <= now:  # expiry order
             replies.popitem(last=False)
+        queue = self._hint_lus
+        while queue and queue[0][0] <= now:
+            when, nid = queue.popleft()
+            hint = replies.get(nid)
+            if hint is None or hint.lu_next != when:
+                continue  # acknowledged, promoted to the ILCC, expired or replaced
+            if hint.lu_tries >= self.config.lu_max_tries:
+                hint.lu_next = None
+                self.counters["lu_failed"] += 1
+                self._events.append(LocatorUpdateFailed(nid))
+            else:
+                self.counters["lu_retransmitted"] += 1
+                self._send_hint_advertisement(nid, hint, now)
 
     def _is_live(self, when: float, nid: int) -> bool:
         """Whether the heap item ``(when, nid)`` is still the entry's own deadline."""
@@ -587,6 +625,11 @@ class IlnpHost:
         entry.replace_locators(
             (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
         )
+        if hint.lu_next is not None:  # our update to it goes on from the entry
+            entry.fire(EntryEvent.LOCAL_LOCATOR_CHANGE)
+            entry.lu_advertised = hint.lu_advertised
+            entry.lu_tries = hint.lu_tries
+            entry.lu_next = hint.lu_next
         self.ilcc.add(entry)
         self._changed(entry)
         self.counters["adopted"] += 1
@@ -742,10 +785,67 @@ class IlnpHost:
         self.counters["lu_sent"] += 1
         self._send_lu(entry, LocatorUpdate(LuOperation.ADVERTISEMENT, entry.lu_advertised), best)
 
+    def _send_hint_advertisement(self, nid: int, hint: _ReplyHint, now: float) -> None:
+        """Our advertisement to a reply-table correspondent, retransmitted like an entry's."""
+        hint.lu_tries += 1
+        hint.lu_next = now + self.config.lu_interval
+        self._hint_lus.append((hint.lu_next, nid))
+        self.counters["lu_sent"] += 1
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(hint.locator, nid)
+        update = LocatorUpdate(LuOperation.ADVERTISEMENT, hint.lu_advertised)
+        body = encode_locator_update(update, src.packed, dst.packed)
+        self._transmit(
+            IlnpPacket(src, dst, ICMPV6_NEXT_HEADER, body, hint.local_nonce, self.config.hop_limit)
+        )
+
+    def _hint_locator_update(self, packet: IlnpPacket, hint: _ReplyHint, now: float) -> None:
+        """An LU from a reply-table correspondent: our ack, or its own move."""
+        peer = packet.src.nid
+        if packet.nonce != hint.peer_nonce:
+            self._drop(DropReason.LU_BAD_NONCE, peer)
+            return
+        try:
+            update = decode_locator_update(packet.payload, packet.src.packed, packet.dst.packed)
+        except ChecksumError:
+            self._drop(DropReason.LU_BAD_CHECKSUM, peer)
+            return
+        except WireError:
+            self._drop(DropReason.MALFORMED, peer)
+            return
+        if update.operation is LuOperation.ACKNOWLEDGEMENT:
+            if hint.lu_next is None or update.locators != hint.lu_advertised:
+                self._drop(DropReason.LU_UNEXPECTED_ACK, peer)
+                return
+            hint.lu_next = None
+            self.counters["lu_acked"] += 1
+            self._events.append(LocatorUpdateAcked(peer))
+            return
+        if not update.locators:
+            self._drop(DropReason.MALFORMED, peer)
+            return
+        # The table keeps one locator per correspondent: its preferred one.
+        best = min(update.locators, key=lambda e: (e.preference, e.locator))
+        hint.locator, hint.expires = best.locator, now + self.config.reply_ttl
+        self._replies.move_to_end(peer)  # keeps the table in expiry order
+        self.counters["lu_received"] += 1
+        self._events.append(PeerLocatorsChanged(peer, update.locators))
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(best.locator, peer)
+        ack = LocatorUpdate(LuOperation.ACKNOWLEDGEMENT, update.locators)
+        body = encode_locator_update(ack, src.packed, dst.packed)
+        self._transmit(
+            IlnpPacket(src, dst, ICMPV6_NEXT_HEADER, body, hint.local_nonce, self.config.hop_limit)
+        )
+
     def _locator_update(self, packet: IlnpPacket, now: float) -> None:
         peer = packet.src.nid
         entry = self.ilcc.get(peer)
         if entry is None:
+            hint = self._replies.get(peer)
+            if hint is not None and hint.expires > now:
+                self._hint_locator_update(packet, hint, now)
+                return
             self._drop(DropReason.LU_UNKNOWN_PEER, peer)
             return
         # The nonce alone authenticates an LU: it comes from a locator not yet known.
