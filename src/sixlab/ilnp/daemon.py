@@ -69,8 +69,9 @@ from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
-from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
+from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
@@ -415,6 +416,8 @@ class IlnpDaemon:
         self._configured = config.locators
         self._withdrawn: set[int] = set()
         self._homes: dict[int, set[str]] = {}
+        #: The links' state (sixlab.ilnp.config.LinkStates); tests give their own.
+        self.read_links: Callable[[], LinkStates] = lambda: _link_states(config.interfaces)
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -706,6 +709,7 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
         self._withdrawn.clear()
@@ -720,7 +724,7 @@ class IlnpDaemon:
         remembered, and a locator is down when none of its homes is up and holds it.
         """
         try:
-            states = _link_states(self.config.interfaces)
+            states = self.read_links()
         except OSError:
             return
         known = sum(len(h) for h in self._homes.values())
@@ -732,7 +736,7 @@ class IlnpDaemon:
         down: set[int] = set()
         for entry in self._configured:
             homes = self._homes.get(entry.locator)
-            if homes and not any(
+            if not homes or not any(
                 states[h][0] and entry.locator in states[h][1] for h in homes if h in states
             ):
                 down.add(entry.locator)
