@@ -7,15 +7,18 @@ C beside them (here also the plain IPv6 host, which runs no daemon).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sixlab.testbed import Testbed
+from sixlab.testbed import Node, Testbed
 from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
 from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
@@ -212,3 +215,108 @@ def test_locators_are_the_l64s_the_links_hold(net: IlnpNet) -> None:
     )
     net.a.add_address("eth1", "2001:db8:d::a")
     wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:9:0"], what="locator back")
+
+
+PLAIN = "2001:db8:e::c"  # C: a kernel-stack IPv6 host, no daemon
+ID_PLAIN = "fd00:2ff::c"  # how A's applications name it (identifier prefix + its IID)
+
+
+def _tcp_echo_server(node: Node, address: str, port: int) -> tuple[socket.socket, threading.Thread]:
+    listener = node.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, port))
+    listener.listen(4)
+    listener.settimeout(20)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def _tcp_exchange(node: Node, address: str, port: int, size: int = 200_000) -> None:
+    payload = random.Random(port).randbytes(size)
+    with node.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.settimeout(15)
+        sock.connect((address, port))
+        sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+        sender.start()
+        got = bytearray()
+        while len(got) < size:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            got += chunk
+        sender.join()
+    assert bytes(got) == payload
+
+
+def _ping(node: Node, address: str, count: int = 3, seconds: float = 10.0) -> int:
+    """ICMPv6 echo from ``node`` (a raw socket: the kernel fills in the checksum, RFC
+    3542 §3.1); requests every 0.2 s until ``count`` were answered. Echoes answered."""
+    ident = random.Random(address).getrandbits(16)
+    answered: set[int] = set()
+    with node.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as sock:
+        sock.settimeout(0.2)
+        started, seq = time.monotonic(), 0
+        while len(answered) < count and time.monotonic() - started < seconds:
+            seq += 1
+            sock.sendto(struct.pack("!BBHHH", 128, 0, 0, ident, seq) + b"sixlab", (address, 0))
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    reply = sock.recv(2048)
+                    kind, _code, _sum, rid, rseq = struct.unpack_from("!BBHHH", reply)
+                    if kind == 129 and rid == ident:
+                        answered.add(rseq)
+                        break
+    assert len(answered) >= count, f"{len(answered)} of {seq} echoes to {address} answered"
+    return len(answered)
+
+
+def _udp_echo_from(node: Node, address: str, port: int) -> None:
+    with node.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+        sock.connect((address, port))
+        for i in range(5):
+            echo_retrying(sock, b"plain %d" % i, 10)
+
+
+@pytest.mark.parametrize("policy", ["socket", "none"])
+def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str) -> None:
+    """RFC 6740 incremental deployment: C runs no ILNP. C reaches A at A's interface
+    address (its locator|NID) and A reaches C by C's identifier address (resolved from
+    the hosts file to C's real address): ping, UDP and TCP, both directions."""
+    with net.hosts.open("a") as hosts:
+        hosts.write("2001:db8:e:0/0:0:0:c  carol\n")
+    # A veth leaves the sender's transport checksum to the receiver when both ends are
+    # on one machine (CHECKSUM_PARTIAL) and passes whole TSO segments; a NIC finishes
+    # both before the wire. C sends as a host on a real link would.
+    net.c.exec(["ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off"])
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy=policy)
+    echo_a = EchoServer(net.a, ID_A)
+    echo_c = EchoServer(net.c, "::")
+    listener_a, served_a = _tcp_echo_server(net.a, ID_A, 5001)
+    listener_c, served_c = _tcp_echo_server(net.c, "::", 5002)
+    try:
+        # A -> C, by identifier address; C's first answer is a Parameter Problem
+        _udp_echo_from(net.a, ID_PLAIN, ECHO_PORT)
+        _ping(net.a, ID_PLAIN)
+        _tcp_exchange(net.a, ID_PLAIN, 5002)
+        # C -> A, at A's interface address
+        _ping(net.c, "2001:db8:a::a")
+        _udp_echo_from(net.c, "2001:db8:a::a", ECHO_PORT)
+        _tcp_exchange(net.c, "2001:db8:a::a", 5001)
+    finally:
+        for sock in (listener_a, listener_c):
+            sock.close()
+        echo_a.close()
+        echo_c.close()
+    served_a.join(timeout=5)
+    served_c.join(timeout=5)
+    status = da.status()
+    assert status["drops"].get("no_nonce", 0) == 0
+    assert status["counters"]["peer_not_ilnp"] == 1

@@ -710,3 +710,61 @@ def test_reply_table_correspondent_that_moves_is_acknowledged() -> None:
     b.send(udp(B_NID, A_NID, 7, 5000, b"to the new place"), 1.1)
     (reply,) = deliver(b, a, 1.1)
     assert decode_packet(reply).dst == ILV(LOC_A2, A_NID)
+
+
+P_NID, LOC_P = 0xC, 0x2001_0DB8_000E_0000
+
+
+def plain_udp(src: ILV, dst: ILV, sport: int, dport: int, data: bytes) -> bytes:
+    """What a plain IPv6 node sends: no nonce, the checksum over the real addresses."""
+    raw = struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data
+    csum = ipv6_checksum(src.packed, dst.packed, 17, raw) or 0xFFFF
+    return encode_packet(IlnpPacket(src, dst, 17, raw[:6] + struct.pack("!H", csum) + raw[8:]))
+
+
+@pytest.mark.parametrize("policy", ["none", "socket"])
+def test_plain_ipv6_node_reaches_an_ilnp_host_and_is_answered(policy: str) -> None:
+    """Plain IPv6 interworking: P (no ILNP) sends to A's locator|NID address. A
+    delivers it with the checksum fixed for identifier addresses, through the same
+    admission policy, and answers without a nonce, checksummed for P's real addresses."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    options = {"sockets": sockets} if policy == "socket" else {}
+    a = make_host(A_NID, LOC_A1, policy=create_policy(policy, **options), always_carry_nonce=True)
+    p, me = ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID)
+    for i in range(3):
+        a.receive(plain_udp(p, me, 40000, 7, b"hi %d" % i), float(i))
+        (got,) = [e for e in events(a) if isinstance(e, Deliver)]
+        inner = decode_packet(got.packet)
+        assert inner.src == ILV(IDENTIFIER_PREFIX, P_NID)
+        assert ipv6_checksum(inner.src.packed, inner.dst.packed, 17, inner.payload) == 0
+        a.send(udp(A_NID, P_NID, 7, 40000, b"ho %d" % i), i + 0.1)
+        (out,) = a.datagrams_to_send()
+        reply = decode_packet(out)
+        assert reply.nonce is None
+        assert (reply.src, reply.dst) == (me, p)
+        assert ipv6_checksum(reply.src.packed, reply.dst.packed, 17, reply.payload) == 0
+    assert len(a.ilcc) == (1 if policy == "none" else 0)
+    assert a.counters[DropReason.NO_NONCE] == 0
+    # A packet without nonce whose checksum fits neither is still refused.
+    bad = bytearray(plain_udp(ILV(LOC_P, 0x99), me, 1, 7, b"x"))
+    bad[-1] ^= 0xFF
+    a.receive(bytes(bad), 5.0)
+    assert a.counters[DropReason.NO_NONCE] == 1
+
+
+def test_replies_of_a_peer_found_not_ilnp_are_delivered() -> None:
+    """A sends to P with a nonce; P answers Parameter Problem; A goes plain, and P's
+    (nonce-less) answers are delivered, checksum fixed, not dropped as no_nonce."""
+    a = make_host(A_NID, LOC_A1, always_carry_nonce=True, require_nonce=True)
+    a.add_correspondent(P_NID, [LocatorEntry(LOC_P, 0, 600)], now=0.0)
+    a.send(udp(A_NID, P_NID, 5000, 7, b"1"), 0.0)
+    (wire,) = a.datagrams_to_send()
+    icmp = struct.pack("!BBHI", 4, 2, 0, 42) + wire
+    a.receive(encode_packet(IlnpPacket(ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID), 58, icmp)), 0.1)
+    assert PeerNotIlnp(P_NID) in events(a)
+    a.receive(plain_udp(ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID), 7, 5000, b"answer"), 0.2)
+    (got,) = [e for e in events(a) if isinstance(e, Deliver)]
+    inner = decode_packet(got.packet)
+    assert inner.payload[8:] == b"answer"
+    assert ipv6_checksum(inner.src.packed, inner.dst.packed, 17, inner.payload) == 0
+    assert a.counters[DropReason.NO_NONCE] == 0

@@ -103,7 +103,9 @@ from sixlab.wire.ilnp import (
     decode_packet,
     encode_locator_update,
     encode_packet,
+    ipv6_checksum,
     relocate_checksum,
+    upper_layer_checksum_offset,
 )
 
 __all__ = [
@@ -275,7 +277,7 @@ def check_locator_set(locators: Iterable[LocatorEntry]) -> tuple[LocatorEntry, .
 @dataclass(slots=True)
 class _ReplyHint:
     locator: int
-    peer_nonce: Nonce
+    peer_nonce: Nonce | None  # None: a plain IPv6 correspondent
     local_nonce: Nonce
     expires: float
     retry_at: float = 0.0
@@ -283,6 +285,11 @@ class _ReplyHint:
     lu_advertised: tuple[LocatorEntry, ...] = ()
     lu_tries: int = 0
     lu_next: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """A plain IPv6 correspondent: no nonce, checksums on the real addresses."""
+        return self.peer_nonce is None
 
 
 class IlnpHost:
@@ -406,7 +413,7 @@ class IlnpHost:
         # Correspondents answered through the reply table talk to us too (a client of a
         # non-connected server, say): they get the same update (docs/ilnp-field.md).
         for nid, hint in self._replies.items():
-            if hint.expires > now:
+            if hint.expires > now and not hint.plain:
                 hint.lu_advertised = new
                 hint.lu_tries = 0
                 self._send_hint_advertisement(nid, hint, now)
@@ -549,7 +556,7 @@ class IlnpHost:
             or (
                 packet.nonce is None
                 and packet.src.locator == hint.locator
-                and not self.config.require_nonce
+                and (hint.plain or not self.config.require_nonce)
             )
         ):
             hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
@@ -558,10 +565,15 @@ class IlnpHost:
             if interval is not None and now >= hint.retry_at:
                 hint.retry_at = now + interval
                 self._readmit(packet, hint, now)
-            self._deliver(packet)
+            self._deliver(packet, plain=hint.plain)
             return
         if packet.nonce is None:
-            self._drop(DropReason.NO_NONCE, peer)
+            # Without a nonce: a plain IPv6 node if its checksum is one over the real
+            # addresses (docs/ilnp-field.md, "Plain IPv6 correspondents").
+            if not _plain_checksum_ok(packet):
+                self._drop(DropReason.NO_NONCE, peer)
+                return
+            self._admit(packet, None, now)
             return
         self._admit(packet, packet.nonce, now)
 
@@ -581,8 +593,8 @@ class IlnpHost:
                     return
                 self._drop(DropReason.NONCE_MISMATCH, peer)
                 return
-        elif entry.peer_nonce is None or (
-            self.config.require_nonce and entry.state is not EntryState.NON_ILNP
+        elif entry.state is not EntryState.NON_ILNP and (
+            entry.peer_nonce is None or self.config.require_nonce
         ):
             self._drop(DropReason.NO_NONCE, peer)
             return
@@ -597,7 +609,7 @@ class IlnpHost:
             self._changed(entry)
         self._use(entry, now)
         entry.last_heard = now
-        self._deliver(packet)
+        self._deliver(packet, plain=packet.nonce is None and entry.state is EntryState.NON_ILNP)
 
     @staticmethod
     def _request(packet: IlnpPacket) -> AdmissionRequest:
@@ -622,6 +634,8 @@ class IlnpHost:
         del self._replies[peer]
         entry = self._new_entry(peer, hint.peer_nonce, now)
         entry.local_nonce = hint.local_nonce
+        if hint.plain:
+            entry.state, entry.carry_nonce, entry.last_heard = EntryState.NON_ILNP, False, now
         entry.replace_locators(
             (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
         )
@@ -636,13 +650,17 @@ class IlnpHost:
         self.counters["adopted_late"] += 1
         self._events.append(Adopted(peer, decision.reason))
 
-    def _admit(self, packet: IlnpPacket, nonce: Nonce, now: float) -> None:
+    def _admit(self, packet: IlnpPacket, nonce: Nonce | None, now: float) -> None:
+        """A newcomer (``nonce`` None: a plain IPv6 node) through the admission policy."""
         peer = packet.src.nid
         decision = self.policy.admit(self._request(packet), self.ilcc, now)
         if decision.admit:
             for nid in decision.evict:
                 self._remove(nid, "evicted")
             entry = self._new_entry(peer, nonce, now)
+            if nonce is None:
+                entry.state, entry.carry_nonce, entry.last_heard = EntryState.NON_ILNP, False, now
+                self.counters["plain_ipv6_peers"] += 1
             entry.replace_locators(
                 (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
             )
@@ -663,15 +681,28 @@ class IlnpHost:
             )
             while len(self._replies) > self.config.reply_capacity:
                 self._replies.popitem(last=False)
-        self._deliver(packet)
+        self._deliver(packet, plain=nonce is None)
 
-    def _deliver(self, packet: IlnpPacket) -> None:
+    def _deliver(self, packet: IlnpPacket, *, plain: bool = False) -> None:
+        """To the application on identifier addresses; ``plain``: the checksum was made
+        over the real addresses (a plain IPv6 peer) and is moved to the identifier ones."""
         prefix = self.config.identifier_prefix
+        src, dst = ILV(prefix, packet.src.nid), ILV(prefix, packet.dst.nid)
+        payload = packet.payload
+        if plain:
+            payload = relocate_checksum(
+                packet.next_header,
+                payload,
+                old_src=packet.src.packed,
+                old_dst=packet.dst.packed,
+                new_src=src.packed,
+                new_dst=dst.packed,
+            )
         inner = IlnpPacket(
-            ILV(prefix, packet.src.nid),
-            ILV(prefix, packet.dst.nid),
+            src,
+            dst,
             packet.next_header,
-            packet.payload,
+            payload,
             None,
             packet.hop_limit,
             packet.traffic_class,
@@ -746,14 +777,27 @@ class IlnpHost:
         if hint is None or hint.expires <= now:
             self._drop(DropReason.NO_ROUTE, packet.dst.nid)
             return
-        # A peer we did not adopt gets our nonce on every reply: it may be adopting us.
+        # A peer we did not adopt gets our nonce on every reply: it may be adopting us;
+        # a plain IPv6 one gets none, and the checksum over its real addresses.
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(hint.locator, packet.dst.nid)
+        payload = packet.payload
+        if hint.plain:
+            payload = relocate_checksum(
+                packet.next_header,
+                payload,
+                old_src=packet.src.packed,
+                old_dst=packet.dst.packed,
+                new_src=src.packed,
+                new_dst=dst.packed,
+            )
         self._transmit(
             IlnpPacket(
-                ILV(self.local_locator, self.config.nid),
-                ILV(hint.locator, packet.dst.nid),
+                src,
+                dst,
                 packet.next_header,
-                packet.payload,
-                hint.local_nonce,
+                payload,
+                None if hint.plain else hint.local_nonce,
                 packet.hop_limit,
                 packet.traffic_class,
                 packet.flow_label,
@@ -802,7 +846,7 @@ class IlnpHost:
     def _hint_locator_update(self, packet: IlnpPacket, hint: _ReplyHint, now: float) -> None:
         """An LU from a reply-table correspondent: our ack, or its own move."""
         peer = packet.src.nid
-        if packet.nonce != hint.peer_nonce:
+        if packet.nonce is None or packet.nonce != hint.peer_nonce:
             self._drop(DropReason.LU_BAD_NONCE, peer)
             return
         try:
@@ -1011,3 +1055,14 @@ class IlnpHost:
     def _drop(self, reason: DropReason, peer_nid: int | None = None) -> None:
         self.counters[reason.value] += 1
         self._events.append(Dropped(reason, peer_nid))
+
+
+def _plain_checksum_ok(packet: IlnpPacket) -> bool:
+    """Whether ``packet``'s transport checksum is right over its real addresses (what a
+    plain IPv6 sender computes; an ILNP sender's covers the NIDs only, RFC 6740 §6.3).
+    A protocol without a checksum we know passes."""
+    if upper_layer_checksum_offset(packet.next_header) is None:
+        return True
+    return (
+        ipv6_checksum(packet.src.packed, packet.dst.packed, packet.next_header, packet.payload) == 0
+    )
