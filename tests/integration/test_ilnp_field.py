@@ -11,6 +11,8 @@ import contextlib
 import random
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -320,3 +322,37 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     status = da.status()
     assert status["drops"].get("no_nonce", 0) == 0
     assert status["counters"]["peer_not_ilnp"] == 1
+
+
+def _cli(node: Node, *argv: str) -> subprocess.CompletedProcess[str]:
+    return node.exec([sys.executable, "-m", "sixlab.cli.ilnp", *argv], check=False)
+
+
+def test_cli_moves_and_adds_peers_in_the_notation_people_write(net: IlnpNet) -> None:
+    """``--nid ::a --locator 2001:db8:a::/64``; ``sixlab ilnp add-peer`` and
+    ``sixlab ilnp move`` are CLI commands; a move to a locator no link holds fails."""
+    da = net.start(net.a, "::a", ["2001:db8:a::/64,10"], policy="none")
+    db = net.start(net.b, "::b", ["2001:db8:b::"], policy="none")
+    assert da.status()["nid"] == "0:0:0:a"
+    done = _cli(net.a, "add-peer", "bob", "--control", da.control)
+    assert (done.returncode, done.stdout.strip()) == (0, "peer bob: NID 0:0:0:b")
+    refused = _cli(net.a, "move", "2001:db8:c::/64", "--control", da.control)
+    assert refused.returncode == 1
+    assert "no interface holds an address under 2001:db8:c:0" in refused.stdout
+    echo = EchoServer(net.b, ID_B)
+    try:
+        with a_client(net) as client:
+            echo_retrying(client, b"before", 5)
+            net.r.add_address("ra", "2001:db8:c::1")
+            net.a.add_address("eth0", "2001:db8:c::a")
+            moved = _cli(
+                net.a, "move", "2001:db8:c::/64,0", "2001:db8:a::,10", "--control", da.control
+            )
+            assert moved.returncode == 0, moved.stderr
+            assert "* locator 2001:db8:c:0" in moved.stdout
+            wait_until(lambda: da.counter("lu_acked") >= 1, what="LU acknowledged")
+            echo_retrying(client, b"after", 5)
+    finally:
+        echo.close()
+    (entry,) = db.request("cache")["entries"]
+    assert [p["locator"] for p in entry["locators"]] == ["2001:db8:c:0", "2001:db8:a:0"]

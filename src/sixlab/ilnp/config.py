@@ -14,12 +14,63 @@ netlink), so everything here is pure and tested without a kernel.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 
 from sixlab.ilnp._errors import ConfigError
 from sixlab.wire.ilnp import LocatorEntry
 
-__all__ = ["LinkStates", "check_held", "format_l64", "held_locators"]
+__all__ = ["LinkStates", "check_held", "format_l64", "held_locators", "parse_l64", "parse_nid"]
+
+_U64 = (1 << 64) - 1
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def parse_l64(text: str) -> int:
+    """A locator as people write it: ``2001:db8:a1::/64``, ``2001:db8:a1::`` or the
+    four groups of the I-LV notation, ``2001:db8:a1:0``. Raises :class:`ConfigError`.
+
+    A locator is the upper 64 bits of an address (RFC 6740 §3): a prefix must be a /64,
+    and an address must have nothing in its lower 64 bits.
+    """
+    head, slash, length = text.strip().partition("/")
+    groups = head.split(":")
+    if (
+        not slash
+        and len(groups) == 4
+        and all(1 <= len(g) <= 4 and _HEX.issuperset(g) for g in groups)
+    ):
+        return int("".join(g.zfill(4) for g in groups), 16)
+    if slash and length != "64":
+        raise ConfigError(f"locator {text!r}: a locator is a /64 prefix, not /{length}")
+    try:
+        value = int(ipaddress.IPv6Address(head))
+    except ValueError:
+        raise ConfigError(
+            f"locator {text!r}: want 2001:db8:a1::/64, 2001:db8:a1:: or 2001:db8:a1:0"
+        ) from None
+    if value & _U64:
+        raise ConfigError(
+            f"locator {text!r}: its lower 64 bits are not zero (a locator is a /64 prefix)"
+        )
+    return value >> 64
+
+
+def parse_nid(text: str) -> int:
+    """A NID as ``::a`` (an interface identifier), four hex groups (``0:0:0:a``), or one
+    integer (``0xa``, ``10``). Raises :class:`ConfigError`."""
+    text = text.strip()
+    groups = text.split(":")
+    try:
+        if len(groups) == 4 and all(1 <= len(g) <= 4 and _HEX.issuperset(g) for g in groups):
+            return int("".join(g.zfill(4) for g in groups), 16)
+        value = int(ipaddress.IPv6Address(text)) if ":" in text else int(text, 0)
+    except ValueError:
+        raise ConfigError(f"NID {text!r}: want ::a, 0:0:0:a or an integer") from None
+    if not 0 <= value <= _U64:
+        raise ConfigError(f"NID {text!r} does not fit in 64 bits (::a names NID a)")
+    return value
+
 
 #: Interface name to (up, the /64 prefixes of its IPv6 addresses).
 LinkStates = Mapping[str, tuple[bool, set[int]]]

@@ -70,6 +70,7 @@ from typing import Any
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.config import LinkStates, check_held
+from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
@@ -97,7 +98,6 @@ from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
     IDENTIFIER_PREFIX,
-    ILV,
     IPV6_HEADER_SIZE,
     LocatorEntry,
     identifier_address,
@@ -900,10 +900,8 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
 
 
 def parse_nid(text: str) -> int:
-    """A NID as four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
-    if ":" in text:
-        return ILV.parse(f"0:0:0:0/{text}").nid
-    value = int(text, 0)
-    if not 0 <= value <= _U64:
-        raise ValueError(f"NID {text} does not fit in 64 bits")
-    return value
+    """A NID as ``::a``, four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
+    try:
+        return config_parse_nid(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
