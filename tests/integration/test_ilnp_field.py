@@ -356,3 +356,37 @@ def test_cli_moves_and_adds_peers_in_the_notation_people_write(net: IlnpNet) -> 
         echo.close()
     (entry,) = db.request("cache")["entries"]
     assert [p["locator"] for p in entry["locators"]] == ["2001:db8:c:0", "2001:db8:a:0"]
+
+
+def test_zero_configuration_host_adds_its_address_and_names_its_peers(net: IlnpNet) -> None:
+    """A's link has no global address: ``--locator 2001:db8:a::/64`` makes the daemon add
+    2001:db8:a::a itself (and remove it at exit), and ``--names`` gives applications
+    the identifier addresses of the hosts file's names, here through the
+    ``/etc/netns/NS/hosts`` that ``ip netns exec`` mounts over ``/etc/hosts``."""
+    net.ip(net.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+    etc = Path("/etc/netns") / net.a.ns
+    names = etc / "hosts"
+    try:
+        da = net.start(
+            net.a, "::a", ["2001:db8:a::/64"], policy="none", extra=("--names", str(names))
+        )
+        net.start(net.b, "::b", ["2001:db8:b::/64"], policy="none")
+        addrs = net.a.exec(["ip", "-6", "addr", "show", "dev", "eth0"]).stdout
+        assert "2001:db8:a::a/64" in addrs
+        assert "fd00:2ff::b\tbob" in names.read_text()
+        assert net.a.exec(["getent", "ahostsv6", "bob"]).stdout.split()[0] == ID_B
+        assert net.a.exec(["getent", "ahostsv6", "alice"]).stdout.split()[0] == ID_A
+        echo = EchoServer(net.b, ID_B)
+        try:
+            with a_client(net) as client:
+                echo_retrying(client, b"zero conf", 5)
+        finally:
+            echo.close()
+        da.proc.terminate()
+        da.proc.wait(timeout=10)
+        assert "2001:db8:a::a" not in net.a.exec(["ip", "-6", "addr", "show", "dev", "eth0"]).stdout
+        assert not names.exists()
+    finally:
+        names.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            etc.rmdir()

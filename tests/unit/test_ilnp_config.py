@@ -1,15 +1,18 @@
-"""Locators and NIDs as people write them; locators checked against the links."""
+"""Locators and NIDs as people write them; locators checked against the links; the
+names file."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from sixlab.cli.ilnp import add_parsers
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.config import check_held, held_locators, parse_l64, parse_nid
-from sixlab.ilnp.resolve import ResolveError, parse_locator_spec
+from sixlab.ilnp.names import render_names, write_names
+from sixlab.ilnp.resolve import Resolution, ResolveError, parse_hosts, parse_locator_spec
 from sixlab.wire.ilnp import LocatorEntry
 
 L64 = 0x2001_0DB8_00A1_0000
@@ -84,3 +87,16 @@ def test_cli_move_and_add_peer() -> None:
     )
     assert args.nid == 0xA
     assert args.locator == [LocatorEntry(L64, 0)]
+
+
+def test_names_file_lists_identifier_addresses(tmp_path: Path) -> None:
+    hosts = parse_hosts(
+        "2001:db8:a:0/0:0:0:a,10 2001:db8:d:0/0:0:0:a,20 alice a\n2001:db8:b:0/0:0:0:b bob\n"
+    )
+    text = render_names([*hosts.entries(), Resolution("carol.example", 0xC, ())])
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines == ["fd00:2ff::a\talice a", "fd00:2ff::b\tbob", "fd00:2ff::c\tcarol.example"]
+    target = tmp_path / "sub" / "hosts"
+    write_names(target, text)
+    assert target.read_text() == text
+    assert [p.name for p in target.parent.iterdir()] == ["hosts"]  # no temporary left

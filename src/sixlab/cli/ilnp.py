@@ -54,6 +54,11 @@ def add_parsers(sub: Any) -> None:
     host.add_argument("--store", choices=["hash", "linear"], default="hash")
     host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
+    host.add_argument(
+        "--names",
+        metavar="PATH",
+        help="write the identifier addresses of known names here, /etc/hosts format",
+    )
     host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
     host.add_argument(
         "--nonce",
@@ -153,6 +158,7 @@ def _host(args: argparse.Namespace) -> int:
         store=args.store,
         control=args.control,
         hosts=args.hosts,
+        names=args.names,
         tun_name=args.tun,
         always_nonce=args.nonce == "always",
         bounded_capacity=args.capacity,

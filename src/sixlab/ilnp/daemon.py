@@ -65,17 +65,20 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp.addresses import claim_addresses, release_addresses
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.names import render_names, write_names
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
-from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
+from sixlab.ilnp.resolve import Resolution, ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
@@ -199,6 +202,8 @@ class DaemonConfig:
     #: outlive the time its answer takes through the application (a ring batch).
     reply_capacity: int = 8192
     policy_options: dict[str, Any] = field(default_factory=dict)
+    #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
+    names: str | None = None
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -418,6 +423,8 @@ class IlnpDaemon:
         self._homes: dict[int, set[str]] = {}
         #: The links' state (sixlab.ilnp.config.LinkStates); tests give their own.
         self.read_links: Callable[[], LinkStates] = lambda: _link_states(config.interfaces)
+        self._claimed: list[tuple[str, str]] = []
+        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -460,6 +467,10 @@ class IlnpDaemon:
             except (OSError, ValueError):  # ValueError: a NUL in the name
                 raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
+                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            )
+            self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
@@ -539,6 +550,12 @@ class IlnpDaemon:
             self.fastpath.close()
             self.fastpath = None
         self.drop.remove()
+        if self._claimed:
+            release_addresses(self._claimed)
+            self._claimed = []
+        if self.config.names is not None:
+            with contextlib.suppress(OSError):
+                Path(self.config.names).unlink()
         for ring in self._rings:
             ring.close()
         self._rings.clear()
@@ -793,7 +810,14 @@ class IlnpDaemon:
             raise ConfigError("name: want a host name (a non-empty string)")
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
+        self._named[found.name] = found
+        self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _write_names(self) -> None:
+        if self.config.names is not None:
+            entries = [*self.resolver.hosts.entries(), *self._named.values()]
+            write_names(self.config.names, render_names(entries))
 
     def status(self) -> dict[str, Any]:
         counters = self.host.counters

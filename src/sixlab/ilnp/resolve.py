@@ -123,6 +123,10 @@ class HostsFile:
     def by_nid(self, nid: int) -> Resolution | None:
         return self._by_nid.get(nid)
 
+    def entries(self) -> list[Resolution]:
+        """Every name, in the order first seen."""
+        return list(self._by_name.values())
+
     def __len__(self) -> int:
         return len(self._by_nid)
 
