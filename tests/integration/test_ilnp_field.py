@@ -390,3 +390,37 @@ def test_zero_configuration_host_adds_its_address_and_names_its_peers(net: IlnpN
         names.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             etc.rmdir()
+
+
+def test_one_packet_senders_cost_no_kernel_map_write(net: IlnpNet) -> None:
+    """The kernel fast path takes a correspondent from its second packet: a crowd of
+    300 one-packet senders is adopted (policy none) without one map write each, while
+    the echo client, which sends many, is carried by the kernel."""
+    net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    raw = net.c.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    rng = random.Random(2)
+    b_addr = ILV(LOC_B, NID_B)
+    try:
+        with a_client(net) as client:
+            for i in range(5):
+                echo_retrying(client, b"%d" % i, 5)
+        for _ in range(300):
+            nid = rng.getrandbits(64) | 0x100
+            packet = IlnpPacket(
+                ILV(LOC_FLOOD, nid),
+                b_addr,
+                17,
+                _udp(nid, NID_B, 40000, ECHO_PORT, b"once"),
+                Nonce(rng.randbytes(4)),
+            )
+            raw.sendto(encode_packet(packet), (str(b_addr.address), 0))
+            time.sleep(0.001)
+        wait_until(lambda: db.status()["ilcc_size"] >= 280, what="crowd adopted")
+    finally:
+        raw.close()
+        echo.close()
+    fast = db.status()["fastpath"]
+    assert fast["entries"] == 1  # A alone
+    assert fast["sync"].get("installed", 0) <= 3  # A's copy, rewritten as it settled

@@ -137,9 +137,9 @@ def test_ingress_waits_until_the_host_has_seen_the_peer_answer() -> None:
     assert _deliver(b, _wire(a, b"1", 0.0), 0.0) is not None
     entry_b = b.ilcc.get(NID_A)
     assert entry_b is not None
-    first = peer_record(entry_b, b.config, lambda _loc: 1)
-    assert first is not None
-    assert not first.flags & F_INGRESS  # carry_nonce still set on B's new entry
+    # One packet from a newcomer: no kernel copy yet, and carry_nonce still set.
+    assert entry_b.carry_nonce
+    assert peer_record(entry_b, b.config, lambda _loc: 1) is None
     assert _deliver(a, _wire(b, b"2", 0.0), 0.0) is not None
     after = peer_record(entry_a, a.config, lambda _loc: 1)
     assert after is not None
@@ -364,3 +364,23 @@ def test_ingress_reports_the_peer_heard_and_the_host_keeps_its_session() -> None
     b.receive(encode_packet(replace(forged, nonce=Nonce(bytes(4)))), later + 0.5)
     assert b.counters["nonce_mismatch"] == 1
     assert b.ilcc.get(NID_A) is entry
+
+
+def test_a_newcomer_gets_its_kernel_copy_with_its_second_packet() -> None:
+    """A crowd of one-packet senders costs no map write each: B (policy none) adopts A
+    on its first packet but reports A for the kernel only with the second; an entry B
+    started itself (a resolved name) is reported at once."""
+    a, b = _host(NID_A, LOC_A), _host(NID_B, LOC_B)
+    b.take_touched()
+    a.add_correspondent(NID_B, (LocatorEntry(LOC_B),), 0.0)
+    assert _deliver(b, _wire(a, b"one", 0.0), 0.0) is not None
+    entry = b.ilcc.get(NID_A)
+    assert entry is not None
+    assert peer_record(entry, b.config, lambda _loc: 1) is None
+    b.take_touched()
+    assert _deliver(b, _wire(a, b"two", 0.1), 0.1) is not None
+    assert b.take_touched() == {NID_A}
+    assert peer_record(entry, b.config, lambda _loc: 1) is not None
+    started = a.ilcc.get(NID_B)
+    assert started is not None
+    assert peer_record(started, a.config, lambda _loc: 1) is not None

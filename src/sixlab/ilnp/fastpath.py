@@ -25,7 +25,10 @@ with the entry's next packet:
   first packet back, so that packet still goes through user space; locators are
   accepted until their lifetime plus the aged grace (what the host accepts);
 * ``NON_ILNP`` and expired entries, and everything the programs do not recognise,
-  stay in user space.
+  stay in user space;
+* a correspondent that spoke first gets its copy with its second packet, not its
+  first: a crowd of one-packet senders (a flood of random NIDs) costs no map write each.
+  One we started talking to (``initiated``) gets it at once.
 
 The host reports which entries changed (``IlnpHost.take_touched``); the daemon turns
 each into :meth:`FastPath.update`. In the other direction the programs push a peer's
@@ -172,6 +175,8 @@ def peer_record(
     """
     if entry.state not in (EntryState.ACTIVE, EntryState.LU_PENDING):
         return None
+    if not entry.initiated and entry.heard < 2:
+        return None  # a newcomer's first packet: only its second earns a kernel copy
     pending = entry.state is EntryState.LU_PENDING
     flags = 0
     best = entry.best_locator()

@@ -391,6 +391,7 @@ class IlnpHost:
             for evicted in decision.evict:
                 self._remove(evicted, "evicted")
         entry = self._new_entry(nid, None, now)
+        entry.initiated = True
         entry.replace_locators(entries, now)
         self.ilcc.add(entry)
         self._changed(entry)
@@ -609,6 +610,10 @@ class IlnpHost:
             self._changed(entry)
         self._use(entry, now)
         entry.last_heard = now
+        if entry.heard < 2:
+            entry.heard += 1
+            if entry.heard == 2 and not entry.initiated:  # now ready for the fast path
+                self._changed(entry)
         self._deliver(packet, plain=packet.nonce is None and entry.state is EntryState.NON_ILNP)
 
     @staticmethod
@@ -994,6 +999,7 @@ class IlnpHost:
             created=now,
             last_used=now,
             last_heard=now if peer_nonce is not None else 0.0,
+            heard=1 if peer_nonce is not None else 0,
         )
 
     def mark_used(self, nid: int, now: float, *, heard: bool = False) -> None:
