@@ -195,21 +195,23 @@ def test_server_with_a_non_connected_socket_moves_and_its_clients_follow(net: Il
 
 
 def test_locators_are_the_l64s_the_links_hold(net: IlnpNet) -> None:
-    """Issue 12 #5: a move to an L64 no interface holds is refused; a configured locator
-    no interface holds is never used; one whose address goes away is withdrawn (its
-    link still up) and comes back with the address."""
+    """Issue 12 #5: a move to an L64 no interface holds is refused; a locator whose
+    address goes away is withdrawn (its link still up) and comes back with the address;
+    a configured locator no link held at start got its address from the daemon."""
     da = net.start(
         net.a,
         "0:0:0:a",
-        ["2001:db8:a:0,10", "2001:db8:d:0,20", "2001:db8:9:0,5"],
+        ["2001:db8:a:0,10", "2001:db8:d:0,20", "2001:db8:9:0,30"],
         interfaces=("eth0", "eth1"),
     )
-    wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:9:0"], what="unheld withdrawn")
+    assert "2001:db8:9::a/64" in net.a.exec(["ip", "-6", "addr", "show", "dev", "eth0"]).stdout
     in_use = [loc["locator"] for loc in da.status()["locators"] if loc["in_use"]]
     assert in_use == ["2001:db8:a:0"]
     reply = da.request("set-locators", locators=["2001:db8:c:0,0", "2001:db8:a:0,10"])
     assert reply["ok"] is False
     assert "2001:db8:c:0" in reply["error"]
+    net.ip(net.a, "addr", "del", "2001:db8:9::a/64", "dev", "eth0")
+    wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:9:0"], what="9 withdrawn")
     net.ip(net.a, "addr", "del", "2001:db8:d::a/64", "dev", "eth1")
     wait_until(
         lambda: da.status()["withdrawn"] == ["2001:db8:9:0", "2001:db8:d:0"],
