@@ -101,11 +101,11 @@ def _positive(text: str) -> int:
 
 
 def _host(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
+    from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
     from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
-    from sixlab.linux.errors import LinuxError  # noqa: PLC0415
+    from sixlab.linux import LinuxError  # noqa: PLC0415
 
     try:
         check_locator_set(args.locator)
@@ -140,7 +140,7 @@ def _host(args: argparse.Namespace) -> int:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
+    from sixlab.ilnp import ControlError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:

@@ -39,7 +39,7 @@ import grpc
 
 from sixlab.controller.metrics import ControllerMetrics
 from sixlab.controller.store import NotFoundError, SessionRow, Store
-from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
 from sixlab.stamp.stats import PathStats, path_stats
 

@@ -61,7 +61,7 @@ from sixlab.controller.store import (
 )
 from sixlab.southbound.client import SouthboundError
 from sixlab.southbound.rpcserver import unary
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [

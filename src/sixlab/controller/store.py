@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [

@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sixlab import stamp as ev
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received
-from sixlab.stamp import _events as ev
-from sixlab.stamp._events import DropReason
+from sixlab.stamp import DropReason
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire

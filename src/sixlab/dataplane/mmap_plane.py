@@ -110,7 +110,7 @@ from typing import Any, NamedTuple, Protocol
 
 from sixlab.dataplane import _filters
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
-from sixlab.wire._errors import ChecksumError, WireError
+from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 

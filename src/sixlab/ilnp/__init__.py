@@ -7,7 +7,13 @@
 Wire formats live in :mod:`sixlab.wire.ilnp`.
 """
 
-from sixlab.ilnp._errors import IlnpError, InvalidTransitionError, UnknownBackendError
+from sixlab.ilnp._errors import (
+    ConfigError,
+    ControlError,
+    IlnpError,
+    InvalidTransitionError,
+    UnknownBackendError,
+)
 from sixlab.ilnp.host import (
     Adopted,
     Deliver,
@@ -46,6 +52,8 @@ __all__ = [
     "AdmissionPolicy",
     "AdmissionRequest",
     "Adopted",
+    "ConfigError",
+    "ControlError",
     "Deliver",
     "DropReason",
     "Dropped",

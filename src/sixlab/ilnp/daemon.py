@@ -91,7 +91,7 @@ from sixlab.linux.cbpf import (
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.nftdrop import KernelDrop
 from sixlab.linux.signals import StopOnSignal
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,

@@ -34,7 +34,7 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import ILV, LocatorEntry
 
 __all__ = [

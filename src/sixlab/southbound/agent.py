@@ -71,11 +71,11 @@ from sixlab.dataplane.engine import (
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcserver import abort_for, unary
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp import ConfigError, DropReason, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
+from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 

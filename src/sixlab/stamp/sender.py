@@ -49,9 +49,8 @@ from sixlab.stamp._events import (
     SessionStateError,
     StampResult,
 )
+from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
-from sixlab.wire import stamp_auth
-from sixlab.wire._errors import WireError
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp, encode_timestamp
 
 __all__ = ["DEFAULT_TAI_UTC_OFFSET_NS", "SenderConfig", "SenderCounters", "SenderSession", "State"]
