@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -104,8 +103,6 @@ def _host(args: argparse.Namespace) -> int:
     from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
-    from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
-    from sixlab.linux import LinuxError  # noqa: PLC0415
 
     try:
         check_locator_set(args.locator)
@@ -132,15 +129,15 @@ def _host(args: argparse.Namespace) -> int:
 
     try:
         return run_daemon(config, announce=announce)
-    except (IlnpError, ResolveError, LinuxError, OSError, subprocess.SubprocessError) as exc:
-        # What the host cannot provide (an interface, a readable hosts file, root for
-        # the TUN device, nft...): one line, no traceback.
+    except IlnpError as exc:
+        # A setting that cannot work, or what the host cannot provide (an interface, a
+        # readable hosts file, root for the TUN device, nft...): one line, no traceback.
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 1
 
 
 def _query(args: argparse.Namespace) -> int:
-    from sixlab.ilnp import ControlError  # noqa: PLC0415
+    from sixlab.ilnp import IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:
@@ -148,7 +145,7 @@ def _query(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
         return 1
-    except ControlError as exc:
+    except IlnpError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -124,7 +124,7 @@ _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCo
 )
 
 
-class RequestRefusedError(Exception):
+class RequestRefusedError(ControllerError):
     """A request this servicer refuses itself, with its status code."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:

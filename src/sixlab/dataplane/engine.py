@@ -333,7 +333,7 @@ class SenderEngine(_Loop):
         ssid = spec.config.ssid
         with self.lock:
             if ssid in self._entries:
-                raise ev.ConfigError(f"ssid: session {ssid} already exists")
+                raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
             try:
@@ -416,7 +416,7 @@ class SenderEngine(_Loop):
         try:
             return self._entries[ssid]
         except KeyError:
-            raise ev.ConfigError(f"ssid: no session {ssid}") from None
+            raise ev.SessionConfigError(f"ssid: no session {ssid}") from None
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
         n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))

@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import errno
 import functools
 import os
 import select
@@ -422,7 +423,7 @@ class XdpDataplane(Dataplane):
             try:
                 libbpf.xdp_attach(self.ifindex, prog.fd, flags)
             except libbpf.LibbpfError as exc:
-                if exc.errno == 16:  # EBUSY: someone else's XDP program is there
+                if exc.errno == errno.EBUSY:  # someone else's XDP program is there
                     raise DataplaneError(
                         f"xdp: {self.config.interface} already has an XDP program that is "
                         "not sixlab's; detach it first (`ip link set dev IF xdp off`)"

@@ -61,6 +61,7 @@ import secrets
 import selectors
 import socket
 import struct
+import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -68,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
-from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
@@ -879,7 +880,19 @@ def _entry_json(entry: IlccEntry) -> dict[str, Any]:
 
 
 def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
-    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
+    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket.
+
+    Every failure is an :class:`~sixlab.ilnp.IlnpError`: what the system refuses (root
+    for the TUN device, nftables, a socket...) comes as :class:`DaemonError` with the
+    original error as its cause.
+    """
+    try:
+        return _run_daemon(config, announce)
+    except (LinuxError, OSError, subprocess.SubprocessError) as exc:
+        raise DaemonError(str(exc)) from exc
+
+
+def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
     daemon = IlnpDaemon(config)
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:

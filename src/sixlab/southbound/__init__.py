@@ -7,6 +7,16 @@
   the private ``sixlab.southbound._generated``): what :class:`AgentClient` returns.
 - :mod:`sixlab.southbound.rpcclient` and :mod:`sixlab.southbound.rpcserver` hold what
   the agent's and the controller's gRPC sides share.
+
+Errors
+------
+::
+
+    RpcError                a gRPC call refused; ``code`` is the status, ``details`` why
+     ├── SouthboundError    an agent refused our call, or could not be reached (client)
+     └── AgentError         the agent refuses a call (server side)
+
+(``sixlab.controller``'s ``NorthboundError`` is an ``RpcError`` too.)
 """
 
 from sixlab.southbound._generated import stamp_pb2

@@ -15,12 +15,12 @@ the error, then calls the engine (``sixlab.dataplane.engine``). Every check happ
 before anything changes, so a refused request leaves the agent as it was. Failures
 become gRPC statuses in one place (``_status_of``):
 
-===========================  =======================================================
-``AgentError``               its own code (NOT_FOUND, ALREADY_EXISTS, …)
-``ConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
-``SessionStateError``        FAILED_PRECONDITION (e.g. starting a session twice)
-``DataplaneError``           UNAVAILABLE (cannot bind, missing system support)
-===========================  =======================================================
+=====================================  ==================================================
+``AgentError``                         its own code (NOT_FOUND, ALREADY_EXISTS, …)
+``SessionConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
+``SessionStateError``                  FAILED_PRECONDITION (e.g. starting a session twice)
+``DataplaneError``                     UNAVAILABLE (cannot bind, missing system support)
+=====================================  ==================================================
 
 Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
 Reset that must come first.
@@ -70,8 +70,9 @@ from sixlab.dataplane.engine import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, unary
-from sixlab.stamp import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
 from sixlab.wire import WireError
@@ -154,21 +155,17 @@ _MODES = {
 }
 
 
-class AgentError(Exception):
+class AgentError(RpcError):
     """A request the agent refuses, with the gRPC status code to refuse it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     """The one mapping from the agent's and the core's errors to gRPC statuses."""
     if isinstance(exc, AgentError):
-        return exc.code, str(exc)
+        return exc.code, exc.details
     if isinstance(exc, SessionStateError):
         return Code.FAILED_PRECONDITION, str(exc)
-    if isinstance(exc, ConfigError | WireError):
+    if isinstance(exc, SessionConfigError | WireError):
         return Code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DataplaneError):
         return Code.UNAVAILABLE, str(exc)
@@ -719,7 +716,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 lost = engine.lost(ssid)
                 snap = engine.snapshot(ssid)
                 pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
-            except ConfigError:
+            except SessionConfigError:
                 raise AgentError(
                     Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                 ) from None

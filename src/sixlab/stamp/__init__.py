@@ -15,20 +15,20 @@ Errors
 
     StampError                 misuse of the core by its caller (not bad packets)
      ├── SessionStateError     an input the session's state table does not accept
-     └── ConfigError           a session configuration that cannot work (ValueError)
+     └── SessionConfigError    a session configuration that cannot work (ValueError)
 
 Bad *packets* never raise out of the core: they become a ``PacketDropped`` event and a
 count under a ``DropReason``.
 """
 
 from sixlab.stamp._events import (
-    ConfigError,
     DropReason,
     DuplicateReceived,
     Event,
     PacketDropped,
     PacketLost,
     PacketSent,
+    SessionConfigError,
     SessionFinished,
     SessionStateError,
     StampError,
@@ -47,7 +47,6 @@ from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession
 from sixlab.stamp.stats import DelaySummary, PathStats, path_stats, summarize
 
 __all__ = [
-    "ConfigError",
     "DelaySummary",
     "DropReason",
     "DuplicateReceived",
@@ -66,6 +65,7 @@ __all__ = [
     "SenderConfig",
     "SenderCounters",
     "SenderSession",
+    "SessionConfigError",
     "SessionFinished",
     "SessionStateError",
     "StampError",

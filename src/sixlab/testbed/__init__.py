@@ -12,6 +12,14 @@ Predefined topologies:
 
 Link emulation (delay, jitter, loss per direction) is :mod:`sixlab.testbed.linkemu`, a
 user-space element in a middle namespace: this kernel has no netem.
+
+Errors
+------
+::
+
+    TestbedError (RuntimeError)   a topology that cannot be built or torn down
+
+(``DirectionConfig`` refuses impossible link parameters with a ``ValueError``.)
 """
 
 from sixlab.testbed._bench import BenchTestbed, two_node_bench
