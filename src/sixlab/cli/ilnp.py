@@ -25,7 +25,8 @@ __all__ = ["add_parsers", "main"]
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp import POLICIES, STORES  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415
 
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
@@ -43,8 +44,8 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--interface", action="append", required=True, help="link to serve (repeatable)"
     )
-    host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
-    host.add_argument("--store", choices=["hash", "linear"], default="hash")
+    host.add_argument("--policy", choices=POLICIES.names(), default="socket")
+    host.add_argument("--store", choices=STORES.names(), default="hash")
     host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
     host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")

@@ -1,7 +1,8 @@
 """The STAMP data planes behind one interface, and the engines that join them to the core.
 
-- :mod:`sixlab.dataplane.base`: the :class:`Dataplane` interface and the registry that
-  picks a plane by name (``--dataplane NAME``): :func:`create`, :func:`available`.
+- :mod:`sixlab.dataplane.base`: the :class:`Dataplane` interface and :data:`PLANES`,
+  the registry that picks a plane by name (``--dataplane NAME``): :func:`create`,
+  :func:`available`.
 - The planes: ``socket`` (:mod:`~sixlab.dataplane.udpsocket`, a kernel UDP socket),
   ``scapy`` (:mod:`~sixlab.dataplane.scapy_plane`), ``mmap``
   (:mod:`~sixlab.dataplane.mmap_plane`, TPACKET_V3 rings), ``xdp``
@@ -19,6 +20,7 @@ Errors
 """
 
 from sixlab.dataplane.base import (
+    PLANES,
     Dataplane,
     DataplaneConfig,
     DataplaneError,
@@ -26,7 +28,6 @@ from sixlab.dataplane.base import (
     available,
     create,
     full_path,
-    register,
 )
 from sixlab.dataplane.engine import (
     DEFAULT_FIFO_CAPACITY,
@@ -40,6 +41,7 @@ from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
 
 __all__ = [
     "DEFAULT_FIFO_CAPACITY",
+    "PLANES",
     "Dataplane",
     "DataplaneConfig",
     "DataplaneError",
@@ -54,5 +56,4 @@ __all__ = [
     "available",
     "create",
     "full_path",
-    "register",
 ]

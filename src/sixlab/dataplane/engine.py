@@ -164,7 +164,7 @@ class _Loop:
 class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
-    Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
+    Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
     with no per-packet objects but the reply; what it cannot answer comes back as
     ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
@@ -185,7 +185,7 @@ class ReflectorEngine(_Loop):
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
         self.fast_batch = fast_batch
-        self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------

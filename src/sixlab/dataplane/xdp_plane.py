@@ -74,7 +74,7 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, register
+from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.linux import libbpf
 from sixlab.linux.bpfbuild import build_objects
@@ -292,9 +292,10 @@ def _detach_ours(ifindex: int) -> list[int]:
     return gone
 
 
-@register("xdp")
 class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
+
+    name = "xdp"
 
     def __init__(
         self,

@@ -51,6 +51,7 @@ from sixlab.ilnp.host import (
     Removed,
 )
 from sixlab.ilnp.ilcc import (
+    STORES,
     EntryState,
     IlccEntry,
     IlccStore,
@@ -60,6 +61,7 @@ from sixlab.ilnp.ilcc import (
     store_names,
 )
 from sixlab.ilnp.policy import (
+    POLICIES,
     Admission,
     AdmissionPolicy,
     AdmissionRequest,
@@ -70,6 +72,8 @@ from sixlab.ilnp.policy import (
 )
 
 __all__ = [
+    "POLICIES",
+    "STORES",
     "Admission",
     "AdmissionPolicy",
     "AdmissionRequest",

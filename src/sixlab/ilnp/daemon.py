@@ -73,7 +73,7 @@ from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.policy import AdmissionPolicy, create_policy
+from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
@@ -439,14 +439,23 @@ class IlnpDaemon:
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
+        # What the daemon can give a policy built by name; the policy class says which
+        # of these it takes (``host_options``), ``policy_options`` may override them.
+        offers: dict[str, Callable[[], Any]] = {
+            "sockets": self._kernel_socket_table,
+            "capacity": lambda: config.bounded_capacity,
+            "idle_timeout": lambda: config.bounded_idle,
+        }
         options = dict(config.policy_options)
-        if config.policy == "socket":
-            self.socket_table = KernelSocketTable()
-            options.setdefault("sockets", self.socket_table)
-        elif config.policy == "bounded":
-            options.setdefault("capacity", config.bounded_capacity)
-            options.setdefault("idle_timeout", config.bounded_idle)
+        for option in POLICIES.get(config.policy).host_options - options.keys():
+            if option not in offers:
+                raise ConfigError(f"policy {config.policy}: the daemon has no {option!r}")
+            options[option] = offers[option]()
         return create_policy(config.policy, **options)
+
+    def _kernel_socket_table(self) -> KernelSocketTable:
+        self.socket_table = KernelSocketTable()
+        return self.socket_table
 
     # ------------------------------------------------------------------ lifecycle
 

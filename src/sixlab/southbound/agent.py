@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 One agent runs per node, in a role fixed at start (Session-Sender or Session-Reflector)
-and with a default data plane chosen by name (any plane registered with
-``sixlab.dataplane.base.register``)::
+and with a default data plane chosen by name (any plane of
+``sixlab.dataplane.base.PLANES``)::
 
     Init ──▶ data plane opened, engine thread started ──▶ sessions ──▶ Reset
               (create(name, DataplaneConfig))                 Create / Start / Stop / Destroy
