@@ -16,7 +16,7 @@
                                    device, nftables, a socket); the cause is chained
 
 Malformed or unwelcome packets are not exceptions: the host drops them, counts the
-reason and emits a ``Dropped`` event.
+reason and emits a ``Dropped`` event (docs/architecture.md, "Errors and drops").
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ correspondent is answered through the host's small, bounded reply table instead 
 ILCC entry, so a non-connected server still answers its clients.
 
 * ``none`` — adopt every one: the St Andrews Linux prototype. Under a flood of random
-  source NIDs the ILCC grows without bound (the seed paper: ≈15k entries).
-* ``socket`` — the seed paper's rule: adopt only where a *connected* UDP socket on this
+  source NIDs the ILCC grows without bound (about 15k entries in "Performance Analysis
+  of Identifier Locator Communication Cache Effects on ILNPv6 Stack", docs/papers.md).
+* ``socket`` — that paper's rule: adopt only where a *connected* UDP socket on this
   host is involved in the flow. The policy asks an injected :class:`SocketTable`; the
-  real one will read the kernel's socket table through sock_diag, tests use a fake.
+  real one (:mod:`sixlab.ilnp.socktable`) reads the kernel's socket table through
+  sock_diag, tests use a fake.
   The paper's table also wants an entry for a connected client talking to a
   non-connected server; the server cannot see the client's socket, so
   ``adopt_for_listeners=True`` opts into adopting whenever something listens.
@@ -20,10 +22,10 @@ ILCC entry, so a non-connected server still answers its clients.
   can churn but never exceed.
 
 Policies are entered by name in :data:`POLICIES`, the one list of them (``--policy``
-offers its names); :func:`create_policy` builds one. A policy class states in
-``host_options`` the keyword options a host fills in from its own resources and
-settings when it builds the policy by name (the daemon gives ``socket`` the kernel's
-socket table as ``sockets``).
+offers its names; docs/architecture.md, "Adapters and registries"); :func:`create_policy`
+builds one. A policy class states in ``host_options`` the keyword options a host fills
+in from its own resources and settings when it builds the policy by name (the daemon
+gives ``socket`` the kernel's socket table as ``sockets``).
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class NonePolicy:
 
 
 class SocketPolicy:
-    """Adopt only when a connected socket on this host is part of the flow (the seed)."""
+    """Adopt only when a connected socket on this host is part of the flow (ILNP paper)."""
 
     name = "socket"
     #: ``sockets``: the host's :class:`SocketTable`.
