@@ -13,6 +13,10 @@ Predefined topologies:
 Link emulation (delay, jitter, loss per direction) is :mod:`sixlab.testbed.linkemu`, a
 user-space element in a middle namespace: this kernel has no netem.
 
+:mod:`sixlab.testbed.postgres`: :class:`LabPostgres`, a throwaway PostgreSQL server
+(``initdb`` + ``pg_ctl`` in a temporary directory, as an unprivileged user) for the
+controller's PostgreSQL store.
+
 Errors
 ------
 ::
@@ -36,6 +40,7 @@ from sixlab.testbed._topology import (
     Testbed,
     TestbedError,
 )
+from sixlab.testbed.postgres import LabPostgres, sweep_postgres
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -43,6 +48,7 @@ __all__ = [
     "ClosingContext",
     "DirectionConfig",
     "EmulatedLink",
+    "LabPostgres",
     "Link",
     "LinkEmulation",
     "Node",
@@ -58,5 +64,6 @@ __all__ = [
     "run_in",
     "srv6_two_paths",
     "sweep",
+    "sweep_postgres",
     "two_node_bench",
 ]
