@@ -1,0 +1,126 @@
+"""Per-minute rollups: exact counts and extremes, percentiles within ALPHA, loss by gaps."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sixlab.controller.rollup import (
+    ALPHA,
+    MINUTE_NS,
+    DelayHistogram,
+    MinuteRollup,
+    merged_stats,
+    roll_up,
+)
+from sixlab.stamp import StampResult
+from sixlab.stamp.stats import path_stats
+from sixlab.wire.timestamp import ErrorEstimate
+
+EE = ErrorEstimate(scale=10, multiplier=3)
+T0 = 1_700_000_000 * 10**9 // MINUTE_NS * MINUTE_NS
+
+
+def _r(seq: int, t1: int, direct: int, back: int) -> StampResult:
+    return StampResult(0, seq, t1, t1 + direct, t1 + direct + 1000, t1 + direct + 1000 + back,
+                       EE, EE, 255, seq)  # fmt: skip
+
+
+def _close(approx: int, exact: int) -> bool:
+    return abs(approx - exact) <= ALPHA * abs(exact) + 1
+
+
+delays = st.integers(min_value=-(10**9), max_value=10**10)
+
+
+@given(st.lists(delays, min_size=1, max_size=300))
+def test_histogram_percentiles_are_within_alpha_of_the_exact_ones(values: list[int]) -> None:
+    h = DelayHistogram()
+    for v in values:
+        h.add(v)
+    data = sorted(values)
+    for p in (1, 50, 90, 99, 100):
+        rank = max(1, -(-int(p * len(data) * 1000) // 100_000))
+        assert _close(h.percentile(p), data[rank - 1]), (p, h.percentile(p), data[rank - 1])
+
+
+@given(st.lists(delays, max_size=200))
+def test_histogram_bytes_round_trip(values: list[int]) -> None:
+    h = DelayHistogram()
+    for v in values:
+        h.add(v)
+    assert DelayHistogram.from_bytes(h.to_bytes()) == h
+
+
+def test_truncated_histogram_bytes_are_refused() -> None:
+    h = DelayHistogram()
+    h.add(123456)
+    with pytest.raises(ValueError, match="truncated"):
+        DelayHistogram.from_bytes(h.to_bytes() + b"\x80")
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 500), delays, delays),
+        min_size=1,
+        max_size=200,
+        unique_by=lambda x: x[0],
+    ),
+    st.integers(1, 4),
+)
+def test_rollups_merged_match_the_exact_stats(
+    samples: list[tuple[int, int, int]], passes: int
+) -> None:
+    # A packet every 0.5 s: the records span a few minutes; rolled up in several passes,
+    # in arrival order, then merged.
+    records = [(i + 1, _r(seq, T0 + seq * 500_000_000, d, b)) for i, (seq, d, b) in
+               enumerate(samples)]  # fmt: skip
+    minutes: dict[int, MinuteRollup] = {}
+    top = None
+    size = -(-len(records) // passes)
+    for start in range(0, len(records), size):
+        out, top = roll_up(records[start : start + size], top)
+        for k, m in out.items():
+            minutes.setdefault(k, MinuteRollup(k)).merge(m)
+    exact = path_stats([r for _, r in records])
+    got = merged_stats(list(minutes.values()))
+    assert got.received == exact.received == len(records)
+    for mine, ref in ((got.direct, exact.direct), (got.backward, exact.backward),
+                      (got.rtt, exact.rtt)):  # fmt: skip
+        assert mine is not None
+        assert ref is not None
+        assert (mine.count, mine.min_ns, mine.max_ns) == (ref.count, ref.min_ns, ref.max_ns)
+        assert abs(mine.mean_ns - ref.mean_ns) <= 1
+        for a, b in ((mine.p50_ns, ref.p50_ns), (mine.p90_ns, ref.p90_ns),
+                     (mine.p99_ns, ref.p99_ns)):  # fmt: skip
+            assert _close(a, b), (a, b)
+    # Every Seq below the highest received that did not arrive is lost, once.
+    seqs = {s for s, _, _ in samples}
+    assert got.lost == max(seqs) + 1 - len(seqs)
+    assert got.max_error_bound_ns == exact.max_error_bound_ns
+    assert sum(m.count for m in minutes.values()) == len(records)
+    assert set(minutes) == {r.t1_ns - r.t1_ns % MINUTE_NS for _, r in records}
+
+
+def test_loss_goes_to_the_minute_of_the_next_received_packet() -> None:
+    recs = [(1, _r(0, T0, 10, 10)), (2, _r(5, T0 + MINUTE_NS, 10, 10))]
+    out, top = roll_up(recs, None)
+    assert (out[T0].lost, out[T0 + MINUTE_NS].lost, top) == (0, 4, 5)
+    # Seq 3 arrives late, after the pass that counted it lost: it takes one back.
+    out2, top2 = roll_up([(3, _r(3, T0 + 30 * 10**9, 10, 10))], top)
+    assert (out2[T0].lost, top2) == (-1, 5)
+    total = MinuteRollup(0)
+    for m in (*out.values(), *out2.values()):
+        total.merge(m)
+    assert (total.lost, total.count) == (3, 3)
+
+
+def test_jitter_is_the_mean_absolute_ipdv_of_consecutive_seqs() -> None:
+    recs = [(i + 1, _r(s, T0 + s * 10**8, d, 2 * d)) for i, (s, d) in
+            enumerate([(0, 100), (1, 130), (2, 110), (4, 500)])]  # fmt: skip
+    out, _ = roll_up(recs, None)
+    stats = merged_stats(list(out.values()))
+    exact = path_stats([r for _, r in recs])
+    assert stats.direct_jitter_ns == exact.direct_jitter_ns == 25
+    assert stats.return_jitter_ns == exact.return_jitter_ns == 50
