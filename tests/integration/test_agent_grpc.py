@@ -541,6 +541,30 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def test_each_agent_run_has_its_own_epoch(pair: Pair) -> None:
+    """GetAgentInfo's epoch names this run of the agent: it stays while the agent runs
+    (Reset included) and differs between runs."""
+    before = time.time_ns()
+    first = serve("[::1]:0", "sender")
+    second = serve("[::1]:0", "sender")
+    try:
+        with (
+            AgentClient(f"[::1]:{first.port}") as a,
+            AgentClient(f"[::1]:{second.port}") as b,
+        ):
+            info = a.info()
+            assert info.epoch != 0
+            assert before <= info.started_ns <= time.time_ns()
+            a.init(port=0, source="::1")
+            a.reset()
+            assert (a.info().epoch, a.info().started_ns) == (info.epoch, info.started_ns)
+            assert b.info().epoch not in (0, info.epoch)
+    finally:
+        first.stop(None)
+        second.stop(None)
+    assert pair.sender.info().epoch not in (0, info.epoch)
+
+
 def test_cursor_mode_polling_is_exactly_once(pair: Pair) -> None:
     """A reader that stores what it reads loses nothing when it dies between a read and
     its store: records stay queued until acknowledged by the next read."""

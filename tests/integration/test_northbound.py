@@ -78,9 +78,11 @@ class Northbound:
         self.controller.store.close()
 
 
-def _northbound(tmp: Path) -> Northbound:
+def _northbound(tmp: Path, supervise_interval_s: float | None = 1.0) -> Northbound:
     address = f"unix:{tmp}/controller.sock"
-    controller = Controller(Store(tmp / "c.db"), poll_interval_s=0.05)
+    controller = Controller(
+        Store(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s
+    )
     server = serve_controller(address, controller)
     return Northbound(controller, server, ControllerClient(address, timeout=15), address)
 
@@ -220,7 +222,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     agents = Agents(tmp)
     spare_addr = f"unix:{tmp}/spare.sock"
     spare = serve(spare_addr, "sender")  # up, never initialised
-    nb = _northbound(tmp)
+    # No supervisor: its health checks would refresh last_seen under the snapshots.
+    nb = _northbound(tmp, supervise_interval_s=None)
     port = _pair(nb.client, agents)
     nb.client.register_node("s2", spare_addr, "sender")
     nb.client.register_node("gone", f"unix:{tmp}/nobody.sock", "sender")

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sixlab.controller.store import (
+    SCHEMA_VERSION,
     AlreadyExistsError,
     InUseError,
     NotFoundError,
+    StaleEpochError,
     Store,
     StoreError,
 )
@@ -108,9 +110,36 @@ def test_counters_add_up_across_epochs(store: Store) -> None:
     store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 0), epoch=1)
     row = store.session("p")
     assert (row.sent, row.lost, row.forward_lost) == (14, 3, 1)
-    # A late snapshot of the old epoch must not overwrite the totals.
-    store.store_results(sid, [], counters=(11, 2, 1, 0), epoch=0)
+    # A late batch of the old epoch must neither overwrite the totals nor land in the
+    # new epoch: it is refused whole.
+    with pytest.raises(StaleEpochError, match="epoch 0, but the session is in epoch 1"):
+        store.store_results(sid, [(2, _r(9))], counters=(11, 2, 1, 0), epoch=0)
     assert store.session("p").sent == 14
+    assert store.record_ids(sid) == [(0, 1), (1, 1)]
+
+
+def test_migrates_a_version_0_file(tmp_path: Path) -> None:
+    """A store written before the schema had a version (nodes without the agent's run)
+    opens, keeps its rows and gains the new columns."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE nodes (name TEXT PRIMARY KEY, address TEXT NOT NULL, role TEXT NOT NULL"
+            " CHECK (role IN ('sender', 'reflector')), healthy INTEGER NOT NULL DEFAULT 0,"
+            " last_seen INTEGER, last_error TEXT, init TEXT);"
+            "INSERT INTO nodes(name, address, role, init) VALUES ('s1', 'h:1', 'sender', '{}');"
+        )
+    store = Store(path)
+    node = store.node("s1")
+    assert (node.name, node.init, node.agent_epoch, node.restarts) == ("s1", {}, None, 0)
+    assert store.observe_agent("s1", 0xFEDCBA9876543210, 5) is False  # first sight
+    assert store.observe_agent("s1", 0xFEDCBA9876543210, 5) is False
+    assert store.observe_agent("s1", 7, 9) is True  # a new run: a restart
+    node = store.node("s1")
+    assert (node.agent_epoch, node.agent_started_ns, node.restarts) == ("0000000000000007", 9, 1)
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_survives_reopen(tmp_path: Path) -> None:

@@ -16,11 +16,25 @@ is stored with the new cursor in one transaction (``Store.store_results``), then
 acknowledged; so a result is stored exactly once, even if the controller is killed at
 any point and restarted (``resume`` restarts the collectors from the stored cursors).
 
-Health. A failing call marks the node unhealthy (store and the ``sixlab_agent_up``
-metric) and the collector retries with back-off. When the agent answers again, the
-collector checks that it still has the session: an agent that restarted has lost it,
-so the controller replays the node's Init, creates the session again (new epoch, see
-``Store.new_epoch``) and starts it; measurement resumes.
+Health and repair. A supervisor thread asks every node's agent how it is
+(``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
+node's health (store and the ``sixlab_agent_up`` metric). The answer carries the agent's
+``epoch``, chosen at random each time an agent starts: a new epoch means the agent
+restarted and lost its Init and its sessions, whichever role it has, even when no call
+failed in between. The controller then replays the node's Init (with the UDP port it
+bound before, so that senders still reach a reflector) and creates the node's sessions
+again (``reconcile_node``). A session missing from an agent that did not restart (it
+was Reset, or a collector got NOT_FOUND) is created again the same way.
+
+- On a reflector, the session is created and, if it was started, started again; its
+  sender never stopped, so measurement simply resumes (what was sent meanwhile is lost).
+- On a sender, the session's records start over from id 1: the controller opens a new
+  epoch (``Store.new_epoch``), creates the session on both agents again (a stateful
+  reflector's count must restart with the sender's Seq) and starts it.
+
+Collectors and repairs of a session take the session's lock: a batch is read, stored
+and acknowledged within one epoch, and a repair never slips in between (an
+acknowledgement of the old epoch's ids would remove unstored records of the new one).
 """
 
 from __future__ import annotations
@@ -32,13 +46,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import grpc
 
 from sixlab.controller.metrics import ControllerMetrics
-from sixlab.controller.store import NotFoundError, SessionRow, Store
+from sixlab.controller.store import NodeRow, NotFoundError, SessionRow, StaleEpochError, Store
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
 from sixlab.stamp.stats import PathStats, path_stats
@@ -60,6 +74,17 @@ BATCH = 5000
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
+#: How often the supervisor asks every agent how it is (s).
+SUPERVISE_INTERVAL_S = 1.0
+#: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
+#: unhealthy, and must not hold up the checks of the others for long.
+INFO_TIMEOUT_S = 3.0
+#: Session states in which the session exists on each agent (as far as the controller
+#: is concerned): a finished sender session is created again when it is started.
+_ON_REFLECTOR = ("created", "running", "stopping", "stopped", "finished")
+_ON_SENDER = ("created", "running", "stopping")
+#: gRPC statuses that say the agent does not have what the controller expects.
+_MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class ControllerError(ValueError):
@@ -162,16 +187,30 @@ class Controller:
         client_factory: ClientFactory = AgentClient,
         clock: Callable[[], int] = time.time_ns,
         poll_interval_s: float = 0.5,
+        supervise_interval_s: float | None = SUPERVISE_INTERVAL_S,
     ) -> None:
+        """``clock`` gives the Unix ns stored with nodes and sessions. ``supervise_interval_s``
+        None: no supervisor thread (health and repairs only through ``check_node``)."""
         self.store = store
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.poll_interval_s = poll_interval_s
+        self.supervise_interval_s = supervise_interval_s
         self._client_factory = client_factory
         self._clients: dict[str, AgentClient] = {}
         self._collectors: dict[str, _Collector] = {}
         self._lock = threading.RLock()
+        #: Serialises what changes sessions on agents: user requests and repairs.
+        self._ops = threading.RLock()
+        self._session_locks: dict[str, threading.Lock] = {}
+        self._wake = threading.Event()
         self._closed = False
+        self._supervisor: threading.Thread | None = None
+        if supervise_interval_s is not None:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="controller-supervisor", daemon=True
+            )
+            self._supervisor.start()
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -198,8 +237,10 @@ class Controller:
     ) -> int:
         """Init the node's agent (and remember the parameters to replay after a restart)."""
         init = {"dataplane": dataplane, "port": port, "interface": interface, "source": source}
-        bound = self._init(name, init)
-        self.store.set_init(name, init)
+        with self._ops:
+            bound = self._init(name, init)
+            self.store.set_init(name, init, bound)
+            self._observe(name)
         return bound
 
     def _init(self, name: str, init: dict[str, Any]) -> int:
@@ -215,13 +256,127 @@ class Controller:
         assert isinstance(port, int)
         return port
 
+    def _replay_init(self, node: NodeRow) -> None:
+        """Init a restarted agent as it was: with the port it bound, so that the senders'
+        sessions still reach a reflector that had asked for any free port."""
+        if node.init is None:
+            raise SouthboundError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {node.name} is not initialised and was never initialised by us",
+            )
+        init = dict(node.init)
+        if node.role == "reflector" and not init.get("port") and node.port:
+            init["port"] = node.port
+        log.warning("node %s: initialising its agent again", node.name)
+        self._init(node.name, init)
+
+    def _observe(self, name: str) -> pb.GetAgentInfoReply:
+        """GetAgentInfo, recording the agent's run without acting on a change."""
+        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+        self.store.observe_agent(name, info.epoch, info.started_ns)
+        return info
+
     def check_node(self, name: str) -> bool:
-        """Ask the node's agent how it is; record and return its health."""
+        """Ask the node's agent how it is; repair it if it restarted or lost sessions.
+
+        Returns its health. Repairs that fail are logged and retried at the next check.
+        """
         try:
-            self._call(name, lambda c: c.info())
-        except SouthboundError:
-            return False
-        return True
+            self.reconcile_node(name)
+        except SouthboundError as exc:
+            log.warning("node %s: %s", name, exc)
+        return self.store.node(name).healthy
+
+    def reconcile_node(self, name: str) -> None:
+        """Make the node's agent carry what the store says it carries (module doc)."""
+        with self._ops:
+            info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+            restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
+            node = self.store.node(name)
+            if restarted:
+                log.warning(
+                    "node %s: its agent restarted (epoch %016x); restoring its sessions",
+                    name,
+                    info.epoch,
+                )
+            if node.role == "sender":
+                rows = [r for r in self.store.sessions() if r.sender == name]
+                expected = [r for r in rows if r.state in _ON_SENDER]
+            else:
+                rows = [r for r in self.store.sessions() if r.reflector == name]
+                expected = [r for r in rows if r.state in _ON_REFLECTOR]
+            if not expected:
+                return
+            if not info.initialized:
+                self._replay_init(node)
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+            present = set(info.ssids)
+            for row in expected:
+                if restarted or row.ssid not in present:
+                    if node.role == "sender":
+                        self._repair_sender_half(row)
+                    else:
+                        self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _repair_reflector_half(self, row: SessionRow, *, present: bool) -> None:
+        """The reflector lost the session: create it again, started if it was."""
+        log.warning("session %s: creating it again on reflector %s", row.name, row.reflector)
+        spec = self._spec(row)
+        if present:  # an agent that restarted cannot have it: someone else made this one
+            with contextlib.suppress(SouthboundError):
+                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
+        self._create_reflector_half(spec, row.ssid)
+        if row.state != "created":
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+
+    def _repair_sender_half(self, row: SessionRow) -> None:
+        """The sender lost the session: create it again on both agents, in a new epoch."""
+        log.warning("session %s: creating it again on sender %s", row.name, row.sender)
+        with self._session_lock(row.name):
+            row = self.store.session(row.name)
+            stopping = row.state == "stopping"
+            if stopping:
+                # It was told to stop: what was in flight died with the agent.
+                self.store.set_state(row.name, "finished")
+        if stopping:
+            self._stop_collector(row.name)
+            return
+        with self._session_lock(row.name):
+            row = self.store.session(row.name)
+            if row.state not in _ON_SENDER:
+                return
+            self._destroy_on_agents(row)
+            self._create_on_agents(self._spec(row), row.ssid)
+            if row.state == "created":
+                return
+            self.store.new_epoch(row.name)
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            self._call(row.sender, lambda c: c.start_session(row.ssid))
+
+    def _destroy_on_agents(self, row: SessionRow) -> None:
+        for node in (row.sender, row.reflector):
+            with contextlib.suppress(SouthboundError):
+                self._call(node, lambda c: c.destroy_session(row.ssid))
+
+    def _session_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            lock = self._session_locks.get(name)
+            if lock is None:
+                lock = self._session_locks[name] = threading.Lock()
+            return lock
+
+    def _supervise(self) -> None:
+        assert self.supervise_interval_s is not None
+        while not self._closed:
+            for node in self.store.nodes():
+                if self._closed:
+                    return
+                try:
+                    self.check_node(node.name)
+                except Exception:
+                    log.exception("node %s: check failed", node.name)
+            self._wake.wait(self.supervise_interval_s)
+            self._wake.clear()
 
     def _call(self, node: str, fn: Callable[[AgentClient], Any]) -> Any:
         """One call to a node's agent; its health follows the outcome."""
@@ -247,7 +402,7 @@ class Controller:
             raise ControllerError(f"sender: node {spec.sender!r} is a {sender.role}")
         if reflector.role != "reflector":
             raise ControllerError(f"reflector: node {spec.reflector!r} is a {reflector.role}")
-        with self._lock:
+        with self._ops:
             try:
                 self.store.session(spec.name)
             except NotFoundError:
@@ -269,7 +424,7 @@ class Controller:
                 now_ns=self.clock(),
             )
 
-    def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
+    def _create_reflector_half(self, spec: SessionSpec, ssid: int) -> None:
         key = bytes.fromhex(spec.key_hex) or None
         self._call(
             spec.reflector,
@@ -281,6 +436,10 @@ class Controller:
                 return_sid_list=() if spec.return_path_tlv else spec.return_segments,
             ),
         )
+
+    def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
+        key = bytes.fromhex(spec.key_hex) or None
+        self._create_reflector_half(spec, ssid)
         try:
             self._call(
                 spec.sender,
@@ -312,31 +471,32 @@ class Controller:
         return SessionSpec(**params)
 
     def start_session(self, name: str) -> None:
-        row = self.store.session(name)
-        if row.state not in ("created", "stopped"):
-            raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
-        self._call(row.reflector, lambda c: c.start_session(row.ssid))
-        self._call(row.sender, lambda c: c.start_session(row.ssid))
-        self.store.set_state(name, "running")
-        self._start_collector(name)
+        with self._ops:
+            row = self.store.session(name)
+            if row.state not in ("created", "stopped"):
+                raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            self._call(row.sender, lambda c: c.start_session(row.ssid))
+            self.store.set_state(name, "running")
+            self._start_collector(name)
 
     def stop_session(self, name: str) -> None:
         """Stop sending; the collector keeps reading until the session has drained."""
-        row = self.store.session(name)
-        if row.state != "running":
-            raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
-        self._call(row.sender, lambda c: c.stop_session(row.ssid))
-        self.store.set_state(name, "stopping")
+        with self._ops:
+            row = self.store.session(name)
+            if row.state != "running":
+                raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
+            self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            self.store.set_state(name, "stopping")
 
     def destroy_session(self, name: str) -> None:
-        row = self.store.session(name)
-        if row.state == "destroyed":
-            raise WrongStateError(f"name: session {name!r} is already destroyed")
-        self._stop_collector(name)
-        for node in (row.sender, row.reflector):
-            with contextlib.suppress(SouthboundError):
-                self._call(node, lambda c: c.destroy_session(row.ssid))
-        self.store.set_state(name, "destroyed")
+        with self._ops:
+            row = self.store.session(name)
+            if row.state == "destroyed":
+                raise WrongStateError(f"name: session {name!r} is already destroyed")
+            self._stop_collector(name)
+            self._destroy_on_agents(row)
+            self.store.set_state(name, "destroyed")
 
     def wait_finished(self, name: str, timeout: float) -> bool:
         """Wait until the session's collector has read everything and ended."""
@@ -363,6 +523,9 @@ class Controller:
         with self._lock:
             self._closed = True
             names = list(self._collectors)
+        self._wake.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(INFO_TIMEOUT_S + 10)
         for name in names:
             self._stop_collector(name)
         with self._lock:
@@ -398,13 +561,16 @@ class Controller:
         while not col.stop.is_set():
             row = self.store.session(col.name)
             try:
-                row = self._ensure_on_agent(row)
                 done = (
                     self._stream_once(row, col)
                     if row.params["collect"] == CollectMode.STREAM
-                    else self._poll_once(row)
+                    else self._poll_once(col.name)
                 )
             except SouthboundError as exc:
+                if exc.code in _MISSING:
+                    # The sender lost the session (restart, Reset): the supervisor
+                    # creates it again; look now rather than at its next round.
+                    self._wake.set()
                 log.info("session %s: %s; retrying in %.1f s", col.name, exc.details, delay)
                 col.stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -417,45 +583,18 @@ class Controller:
                 continue
             delay = RETRY_MIN_S
             if done:
-                self.store.set_state(col.name, "finished")
                 with self._lock:
-                    self._collectors.pop(col.name, None)
+                    if self._collectors.get(col.name) is col:
+                        del self._collectors[col.name]
                 return
             if row.params["collect"] == CollectMode.POLL:
                 col.stop.wait(self.poll_interval_s)
 
-    def _ensure_on_agent(self, row: SessionRow) -> SessionRow:
-        """Make sure the sender still has the session; recreate it after an agent restart.
-
-        Returns the session's row as it is now (a new epoch if it was recreated).
-        """
-        info = self._call(row.sender, lambda c: c.info())
-        if info.initialized and row.ssid in info.ssids:
-            return row
-        log.warning(
-            "session %s: sender %s lost it (restart?); creating it again", row.name, row.sender
-        )
-        for node in (row.sender, row.reflector):
-            node_row = self.store.node(node)
-            ninfo = self._call(node, lambda c: c.info())
-            if not ninfo.initialized:
-                if node_row.init is None:
-                    raise SouthboundError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"node {node} is not initialised and was never initialised by us",
-                    )
-                self._init(node, node_row.init)
-        rinfo = self._call(row.reflector, lambda c: c.info())
-        if row.ssid in rinfo.ssids:
-            with contextlib.suppress(SouthboundError):
-                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
-        self._create_on_agents(self._spec(row), row.ssid)
-        self.store.new_epoch(row.name)
-        self._call(row.reflector, lambda c: c.start_session(row.ssid))
-        self._call(row.sender, lambda c: c.start_session(row.ssid))
-        return self.store.session(row.name)
-
     def _store(self, row: SessionRow, results: Iterable[pb.StampResult]) -> int:
+        """Store a batch of the session's current epoch (session lock held); its cursor.
+
+        Raises StaleEpochError if the session moved to another epoch since ``row``.
+        """
         records = [(r.record_id, result_from_proto(r)) for r in results]
         counters = self._call(row.sender, lambda c: c.counters(row.ssid)).sessions[0]
         snapshot = (
@@ -473,15 +612,30 @@ class Controller:
         """Free what is stored on the agent (safe to lose: the next read acknowledges too)."""
         self._call(row.sender, lambda c: c.acknowledge(row.ssid, through))
 
-    def _poll_once(self, row: SessionRow) -> bool:
+    def _finish(self, row: SessionRow) -> bool:
+        """The session's sender finished and everything was stored (session lock held)."""
+        self.store.set_state(row.name, "finished")
+        return True
+
+    def _poll_once(self, name: str) -> bool:
         """One poll: store what came, acknowledge it. True when the session is over."""
-        reply = self._call(row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor))
-        cursor = self._store(row, reply.results)
-        if reply.results:
-            self._ack(row, cursor)
-        return reply.state == pb.SESSION_STATE_FINISHED and not reply.results
+        with self._session_lock(name):
+            row = self.store.session(name)
+            if row.state not in ("running", "stopping"):
+                return True
+            reply = self._call(
+                row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor)
+            )
+            cursor = self._store(row, reply.results)
+            if reply.results:
+                self._ack(row, cursor)
+            if reply.state == pb.SESSION_STATE_FINISHED and not reply.results:
+                return self._finish(row)
+            return False
 
     def _stream_once(self, row: SessionRow, col: _Collector) -> bool:
+        if row.state not in ("running", "stopping"):
+            return True
         stream = self._call(
             row.sender, lambda c: c.stream_results(row.ssid, max_batch=BATCH, after_id=row.cursor)
         )
@@ -493,11 +647,16 @@ class Controller:
             for batch in stream:
                 if col.stop.is_set():
                     return False
-                cursor = self._store(row, batch.results)
-                if batch.results:
-                    self._ack(row, cursor)
-                if batch.final:
-                    return True
+                with self._session_lock(row.name):
+                    try:
+                        cursor = self._store(row, batch.results)
+                    except StaleEpochError:
+                        return False  # created again meanwhile: open a stream on the new one
+                    if batch.results:
+                        self._ack(row, cursor)
+                    if batch.final:
+                        return self._finish(row)
+                row = replace(row, cursor=cursor)
         except grpc.RpcError as exc:
             if col.stop.is_set():  # our own cancel
                 return False

@@ -18,10 +18,11 @@ a controller writes (WAL lets readers run beside one writer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,13 @@ from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "SCHEMA",
+    "SCHEMA_VERSION",
     "AlreadyExistsError",
     "InUseError",
     "NodeRow",
     "NotFoundError",
     "SessionRow",
+    "StaleEpochError",
     "Store",
     "StoreError",
 ]
@@ -48,7 +51,11 @@ CREATE TABLE IF NOT EXISTS nodes (
     healthy     INTEGER NOT NULL DEFAULT 0,
     last_seen   INTEGER,                -- Unix ns of the last successful call
     last_error  TEXT,
-    init        TEXT                    -- JSON Init parameters, replayed when it restarts
+    init        TEXT,                   -- JSON Init parameters, replayed when it restarts
+    port        INTEGER,                -- the STAMP UDP port its Init bound
+    agent_epoch TEXT,                   -- the agent's run (GetAgentInfo.epoch, hex) last seen
+    agent_started_ns INTEGER,           -- when that run started, Unix ns
+    restarts    INTEGER NOT NULL DEFAULT 0  -- times the agent was seen with a new epoch
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -92,7 +99,13 @@ _SELECT_SESSIONS = (
     "SELECT id, name, ssid, sender, reflector, params, state, epoch, cursor, sent, lost,"
     " forward_lost, overflow, created_ns FROM sessions"
 )
-_SELECT_NODES = "SELECT name, address, role, healthy, last_seen, last_error, init FROM nodes"
+_SELECT_NODES = (
+    "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
+    " agent_started_ns, restarts FROM nodes"
+)
+#: The schema version this code writes (``PRAGMA user_version``); older files are
+#: migrated on open (``_migrate``).
+SCHEMA_VERSION = 1
 
 
 class StoreError(ValueError):
@@ -111,6 +124,10 @@ class InUseError(StoreError):
     """The node still carries a session that is not destroyed."""
 
 
+class StaleEpochError(StoreError):
+    """Results of an epoch the session has left (it was created again meanwhile)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRow:
     name: str
@@ -120,6 +137,13 @@ class NodeRow:
     last_seen: int | None
     last_error: str | None
     init: dict[str, Any] | None
+    #: The STAMP UDP port the node's Init bound (None: never initialised by us).
+    port: int | None = None
+    #: The agent's run last seen (GetAgentInfo.epoch as 16 hex digits), and its start.
+    agent_epoch: str | None = None
+    agent_started_ns: int | None = None
+    #: How many times the agent was seen to have restarted (a new epoch).
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +175,23 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(SCHEMA)
+            _migrate(self._db)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one write transaction: committed, or rolled back on error."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -198,11 +234,31 @@ class Store:
             rows = self._db.execute(_SELECT_NODES + " ORDER BY name").fetchall()
         return [_node_row(r) for r in rows]
 
-    def set_init(self, name: str, init: dict[str, Any]) -> None:
+    def set_init(self, name: str, init: dict[str, Any], port: int | None = None) -> None:
+        """Remember a node's Init parameters (replayed after a restart) and the port bound."""
         with self._lock:
             self._db.execute(
-                "UPDATE nodes SET init=? WHERE name=?", (json.dumps(init, sort_keys=True), name)
+                "UPDATE nodes SET init=?, port=? WHERE name=?",
+                (json.dumps(init, sort_keys=True), port, name),
             )
+
+    def observe_agent(self, name: str, epoch: int, started_ns: int) -> bool:
+        """Record the run of the node's agent seen now; True if it differs from the run
+        seen before (the agent restarted), which also counts a restart."""
+        text = f"{epoch:016x}"
+        with self._lock:
+            row = self._db.execute("SELECT agent_epoch FROM nodes WHERE name=?", (name,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"node: no node named {name!r}")
+            if row[0] == text:
+                return False
+            restarted = row[0] is not None
+            self._db.execute(
+                "UPDATE nodes SET agent_epoch=?, agent_started_ns=?, restarts=restarts+?"
+                " WHERE name=?",
+                (text, started_ns, int(restarted), name),
+            )
+        return restarted
 
     def remove_node(self, name: str) -> None:
         with self._lock:
@@ -300,7 +356,9 @@ class Store:
 
         ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot for this
         epoch; the stored totals add the earlier epochs' base. Returns how many rows
-        were new.
+        were new. Raises StaleEpochError, storing nothing, if the session is no longer
+        in ``epoch`` (records of the agent's earlier session must not land in the new
+        epoch, nor its counters overwrite the new totals) or was destroyed.
         """
         rows = [
             (
@@ -319,35 +377,30 @@ class Store:
             )
             for rid, r in records
         ]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                before = self._db.total_changes
-                self._db.executemany(
-                    # Only a repeated (session, record id) is skipped: OR IGNORE would also
-                    # swallow a NOT NULL violation, silently losing a row.
-                    "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT(session_id, epoch, record_id) DO NOTHING",
-                    rows,
+        with self._transaction() as db:
+            _check_epoch(db, session_id, epoch)
+            before = db.total_changes
+            db.executemany(
+                # Only a repeated (session, record id) is skipped: OR IGNORE would also
+                # swallow a NOT NULL violation, silently losing a row.
+                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(session_id, epoch, record_id) DO NOTHING",
+                rows,
+            )
+            new = db.total_changes - before
+            if rows:
+                db.execute(
+                    "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
+                    (max(r[2] for r in rows), session_id, epoch),
                 )
-                new = self._db.total_changes - before
-                if rows:
-                    self._db.execute(
-                        "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
-                        (max(r[2] for r in rows), session_id, epoch),
-                    )
-                if counters is not None:
-                    sent, lost, forward_lost, overflow = counters
-                    self._db.execute(
-                        "UPDATE sessions SET sent=sent_base+?, lost=lost_base+?,"
-                        " forward_lost=CASE WHEN ? IS NULL THEN NULL"
-                        " ELSE forward_lost_base+? END, overflow=? WHERE id=? AND epoch=?",
-                        (sent, lost, forward_lost, forward_lost, overflow, session_id, epoch),
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            if counters is not None:
+                sent, lost, forward_lost, overflow = counters
+                db.execute(
+                    "UPDATE sessions SET sent=sent_base+?, lost=lost_base+?,"
+                    " forward_lost=CASE WHEN ? IS NULL THEN NULL"
+                    " ELSE forward_lost_base+? END, overflow=? WHERE id=? AND epoch=?",
+                    (sent, lost, forward_lost, forward_lost, overflow, session_id, epoch),
+                )
         return new
 
     def results(
@@ -406,7 +459,62 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:
-    return NodeRow(r[0], r[1], r[2], bool(r[3]), r[4], r[5], json.loads(r[6]) if r[6] else None)
+    return NodeRow(
+        r[0], r[1], r[2], bool(r[3]), r[4], r[5], json.loads(r[6]) if r[6] else None,
+        r[7], r[8], r[9], r[10],
+    )  # fmt: skip
+
+
+def _check_epoch(db: sqlite3.Connection, session_id: int, epoch: int) -> None:
+    now = db.execute("SELECT epoch, state FROM sessions WHERE id=?", (session_id,)).fetchone()
+    if now is None:
+        raise NotFoundError(f"session: no session with id {session_id}")
+    if now[1] == "destroyed":
+        raise StaleEpochError(f"session {session_id}: results of epoch {epoch}, but destroyed")
+    if now[0] != epoch:
+        raise StaleEpochError(
+            f"session {session_id}: results of epoch {epoch}, but the session is in epoch {now[0]}"
+        )
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Create the schema in a new file, or bring an older file's up to SCHEMA_VERSION."""
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
+        )
+    existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if existing is not None and version < 1:
+            _migrate_0_to_1(db)
+        # One statement at a time: executescript would commit the transaction first.
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _migrate_0_to_1(db: sqlite3.Connection) -> None:
+    """Version 0 (no user_version): nodes without the agent's run and bound port."""
+    have = _columns(db, "nodes")
+    for column, kind in (
+        ("port", "INTEGER"),
+        ("agent_epoch", "TEXT"),
+        ("agent_started_ns", "INTEGER"),
+        ("restarts", "INTEGER NOT NULL DEFAULT 0"),
+    ):
+        if column not in have:
+            db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
 
 
 def _result(session_id: int, r: Sequence[Any]) -> StampResult:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -448,6 +449,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         self.default_dataplane = dataplane
         self._fifo_capacity = fifo_capacity
         self._clock = clock
+        #: This run of the agent (GetAgentInfo.epoch): a controller that sees it change
+        #: knows the agent restarted and lost its sessions, even if no call failed.
+        self.epoch = secrets.randbits(64) or 1
+        self.started_ns = clock()
         self._lock = threading.RLock()
         self._rt: _Runtime | None = None
         self._senders: dict[int, _SenderRecord] = {}
@@ -504,6 +509,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             port=0 if rt is None else rt.port,
             ssids=sorted([*self._senders, *self._reflectors]),
             engine_error="" if error is None else repr(error),
+            epoch=self.epoch,
+            started_ns=self.started_ns,
         )
 
     @_unary

@@ -133,8 +133,14 @@ class AgentClient(GrpcClient):
 
     # -- agent ------------------------------------------------------------------------
 
-    def info(self) -> pb.GetAgentInfoReply:
-        reply: pb.GetAgentInfoReply = self._call("GetAgentInfo", pb.GetAgentInfoRequest())
+    def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
+        """Role, state and run (``epoch``) of the agent; ``timeout`` overrides the deadline."""
+        try:
+            reply: pb.GetAgentInfoReply = self._stub.GetAgentInfo(
+                pb.GetAgentInfoRequest(), timeout=self.timeout if timeout is None else timeout
+            )
+        except grpc.RpcError as exc:
+            raise SouthboundError.from_rpc(exc) from None
         return reply
 
     def init(

@@ -210,6 +210,8 @@ class GetAgentInfoReply(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     SSIDS_FIELD_NUMBER: _builtins.int
     ENGINE_ERROR_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    STARTED_NS_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     """The agent's role, fixed at start."""
     default_dataplane: _builtins.str
@@ -222,6 +224,12 @@ class GetAgentInfoReply(_message.Message):
     """The bound STAMP UDP port (0 when not initialised)."""
     engine_error: _builtins.str
     """Non-empty if the engine's thread died: the error it died of (Reset to recover)."""
+    epoch: _builtins.int
+    """This run of the agent: random and non-zero, chosen when the agent starts. A new
+    value means the agent restarted, and lost its Init and every session with it.
+    """
+    started_ns: _builtins.int
+    """When this run of the agent started, Unix-epoch UTC ns."""
     @_builtins.property
     def available_dataplanes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every data plane registered in this agent."""
@@ -241,10 +249,12 @@ class GetAgentInfoReply(_message.Message):
         port: _builtins.int = ...,
         ssids: _abc.Iterable[_builtins.int] | None = ...,
         engine_error: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        started_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "initialized", b"initialized", "port", b"port", "role", b"role", "ssids", b"ssids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "epoch", b"epoch", "initialized", b"initialized", "port", b"port", "role", b"role", "ssids", b"ssids", "started_ns", b"started_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,251 @@
+"""The controller's lifecycle with real agent processes: kill -9, restart, repair.
+
+Agents are ``sixlab stamp agent`` processes serving gRPC on unix sockets, with the
+socket plane on ::1; the controller runs in this process so that the tests can read its
+store and metrics. Each process is killed with SIGKILL (no clean-up at all) and started
+again, as a supervisor would.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from sixlab.controller.core import Controller, SessionSpec
+from sixlab.controller.store import Store
+from sixlab.southbound.client import AgentClient
+
+MS = 1_000_000
+
+
+class AgentProcess:
+    """One ``sixlab stamp agent`` process on a unix socket, killable and restartable."""
+
+    def __init__(self, tmp: Path, role: str) -> None:
+        self.role = role
+        self.path = tmp / f"{role}.sock"
+        self.address = f"unix:{self.path}"
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    def start(self) -> None:
+        # A killed agent leaves its socket file behind; a supervisor removes it.
+        self.path.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "sixlab", "stamp", "agent", "--role", self.role]
+        self.proc = subprocess.Popen(
+            [*argv, "--grpc", self.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("stamp agent:"), line
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._close()
+
+    def _close(self) -> None:
+        assert self.proc is not None
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+
+class Lab:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sender = AgentProcess(tmp, "sender")
+        self.reflector = AgentProcess(tmp, "reflector")
+        #: A fixed reflector UDP port: a restarted reflector must come back on it.
+        self.udp_port = _free_udp_port()
+
+    def controller(self, db: str = "c.db", **kw: float | None) -> Controller:
+        kw.setdefault("poll_interval_s", 0.05)
+        kw.setdefault("supervise_interval_s", 0.2)
+        return Controller(Store(self.tmp / db), **kw)  # type: ignore[arg-type]
+
+    def setup(self, c: Controller) -> None:
+        c.register_node("s", self.sender.address, "sender")
+        c.register_node("r", self.reflector.address, "reflector")
+        c.init_node("s", source="::1", port=0)
+        c.init_node("r", source="::1", port=0)
+
+    def spec(self, c: Controller, name: str = "p", **kw: object) -> SessionSpec:
+        base = SessionSpec(
+            name=name,
+            sender="s",
+            reflector="r",
+            reflector_address="::1",
+            reflector_port=c.client("r").info().port,
+            interval_ns=20 * MS,
+            loss_timeout_ns=300 * MS,
+        )
+        return replace(base, **kw)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.sender.stop()
+        self.reflector.stop()
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        s.bind(("::1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(tmp_path)
+    yield lab
+    lab.close()
+
+
+def _until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        time.sleep(0.05)
+
+
+def _metrics(c: Controller) -> str:
+    return generate_latest(c.metrics.registry).decode()
+
+
+def _stored(c: Controller, name: str = "p") -> int:
+    return c.store.count_results(c.store.session(name).id)
+
+
+@pytest.mark.parametrize("collect", ["poll", "stream"])
+def test_reflector_killed_and_restarted_is_repaired(lab: Lab, collect: str) -> None:
+    """kill -9 of the reflector's agent mid-session: the sender keeps sending (its
+    packets are lost meanwhile); once the agent is back the controller sees its new
+    epoch, initialises it on the same UDP port, creates the session again and loss
+    stops, with no call of the sender's ever failing."""
+    c = lab.controller()
+    try:
+        c.register_node("s", lab.sender.address, "sender")
+        c.register_node("r", lab.reflector.address, "reflector")
+        c.init_node("s", source="::1", port=0)
+        c.init_node("r", source="::1", port=lab.udp_port)
+        c.create_session(lab.spec(c, collect=collect))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 20)
+        epoch_before = c.store.node("r").agent_epoch
+
+        lab.reflector.kill9()
+        _until("the reflector is seen down", lambda: not c.store.node("r").healthy)
+        assert 'sixlab_agent_up{node="r"} 0.0' in _metrics(c)
+        _until("the sender declares losses", lambda: c.store.session("p").lost > 0)
+
+        lab.reflector.start()
+        _until("the reflector is seen up", lambda: c.store.node("r").healthy)
+        node = c.store.node("r")
+        assert node.agent_epoch != epoch_before
+        assert node.restarts == 1
+        stored = _stored(c)
+        _until("results arrive again", lambda: _stored(c) >= stored + 20)
+        lost = c.store.session("p").lost
+        time.sleep(1.0)  # three loss timeouts: anything still unanswered would be lost
+        row = c.store.session("p")
+        assert row.lost == lost  # loss stopped: the reflector answers again
+        assert row.epoch == 0  # the sender's session was never created again
+        assert 'sixlab_agent_up{node="r"} 1.0' in _metrics(c)
+        with AgentClient(lab.reflector.address) as r:
+            assert list(r.info().ssids) == [row.ssid]
+            assert r.info().port == lab.udp_port
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+    finally:
+        c.close()
+
+
+def test_reflector_on_port_zero_comes_back_on_the_port_it_had(lab: Lab) -> None:
+    c = lab.controller()
+    try:
+        lab.setup(c)  # the reflector's Init asked for any free port
+        port = c.client("r").info().port
+        c.create_session(lab.spec(c))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 10)
+        lab.reflector.kill9()
+        lab.reflector.start()
+        _until("the reflector is repaired", lambda: c.store.node("r").restarts == 1)
+        stored = _stored(c)
+        _until("results arrive again", lambda: _stored(c) >= stored + 10)
+        assert c.client("r").info().port == port
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("collect", ["poll", "stream"])
+def test_sender_killed_and_restarted_opens_a_new_epoch(lab: Lab, collect: str) -> None:
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c, collect=collect))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 20)
+        lab.sender.kill9()
+        _until("the sender is seen down", lambda: not c.store.node("s").healthy)
+        assert 'sixlab_agent_up{node="s"} 0.0' in _metrics(c)
+        lab.sender.start()
+        _until("a new epoch", lambda: c.store.session("p").epoch == 1)
+        row = c.store.session("p")
+        _until("results of the new epoch", lambda: (1, 20) in c.store.record_ids(row.id))
+        assert c.store.node("s").restarts == 1
+        ids = c.store.record_ids(row.id)
+        assert len(ids) == len(set(ids))
+        assert {e for e, _ in ids} == {0, 1}
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+        assert c.store.session("p").state == "finished"
+    finally:
+        c.close()
+
+
+def test_session_missing_from_an_agent_that_did_not_restart_is_created_again(lab: Lab) -> None:
+    """An agent Reset behind the controller's back keeps its epoch but has lost its Init
+    and sessions: the controller sees the missing session and restores it."""
+    c = lab.controller()
+    try:
+        c.register_node("s", lab.sender.address, "sender")
+        c.register_node("r", lab.reflector.address, "reflector")
+        c.init_node("s", source="::1", port=0)
+        c.init_node("r", source="::1", port=lab.udp_port)
+        c.create_session(lab.spec(c))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 10)
+        with AgentClient(lab.reflector.address) as r:
+            r.reset()
+            _until("the session is back", lambda: list(r.info().ssids) == [1])
+        stored = _stored(c)
+        _until("results arrive again", lambda: _stored(c) >= stored + 10)
+        assert c.store.node("r").restarts == 0
+    finally:
+        c.close()
