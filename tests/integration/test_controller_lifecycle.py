@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from sixlab.controller.core import Controller, SessionSpec
+from sixlab.controller.core import Controller, SessionExistsError, SessionSpec
 from sixlab.controller.store import Store
 from sixlab.southbound.client import AgentClient
 
@@ -247,5 +247,76 @@ def test_session_missing_from_an_agent_that_did_not_restart_is_created_again(lab
         stored = _stored(c)
         _until("results arrive again", lambda: _stored(c) >= stored + 10)
         assert c.store.node("r").restarts == 0
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("collect", ["poll", "stream"])
+def test_stopped_session_starts_again_in_a_new_epoch(lab: Lab, collect: str) -> None:
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c, collect=collect, stateful=True))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 10)
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+        first = c.store.session("p")
+        assert (first.state, first.epoch) == ("finished", 0)
+        assert first.sent == c.store.count_results(first.id) > 0
+
+        c.start_session("p")  # a stopped session is not over for good
+        assert c.store.session("p").state == "running"
+        _until("results of the new epoch", lambda: (1, 10) in c.store.record_ids(first.id))
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+        row = c.store.session("p")
+        assert row.epoch == 1
+        ids = c.store.record_ids(row.id)
+        assert len(ids) == len(set(ids)) == row.sent  # every packet, stored once
+        assert (row.lost, row.forward_lost) == (0, 0)
+        with AgentClient(lab.reflector.address) as r:
+            # The reflector's half was created again with the sender's: its count starts
+            # over with the new epoch's Seq (else forward loss would be misread).
+            assert r.counters(row.ssid).sessions[0].reflected == row.sent - first.sent
+    finally:
+        c.close()
+
+
+def test_session_ended_by_its_count_starts_again(lab: Lab) -> None:
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c, count=15))
+        for epoch in range(3):
+            c.start_session("p")
+            assert c.wait_finished("p", 20)
+            row = c.store.session("p")
+            assert (row.state, row.epoch, row.sent) == ("finished", epoch, 15 * (epoch + 1))
+        seqs = sorted(r.seq for r in c.store.results(row.id))
+        assert seqs == sorted(list(range(15)) * 3)  # each epoch's Seq starts at 0
+    finally:
+        c.close()
+
+
+def test_destroyed_name_can_be_used_again(lab: Lab) -> None:
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        old = c.create_session(lab.spec(c, count=10))
+        c.start_session("p")
+        assert c.wait_finished("p", 20)
+        c.destroy_session("p")
+        new = c.create_session(lab.spec(c, count=5))  # same name, once destroyed
+        assert new.id != old.id
+        assert new.state == "created"
+        c.start_session("p")
+        assert c.wait_finished("p", 20)
+        assert c.store.session("p").id == new.id
+        assert c.store.count_results(new.id) == 5
+        assert c.store.count_results(old.id) == 10  # the old session's results stay
+        assert [s.name for s in c.store.sessions(include_destroyed=True)] == ["p", "p"]
+        with pytest.raises(SessionExistsError, match="already exists"):
+            c.create_session(lab.spec(c))  # but not while it is live
     finally:
         c.close()

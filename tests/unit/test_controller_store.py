@@ -118,16 +118,67 @@ def test_counters_add_up_across_epochs(store: Store) -> None:
     assert store.record_ids(sid) == [(0, 1), (1, 1)]
 
 
+#: The schema of the first release, which had no version (user_version 0).
+SCHEMA_V0 = """
+CREATE TABLE IF NOT EXISTS nodes (
+    name        TEXT PRIMARY KEY,
+    address     TEXT NOT NULL,          -- gRPC address of the agent, host:port
+    role        TEXT NOT NULL CHECK (role IN ('sender', 'reflector')),
+    healthy     INTEGER NOT NULL DEFAULT 0,
+    last_seen   INTEGER,                -- Unix ns of the last successful call
+    last_error  TEXT,
+    init        TEXT                    -- JSON Init parameters, replayed when it restarts
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT NOT NULL UNIQUE,   -- the path's name, e.g. "path-a"
+    ssid        INTEGER NOT NULL,
+    sender      TEXT NOT NULL REFERENCES nodes(name),
+    reflector   TEXT NOT NULL REFERENCES nodes(name),
+    params      TEXT NOT NULL,          -- JSON: segments, return segments, interval, ...
+    state       TEXT NOT NULL,          -- created, running, stopped, destroyed
+    epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
+    cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
+    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the agent's snapshot plus the base
+    lost        INTEGER NOT NULL DEFAULT 0,
+    forward_lost INTEGER,
+    sent_base   INTEGER NOT NULL DEFAULT 0,  -- totals of the epochs before this one
+    lost_base   INTEGER NOT NULL DEFAULT 0,
+    forward_lost_base INTEGER NOT NULL DEFAULT 0,
+    overflow    INTEGER NOT NULL DEFAULT 0,
+    created_ns  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    epoch       INTEGER NOT NULL,       -- an agent that restarted numbers from 1 again
+    record_id   INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    t1_ns       INTEGER NOT NULL,
+    t2_ns       INTEGER NOT NULL,
+    t3_ns       INTEGER NOT NULL,
+    t4_ns       INTEGER NOT NULL,
+    sender_ee   INTEGER NOT NULL,
+    reflector_ee INTEGER NOT NULL,
+    ttl         INTEGER NOT NULL,
+    reflector_seq INTEGER NOT NULL,
+    PRIMARY KEY (session_id, epoch, record_id)
+) WITHOUT ROWID;
+"""
+
+
 def test_migrates_a_version_0_file(tmp_path: Path) -> None:
-    """A store written before the schema had a version (nodes without the agent's run)
-    opens, keeps its rows and gains the new columns."""
+    """A store written before the schema had a version opens with its rows kept, gains
+    the new columns, and lets a destroyed session's name be used again."""
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
         db.executescript(
-            "CREATE TABLE nodes (name TEXT PRIMARY KEY, address TEXT NOT NULL, role TEXT NOT NULL"
-            " CHECK (role IN ('sender', 'reflector')), healthy INTEGER NOT NULL DEFAULT 0,"
-            " last_seen INTEGER, last_error TEXT, init TEXT);"
             "INSERT INTO nodes(name, address, role, init) VALUES ('s1', 'h:1', 'sender', '{}');"
+            "INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector');"
+            "INSERT INTO sessions(name, ssid, sender, reflector, params, state, epoch, cursor,"
+            " sent, lost, created_ns) VALUES ('p', 1, 's1', 'r1', '{}', 'destroyed', 1, 1, 3,"
+            " 1, 7);"
+            "INSERT INTO results VALUES (1, 1, 1, 0, 100, 200, 250, 400, 0, 0, 62, 0);"
         )
     store = Store(path)
     node = store.node("s1")
@@ -137,9 +188,18 @@ def test_migrates_a_version_0_file(tmp_path: Path) -> None:
     assert store.observe_agent("s1", 7, 9) is True  # a new run: a restart
     node = store.node("s1")
     assert (node.agent_epoch, node.agent_started_ns, node.restarts) == ("0000000000000007", 9, 1)
+    old = store.session("p")
+    assert (old.id, old.state, old.epoch, old.sent, old.lost, old.created_ns) == (
+        1, "destroyed", 1, 3, 1, 7
+    )  # fmt: skip
+    assert store.record_ids(old.id) == [(1, 1)]
+    new = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=8)
+    assert new.id == 2
+    assert store.session("p").id == 2
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
 def test_survives_reopen(tmp_path: Path) -> None:

@@ -345,13 +345,11 @@ class Controller:
             row = self.store.session(row.name)
             if row.state not in _ON_SENDER:
                 return
-            self._destroy_on_agents(row)
-            self._create_on_agents(self._spec(row), row.ssid)
             if row.state == "created":
+                self._destroy_on_agents(row)
+                self._create_on_agents(self._spec(row), row.ssid)
                 return
-            self.store.new_epoch(row.name)
-            self._call(row.reflector, lambda c: c.start_session(row.ssid))
-            self._call(row.sender, lambda c: c.start_session(row.ssid))
+        self._restart(row)
 
     def _destroy_on_agents(self, row: SessionRow) -> None:
         for node in (row.sender, row.reflector):
@@ -404,10 +402,10 @@ class Controller:
             raise ControllerError(f"reflector: node {spec.reflector!r} is a {reflector.role}")
         with self._ops:
             try:
-                self.store.session(spec.name)
+                live = self.store.session(spec.name).state != "destroyed"
             except NotFoundError:
-                pass
-            else:
+                live = False
+            if live:  # a destroyed session's name can be used again
                 raise SessionExistsError(f"name: session {spec.name!r} already exists")
             used = self.store.used_ssids(spec.sender) | self.store.used_ssids(spec.reflector)
             ssid = next((i for i in range(1, 0x10000) if i not in used), None)
@@ -471,14 +469,38 @@ class Controller:
         return SessionSpec(**params)
 
     def start_session(self, name: str) -> None:
+        """Start a created session, or start a stopped or finished one again.
+
+        Started again, the session begins a new epoch: the sender's session is created
+        afresh (its Seq and record ids start over; a finished STAMP session cannot be
+        resumed), and so is the reflector's (a stateful reflector's count with it).
+        """
         with self._ops:
             row = self.store.session(name)
-            if row.state not in ("created", "stopped"):
+            if row.state == "stopping":
+                raise WrongStateError(
+                    f"name: session {name!r} is stopping (results in flight are being"
+                    " collected); start it again once it has finished"
+                )
+            if row.state not in ("created", "stopped", "finished"):
                 raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
+            if row.state == "created":
+                self._call(row.reflector, lambda c: c.start_session(row.ssid))
+                self._call(row.sender, lambda c: c.start_session(row.ssid))
+                self.store.set_state(name, "running")
+            else:
+                self._restart(row)
+            self._start_collector(name)
+
+    def _restart(self, row: SessionRow) -> None:
+        """Create the session again on both agents in a new epoch, and start it."""
+        with self._session_lock(row.name):
+            self._destroy_on_agents(row)
+            self._create_on_agents(self._spec(row), row.ssid)
+            self.store.new_epoch(row.name)
             self._call(row.reflector, lambda c: c.start_session(row.ssid))
             self._call(row.sender, lambda c: c.start_session(row.ssid))
-            self.store.set_state(name, "running")
-            self._start_collector(name)
+            self.store.set_state(row.name, "running")
 
     def stop_session(self, name: str) -> None:
         """Stop sending; the collector keeps reading until the session has drained."""

@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    name        TEXT NOT NULL UNIQUE,   -- the path's name, e.g. "path-a"
+    name        TEXT NOT NULL,          -- the path's name, e.g. "path-a" (reusable once destroyed)
     ssid        INTEGER NOT NULL,
     sender      TEXT NOT NULL REFERENCES nodes(name),
     reflector   TEXT NOT NULL REFERENCES nodes(name),
@@ -91,6 +91,8 @@ CREATE TABLE IF NOT EXISTS results (
     reflector_seq INTEGER NOT NULL,
     PRIMARY KEY (session_id, epoch, record_id)
 ) WITHOUT ROWID;
+-- One live session per name; destroyed ones keep theirs (and their results).
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
 """
 
 
@@ -174,7 +176,6 @@ class Store:
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
-            self._db.execute("PRAGMA foreign_keys=ON")
             _migrate(self._db)
 
     def close(self) -> None:
@@ -299,8 +300,12 @@ class Store:
         return self.session(name)
 
     def session(self, name: str) -> SessionRow:
+        """The session of that name: the live one, else the last one destroyed."""
         with self._lock:
-            row = self._db.execute(_SELECT_SESSIONS + " WHERE name=?", (name,)).fetchone()
+            row = self._db.execute(
+                _SELECT_SESSIONS + " WHERE name=? ORDER BY state = 'destroyed', id DESC LIMIT 1",
+                (name,),
+            ).fetchone()
         if row is None:
             raise NotFoundError(f"session: no session named {name!r}")
         return _session_row(row)
@@ -314,8 +319,11 @@ class Store:
         return [_session_row(r) for r in rows]
 
     def set_state(self, name: str, state: str) -> None:
+        """Set the state of the live session of that name (a destroyed one keeps its own)."""
         with self._lock:
-            self._db.execute("UPDATE sessions SET state=? WHERE name=?", (state, name))
+            self._db.execute(
+                "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'", (state, name)
+            )
 
     def new_epoch(self, name: str) -> int:
         """The session was created again on its sender: ids, cursor and counters restart.
@@ -325,10 +333,13 @@ class Store:
         with self._lock:
             self._db.execute(
                 "UPDATE sessions SET epoch=epoch+1, cursor=0, sent_base=sent, lost_base=lost,"
-                " forward_lost_base=COALESCE(forward_lost, 0) WHERE name=?",
+                " forward_lost_base=COALESCE(forward_lost, 0)"
+                " WHERE name=? AND state != 'destroyed'",
                 (name,),
             )
-            row = self._db.execute("SELECT epoch FROM sessions WHERE name=?", (name,)).fetchone()
+            row = self._db.execute(
+                "SELECT epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
+            ).fetchone()
         if row is None:
             raise NotFoundError(f"session: no session named {name!r}")
         epoch: int = row[0]
@@ -477,6 +488,21 @@ def _check_epoch(db: sqlite3.Connection, session_id: int, epoch: int) -> None:
         )
 
 
+def _check_references(db: sqlite3.Connection) -> None:
+    if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
+        raise StoreError("store: the migrated file has dangling references")
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of an SQL script, one by one (comments may hold semicolons)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement
+            statement = ""
+
+
 def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
 
@@ -489,23 +515,39 @@ def _migrate(db: sqlite3.Connection) -> None:
             f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
         )
     existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
+    # Rebuilding a table drops the one its results refer to: no foreign key checks
+    # until the migration is done (the pragma is a no-op inside a transaction).
+    db.execute("PRAGMA foreign_keys=OFF")
     db.execute("BEGIN IMMEDIATE")
     try:
         if existing is not None and version < 1:
             _migrate_0_to_1(db)
         # One statement at a time: executescript would commit the transaction first.
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
+        for statement in _statements(SCHEMA):
+            db.execute(statement)
+        _check_references(db)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    finally:
+        db.execute("PRAGMA foreign_keys=ON")
 
 
 def _migrate_0_to_1(db: sqlite3.Connection) -> None:
-    """Version 0 (no user_version): nodes without the agent's run and bound port."""
+    """Version 0 (no user_version): nodes without the agent's run and bound port, and
+    session names unique even among destroyed sessions (the table is rebuilt: SQLite
+    cannot drop a column's constraint)."""
+    create = next(
+        s for s in _statements(SCHEMA) if "CREATE TABLE IF NOT EXISTS sessions (" in s
+    ).replace("IF NOT EXISTS sessions", "sessions_new")
+    db.execute(create)
+    common = ", ".join(sorted(_columns(db, "sessions") & _columns(db, "sessions_new")))
+    # The column names come from the file's own schema, not from any input.
+    db.execute(f"INSERT INTO sessions_new({common}) SELECT {common} FROM sessions")  # noqa: S608
+    db.execute("DROP TABLE sessions")
+    db.execute("ALTER TABLE sessions_new RENAME TO sessions")
     have = _columns(db, "nodes")
     for column, kind in (
         ("port", "INTEGER"),

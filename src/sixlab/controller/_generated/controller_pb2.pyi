@@ -101,7 +101,9 @@ class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionS
     SESSION_STATE_STOPPED: _SessionState.ValueType  # 4
     """Stopped, startable again."""
     SESSION_STATE_FINISHED: _SessionState.ValueType  # 5
-    """Done (count or duration reached, or stopped) and every result collected."""
+    """Done (count or duration reached, or stopped) and every result collected;
+    startable again.
+    """
     SESSION_STATE_DESTROYED: _SessionState.ValueType  # 6
     """Removed from the agents; its results remain in the store."""
 
@@ -118,7 +120,9 @@ SESSION_STATE_STOPPING: SessionState.ValueType  # 3
 SESSION_STATE_STOPPED: SessionState.ValueType  # 4
 """Stopped, startable again."""
 SESSION_STATE_FINISHED: SessionState.ValueType  # 5
-"""Done (count or duration reached, or stopped) and every result collected."""
+"""Done (count or duration reached, or stopped) and every result collected;
+startable again.
+"""
 SESSION_STATE_DESTROYED: SessionState.ValueType  # 6
 """Removed from the agents; its results remain in the store."""
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
@@ -623,7 +627,9 @@ class Session(_message.Message):
     created_ns: _builtins.int
     """When the session was created, Unix ns."""
     epoch: _builtins.int
-    """Times the session was created again on a restarted sender agent."""
+    """Times the session was created again on its sender: started again after it
+    finished, or restored on a restarted sender agent. Seq numbers start over each time.
+    """
     sent: _builtins.int
     """The sender's counters, kept across agent restarts."""
     lost: _builtins.int
