@@ -320,3 +320,29 @@ def test_destroyed_name_can_be_used_again(lab: Lab) -> None:
             c.create_session(lab.spec(c))  # but not while it is live
     finally:
         c.close()
+
+
+def test_sixty_stream_sessions_on_one_sender(lab: Lab) -> None:
+    """Stream collection is one stream per sender agent, not one worker thread of the
+    agent per session: sixty sessions running at once all start, are collected while
+    they run, and are stored complete."""
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        names = [f"p{i}" for i in range(60)]
+        for name in names:
+            c.create_session(lab.spec(c, name, collect="stream", interval_ns=100 * MS))
+            c.start_session(name)
+        for name in names:
+            _until(f"{name} is collected", lambda name=name: _stored(c, name) >= 5)  # type: ignore[misc]
+        for name in names:
+            c.stop_session(name)
+        for name in names:
+            assert c.wait_finished(name, 30), name
+        for name in names:
+            row = c.store.session(name)
+            seqs = sorted(r.seq for r in c.store.results(row.id))
+            assert seqs == list(range(row.sent)), name
+            assert (row.state, row.lost) == ("finished", 0)
+    finally:
+        c.close()

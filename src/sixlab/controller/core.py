@@ -9,12 +9,15 @@ does, or requested per packet with the RFC 9503 Return Path TLV). The controller
 an SSID free on both nodes, creates the session on the reflector, then on the sender
 (undoing the first if the second fails), and starts them.
 
-Collection. Each running session has a collector thread that reads the sender's
-results in cursor mode (records stay on the agent until acknowledged) either by polling
-(``GetStampSessionResults``, the seed's way) or by a server stream (push). Every batch
-is stored with the new cursor in one transaction (``Store.store_results``), then
-acknowledged; so a result is stored exactly once, even if the controller is killed at
-any point and restarted (``resume`` restarts the collectors from the stored cursors).
+Collection. Results are read in cursor mode (records stay on the agent until
+acknowledged), either by polling (``GetStampSessionResults``, the seed's way; a thread
+per session) or by a server stream (push): one ``StreamResults`` per sender agent
+carrying all its stream-mode sessions, reopened from the stored cursors whenever that
+set changes (an agent spends a worker thread per open stream, so one per session would
+exhaust it). Every batch is stored with the new cursor and the sender's counters in one
+transaction (``Store.store_results``), then acknowledged; so a result is stored exactly
+once, even if the controller is killed at any point and restarted (``resume`` restarts
+collection from the stored cursors).
 
 Health and repair. A supervisor thread asks every node's agent how it is
 (``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
@@ -40,6 +43,7 @@ acknowledgement of the old epoch's ids would remove unstored records of the new 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import random
@@ -54,7 +58,12 @@ import grpc
 from sixlab.controller.metrics import ControllerMetrics
 from sixlab.controller.store import NodeRow, NotFoundError, SessionRow, StaleEpochError, Store
 from sixlab.southbound._generated import stamp_pb2 as pb
-from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
+from sixlab.southbound.client import (
+    AgentClient,
+    ResultStream,
+    SouthboundError,
+    result_from_proto,
+)
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
@@ -168,14 +177,39 @@ def _v6(label: str, text: str) -> None:
 
 @dataclass
 class _Collector:
+    """The poll loop of one poll-mode session."""
+
     name: str
     thread: threading.Thread = field(init=False)
     stop: threading.Event = field(default_factory=threading.Event)
-    #: The result stream being read (stream mode), cancelled to stop at once.
-    stream: Any = None
+
+
+@dataclass
+class _Streamer:
+    """The results stream of one sender node, carrying all its stream-mode sessions."""
+
+    node: str
+    #: The sessions it carries (their names); a change reopens the stream.
+    names: set[str] = field(default_factory=set)
+    changed: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread = field(init=False)
+    #: The stream being read, cancelled to reopen (or stop) at once.
+    call: ResultStream[pb.ResultBatches] | None = None
+
+    def poke(self) -> None:
+        """Reopen the stream with the sessions (and cursors) as they are now."""
+        self.changed.set()
+        call = self.call
+        if call is not None:
+            call.cancel()
 
 
 ClientFactory = Callable[[str], AgentClient]
+
+
+def _open_stream(client: AgentClient, *, after: dict[int, int]) -> ResultStream[pb.ResultBatches]:
+    return client.stream_many(after, max_batch=BATCH)
 
 
 class Controller:
@@ -199,7 +233,10 @@ class Controller:
         self._client_factory = client_factory
         self._clients: dict[str, AgentClient] = {}
         self._collectors: dict[str, _Collector] = {}
+        self._streamers: dict[str, _Streamer] = {}
         self._lock = threading.RLock()
+        #: Notified when a session finishes (``wait_finished``).
+        self._finished = threading.Condition(self._lock)
         #: Serialises what changes sessions on agents: user requests and repairs.
         self._ops = threading.RLock()
         self._session_locks: dict[str, threading.Lock] = {}
@@ -518,16 +555,23 @@ class Controller:
                 raise WrongStateError(f"name: session {name!r} is already destroyed")
             self._stop_collector(name)
             self._destroy_on_agents(row)
-            self.store.set_state(name, "destroyed")
+            with self._session_lock(name):
+                self.store.set_state(name, "destroyed")
+            with self._finished:
+                self._finished.notify_all()
 
     def wait_finished(self, name: str, timeout: float) -> bool:
-        """Wait until the session's collector has read everything and ended."""
-        with self._lock:
-            col = self._collectors.get(name)
-        if col is not None:
-            col.thread.join(timeout)
-            return not col.thread.is_alive()
-        return self.store.session(name).state in ("finished", "destroyed")
+        """Wait until the session has finished (every result stored) or was destroyed."""
+        deadline = time.monotonic() + timeout
+        with self._finished:
+            while True:
+                state = self.store.session(name).state
+                if state in ("finished", "destroyed") and name not in self._collectors:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._finished.wait(min(remaining, 0.1))
 
     def resume(self) -> list[str]:
         """After a restart: collect again for every session that was being collected."""
@@ -545,11 +589,18 @@ class Controller:
         with self._lock:
             self._closed = True
             names = list(self._collectors)
+            streamers = list(self._streamers.values())
+            self._streamers.clear()
         self._wake.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(INFO_TIMEOUT_S + 10)
         for name in names:
             self._stop_collector(name)
+        for st in streamers:
+            st.stop.set()
+            st.poke()
+        for st in streamers:
+            st.thread.join(10)
         with self._lock:
             for client in self._clients.values():
                 client.close()
@@ -558,8 +609,25 @@ class Controller:
     # -- collection ---------------------------------------------------------------------
 
     def _start_collector(self, name: str) -> None:
+        """Collect the session's results: a poll loop of its own, or a place on its
+        sender's stream (which is reopened, so a new epoch starts from its cursor)."""
+        row = self.store.session(name)
         with self._lock:
-            if self._closed or name in self._collectors:
+            if self._closed:
+                return
+            if row.params["collect"] == CollectMode.STREAM:
+                st = self._streamers.get(row.sender)
+                if st is None:
+                    st = self._streamers[row.sender] = _Streamer(row.sender)
+                    st.thread = threading.Thread(
+                        target=self._stream_loop, args=(st,), name=f"stream-{row.sender}",
+                        daemon=True,
+                    )  # fmt: skip
+                    st.thread.start()
+                st.names.add(name)
+                st.poke()
+                return
+            if name in self._collectors:
                 return
             col = _Collector(name)
             col.thread = threading.Thread(
@@ -571,31 +639,34 @@ class Controller:
     def _stop_collector(self, name: str) -> None:
         with self._lock:
             col = self._collectors.pop(name, None)
+            for st in self._streamers.values():
+                if name in st.names:
+                    st.names.discard(name)
+                    st.poke()
         if col is not None:
             col.stop.set()
-            if col.stream is not None:
-                col.stream.cancel()
             if col.thread is not threading.current_thread():
                 col.thread.join(10)
+
+    def _backoff(
+        self, what: str, exc: SouthboundError, delay: float, stop: threading.Event
+    ) -> float:
+        """Wait before retrying after an agent's refusal; the next delay."""
+        if exc.code in _MISSING:
+            # The sender lost the session (restart, Reset): the supervisor creates it
+            # again; let it look now rather than at its next round.
+            self._wake.set()
+        log.info("%s: %s; retrying in %.1f s", what, exc.details, delay)
+        stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
+        return min(delay * 2, RETRY_MAX_S)
 
     def _collect(self, col: _Collector) -> None:
         delay = RETRY_MIN_S
         while not col.stop.is_set():
-            row = self.store.session(col.name)
             try:
-                done = (
-                    self._stream_once(row, col)
-                    if row.params["collect"] == CollectMode.STREAM
-                    else self._poll_once(col.name)
-                )
+                done = self._poll_once(col.name)
             except SouthboundError as exc:
-                if exc.code in _MISSING:
-                    # The sender lost the session (restart, Reset): the supervisor
-                    # creates it again; look now rather than at its next round.
-                    self._wake.set()
-                log.info("session %s: %s; retrying in %.1f s", col.name, exc.details, delay)
-                col.stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
-                delay = min(delay * 2, RETRY_MAX_S)
+                delay = self._backoff(f"session {col.name}", exc, delay, col.stop)
                 continue
             except Exception:
                 # A bug or a store error must not end collection for good: nothing was
@@ -608,17 +679,18 @@ class Controller:
                 with self._lock:
                     if self._collectors.get(col.name) is col:
                         del self._collectors[col.name]
+                    self._finished.notify_all()
                 return
-            if row.params["collect"] == CollectMode.POLL:
-                col.stop.wait(self.poll_interval_s)
+            col.stop.wait(self.poll_interval_s)
 
-    def _store(self, row: SessionRow, results: Iterable[pb.StampResult]) -> int:
+    def _store(
+        self, row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters
+    ) -> int:
         """Store a batch of the session's current epoch (session lock held); its cursor.
 
         Raises StaleEpochError if the session moved to another epoch since ``row``.
         """
         records = [(r.record_id, result_from_proto(r)) for r in results]
-        counters = self._call(row.sender, lambda c: c.counters(row.ssid)).sessions[0]
         snapshot = (
             counters.sent,
             counters.lost,
@@ -630,13 +702,11 @@ class Controller:
         self.metrics.set_lost(row.name, self.store.session(row.name).lost)
         return records[-1][0] if records else row.cursor
 
-    def _ack(self, row: SessionRow, through: int) -> None:
-        """Free what is stored on the agent (safe to lose: the next read acknowledges too)."""
-        self._call(row.sender, lambda c: c.acknowledge(row.ssid, through))
-
     def _finish(self, row: SessionRow) -> bool:
         """The session's sender finished and everything was stored (session lock held)."""
         self.store.set_state(row.name, "finished")
+        with self._finished:
+            self._finished.notify_all()
         return True
 
     def _poll_once(self, name: str) -> bool:
@@ -648,42 +718,97 @@ class Controller:
             reply = self._call(
                 row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor)
             )
-            cursor = self._store(row, reply.results)
+            cursor = self._store(row, reply.results, reply.counters)
             if reply.results:
-                self._ack(row, cursor)
+                self._call(row.sender, lambda c: c.acknowledge(row.ssid, cursor))
             if reply.state == pb.SESSION_STATE_FINISHED and not reply.results:
                 return self._finish(row)
             return False
 
-    def _stream_once(self, row: SessionRow, col: _Collector) -> bool:
-        if row.state not in ("running", "stopping"):
-            return True
-        stream = self._call(
-            row.sender, lambda c: c.stream_results(row.ssid, max_batch=BATCH, after_id=row.cursor)
-        )
-        col.stream = stream
-        if col.stop.is_set():  # stopped while the stream was being opened
-            stream.cancel()
-            return False
-        try:
-            for batch in stream:
-                if col.stop.is_set():
-                    return False
-                with self._session_lock(row.name):
-                    try:
-                        cursor = self._store(row, batch.results)
-                    except StaleEpochError:
-                        return False  # created again meanwhile: open a stream on the new one
-                    if batch.results:
-                        self._ack(row, cursor)
-                    if batch.final:
-                        return self._finish(row)
-                row = replace(row, cursor=cursor)
-        except grpc.RpcError as exc:
-            if col.stop.is_set():  # our own cancel
-                return False
-            raise SouthboundError.from_rpc(exc) from None
-        finally:
-            col.stream = None
-            stream.cancel()
-        return False
+    def _stream_loop(self, st: _Streamer) -> None:
+        """Read the node's stream: open it on the sessions it carries, each from its
+        stored cursor; reopen it when they change or it fails."""
+        delay = RETRY_MIN_S
+        while not st.stop.is_set():
+            st.changed.clear()
+            with self._lock:
+                names = sorted(st.names)
+            subs: dict[int, SessionRow] = {}
+            for name in names:
+                row = self.store.session(name)
+                if row.state in ("running", "stopping") and row.sender == st.node:
+                    subs[row.ssid] = row
+                else:
+                    with self._lock:
+                        st.names.discard(name)
+            if not subs:
+                st.changed.wait(1.0)
+                continue
+            after = {ssid: row.cursor for ssid, row in subs.items()}
+            try:
+                stream = self._call(st.node, functools.partial(_open_stream, after=after))
+                st.call = stream
+                if st.changed.is_set():  # changed while it was being opened
+                    continue
+                for message in stream:
+                    self._store_batches(st, subs, message.batches)
+                    if st.changed.is_set() or not subs:
+                        break
+            except SouthboundError as exc:
+                delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
+                continue
+            except grpc.RpcError as exc:  # from an acknowledgement of a cancelled stream
+                delay = self._backoff(
+                    f"stream of {st.node}", SouthboundError.from_rpc(exc), delay, st.changed
+                )
+                continue
+            except Exception:
+                log.exception("stream of %s: collection failed; retrying", st.node)
+                st.changed.wait(RETRY_MAX_S)
+                continue
+            finally:
+                call, st.call = st.call, None
+                if call is not None:
+                    call.cancel()
+            delay = RETRY_MIN_S
+
+    def _store_batches(
+        self, st: _Streamer, subs: dict[int, SessionRow], batches: Iterable[pb.ResultBatch]
+    ) -> None:
+        """Store one stream message (a batch per session) and acknowledge it at once.
+
+        The sessions' locks are held from the epoch checks to the acknowledgement.
+        """
+        batches = [b for b in batches if b.ssid in subs]
+        acks: dict[int, int] = {}
+        with contextlib.ExitStack() as locks:
+            for name in sorted({subs[b.ssid].name for b in batches}):
+                locks.enter_context(self._session_lock(name))
+            for batch in batches:
+                sub = subs[batch.ssid]
+                row = self.store.session(sub.name)
+                if batch.gone or row.id != sub.id or row.epoch != sub.epoch:
+                    # Gone from the agent, or created again: the supervisor repairs it,
+                    # a new epoch's start reopens the stream with it.
+                    del subs[batch.ssid]
+                    if batch.gone:
+                        self._wake.set()
+                    continue
+                if row.state not in ("running", "stopping"):
+                    del subs[batch.ssid]
+                    continue
+                try:
+                    cursor = self._store(row, batch.results, batch.counters)
+                except StaleEpochError:  # cannot happen under the lock; never store it
+                    del subs[batch.ssid]
+                    continue
+                subs[batch.ssid] = replace(row, cursor=cursor)
+                if batch.results:
+                    acks[batch.ssid] = cursor
+                if batch.final:
+                    del subs[batch.ssid]
+                    self._finish(row)
+                    with self._lock:
+                        st.names.discard(row.name)
+            if acks:
+                self._call(st.node, lambda c: c.acknowledge_many(acks))

@@ -326,6 +326,9 @@ class SenderEngine(_Loop):
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
         self._cond = threading.Condition(self.lock)
+        #: Bumped whenever a waiter may have something new: a record, a session
+        #: finished or removed (see ``wait_change``).
+        self._version = 0
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -362,7 +365,7 @@ class SenderEngine(_Loop):
                 entry.session.stop()
             del self._entries[ssid]
             self.dataplane.sender_session_removed(ssid)
-            self._cond.notify_all()
+            self._notify()
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -396,6 +399,21 @@ class SenderEngine(_Loop):
             if not self._cond.wait_for(ready, timeout):
                 return []
             return self._drain(self._entry(ssid), max_items)
+
+    def wait_change(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s for a change after ``seen`` (a value this returned
+        before; -1 at first): a record queued, a session finished or removed, in any
+        session. Returns the current value, for the next call."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen, timeout)
+            return self._version
+
+    def last_id(self, ssid: int) -> int:
+        """The id of the newest record of the session (queued or not): records with
+        higher ids are yet to come; 0 before the first."""
+        with self.lock:
+            entry = self._entry(ssid)
+            return entry.first_id + len(entry.fifo) - 1
 
     def lost(self, ssid: int) -> list[ev.PacketLost]:
         """Drain the loss events of a session (each lost Seq once)."""
@@ -530,4 +548,8 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 self.on_event(event)
         if notify:
-            self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        self._version += 1
+        self._cond.notify_all()

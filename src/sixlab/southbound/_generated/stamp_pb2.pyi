@@ -25,6 +25,8 @@ Conventions
     UNAVAILABLE          the data plane could not be opened (port in use, missing
                          privileges or system support)
     ABORTED              a results stream whose session was destroyed or reset
+    RESOURCE_EXHAUSTED   too many results streams open at once (each holds a worker
+                         thread: use one StreamResults for many sessions)
   Init on an initialised agent is FAILED_PRECONDITION (not ALREADY_EXISTS): the agent
   exists either way; what is missing is the Reset that must come first.
 """
@@ -827,6 +829,7 @@ class GetStampSessionResultsReply(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
     overflow: _builtins.int
     """Records (and loss reports) dropped since the session was created because the FIFO
     was full when they arrived: never silent.
@@ -843,6 +846,10 @@ class GetStampSessionResultsReply(_message.Message):
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the last fetch, each lost packet once."""
 
+    @_builtins.property
+    def counters(self) -> Global___SessionCounters:
+        """The session's counters after the drain."""
+
     def __init__(
         self,
         *,
@@ -851,10 +858,11 @@ class GetStampSessionResultsReply(_message.Message):
         overflow: _builtins.int = ...,
         state: Global___SessionState.ValueType = ...,
         remaining: _builtins.int = ...,
+        counters: Global___SessionCounters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lost", b"lost", "overflow", b"overflow", "remaining", b"remaining", "results", b"results", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "lost", b"lost", "overflow", b"overflow", "remaining", b"remaining", "results", b"results", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -912,6 +920,8 @@ class ResultBatch(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    GONE_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     overflow: _builtins.int
@@ -920,6 +930,10 @@ class ResultBatch(_message.Message):
     """The session's state when the batch was cut."""
     final: _builtins.bool
     """True on the last batch: the session finished and everything was delivered."""
+    gone: _builtins.bool
+    """StreamResults only: the session does not exist (any more), or was created again
+    since the stream began; the stream carries nothing more of it.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StampResult]:
         """Records in arrival order."""
@@ -927,6 +941,10 @@ class ResultBatch(_message.Message):
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the previous batch."""
+
+    @_builtins.property
+    def counters(self) -> Global___SessionCounters:
+        """The session's counters when the batch was cut (absent on a `gone` batch)."""
 
     def __init__(
         self,
@@ -937,14 +955,184 @@ class ResultBatch(_message.Message):
         overflow: _builtins.int = ...,
         state: Global___SessionState.ValueType = ...,
         final: _builtins.bool = ...,
+        counters: Global___SessionCounters | None = ...,
+        gone: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "lost", b"lost", "overflow", b"overflow", "results", b"results", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "final", b"final", "gone", b"gone", "lost", b"lost", "overflow", b"overflow", "results", b"results", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResultBatch: _TypeAlias = ResultBatch  # noqa: Y015
+
+@_typing.final
+class StreamResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AfterIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    AFTER_IDS_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_FIELD_NUMBER: _builtins.int
+    BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
+    COUNTERS_INTERVAL_NS_FIELD_NUMBER: _builtins.int
+    max_batch: _builtins.int
+    """At most this many records per session per message. 0: 1000."""
+    batch_window_ns: _builtins.int
+    """After a record arrives, wait up to this long (ns) for more before sending. 0: 100 ms.
+    Bounded by 10 s.
+    """
+    counters_interval_ns: _builtins.int
+    """Send each session's counters at least this often (ns), with or without records.
+    0: 1 s. Bounded by 60 s.
+    """
+    @_builtins.property
+    def after_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """The sessions to stream, each with the id of the last record the caller holds (0:
+        none): records with higher ids are sent, and stay queued until acknowledged.
+        """
+
+    def __init__(
+        self,
+        *,
+        after_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        max_batch: _builtins.int = ...,
+        batch_window_ns: _builtins.int = ...,
+        counters_interval_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamResultsRequest: _TypeAlias = StreamResultsRequest  # noqa: Y015
+
+@_typing.final
+class ResultBatches(_message.Message):
+    """What StreamResults sends: batches of one or more sessions (one batch per session)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResultBatch]: ...
+    def __init__(
+        self,
+        *,
+        batches: _abc.Iterable[Global___ResultBatch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResultBatches: _TypeAlias = ResultBatches  # noqa: Y015
+
+@_typing.final
+class AcknowledgeResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ThroughIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    THROUGH_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def through_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session, remove every record with an id up to and including this one.
+        Sessions that do not exist are skipped.
+        """
+
+    def __init__(
+        self,
+        *,
+        through_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcknowledgeResultsRequest: _TypeAlias = AcknowledgeResultsRequest  # noqa: Y015
+
+@_typing.final
+class AcknowledgeResultsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AcknowledgedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acknowledged(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session that exists, how many records were removed."""
+
+    def __init__(
+        self,
+        *,
+        acknowledged: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcknowledgeResultsReply: _TypeAlias = AcknowledgeResultsReply  # noqa: Y015
 
 @_typing.final
 class GetCountersRequest(_message.Message):
