@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from sixlab.controller.client import ControllerClient
 from sixlab.controller.core import Controller, SessionExistsError, SessionSpec
+from sixlab.controller.northbound import serve_controller
 from sixlab.controller.store import Store
 from sixlab.southbound.client import AgentClient
 
@@ -345,4 +347,50 @@ def test_sixty_stream_sessions_on_one_sender(lab: Lab) -> None:
             assert seqs == list(range(row.sent)), name
             assert (row.state, row.lost) == ("finished", 0)
     finally:
+        c.close()
+
+
+def test_sender_outage_is_reported_per_epoch(lab: Lab, tmp_path: Path) -> None:
+    """kill -9 of the sender's agent: the results it held unacknowledged and the probes
+    its schedule called for while it was down are counted unknown in the dead epoch
+    (not silently gone), and every result says which epoch its Seq belongs to."""
+    c = lab.controller(poll_interval_s=0.5)  # let results wait on the agent
+    server = serve_controller(f"unix:{tmp_path}/ctl.sock", c)
+    api = ControllerClient(f"unix:{tmp_path}/ctl.sock")
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 50)
+        time.sleep(0.3)
+        lab.sender.kill9()
+        time.sleep(1.0)  # fifty slots of 20 ms with no agent at all
+        lab.sender.start()
+        row = c.store.session("p")
+        _until("results of the new epoch", lambda: (1, 10) in c.store.record_ids(row.id))
+
+        dead, current = c.epochs("p")
+        assert (dead.epoch, dead.end_reason, current.epoch, current.end_reason) == (
+            0, "sender-lost", 1, None
+        )  # fmt: skip
+        assert dead.ended_ns is not None
+        assert dead.sender_agent != current.sender_agent
+        due = -(-(dead.ended_ns - dead.started_ns) // (20 * MS))
+        assert dead.received + dead.lost + dead.unknown == max(due, dead.sent)
+        assert dead.unknown >= 50 - 5  # the outage, at least
+        assert current.unknown == 0
+
+        stats = api.stats("p")
+        assert stats.unknown == dead.unknown
+        assert [e.end_reason for e in stats.epochs] == ["sender-lost", ""]
+        assert stats.loss_ratio == stats.lost / (stats.received + stats.lost)
+        page = api.results("p", limit=100_000)
+        keys = list(zip(page.epochs, (r.seq for r in page.records), strict=True))
+        assert len(keys) == len(set(keys))  # (epoch, Seq) tells every record apart
+        assert {e for e, _ in keys} == {0, 1}
+        assert (1, 0) in keys
+        assert (0, 0) in keys
+    finally:
+        api.close()
+        server.stop(0)
         c.close()

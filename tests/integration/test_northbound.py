@@ -472,12 +472,16 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
             ("p", "finished", 30, 0, 30)
         ]
         results = json.loads(_ok(address, "results", "p", "--json"))
-        assert [r["seq"] for r in results["records"]] == list(range(30))
+        assert [(r["epoch"], r["seq"]) for r in results["records"]] == [(0, i) for i in range(30)]
         assert results["more"] is False
         assert all(r["rtt_ns"] == r["direct_ns"] + r["return_ns"] for r in results["records"])
         stats = json.loads(_ok(address, "stats", "p", "--json"))
         assert (stats["received"], stats["lost"], stats["loss_ratio"]) == (30, 0, 0.0)
         assert (stats["forward_lost"], stats["backward_lost"]) == (0, 0)
+        assert stats["unknown"] == 0
+        assert [
+            (e["epoch"], e["end_reason"], e["sent"], e["received"]) for e in stats["epochs"]
+        ] == [(0, "finished", 30, 30)]
         assert stats["rtt"]["count"] == 30
         assert stats["rtt"]["min_ns"] == min(r["rtt_ns"] for r in results["records"])
         # The tables show the same session.

@@ -92,24 +92,42 @@ def test_results_are_stored_exactly_once(store: Store) -> None:
 
 def test_new_epoch_restarts_ids_without_collisions(store: Store) -> None:
     sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+    assert store.begin_epoch("p", 10, sender_agent="aa") == 0  # the first start
     store.store_results(sid, [(1, _r(0)), (2, _r(1))])
-    assert store.new_epoch("p") == 1
+    assert store.begin_epoch("p", 20, sender_agent="bb", reason="sender-lost") == 1
     assert store.session("p").cursor == 0
     # The restarted agent numbers from 1 again: new rows, not duplicates.
-    assert store.store_results(sid, [(1, _r(2)), (2, _r(3))], epoch=1) == 2
+    assert store.store_results(sid, [(1, _r(0)), (2, _r(1))], epoch=1) == 2
     assert store.record_ids(sid) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert store.count_results(sid) == 4
-    assert [r.seq for r in store.results(sid)] == [0, 1, 2, 3]
+    assert [(e, r.seq) for e, r in store.records(sid)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert store.session("p").cursor == 2
+    # (session, epoch, Seq) is unique too: a record of a known Seq is not stored twice.
+    assert store.store_results(sid, [(3, _r(1))], epoch=1) == 0
+    epochs = store.epochs(sid)
+    assert [(e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent) for e in epochs] == [
+        (0, 10, 20, "sender-lost", "aa"),
+        (1, 20, None, None, "bb"),
+    ]
+    assert [e.received for e in epochs] == [2, 2]
 
 
 def test_counters_add_up_across_epochs(store: Store) -> None:
     sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
-    store.store_results(sid, [(1, _r(0))], counters=(10, 2, 1, 0))
-    store.new_epoch("p")
-    store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 0), epoch=1)
+    store.begin_epoch("p", 1)
+    store.store_results(sid, [(1, _r(0))], counters=(10, 2, 1, 0), now_ns=5)
+    store.stop_epoch("p", 6)
+    store.end_epoch("p", 7, "finished")
+    store.begin_epoch("p", 8)
+    store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 3), epoch=1, now_ns=9)
     row = store.session("p")
-    assert (row.sent, row.lost, row.forward_lost) == (14, 3, 1)
+    assert (row.sent, row.lost, row.forward_lost, row.overflow) == (14, 3, 1, 3)
+    first, second = store.epochs(sid)
+    assert (first.sent, first.lost, first.seen_ns, first.stopped_ns, first.ended_ns) == (
+        10, 2, 5, 6, 7
+    )  # fmt: skip
+    assert (first.end_reason, second.end_reason, second.stopped_ns) == ("finished", None, None)
+    assert (second.sent, second.overflow, second.received) == (4, 3, 1)
     # A late batch of the old epoch must neither overwrite the totals nor land in the
     # new epoch: it is refused whole.
     with pytest.raises(StaleEpochError, match="epoch 0, but the session is in epoch 1"):
@@ -193,6 +211,10 @@ def test_migrates_a_version_0_file(tmp_path: Path) -> None:
         1, "destroyed", 1, 3, 1, 7
     )  # fmt: skip
     assert store.record_ids(old.id) == [(1, 1)]
+    (epoch,) = store.epochs(old.id)  # its history, as one epoch
+    assert (epoch.epoch, epoch.sent, epoch.lost, epoch.received, epoch.end_reason) == (
+        1, 3, 1, 1, "destroyed"
+    )  # fmt: skip
     new = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=8)
     assert new.id == 2
     assert store.session("p").id == 2

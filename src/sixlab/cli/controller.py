@@ -420,6 +420,8 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "forward_lost": s.forward_lost,
         "backward_lost": s.backward_lost,
         "max_error_bound_ns": s.max_error_bound_ns,
+        "unknown": s.unknown,
+        "epochs": [asdict(e) for e in s.epochs],
     }
 
 
@@ -537,7 +539,10 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
         _print_json(
             {
                 "session": args.name,
-                "records": [record_json(r) for r in page.records],
+                "records": [
+                    {"epoch": epoch, **record_json(r)}
+                    for r, epoch in zip(page.records, page.epochs, strict=True)
+                ],
                 "more": page.more,
             }
         )
@@ -598,7 +603,14 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
     bound = (
         "" if s.max_error_bound_ns is None else f"; error bound <= {_ms(s.max_error_bound_ns)} ms"
     )
+    unknown = f", unknown {s.unknown} (agent outages)" if s.unknown else ""
     print(
-        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}, "
+        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}{unknown}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
+    for e in s.epochs:
+        if e.unknown:
+            print(
+                f"epoch {e.epoch} ({e.end_reason}): sent {e.sent}, received {e.received}, "
+                f"lost {e.lost}, unknown {e.unknown}"
+            )

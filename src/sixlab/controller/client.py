@@ -43,6 +43,7 @@ from sixlab.wire.timestamp import ErrorEstimate
 __all__ = [
     "RUN_SOCKET",
     "ControllerClient",
+    "EpochInfo",
     "NodeInfo",
     "NorthboundError",
     "ResultPage",
@@ -151,10 +152,28 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class ResultPage:
-    """Stored results, oldest first; ``more`` if the limit cut the answer short."""
+    """Stored results, oldest first; ``more`` if the limit cut the answer short.
+
+    ``epochs[i]`` is the epoch of ``records[i]`` (Seq numbers start over in each)."""
 
     records: tuple[StampResult, ...]
     more: bool
+    epochs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochInfo:
+    """One epoch of a session and what became of its probes (``EpochStats`` in the API)."""
+
+    epoch: int
+    started_ns: int
+    ended_ns: int | None
+    end_reason: str
+    sender_agent: str
+    sent: int
+    received: int
+    lost: int
+    unknown: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +192,9 @@ class SessionStats:
     backward_lost: int | None
     max_error_bound_ns: int | None
     sent: int
+    #: Probes of unknown outcome (agent outages), summed over the epochs.
+    unknown: int = 0
+    epochs: tuple[EpochInfo, ...] = ()
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -257,6 +279,21 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         backward_lost=opt("backward_lost"),
         max_error_bound_ns=opt("max_error_bound_ns"),
         sent=reply.sent,
+        unknown=reply.unknown,
+        epochs=tuple(
+            EpochInfo(
+                epoch=e.epoch,
+                started_ns=e.started_ns,
+                ended_ns=e.ended_ns if e.HasField("ended_ns") else None,
+                end_reason=e.end_reason,
+                sender_agent=e.sender_agent,
+                sent=e.sent,
+                received=e.received,
+                lost=e.lost,
+                unknown=e.unknown,
+            )
+            for e in reply.epochs
+        ),
     )
 
 
@@ -393,7 +430,11 @@ class ControllerClient(GrpcClient):
         if since_ns is not None:
             request.since_ns = since_ns
         reply: pb.GetResultsReply = self._call("GetResults", request)
-        return ResultPage(tuple(record_from_proto(r) for r in reply.records), reply.more)
+        return ResultPage(
+            tuple(record_from_proto(r) for r in reply.records),
+            reply.more,
+            tuple(r.epoch for r in reply.records),
+        )
 
     def stats(self, name: str, *, since_ns: int | None = None) -> SessionStats:
         request = pb.GetPathStatsRequest(name=name)

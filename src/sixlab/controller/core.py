@@ -32,7 +32,7 @@ was Reset, or a collector got NOT_FOUND) is created again the same way.
 - On a reflector, the session is created and, if it was started, started again; its
   sender never stopped, so measurement simply resumes (what was sent meanwhile is lost).
 - On a sender, the session's records start over from id 1: the controller opens a new
-  epoch (``Store.new_epoch``), creates the session on both agents again (a stateful
+  epoch (``Store.begin_epoch``), creates the session on both agents again (a stateful
   reflector's count must restart with the sender's Seq) and starts it.
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
@@ -56,7 +56,14 @@ from typing import Any
 import grpc
 
 from sixlab.controller.metrics import ControllerMetrics
-from sixlab.controller.store import NodeRow, NotFoundError, SessionRow, StaleEpochError, Store
+from sixlab.controller.store import (
+    EpochRow,
+    NodeRow,
+    NotFoundError,
+    SessionRow,
+    StaleEpochError,
+    Store,
+)
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.client import (
     AgentClient,
@@ -67,13 +74,16 @@ from sixlab.southbound.client import (
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
+    "SENDER_LOST",
     "CollectMode",
     "Controller",
     "ControllerError",
+    "EpochStats",
     "NoFreeSsidError",
     "SessionExistsError",
     "SessionSpec",
     "WrongStateError",
+    "epoch_stats",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,6 +102,8 @@ INFO_TIMEOUT_S = 3.0
 #: is concerned): a finished sender session is created again when it is started.
 _ON_REFLECTOR = ("created", "running", "stopping", "stopped", "finished")
 _ON_SENDER = ("created", "running", "stopping")
+#: Why an epoch ended when its sender agent restarted or lost the session.
+SENDER_LOST = "sender-lost"
 #: gRPC statuses that say the agent does not have what the controller expects.
 _MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
@@ -203,6 +215,62 @@ class _Streamer:
         call = self.call
         if call is not None:
             call.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochStats:
+    """What became of one epoch's probes (``Controller.epochs``)."""
+
+    epoch: int
+    started_ns: int
+    ended_ns: int | None
+    #: ``finished``, ``sender-lost`` (its sender agent restarted or lost the session),
+    #: ``destroyed``; None while it is the current epoch.
+    end_reason: str | None
+    #: The sender agent's run it ran on (GetAgentInfo.epoch, hex).
+    sender_agent: str | None
+    sent: int
+    received: int
+    lost: int
+    #: Probes whose outcome no agent reported: neither stored nor declared lost (see
+    #: ``epoch_stats``). 0 for the current epoch, whose packets may be in flight.
+    unknown: int
+
+
+def _slots(spec: SessionSpec, span_ns: int) -> int:
+    """Send slots of the session's schedule in its first ``span_ns`` (its sender sends
+    at start + k × interval, up to its count and duration)."""
+    slots = -(-max(span_ns, 0) // spec.interval_ns)
+    if spec.count:
+        slots = min(slots, spec.count)
+    if spec.duration_ns:
+        slots = min(slots, -(-spec.duration_ns // spec.interval_ns))
+    return slots
+
+
+def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
+    """An epoch's accounting. Its probes are received (stored), lost (declared by the
+    sender) or unknown:
+
+    - an epoch that ended with its sender agent (``sender-lost``): every slot of its
+      schedule from its start until the next epoch began (or until a user stopped it)
+      was due; whatever is not stored or declared lost died with the agent (sent but
+      never reported, or never sent while the agent was down). The start is the
+      controller's clock, so this is an estimate within a slot or so;
+    - any other ended epoch: sent but neither stored nor lost (e.g. FIFO overflow);
+    - the current epoch: 0 (its packets may still be in flight or uncollected).
+    """
+    unknown = 0
+    if e.ended_ns is not None:
+        due = e.sent
+        if e.end_reason == SENDER_LOST:
+            end = e.ended_ns if e.stopped_ns is None else min(e.ended_ns, e.stopped_ns)
+            due = max(due, _slots(spec, end - e.started_ns))
+        unknown = max(0, due - e.received - e.lost)
+    return EpochStats(
+        e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent,
+        e.sent, e.received, e.lost, unknown,
+    )  # fmt: skip
 
 
 ClientFactory = Callable[[str], AgentClient]
@@ -374,6 +442,7 @@ class Controller:
             stopping = row.state == "stopping"
             if stopping:
                 # It was told to stop: what was in flight died with the agent.
+                self.store.end_epoch(row.name, self.clock(), SENDER_LOST)
                 self.store.set_state(row.name, "finished")
         if stopping:
             self._stop_collector(row.name)
@@ -386,7 +455,7 @@ class Controller:
                 self._destroy_on_agents(row)
                 self._create_on_agents(self._spec(row), row.ssid)
                 return
-        self._restart(row)
+        self._restart(row, SENDER_LOST)
 
     def _destroy_on_agents(self, row: SessionRow) -> None:
         for node in (row.sender, row.reflector):
@@ -522,6 +591,7 @@ class Controller:
             if row.state not in ("created", "stopped", "finished"):
                 raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
             if row.state == "created":
+                self.store.begin_epoch(name, self.clock(), sender_agent=self._agent(row.sender))
                 self._call(row.reflector, lambda c: c.start_session(row.ssid))
                 self._call(row.sender, lambda c: c.start_session(row.ssid))
                 self.store.set_state(name, "running")
@@ -529,12 +599,18 @@ class Controller:
                 self._restart(row)
             self._start_collector(name)
 
-    def _restart(self, row: SessionRow) -> None:
-        """Create the session again on both agents in a new epoch, and start it."""
+    def _agent(self, node: str) -> str | None:
+        return self.store.node(node).agent_epoch
+
+    def _restart(self, row: SessionRow, reason: str = "") -> None:
+        """Create the session again on both agents in a new epoch, and start it; an
+        epoch still open ends with ``reason``."""
         with self._session_lock(row.name):
             self._destroy_on_agents(row)
             self._create_on_agents(self._spec(row), row.ssid)
-            self.store.new_epoch(row.name)
+            self.store.begin_epoch(
+                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason
+            )
             self._call(row.reflector, lambda c: c.start_session(row.ssid))
             self._call(row.sender, lambda c: c.start_session(row.ssid))
             self.store.set_state(row.name, "running")
@@ -546,6 +622,7 @@ class Controller:
             if row.state != "running":
                 raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
             self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            self.store.stop_epoch(name, self.clock())
             self.store.set_state(name, "stopping")
 
     def destroy_session(self, name: str) -> None:
@@ -556,6 +633,7 @@ class Controller:
             self._stop_collector(name)
             self._destroy_on_agents(row)
             with self._session_lock(name):
+                self.store.end_epoch(name, self.clock(), "destroyed")
                 self.store.set_state(name, "destroyed")
             with self._finished:
                 self._finished.notify_all()
@@ -579,6 +657,12 @@ class Controller:
         for name in names:
             self._start_collector(name)
         return names
+
+    def epochs(self, name: str) -> list[EpochStats]:
+        """The session's epochs, oldest first, with what became of their probes."""
+        row = self.store.session(name)
+        spec = self._spec(row)
+        return [epoch_stats(e, spec) for e in self.store.epochs(row.id)]
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
         row = self.store.session(name)
@@ -697,13 +781,14 @@ class Controller:
             counters.forward_lost if counters.HasField("forward_lost") else None,
             counters.overflow,
         )
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch)
+        self.store.store_results(row.id, records, snapshot, epoch=row.epoch, now_ns=self.clock())
         self.metrics.observe(row.name, [r for _, r in records])
         self.metrics.set_lost(row.name, self.store.session(row.name).lost)
         return records[-1][0] if records else row.cursor
 
     def _finish(self, row: SessionRow) -> bool:
         """The session's sender finished and everything was stored (session lock held)."""
+        self.store.end_epoch(row.name, self.clock(), "finished")
         self.store.set_state(row.name, "finished")
         with self._finished:
             self._finished.notify_all()

@@ -8,9 +8,14 @@ it asks again after restart and gets the same records; killed after the commit, 
 acknowledges them with its next call. The primary key (session, record id) makes a
 repeated insert a no-op, so even a misbehaving agent cannot duplicate a row.
 
-An agent that restarted has lost its sessions; the controller creates the session again
-on it and bumps the session's ``epoch``: ids and the agent's counters restart, so rows
-are keyed by epoch too and the counters of earlier epochs are kept as a base.
+Epochs. Each time a session is created afresh on its sender (started again after it
+finished, or restored on a sender agent that restarted or lost it) it begins a new
+``epoch``: the agent's record ids, Seq numbers and counters start over, so results are
+keyed by (session, epoch, record id), and (session, epoch, Seq) is unique too. Each
+epoch has a row in ``epochs``: when it started and ended and why, the sender agent's
+run, and the sender's last counters of that epoch; a session's totals are their sums.
+What the store cannot say is what happened to the packets of an epoch whose agent died:
+``EpochRow`` keeps what is needed to count them (``Controller.epochs``).
 
 Schema (``SCHEMA``) is created on open; the file may be shared by a CLI reading it while
 a controller writes (WAL lets readers run beside one writer).
@@ -34,6 +39,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "AlreadyExistsError",
+    "EpochRow",
     "InUseError",
     "NodeRow",
     "NotFoundError",
@@ -67,12 +73,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     state       TEXT NOT NULL,          -- created, running, stopped, destroyed
     epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
     cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
-    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the agent's snapshot plus the base
+    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the sums over its epochs
     lost        INTEGER NOT NULL DEFAULT 0,
     forward_lost INTEGER,
-    sent_base   INTEGER NOT NULL DEFAULT 0,  -- totals of the epochs before this one
-    lost_base   INTEGER NOT NULL DEFAULT 0,
-    forward_lost_base INTEGER NOT NULL DEFAULT 0,
     overflow    INTEGER NOT NULL DEFAULT 0,
     created_ns  INTEGER NOT NULL
 );
@@ -91,6 +94,22 @@ CREATE TABLE IF NOT EXISTS results (
     reflector_seq INTEGER NOT NULL,
     PRIMARY KEY (session_id, epoch, record_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS epochs (
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    epoch       INTEGER NOT NULL,
+    started_ns  INTEGER NOT NULL,       -- when the controller started it, Unix ns
+    stopped_ns  INTEGER,                -- when a user stopped it (its schedule ended)
+    ended_ns    INTEGER,                -- when it ended (NULL: the current epoch, running)
+    end_reason  TEXT,                   -- finished, sender-lost, destroyed
+    sender_agent TEXT,                  -- the sender agent's run (GetAgentInfo.epoch, hex)
+    sent        INTEGER NOT NULL DEFAULT 0,  -- the sender's last counters of this epoch
+    lost        INTEGER NOT NULL DEFAULT 0,
+    forward_lost INTEGER,
+    overflow    INTEGER NOT NULL DEFAULT 0,
+    seen_ns     INTEGER,                -- when those counters were read
+    PRIMARY KEY (session_id, epoch)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
 -- One live session per name; destroyed ones keep theirs (and their results).
 CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
 """
@@ -164,6 +183,25 @@ class SessionRow:
     forward_lost: int | None
     overflow: int
     created_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRow:
+    """One epoch of a session: its times, the sender's last counters, what was stored."""
+
+    epoch: int
+    started_ns: int
+    stopped_ns: int | None
+    ended_ns: int | None
+    end_reason: str | None
+    sender_agent: str | None
+    sent: int
+    lost: int
+    forward_lost: int | None
+    overflow: int
+    seen_ns: int | None
+    #: Results stored for this epoch.
+    received: int
 
 
 class Store:
@@ -325,25 +363,63 @@ class Store:
                 "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'", (state, name)
             )
 
-    def new_epoch(self, name: str) -> int:
-        """The session was created again on its sender: ids, cursor and counters restart.
-
-        The totals so far become the base the next epoch's agent counters add to.
+    def begin_epoch(
+        self, name: str, now_ns: int, *, sender_agent: str | None = None, reason: str = ""
+    ) -> int:
+        """The live session starts on its sender: in its current epoch if that never
+        started (a created session), else in a new one (ids, cursor and counters start
+        over). A current epoch still open ends now with ``reason``. Returns the epoch.
         """
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"session: no session named {name!r}")
+            sid, epoch = row
+            if db.execute(
+                "SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)
+            ).fetchone():
+                _end_epoch(db, sid, epoch, now_ns, reason)
+                epoch += 1
+                db.execute("UPDATE sessions SET epoch=?, cursor=0 WHERE id=?", (epoch, sid))
+            db.execute(
+                "INSERT INTO epochs(session_id, epoch, started_ns, sender_agent)"
+                " VALUES (?, ?, ?, ?)",
+                (sid, epoch, now_ns, sender_agent),
+            )
+        result: int = epoch
+        return result
+
+    def end_epoch(self, name: str, now_ns: int, reason: str) -> None:
+        """The live session's current epoch ends (if it is open)."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
+            ).fetchone()
+            if row is not None:
+                _end_epoch(db, row[0], row[1], now_ns, reason)
+
+    def stop_epoch(self, name: str, now_ns: int) -> None:
+        """A user stopped the live session: its current epoch's schedule ends now."""
         with self._lock:
             self._db.execute(
-                "UPDATE sessions SET epoch=epoch+1, cursor=0, sent_base=sent, lost_base=lost,"
-                " forward_lost_base=COALESCE(forward_lost, 0)"
-                " WHERE name=? AND state != 'destroyed'",
-                (name,),
+                "UPDATE epochs SET stopped_ns=? WHERE stopped_ns IS NULL AND (session_id, epoch)"
+                " = (SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed')",
+                (now_ns, name),
             )
-            row = self._db.execute(
-                "SELECT epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
-            ).fetchone()
-        if row is None:
-            raise NotFoundError(f"session: no session named {name!r}")
-        epoch: int = row[0]
-        return epoch
+
+    def epochs(self, session_id: int) -> list[EpochRow]:
+        """Every epoch of the session that started, oldest first, with its result count."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.epoch, started_ns, stopped_ns, ended_ns, end_reason, sender_agent,"
+                " sent, lost, forward_lost, overflow, seen_ns,"
+                " (SELECT COUNT(*) FROM results r WHERE r.session_id=e.session_id"
+                " AND r.epoch=e.epoch) FROM epochs e WHERE session_id=? ORDER BY e.epoch",
+                (session_id,),
+            ).fetchall()
+        return [EpochRow(*r) for r in rows]
 
     def used_ssids(self, node: str) -> set[int]:
         with self._lock:
@@ -362,14 +438,16 @@ class Store:
         counters: tuple[int, int, int | None, int] | None = None,
         *,
         epoch: int = 0,
+        now_ns: int | None = None,
     ) -> int:
         """Insert records (agent id, result) and advance the cursor, atomically.
 
         ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot for this
-        epoch; the stored totals add the earlier epochs' base. Returns how many rows
-        were new. Raises StaleEpochError, storing nothing, if the session is no longer
-        in ``epoch`` (records of the agent's earlier session must not land in the new
-        epoch, nor its counters overwrite the new totals) or was destroyed.
+        epoch, read at ``now_ns``; the session's totals are the sums over its epochs.
+        Returns how many rows were new. Raises StaleEpochError, storing nothing, if the
+        session is no longer in ``epoch`` (records of the agent's earlier session must not
+        land in the new epoch, nor its counters overwrite the new totals) or was
+        destroyed.
         """
         rows = [
             (
@@ -392,10 +470,9 @@ class Store:
             _check_epoch(db, session_id, epoch)
             before = db.total_changes
             db.executemany(
-                # Only a repeated (session, record id) is skipped: OR IGNORE would also
-                # swallow a NOT NULL violation, silently losing a row.
-                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT(session_id, epoch, record_id) DO NOTHING",
+                # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
+                # skipped: OR IGNORE would also swallow a NOT NULL violation.
+                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 rows,
             )
             new = db.total_changes - before
@@ -407,10 +484,18 @@ class Store:
             if counters is not None:
                 sent, lost, forward_lost, overflow = counters
                 db.execute(
-                    "UPDATE sessions SET sent=sent_base+?, lost=lost_base+?,"
-                    " forward_lost=CASE WHEN ? IS NULL THEN NULL"
-                    " ELSE forward_lost_base+? END, overflow=? WHERE id=? AND epoch=?",
-                    (sent, lost, forward_lost, forward_lost, overflow, session_id, epoch),
+                    "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+                    " overflow, seen_ns) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+                    " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+                    " overflow=excluded.overflow, seen_ns=excluded.seen_ns",
+                    (session_id, epoch, now_ns, sent, lost, forward_lost, overflow, now_ns),
+                )
+                db.execute(
+                    "UPDATE sessions SET (sent, lost, forward_lost, overflow) = (SELECT"
+                    " SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow) FROM epochs"
+                    " WHERE session_id=?) WHERE id=?",
+                    (session_id, session_id),
                 )
         return new
 
@@ -429,6 +514,23 @@ class Store:
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
         return [_result(session_id, r) for r in rows]
+
+    def records(
+        self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
+    ) -> list[tuple[int, StampResult]]:
+        """Like ``results``, each with its epoch: (epoch, result)."""
+        query = "SELECT * FROM results WHERE session_id=?"
+        args: list[Any] = [session_id]
+        if since_ns is not None:
+            query += " AND t1_ns >= ?"
+            args.append(since_ns)
+        query += " ORDER BY epoch, record_id"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [(r[1], _result(session_id, r)) for r in rows]
 
     def count_results(self, session_id: int) -> int:
         """How many records are stored for the session (all epochs)."""
@@ -474,6 +576,14 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
         r[0], r[1], r[2], bool(r[3]), r[4], r[5], json.loads(r[6]) if r[6] else None,
         r[7], r[8], r[9], r[10],
     )  # fmt: skip
+
+
+def _end_epoch(db: sqlite3.Connection, sid: int, epoch: int, now_ns: int, reason: str) -> None:
+    db.execute(
+        "UPDATE epochs SET ended_ns=?, end_reason=? WHERE session_id=? AND epoch=?"
+        " AND ended_ns IS NULL",
+        (now_ns, reason, sid, epoch),
+    )
 
 
 def _check_epoch(db: sqlite3.Connection, session_id: int, epoch: int) -> None:
@@ -525,6 +635,15 @@ def _migrate(db: sqlite3.Connection) -> None:
         # One statement at a time: executescript would commit the transaction first.
         for statement in _statements(SCHEMA):
             db.execute(statement)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
+            db.execute(
+                "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"
+                " lost, forward_lost, overflow) SELECT id, epoch, created_ns,"
+                " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
+                " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
+                " sent, lost, forward_lost, overflow FROM epochs_v0 WHERE state != 'created'"
+            )
+            db.execute("DROP TABLE epochs_v0")
         _check_references(db)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
@@ -548,6 +667,12 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     db.execute(f"INSERT INTO sessions_new({common}) SELECT {common} FROM sessions")  # noqa: S608
     db.execute("DROP TABLE sessions")
     db.execute("ALTER TABLE sessions_new RENAME TO sessions")
+    # Version 0 kept no history per epoch: each session gets one row for its current
+    # epoch, holding its totals (and ended if the session is).
+    db.execute(
+        "CREATE TABLE epochs_v0 AS SELECT id, epoch, created_ns, sent, lost, forward_lost,"
+        " overflow, state FROM sessions"
+    )
     have = _columns(db, "nodes")
     for column, kind in (
         ("port", "INTEGER"),

@@ -759,6 +759,7 @@ class Record(_message.Message):
     SENDER_ERROR_NS_FIELD_NUMBER: _builtins.int
     REFLECTOR_ERROR_NS_FIELD_NUMBER: _builtins.int
     ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     t1_ns: _builtins.int
     t2_ns: _builtins.int
@@ -781,6 +782,10 @@ class Record(_message.Message):
     reflector_error_ns: _builtins.int
     error_bound_ns: _builtins.int
     """Bound on the error of each of the three delays: the two bounds added."""
+    epoch: _builtins.int
+    """The session's epoch the record belongs to (see Session.epoch): Seq numbers start
+    over in each, so (epoch, seq) names a record.
+    """
     def __init__(
         self,
         *,
@@ -799,14 +804,75 @@ class Record(_message.Message):
         sender_error_ns: _builtins.int = ...,
         reflector_error_ns: _builtins.int = ...,
         error_bound_ns: _builtins.int = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["direct_ns", b"direct_ns", "error_bound_ns", b"error_bound_ns", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direct_ns", b"direct_ns", "epoch", b"epoch", "error_bound_ns", b"error_bound_ns", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Record: _TypeAlias = Record  # noqa: Y015
+
+@_typing.final
+class EpochStats(_message.Message):
+    """One epoch of a session (see Session.epoch) and what became of its probes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    STARTED_NS_FIELD_NUMBER: _builtins.int
+    ENDED_NS_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
+    SENDER_AGENT_FIELD_NUMBER: _builtins.int
+    SENT_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    started_ns: _builtins.int
+    """When the controller started it, Unix ns."""
+    ended_ns: _builtins.int
+    """When it ended (absent: the current epoch)."""
+    end_reason: _builtins.str
+    """Why it ended: "finished" (count, duration or stop), "sender-lost" (its sender agent
+    restarted or lost the session), "destroyed"; empty for the current epoch.
+    """
+    sender_agent: _builtins.str
+    """The run of the sender agent it ran on (GetAgentInfo.epoch, 16 hex digits)."""
+    sent: _builtins.int
+    """The sender's last counters of the epoch, and the results stored."""
+    received: _builtins.int
+    lost: _builtins.int
+    unknown: _builtins.int
+    """Probes whose outcome no agent reported, neither received nor declared lost: in an
+    epoch ended by "sender-lost", every slot of its schedule up to the next epoch's
+    start not otherwise accounted for (results that died with the agent, and probes
+    never sent while it was down); in another ended epoch, sent but not reported
+    (e.g. FIFO overflow). 0 for the current epoch.
+    """
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        started_ns: _builtins.int = ...,
+        ended_ns: _builtins.int | None = ...,
+        end_reason: _builtins.str = ...,
+        sender_agent: _builtins.str = ...,
+        sent: _builtins.int = ...,
+        received: _builtins.int = ...,
+        lost: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "ended_ns", b"ended_ns"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "end_reason", b"end_reason", "ended_ns", b"ended_ns", "epoch", b"epoch", "lost", b"lost", "received", b"received", "sender_agent", b"sender_agent", "sent", b"sent", "started_ns", b"started_ns", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ended_ns: _TypeAlias = _typing.Literal["ended_ns"]  # noqa: Y015
+    _WhichOneofArgType__ended_ns: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ended_ns) -> _WhichOneofReturnType__ended_ns | None: ...
+
+Global___EpochStats: _TypeAlias = EpochStats  # noqa: Y015
 
 @_typing.final
 class GetPathStatsRequest(_message.Message):
@@ -888,6 +954,8 @@ class GetPathStatsReply(_message.Message):
     BACKWARD_LOST_FIELD_NUMBER: _builtins.int
     MAX_ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -901,6 +969,10 @@ class GetPathStatsReply(_message.Message):
     max_error_bound_ns: _builtins.int
     """Largest error bound of any stored result (absent: none stored)."""
     sent: _builtins.int
+    unknown: _builtins.int
+    """Probes of unknown outcome (agent outages, see EpochStats.unknown), summed over the
+    epochs; not in loss_ratio, which counts the packets whose fate is known.
+    """
     @_builtins.property
     def direct_delay(self) -> Global___DelaySummary:
         """Absent while no result is stored."""
@@ -909,6 +981,10 @@ class GetPathStatsReply(_message.Message):
     def return_delay(self) -> Global___DelaySummary: ...
     @_builtins.property
     def round_trip_delay(self) -> Global___DelaySummary: ...
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochStats]:
+        """Every epoch of the session, oldest first (absent with since_ns)."""
+
     def __init__(
         self,
         *,
@@ -924,10 +1000,12 @@ class GetPathStatsReply(_message.Message):
         backward_lost: _builtins.int | None = ...,
         max_error_bound_ns: _builtins.int | None = ...,
         sent: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        epochs: _abc.Iterable[Global___EpochStats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
