@@ -14,8 +14,12 @@ from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
 from sixlab.stamp._events import ConfigError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, State
+from sixlab.wire import stamp as wire
+from sixlab.wire.timestamp import ns_from_ntp
 
 R_ADDR = IPv6Address("fd00::2")
+S = 1_000_000_000
+T0 = 1_800_000_000 * S  # Unix ns
 S_ADDR = IPv6Address("fd00::1")
 MS = 1_000_000
 
@@ -267,3 +271,54 @@ def test_full_path_closes_the_sid_list_with_the_destination() -> None:
     assert full_path(R_ADDR, ()) is None
     assert full_path(R_ADDR, (seg,)) == (seg, R_ADDR)
     assert full_path(R_ADDR, (seg, R_ADDR)) == (seg, R_ADDR)  # already closed: unchanged
+
+
+class SteppedClocks:
+    """A monotonic clock the test advances, and a wall clock it can also step."""
+
+    def __init__(self) -> None:
+        self.mono_ns = 1000 * S
+        self.wall_ns = T0
+
+    def mono(self) -> int:
+        return self.mono_ns
+
+    def wall(self) -> int:
+        return self.wall_ns
+
+    def advance(self, ns: int) -> None:
+        self.mono_ns += ns
+        self.wall_ns += ns
+
+
+def test_a_stepped_wall_clock_does_not_move_the_send_schedule() -> None:
+    """The engine schedules on its monotonic clock and stamps T1 from the wall clock: the
+    wall clock stepping back an hour, then forward two, neither stalls nor bursts the
+    sends (the engine's loop is driven by hand, tick by tick)."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))  # receives, never answers
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=3, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(3)
+    stamped = [clocks.wall()]
+    for k in range(1, 40):
+        clocks.advance(10 * MS)
+        if k == 10:
+            clocks.wall_ns -= 3600 * S
+        if k == 25:
+            clocks.wall_ns += 7200 * S
+        engine._on_tick()
+        stamped.append(clocks.wall())
+        assert engine._timeout() == pytest.approx(0.010)  # the next slot, 10 ms ahead
+    sent = sink.receive(1000)
+    assert len(sent) == 40  # one per slot: no stall after the step back, no burst after
+    t1 = [ns_from_ntp(wire.decode_sender(rx.payload).timestamp) for rx in sent]
+    assert t1 == pytest.approx(stamped, abs=1000)  # T1 is the wall clock (NTP: ~ns)
+    assert engine.snapshot(3).counters.lost == 0  # nothing expired by the forward step
+    splane.close()
+    sink.close()

@@ -6,6 +6,12 @@ what the core produced (STYLE.md §3: receive → core → transmit → re-arm t
 public methods are thread-safe: the gRPC agent and the standalone tools call them from
 other threads.
 
+Two clocks. ``clock`` is the wall clock (Unix-epoch UTC ns): T1–T4 come from it (or
+from the data plane's receive timestamps). ``monotonic`` is what schedules and timeouts
+run on (``time.monotonic_ns``): the sender core gets it as ``now`` and the wall clock as
+``wall``, so a step of the wall clock (NTP, an operator) neither stalls nor bursts the
+send schedule nor expires the packets in flight (``docs/architecture.md``, "Time").
+
 Results of a Session-Sender go into a bounded FIFO per session, drained by
 ``SenderEngine.results`` (polling) or ``wait_results`` (push/streaming). When a FIFO is
 full the oldest record is dropped and ``overflow`` counts it: never silent.
@@ -320,8 +326,12 @@ class SenderEngine(_Loop):
         clock: Clock = time.time_ns,
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         on_event: Callable[[ev.Event], None] | None = None,
+        *,
+        monotonic: Clock = time.monotonic_ns,
     ) -> None:
+        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock."""
         super().__init__(dataplane, clock, "stamp-sender")
+        self.monotonic = monotonic
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
@@ -347,7 +357,7 @@ class SenderEngine(_Loop):
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
-            self._entry(ssid).session.start(self.clock())
+            self._entry(ssid).session.start(self.monotonic(), self.clock())
             self._pump(self._entry(ssid))
         self.wake()
 
@@ -491,7 +501,7 @@ class SenderEngine(_Loop):
             timers = [t for e in self._entries.values() if (t := e.session.get_timer()) is not None]
         if not timers:
             return _IDLE_WAKE_S
-        return min(_IDLE_WAKE_S, max(0.0, (min(timers) - self.clock()) / 1e9))
+        return min(_IDLE_WAKE_S, max(0.0, (min(timers) - self.monotonic()) / 1e9))
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
@@ -501,7 +511,7 @@ class SenderEngine(_Loop):
                 if entry is None:
                     self.counters.no_session += 1
                     continue
-                entry.session.receive(rx.payload, rx.rx_ns or self.clock())
+                entry.session.receive(rx.payload, self.monotonic(), rx.rx_ns or self.clock())
                 self._pump(entry)
 
     def _match(self, payload: bytes) -> _SenderEntry | None:
@@ -518,11 +528,11 @@ class SenderEngine(_Loop):
 
     def _on_tick(self) -> None:
         with self.lock:
-            now = self.clock()
+            now = self.monotonic()
             for entry in self._entries.values():
                 timer = entry.session.get_timer()
                 if timer is not None and timer <= now:
-                    entry.session.handle_timer(now)
+                    entry.session.handle_timer(now, self.clock())
                     self._pump(entry)
 
     def _pump(self, entry: _SenderEntry) -> None:
