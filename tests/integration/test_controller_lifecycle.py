@@ -394,3 +394,39 @@ def test_sender_outage_is_reported_per_epoch(lab: Lab, tmp_path: Path) -> None:
         api.close()
         server.stop(0)
         c.close()
+
+
+def test_a_stalled_sender_reports_the_slots_it_skipped(
+    lab: Lab, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGSTOP of the sender's agent for half a second: when it runs again it sends one
+    packet for the latest slot and skips the ones it missed (no burst); the slip is
+    counted by the agent and reported by the controller (stats, epochs, a warning)."""
+    c = lab.controller()
+    server = serve_controller(f"unix:{tmp_path}/ctl.sock", c)
+    api = ControllerClient(f"unix:{tmp_path}/ctl.sock")
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c, interval_ns=50 * MS, loss_timeout_ns=2000 * MS))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 10)
+        before = api.stats("p").schedule_skipped  # 0, unless the machine is very busy
+        assert lab.sender.proc is not None
+        caplog.set_level("WARNING", logger="sixlab.controller.core")
+        lab.sender.proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # ten slots of 50 ms
+        lab.sender.proc.send_signal(signal.SIGCONT)
+        _until("the skips are reported", lambda: api.stats("p").schedule_skipped >= before + 5)
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+        stats = api.stats("p")
+        assert stats.epochs[0].schedule_skipped == stats.schedule_skipped
+        assert stats.schedule_late_mean_ns is not None
+        assert 0 <= stats.schedule_late_mean_ns <= stats.schedule_late_max_ns < 50 * MS
+        assert any("skipped" in r.getMessage() for r in caplog.records)
+        seqs = [r.seq for r in api.results("p", limit=100_000).records]
+        assert seqs == list(range(len(seqs)))  # skipped slots cost no Seq: no gap, no loss
+    finally:
+        api.close()
+        server.stop(0)
+        c.close()

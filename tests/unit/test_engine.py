@@ -9,7 +9,12 @@ from ipaddress import IPv6Address
 import pytest
 
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, create
-from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.dataplane.engine import (
+    ReflectorEngine,
+    ScheduleStats,
+    SenderEngine,
+    SenderSessionSpec,
+)
 from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
 from sixlab.stamp._events import ConfigError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
@@ -322,3 +327,76 @@ def test_a_stepped_wall_clock_does_not_move_the_send_schedule() -> None:
     assert engine.snapshot(3).counters.lost == 0  # nothing expired by the forward step
     splane.close()
     sink.close()
+
+
+def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
+    """500 sessions, one timer heap: driven tick by tick each session sends on its own
+    grid (start + k × interval), never drifting; after a stall the engine sends one
+    packet per session for the latest slot and reports the slots it skipped and how
+    late it was."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    interval = 100 * MS
+    starts: dict[int, int] = {}
+    for ssid in range(1, 501):
+        cfg = SenderConfig(ssid=ssid, interval_ns=interval, loss_timeout_ns=100 * S)
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    for ssid in range(1, 501):
+        if ssid % 50 == 0:
+            clocks.advance(MS)  # phases 0..9 ms: whole ms, all before the first slot
+        starts[ssid] = clocks.mono()
+        engine.start_session(ssid)
+    for _ in range(1000):  # one second of 1 ms ticks: every slot met on time
+        clocks.advance(MS)
+        engine._on_tick()
+    end = clocks.mono()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        assert snap.counters.sent == (end - start) // interval + 1  # no drift, no loss
+        assert snap.schedule == ScheduleStats(sent=snap.counters.sent)  # nothing late
+    clocks.advance(350 * MS)  # the engine stalls for 350 ms
+    engine._on_tick()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        before, after = (end - start) // interval, (clocks.mono() - start) // interval
+        assert snap.counters.sent == before + 2  # one packet for the latest slot, no burst
+        assert snap.schedule.skipped == after - before - 1
+        late = (clocks.mono() - start) % interval
+        assert (snap.schedule.late_ns_total, snap.schedule.late_ns_max) == (late, late)
+    assert engine._timeout() <= 0.1
+    splane.close()
+    sink.close()
+
+
+def test_a_reply_is_late_by_its_arrival_not_by_when_the_loop_reads_it() -> None:
+    """The reply came back in time but the engine read it only after the loss timeout
+    (a stalled process): its kernel receive time (T4) says it arrived in time."""
+    clocks = SteppedClocks()
+    network = MemoryNetwork(clock=clocks.wall)  # stamps rx_ns, like a kernel timestamp
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    rplane.open()
+    splane.open()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=4, interval_ns=10 * S, loss_timeout_ns=100 * MS)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(4)
+    (request,) = rplane.receive()
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=4))
+    clocks.advance(MS)
+    reply = reflector.reflect(request.payload, clocks.wall(), clocks.wall, 64)
+    assert reply is not None
+    rplane.send(reply.payload, S_ADDR, splane.local_port)  # arrives 1 ms after sending
+    clocks.advance(500 * MS)  # the engine stalls past the loss timeout
+    engine._on_readable()
+    engine._on_tick()
+    counters = engine.snapshot(4).counters
+    assert (counters.received, counters.lost, counters.late) == (1, 0, 0)
+    splane.close()
+    rplane.close()

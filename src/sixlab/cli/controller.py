@@ -422,6 +422,9 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "max_error_bound_ns": s.max_error_bound_ns,
         "unknown": s.unknown,
         "epochs": [asdict(e) for e in s.epochs],
+        "schedule_skipped": s.schedule_skipped,
+        "schedule_late_mean_ns": s.schedule_late_mean_ns,
+        "schedule_late_max_ns": s.schedule_late_max_ns,
     }
 
 
@@ -608,6 +611,11 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
         f"sent {s.sent}, received {s.received}, lost {s.lost}{split}{unknown}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
+    if s.schedule_skipped:
+        print(
+            f"sender behind schedule: {s.schedule_skipped} slots skipped, packets late by "
+            f"{_ms(s.schedule_late_mean_ns)} ms on average, {_ms(s.schedule_late_max_ns)} at most"
+        )
     for e in s.epochs:
         if e.unknown:
             print(

@@ -174,6 +174,7 @@ class EpochInfo:
     received: int
     lost: int
     unknown: int
+    schedule_skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,11 @@ class SessionStats:
     #: Probes of unknown outcome (agent outages), summed over the epochs.
     unknown: int = 0
     epochs: tuple[EpochInfo, ...] = ()
+    #: How the sender kept its schedule: slots skipped, lateness mean (None: nothing
+    #: sent) and most.
+    schedule_skipped: int = 0
+    schedule_late_mean_ns: int | None = None
+    schedule_late_max_ns: int = 0
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -291,9 +297,13 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
                 received=e.received,
                 lost=e.lost,
                 unknown=e.unknown,
+                schedule_skipped=e.schedule_skipped,
             )
             for e in reply.epochs
         ),
+        schedule_skipped=reply.schedule_skipped,
+        schedule_late_mean_ns=opt("schedule_late_mean_ns"),
+        schedule_late_max_ns=reply.schedule_late_max_ns,
     )
 
 

@@ -57,6 +57,7 @@ import grpc
 
 from sixlab.controller.metrics import ControllerMetrics
 from sixlab.controller.store import (
+    Counters,
     EpochRow,
     NodeRow,
     NotFoundError,
@@ -235,6 +236,10 @@ class EpochStats:
     #: Probes whose outcome no agent reported: neither stored nor declared lost (see
     #: ``epoch_stats``). 0 for the current epoch, whose packets may be in flight.
     unknown: int
+    #: The sender's schedule: slots skipped, lateness of its packets in total and at most.
+    skipped: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
 
 
 def _slots(spec: SessionSpec, span_ns: int) -> int:
@@ -269,7 +274,7 @@ def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
         unknown = max(0, due - e.received - e.lost)
     return EpochStats(
         e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent,
-        e.sent, e.received, e.lost, unknown,
+        e.sent, e.received, e.lost, unknown, e.skipped, e.late_ns_total, e.late_ns_max,
     )  # fmt: skip
 
 
@@ -303,6 +308,8 @@ class Controller:
         self._collectors: dict[str, _Collector] = {}
         self._streamers: dict[str, _Streamer] = {}
         self._lock = threading.RLock()
+        #: Slots skipped by each (session id, epoch)'s sender, last seen (for warnings).
+        self._skipped: dict[tuple[int, int], int] = {}
         #: Notified when a session finishes (``wait_finished``).
         self._finished = threading.Condition(self._lock)
         #: Serialises what changes sessions on agents: user requests and repairs.
@@ -775,16 +782,35 @@ class Controller:
         Raises StaleEpochError if the session moved to another epoch since ``row``.
         """
         records = [(r.record_id, result_from_proto(r)) for r in results]
-        snapshot = (
+        snapshot = Counters(
             counters.sent,
             counters.lost,
             counters.forward_lost if counters.HasField("forward_lost") else None,
             counters.overflow,
+            counters.schedule_skipped,
+            counters.schedule_late_ns_total,
+            counters.schedule_late_ns_max,
         )
         self.store.store_results(row.id, records, snapshot, epoch=row.epoch, now_ns=self.clock())
+        self._warn_skips(row, snapshot.skipped)
         self.metrics.observe(row.name, [r for _, r in records])
         self.metrics.set_lost(row.name, self.store.session(row.name).lost)
         return records[-1][0] if records else row.cursor
+
+    def _warn_skips(self, row: SessionRow, skipped: int) -> None:
+        """Say so when a sender's engine starts skipping slots: it sends less than asked."""
+        key = (row.id, row.epoch)
+        with self._lock:
+            before = self._skipped.get(key, 0)
+            self._skipped[key] = skipped
+        if skipped > before:
+            log.warning(
+                "session %s: the sender skipped %d slots of its schedule (%d in all this"
+                " epoch): it sends less than asked (an overloaded agent?)",
+                row.name,
+                skipped - before,
+                skipped,
+            )
 
     def _finish(self, row: SessionRow) -> bool:
         """The session's sender finished and everything was stored (session lock held)."""

@@ -270,6 +270,7 @@ def epoch_to_proto(e: EpochStats) -> pb.EpochStats:
         received=e.received,
         lost=e.lost,
         unknown=e.unknown,
+        schedule_skipped=e.skipped,
     )
     if e.ended_ns is not None:
         out.ended_ns = e.ended_ns
@@ -473,6 +474,11 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             epochs = self.controller.epochs(name)
             out.epochs.extend(epoch_to_proto(e) for e in epochs)
             out.unknown = sum(e.unknown for e in epochs)
+            out.schedule_skipped = sum(e.skipped for e in epochs)
+            out.schedule_late_max_ns = max((e.late_ns_max for e in epochs), default=0)
+            sent = sum(e.sent for e in epochs)
+            if sent:
+                out.schedule_late_mean_ns = sum(e.late_ns_total for e in epochs) // sent
         if since is None and row.forward_lost is not None:
             # A stateful reflector numbers what it received (RFC 8762 §4.3): the sender
             # splits its losses; what was not lost forward was lost on the way back.

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sixlab.stamp._events import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -39,6 +39,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "AlreadyExistsError",
+    "Counters",
     "EpochRow",
     "InUseError",
     "NodeRow",
@@ -107,6 +108,9 @@ CREATE TABLE IF NOT EXISTS epochs (
     forward_lost INTEGER,
     overflow    INTEGER NOT NULL DEFAULT 0,
     seen_ns     INTEGER,                -- when those counters were read
+    skipped     INTEGER NOT NULL DEFAULT 0,  -- schedule slots the sender's engine skipped
+    late_ns_total INTEGER NOT NULL DEFAULT 0,  -- how late its packets left their slots
+    late_ns_max INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, epoch)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
@@ -185,6 +189,19 @@ class SessionRow:
     created_ns: int
 
 
+class Counters(NamedTuple):
+    """A sender session's counters as its agent reported them (one epoch's)."""
+
+    sent: int
+    lost: int
+    forward_lost: int | None
+    overflow: int
+    #: How the sender's engine kept the schedule (agent's SessionCounters.schedule_*).
+    skipped: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class EpochRow:
     """One epoch of a session: its times, the sender's last counters, what was stored."""
@@ -200,6 +217,10 @@ class EpochRow:
     forward_lost: int | None
     overflow: int
     seen_ns: int | None
+    #: The sender's schedule (``Counters``).
+    skipped: int
+    late_ns_total: int
+    late_ns_max: int
     #: Results stored for this epoch.
     received: int
 
@@ -414,7 +435,8 @@ class Store:
         with self._lock:
             rows = self._db.execute(
                 "SELECT e.epoch, started_ns, stopped_ns, ended_ns, end_reason, sender_agent,"
-                " sent, lost, forward_lost, overflow, seen_ns,"
+                " sent, lost, forward_lost, overflow, seen_ns, skipped, late_ns_total,"
+                " late_ns_max,"
                 " (SELECT COUNT(*) FROM results r WHERE r.session_id=e.session_id"
                 " AND r.epoch=e.epoch) FROM epochs e WHERE session_id=? ORDER BY e.epoch",
                 (session_id,),
@@ -435,15 +457,15 @@ class Store:
         self,
         session_id: int,
         records: Sequence[tuple[int, StampResult]],
-        counters: tuple[int, int, int | None, int] | None = None,
+        counters: Counters | tuple[int, int, int | None, int] | None = None,
         *,
         epoch: int = 0,
         now_ns: int | None = None,
     ) -> int:
         """Insert records (agent id, result) and advance the cursor, atomically.
 
-        ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot for this
-        epoch, read at ``now_ns``; the session's totals are the sums over its epochs.
+        ``counters`` is the agent's snapshot for this epoch (``Counters``, or its first
+        four fields), read at ``now_ns``; the session's totals are the sums over epochs.
         Returns how many rows were new. Raises StaleEpochError, storing nothing, if the
         session is no longer in ``epoch`` (records of the agent's earlier session must not
         land in the new epoch, nor its counters overwrite the new totals) or was
@@ -482,14 +504,17 @@ class Store:
                     (max(r[2] for r in rows), session_id, epoch),
                 )
             if counters is not None:
-                sent, lost, forward_lost, overflow = counters
+                c = Counters(*counters)
                 db.execute(
                     "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-                    " overflow, seen_ns) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?)"
+                    " overflow, seen_ns, skipped, late_ns_total, late_ns_max)"
+                    " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
                     " lost=excluded.lost, forward_lost=excluded.forward_lost,"
-                    " overflow=excluded.overflow, seen_ns=excluded.seen_ns",
-                    (session_id, epoch, now_ns, sent, lost, forward_lost, overflow, now_ns),
+                    " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+                    " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+                    " late_ns_max=excluded.late_ns_max",
+                    (session_id, epoch, now_ns, *c[:4], now_ns, *c[4:]),
                 )
                 db.execute(
                     "UPDATE sessions SET (sent, lost, forward_lost, overflow) = (SELECT"

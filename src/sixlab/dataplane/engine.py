@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import ipaddress
+import itertools
 import os
 import select
 import threading
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_FIFO_CAPACITY",
     "EngineCounters",
     "ReflectorEngine",
+    "ScheduleStats",
     "SenderEngine",
     "SenderSessionSpec",
     "SessionSnapshot",
@@ -288,12 +291,27 @@ class SenderSessionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleStats:
+    """How well the engine kept a session's send schedule, start + k × interval (the
+    core sends one packet for the latest slot due when its timer runs late, and skips
+    the slots before it rather than bursting)."""
+
+    #: Slots passed over: the engine came too late for them and sent no packet.
+    skipped: int = 0
+    #: Packets sent, and how late they left after their slots (ns): in total and the most.
+    sent: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSnapshot:
     ssid: int
     state: State
     counters: SenderCounters
     fifo_len: int
     overflow: int
+    schedule: ScheduleStats = ScheduleStats()
 
 
 @dataclass(slots=True)
@@ -307,6 +325,13 @@ class _SenderEntry:
     #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
     #: that stored everything up to id N asks for "after N" and never sees one twice.
     first_id: int = 1
+    #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
+    timer: int | None = None
+    #: The schedule's origin (monotonic ns; None until started), the slot of the last
+    #: packet sent, and the schedule's statistics.
+    start: int | None = None
+    last_slot: int = -1
+    schedule: ScheduleStats = ScheduleStats()
 
     def index_after(self, record_id: int) -> int:
         """Index in ``fifo`` of the first record with an id above ``record_id``."""
@@ -335,6 +360,10 @@ class SenderEngine(_Loop):
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
+        #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
+        #: instead of asking every session. An entry whose ``timer`` differs is stale.
+        self._heap: list[tuple[int, int, int]] = []
+        self._pushes = itertools.count()
         self._cond = threading.Condition(self.lock)
         #: Bumped whenever a waiter may have something new: a record, a session
         #: finished or removed (see ``wait_change``).
@@ -357,8 +386,12 @@ class SenderEngine(_Loop):
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
-            self._entry(ssid).session.start(self.monotonic(), self.clock())
-            self._pump(self._entry(ssid))
+            entry = self._entry(ssid)
+            now = self.monotonic()
+            entry.session.start(now, self.clock())
+            entry.start = now
+            self._pump(entry, now)
+            self._arm(entry)
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -366,6 +399,7 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             entry.session.stop()
             self._pump(entry)
+            self._arm(entry)
         self.wake()
 
     def remove_session(self, ssid: int) -> None:
@@ -386,7 +420,7 @@ class SenderEngine(_Loop):
             e = self._entry(ssid)
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
-            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow)
+            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, e.schedule)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
         """Drain up to ``max_items`` queued records of a session (polling mode)."""
@@ -496,23 +530,50 @@ class SenderEngine(_Loop):
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
+    def _arm(self, entry: _SenderEntry) -> None:
+        """Put the session's next timer in the heap if it changed (lock held)."""
+        timer = entry.session.get_timer()
+        if timer != entry.timer:
+            entry.timer = timer
+            if timer is not None:
+                heapq.heappush(self._heap, (timer, next(self._pushes), entry.spec.config.ssid))
+
+    def _due(self) -> _SenderEntry | None:
+        """The heap's earliest live timer's session, dropping stale ones (lock held)."""
+        heap = self._heap
+        while heap:
+            when, _, ssid = heap[0]
+            entry = self._entries.get(ssid)
+            if entry is not None and entry.timer == when:
+                return entry
+            heapq.heappop(heap)
+        return None
+
     def _timeout(self) -> float:
         with self.lock:
-            timers = [t for e in self._entries.values() if (t := e.session.get_timer()) is not None]
-        if not timers:
-            return _IDLE_WAKE_S
-        return min(_IDLE_WAKE_S, max(0.0, (min(timers) - self.monotonic()) / 1e9))
+            entry = self._due()
+            if entry is None or entry.timer is None:
+                return _IDLE_WAKE_S
+            wait = (entry.timer - self.monotonic()) / 1e9
+        return min(_IDLE_WAKE_S, max(0.0, wait))
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
+            mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
             for rx in batch:
                 entry = self._match(rx.payload)
                 if entry is None:
                     self.counters.no_session += 1
                     continue
-                entry.session.receive(rx.payload, self.monotonic(), rx.rx_ns or self.clock())
+                # A reply is late by when it arrived, not by when the loop got to it:
+                # its age (a short difference of wall times, T4 from the kernel) moves
+                # the monotonic time back to its arrival.
+                t4 = rx.rx_ns or wall
+                arrived = mono - max(0, wall - t4)
+                entry.session.receive(rx.payload, arrived, t4)
                 self._pump(entry)
+                self._arm(entry)
 
     def _match(self, payload: bytes) -> _SenderEntry | None:
         size = len(payload)
@@ -527,21 +588,29 @@ class SenderEngine(_Loop):
         return None
 
     def _on_tick(self) -> None:
+        """Run every timer that is due, earliest first, from the heap."""
         with self.lock:
             now = self.monotonic()
-            for entry in self._entries.values():
-                timer = entry.session.get_timer()
-                if timer is not None and timer <= now:
-                    entry.session.handle_timer(now, self.clock())
-                    self._pump(entry)
+            wall = self.clock()
+            while (entry := self._due()) is not None and entry.timer is not None:
+                if entry.timer > now:
+                    break
+                heapq.heappop(self._heap)
+                entry.timer = None
+                entry.session.handle_timer(now, wall)
+                self._pump(entry, now)
+                self._arm(entry)
 
-    def _pump(self, entry: _SenderEntry) -> None:
-        """Send what the session produced and file its events (lock held)."""
+    def _pump(self, entry: _SenderEntry, now: int | None = None) -> None:
+        """Send what the session produced and file its events (lock held). ``now``: the
+        monotonic time of the timer that made them, to measure the schedule's slip."""
         spec = entry.spec
         for payload in entry.session.datagrams_to_send():
             self._send(payload, spec.reflector, spec.reflector_port, spec.segments, spec.source)
         notify = False
         while (event := entry.session.next_event()) is not None:
+            if isinstance(event, ev.PacketSent) and now is not None and entry.start is not None:
+                self._slip(entry, now)
             if isinstance(event, ev.StampResult):
                 if len(entry.fifo) >= self.fifo_capacity:
                     entry.pop_oldest()
@@ -559,6 +628,22 @@ class SenderEngine(_Loop):
                 self.on_event(event)
         if notify:
             self._notify()
+
+    @staticmethod
+    def _slip(entry: _SenderEntry, now: int) -> None:
+        """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
+        assert entry.start is not None
+        interval = entry.spec.config.interval_ns
+        slot = (now - entry.start) // interval
+        late = now - entry.start - slot * interval
+        s = entry.schedule
+        entry.schedule = ScheduleStats(
+            skipped=s.skipped + max(0, slot - entry.last_slot - 1),
+            sent=s.sent + 1,
+            late_ns_total=s.late_ns_total + late,
+            late_ns_max=max(s.late_ns_max, late),
+        )
+        entry.last_slot = slot
 
     def _notify(self) -> None:
         self._version += 1

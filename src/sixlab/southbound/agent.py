@@ -953,6 +953,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 queued=snap.fifo_len,
                 overflow=snap.overflow,
                 fetched=self._senders[ssid].fetched,
+                schedule_skipped=snap.schedule.skipped,
+                schedule_late_ns_total=snap.schedule.late_ns_total,
+                schedule_late_ns_max=snap.schedule.late_ns_max,
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost

@@ -829,6 +829,7 @@ class EpochStats(_message.Message):
     RECEIVED_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
     UNKNOWN_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     started_ns: _builtins.int
     """When the controller started it, Unix ns."""
@@ -851,6 +852,8 @@ class EpochStats(_message.Message):
     never sent while it was down); in another ended epoch, sent but not reported
     (e.g. FIFO overflow). 0 for the current epoch.
     """
+    schedule_skipped: _builtins.int
+    """Slots of its schedule the sender's engine skipped (see GetPathStatsReply)."""
     def __init__(
         self,
         *,
@@ -863,10 +866,11 @@ class EpochStats(_message.Message):
         received: _builtins.int = ...,
         lost: _builtins.int = ...,
         unknown: _builtins.int = ...,
+        schedule_skipped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "ended_ns", b"ended_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "end_reason", b"end_reason", "ended_ns", b"ended_ns", "epoch", b"epoch", "lost", b"lost", "received", b"received", "sender_agent", b"sender_agent", "sent", b"sent", "started_ns", b"started_ns", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "end_reason", b"end_reason", "ended_ns", b"ended_ns", "epoch", b"epoch", "lost", b"lost", "received", b"received", "schedule_skipped", b"schedule_skipped", "sender_agent", b"sender_agent", "sent", b"sent", "started_ns", b"started_ns", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__ended_ns: _TypeAlias = _typing.Literal["ended_ns"]  # noqa: Y015
     _WhichOneofArgType__ended_ns: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns"]  # noqa: Y015
@@ -956,6 +960,9 @@ class GetPathStatsReply(_message.Message):
     SENT_FIELD_NUMBER: _builtins.int
     UNKNOWN_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_MEAN_NS_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_MAX_NS_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -973,6 +980,13 @@ class GetPathStatsReply(_message.Message):
     """Probes of unknown outcome (agent outages, see EpochStats.unknown), summed over the
     epochs; not in loss_ratio, which counts the packets whose fate is known.
     """
+    schedule_skipped: _builtins.int
+    """How the sender kept its schedule (start + k x interval), over the epochs: slots its
+    engine came too late for and sent nothing in (a sender that sends less than asked),
+    and how late its packets left their slots, on average and at most.
+    """
+    schedule_late_mean_ns: _builtins.int
+    schedule_late_max_ns: _builtins.int
     @_builtins.property
     def direct_delay(self) -> Global___DelaySummary:
         """Absent while no result is stored."""
@@ -1002,10 +1016,13 @@ class GetPathStatsReply(_message.Message):
         sent: _builtins.int = ...,
         unknown: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochStats] | None = ...,
+        schedule_skipped: _builtins.int = ...,
+        schedule_late_mean_ns: _builtins.int | None = ...,
+        schedule_late_max_ns: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_mean_ns", b"schedule_late_mean_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_max_ns", b"schedule_late_max_ns", "schedule_late_mean_ns", b"schedule_late_mean_ns", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
@@ -1017,6 +1034,8 @@ class GetPathStatsReply(_message.Message):
     _WhichOneofArgType__max_error_bound_ns: _TypeAlias = _typing.Literal["_max_error_bound_ns", b"_max_error_bound_ns"]  # noqa: Y015
     _WhichOneofReturnType__return_jitter_ns: _TypeAlias = _typing.Literal["return_jitter_ns"]  # noqa: Y015
     _WhichOneofArgType__return_jitter_ns: _TypeAlias = _typing.Literal["_return_jitter_ns", b"_return_jitter_ns"]  # noqa: Y015
+    _WhichOneofReturnType__schedule_late_mean_ns: _TypeAlias = _typing.Literal["schedule_late_mean_ns"]  # noqa: Y015
+    _WhichOneofArgType__schedule_late_mean_ns: _TypeAlias = _typing.Literal["_schedule_late_mean_ns", b"_schedule_late_mean_ns"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
     @_typing.overload
@@ -1027,5 +1046,7 @@ class GetPathStatsReply(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_error_bound_ns) -> _WhichOneofReturnType__max_error_bound_ns | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__return_jitter_ns) -> _WhichOneofReturnType__return_jitter_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_late_mean_ns) -> _WhichOneofReturnType__schedule_late_mean_ns | None: ...
 
 Global___GetPathStatsReply: _TypeAlias = GetPathStatsReply  # noqa: Y015

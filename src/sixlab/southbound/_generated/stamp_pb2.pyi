@@ -1298,6 +1298,9 @@ class SessionCounters(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     FETCHED_FIELD_NUMBER: _builtins.int
     DATAPLANE_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_NS_TOTAL_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_NS_MAX_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     state: Global___SessionState.ValueType
@@ -1324,6 +1327,14 @@ class SessionCounters(_message.Message):
     """Sender: records dropped on FIFO overflow."""
     fetched: _builtins.int
     """Sender: records fetched by GetStampSessionResults or the stream."""
+    schedule_skipped: _builtins.int
+    """Sender: how the engine kept the send schedule, start + k x interval_ns. Slots it came
+    too late for and sent nothing in (its next packet went for the latest slot due,
+    without a catch-up burst): a sender that cannot keep up says so here.
+    """
+    schedule_late_ns_total: _builtins.int
+    """Sender: how late the packets left after their slots (ns), in total and at most."""
+    schedule_late_ns_max: _builtins.int
     @_builtins.property
     def dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Packets dropped by reason (e.g. "hmac-failed", "late", "too-short")."""
@@ -1352,10 +1363,13 @@ class SessionCounters(_message.Message):
         overflow: _builtins.int = ...,
         fetched: _builtins.int = ...,
         dataplane: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        schedule_skipped: _builtins.int = ...,
+        schedule_late_ns_total: _builtins.int = ...,
+        schedule_late_ns_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "schedule_late_ns_max", b"schedule_late_ns_max", "schedule_late_ns_total", b"schedule_late_ns_total", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
