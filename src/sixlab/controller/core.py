@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import itertools
 import logging
 import random
 import threading
@@ -55,7 +56,7 @@ from typing import Any
 
 import grpc
 
-from sixlab.controller.metrics import ControllerMetrics
+from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.store import (
     Counters,
     EpochRow,
@@ -318,6 +319,7 @@ class Controller:
         self._wake = threading.Event()
         self._closed = False
         self._supervisor: threading.Thread | None = None
+        self.metrics.bind(self._metric_totals)
         if supervise_interval_s is not None:
             self._supervisor = threading.Thread(
                 target=self._supervise, name="controller-supervisor", daemon=True
@@ -642,6 +644,7 @@ class Controller:
             with self._session_lock(name):
                 self.store.end_epoch(name, self.clock(), "destroyed")
                 self.store.set_state(name, "destroyed")
+                self.metrics.remove_path(name)
             with self._finished:
                 self._finished.notify_all()
 
@@ -670,6 +673,33 @@ class Controller:
         row = self.store.session(name)
         spec = self._spec(row)
         return [epoch_stats(e, spec) for e in self.store.epochs(row.id)]
+
+    def _metric_totals(self) -> Totals:
+        """Every live session's and node's totals from the store (at each scrape)."""
+        epochs = self.store.live_epochs()
+        paths = []
+        for row in self.store.sessions():
+            spec = self._spec(row)
+            stats = [epoch_stats(e, spec) for e in epochs.get(row.id, [])]
+            recreations: dict[str, int] = {}
+            for before, _after in itertools.pairwise(stats):
+                reason = SENDER_LOST if before.end_reason == SENDER_LOST else "started-again"
+                recreations[reason] = recreations.get(reason, 0) + 1
+            paths.append(
+                PathTotals(
+                    path=row.name,
+                    sent=sum(e.sent for e in stats),
+                    received=sum(e.received for e in stats),
+                    lost=sum(e.lost for e in stats),
+                    unknown=sum(e.unknown for e in stats),
+                    forward_lost=row.forward_lost,
+                    recreations=recreations,
+                    skipped=sum(e.skipped for e in stats),
+                    late_ns_total=sum(e.late_ns_total for e in stats),
+                )
+            )
+        nodes = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in self.store.nodes()]
+        return Totals(paths, nodes)
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
         row = self.store.session(name)
@@ -791,10 +821,12 @@ class Controller:
             counters.schedule_late_ns_total,
             counters.schedule_late_ns_max,
         )
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch, now_ns=self.clock())
+        now = self.clock()
+        self.store.store_results(row.id, records, snapshot, epoch=row.epoch, now_ns=now)
         self._warn_skips(row, snapshot.skipped)
-        self.metrics.observe(row.name, [r for _, r in records])
-        self.metrics.set_lost(row.name, self.store.session(row.name).lost)
+        stored = [r for _, r in records]
+        self.metrics.observe(row.name, stored)
+        self.metrics.collected(row.name, now, stored)
         return records[-1][0] if records else row.cursor
 
     def _warn_skips(self, row: SessionRow, skipped: int) -> None:

@@ -111,6 +111,7 @@ CREATE TABLE IF NOT EXISTS epochs (
     skipped     INTEGER NOT NULL DEFAULT 0,  -- schedule slots the sender's engine skipped
     late_ns_total INTEGER NOT NULL DEFAULT 0,  -- how late its packets left their slots
     late_ns_max INTEGER NOT NULL DEFAULT 0,
+    received    INTEGER NOT NULL DEFAULT 0,  -- results stored for this epoch
     PRIMARY KEY (session_id, epoch)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
@@ -436,12 +437,25 @@ class Store:
             rows = self._db.execute(
                 "SELECT e.epoch, started_ns, stopped_ns, ended_ns, end_reason, sender_agent,"
                 " sent, lost, forward_lost, overflow, seen_ns, skipped, late_ns_total,"
-                " late_ns_max,"
-                " (SELECT COUNT(*) FROM results r WHERE r.session_id=e.session_id"
-                " AND r.epoch=e.epoch) FROM epochs e WHERE session_id=? ORDER BY e.epoch",
+                " late_ns_max, received FROM epochs e WHERE session_id=? ORDER BY e.epoch",
                 (session_id,),
             ).fetchall()
         return [EpochRow(*r) for r in rows]
+
+    def live_epochs(self) -> dict[int, list[EpochRow]]:
+        """``epochs`` of every session that is not destroyed, by session id (one query)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.session_id, e.epoch, started_ns, stopped_ns, ended_ns, end_reason,"
+                " sender_agent, e.sent, e.lost, e.forward_lost, e.overflow, seen_ns, skipped,"
+                " late_ns_total, late_ns_max, received FROM epochs e JOIN sessions s"
+                " ON s.id = e.session_id WHERE s.state != 'destroyed'"
+                " ORDER BY e.session_id, e.epoch"
+            ).fetchall()
+        out: dict[int, list[EpochRow]] = {}
+        for r in rows:
+            out.setdefault(r[0], []).append(EpochRow(*r[1:]))
+        return out
 
     def used_ssids(self, node: str) -> set[int]:
         with self._lock:
@@ -502,6 +516,13 @@ class Store:
                 db.execute(
                     "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
                     (max(r[2] for r in rows), session_id, epoch),
+                )
+            if new:
+                db.execute(
+                    "INSERT INTO epochs(session_id, epoch, started_ns, received)"
+                    " VALUES (?, ?, COALESCE(?, 0), ?) ON CONFLICT(session_id, epoch)"
+                    " DO UPDATE SET received = received + excluded.received",
+                    (session_id, epoch, now_ns, new),
                 )
             if counters is not None:
                 c = Counters(*counters)
@@ -667,6 +688,10 @@ def _migrate(db: sqlite3.Connection) -> None:
                 " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
                 " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
                 " sent, lost, forward_lost, overflow FROM epochs_v0 WHERE state != 'created'"
+            )
+            db.execute(
+                "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
+                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
             )
             db.execute("DROP TABLE epochs_v0")
         _check_references(db)
