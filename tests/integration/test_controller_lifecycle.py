@@ -189,6 +189,39 @@ def test_reflector_killed_and_restarted_is_repaired(lab: Lab, collect: str) -> N
         c.close()
 
 
+@pytest.mark.parametrize("collect", ["poll", "stream"])
+def test_stateful_session_restarts_afresh_when_its_reflector_restarts(
+    lab: Lab, collect: str
+) -> None:
+    """A restarted stateful reflector counts from 0 again while the sender's Seq goes on,
+    which reads as forward loss: the controller drains the sender's epoch and starts
+    both halves afresh in a new one, so the forward/backward split stays true."""
+    c = lab.controller()
+    try:
+        lab.setup(c)
+        c.create_session(lab.spec(c, collect=collect, stateful=True))
+        c.start_session("p")
+        _until("results arrive", lambda: _stored(c) >= 50)
+        lab.reflector.kill9()
+        _until("the sender declares losses", lambda: c.store.session("p").lost > 0)
+        lab.reflector.start()
+        _until("a new epoch", lambda: c.store.session("p").epoch == 1)
+        row = c.store.session("p")
+        _until("results of the new epoch", lambda: (1, 20) in c.store.record_ids(row.id))
+        c.stop_session("p")
+        assert c.wait_finished("p", 10)
+        row = c.store.session("p")
+        first, second = c.epochs("p")
+        assert (first.end_reason, second.end_reason) == ("reflector-lost", "finished")
+        assert (first.unknown, second.unknown) == (0, 0)  # drained: nothing unaccounted
+        assert row.forward_lost is not None
+        assert row.forward_lost <= row.lost  # not the reflector's restarted count
+        assert second.lost == 0
+        assert 'reason="reflector-lost"} 1.0' in _metrics(c)
+    finally:
+        c.close()
+
+
 def test_reflector_on_port_zero_comes_back_on_the_port_it_had(lab: Lab) -> None:
     c = lab.controller()
     try:

@@ -31,6 +31,9 @@ was Reset, or a collector got NOT_FOUND) is created again the same way.
 
 - On a reflector, the session is created and, if it was started, started again; its
   sender never stopped, so measurement simply resumes (what was sent meanwhile is lost).
+  A stateful reflector's count starts over with it, which the sender would misread as
+  forward loss: such a session's sender is stopped, drained and collected, then the
+  session starts afresh on both agents in a new epoch (``reflector-lost``).
 - On a sender, the session's records start over from id 1: the controller opens a new
   epoch (``Store.begin_epoch``), creates the session on both agents again (a stateful
   reflector's count must restart with the sender's Seq) and starts it.
@@ -76,6 +79,7 @@ from sixlab.southbound.client import (
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
+    "REFLECTOR_LOST",
     "SENDER_LOST",
     "CollectMode",
     "Controller",
@@ -106,6 +110,8 @@ _ON_REFLECTOR = ("created", "running", "stopping", "stopped", "finished")
 _ON_SENDER = ("created", "running", "stopping")
 #: Why an epoch ended when its sender agent restarted or lost the session.
 SENDER_LOST = "sender-lost"
+#: Why an epoch of a stateful session ended when its reflector agent restarted.
+REFLECTOR_LOST = "reflector-lost"
 #: gRPC statuses that say the agent does not have what the controller expects.
 _MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
@@ -316,6 +322,8 @@ class Controller:
         #: Serialises what changes sessions on agents: user requests and repairs.
         self._ops = threading.RLock()
         self._session_locks: dict[str, threading.Lock] = {}
+        #: Sessions to start afresh once drained, with why their epoch ends.
+        self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
         self._closed = False
         self._supervisor: threading.Thread | None = None
@@ -395,10 +403,14 @@ class Controller:
 
         Returns its health. Repairs that fail are logged and retried at the next check.
         """
+        was_healthy = self.store.node(name).healthy
         try:
             self.reconcile_node(name)
         except SouthboundError as exc:
-            log.warning("node %s: %s", name, exc)
+            healthy = self.store.node(name).healthy
+            # Once per outage, not at every check of a node that stays down.
+            log.log(logging.WARNING if was_healthy or healthy else logging.DEBUG,
+                    "node %s: %s", name, exc)  # fmt: skip
         return self.store.node(name).healthy
 
     def reconcile_node(self, name: str) -> None:
@@ -442,6 +454,14 @@ class Controller:
         self._create_reflector_half(spec, row.ssid)
         if row.state != "created":
             self._call(row.reflector, lambda c: c.start_session(row.ssid))
+        if spec.stateful and row.state == "running":
+            # A stateful reflector's count starts over while the sender's Seq goes on:
+            # Seq - reflector Seq would read as forward loss. Let the sender drain
+            # (nothing collected is lost), then start both afresh in a new epoch.
+            self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            with self._lock:
+                self._pending_restarts[row.name] = REFLECTOR_LOST
+            self.store.set_state(row.name, "stopping")
 
     def _repair_sender_half(self, row: SessionRow) -> None:
         """The sender lost the session: create it again on both agents, in a new epoch."""
@@ -478,9 +498,32 @@ class Controller:
                 lock = self._session_locks[name] = threading.Lock()
             return lock
 
+    def _restart_drained(self) -> None:
+        """Start afresh the sessions that were drained to be restarted (supervisor)."""
+        with self._lock:
+            pending = dict(self._pending_restarts)
+        for name, reason in pending.items():
+            with self._ops:
+                with self._lock:
+                    if name in self._collectors:  # its poll loop is still ending
+                        continue
+                row = self.store.session(name)
+                if row.state == "stopping":  # still draining
+                    continue
+                with self._lock:
+                    self._pending_restarts.pop(name, None)
+                if row.state == "finished":  # else a user started or destroyed it meanwhile
+                    log.warning("session %s: starting it afresh (%s)", name, reason)
+                    self._restart(row)
+                    self._start_collector(name)
+
     def _supervise(self) -> None:
         assert self.supervise_interval_s is not None
         while not self._closed:
+            try:
+                self._restart_drained()
+            except Exception:
+                log.exception("restarting drained sessions failed; retrying")
             for node in self.store.nodes():
                 if self._closed:
                     return
@@ -628,6 +671,9 @@ class Controller:
         """Stop sending; the collector keeps reading until the session has drained."""
         with self._ops:
             row = self.store.session(name)
+            with self._lock:
+                if self._pending_restarts.pop(name, None) is not None:
+                    return  # draining to start afresh: it will just finish
             if row.state != "running":
                 raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
             self._call(row.sender, lambda c: c.stop_session(row.ssid))
@@ -683,7 +729,9 @@ class Controller:
             stats = [epoch_stats(e, spec) for e in epochs.get(row.id, [])]
             recreations: dict[str, int] = {}
             for before, _after in itertools.pairwise(stats):
-                reason = SENDER_LOST if before.end_reason == SENDER_LOST else "started-again"
+                reason = before.end_reason or ""
+                if reason not in (SENDER_LOST, REFLECTOR_LOST):
+                    reason = "started-again"
                 recreations[reason] = recreations.get(reason, 0) + 1
             paths.append(
                 PathTotals(
@@ -846,8 +894,12 @@ class Controller:
 
     def _finish(self, row: SessionRow) -> bool:
         """The session's sender finished and everything was stored (session lock held)."""
-        self.store.end_epoch(row.name, self.clock(), "finished")
+        with self._lock:
+            reason = self._pending_restarts.get(row.name, "finished")
+        self.store.end_epoch(row.name, self.clock(), reason)
         self.store.set_state(row.name, "finished")
+        if reason != "finished":
+            self._wake.set()  # the supervisor starts it afresh
         with self._finished:
             self._finished.notify_all()
         return True
@@ -950,8 +1002,8 @@ class Controller:
                     acks[batch.ssid] = cursor
                 if batch.final:
                     del subs[batch.ssid]
-                    self._finish(row)
                     with self._lock:
                         st.names.discard(row.name)
+                    self._finish(row)
             if acks:
                 self._call(st.node, lambda c: c.acknowledge_many(acks))

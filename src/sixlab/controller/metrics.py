@@ -16,7 +16,9 @@ metric                                         meaning
 ``sixlab_stamp_loss_ratio``                    lost / (received + lost), by path
 ``sixlab_session_recreations_total``           epochs begun after the first, by path and
                                                reason: ``sender-lost`` (the sender agent
-                                               restarted or lost it), ``started-again``
+                                               restarted or lost it), ``reflector-lost``
+                                               (a stateful reflector restarted),
+                                               ``started-again``
 ``sixlab_collection_lag_seconds``              how long the oldest result of the path's
                                                last stored batch waited, T4 to stored
 ``sixlab_collection_last_success_timestamp``   when the path's results were last read
@@ -259,7 +261,7 @@ class _Exporter(Collector):
                 by_direction.add_metric([p.path, "backward"], max(0, p.lost - p.forward_lost))
             known = p.received + p.lost
             ratio.add_metric([p.path], p.lost / known if known else 0.0)
-            for reason in ("sender-lost", "started-again"):
+            for reason in ("sender-lost", "reflector-lost", "started-again"):
                 recreations.add_metric([p.path, reason], p.recreations.get(reason, 0))
             skipped.add_metric([p.path], p.skipped)
             late.add_metric([p.path], p.late_ns_total / p.sent / _NS if p.sent else 0.0)

@@ -837,7 +837,8 @@ class EpochStats(_message.Message):
     """When it ended (absent: the current epoch)."""
     end_reason: _builtins.str
     """Why it ended: "finished" (count, duration or stop), "sender-lost" (its sender agent
-    restarted or lost the session), "destroyed"; empty for the current epoch.
+    restarted or lost the session), "reflector-lost" (a stateful session's reflector
+    agent restarted: both halves start afresh), "destroyed"; empty for the current epoch.
     """
     sender_agent: _builtins.str
     """The run of the sender agent it ran on (GetAgentInfo.epoch, 16 hex digits)."""
