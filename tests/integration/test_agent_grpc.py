@@ -626,6 +626,7 @@ def test_one_stream_carries_many_sessions(pair: Pair) -> None:
     got: dict[int, list[int]] = {ssid: [] for ssid in ssids}
     final: set[int] = set()
     gone: set[int] = set()
+    counted: set[int] = set()
     stream = pair.sender.stream_many({**dict.fromkeys(ssids, 0), 7: 0, 99: 0})
     for message in stream:
         for batch in message.batches:
@@ -635,7 +636,9 @@ def test_one_stream_carries_many_sessions(pair: Pair) -> None:
             if batch.ssid == 99:
                 pair.sender.destroy_session(99)  # a unary call while the stream runs
                 continue
-            assert batch.counters.ssid == batch.ssid
+            if batch.ssid not in counted or batch.final:  # first and last carry counters
+                assert batch.counters.ssid == batch.ssid
+                counted.add(batch.ssid)
             got[batch.ssid].extend(r.seq for r in batch.results)
             if batch.final:
                 final.add(batch.ssid)

@@ -65,8 +65,8 @@ from sixlab.controller.store import (
     EpochRow,
     NodeRow,
     NotFoundError,
+    ResultBatch,
     SessionRow,
-    StaleEpochError,
     Store,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
@@ -283,6 +283,29 @@ def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
         e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent,
         e.sent, e.received, e.lost, unknown, e.skipped, e.late_ns_total, e.late_ns_max,
     )  # fmt: skip
+
+
+def _batch(
+    row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters | None
+) -> ResultBatch:
+    """A batch read from the session's sender, as the store takes it (``counters`` None:
+    the batch came without them)."""
+    return ResultBatch(
+        row.id,
+        row.epoch,
+        [(r.record_id, result_from_proto(r)) for r in results],
+        None
+        if counters is None
+        else Counters(
+            counters.sent,
+            counters.lost,
+            counters.forward_lost if counters.HasField("forward_lost") else None,
+            counters.overflow,
+            counters.schedule_skipped,
+            counters.schedule_late_ns_total,
+            counters.schedule_late_ns_max,
+        ),
+    )
 
 
 ClientFactory = Callable[[str], AgentClient]
@@ -859,23 +882,19 @@ class Controller:
 
         Raises StaleEpochError if the session moved to another epoch since ``row``.
         """
-        records = [(r.record_id, result_from_proto(r)) for r in results]
-        snapshot = Counters(
-            counters.sent,
-            counters.lost,
-            counters.forward_lost if counters.HasField("forward_lost") else None,
-            counters.overflow,
-            counters.schedule_skipped,
-            counters.schedule_late_ns_total,
-            counters.schedule_late_ns_max,
-        )
+        batch = _batch(row, results, counters)
         now = self.clock()
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch, now_ns=now)
-        self._warn_skips(row, snapshot.skipped)
-        stored = [r for _, r in records]
+        self.store.store_results(row.id, batch.records, batch.counters, epoch=row.epoch, now_ns=now)
+        self._stored(row, batch, now)
+        return batch.records[-1][0] if batch.records else row.cursor
+
+    def _stored(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
+        """What follows a stored batch: warnings and metrics."""
+        if batch.counters is not None:
+            self._warn_skips(row, batch.counters.skipped)
+        stored = [r for _, r in batch.records]
         self.metrics.observe(row.name, stored)
         self.metrics.collected(row.name, now, stored)
-        return records[-1][0] if records else row.cursor
 
     def _warn_skips(self, row: SessionRow, skipped: int) -> None:
         """Say so when a sender's engine starts skipping slots: it sends less than asked."""
@@ -979,31 +998,33 @@ class Controller:
         with contextlib.ExitStack() as locks:
             for name in sorted({subs[b.ssid].name for b in batches}):
                 locks.enter_context(self._session_lock(name))
+            todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
             for batch in batches:
+                if batch.gone:
+                    # Gone from the agent, or created again there: the supervisor
+                    # repairs it; a new epoch's start reopens the stream with it.
+                    del subs[batch.ssid]
+                    self._wake.set()
+                    continue
                 sub = subs[batch.ssid]
-                row = self.store.session(sub.name)
-                if batch.gone or row.id != sub.id or row.epoch != sub.epoch:
-                    # Gone from the agent, or created again: the supervisor repairs it,
-                    # a new epoch's start reopens the stream with it.
-                    del subs[batch.ssid]
-                    if batch.gone:
-                        self._wake.set()
-                    continue
-                if row.state not in ("running", "stopping"):
+                counters = batch.counters if batch.HasField("counters") else None
+                todo.append((sub, batch, _batch(sub, batch.results, counters)))
+            # One transaction for the whole message; the store checks each epoch.
+            now = self.clock()
+            news = self.store.store_many([b for _, _, b in todo], now)
+            for (sub, batch, stored), new in zip(todo, news, strict=True):
+                if new is None:  # the session left that epoch (or was destroyed)
                     del subs[batch.ssid]
                     continue
-                try:
-                    cursor = self._store(row, batch.results, batch.counters)
-                except StaleEpochError:  # cannot happen under the lock; never store it
-                    del subs[batch.ssid]
-                    continue
-                subs[batch.ssid] = replace(row, cursor=cursor)
-                if batch.results:
+                self._stored(sub, stored, now)
+                cursor = stored.records[-1][0] if stored.records else sub.cursor
+                subs[batch.ssid] = replace(sub, cursor=cursor)
+                if stored.records:
                     acks[batch.ssid] = cursor
                 if batch.final:
                     del subs[batch.ssid]
                     with self._lock:
-                        st.names.discard(row.name)
-                    self._finish(row)
+                        st.names.discard(sub.name)
+                    self._finish(sub)
             if acks:
                 self._call(st.node, lambda c: c.acknowledge_many(acks))

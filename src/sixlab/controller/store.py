@@ -44,6 +44,7 @@ __all__ = [
     "InUseError",
     "NodeRow",
     "NotFoundError",
+    "ResultBatch",
     "SessionRow",
     "StaleEpochError",
     "Store",
@@ -201,6 +202,16 @@ class Counters(NamedTuple):
     skipped: int = 0
     late_ns_total: int = 0
     late_ns_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResultBatch:
+    """What ``Store.store_many`` stores for one session: as ``store_results`` takes it."""
+
+    session_id: int
+    epoch: int
+    records: Sequence[tuple[int, StampResult]]
+    counters: Counters | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,65 +496,24 @@ class Store:
         land in the new epoch, nor its counters overwrite the new totals) or was
         destroyed.
         """
-        rows = [
-            (
-                session_id,
-                epoch,
-                rid,
-                r.seq,
-                r.t1_ns,
-                r.t2_ns,
-                r.t3_ns,
-                r.t4_ns,
-                r.sender_error.to_int(),
-                r.reflector_error.to_int(),
-                r.ses_sender_ttl,
-                r.reflector_seq,
-            )
-            for rid, r in records
-        ]
+        c = None if counters is None else Counters(*counters)
         with self._transaction() as db:
-            _check_epoch(db, session_id, epoch)
-            before = db.total_changes
-            db.executemany(
-                # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
-                # skipped: OR IGNORE would also swallow a NOT NULL violation.
-                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                rows,
-            )
-            new = db.total_changes - before
-            if rows:
-                db.execute(
-                    "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
-                    (max(r[2] for r in rows), session_id, epoch),
-                )
-            if new:
-                db.execute(
-                    "INSERT INTO epochs(session_id, epoch, started_ns, received)"
-                    " VALUES (?, ?, COALESCE(?, 0), ?) ON CONFLICT(session_id, epoch)"
-                    " DO UPDATE SET received = received + excluded.received",
-                    (session_id, epoch, now_ns, new),
-                )
-            if counters is not None:
-                c = Counters(*counters)
-                db.execute(
-                    "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-                    " overflow, seen_ns, skipped, late_ns_total, late_ns_max)"
-                    " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
-                    " lost=excluded.lost, forward_lost=excluded.forward_lost,"
-                    " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
-                    " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
-                    " late_ns_max=excluded.late_ns_max",
-                    (session_id, epoch, now_ns, *c[:4], now_ns, *c[4:]),
-                )
-                db.execute(
-                    "UPDATE sessions SET (sent, lost, forward_lost, overflow) = (SELECT"
-                    " SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow) FROM epochs"
-                    " WHERE session_id=?) WHERE id=?",
-                    (session_id, session_id),
-                )
-        return new
+            return _store(db, ResultBatch(session_id, epoch, records, c), now_ns)
+
+    def store_many(
+        self, batches: Sequence[ResultBatch], now_ns: int | None = None
+    ) -> list[int | None]:
+        """``store_results`` for many sessions in one transaction (one commit, not one
+        per session). Per batch: how many rows were new, or None for a stale one (its
+        session left that epoch or was destroyed), which stores nothing."""
+        out: list[int | None] = []
+        with self._transaction() as db:
+            for b in batches:
+                try:
+                    out.append(_store(db, b, now_ns))
+                except StaleEpochError:
+                    out.append(None)
+        return out
 
     def results(
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
@@ -622,6 +592,71 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
         r[0], r[1], r[2], bool(r[3]), r[4], r[5], json.loads(r[6]) if r[6] else None,
         r[7], r[8], r[9], r[10],
     )  # fmt: skip
+
+
+def _store(db: sqlite3.Connection, batch: ResultBatch, now_ns: int | None) -> int:
+    """The body of ``Store.store_results`` (in the caller's transaction)."""
+    session_id, epoch, records, counters = (
+        batch.session_id, batch.epoch, batch.records, batch.counters
+    )  # fmt: skip
+    _check_epoch(db, session_id, epoch)
+    rows = [
+        (
+            session_id,
+            epoch,
+            rid,
+            r.seq,
+            r.t1_ns,
+            r.t2_ns,
+            r.t3_ns,
+            r.t4_ns,
+            r.sender_error.to_int(),
+            r.reflector_error.to_int(),
+            r.ses_sender_ttl,
+            r.reflector_seq,
+        )
+        for rid, r in records
+    ]
+    before = db.total_changes
+    db.executemany(
+        # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
+        # skipped: OR IGNORE would also swallow a NOT NULL violation.
+        "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+        rows,
+    )
+    new: int = db.total_changes - before
+    if rows:
+        db.execute(
+            "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
+            (max(r[2] for r in rows), session_id, epoch),
+        )
+    if new:
+        db.execute(
+            "INSERT INTO epochs(session_id, epoch, started_ns, received)"
+            " VALUES (?, ?, COALESCE(?, 0), ?) ON CONFLICT(session_id, epoch)"
+            " DO UPDATE SET received = received + excluded.received",
+            (session_id, epoch, now_ns, new),
+        )
+    if counters is not None:
+        c = counters
+        db.execute(
+            "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+            " overflow, seen_ns, skipped, late_ns_total, late_ns_max)"
+            " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+            " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+            " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+            " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+            " late_ns_max=excluded.late_ns_max",
+            (session_id, epoch, now_ns, *c[:4], now_ns, *c[4:]),
+        )
+        db.execute(
+            "UPDATE sessions SET (sent, lost, forward_lost, overflow) = (SELECT"
+            " SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow) FROM epochs"
+            " WHERE session_id=?) WHERE id=?",
+            (session_id, session_id),
+        )
+    return new
 
 
 def _end_epoch(db: sqlite3.Connection, sid: int, epoch: int, now_ns: int, reason: str) -> None:

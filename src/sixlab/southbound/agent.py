@@ -858,9 +858,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     batches.append(pb.ResultBatch(ssid=ssid, gone=True))
                     del subs[ssid]
                     continue
-                last = engine.last_id(ssid)
-                state = engine.snapshot(ssid).state
-                if last <= sub.cursor and now < sub.counters_due and state is not State.FINISHED:
+                snap = engine.snapshot(ssid)
+                last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
+                due = now >= sub.counters_due
+                if last <= sub.cursor and not due and snap.state is not State.FINISHED:
                     continue
                 items = engine.peek(ssid, sub.cursor, max_batch)
                 if items:
@@ -868,19 +869,18 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     record.fetched += len(items)
                 pending = last > sub.cursor
                 more = more or pending
-                counters = self._session_counters(ssid)
-                final = counters.state == pb.SESSION_STATE_FINISHED and not pending
-                batches.append(
-                    pb.ResultBatch(
-                        ssid=ssid,
-                        results=[result_to_proto(r, i) for i, r in items],
-                        overflow=counters.overflow,
-                        state=counters.state,
-                        final=final,
-                        counters=counters,
-                    )
+                final = snap.state is State.FINISHED and not pending
+                batch = pb.ResultBatch(
+                    ssid=ssid,
+                    results=[result_to_proto(r, i) for i, r in items],
+                    overflow=snap.overflow,
+                    state=_STATE_PB[snap.state],
+                    final=final,
                 )
-                sub.counters_due = now + every_ns
+                if due or final:
+                    batch.counters.CopyFrom(self._session_counters(ssid))
+                    sub.counters_due = now + every_ns
+                batches.append(batch)
                 if final:
                     del subs[ssid]
         return batches, more

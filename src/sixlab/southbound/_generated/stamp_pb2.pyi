@@ -944,7 +944,10 @@ class ResultBatch(_message.Message):
 
     @_builtins.property
     def counters(self) -> Global___SessionCounters:
-        """The session's counters when the batch was cut (absent on a `gone` batch)."""
+        """The session's counters when the batch was cut. StreamResults sends them with a
+        session's first batch, then at least every counters_interval_ns, and with its final
+        batch (absent from other batches, and from a `gone` one).
+        """
 
     def __init__(
         self,
