@@ -7,7 +7,7 @@ CPU 1 (SSID-agnostic stateless default session), and the C frame generator of
 ``sixlab.bench.pdr`` (MLRsearch by default). First the generator's own ceiling is
 measured with nothing reflecting. Prints a table of PDRs and ratios to ``scapy``, and
 one JSON document with every trial (``--json FILE``). Absolute rates drift on shared
-machines (DESIGN.md): compare the ratios of one run.
+machines (docs/design-notes.md): compare the ratios of one run.
 
     sudo .venv/bin/python benchmarks/bench_pdr.py [--planes scapy,mmap,socket,xdp]
 
@@ -31,10 +31,12 @@ def _log(plane: str, message: str) -> None:
 
 
 def _planes(requested: str) -> list[str]:
+    from sixlab.dataplane import PLANES  # noqa: PLC0415
+
     planes = requested.split(",")
     if "xdp" in planes:
         try:
-            __import__("sixlab.dataplane.xdp_plane")
+            PLANES.get("xdp")
         except ImportError as exc:
             print(f"xdp: skipped ({exc})", file=sys.stderr)
             planes.remove("xdp")

@@ -9,7 +9,8 @@ What it does, in order:
    namespace (gRPC on Unix sockets, which cross namespaces);
 3. runs the controller (SQLite store, Prometheus metrics if asked), registers and
    initialises the agents, and measures both paths at once: path A with its return path
-   configured on the reflector (the seed's way), path B asking for it with the RFC 9503
+   configured on the reflector (the design of "High Performance Delay Monitoring for
+   SRv6 Based SD-WANs", docs/papers.md), path B asking for it with the RFC 9503
    Return Path TLV;
 4. shows a live table of direct / return / round-trip delay, jitter and loss per path,
    with a progress bar, then a summary table, the SQLite file and a PNG plot of delay
@@ -45,9 +46,9 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from sixlab import stamp as ev
 from sixlab.dataplane.base import DataplaneConfig, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
-from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.stamp.stats import DelaySummary, PathStats, path_stats

@@ -4,13 +4,14 @@ Theory of operation
 -------------------
 Nodes are agents (``sixlab stamp agent``) registered by name, gRPC address and role.
 A session is one SRv6 path under measurement: a sender node, a reflector node, the
-forward SID list and the return SID list (configured on the reflector, as the seed
-does, or requested per packet with the RFC 9503 Return Path TLV). The controller picks
-an SSID free on both nodes, creates the session on the reflector, then on the sender
-(undoing the first if the second fails), and starts them.
+forward SID list and the return SID list (configured on the reflector, as "High
+Performance Delay Monitoring for SRv6 Based SD-WANs" does, docs/papers.md, or requested
+per packet with the RFC 9503 Return Path TLV). The controller picks an SSID free on both
+nodes, creates the session on the reflector, then on the sender (undoing the first if
+the second fails), and starts them.
 
 Collection. Results are read in cursor mode (records stay on the agent until
-acknowledged), either by polling (``GetStampSessionResults``, the seed's way; a thread
+acknowledged), either by polling (``GetStampSessionResults``, the paper's way; a thread
 per session) or by a server stream (push): one ``StreamResults`` per sender agent
 carrying all its stream-mode sessions, reopened from the stored cursors whenever that
 set changes (an agent spends a worker thread per open stream, so one per session would
@@ -59,6 +60,7 @@ from typing import Any
 
 import grpc
 
+from sixlab.controller.errors import ControllerError
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.store import (
     Counters,
@@ -69,7 +71,7 @@ from sixlab.controller.store import (
     SessionRow,
     Store,
 )
-from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import (
     AgentClient,
     ResultStream,
@@ -114,10 +116,6 @@ SENDER_LOST = "sender-lost"
 REFLECTOR_LOST = "reflector-lost"
 #: gRPC statuses that say the agent does not have what the controller expects.
 _MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
-
-
-class ControllerError(ValueError):
-    """A request the controller refuses; the message names the field."""
 
 
 class SessionExistsError(ControllerError):

@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import ipdv
 
 __all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]

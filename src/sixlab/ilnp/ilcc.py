@@ -6,8 +6,8 @@ One :class:`IlccEntry` per correspondent NID holds the correspondent's locator s
 (each with preference, lifetime and a state), the local locator in use, the nonce each
 side chose, and the timers of the Locator Update exchange.
 
-Two state machines, both written as tables (STYLE.md §5) — a pair missing from a table
-is a bug and raises :class:`InvalidTransitionError`:
+Two state machines, both written as tables (docs/architecture.md, "State machines") —
+a pair missing from a table is a bug and raises :class:`InvalidTransitionError`:
 
 * a peer locator is ``VALID`` until its lifetime elapses, then ``AGED`` (still accepted
   on receive, used for sending only when nothing is valid) for
@@ -19,8 +19,9 @@ is a bug and raises :class:`InvalidTransitionError`:
 
 Stores keep entries by NID behind one interface (:class:`IlccStore`) and in
 least-recently-used order: ``hash`` (a dict, O(1)) is the default, ``linear`` (a list
-scanned on every lookup) exists only to reproduce the St Andrews prototype the seed
-paper measured. Stores register by name (:func:`register_store`, :func:`create_store`).
+scanned on every lookup) exists only to reproduce the St Andrews prototype that the ILNP
+paper measured (docs/papers.md). Stores are entered by name in :data:`STORES`, the one
+list of them (``--store`` offers its names); :func:`create_store` builds one.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from enum import Enum
 from typing import Protocol
 
 from sixlab.ilnp._errors import InvalidTransitionError, UnknownBackendError
+from sixlab.registry import Registry
 from sixlab.wire.ilnp import LocatorEntry, Nonce
 
 __all__ = [
     "ENTRY_TRANSITIONS",
     "LOCATOR_AGED_GRACE",
     "LOCATOR_TRANSITIONS",
+    "STORES",
     "EntryEvent",
     "EntryState",
     "HashStore",
@@ -177,7 +180,7 @@ class IlccEntry:
     created: float = 0.0
     last_used: float = 0.0
     #: Carry our nonce until the peer has answered (the first packets of a session) and
-    #: again after a locator change (PROTOCOLS.md, RFC 6740/6744).
+    #: again after a locator change (RFC 6740, RFC 6744; docs/protocols.md).
     carry_nonce: bool = True
     lu_tries: int = 0
     lu_next: float | None = None
@@ -289,7 +292,7 @@ class HashStore:
 class LinearStore:
     """A list scanned from the start on every lookup, like the St Andrews Linux code.
 
-    Per-packet cost grows with the number of correspondents: that is what the seed
+    Per-packet cost grows with the number of correspondents: that is what the ILNP
     paper measured. Use it only to reproduce that result.
     """
 
@@ -332,25 +335,20 @@ class LinearStore:
         return iter(list(self._entries))
 
 
-_STORES: dict[str, Callable[[], IlccStore]] = {}
+#: Every ILCC store by name (``--store``): the one place a store is added.
+STORES: Registry[Callable[[], IlccStore]] = Registry("ILCC store", UnknownBackendError)
+STORES.add("hash", HashStore)
+STORES.add("linear", LinearStore)
 
 
 def register_store(name: str, factory: Callable[[], IlccStore]) -> None:
     """Make a store available to :func:`create_store` under ``name``."""
-    _STORES[name] = factory
+    STORES.add(name, factory)
 
 
 def create_store(name: str) -> IlccStore:
-    try:
-        factory = _STORES[name]
-    except KeyError:
-        raise UnknownBackendError(f"unknown ILCC store {name!r}; have {store_names()}") from None
-    return factory()
+    return STORES.get(name)()
 
 
 def store_names() -> list[str]:
-    return sorted(_STORES)
-
-
-register_store("hash", HashStore)
-register_store("linear", LinearStore)
+    return STORES.names()

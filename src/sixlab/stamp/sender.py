@@ -21,7 +21,7 @@ without ``wall``, ``now`` serves both (UTC ns), as in the tests. Test packets ca
 from 0 (PTP sessions add the configured TAI−UTC offset on the wire and remove it from
 what comes back).
 
-Lifecycle, as a table (STYLE.md §5)::
+Lifecycle, as a table (docs/architecture.md, "State machines")::
 
     IDLE ──start──▶ RUNNING ──stop / count reached / duration over──▶ DRAINING
     DRAINING ──last outstanding packet answered or timed out──▶ FINISHED
@@ -43,20 +43,19 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from sixlab.stamp._events import (
-    ConfigError,
     DropReason,
     DuplicateReceived,
     Event,
     PacketDropped,
     PacketLost,
     PacketSent,
+    SessionConfigError,
     SessionFinished,
     SessionStateError,
     StampResult,
 )
+from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
-from sixlab.wire import stamp_auth
-from sixlab.wire._errors import WireError
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp, encode_timestamp
 
 __all__ = ["DEFAULT_TAI_UTC_OFFSET_NS", "SenderConfig", "SenderCounters", "SenderSession", "State"]
@@ -98,7 +97,7 @@ _TRANSITIONS: dict[tuple[State, _Input], State] = {
 
 @dataclass(frozen=True, slots=True)
 class SenderConfig:
-    """What a Session-Sender session is (the seed's ten parameters that concern the core).
+    """What a Session-Sender session is (the STAMP paper's session parameters, docs/papers.md).
 
     ``count`` and ``duration_ns`` both bound the session when given; with neither it runs
     until ``stop``. ``key`` set means authenticated mode (RFC 8762 §4.4). ``tlvs`` is the
@@ -119,21 +118,23 @@ class SenderConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.ssid <= 0xFFFF:
-            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+            raise SessionConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.interval_ns <= 0:
-            raise ConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
+            raise SessionConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
         if self.count is not None and self.count < 0:
-            raise ConfigError(f"count must not be negative, got {self.count}")
+            raise SessionConfigError(f"count must not be negative, got {self.count}")
         if self.duration_ns is not None and self.duration_ns < 0:
-            raise ConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
+            raise SessionConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
         if self.loss_timeout_ns <= 0:
-            raise ConfigError(f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns")
+            raise SessionConfigError(
+                f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns"
+            )
         if self.key is not None and not self.key:
-            raise ConfigError("key: authenticated mode needs a non-empty key")
+            raise SessionConfigError("key: authenticated mode needs a non-empty key")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
-            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+            raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
-            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+            raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
 
     @property
     def authenticated(self) -> bool:
