@@ -421,6 +421,9 @@ def test_sender_outage_is_reported_per_epoch(lab: Lab, tmp_path: Path) -> None:
         assert dead.unknown >= 50 - 5  # the outage, at least
         assert current.unknown == 0
 
+        node = next(n for n in api.nodes() if n.name == "s")
+        assert (node.restarts, node.agent_epoch) == (1, current.sender_agent)
+        assert node.agent_started_ns is not None
         stats = api.stats("p")
         assert stats.unknown == dead.unknown
         assert [e.end_reason for e in stats.epochs] == ["sender-lost", ""]

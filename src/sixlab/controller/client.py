@@ -119,6 +119,11 @@ class NodeInfo:
     last_seen_ns: int | None
     last_error: str
     initialized: bool
+    #: Its agent's run last seen (16 hex digits; empty: never), when that run started,
+    #: and how many restarts (new runs) were seen.
+    agent_epoch: str = ""
+    agent_started_ns: int | None = None
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +218,9 @@ def node_from_proto(n: pb.Node) -> NodeInfo:
         last_seen_ns=n.last_seen_ns if n.HasField("last_seen_ns") else None,
         last_error=n.last_error,
         initialized=n.initialized,
+        agent_epoch=n.agent_epoch,
+        agent_started_ns=n.agent_started_ns if n.HasField("agent_started_ns") else None,
+        restarts=n.restarts,
     )
 
 

@@ -436,8 +436,9 @@ class Controller:
 
     def reconcile_node(self, name: str) -> None:
         """Make the node's agent carry what the store says it carries (module doc)."""
+        # Asked outside the lock: a node that does not answer must not hold up requests.
+        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
         with self._ops:
-            info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
             restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
             node = self.store.node(name)
             if restarted:
@@ -469,20 +470,22 @@ class Controller:
         """The reflector lost the session: create it again, started if it was."""
         log.warning("session %s: creating it again on reflector %s", row.name, row.reflector)
         spec = self._spec(row)
-        if present:  # an agent that restarted cannot have it: someone else made this one
-            with contextlib.suppress(SouthboundError):
-                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
-        self._create_reflector_half(spec, row.ssid)
-        if row.state != "created":
-            self._call(row.reflector, lambda c: c.start_session(row.ssid))
-        if spec.stateful and row.state == "running":
+        afresh = spec.stateful and row.state == "running"
+        if afresh:
             # A stateful reflector's count starts over while the sender's Seq goes on:
-            # Seq - reflector Seq would read as forward loss. Let the sender drain
-            # (nothing collected is lost), then start both afresh in a new epoch.
+            # Seq - reflector Seq would read as forward loss. The sender stops before
+            # the reflector answers again and drains (nothing collected is lost); then
+            # both start afresh in a new epoch (``_restart_drained``).
             self._call(row.sender, lambda c: c.stop_session(row.ssid))
             with self._lock:
                 self._pending_restarts[row.name] = REFLECTOR_LOST
             self.store.set_state(row.name, "stopping")
+        if present:  # an agent that restarted cannot have it: someone else made this one
+            with contextlib.suppress(SouthboundError):
+                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
+        self._create_reflector_half(spec, row.ssid)
+        if row.state != "created" and not afresh:
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
 
     def _repair_sender_half(self, row: SessionRow) -> None:
         """The sender lost the session: create it again on both agents, in a new epoch."""

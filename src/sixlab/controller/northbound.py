@@ -220,9 +220,13 @@ def node_to_proto(row: NodeRow) -> pb.Node:
         healthy=row.healthy,
         last_error=row.last_error or "",
         initialized=row.init is not None,
+        agent_epoch=row.agent_epoch or "",
+        restarts=row.restarts,
     )
     if row.last_seen is not None:
         out.last_seen_ns = row.last_seen
+    if row.agent_started_ns is not None:
+        out.agent_started_ns = row.agent_started_ns
     return out
 
 

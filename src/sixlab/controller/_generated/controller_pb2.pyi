@@ -285,6 +285,9 @@ class Node(_message.Message):
     LAST_SEEN_NS_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
+    AGENT_EPOCH_FIELD_NUMBER: _builtins.int
+    AGENT_STARTED_NS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     role: Global___NodeRole.ValueType
@@ -296,6 +299,13 @@ class Node(_message.Message):
     """Why the last call failed (empty while healthy)."""
     initialized: _builtins.bool
     """True once InitNode succeeded (the controller replays it after an agent restart)."""
+    agent_epoch: _builtins.str
+    """The run of its agent last seen (the agent's GetAgentInfo epoch, 16 hex digits;
+    empty: never seen) and when that run started, Unix ns.
+    """
+    agent_started_ns: _builtins.int
+    restarts: _builtins.int
+    """How many times its agent was seen to have restarted (a new epoch)."""
     def __init__(
         self,
         *,
@@ -306,13 +316,21 @@ class Node(_message.Message):
         last_seen_ns: _builtins.int | None = ...,
         last_error: _builtins.str = ...,
         initialized: _builtins.bool = ...,
+        agent_epoch: _builtins.str = ...,
+        agent_started_ns: _builtins.int | None = ...,
+        restarts: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "agent_started_ns", b"agent_started_ns", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns", "address", b"address", "healthy", b"healthy", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "address", b"address", "agent_epoch", b"agent_epoch", "agent_started_ns", b"agent_started_ns", "healthy", b"healthy", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "restarts", b"restarts", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__agent_started_ns: _TypeAlias = _typing.Literal["agent_started_ns"]  # noqa: Y015
+    _WhichOneofArgType__agent_started_ns: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns"]  # noqa: Y015
     _WhichOneofReturnType__last_seen_ns: _TypeAlias = _typing.Literal["last_seen_ns"]  # noqa: Y015
     _WhichOneofArgType__last_seen_ns: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_started_ns) -> _WhichOneofReturnType__agent_started_ns | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_seen_ns) -> _WhichOneofReturnType__last_seen_ns | None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
