@@ -396,7 +396,7 @@ def run_daemon(args: argparse.Namespace) -> None:
         controls = {}
         for node, nid, loc in ((a, "0:0:0:a", "2001:db8:a:0"), (b, "0:0:0:b", "2001:db8:b:0")):
             control = str(tmp / f"{node.name}.sock")
-            argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", nid]
+            argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", nid]
             argv += ["--locator", loc, "--interface", "eth0", "--policy", "socket"]
             argv += ["--control", control, "--hosts", str(hosts)]
             proc = tb.run_in(node, argv, stdout=subprocess.PIPE)

@@ -15,7 +15,7 @@ Cases: ``plain``, ``srv6``, ``padding`` as in ``bench_xdp.py``, and ``damaged``:
 plain frame with one Seq bit flipped and its UDP checksum left as it was.
 
 An older build's object: ``git archive COMMIT src | tar -x -C /tmp/old``, then
-``PYTHONPATH=/tmp/old/src python -c 'from sixlab.dataplane.xdp_build import
+``PYTHONPATH=/tmp/old/src python -c 'from sixlab.linux.bpfbuild import
 build_objects; print(build_objects()["stamp_reflector"])'`` (objects are cached by
 source hash). Not a test: numbers go in benchmarks/README.md with the command.
 """
@@ -29,13 +29,13 @@ import time
 from ipaddress import IPv6Address
 from pathlib import Path
 
-from sixlab.dataplane import libbpf
 from sixlab.dataplane.xdp_plane import (
     measure_tai_offset_ns,
     pack_config,
     pack_session,
     session_key,
 )
+from sixlab.linux import libbpf
 from sixlab.stamp.reflector import ReflectorMode, ReflectorSessionConfig
 from sixlab.wire import stamp as wire
 from sixlab.wire.packet import build_udp_packet

@@ -104,10 +104,10 @@ from sixlab.bench.generator import (
     prepare_bench,
 )
 from sixlab.bench.pdr import search_pdr
-from sixlab.dataplane import libbpf
 from sixlab.dataplane.base import Dataplane, DataplaneConfig
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.dataplane.xdp_plane import Reason, XdpDataplane, attach_xdp_pass
+from sixlab.linux import libbpf
 from sixlab.stamp.reflector import ReflectorSessionConfig
 from sixlab.testbed import BenchTestbed, Node, two_node_bench
 from sixlab.testbed._netns import entered

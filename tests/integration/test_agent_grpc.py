@@ -22,13 +22,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sixlab.cli import agent as _cli
 from sixlab.southbound import (
     AgentClient,
     AgentServer,
     ClientTls,
     SouthboundError,
     TlsFiles,
-    _cli,
     result_from_proto,
     serve,
 )
@@ -403,12 +403,12 @@ def _cli_wired() -> bool:
 
 def _agent_command(*args: str) -> list[str]:
     """``python -m sixlab stamp agent ARGS`` when the CLI is wired, else the same parser
-    driven through ``sixlab.southbound._cli`` directly."""
+    driven through ``sixlab.cli.agent`` directly."""
     if _cli_wired():
         return [sys.executable, "-m", "sixlab", "stamp", "agent", *args]
     code = (
         "import argparse, sys\n"
-        "from sixlab.southbound import _cli\n"
+        "from sixlab.cli import agent as _cli\n"
         "p = argparse.ArgumentParser()\n"
         "_cli.add_parsers(p.add_subparsers())\n"
         "a = p.parse_args(sys.argv[1:])\n"

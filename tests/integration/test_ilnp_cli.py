@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sixlab.cli import main
-from sixlab.ilnp._cli import add_parsers
+from sixlab.cli.ilnp import add_parsers
 from sixlab.testbed import Node, Testbed
 from sixlab.wire.ilnp import LocatorEntry
 
@@ -72,7 +72,7 @@ def test_parser_builds_host_status_cache() -> None:
 
 def test_status_without_daemon_fails_cleanly(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "sixlab.ilnp._cli", "status", "--control", str(tmp_path / "x")],
+        [sys.executable, "-m", "sixlab.cli.ilnp", "status", "--control", str(tmp_path / "x")],
         capture_output=True,
         text=True,
         check=False,
@@ -132,7 +132,7 @@ class Host:
         self.control = str(tmp / "h.sock")
 
     def start(self) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", "0:0:0:a"]
+        argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", "0:0:0:a"]
         argv += ["--locator", "2001:db8:a:0,10", "--interface", "eth0", "--policy", "bounded"]
         argv += ["--control", self.control]
         proc = self.tb.run_in(self.node, argv, stdout=subprocess.PIPE)
@@ -143,7 +143,7 @@ class Host:
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return self.tb.exec_in(
-            self.node, [sys.executable, "-m", "sixlab.ilnp._cli", *argv, "--control", self.control]
+            self.node, [sys.executable, "-m", "sixlab.cli.ilnp", *argv, "--control", self.control]
         )
 
     def has_tun(self) -> bool:
@@ -177,7 +177,7 @@ def test_unusable_configuration_is_one_line_exit_1_and_leaves_nothing(
 ) -> None:
     (tmp_path / "bad").write_text("2001:db8:b:0/0:0:0:b bob\nbob\n")
     (tmp_path / "binary").write_bytes(b"\xff\xfe 2001:db8:b:0/0:0:0:b bob\n")
-    argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", "0:0:0:a"]
+    argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", "0:0:0:a"]
     argv += ["--locator", "2001:db8:a:0", "--interface", "eth0", "--control", host.control]
     argv += [arg.format(dir=tmp_path) for arg in extra]
     out = host.tb.exec_in(host.node, argv, check=False)

@@ -36,7 +36,7 @@ class Daemon:
         peer = tb.add_node("p")
         tb.add_link(node, peer, if_a="eth0", if_b="p0", addr_a="2001:db8:a::a")
         self.control = str(tmp / "h.sock")
-        argv = ["prlimit", f"--nofile={NOFILE}", sys.executable, "-m", "sixlab.ilnp._cli"]
+        argv = ["prlimit", f"--nofile={NOFILE}", sys.executable, "-m", "sixlab.cli.ilnp"]
         argv += ["host", "--nid", "0:0:0:a", "--locator", "2001:db8:a:0,10"]
         argv += ["--interface", "eth0", "--policy", "none", "--fastpath", "off"]
         argv += ["--control", self.control]

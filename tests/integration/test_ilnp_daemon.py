@@ -7,7 +7,7 @@ Topology (one per test, unique names, removed even on failure)::
                                          B: NID 0:0:0:b, locator 2001:db8:b:0
                                          C: the attacker, 2001:db8:e::c
 
-Each host runs ``sixlab ilnp host`` (through ``python -m sixlab.ilnp._cli``) with its
+Each host runs ``sixlab ilnp host`` (through ``python -m sixlab.cli.ilnp``) with its
 kernel fast path required (``--fastpath on``; the main tests run again with ``off``, the
 user-space path alone); the
 applications are plain Python sockets bound to identifier addresses, made in the
@@ -193,7 +193,7 @@ class IlnpNet:
         env: dict[str, str] | None = None,
     ) -> Daemon:
         control = str(self.tmp / f"{node.name}.sock")
-        argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", nid]
+        argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", nid]
         for loc in locators:
             argv += ["--locator", loc]
         for ifname in interfaces:
@@ -875,7 +875,7 @@ def test_fastpath_auto_falls_back_and_on_refuses(net: IlnpNet) -> None:
     broken = {"SIXLAB_BPF_CACHE": "/dev/null/sixlab-bpf"}  # cannot become a directory
     net.fastpath = "on"
     control = str(net.tmp / "refused.sock")
-    argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--nid", "0:0:0:a"]
+    argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", "0:0:0:a"]
     argv += ["--locator", "2001:db8:a:0", "--interface", "eth0", "--control", control]
     argv += ["--fastpath", "on"]
     proc = net.tb.run_in(

@@ -23,12 +23,12 @@ from typing import Any
 import grpc
 import pytest
 
+from sixlab.controller._generated import controller_pb2 as pb
+from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.client import ControllerClient, NorthboundError
 from sixlab.controller.core import Controller, SessionSpec
 from sixlab.controller.northbound import ControllerServer, serve_controller
 from sixlab.controller.store import Store
-from sixlab.southbound._generated import controller_pb2 as pb
-from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
 from sixlab.southbound.agent import AgentServer, serve
 from sixlab.southbound.client import AgentClient
 
@@ -37,7 +37,7 @@ MS = 1_000_000
 CONTROLLER_CMD = [
     sys.executable,
     "-c",
-    "import sys; from sixlab.controller._cli import main; "
+    "import sys; from sixlab.cli.controller import main; "
     "sys.exit(main(['controller', *sys.argv[1:]]))",
 ]
 Code = grpc.StatusCode

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.dataplane import _filters as f
+from sixlab.dataplane._filters import stamp_filter
+from sixlab.linux import cbpf as f
 from sixlab.wire.packet import build_udp_packet
 
 SENDER = IPv6Address("fd00:0:10::1")
@@ -81,7 +82,7 @@ def probe(dport: int = PORT, *, segments: list[IPv6Address] | None = None) -> by
     return arrived(packet, REFLECTOR)
 
 
-PROGRAM = f.stamp_filter([PORT])
+PROGRAM = stamp_filter([PORT])
 ACCEPT = f.ACCEPT_SNAPLEN
 
 
@@ -155,14 +156,14 @@ def test_truncated_packets_are_dropped(segments: list[IPv6Address] | None) -> No
 
 
 def test_several_ports() -> None:
-    program = f.stamp_filter([PORT, 40000, 862])
+    program = stamp_filter([PORT, 40000, 862])
     assert run(program, probe(40000)) == ACCEPT
     assert run(program, probe(PORT, segments=[REFLECTOR])) == ACCEPT
     assert run(program, probe(40001)) == 0
 
 
 def test_destination_address() -> None:
-    program = f.stamp_filter([PORT], destination=REFLECTOR)
+    program = stamp_filter([PORT], destination=REFLECTOR)
     assert run(program, probe()) == ACCEPT
     other = bytearray(probe())
     other[39] ^= 1
@@ -172,7 +173,7 @@ def test_destination_address() -> None:
 @pytest.mark.parametrize("ports", [[], [0], [70000]])
 def test_bad_ports_refused(ports: list[int]) -> None:
     with pytest.raises(ValueError, match="ports"):
-        f.stamp_filter(ports)
+        stamp_filter(ports)
 
 
 @settings(max_examples=200, deadline=None)
@@ -188,7 +189,7 @@ def test_match_iff_destination_port(dport: int, sport: int, hops: int, payload: 
         segments = [IPv6Address(f"fd00:99::{i + 1}") for i in range(hops - 1)] + [REFLECTOR]
     packet = build_udp_packet(SENDER, REFLECTOR, sport, dport, payload, segments=segments)
     expected = ACCEPT if dport in (PORT, 4242) else 0
-    assert run(f.stamp_filter([PORT, 4242]), arrived(packet, REFLECTOR)) == expected
+    assert run(stamp_filter([PORT, 4242]), arrived(packet, REFLECTOR)) == expected
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,6 +1,6 @@
 """``sixlab controller``: argument errors, error lines, conversions and default addresses.
 
-The CLI runs in this process through ``sixlab.controller._cli.main``; nothing here needs
+The CLI runs in this process through ``sixlab.cli.controller.main``; nothing here needs
 a controller or an agent (the end-to-end runs are in tests/integration/test_northbound.py).
 """
 
@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.controller._cli import (
+from sixlab.cli.controller import (
     main,
     parse_metrics_address,
     record_json,
     session_json,
     stats_json,
 )
+from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller.client import (
     ControllerClient,
     NorthboundError,
@@ -56,7 +57,6 @@ from sixlab.controller.store import (
     SessionRow,
     StoreError,
 )
-from sixlab.southbound._generated import controller_pb2 as pb
 from sixlab.southbound.client import SouthboundError
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary

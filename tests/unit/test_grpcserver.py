@@ -7,7 +7,7 @@ import threading
 import grpc
 import pytest
 
-from sixlab._grpcserver import unary
+from sixlab.southbound.rpcserver import unary
 
 
 class _AbortedError(Exception):

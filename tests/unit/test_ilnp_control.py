@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sixlab.ilnp._cli import main as ilnp_main
+from sixlab.cli.ilnp import main as ilnp_main
 from sixlab.ilnp._control import (
     IDLE_TIMEOUT,
     MAX_CLIENTS,

@@ -19,7 +19,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sixlab.dataplane.libbpf import LibbpfError
 from sixlab.ilnp import Deliver, HostConfig, IlnpHost
 from sixlab.ilnp.daemon import ring_filter
 from sixlab.ilnp.fastpath import (
@@ -33,6 +32,7 @@ from sixlab.ilnp.fastpath import (
     peer_record,
 )
 from sixlab.ilnp.ilcc import LOCATOR_AGED_GRACE, EntryState, IlccEntry
+from sixlab.linux.libbpf import LibbpfError
 from sixlab.wire.ilnp import (
     IDENTIFIER_PREFIX,
     ILV,

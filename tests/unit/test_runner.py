@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sixlab._runner import StopOnSignal
+from sixlab.linux.signals import StopOnSignal
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

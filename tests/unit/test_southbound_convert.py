@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.southbound import AgentError, _cli, result_from_proto
+from sixlab.cli import agent as _cli
+from sixlab.southbound import AgentError, result_from_proto
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import _dataplane_options, result_to_proto
 from sixlab.stamp._events import StampResult

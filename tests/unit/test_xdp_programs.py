@@ -19,9 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sixlab.dataplane import libbpf
-from sixlab.dataplane.base import DataplaneError
-from sixlab.dataplane.xdp_build import build_objects
 from sixlab.dataplane.xdp_plane import (
     Reason,
     measure_tai_offset_ns,
@@ -30,6 +27,8 @@ from sixlab.dataplane.xdp_plane import (
     record_to_received,
     session_key,
 )
+from sixlab.linux import LinuxError, libbpf
+from sixlab.linux.bpfbuild import build_objects
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.wire import ChecksumError
 from sixlab.wire import stamp as wire
@@ -77,7 +76,7 @@ class Loaded:
         for name in ("stamp_counters", "stamp_sessions", "stamp_senders"):
             try:
                 m = self.map(name)
-            except DataplaneError:  # each object has only its own maps
+            except LinuxError:  # each object has only its own maps
                 continue
             for key in list(m.iter_keys()):
                 m.delete(key)

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.dataplane import libbpf, xdp_build
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.xdp_plane import (
     MAX_RETURN_SEGMENTS,
@@ -30,6 +29,7 @@ from sixlab.dataplane.xdp_plane import (
     record_to_received,
     session_key,
 )
+from sixlab.linux import LinuxError, bpfbuild, libbpf
 from sixlab.stamp.reflector import ReflectorMode, ReflectorSessionConfig
 from sixlab.wire import stamp as wire
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
@@ -45,42 +45,42 @@ u16 = st.integers(0, 0xFFFF)
 
 def test_missing_tool_names_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(xdp_build, "_EXTRA_PATH", ())
-    with pytest.raises(xdp_build.BuildError, match="apt-get install clang"):
-        xdp_build.find_tool("clang")
-    with pytest.raises(xdp_build.BuildError, match="apt-get install bpftool"):
-        xdp_build.find_tool("bpftool")
+    monkeypatch.setattr(bpfbuild, "_EXTRA_PATH", ())
+    with pytest.raises(bpfbuild.BuildError, match="apt-get install clang"):
+        bpfbuild.find_tool("clang")
+    with pytest.raises(bpfbuild.BuildError, match="apt-get install bpftool"):
+        bpfbuild.find_tool("bpftool")
 
 
 def test_missing_btf_is_explained(tmp_path: Path) -> None:
-    with pytest.raises(xdp_build.BuildError, match="CONFIG_DEBUG_INFO_BTF"):
-        xdp_build.build_objects(tmp_path, btf=tmp_path / "nope")
+    with pytest.raises(bpfbuild.BuildError, match="CONFIG_DEBUG_INFO_BTF"):
+        bpfbuild.build_objects(tmp_path, btf=tmp_path / "nope")
 
 
 def test_cache_key_follows_the_kernel_btf(tmp_path: Path) -> None:
-    clang = xdp_build.find_tool("clang")
+    clang = bpfbuild.find_tool("clang")
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"kernel one")
     b.write_bytes(b"kernel two")
-    assert xdp_build.cache_key(clang, a) == xdp_build.cache_key(clang, a)
-    assert xdp_build.cache_key(clang, a) != xdp_build.cache_key(clang, b)
+    assert bpfbuild.cache_key(clang, a) == bpfbuild.cache_key(clang, a)
+    assert bpfbuild.cache_key(clang, a) != bpfbuild.cache_key(clang, b)
 
 
 def test_cache_root_honours_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIXLAB_BPF_CACHE", "/x/y")
-    assert xdp_build.cache_root() == Path("/x/y")
+    assert bpfbuild.cache_root() == Path("/x/y")
     monkeypatch.delenv("SIXLAB_BPF_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "/c")
-    assert xdp_build.cache_root() == Path("/c/sixlab/bpf")
+    assert bpfbuild.cache_root() == Path("/c/sixlab/bpf")
 
 
 def test_build_compiles_once_then_uses_the_cache(tmp_path: Path) -> None:
-    first = xdp_build.build_objects(tmp_path)
-    assert set(first) == set(xdp_build.PROGRAMS)
+    first = bpfbuild.build_objects(tmp_path)
+    assert set(first) == set(bpfbuild.PROGRAMS)
     stamps = {name: path.stat().st_mtime_ns for name, path in first.items()}
     assert all(path.read_bytes()[:4] == b"\x7fELF" for path in first.values())
     assert (next(iter(first.values())).parent / "vmlinux.h").stat().st_size > 0
-    second = xdp_build.build_objects(tmp_path)
+    second = bpfbuild.build_objects(tmp_path)
     assert second == first
     assert {name: path.stat().st_mtime_ns for name, path in second.items()} == stamps
 
@@ -94,7 +94,7 @@ def test_missing_libbpf_names_the_package(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(libbpf, "_LIB", None)
     monkeypatch.setattr(ctypes, "CDLL", no_lib)
-    with pytest.raises(DataplaneError, match="apt-get install libbpf1"):
+    with pytest.raises(LinuxError, match="apt-get install libbpf1"):
         libbpf.library()
 
 
@@ -103,7 +103,7 @@ def test_libbpf_error_messages() -> None:
     assert err.errno == errno.EPERM
     assert "bpf_xdp_attach(ifindex 3) failed: EPERM" in str(err)
     assert "root" in str(err)
-    assert isinstance(err, DataplaneError)
+    assert isinstance(err, LinuxError)
     busy = libbpf.LibbpfError("x", errno.EBUSY, "log tail")
     assert str(busy).endswith("\nlog tail")
 
@@ -116,7 +116,7 @@ def test_opening_a_missing_object_raises() -> None:
 
 @pytest.mark.root
 def test_loaded_object_maps_and_program_info() -> None:
-    obj = libbpf.BpfObject(xdp_build.build_objects()["stamp_reflector"])
+    obj = libbpf.BpfObject(bpfbuild.build_objects()["stamp_reflector"])
     try:
         obj.load()
         sessions = obj.map("stamp_sessions")
@@ -143,11 +143,11 @@ def test_loaded_object_maps_and_program_info() -> None:
         assert info.name == "stamp_reflector"
         assert info.id > 0
         assert libbpf.prog_info_by_id(info.id) == info
-        with pytest.raises(DataplaneError, match="no map 'nope'"):
+        with pytest.raises(LinuxError, match="no map 'nope'"):
             obj.map("nope")
     finally:
         obj.close()
-    with pytest.raises(DataplaneError, match="closed"):
+    with pytest.raises(LinuxError, match="closed"):
         obj.program("stamp_reflector")
 
 
@@ -189,7 +189,7 @@ def test_sessions_left_to_user_space() -> None:
 
 def test_reasons_mirror_the_c_enum() -> None:
     """``Reason`` has the values of ``enum stamp_reason`` (stamp_common.h), R_MAX aside."""
-    header = (xdp_build.source_dir() / "stamp_common.h").read_text()
+    header = (bpfbuild.source_dir() / "stamp_common.h").read_text()
     body = header[header.index("enum stamp_reason {") :]
     body = body[: body.index("};")]
     c = {name: int(v) for name, v in re.findall(r"\bR_(\w+) = (\d+),", body)}

@@ -61,7 +61,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sixlab._closing import ClosingContext
 from sixlab.bench.generator import (
     GEN_PORT,
     FrameTrialRunner,
@@ -71,6 +70,7 @@ from sixlab.bench.generator import (
 )
 from sixlab.ilnp.daemon import control_request, format_locator
 from sixlab.testbed import BenchTestbed
+from sixlab.testbed._closing import ClosingContext
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ILNP_NONCE_OPTION,
@@ -194,7 +194,7 @@ class IlnpEchoTrialRunner(FrameTrialRunner):
 def daemon_has_fastpath() -> bool:
     """Whether the ``sixlab ilnp host`` this interpreter runs has ``--fastpath``."""
     out = subprocess.run(
-        [sys.executable, "-m", "sixlab.ilnp._cli", "host", "--help"],
+        [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--help"],
         capture_output=True,
         text=True,
         check=False,
@@ -234,7 +234,7 @@ class IlnpEchoSut(ClosingContext):
         self.control = str(self._tmp / "sut.sock")
         hosts = self._tmp / "hosts"
         hosts.write_text(f"{self.gen_ilv} gen\n{self.sut_ilv} sut\n")
-        argv = [sys.executable, "-m", "sixlab.ilnp._cli", "host"]
+        argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host"]
         argv += ["--nid", format_locator(self.sut_ilv.nid)]
         argv += ["--locator", format_locator(self.sut_ilv.locator)]
         argv += ["--interface", tb.sut_if, "--policy", policy, "--store", store]

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import grpc
 
-from sixlab._grpcclient import GrpcClient, RpcError
+from sixlab.controller._generated import controller_pb2 as pb
+from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
-from sixlab.southbound._generated import controller_pb2 as pb
-from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcclient import GrpcClient, RpcError
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sixlab._grpcserver import unary
+from sixlab.controller._generated import controller_pb2 as pb
+from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import (
     CollectMode,
     Controller,
@@ -58,9 +59,8 @@ from sixlab.controller.store import (
     SessionRow,
     StoreError,
 )
-from sixlab.southbound._generated import controller_pb2 as pb
-from sixlab.southbound._generated import controller_pb2_grpc as pb_grpc
 from sixlab.southbound.client import SouthboundError
+from sixlab.southbound.rpcserver import unary
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
 

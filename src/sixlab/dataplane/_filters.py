@@ -1,4 +1,4 @@
-"""Kernel-side helpers of the capture planes: a classic BPF filter and an nftables drop.
+"""The capture planes' kernel side: their classic BPF filter and their nftables drop.
 
 Theory of operation
 -------------------
@@ -28,16 +28,18 @@ with an ``AF_PACKET`` socket and answer from user space. Two things follow.
      PROTOCOLS.md). Own outgoing packets are kept away by ``PACKET_IGNORE_OUTGOING``
      as well.
 
-   The program uses ``ldb``/``ldh`` absolute, ``ldh`` indexed, ``and``, ``lsh``, ``tax``,
-   ``jeq`` and ``ret``; ``tests/unit/test_bpf_filter.py`` runs it in a small interpreter
-   over packets built by ``sixlab.wire.packet``.
+   The program is written with :mod:`sixlab.linux.cbpf` and uses ``ldb``/``ldh``
+   absolute, ``ldh`` indexed, ``and``, ``lsh``, ``tax``, ``jeq`` and ``ret``;
+   ``tests/unit/test_bpf_filter.py`` runs it in a small interpreter over packets built
+   by ``sixlab.wire.packet``.
 
 2. **The kernel must not answer STAMP packets itself.** With no socket bound on the
    port, every probe would make the kernel send an ICMPv6 Destination Unreachable
    (port unreachable, RFC 4443 §3.1). Packet taps see a packet before the IPv6 input
    hook of netfilter runs, so an nftables rule that drops UDP to our ports at that
-   hook silences the kernel while the capture still gets the packet. ``KernelDrop``
-   owns one table per port (``ip6 sixlab_stamp_<port>``, IPv6 only so an IPv4 service
+   hook silences the kernel while the capture still gets the packet.
+   :func:`stamp_drop` gives the :class:`sixlab.linux.nftdrop.KernelDrop` that owns one
+   table per port (``ip6 sixlab_stamp_<port>``, IPv6 only so an IPv4 service
    on the same port is untouched), created by ``install`` and deleted by ``remove`` and
    at interpreter exit. The table's comment names the owner pid: a table whose owner is
    dead (a crashed or SIGKILLed run) is replaced on the next ``install``; one whose
@@ -48,52 +50,42 @@ with an ``AF_PACKET`` socket and answer from user space. Two things follow.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import os
-import re
-import shutil
-import socket
 import struct
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 from ipaddress import IPv6Address
 
+from sixlab.linux.cbpf import (
+    ACCEPT_SNAPLEN,
+    BPF_ABS,
+    BPF_ALU,
+    BPF_AND,
+    BPF_B,
+    BPF_H,
+    BPF_IND,
+    BPF_JEQ,
+    BPF_JMP,
+    BPF_K,
+    BPF_LD,
+    BPF_LSH,
+    BPF_MISC,
+    BPF_RET,
+    BPF_TAX,
+    BPF_W,
+    Assembler,
+    BpfInstruction,
+    attach_filter,
+)
+from sixlab.linux.nftdrop import KernelDrop, KernelDropError
+
 __all__ = [
-    "ACCEPT_SNAPLEN",
-    "BpfInstruction",
     "KernelDrop",
     "KernelDropError",
     "attach_filter",
+    "stamp_drop",
     "stamp_filter",
     "table_name",
 ]
 
-# <linux/filter.h> / <linux/bpf_common.h> opcode fields.
-BPF_LD = 0x00
-BPF_LDX = 0x01
-BPF_ALU = 0x04
-BPF_JMP = 0x05
-BPF_RET = 0x06
-BPF_MISC = 0x07
-BPF_W = 0x00
-BPF_H = 0x08
-BPF_B = 0x10
-BPF_ABS = 0x20
-BPF_IND = 0x40
-BPF_AND = 0x50
-BPF_LSH = 0x60
-BPF_JA = 0x00
-BPF_JEQ = 0x10
-BPF_K = 0x00
-BPF_TAX = 0x00
-
-#: What an accepting program returns: the number of bytes to keep. Larger than any
-#: packet (64 KiB IPv6 payload plus headers), so a match is never truncated.
-ACCEPT_SNAPLEN = 0x40000
-#: <asm-generic/socket.h>
-SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
 
 # Offsets from the start of the IPv6 header (RFC 8200 §3, RFC 8754 §2, RFC 768).
 _OFF_VERSION = 0
@@ -109,52 +101,6 @@ _OFF_DPORT_AFTER_RT = _IPV6_SIZE + 8 + 2
 _OFF_DPORT_PLAIN = _IPV6_SIZE + 2
 _NH_UDP = 17
 _NH_ROUTING = 43
-_SOCK_FILTER = struct.Struct("=HBBI")  # struct sock_filter
-_SOCK_FPROG = struct.Struct("@HP")  # struct sock_fprog {len, pointer}
-
-
-@dataclass(frozen=True, slots=True)
-class BpfInstruction:
-    """One classic BPF instruction (``struct sock_filter``); jumps are relative."""
-
-    code: int
-    jt: int
-    jf: int
-    k: int
-
-    def encode(self) -> bytes:
-        return _SOCK_FILTER.pack(self.code, self.jt, self.jf, self.k)
-
-
-class _Assembler:
-    """Appends instructions; conditional jumps name labels, resolved by ``finish``."""
-
-    def __init__(self) -> None:
-        self._code: list[tuple[int, str | int, str | int, int | str]] = []
-        self._labels: dict[str, int] = {}
-
-    def emit(self, code: int, k: int = 0, jt: str | int = 0, jf: str | int = 0) -> None:
-        self._code.append((code, jt, jf, k))
-
-    def jump(self, label: str) -> None:
-        """``ja label``: the unconditional jump keeps its 32-bit offset in k."""
-        self._code.append((BPF_JMP | BPF_JA, 0, 0, label))
-
-    def label(self, name: str) -> None:
-        self._labels[name] = len(self._code)
-
-    def finish(self) -> tuple[BpfInstruction, ...]:
-        out = []
-        for pc, (code, jt, jf, k) in enumerate(self._code):
-            offsets = []
-            for target in (jt, jf):
-                rel = target if isinstance(target, int) else self._labels[target] - pc - 1
-                if not 0 <= rel <= 0xFF:  # jt/jf are 8 bits and only go forward
-                    raise ValueError(f"BPF jump of {rel} from {pc} does not fit")
-                offsets.append(rel)
-            k_value = k if isinstance(k, int) else self._labels[k] - pc - 1
-            out.append(BpfInstruction(code, offsets[0], offsets[1], k_value))
-        return tuple(out)
 
 
 def stamp_filter(
@@ -168,7 +114,7 @@ def stamp_filter(
     wanted = sorted(set(ports))
     if not wanted or any(not 0 < p <= 0xFFFF for p in wanted):
         raise ValueError(f"ports must be 1..65535, got {list(ports)}")
-    asm = _Assembler()
+    asm = Assembler()
     asm.emit(BPF_LD | BPF_B | BPF_ABS, _OFF_VERSION)
     asm.emit(BPF_ALU | BPF_AND | BPF_K, 0xF0)
     asm.emit(BPF_JMP | BPF_JEQ | BPF_K, 0x60, jt=0, jf="drop")
@@ -203,110 +149,20 @@ def stamp_filter(
     return asm.finish()
 
 
-def attach_filter(sock: socket.socket, program: Sequence[BpfInstruction]) -> None:
-    """``SO_ATTACH_FILTER`` ``program`` to ``sock`` (a ``struct sock_fprog`` by pointer)."""
-    code = b"".join(ins.encode() for ins in program)
-    buf = ctypes.create_string_buffer(code, len(code))
-    fprog = _SOCK_FPROG.pack(len(program), ctypes.addressof(buf))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-    del buf  # the kernel copied the program; the buffer only had to live until here
-
-
-# ----------------------------------------------------------------------- kernel drop
-
-
 def table_name(port: int) -> str:
     """The nftables table (family ``ip6``) guarding ``port``."""
     return f"sixlab_stamp_{port}"
 
 
-_OWNER = re.compile(r'comment "sixlab pid=(\d+)"')
-#: ``nft`` is quick; a hung one is a broken system, reported rather than waited on.
-_NFT_TIMEOUT_S = 10.0
-
-
-class KernelDropError(RuntimeError):
-    """nftables is missing or refused the rule (the message says which)."""
-
-
-def _nft(
-    *args: str, check: bool = True, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    nft = shutil.which("nft")
-    if nft is None:
-        raise KernelDropError("nft not found: install the nftables package")
-    proc = subprocess.run(
-        [nft, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=_NFT_TIMEOUT_S,
+def stamp_drop(
+    port: int, ports: Sequence[int], *, destination: IPv6Address | None = None
+) -> KernelDrop:
+    """The kernel drop of a capture plane on ``port`` (see the module docstring):
+    UDP to any of ``ports`` (to ``destination`` only, when given) is dropped at input."""
+    match = "" if destination is None else f"ip6 daddr {destination} "
+    wanted = ", ".join(str(p) for p in sorted(set(ports)))
+    return KernelDrop(
+        table_name(port),
+        [f"{match}udp dport {{ {wanted} }} counter drop"],
+        purpose=f"another capture plane uses UDP port {port} in this namespace",
     )
-    if check and proc.returncode != 0:
-        raise KernelDropError(f"nft {' '.join(args)}: {proc.stderr.strip()}")
-    return proc
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class KernelDrop:
-    """The nftables table that drops UDP to ``ports`` at IPv6 input (see module doc)."""
-
-    def __init__(
-        self, port: int, ports: Sequence[int], *, destination: IPv6Address | None = None
-    ) -> None:
-        self.port = port
-        self.ports = tuple(sorted(set(ports)))
-        self.destination = destination
-        self.table = table_name(port)
-        self.installed = False
-
-    def owner(self) -> int | None:
-        """The pid named by the existing table, or None when there is no table."""
-        listing = _nft("list", "table", "ip6", self.table, check=False)
-        if listing.returncode != 0:
-            return None
-        match = _OWNER.search(listing.stdout)
-        return int(match.group(1)) if match else 0
-
-    def install(self) -> None:
-        """Create the table; replace a dead owner's leftover, refuse a live owner's."""
-        if self.installed:
-            return
-        owner = self.owner()
-        if owner is not None:
-            if owner and owner != os.getpid() and _alive(owner):
-                raise KernelDropError(
-                    f"nft table ip6 {self.table} belongs to live process {owner}: "
-                    f"another capture plane uses UDP port {self.port} in this namespace"
-                )
-            _nft("delete", "table", "ip6", self.table, check=False)
-        match = "" if self.destination is None else f"ip6 daddr {self.destination} "
-        ports = ", ".join(str(p) for p in self.ports)
-        script = (
-            f'table ip6 {self.table} {{\n  comment "sixlab pid={os.getpid()}"\n'
-            "  chain input {\n    type filter hook input priority filter; policy accept;\n"
-            f"    {match}udp dport {{ {ports} }} counter drop\n  }}\n}}\n"
-        )
-        _nft("-f", "-", stdin=script)
-        self.installed = True
-        atexit.register(self.remove)
-
-    def remove(self) -> None:
-        """Delete the table if this object installed it; safe to call twice."""
-        if not self.installed:
-            return
-        self.installed = False
-        atexit.unregister(self.remove)
-        owner = self.owner()
-        if owner == os.getpid():
-            _nft("delete", "table", "ip6", self.table, check=False)

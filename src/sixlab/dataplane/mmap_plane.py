@@ -86,7 +86,7 @@ long gone, 2 of 199 on time). ``_kick`` therefore checks that the last frame wri
 left; if not, the ring is replaced (``tx_ring_resets``), its unsent frames counted in
 ``tx_errors``.
 
-Kernel drop: the nftables table of ``sixlab.dataplane._filters.KernelDrop`` keeps the
+Kernel drop: the nftables table of ``sixlab.dataplane._filters.stamp_drop`` keeps the
 kernel from answering our probes with ICMPv6 port unreachable (no socket is bound on
 the port); it is made by ``open`` and removed by ``close`` or at exit.
 
@@ -317,7 +317,7 @@ class MmapDataplane(Dataplane):
             self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._drop = _filters.KernelDrop(config.port, self._ports, destination=config.source)
+            self._drop = _filters.stamp_drop(config.port, self._ports, destination=config.source)
             self._drop.install()
         except (OSError, _filters.KernelDropError) as exc:
             self.close()

@@ -85,7 +85,7 @@ class ScapyDataplane(Dataplane):
                 rx.bind((config.interface, ETH_P_IPV6))
             rx.setblocking(False)
             self._tx = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._drop = _filters.KernelDrop(config.port, ports, destination=config.source)
+            self._drop = _filters.stamp_drop(config.port, ports, destination=config.source)
             self._drop.install()
         except (OSError, _filters.KernelDropError) as exc:
             self.close()

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-Two BPF programs (C in ``sixlab/dataplane/bpf/``, compiled at first use by
-``sixlab.dataplane.xdp_build``, loaded with the ctypes layer ``sixlab.dataplane.libbpf``)
+Two BPF programs (C in ``sixlab/linux/bpf/``, compiled at first use by
+``sixlab.linux.bpfbuild``, loaded with the ctypes layer ``sixlab.linux.libbpf``)
 and one user-space path share the plane's UDP port:
 
 * **Reflector** (``stamp_reflector``, attached by the first ``set_reflector_session``):
@@ -62,19 +62,22 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import functools
 import os
 import select
 import socket
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from ipaddress import IPv6Address
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane import libbpf
 from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, register
 from sixlab.dataplane.udpsocket import SocketDataplane
-from sixlab.dataplane.xdp_build import build_objects
+from sixlab.linux import libbpf
+from sixlab.linux.bpfbuild import build_objects
+from sixlab.linux.errors import LinuxError
 from sixlab.stamp.reflector import ReflectorMode, ReflectorSessionConfig
 from sixlab.wire import stamp as wire
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
@@ -134,6 +137,23 @@ class Reason(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower().replace("_", "-")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _plane_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Report the kernel layer's failures (build, libbpf) as this plane's DataplaneError."""
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except LinuxError as exc:
+            raise DataplaneError(str(exc)) from exc
+
+    return wrapper
 
 
 def measure_tai_offset_ns(samples: int = 5) -> int:
@@ -234,6 +254,7 @@ def _in_netns(target: int | None) -> Iterator[None]:
         os.close(here)
 
 
+@_plane_errors
 def attach_xdp_pass(ifname: str, *, cache_dir: Path | None = None) -> int:
     """Attach a plain XDP_PASS program to ``ifname`` (in the calling thread's namespace).
 
@@ -304,6 +325,7 @@ class XdpDataplane(Dataplane):
 
     # -- lifecycle --------------------------------------------------------------------
 
+    @_plane_errors
     def open(self) -> None:
         if self._socket is not None:
             return
@@ -353,7 +375,7 @@ class XdpDataplane(Dataplane):
     def close(self) -> None:
         atexit.unregister(self.close)
         if self.role is not None and self.ifindex:
-            with contextlib.suppress(DataplaneError), _in_netns(self._netns):
+            with contextlib.suppress(DataplaneError, LinuxError), _in_netns(self._netns):
                 libbpf.xdp_detach(self.ifindex, self._mode_flags())
             self.role = None
         if self._ring is not None:
@@ -385,6 +407,7 @@ class XdpDataplane(Dataplane):
             raise DataplaneError("xdp: data plane is not open (Init first)")
         return obj
 
+    @_plane_errors
     def _attach(self, role: str) -> None:
         if self.role == role:
             return
@@ -409,6 +432,7 @@ class XdpDataplane(Dataplane):
 
     # -- sessions ---------------------------------------------------------------------
 
+    @_plane_errors
     def set_reflector_session(self, config: ReflectorSessionConfig) -> None:
         """Write a reflector session (``ssid=None``: the default one) into the kernel.
 
@@ -430,6 +454,7 @@ class XdpDataplane(Dataplane):
             self._write_config("stamp_reflector")
         sessions.update(key, value)
 
+    @_plane_errors
     def remove_reflector_session(self, ssid: int | None) -> bool:
         """Forget a reflector session; False if the kernel did not have it."""
         sessions = self._object("stamp_reflector").map("stamp_sessions")
@@ -441,6 +466,7 @@ class XdpDataplane(Dataplane):
                 self._write_config("stamp_reflector")
         return found
 
+    @_plane_errors
     def add_sender_session(self, ssid: int) -> None:
         """Collect the replies of sender session ``ssid`` in XDP (unauthenticated ones)."""
         if not 0 <= ssid <= 0xFFFF:
@@ -450,6 +476,7 @@ class XdpDataplane(Dataplane):
         senders.update(_U32.pack(ssid), _U32.pack(1))
         self._senders.add(ssid)
 
+    @_plane_errors
     def remove_sender_session(self, ssid: int) -> bool:
         self._senders.discard(ssid)
         return self._object("stamp_collector").map("stamp_senders").delete(_U32.pack(ssid))
@@ -477,6 +504,7 @@ class XdpDataplane(Dataplane):
 
     # -- counters ---------------------------------------------------------------------
 
+    @_plane_errors
     def counters_by_session(self) -> dict[int | None, dict[str, int]]:
         """Kernel counters: session (SSID; None = no session; -1 = default) -> reason -> n."""
         out: dict[int | None, dict[str, int]] = {}
@@ -514,6 +542,7 @@ class XdpDataplane(Dataplane):
         """Kernel counters of one session (None: the default session), by reason."""
         return self.counters_by_session().get(-1 if ssid is None else ssid, {})
 
+    @_plane_errors
     def program_stats(self) -> libbpf.ProgInfo:
         """The attached program's kernel info (run_time_ns/run_cnt need bpf_stats_enabled)."""
         name = f"stamp_{self.role or 'reflector'}"
@@ -535,6 +564,7 @@ class XdpDataplane(Dataplane):
     def _on_record(self, data: bytes) -> None:
         self._pending.append(record_to_received(data, self.tai_offset_ns))
 
+    @_plane_errors
     def receive(self, max_batch: int = 64) -> list[Received]:
         if len(self._pending) < max_batch and self._ring is not None:
             self._ring.consume()

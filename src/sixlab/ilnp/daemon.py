@@ -61,28 +61,12 @@ import secrets
 import selectors
 import socket
 import struct
-import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixlab._runner import StopOnSignal
-from sixlab.dataplane._filters import (
-    ACCEPT_SNAPLEN,
-    BPF_ABS,
-    BPF_JEQ,
-    BPF_JMP,
-    BPF_K,
-    BPF_LD,
-    BPF_RET,
-    BPF_W,
-    BpfInstruction,
-    _Assembler,
-    attach_filter,
-)
-from sixlab.dataplane.base import DataplaneError
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
@@ -91,6 +75,22 @@ from sixlab.ilnp.ilcc import IlccEntry
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
+from sixlab.linux.cbpf import (
+    ACCEPT_SNAPLEN,
+    BPF_ABS,
+    BPF_JEQ,
+    BPF_JMP,
+    BPF_K,
+    BPF_LD,
+    BPF_RET,
+    BPF_W,
+    Assembler,
+    BpfInstruction,
+    attach_filter,
+)
+from sixlab.linux.errors import LinuxError
+from sixlab.linux.nftdrop import KernelDrop
+from sixlab.linux.signals import StopOnSignal
 from sixlab.wire._errors import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
@@ -106,10 +106,10 @@ __all__ = [
     "DEFAULT_CONTROL",
     "DaemonConfig",
     "IlnpDaemon",
-    "KernelDrop",
     "PacketRing",
     "control_request",
     "format_locator",
+    "kernel_drop",
     "parse_nid",
     "run_daemon",
 ]
@@ -203,47 +203,26 @@ class DaemonConfig:
 # --------------------------------------------------------------------- kernel drop
 
 
-class KernelDrop:
-    """An nftables table that stops the kernel from handling our ILNP packets.
+def kernel_drop(nid: int, interfaces: tuple[str, ...]) -> KernelDrop:
+    """The nftables table that stops the kernel from handling our ILNP packets.
 
     The input hook runs after AF_PACKET taps, so the ring still sees what is dropped
     here. Matching the destination's NID (not its locator) keeps the rule valid across
     moves; Neighbour Discovery is let through so the link keeps resolving our address.
-    The table is named after the NID: a leftover from a crashed run is replaced.
+    The table is named after the NID: a dead run's leftover is replaced, a live
+    daemon's with the same NID refused (see :mod:`sixlab.linux.nftdrop`).
     """
-
-    def __init__(self, nid: int, interfaces: tuple[str, ...]) -> None:
-        self.nid = nid
-        self.interfaces = interfaces
-        self.table = f"sixlab_ilnp_{nid:016x}"
-
-    def _ruleset(self) -> str:
-        ifaces = ", ".join(f'"{i}"' for i in self.interfaces)
-        match = (
-            f"iifname {{ {ifaces} }} ip6 daddr & ::ffff:ffff:ffff:ffff == "
-            f"{ipaddress.IPv6Address(self.nid)}"
-        )
-        nd = "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
-        return (
-            f"table ip6 {self.table} {{\n"
-            "  chain input {\n"
-            "    type filter hook input priority -300; policy accept;\n"
-            f"    {match} icmpv6 type {{ {nd}, nd-redirect }} accept\n"
-            f"    {match} counter drop\n"
-            "  }\n"
-            "}\n"
-        )
-
-    def install(self) -> None:
-        self.remove()
-        subprocess.run(["nft", "-f", "-"], input=self._ruleset(), text=True, check=True)
-
-    def remove(self) -> None:
-        subprocess.run(
-            ["nft", "delete", "table", "ip6", self.table],
-            capture_output=True,
-            check=False,
-        )
+    ifaces = ", ".join(f'"{i}"' for i in interfaces)
+    match = (
+        f"iifname {{ {ifaces} }} ip6 daddr & ::ffff:ffff:ffff:ffff == {ipaddress.IPv6Address(nid)}"
+    )
+    nd = "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
+    return KernelDrop(
+        f"sixlab_ilnp_{nid:016x}",
+        [f"{match} icmpv6 type {{ {nd}, nd-redirect }} accept", f"{match} counter drop"],
+        priority="-300",
+        purpose=f"another ILNP daemon with NID {nid:016x} runs in this namespace",
+    )
 
 
 # --------------------------------------------------------------------- ring
@@ -256,7 +235,7 @@ def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstructi
     space; a fast-path packet never reaches the ring at all (redirected at tc ingress,
     before the ring's tap)."""
     dst = 14 + 24  # Ethernet header + offset of the IPv6 Destination Address
-    asm = _Assembler()
+    asm = Assembler()
     for offset, word in ((dst + 8, nid >> 32), (dst + 12, nid & 0xFFFFFFFF)):
         asm.emit(BPF_LD | BPF_W | BPF_ABS, offset)
         asm.emit(BPF_JMP | BPF_JEQ | BPF_K, word, jt=0, jf="drop")
@@ -432,7 +411,7 @@ class IlnpDaemon:
         self.events: Counter[str] = Counter()
         self.latency_ns: deque[int] = deque(maxlen=_LATENCY_SAMPLES)
         self.wire: Counter[str] = Counter()
-        self.drop = KernelDrop(config.nid, config.interfaces)
+        self.drop = kernel_drop(config.nid, config.interfaces)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
         self._homes: dict[int, set[str]] = {}
@@ -511,7 +490,7 @@ class IlnpDaemon:
         )
         try:
             fastpath.open(self._usable_locators())
-        except (DataplaneError, OSError) as exc:
+        except (LinuxError, OSError) as exc:
             if self.config.fastpath == "on":
                 raise
             self.fastpath_error = str(exc).splitlines()[0]

@@ -6,7 +6,7 @@ The daemon's user-space path costs about 12 µs a packet in each direction (TUN 
 read, :class:`~sixlab.ilnp.host.IlnpHost`, raw-socket or TUN write). For an entry that
 is established, what the host does to each packet is a fixed rewrite, so the daemon
 copies the entry into a BPF hash map and two programs of
-``sixlab/dataplane/bpf/ilnp_fastpath.bpf.c`` do it in the kernel: ``ilnp_egress`` at
+``sixlab/linux/bpf/ilnp_fastpath.bpf.c`` do it in the kernel: ``ilnp_egress`` at
 the TUN device's tc egress (identifier addresses to I-LVs, nonce option in, out of the
 link holding the local locator) and ``ilnp_ingress`` at each link's tc ingress (nonce
 and source locator checked, option out, identifier addresses, into the TUN device's
@@ -34,7 +34,7 @@ daemon marks the entry used (LRU order, idle expiry) — the host's notion of "i
 is one second coarse for fast-path entries.
 
 Errors: a missing compiler, libbpf or kernel feature raises
-:class:`~sixlab.dataplane.base.DataplaneError` (from the build or load), which the
+:class:`~sixlab.linux.LinuxError` (from the build or load), which the
 daemon reports and, unless told ``--fastpath on``, survives by staying in user space.
 A full peer map is not an error: the entry stays in user space and is counted.
 """
@@ -48,8 +48,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sixlab.dataplane.base import DataplaneError
-from sixlab.dataplane.libbpf import (
+from sixlab.ilnp.host import HostConfig
+from sixlab.ilnp.ilcc import LOCATOR_AGED_GRACE, EntryState, IlccEntry, LocatorState
+from sixlab.linux.bpfbuild import build_objects
+from sixlab.linux.errors import LinuxError
+from sixlab.linux.libbpf import (
     BpfMap,
     BpfObject,
     BpfProgram,
@@ -58,9 +61,6 @@ from sixlab.dataplane.libbpf import (
     tc_attach,
     tc_detach,
 )
-from sixlab.dataplane.xdp_build import build_objects
-from sixlab.ilnp.host import HostConfig
-from sixlab.ilnp.ilcc import LOCATOR_AGED_GRACE, EntryState, IlccEntry, LocatorState
 
 __all__ = [
     "COUNTER_NAMES",
@@ -211,7 +211,7 @@ def remove_leftovers(links: Iterable[str]) -> int:
         try:
             ifindex = socket.if_nametoindex(name)
             removed += tc_detach(ifindex, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
-        except (OSError, DataplaneError):
+        except (OSError, LinuxError):
             continue  # no such link, or no libbpf: nothing of ours can be attached
     return removed
 

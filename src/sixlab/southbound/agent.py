@@ -61,7 +61,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sixlab._grpcserver import abort_for, unary
 from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import (
     DEFAULT_FIFO_CAPACITY,
@@ -71,6 +70,7 @@ from sixlab.dataplane.engine import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State

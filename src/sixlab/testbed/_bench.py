@@ -21,8 +21,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
+from sixlab.testbed._closing import ClosingContext
 from sixlab.testbed._topology import Node, Testbed
 
 __all__ = ["BenchTestbed", "two_node_bench"]

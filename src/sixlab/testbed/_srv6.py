@@ -40,8 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
+from sixlab.testbed._closing import ClosingContext
 from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed._topology import EmulatedLink, LinkEmulation, Node, Testbed
 

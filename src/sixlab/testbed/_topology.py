@@ -42,8 +42,8 @@ from typing import Any, Self
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pyr_netns
 
-from sixlab._closing import ClosingContext
 from sixlab.testbed import _netns
+from sixlab.testbed._closing import ClosingContext
 from sixlab.testbed._emulation import DirectionConfig
 
 __all__ = [

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
-from sixlab._runner import StopOnSignal
+from sixlab.linux.signals import StopOnSignal
 from sixlab.testbed._emulation import DirectionConfig
 
 __all__ = ["DirectionConfig", "DirectionStats", "main", "parse_args", "run"]

@@ -74,7 +74,10 @@ def ns_from_ntp(timestamp: int) -> int:
     seconds, fraction = timestamp >> 32, timestamp & 0xFFFF_FFFF
     if not seconds & _HALF_ERA_S:
         seconds += _ERA_S  # era 1: 2036-02-07 onwards
-    return (seconds - NTP_UNIX_OFFSET_S) * NS_PER_S + ((fraction * NS_PER_S + _FRAC_ONE // 2) >> 32)
+    ns = (seconds - NTP_UNIX_OFFSET_S) * NS_PER_S + ((fraction * NS_PER_S + _FRAC_ONE // 2) >> 32)
+    # Rounding the last fraction units of the window's last second up would name the
+    # first instant past the window, which no NTP timestamp can carry back: stay inside.
+    return min(ns, NTP_MAX_NS - 1)
 
 
 def ptp_from_ns(ns: int) -> int:

@@ -1,4 +1,4 @@
-"""Compile the BPF programs of ``sixlab/dataplane/bpf/`` on first use, and cache them.
+"""Compile the BPF programs of ``sixlab/linux/bpf/`` on first use, and cache them.
 
 The XDP plane's programs and the ILNP host's tc fast path (``ilnp_fastpath``) are built
 together, with one cache key.
@@ -20,7 +20,7 @@ compiler gives another directory, so a stale object is never loaded. The directo
 tests) serialise on an ``flock`` of the directory; each output is written to a
 temporary name and renamed, so a reader never sees half an object.
 
-A missing compiler or bpftool raises ``DataplaneError`` naming the Debian package.
+A missing compiler or bpftool raises ``BuildError`` naming the Debian package.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from sixlab.dataplane.base import DataplaneError
+from sixlab.linux.errors import LinuxError
 
 __all__ = [
     "KERNEL_BTF",
@@ -63,7 +63,7 @@ _EXTRA_PATH = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _TOOL_TIMEOUT_S = 600
 
 
-class BuildError(DataplaneError):
+class BuildError(LinuxError):
     """The BPF objects cannot be built; the message says which tool or step failed."""
 
 

@@ -15,10 +15,10 @@ import sys
 import time
 from typing import Any
 
-from sixlab import _argtypes as at
-from sixlab._runner import StopOnSignal
+from sixlab.cli import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.linux.signals import StopOnSignal
 from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig

@@ -42,8 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sixlab import _argtypes as argtypes
-from sixlab._runner import StopOnSignal
+from sixlab.cli import _argtypes as argtypes
 from sixlab.controller.client import (
     ControllerClient,
     NodeInfo,
@@ -54,6 +53,7 @@ from sixlab.controller.client import (
     default_address,
 )
 from sixlab.controller.core import CollectMode, SessionSpec
+from sixlab.linux.signals import StopOnSignal
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
 

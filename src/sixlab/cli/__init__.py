@@ -1,7 +1,8 @@
 """The ``sixlab`` command.
 
-Subcommands live in the modules that implement them; each exposes ``add_parsers`` and
-sets a ``handler`` on its parser, so this file stays a dispatcher.
+One module per command group (``demo``, ``stamp`` with ``agent``, ``controller``,
+``ilnp``), each thin over the library: it exposes ``add_parsers`` and sets a ``handler``
+on its parser, so this file stays a dispatcher.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sixlab import _cli_demo, _cli_stamp  # noqa: PLC0415 - keeps `--version` instant
-    from sixlab.controller import _cli as _cli_controller  # noqa: PLC0415
-    from sixlab.ilnp import _cli as _cli_ilnp  # noqa: PLC0415
-    from sixlab.southbound import _cli as _cli_agent  # noqa: PLC0415
+    from sixlab.cli import agent, controller, demo, ilnp, stamp  # noqa: PLC0415 - keeps `--version` instant
 
     parser = argparse.ArgumentParser(
         prog="sixlab",
@@ -27,14 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sixlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _cli_demo.add_parsers(sub)
-    stamp = sub.add_parser("stamp", help="STAMP tools: sender, reflector, agent").add_subparsers(
+    demo.add_parsers(sub)
+    tools = sub.add_parser("stamp", help="STAMP tools: sender, reflector, agent").add_subparsers(
         dest="stamp_command", required=True, metavar="TOOL"
     )
-    _cli_stamp.add_parsers(stamp)
-    _cli_agent.add_parsers(stamp)
-    _cli_controller.add_parsers(sub)
-    _cli_ilnp.add_parsers(sub)
+    stamp.add_parsers(tools)
+    agent.add_parsers(tools)
+    controller.add_parsers(sub)
+    ilnp.add_parsers(sub)
     return parser
 
 

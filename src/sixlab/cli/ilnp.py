@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-from sixlab import _argtypes as argtypes
+from sixlab.cli import _argtypes as argtypes
 
 if TYPE_CHECKING:
     from sixlab.wire.ilnp import LocatorEntry
@@ -101,11 +101,11 @@ def _positive(text: str) -> int:
 
 
 def _host(args: argparse.Namespace) -> int:
-    from sixlab.dataplane.base import DataplaneError  # noqa: PLC0415
     from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
     from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
+    from sixlab.linux.errors import LinuxError  # noqa: PLC0415
 
     try:
         check_locator_set(args.locator)
@@ -132,7 +132,7 @@ def _host(args: argparse.Namespace) -> int:
 
     try:
         return run_daemon(config, announce=announce)
-    except (IlnpError, ResolveError, DataplaneError, OSError, subprocess.SubprocessError) as exc:
+    except (IlnpError, ResolveError, LinuxError, OSError, subprocess.SubprocessError) as exc:
         # What the host cannot provide (an interface, a readable hosts file, root for
         # the TUN device, nft...): one line, no traceback.
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
@@ -193,7 +193,7 @@ def _print_cache(reply: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sixlab.ilnp._cli TOOL ...``: the group on its own (tests, before wiring)."""
+    """``python -m sixlab.cli.ilnp TOOL ...``: the group on its own (tests, before wiring)."""
     parser = argparse.ArgumentParser(prog="sixlab")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["ilnp", *(sys.argv[1:] if argv is None else argv)])

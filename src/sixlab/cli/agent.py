@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sixlab._runner import StopOnSignal
 from sixlab.dataplane.base import available
+from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.agent import DEFAULT_MAX_WORKERS, Role, TlsFiles, serve
 
 __all__ = ["add_parsers", "run_agent"]

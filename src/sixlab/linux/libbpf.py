@@ -22,9 +22,9 @@ machine does not have (DESIGN.md), so the XDP plane talks to libbpf's C API dire
   blocks, ``epoll_fd`` is what a select loop waits on.
 
 Errors: libbpf 1.x returns ``-errno`` from int functions and NULL with ``errno`` set from
-pointer functions; both become ``LibbpfError`` (a ``DataplaneError``) whose message names
+pointer functions; both become ``LibbpfError`` (a ``LinuxError``) whose message names
 the operation and the errno, and for a failed load carries the tail of the verifier log.
-A missing ``libbpf.so.1`` raises ``DataplaneError`` naming the Debian package.
+A missing ``libbpf.so.1`` raises ``LinuxError`` naming the Debian package.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sixlab.dataplane.base import DataplaneError
+from sixlab.linux.errors import LinuxError
 
 __all__ = [
     "BPF_ANY",
@@ -87,7 +87,7 @@ _c = ctypes
 _vp = _c.c_void_p
 
 
-class LibbpfError(DataplaneError):
+class LibbpfError(LinuxError):
     """A libbpf call failed; ``errno`` is the positive error number."""
 
     def __init__(self, op: str, err: int, detail: str = "") -> None:
@@ -248,14 +248,14 @@ _LIB: ctypes.CDLL | None = None
 
 
 def library() -> ctypes.CDLL:
-    """The system libbpf, loaded once; DataplaneError naming the package if missing."""
+    """The system libbpf, loaded once; LinuxError naming the package if missing."""
     global _LIB  # noqa: PLW0603 - one process-wide handle on the shared library
     if _LIB is not None:
         return _LIB
     try:
         lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
     except OSError as exc:
-        raise DataplaneError(
+        raise LinuxError(
             f"xdp: cannot load libbpf.so.1 ({exc}); install it with "
             f"`apt-get install {LIBBPF_PACKAGE} libbpf-dev`"
         ) from exc
@@ -263,7 +263,7 @@ def library() -> ctypes.CDLL:
         try:
             fn = getattr(lib, name)
         except AttributeError as exc:
-            raise DataplaneError(
+            raise LinuxError(
                 f"xdp: the system libbpf lacks {name}; libbpf 1.1 or newer is needed "
                 f"(`apt-get install {LIBBPF_PACKAGE}`)"
             ) from exc
@@ -532,20 +532,20 @@ class BpfObject:
 
     def _handle(self) -> int:
         if self._obj is None:
-            raise DataplaneError(f"libbpf: object {self.path.name} is closed")
+            raise LinuxError(f"libbpf: object {self.path.name} is closed")
         return self._obj
 
     def program(self, name: str) -> BpfProgram:
         lib = library()
         ptr = lib.bpf_object__find_program_by_name(self._handle(), name.encode())
         if not ptr:
-            raise DataplaneError(f"libbpf: no program {name!r} in {self.path.name}")
+            raise LinuxError(f"libbpf: no program {name!r} in {self.path.name}")
         return BpfProgram(name, _check(f"bpf_program__fd({name})", lib.bpf_program__fd(ptr)))
 
     def map(self, name: str) -> BpfMap:
         ptr = library().bpf_object__find_map_by_name(self._handle(), name.encode())
         if not ptr:
-            raise DataplaneError(f"libbpf: no map {name!r} in {self.path.name}")
+            raise LinuxError(f"libbpf: no map {name!r} in {self.path.name}")
         return BpfMap(name, ptr)
 
     def close(self) -> None:
@@ -583,7 +583,7 @@ class RingBuffer:
 
     def _handle(self) -> int:
         if self._rb is None:
-            raise DataplaneError("libbpf: ring buffer is freed")
+            raise LinuxError("libbpf: ring buffer is freed")
         return self._rb
 
     def epoll_fd(self) -> int:

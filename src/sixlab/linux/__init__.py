@@ -1,0 +1,28 @@
+"""Kernel plumbing that both systems use: BPF, capture sockets, netfilter, signals.
+
+Nothing here knows STAMP or ILNP; the STAMP data planes (``sixlab.dataplane``) and the
+ILNP host daemon (``sixlab.ilnp``) are built on it. This package imports nothing else
+from sixlab.
+
+- :mod:`sixlab.linux.libbpf`: a small ctypes layer over the system libbpf (open, load,
+  attach XDP and tc programs, maps, ring buffers).
+- :mod:`sixlab.linux.bpfbuild`: compiles the BPF C sources of ``bpf/`` (CO-RE, clang)
+  on first use and caches the objects per kernel, sources and compiler.
+- :mod:`sixlab.linux.cbpf`: classic BPF instructions, an assembler, ``SO_ATTACH_FILTER``.
+- :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
+  handling packets user space answers.
+- :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
+
+Errors
+------
+::
+
+    LinuxError (RuntimeError)
+    ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
+    ├── LibbpfError         a libbpf call failed (``errno`` set)
+    └── KernelDropError     nftables is missing or refused the table
+"""
+
+from sixlab.linux.errors import LinuxError
+
+__all__ = ["LinuxError"]
