@@ -73,7 +73,15 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, register
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneConfig,
+    DataplaneError,
+    IPAddress,
+    Received,
+    register,
+    require_ipv6,
+)
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.linux import libbpf
 from sixlab.linux.bpfbuild import build_objects
@@ -332,6 +340,7 @@ class XdpDataplane(Dataplane):
         ifname = self.config.interface
         if not ifname:
             raise DataplaneError("xdp: the xdp data plane needs an interface (--interface)")
+        require_ipv6("xdp", self.config.source)
         try:
             self.ifindex = socket.if_nametoindex(ifname)
         except OSError as exc:
@@ -577,10 +586,11 @@ class XdpDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
-        self._sock().send(payload, dst, dst_port, segments=segments, src=src)
+        self._sock().send(payload, dst, dst_port, segments=segments, src=src, tclass=tclass)
