@@ -79,7 +79,7 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _address(text: str) -> str:
-    return str(argtypes.ipv6(text))
+    return str(argtypes.ip(text))
 
 
 def _segments(text: str) -> tuple[str, ...]:
@@ -182,7 +182,7 @@ def add_parsers(sub: Any) -> None:
         "--port", type=_port, help="STAMP UDP port (default: 862 on a reflector, any on a sender)"
     )
     init.add_argument("--interface", default="", help="interface, for capture data planes")
-    init.add_argument("--source", type=_address, help="source IPv6 address")
+    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     init.set_defaults(handler=_client_handler(_node_init))
     ls = node_cmds.add_parser("list", parents=[client, as_json], help="nodes and their health")
     ls.set_defaults(handler=_client_handler(_node_list))
@@ -210,7 +210,7 @@ def add_parsers(sub: Any) -> None:
         help="request the return path per packet (RFC 9503) instead of configuring it",
     )
     create.add_argument("--port", type=_port, default=862, help="the reflector's UDP port")
-    create.add_argument("--source", type=_address, help="source IPv6 address")
+    create.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     create.add_argument(
         "--interval", type=_seconds, default=0.1, help="seconds between packets (default 0.1)"
     )
@@ -225,6 +225,12 @@ def add_parsers(sub: Any) -> None:
     create.add_argument("--auth-key", type=_hex_key, help="HMAC key (hex)")
     create.add_argument(
         "--stateful", action="store_true", help="stateful reflector (forward/backward loss)"
+    )
+    create.add_argument(
+        "--strict-ssid",
+        action="store_true",
+        help="refuse replies with SSID 0 (by default an RFC 8762-only reflector's replies "
+        "are accepted when address, port, Seq and T1 match)",
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
     create.set_defaults(handler=_client_handler(_session_create))
@@ -475,6 +481,7 @@ def _session_create(c: ControllerClient, args: argparse.Namespace) -> None:
         ptp=args.ptp,
         key_hex=args.auth_key or "",
         stateful=args.stateful,
+        strict_ssid=args.strict_ssid,
         loss_timeout_ns=round(args.loss_timeout * NS_PER_S),
         collect=args.collect,
     )

@@ -291,6 +291,7 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
         stateful=spec.stateful,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=collect,
+        strict_ssid=spec.strict_ssid,
     )
 
 

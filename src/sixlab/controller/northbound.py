@@ -244,6 +244,7 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
         ptp=p["ptp"],
         authenticated=bool(p["key_hex"]),
         stateful=p["stateful"],
+        strict_ssid=p.get("strict_ssid", False),
         loss_timeout_ns=p["loss_timeout_ns"],
         collect=_COLLECT_PB.get(p["collect"], pb.COLLECT_MODE_POLL),
         created_ns=row.created_ns,
@@ -335,6 +336,7 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
         stateful=request.stateful,
         loss_timeout_ns=loss_timeout,
         collect=collect,
+        strict_ssid=request.strict_ssid,
     )
 
 

@@ -330,6 +330,7 @@ class CreateSessionRequest(_message.Message):
     STATEFUL_FIELD_NUMBER: _builtins.int
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     COLLECT_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name of the session (usually the path's), e.g. "path-a": 1 to 64 printable
     characters, no blanks.
@@ -359,6 +360,10 @@ class CreateSessionRequest(_message.Message):
     loss_timeout_ns: _builtins.int
     """A packet without a reflection after this long is lost (absent: 2 s)."""
     collect: Global___CollectMode.ValueType
+    strict_ssid: _builtins.bool
+    """Refuse replies whose SSID is 0. By default they are accepted when address, port,
+    Seq and T1 match: an RFC 8762-only reflector returns the SSID as 0 (RFC 8972 §3).
+    """
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Forward SID list, travel order (empty: plain IPv6)."""
@@ -389,10 +394,11 @@ class CreateSessionRequest(_message.Message):
         stateful: _builtins.bool = ...,
         loss_timeout_ns: _builtins.int | None = ...,
         collect: Global___CollectMode.ValueType = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "reflector_port", b"reflector_port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__interval_ns: _TypeAlias = _typing.Literal["interval_ns"]  # noqa: Y015
     _WhichOneofArgType__interval_ns: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns"]  # noqa: Y015
@@ -601,6 +607,7 @@ class Session(_message.Message):
     FORWARD_LOST_FIELD_NUMBER: _builtins.int
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STORED_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     ssid: _builtins.int
     """The STAMP Session Identifier on both agents (RFC 8972 §3)."""
@@ -633,6 +640,7 @@ class Session(_message.Message):
     """Results the sender's FIFO had to drop (the controller read too slowly)."""
     stored: _builtins.int
     """Results in the controller's store."""
+    strict_ssid: _builtins.bool
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -666,10 +674,11 @@ class Session(_message.Message):
         forward_lost: _builtins.int | None = ...,
         overflow: _builtins.int = ...,
         stored: _builtins.int = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
