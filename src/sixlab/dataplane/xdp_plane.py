@@ -141,6 +141,7 @@ class Reason(enum.IntEnum):
     PASS_RINGBUF_FULL = 11
     PASS_CHECKSUM_ZERO = 12
     PASS_BAD_CHECKSUM = 13
+    PASS_FLOW_TABLE = 14
 
     @property
     def label(self) -> str:
@@ -211,12 +212,13 @@ def session_key(ssid: int | None) -> bytes:
     return _U32.pack(_DEFAULT_KEY if ssid is None else ssid)
 
 
-def pack_session(config: ReflectorSessionConfig) -> bytes:
+def pack_session(config: ReflectorSessionConfig, generation: int = 0) -> bytes:
     """``struct stamp_session`` for a reflector session, as the Python core would run it.
 
     The Error Estimate defaults like the core's (1 µs, unsynchronised, in the session's
     format). An authenticated session, or one whose return SID list is longer than
-    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path.
+    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path. ``generation`` keys the
+    session's per-flow stateful counters: a new one starts them from 0.
     """
     segs = config.return_segments or ()
     user = config.authenticated or len(segs) > MAX_RETURN_SEGMENTS
@@ -230,7 +232,7 @@ def pack_session(config: ReflectorSessionConfig) -> bytes:
         ee.to_int(),
         0,
         0,
-        0,
+        generation & 0xFFFF_FFFF,
         config.tai_utc_offset_ns,
         wire_order,
     )
@@ -328,6 +330,7 @@ class XdpDataplane(Dataplane):
         self._pending: list[Received] = []
         self._senders: set[int] = set()
         self._reflector_keys: set[int] = set()
+        self._generation = 0
         #: SSIDs of the reflector sessions in the kernel other than the default one.
         self._ssid_sessions: set[int] = set()
 
@@ -450,7 +453,8 @@ class XdpDataplane(Dataplane):
         user-space path: the kernel passes its packets on to the socket.
         """
         sessions = self._object("stamp_reflector").map("stamp_sessions")
-        value = pack_session(config)
+        self._generation += 1  # a session written again counts its flows from 0
+        value = pack_session(config, self._generation)
         self._attach("reflector")
         key = session_key(config.ssid)
         index = _U32.unpack(key)[0]

@@ -17,7 +17,8 @@ loss), unauthenticated or authenticated (a per-session key).
 A STAMP session is the SSID *together with* the addresses and ports of the packets
 (RFC 8972 §3): two senders that use the same SSID are two sessions. The adapter names
 the flow of every packet with a hashable ``flow`` key (its addresses and ports); each
-configured session keeps, per flow, the state RFC 8762 and RFC 8972 ask for: the
+configured session keeps, per SSID and flow (the default session answers many SSIDs),
+the state RFC 8762 and RFC 8972 ask for: the
 stateful Seq counter, the Direct Measurement counters (RFC 8972 §4.5) and the transmit
 time of the last reply (Follow-Up Telemetry, §4.7). At most ``MAX_FLOWS`` flows are kept
 per session; past that the oldest flow is forgotten (its counters start again from 0).
@@ -361,7 +362,7 @@ class Reflector:
             if sess is None or sess.config.key is not None:
                 self._drop(None, DropReason.NO_SESSION)
                 return None
-        state = sess.flow(flow)
+        state = sess.flow((ssid, flow))
         state.received += 1
         if not ee & 0xFF:
             self._drop(sess, DropReason.MULTIPLIER_ZERO)
@@ -453,9 +454,9 @@ class Reflector:
         if not stamp_auth.verify(data, key):
             self._drop(sess, DropReason.HMAC_FAILED)
             return None
-        state = sess.flow(flow)
-        state.received += 1
         seq, ts, ee, ssid = _SENDER_AUTH.unpack_from(data)
+        state = sess.flow((ssid, flow))
+        state.received += 1
         if not ee & 0xFF:
             self._drop(sess, DropReason.MULTIPLIER_ZERO)
             return None
