@@ -352,13 +352,15 @@ class SenderSession:
         )
 
     def claims(self, data: bytes) -> bool:
-        """Whether reply ``data`` answers a packet of this session, by its Seq and T1
-        alone (for an adapter that must place a reply whose SSID is 0)."""
+        """Whether reply ``data`` answers a packet of this session still waiting for its
+        reply, by its Seq and T1 alone (for an adapter that must place a reply whose SSID
+        is 0). A repeat of a reply already matched is not claimed: without the SSID and
+        with T1 no longer kept, another session that sent the same Seq could own it."""
         try:
             pkt = wire.decode_reflector(data, authenticated=self.config.authenticated)
             t1 = self._outstanding.get(pkt.sender_seq)
             if t1 is None:
-                return pkt.sender_seq in self._answered
+                return False
             echoed = self._to_utc(pkt.sender_timestamp, pkt.sender_error_estimate.fmt)
         except WireError:
             return False
