@@ -2,9 +2,10 @@
 
 A ``MemoryNetwork`` delivers what one plane sends to the plane bound to the destination
 address and port, instantly, with a fixed Hop Limit; ``fileno`` is a pipe that polls
-readable while datagrams wait. It is the in-memory backend a test suite wants: engines
-and agents run unchanged on it, with no root and no sockets. Addresses of either family;
-the Traffic Class given to ``send`` arrives as the datagram's ``tclass``.
+readable while datagrams wait. It is the in-memory backend a test suite wants
+(docs/architecture.md, "Adapters and registries"): engines and agents run unchanged on
+it, with no root and no sockets. Addresses of either family; the Traffic Class given to
+``send`` arrives as the datagram's ``tclass``.
 """
 
 from __future__ import annotations
