@@ -137,6 +137,8 @@ def _run_reflector(args: argparse.Namespace) -> int:
     c = reflector.counters
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
+    if c.integrity_failed:  # answered without acting on their TLVs (RFC 8972 §4.8)
+        print(f"HMAC TLV failures: {c.integrity_failed}", file=sys.stderr)
     if kernel:  # packets the plane answered or dropped itself (xdp), never seen above
         handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
         print(f"{args.dataplane} data plane: {handled}", file=sys.stderr)

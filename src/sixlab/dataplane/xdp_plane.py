@@ -305,6 +305,9 @@ def _detach_ours(ifindex: int) -> list[int]:
 class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
 
+    #: Replies of the user-space path leave by the socket plane, which sets it.
+    sets_tclass = True
+
     def __init__(
         self,
         config: DataplaneConfig,
