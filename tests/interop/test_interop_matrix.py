@@ -223,12 +223,20 @@ def test_tshark_decodes_sixlab_sessions(
             rplane, Reflector(ReflectorSessionConfig(ssid=None, key=key, fmt=fmt))
         )
         sender = SenderEngine(splane)
-        cfg = SenderConfig(ssid=3, interval_ns=10**7, count=COUNT, fmt=fmt, key=key, tlvs=tlvs)
+        cfg = SenderConfig(
+            ssid=3,
+            interval_ns=10**7,
+            count=COUNT,
+            fmt=fmt,
+            key=key,
+            tlvs=tlvs,
+            loss_timeout_ns=5 * 10**9,  # a loaded CI machine: no reply declared lost early
+        )
         sender.add_session(SenderSessionSpec(cfg, source, port))
         reflector.start()
         sender.start()
         sender.start_session(3)
-        assert sender.wait_finished(3, 10)
+        assert sender.wait_finished(3, 20)
         records = {r.seq: r for r in sender.results(3)}
         sender.shutdown()
         reflector.shutdown()

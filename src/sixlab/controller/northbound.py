@@ -203,11 +203,12 @@ def _agent_address(text: str) -> str:
     return text
 
 
-def _v6(name: str, text: str) -> None:
+def _ip(name: str, text: str) -> None:
+    """An IPv4 or IPv6 address (STAMP runs over both)."""
     try:
-        ipaddress.IPv6Address(text)
+        ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def node_to_proto(row: NodeRow) -> pb.Node:
@@ -370,7 +371,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         if port is not None and port > 0xFFFF:
             raise _invalid(f"port: {port} is not a UDP port (0..65535)")
         if request.source:
-            _v6("source", request.source)
+            _ip("source", request.source)
         bound = self.controller.init_node(
             request.name,
             dataplane=request.dataplane,
