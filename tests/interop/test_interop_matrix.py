@@ -17,11 +17,13 @@ what each decoder lacks.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from ipaddress import ip_address
@@ -300,3 +302,45 @@ def _tshark_time_ns(text: str) -> int:
     stamp, frac = text.removesuffix(" UTC").rsplit(".", 1)
     whole = datetime.datetime.strptime(stamp, "%b %d, %Y %H:%M:%S").replace(tzinfo=datetime.UTC)
     return int(whole.timestamp()) * 10**9 + int(frac.ljust(9, "0")[:9])
+
+
+# ------------------------------------------------------------ the CLI, as a user sees it
+
+
+def _cli_sender(address: str, port: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sixlab",
+            "stamp",
+            "sender",
+            address,
+            "--port",
+            str(port),
+            "--count",
+            "5",
+            "--interval",
+            "0.01",
+            "--timeout",
+            "0.5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("address", ADDRESSES, ids=_ids)
+def test_cli_sender_reports_an_rfc8762_only_reflector(address: str) -> None:
+    with ScapyReflector(address) as peer:
+        doc = json.loads(_cli_sender(address, peer.port, "--json").stdout)
+        text = _cli_sender(address, peer.port)
+        strict = _cli_sender(address, peer.port, "--strict-ssid")
+    assert (doc["received"], doc["reflector_ssid_zero"], doc["ssid_zero_replies"]) == (5, True, 5)
+    assert text.returncode == 0
+    assert "reflector_ssid_zero: 5 replies had SSID 0" in text.stdout
+    assert strict.returncode == 1  # nothing received
+    assert "5 replies had SSID 0 (an RFC 8762-only reflector) and were refused" in strict.stdout
