@@ -425,6 +425,8 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "loss_ratio": s.loss_ratio,
         "forward_lost": s.forward_lost,
         "backward_lost": s.backward_lost,
+        "unclassified_lost": s.unclassified_lost,
+        "reflector_ssid_zero": s.ssid_zero > 0,
         "max_error_bound_ns": s.max_error_bound_ns,
     }
 
@@ -601,7 +603,8 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
     )
     split = ""
     if s.forward_lost is not None and s.backward_lost is not None:
-        split = f" (forward {s.forward_lost}, backward {s.backward_lost})"
+        split = f" (forward {s.forward_lost}, backward {s.backward_lost}"
+        split += f", not yet placed {s.unclassified_lost})" if s.unclassified_lost else ")"
     bound = (
         "" if s.max_error_bound_ns is None else f"; error bound <= {_ms(s.max_error_bound_ns)} ms"
     )
@@ -609,3 +612,8 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
         f"sent {s.sent}, received {s.received}, lost {s.lost}{split}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
+    if s.ssid_zero:
+        print(
+            f"reflector_ssid_zero: {s.ssid_zero} replies had SSID 0: the reflector implements "
+            "RFC 8762 but not RFC 8972"
+        )

@@ -478,7 +478,16 @@ class Controller:
             counters.forward_lost if counters.HasField("forward_lost") else None,
             counters.overflow,
         )
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch)
+        self.store.store_results(
+            row.id,
+            records,
+            snapshot,
+            epoch=row.epoch,
+            unclassified_lost=(
+                counters.unclassified_lost if counters.HasField("unclassified_lost") else None
+            ),
+            ssid_zero=counters.ssid_zero,
+        )
         self.metrics.observe(row.name, [r for _, r in records])
         self.metrics.set_lost(row.name, self.store.session(row.name).lost)
         return records[-1][0] if records else row.cursor

@@ -454,9 +454,13 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             out.max_error_bound_ns = _u64(stats.max_error_bound_ns)
         if since is None and row.forward_lost is not None:
             # A stateful reflector numbers what it received (RFC 8762 §4.3): the sender
-            # splits its losses; what was not lost forward was lost on the way back.
+            # splits its losses; what was not lost forward was lost on the way back,
+            # except the losses after the last reply, which nothing places yet.
+            unclassified = row.unclassified_lost or 0
             out.forward_lost = row.forward_lost
-            out.backward_lost = max(row.lost - row.forward_lost, 0)
+            out.backward_lost = max(row.lost - row.forward_lost - unclassified, 0)
+            out.unclassified_lost = unclassified
+        out.ssid_zero = row.ssid_zero
         return out
 
 

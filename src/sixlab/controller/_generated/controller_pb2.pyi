@@ -895,6 +895,8 @@ class GetPathStatsReply(_message.Message):
     BACKWARD_LOST_FIELD_NUMBER: _builtins.int
     MAX_ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
+    UNCLASSIFIED_LOST_FIELD_NUMBER: _builtins.int
+    SSID_ZERO_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -903,11 +905,18 @@ class GetPathStatsReply(_message.Message):
     loss_ratio: _builtins.float
     """lost / (received + lost); 0 when nothing is known."""
     forward_lost: _builtins.int
-    """With a stateful reflector: lost on the way there and on the way back."""
+    """With a stateful reflector: lost on the way there and on the way back, and lost
+    after the last reply (not placed until a later reply arrives).
+    """
     backward_lost: _builtins.int
     max_error_bound_ns: _builtins.int
     """Largest error bound of any stored result (absent: none stored)."""
     sent: _builtins.int
+    unclassified_lost: _builtins.int
+    ssid_zero: _builtins.int
+    """Replies with SSID 0 (the reflector implements RFC 8762 but not RFC 8972), this
+    epoch; accepted unless the session is strict_ssid.
+    """
     @_builtins.property
     def direct_delay(self) -> Global___DelaySummary:
         """Absent while no result is stored."""
@@ -931,10 +940,12 @@ class GetPathStatsReply(_message.Message):
         backward_lost: _builtins.int | None = ...,
         max_error_bound_ns: _builtins.int | None = ...,
         sent: _builtins.int = ...,
+        unclassified_lost: _builtins.int | None = ...,
+        ssid_zero: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent", "ssid_zero", b"ssid_zero", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
@@ -946,6 +957,8 @@ class GetPathStatsReply(_message.Message):
     _WhichOneofArgType__max_error_bound_ns: _TypeAlias = _typing.Literal["_max_error_bound_ns", b"_max_error_bound_ns"]  # noqa: Y015
     _WhichOneofReturnType__return_jitter_ns: _TypeAlias = _typing.Literal["return_jitter_ns"]  # noqa: Y015
     _WhichOneofArgType__return_jitter_ns: _TypeAlias = _typing.Literal["_return_jitter_ns", b"_return_jitter_ns"]  # noqa: Y015
+    _WhichOneofReturnType__unclassified_lost: _TypeAlias = _typing.Literal["unclassified_lost"]  # noqa: Y015
+    _WhichOneofArgType__unclassified_lost: _TypeAlias = _typing.Literal["_unclassified_lost", b"_unclassified_lost"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
     @_typing.overload
@@ -956,5 +969,7 @@ class GetPathStatsReply(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_error_bound_ns) -> _WhichOneofReturnType__max_error_bound_ns | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__return_jitter_ns) -> _WhichOneofReturnType__return_jitter_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___GetPathStatsReply: _TypeAlias = GetPathStatsReply  # noqa: Y015
