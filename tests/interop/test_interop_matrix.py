@@ -35,7 +35,7 @@ from scapy.fields import RawVal
 
 from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
-from sixlab.stamp._events import DropReason
+from sixlab.stamp import DropReason
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.wire import stamp_tlv as t

@@ -11,7 +11,7 @@ from ipaddress import IPv6Address
 import pytest
 
 from sixlab.stamp import _events as ev
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError
+from sixlab.stamp._events import DropReason, SessionConfigError, SessionStateError
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -245,7 +245,7 @@ def test_timer_covers_loss_deadlines() -> None:
 )
 def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"ssid": 1, **kwargs}
-    with pytest.raises(ConfigError, match=rf"\b{field}\b") as info:
+    with pytest.raises(SessionConfigError, match=rf"\b{field}\b") as info:
         SenderConfig(**args)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
 
@@ -570,7 +570,7 @@ def test_configured_hmac_tlv_is_replaced_and_padding_only_needs_none() -> None:
 
 
 def test_malformed_tlvs_are_refused_in_authenticated_mode() -> None:
-    with pytest.raises(ConfigError, match="tlvs"):
+    with pytest.raises(SessionConfigError, match="tlvs"):
         SenderConfig(ssid=9, key=KEY, tlvs=b"\x80\x01\x00\x09")
 
 

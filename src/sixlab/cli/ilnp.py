@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +25,8 @@ __all__ = ["add_parsers", "main"]
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp import POLICIES, STORES  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415
 
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
@@ -44,8 +44,8 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--interface", action="append", required=True, help="link to serve (repeatable)"
     )
-    host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
-    host.add_argument("--store", choices=["hash", "linear"], default="hash")
+    host.add_argument("--policy", choices=POLICIES.names(), default="socket")
+    host.add_argument("--store", choices=STORES.names(), default="hash")
     host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
     host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
@@ -101,11 +101,9 @@ def _positive(text: str) -> int:
 
 
 def _host(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
+    from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
-    from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
-    from sixlab.linux.errors import LinuxError  # noqa: PLC0415
 
     try:
         check_locator_set(args.locator)
@@ -132,15 +130,15 @@ def _host(args: argparse.Namespace) -> int:
 
     try:
         return run_daemon(config, announce=announce)
-    except (IlnpError, ResolveError, LinuxError, OSError, subprocess.SubprocessError) as exc:
-        # What the host cannot provide (an interface, a readable hosts file, root for
-        # the TUN device, nft...): one line, no traceback.
+    except IlnpError as exc:
+        # A setting that cannot work, or what the host cannot provide (an interface, a
+        # readable hosts file, root for the TUN device, nft...): one line, no traceback.
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 1
 
 
 def _query(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
+    from sixlab.ilnp import IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:
@@ -148,7 +146,7 @@ def _query(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
         return 1
-    except ControlError as exc:
+    except IlnpError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:

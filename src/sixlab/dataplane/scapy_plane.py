@@ -40,7 +40,6 @@ from sixlab.dataplane.base import (
     IPAddress,
     Received,
     full_path,
-    register,
     require_ipv6,
 )
 from sixlab.wire.checksum import checksum_adjust
@@ -58,8 +57,8 @@ _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _MAX_PACKET = 9000
 
 
-@register("scapy")
 class ScapyDataplane(Dataplane):
+    name = "scapy"
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _drop: _filters.KernelDrop | None = None

@@ -36,14 +36,7 @@ import struct
 from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv6Address
 
-from sixlab.dataplane.base import (
-    Dataplane,
-    DataplaneError,
-    IPAddress,
-    Received,
-    full_path,
-    register,
-)
+from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received, full_path
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 
@@ -86,8 +79,8 @@ def _unmap(packed: bytes) -> bytes:
     return packed[12:] if len(packed) == 16 and packed[:12] == _V4_MAPPED else packed
 
 
-@register("socket")
 class SocketDataplane(Dataplane):
+    name = "socket"
     sets_tclass = True
     _sock: socket.socket | None = None
     _family: socket.AddressFamily = socket.AF_INET6

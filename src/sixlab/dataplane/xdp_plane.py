@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import errno
 import functools
 import os
 import select
@@ -79,7 +80,6 @@ from sixlab.dataplane.base import (
     DataplaneError,
     IPAddress,
     Received,
-    register,
     require_ipv6,
 )
 from sixlab.dataplane.udpsocket import SocketDataplane
@@ -301,10 +301,10 @@ def _detach_ours(ifindex: int) -> list[int]:
     return gone
 
 
-@register("xdp")
 class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
 
+    name = "xdp"
     #: Replies of the user-space path leave by the socket plane, which sets it.
     sets_tclass = True
 
@@ -437,7 +437,7 @@ class XdpDataplane(Dataplane):
             try:
                 libbpf.xdp_attach(self.ifindex, prog.fd, flags)
             except libbpf.LibbpfError as exc:
-                if exc.errno == 16:  # EBUSY: someone else's XDP program is there
+                if exc.errno == errno.EBUSY:  # someone else's XDP program is there
                     raise DataplaneError(
                         f"xdp: {self.config.interface} already has an XDP program that is "
                         "not sixlab's; detach it first (`ip link set dev IF xdp off`)"
