@@ -246,3 +246,53 @@ def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     assert store.record_ids(sid) == []
     assert store.count_results(sid) == 0
     assert store.session("p").cursor == 0
+
+
+def test_unclassified_loss_and_ssid_zero_are_stored(store: Store) -> None:
+    row = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=1)
+    assert (row.unclassified_lost, row.ssid_zero) == (None, 0)
+    store.store_results(row.id, [(1, _r(0))], (10, 4, 1, 0), unclassified_lost=2, ssid_zero=7)
+    row = store.session("p")
+    assert (row.lost, row.forward_lost, row.unclassified_lost, row.ssid_zero) == (4, 1, 2, 7)
+
+
+def test_unplaced_losses_of_an_ended_epoch_stay_unplaced(store: Store) -> None:
+    """A sender agent that restarted can no longer place its earlier run's losses after
+    the last reply: they stay unclassified rather than turn into backward loss."""
+    row = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=1)
+    store.begin_epoch("p", 1)
+    store.store_results(row.id, [], (10, 4, 1, 0), unclassified_lost=2, ssid_zero=1)
+    store.begin_epoch("p", 2, reason="sender-lost")
+    store.store_results(row.id, [], (5, 1, 0, 0), epoch=1, unclassified_lost=1, ssid_zero=1)
+    row = store.session("p")
+    assert (row.lost, row.forward_lost, row.unclassified_lost, row.ssid_zero) == (5, 1, 3, 2)
+
+
+@pytest.mark.parametrize("had_columns", [False, True])
+def test_a_database_made_before_the_new_columns_gets_them(
+    tmp_path: Path, had_columns: bool
+) -> None:
+    """A version-0 file, with or without the loss columns (added to version 0 before the
+    schema had a version), opens with them and keeps what they held."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
+        if had_columns:
+            db.execute("ALTER TABLE sessions ADD COLUMN unclassified_lost INTEGER")
+            db.execute("ALTER TABLE sessions ADD COLUMN ssid_zero INTEGER NOT NULL DEFAULT 0")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('s', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('r', 'h:2', 'reflector')")
+        db.execute(
+            "INSERT INTO sessions (name, ssid, sender, reflector, params, state, created_ns)"
+            " VALUES ('p', 1, 's', 'r', '{}', 'created', 5)"
+        )
+        if had_columns:
+            db.execute("UPDATE sessions SET unclassified_lost=3, ssid_zero=4")
+    s = Store(path)
+    row = s.session("p")
+    assert (row.name, row.unclassified_lost, row.ssid_zero) == (
+        ("p", 3, 4) if had_columns else ("p", None, 0)
+    )
+    s.store_results(row.id, [], (3, 1, 0, 0), unclassified_lost=1, ssid_zero=2)
+    assert (s.session("p").unclassified_lost, s.session("p").ssid_zero) == (1, 2)
+    s.close()

@@ -159,13 +159,17 @@ class SessionSpec:
     stateful: bool = False
     loss_timeout_ns: int = 2_000_000_000
     collect: str = CollectMode.POLL
+    #: Refuse replies with SSID 0 (an RFC 8762-only reflector); accepted by default.
+    strict_ssid: bool = False
 
     def validate(self) -> None:
         if not self.name:
             raise ControllerError("name: a session needs a name")
-        _v6("reflector_address", self.reflector_address)
-        if self.source_address:
-            _v6("source_address", self.source_address)
+        family = _ip("reflector_address", self.reflector_address)
+        if self.source_address and _ip("source_address", self.source_address) != family:
+            raise ControllerError("source_address: not of the reflector_address's family")
+        if family == 4 and (self.segments or self.return_segments):
+            raise ControllerError("segments: SRv6 needs an IPv6 reflector_address")
         for sid in self.segments:
             _v6("segments", sid)
         for sid in self.return_segments:
@@ -184,6 +188,14 @@ class SessionSpec:
             bytes.fromhex(self.key_hex)
         except ValueError:
             raise ControllerError("key_hex: not hexadecimal") from None
+
+
+def _ip(label: str, text: str) -> int:
+    """The IP version of an IPv4 or IPv6 address (STAMP runs over both)."""
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        raise ControllerError(f"{label}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def _v6(label: str, text: str) -> None:
@@ -302,6 +314,8 @@ def _batch(
             counters.schedule_skipped,
             counters.schedule_late_ns_total,
             counters.schedule_late_ns_max,
+            counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
+            counters.ssid_zero,
         ),
     )
 
@@ -637,6 +651,7 @@ class Controller:
                     stateful_reflector=spec.stateful,
                     return_sid_list=spec.return_segments if spec.return_path_tlv else (),
                     loss_timeout_ns=spec.loss_timeout_ns,
+                    strict_ssid=spec.strict_ssid,
                 ),
             )
         except SouthboundError:
@@ -645,9 +660,16 @@ class Controller:
             raise
 
     def _spec(self, row: SessionRow) -> SessionSpec:
-        params = dict(row.params)
+        """The session's spec as created (fields a row lacks take their defaults)."""
+        params: dict[str, Any] = {
+            "name": row.name,
+            "sender": row.sender,
+            "reflector": row.reflector,
+            "reflector_address": "",
+        }
+        params.update(row.params)
         for key in ("segments", "return_segments"):
-            params[key] = tuple(params[key])
+            params[key] = tuple(params.get(key, ()))
         return SessionSpec(**params)
 
     def start_session(self, name: str) -> None:

@@ -80,7 +80,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     lost        INTEGER NOT NULL DEFAULT 0,
     forward_lost INTEGER,
     overflow    INTEGER NOT NULL DEFAULT 0,
-    created_ns  INTEGER NOT NULL
+    created_ns  INTEGER NOT NULL,
+    unclassified_lost INTEGER,          -- lost after the last reply, not placed (sum of epochs)
+    ssid_zero   INTEGER NOT NULL DEFAULT 0  -- replies with SSID 0, RFC 8762-only (sum of epochs)
 );
 CREATE TABLE IF NOT EXISTS results (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
@@ -114,6 +116,8 @@ CREATE TABLE IF NOT EXISTS epochs (
     late_ns_total INTEGER NOT NULL DEFAULT 0,  -- how late its packets left their slots
     late_ns_max INTEGER NOT NULL DEFAULT 0,
     received    INTEGER NOT NULL DEFAULT 0,  -- results stored for this epoch
+    unclassified_lost INTEGER,          -- lost after its last reply, never placed if it ended
+    ssid_zero   INTEGER NOT NULL DEFAULT 0,  -- replies with SSID 0 (RFC 8762-only reflector)
     PRIMARY KEY (session_id, epoch)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
@@ -125,7 +129,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE sta
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
     "SELECT id, name, ssid, sender, reflector, params, state, epoch, cursor, sent, lost,"
-    " forward_lost, overflow, created_ns FROM sessions"
+    " forward_lost, overflow, created_ns, unclassified_lost, ssid_zero FROM sessions"
 )
 _SELECT_NODES = (
     "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
@@ -190,6 +194,11 @@ class SessionRow:
     forward_lost: int | None
     overflow: int
     created_ns: int
+    #: Losses after the last reply, not placed forward or backward (stateful reflector;
+    #: summed over the epochs: an ended epoch's stay unplaced for good).
+    unclassified_lost: int | None = None
+    #: Replies with SSID 0 (all epochs): the reflector implements RFC 8762 only.
+    ssid_zero: int = 0
 
 
 class Counters(NamedTuple):
@@ -203,6 +212,10 @@ class Counters(NamedTuple):
     skipped: int = 0
     late_ns_total: int = 0
     late_ns_max: int = 0
+    #: Stateful reflector: lost after the last reply, not placed yet (None: stateless).
+    unclassified_lost: int | None = None
+    #: Replies with SSID 0 (the reflector implements RFC 8762 but not RFC 8972).
+    ssid_zero: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,17 +502,24 @@ class Store:
         *,
         epoch: int = 0,
         now_ns: int | None = None,
+        unclassified_lost: int | None = None,
+        ssid_zero: int | None = None,
     ) -> int:
         """Insert records (agent id, result) and advance the cursor, atomically.
 
         ``counters`` is the agent's snapshot for this epoch (``Counters``, or its first
         four fields), read at ``now_ns``; the session's totals are the sums over epochs.
+        ``unclassified_lost`` and ``ssid_zero``, if given, replace the snapshot's.
         Returns how many rows were new. Raises StaleEpochError, storing nothing, if the
         session is no longer in ``epoch`` (records of the agent's earlier session must not
         land in the new epoch, nor its counters overwrite the new totals) or was
         destroyed.
         """
         c = None if counters is None else Counters(*counters)
+        if c is not None and unclassified_lost is not None:
+            c = c._replace(unclassified_lost=unclassified_lost)
+        if c is not None and ssid_zero is not None:
+            c = c._replace(ssid_zero=ssid_zero)
         with self._transaction() as db:
             return _store(db, ResultBatch(session_id, epoch, records, c), now_ns)
 
@@ -587,6 +607,8 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         forward_lost=r[11],
         overflow=r[12],
         created_ns=r[13],
+        unclassified_lost=r[14],
+        ssid_zero=r[15],
     )
 
 
@@ -644,19 +666,21 @@ def _store(db: sqlite3.Connection, batch: ResultBatch, now_ns: int | None) -> in
         c = counters
         db.execute(
             "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-            " overflow, seen_ns, skipped, late_ns_total, late_ns_max)"
-            " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?)"
+            " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
+            " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
             " lost=excluded.lost, forward_lost=excluded.forward_lost,"
             " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
             " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
-            " late_ns_max=excluded.late_ns_max",
+            " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
+            " ssid_zero=excluded.ssid_zero",
             (session_id, epoch, now_ns, *c[:4], now_ns, *c[4:]),
         )
         db.execute(
-            "UPDATE sessions SET (sent, lost, forward_lost, overflow) = (SELECT"
-            " SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow) FROM epochs"
-            " WHERE session_id=?) WHERE id=?",
+            "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
+            " ssid_zero) = (SELECT SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow),"
+            " SUM(unclassified_lost), SUM(ssid_zero) FROM epochs WHERE session_id=?)"
+            " WHERE id=?",
             (session_id, session_id),
         )
     return new
