@@ -16,7 +16,7 @@ from sixlab.controller.core import (
     SessionSpec,
     WrongStateError,
 )
-from sixlab.controller.store import NotFoundError, Store
+from sixlab.controller.store import NotFoundError, SqliteStore
 from sixlab.southbound.agent import AgentServer, serve
 
 MS = 1_000_000
@@ -47,7 +47,7 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
 
 
 def _controller(agents: Agents, db: Path, *, init: bool = True) -> Controller:
-    c = Controller(Store(db), poll_interval_s=0.05)
+    c = Controller(SqliteStore(db), poll_interval_s=0.05)
     if init:
         c.register_node("s", agents.sender_addr, "sender")
         c.register_node("r", agents.reflector_addr, "reflector")
@@ -137,7 +137,7 @@ def test_controller_restart_mid_session_no_gap_no_duplicate(agents: Agents, tmp_
     stored_before = len(c1.store.results(c1.store.session("p").id))
     assert 0 < stored_before < 150
     time.sleep(0.4)  # results pile up on the agent meanwhile
-    c2 = Controller(Store(db), poll_interval_s=0.05)
+    c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
     try:
         assert c2.resume() == ["p"]
         assert c2.wait_finished("p", 20)
@@ -169,7 +169,7 @@ def test_kill_between_read_and_store_loses_nothing(agents: Agents, tmp_path: Pat
     while calls["n"] < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     c1.close()
-    c2 = Controller(Store(db), poll_interval_s=0.05)
+    c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
     try:
         c2.resume()
         assert c2.wait_finished("p", 20)

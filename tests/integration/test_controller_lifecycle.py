@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from sixlab.controller.client import ControllerClient
 from sixlab.controller.core import Controller, SessionExistsError, SessionSpec
 from sixlab.controller.northbound import serve_controller
-from sixlab.controller.store import Store
+from sixlab.controller.store import SqliteStore
 from sixlab.southbound.client import AgentClient
 
 MS = 1_000_000
@@ -89,7 +89,7 @@ class Lab:
     def controller(self, db: str = "c.db", **kw: float | None) -> Controller:
         kw.setdefault("poll_interval_s", 0.05)
         kw.setdefault("supervise_interval_s", 0.2)
-        return Controller(Store(self.tmp / db), **kw)  # type: ignore[arg-type]
+        return Controller(SqliteStore(self.tmp / db), **kw)  # type: ignore[arg-type]
 
     def setup(self, c: Controller) -> None:
         c.register_node("s", self.sender.address, "sender")

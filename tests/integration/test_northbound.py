@@ -28,7 +28,7 @@ from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.client import ControllerClient, NorthboundError
 from sixlab.controller.core import Controller, SessionSpec
 from sixlab.controller.northbound import ControllerServer, serve_controller
-from sixlab.controller.store import Store
+from sixlab.controller.store import SqliteStore
 from sixlab.southbound.agent import AgentServer, serve
 from sixlab.southbound.client import AgentClient
 
@@ -81,7 +81,7 @@ class Northbound:
 def _northbound(tmp: Path, supervise_interval_s: float | None = 1.0) -> Northbound:
     address = f"unix:{tmp}/controller.sock"
     controller = Controller(
-        Store(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s
+        SqliteStore(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s
     )
     server = serve_controller(address, controller)
     return Northbound(controller, server, ControllerClient(address, timeout=15), address)
@@ -567,7 +567,7 @@ def test_sigkill_mid_session_resumes_without_gap_or_duplicate(
         assert proc.wait(15) == 0
         assert proc.stdout is not None
         proc.stdout.close()
-    store = Store(db)
+    store = SqliteStore(db)
     try:
         ids = store.record_ids(store.session("p").id)
         assert ids == [(0, i) for i in range(1, count + 1)]  # agent ids 1..N once each

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from sixlab.controller.core import Controller, SessionSpec
-from sixlab.controller.store import Store
+from sixlab.controller.store import SqliteStore
 from sixlab.dataplane.xdp_plane import attach_xdp_pass
 from sixlab.southbound.client import AgentClient, result_from_proto
 from sixlab.stamp._events import StampResult
@@ -302,7 +302,7 @@ def test_controller_drives_xdp_agents(xdp_testbed: SRv6TwoPaths, tmp_path: Path)
         _agent(tb, "reflector", tmp_path / "r.sock", "socket") as _r,
         _agent(tb, "sender", tmp_path / "s.sock", "socket") as _s,
     ):
-        c = Controller(Store(tmp_path / "c.db"), poll_interval_s=0.05)
+        c = Controller(SqliteStore(tmp_path / "c.db"), poll_interval_s=0.05)
         try:
             c.register_node("s", f"unix:{tmp_path / 's.sock'}", "sender")
             c.register_node("r", f"unix:{tmp_path / 'r.sock'}", "reflector")

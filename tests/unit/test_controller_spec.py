@@ -11,7 +11,7 @@ from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller.core import Controller, ControllerError, SessionSpec
 from sixlab.controller.northbound import ControllerServicer
 from sixlab.controller.northbound import _spec as spec_from_proto
-from sixlab.controller.store import Store
+from sixlab.controller.store import SqliteStore
 
 
 def spec(**kw: object) -> SessionSpec:
@@ -53,7 +53,7 @@ def test_strict_ssid_comes_from_the_request() -> None:
 
 
 def test_path_stats_do_not_count_unclassified_loss_as_backward(tmp_path: Path) -> None:
-    store = Store(tmp_path / "c.sqlite")
+    store = SqliteStore(tmp_path / "c.sqlite")
     store.add_node("s", "127.0.0.1:1", "sender")
     store.add_node("r", "127.0.0.1:2", "reflector")
     row = store.add_session("p", 1, sender="s", reflector="r", params={}, now_ns=1)

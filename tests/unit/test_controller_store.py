@@ -1,10 +1,12 @@
-"""The controller's SQLite store: validation, exactly-once results, restart safety."""
+"""Both stores (SQLite, PostgreSQL): validation, exactly-once results, restart safety."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from sixlab.controller.store import (
@@ -12,9 +14,11 @@ from sixlab.controller.store import (
     AlreadyExistsError,
     InUseError,
     NotFoundError,
+    SqliteStore,
     StaleEpochError,
     Store,
     StoreError,
+    open_store,
 )
 from sixlab.stamp._events import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -25,15 +29,21 @@ def _r(seq: int) -> StampResult:
     return StampResult(0, seq, 100 + seq, 200 + seq, 250 + seq, 400 + seq, ee, ee, 62, seq)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "c.sqlite")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every test here runs on both stores (PostgreSQL: the lab's real server)."""
+    if request.param == "sqlite":
+        s = open_store(tmp_path / "c.sqlite")
+    else:
+        s = open_store(request.getfixturevalue("pg_url"))
     s.add_node("s1", "127.0.0.1:5001", "sender")
     s.add_node("r1", "127.0.0.1:5002", "reflector")
-    return s
+    yield s
+    s.close()
 
 
-def test_wal_mode(store: Store) -> None:
+def test_wal_mode(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "c.sqlite")
     with sqlite3.connect(store.path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -198,7 +208,7 @@ def test_migrates_a_version_0_file(tmp_path: Path) -> None:
             " 1, 7);"
             "INSERT INTO results VALUES (1, 1, 1, 0, 100, 200, 250, 400, 0, 0, 62, 0);"
         )
-    store = Store(path)
+    store = SqliteStore(path)
     node = store.node("s1")
     assert (node.name, node.init, node.agent_epoch, node.restarts) == ("s1", {}, None, 0)
     assert store.observe_agent("s1", 0xFEDCBA9876543210, 5) is False  # first sight
@@ -226,13 +236,13 @@ def test_migrates_a_version_0_file(tmp_path: Path) -> None:
 
 def test_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
-    a = Store(path)
+    a = SqliteStore(path)
     a.add_node("s1", "h:1", "sender")
     a.add_node("r1", "h:2", "reflector")
     sid = a.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
     a.store_results(sid, [(1, _r(0))])
     a.close()
-    b = Store(path)
+    b = SqliteStore(path)
     assert b.session("p").cursor == 1
     assert len(b.results(sid)) == 1
 
@@ -241,7 +251,7 @@ def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
     bad = _r(0)
     object.__setattr__(bad, "t1_ns", None)  # NOT NULL violated
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.IntegrityError)):
         store.store_results(sid, [(1, _r(5)), (2, bad)])
     assert store.record_ids(sid) == []
     assert store.count_results(sid) == 0
@@ -288,7 +298,7 @@ def test_a_database_made_before_the_new_columns_gets_them(
         )
         if had_columns:
             db.execute("UPDATE sessions SET unclassified_lost=3, ssid_zero=4")
-    s = Store(path)
+    s = SqliteStore(path)
     row = s.session("p")
     assert (row.name, row.unclassified_lost, row.ssid_zero) == (
         ("p", 3, 4) if had_columns else ("p", None, 0)

@@ -71,6 +71,10 @@ PROG = "sixlab controller"
 NS_PER_S = 1_000_000_000
 #: Seconds between polls of a sender's results (the controller's --poll-interval).
 DEFAULT_POLL_INTERVAL_S = 0.5
+#: A dead replica's nodes are taken over after this long (s).
+DEFAULT_LEASE_TTL_S = 5.0
+#: Seconds between roll-up and retention passes.
+DEFAULT_HOUSEKEEPING_S = 60.0
 #: Prometheus exporters listen on loopback unless told otherwise.
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -130,7 +134,46 @@ def add_parsers(sub: Any) -> None:
     cmds = group.add_subparsers(dest="controller_command", required=True, metavar="COMMAND")
 
     serve = cmds.add_parser("serve", help="run the controller (northbound gRPC, metrics)")
-    serve.add_argument("--db", type=Path, required=True, help="SQLite store (created if missing)")
+    serve.add_argument(
+        "--db",
+        required=True,
+        help="the store: a SQLite file (created if missing) or a postgresql://… URL (a database"
+        " several replicas may share)",
+    )
+    serve.add_argument(
+        "--replica",
+        metavar="NAME",
+        help="run as one of several replicas on one PostgreSQL database, under this unique"
+        " name: each takes a fair share of the nodes by lease, and takes over those of a"
+        " replica that dies",
+    )
+    serve.add_argument(
+        "--lease-ttl",
+        metavar="S",
+        type=_seconds,
+        default=DEFAULT_LEASE_TTL_S,
+        help=f"with --replica: a dead replica's nodes are taken over after this long"
+        f" (default {DEFAULT_LEASE_TTL_S:g})",
+    )
+    serve.add_argument(
+        "--retention",
+        metavar="S",
+        type=_seconds,
+        help="keep raw results this long (default: for ever); per-minute rollups stay",
+    )
+    serve.add_argument(
+        "--rollup-retention",
+        metavar="S",
+        type=_seconds,
+        help="keep per-minute rollups this long (default: for ever)",
+    )
+    serve.add_argument(
+        "--housekeeping-interval",
+        metavar="S",
+        type=_seconds,
+        default=DEFAULT_HOUSEKEEPING_S,
+        help=f"seconds between roll-up and retention passes (default {DEFAULT_HOUSEKEEPING_S:g})",
+    )
     serve.add_argument(
         "--grpc",
         metavar="ADDR",
@@ -284,9 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad store or address."""
     from sixlab.controller.core import Controller  # noqa: PLC0415 - clients skip these
+    from sixlab.controller.housekeeping import Housekeeper, Retention  # noqa: PLC0415
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
     from sixlab.controller.northbound import serve_controller  # noqa: PLC0415
-    from sixlab.controller.store import Store  # noqa: PLC0415
+    from sixlab.controller.replica import ReplicaManager  # noqa: PLC0415
+    from sixlab.controller.store import StoreError, open_store  # noqa: PLC0415
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -301,13 +346,33 @@ def run_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"{PROG}: cannot create {socket_path.parent}: {exc.strerror}", file=sys.stderr)
             return 2
+    retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
     try:
-        store = Store(args.db)
-    except (OSError, sqlite3.Error) as exc:
+        retention.validate()
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store = open_store(args.db)
+    except (OSError, sqlite3.Error, StoreError) as exc:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)
         return 2
     metrics = ControllerMetrics()
     controller = Controller(store, metrics, poll_interval_s=args.poll_interval)
+    replicas = None
+    if args.replica:
+        try:
+            replicas = ReplicaManager(
+                controller, args.replica, ttl_s=args.lease_ttl, address=address
+            )
+        except ValueError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            controller.close()
+            store.close()
+            return 2
+    housekeeper = Housekeeper(
+        store, retention, owns=replicas.owns if replicas is not None else lambda _n: True
+    )
     server = None
     try:
         server = serve_controller(address, controller)
@@ -323,15 +388,22 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     with StopOnSignal() as stop:
         try:
+            if replicas is not None:
+                replicas.start()
+            housekeeper.start()
             resumed = controller.resume()
             extra = "" if args.metrics is None else f" metrics={args.metrics[0]}:{args.metrics[1]}"
             print(
-                f"controller: grpc={address} db={args.db} resumed={len(resumed)}{extra}",
+                f"controller: grpc={address} db={store.path} resumed={len(resumed)}{extra}"
+                + ("" if replicas is None else f" replica={replicas.id}"),
                 flush=True,
             )
             stop.wait()
         finally:
             server.stop(1.0)
+            housekeeper.close()
+            if replicas is not None:
+                replicas.close()
             controller.close()
             store.close()
             if socket_path is not None:

@@ -248,7 +248,7 @@ def _testbed(
 ) -> tuple[list[_Path], dict[str, list[ev.StampResult]], dict[str, PathStats], Path]:
     from sixlab.controller.core import Controller, SessionSpec  # noqa: PLC0415
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
-    from sixlab.controller.store import Store  # noqa: PLC0415
+    from sixlab.controller.store import open_store  # noqa: PLC0415
     from sixlab.testbed import srv6_two_paths, sweep  # noqa: PLC0415
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +267,7 @@ def _testbed(
         if args.metrics:
             host, _, port = args.metrics.rpartition(":")
             metrics.serve(int(port), host.strip("[]") or "127.0.0.1")
-        controller = Controller(Store(db), metrics, poll_interval_s=0.25)
+        controller = Controller(open_store(db), metrics, poll_interval_s=0.25)
         try:
             controller.register_node("sender", saddr, "sender")
             controller.register_node("reflector", raddr, "reflector")

@@ -2,7 +2,13 @@
 
 - :mod:`sixlab.controller.core`: :class:`Controller`, which creates sessions on agents
   (``sixlab.southbound``) and collects their results.
-- :mod:`sixlab.controller.store`: :class:`Store`, nodes, sessions and results in SQLite.
+- :mod:`sixlab.controller.store`: :class:`Store`, nodes, sessions, results and rollups;
+  :class:`SqliteStore` (the embedded default) and ``pgstore.PostgresStore`` (a database
+  replicas share), chosen by :func:`open_store` from ``--db``.
+- :mod:`sixlab.controller.rollup`: per-minute rollups; :mod:`sixlab.controller.housekeeping`:
+  :class:`Housekeeper`, which rolls results up and applies the :class:`Retention`.
+- :mod:`sixlab.controller.replica`: :class:`ReplicaManager`, replicas sharing the nodes
+  by lease.
 - :mod:`sixlab.controller.metrics`: the Prometheus metrics.
 - :mod:`sixlab.controller.northbound`: the controller's gRPC API (``controller.proto``,
   stubs in ``sixlab.controller._generated``); :mod:`sixlab.controller.client` its
@@ -21,7 +27,9 @@ Errors
      │    ├── NotFoundError         no node or session of that name
      │    ├── AlreadyExistsError    a node or session of that name exists already
      │    ├── InUseError            the node still carries a live session
-     │    └── StaleEpochError       results of an epoch the session has left
+     │    ├── StaleEpochError       results of an epoch the session has left
+     │    ├── ConcurrentPassError   another replica's roll-up pass came first
+     │    └── StoreUnavailableError the database could not be reached
      ├── RequestRefusedError        the northbound server refuses a request (with a code)
      └── NorthboundError            a controller refused our call, or could not be
                                     reached (client side; also a southbound ``RpcError``)
@@ -37,35 +45,48 @@ from sixlab.controller.core import (
     WrongStateError,
 )
 from sixlab.controller.errors import ControllerError
+from sixlab.controller.housekeeping import Housekeeper, Retention
 from sixlab.controller.metrics import ControllerMetrics
 from sixlab.controller.northbound import ControllerServer, RequestRefusedError, serve_controller
+from sixlab.controller.replica import ReplicaManager
 from sixlab.controller.store import (
     AlreadyExistsError,
+    ConcurrentPassError,
     InUseError,
     NotFoundError,
+    SqliteStore,
     StaleEpochError,
     Store,
     StoreError,
+    StoreUnavailableError,
+    open_store,
 )
 
 __all__ = [
     "AlreadyExistsError",
     "CollectMode",
+    "ConcurrentPassError",
     "Controller",
     "ControllerClient",
     "ControllerError",
     "ControllerMetrics",
     "ControllerServer",
+    "Housekeeper",
     "InUseError",
     "NoFreeSsidError",
     "NorthboundError",
     "NotFoundError",
+    "ReplicaManager",
     "RequestRefusedError",
+    "Retention",
     "SessionExistsError",
     "SessionSpec",
+    "SqliteStore",
     "StaleEpochError",
     "Store",
     "StoreError",
+    "StoreUnavailableError",
     "WrongStateError",
+    "open_store",
     "serve_controller",
 ]

@@ -62,6 +62,7 @@ import grpc
 
 from sixlab.controller.errors import ControllerError
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
+from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
     Counters,
     EpochRow,
@@ -78,6 +79,7 @@ from sixlab.southbound.client import (
     SouthboundError,
     result_from_proto,
 )
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
@@ -101,6 +103,8 @@ BATCH = 5000
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
+#: ``stats`` over a range longer than this reads the per-minute rollups (ns).
+RAW_STATS_NS = 3600 * 1_000_000_000
 #: How often the supervisor asks every agent how it is (s).
 SUPERVISE_INTERVAL_S = 1.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
@@ -361,6 +365,11 @@ class Controller:
         self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
         self._closed = False
+        #: ``stats`` over a longer range reads rollups rather than raw results (ns).
+        self.raw_stats_ns = RAW_STATS_NS
+        #: The nodes this controller acts on (supervises; collects, for a sender): all of
+        #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
+        self._owns: Callable[[str], bool] = lambda _node: True
         self._supervisor: threading.Thread | None = None
         self.metrics.bind(self._metric_totals)
         if supervise_interval_s is not None:
@@ -565,6 +574,8 @@ class Controller:
             for node in self.store.nodes():
                 if self._closed:
                     return
+                if not self._owns(node.name):
+                    continue
                 try:
                     self.check_node(node.name)
                 except Exception:
@@ -754,8 +765,13 @@ class Controller:
                 self._finished.wait(min(remaining, 0.1))
 
     def resume(self) -> list[str]:
-        """After a restart: collect again for every session that was being collected."""
-        names = [r.name for r in self.store.sessions() if r.state in ("running", "stopping")]
+        """After a restart: collect again for every session that was being collected
+        (whose sender node this controller owns)."""
+        names = [
+            r.name
+            for r in self.store.sessions()
+            if r.state in ("running", "stopping") and self._owns(r.sender)
+        ]
         for name in names:
             self._start_collector(name)
         return names
@@ -796,7 +812,28 @@ class Controller:
         return Totals(paths, nodes)
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
+        """The path's statistics since ``since_ns`` (None: over its whole life).
+
+        A range longer than ``raw_stats_ns`` (an hour), or one over which raw results
+        were deleted (``Store.expire``), is answered from the per-minute rollups
+        (``sixlab.controller.rollup``: percentiles within 1 %, the range widened to whole
+        minutes) plus the records not rolled up yet; a shorter one from the raw results,
+        exactly.
+        """
         row = self.store.session(name)
+        start = row.created_ns if since_ns is None else since_ns
+        if self.clock() - start > self.raw_stats_ns or self.store.expired(row.id):
+            minutes = [m for _, m in self.store.rollups(row.id, since_ns=since_ns)]
+            if minutes:
+                tail: dict[int, list[tuple[int, StampResult]]] = {}
+                for epoch, rid, r in self.store.unrolled(row.id, since_ns=since_ns):
+                    tail.setdefault(epoch, []).append((rid, r))
+                for recs in tail.values():
+                    rolled, _ = roll_up(recs, None)
+                    for m in rolled.values():
+                        m.lost = 0  # loss is counted by the roll-up passes
+                        minutes.append(m)
+                return merged_stats(minutes, lost=row.lost if since_ns is None else None)
         records = self.store.results(row.id, since_ns=since_ns)
         return path_stats(records, lost=row.lost if since_ns is None else 0)
 
@@ -827,6 +864,8 @@ class Controller:
         """Collect the session's results: a poll loop of its own, or a place on its
         sender's stream (which is reopened, so a new epoch starts from its cursor)."""
         row = self.store.session(name)
+        if not self._owns(row.sender):
+            return  # its owner (another replica) collects it
         with self._lock:
             if self._closed:
                 return
@@ -850,6 +889,47 @@ class Controller:
             )
             self._collectors[name] = col
             col.thread.start()
+
+    # -- ownership (replicas) -------------------------------------------------------------
+
+    def set_ownership(self, owns: Callable[[str], bool]) -> None:
+        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``)."""
+        self._owns = owns
+
+    def collecting(self, name: str) -> bool:
+        """Is the session's collection running here (its poll loop or stream)?"""
+        with self._lock:
+            return name in self._collectors or any(
+                name in st.names for st in self._streamers.values()
+            )
+
+    def adopt_node(self, node: str, *, check: bool = False) -> None:
+        """Collect the node's running sessions that are not collected here yet (a node
+        this replica just took, or sessions another replica started on it); ``check``:
+        supervise it now rather than at the next round."""
+        for name in self.store.collectable(node):
+            if not self.collecting(name):
+                self._start_collector(name)
+        if check:
+            self._wake.set()
+
+    def drop_node(self, node: str) -> None:
+        """Stop collecting the node's sessions (another replica owns it now)."""
+        with self._lock:
+            st = self._streamers.pop(node, None)
+            polled = list(self._collectors)
+        if st is not None:
+            st.stop.set()
+            st.poke()
+            if st.thread is not threading.current_thread():
+                st.thread.join(10)
+        for name in polled:
+            try:
+                sender = self.store.session(name).sender
+            except NotFoundError:
+                continue
+            if sender == node:
+                self._stop_collector(name)
 
     def _stop_collector(self, name: str) -> None:
         with self._lock:

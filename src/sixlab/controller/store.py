@@ -1,4 +1,11 @@
-"""The controller's store: nodes, sessions and results in SQLite (WAL mode).
+"""The controller's store: nodes, sessions, results and rollups in SQLite or PostgreSQL.
+
+:class:`Store` is the interface and holds everything the two databases share (one
+schema's semantics, one set of portable SQL statements); :class:`SqliteStore` (one file,
+WAL mode: the embedded default) and :class:`PostgresStore`
+(:mod:`sixlab.controller.pgstore`: a server several controller replicas share) supply
+the connection, the schema's DDL, migrations and the bulk insert. :func:`open_store`
+picks one from ``--db``: a ``postgresql://`` URL, else a file path.
 
 Exactly-once. Agents number the records of a session from 1 and keep each one until
 the controller acknowledges it (``SenderEngine.fetch``). The controller writes a batch
@@ -17,8 +24,13 @@ run, and the sender's last counters of that epoch; a session's totals are their 
 What the store cannot say is what happened to the packets of an epoch whose agent died:
 ``EpochRow`` keeps what is needed to count them (``Controller.epochs``).
 
-Schema (``SCHEMA``) is created on open; the file may be shared by a CLI reading it while
-a controller writes (WAL lets readers run beside one writer).
+Bounded storage. Raw results are kept for a retention the operator sets; per-minute
+rollups (:mod:`sixlab.controller.rollup`) are kept longer. ``roll_up`` folds the records
+stored since its last pass into the rollups, in one transaction with each epoch's rollup
+cursor (``epochs.rolled``), so a record is rolled up exactly once; ``expire`` deletes raw
+records of rolled-up minutes older than the retention, and rollups older than theirs.
+
+The schema is created, or migrated from an older version, on open.
 """
 
 from __future__ import annotations
@@ -27,12 +39,21 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from sixlab.controller.errors import ControllerError
+from sixlab.controller.rollup import (
+    DIRECTIONS,
+    MINUTE_NS,
+    DelayHistogram,
+    DirectionRollup,
+    MinuteRollup,
+    roll_up,
+)
 from sixlab.stamp import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -40,18 +61,27 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "AlreadyExistsError",
+    "ConcurrentPassError",
     "Counters",
     "EpochRow",
     "InUseError",
+    "LeaseState",
     "NodeRow",
     "NotFoundError",
+    "ReplicaRow",
     "ResultBatch",
     "SessionRow",
+    "SqliteStore",
     "StaleEpochError",
+    "Storage",
     "Store",
     "StoreError",
+    "StoreUnavailableError",
+    "open_store",
 ]
 
+#: The SQLite schema (the PostgreSQL one, ``pgstore.SCHEMA``, has the same tables and
+#: columns with PostgreSQL's types).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
     name        TEXT PRIMARY KEY,
@@ -118,13 +148,54 @@ CREATE TABLE IF NOT EXISTS epochs (
     received    INTEGER NOT NULL DEFAULT 0,  -- results stored for this epoch
     unclassified_lost INTEGER,          -- lost after its last reply, never placed if it ended
     ssid_zero   INTEGER NOT NULL DEFAULT 0,  -- replies with SSID 0 (RFC 8762-only reflector)
+    top         INTEGER NOT NULL DEFAULT 0,  -- highest record id stored
+    rolled      INTEGER NOT NULL DEFAULT 0,  -- highest record id rolled up (roll_up)
+    rolled_seq  INTEGER,                -- highest Seq rolled up (NULL: none yet)
+    expired     INTEGER NOT NULL DEFAULT 0,  -- raw records deleted through this id (expire)
     PRIMARY KEY (session_id, epoch)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollups (
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    epoch       INTEGER NOT NULL,
+    minute_ns   INTEGER NOT NULL,       -- start of the minute of T1, Unix ns
+    count       INTEGER NOT NULL,       -- results
+    lost        INTEGER NOT NULL,       -- Seqs missing before them (rollup.roll_up)
+    direct_min INTEGER, direct_mean INTEGER, direct_p50 INTEGER, direct_p99 INTEGER,
+    direct_max INTEGER, direct_sum INTEGER, direct_hist BLOB,
+    return_min INTEGER, return_mean INTEGER, return_p50 INTEGER, return_p99 INTEGER,
+    return_max INTEGER, return_sum INTEGER, return_hist BLOB,
+    rtt_min INTEGER, rtt_mean INTEGER, rtt_p50 INTEGER, rtt_p99 INTEGER,
+    rtt_max INTEGER, rtt_sum INTEGER, rtt_hist BLOB,
+    direct_ipdv_abs INTEGER NOT NULL,   -- RFC 3393 IPDV: sum of |IPDV| and pairs
+    direct_ipdv_pairs INTEGER NOT NULL,
+    return_ipdv_abs INTEGER NOT NULL,
+    return_ipdv_pairs INTEGER NOT NULL,
+    max_error_ns INTEGER,
+    last_record INTEGER NOT NULL,       -- highest record id in it (raw deletion bound)
+    PRIMARY KEY (session_id, epoch, minute_ns)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replicas (
+    id          TEXT PRIMARY KEY,       -- a controller replica (``serve --replica``)
+    address     TEXT NOT NULL DEFAULT '',  -- its northbound address, for people
+    started_ns  INTEGER NOT NULL,
+    expires_ns  INTEGER NOT NULL        -- alive until then (database clock), unless renewed
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name        TEXT PRIMARY KEY,       -- what is owned: a node's name, or "housekeeping"
+    grp         TEXT NOT NULL,          -- shared fairly among replicas: sender, reflector, ...
+    owner       TEXT,                   -- the replica holding it (NULL: free)
+    expires_ns  INTEGER NOT NULL DEFAULT 0,  -- held until then (database clock)
+    generation  INTEGER NOT NULL DEFAULT 0   -- times it changed hands
+);
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
+CREATE INDEX IF NOT EXISTS rollups_minute ON rollups(minute_ns);
 -- One live session per name; destroyed ones keep theirs (and their results).
 CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
 """
 
+#: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
+#: the ``schema_version`` table); older databases are migrated on open.
+SCHEMA_VERSION = 2
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
@@ -135,9 +206,21 @@ _SELECT_NODES = (
     "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
     " agent_started_ns, restarts FROM nodes"
 )
-#: The schema version this code writes (``PRAGMA user_version``); older files are
-#: migrated on open (``_migrate``).
-SCHEMA_VERSION = 1
+#: The columns of ``results``, in the order of ``_result_row``.
+RESULT_COLUMNS = (
+    "session_id", "epoch", "record_id", "seq", "t1_ns", "t2_ns", "t3_ns", "t4_ns",
+    "sender_ee", "reflector_ee", "ttl", "reflector_seq",
+)  # fmt: skip
+# Statements built from the column tuples above hold no input (no injection: S608).
+_SELECT_RESULTS = "SELECT " + ", ".join(RESULT_COLUMNS) + " FROM results"  # noqa: S608
+#: The columns of ``rollups``, in the order of ``_rollup_row``.
+ROLLUP_COLUMNS = (
+    "session_id", "epoch", "minute_ns", "count", "lost",
+    *(f"{d}_{k}" for d in DIRECTIONS for k in ("min", "mean", "p50", "p99", "max", "sum", "hist")),
+    "direct_ipdv_abs", "direct_ipdv_pairs", "return_ipdv_abs", "return_ipdv_pairs",
+    "max_error_ns", "last_record",
+)  # fmt: skip
+_SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noqa: S608
 
 
 class StoreError(ControllerError):
@@ -154,6 +237,10 @@ class AlreadyExistsError(StoreError):
 
 class InUseError(StoreError):
     """The node still carries a session that is not destroyed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database could not be reached, or dropped the connection (PostgreSQL)."""
 
 
 class StaleEpochError(StoreError):
@@ -251,33 +338,105 @@ class EpochRow:
     received: int
 
 
-class Store:
-    """Thread-safe access to one SQLite file (one connection, serialised)."""
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What a replica holds after a heartbeat (``Store.lease_tick``)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
-            _migrate(self._db)
+    #: The database's clock at the heartbeat, Unix ns.
+    now_ns: int
+    #: Replicas alive, this one included.
+    live: int
+    owned: frozenset[str]
+    #: Held beyond the fair share: to let go of, then ``release``.
+    surplus: frozenset[str]
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """The connection inside one write transaction: committed, or rolled back on error."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+@dataclass(frozen=True, slots=True)
+class ReplicaRow:
+    id: str
+    address: str
+    started_ns: int
+    expires_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """What the store holds and the space it takes (``Store.storage``)."""
+
+    results: int
+    rollups: int
+    #: Bytes of each table with its indexes, by table name.
+    table_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes_per_result(self) -> float | None:
+        """Bytes of the results table and its indexes per stored result."""
+        return self.table_bytes.get("results", 0) / self.results if self.results else None
+
+
+class _Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class _Db(Protocol):
+    """The part of a DB-API connection the shared code uses (``?`` placeholders)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor: ...
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> _Cursor: ...
+
+
+def open_store(db: str | Path) -> Store:
+    """The store ``--db`` names: a ``postgresql://`` (or ``postgres://``) URL, else a
+    SQLite file."""
+    text = str(db)
+    if text.startswith(("postgresql://", "postgres://")):
+        from sixlab.controller.pgstore import PostgresStore  # noqa: PLC0415 - psycopg on demand
+
+        return PostgresStore(text)
+    return SqliteStore(text)
+
+
+class Store(ABC):
+    """Nodes, sessions, epochs, results and rollups; thread-safe (one connection, serialised).
+
+    Subclasses provide ``_db`` (a connection taking ``?`` placeholders), the write
+    transaction, the bulk insert of results, constraint classification and ``storage``.
+    """
+
+    #: What ``--db`` names this store by (a path or a URL without its password).
+    path: str
+    _db: _Db
+    _lock: threading.Lock
+    #: The driver's integrity error class(es), caught around inserts.
+    _integrity_errors: ClassVar[tuple[type[Exception], ...]]
+    #: An SQL expression of the database's clock, Unix ns (leases use it, so that
+    #: replicas on different hosts need not agree on the time).
+    _now_sql: ClassVar[str]
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def _transaction(self) -> contextlib.AbstractContextManager[_Db]:
+        """The connection inside one write transaction: committed, or rolled back on error
+        (the caller holds no lock; the context takes the store's)."""
+
+    @abstractmethod
+    def _constraint(self, exc: Exception) -> str:
+        """Which constraint an integrity error broke: ``unique``, ``foreign`` or ``other``."""
+
+    @abstractmethod
+    def _insert_results(self, db: _Db, rows: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
+        """Insert result rows (``RESULT_COLUMNS``), skipping any whose (session, epoch,
+        record id) or (session, epoch, Seq) is stored; inside the caller's transaction.
+        Returns how many were new per (session, epoch)."""
+
+    @abstractmethod
+    def storage(self) -> Storage:
+        """Row counts and bytes per table (results with their indexes, rollups, ...)."""
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -293,7 +452,7 @@ class Store:
                 self._db.execute(
                     "INSERT INTO nodes(name, address, role) VALUES (?, ?, ?)", (name, address, role)
                 )
-            except sqlite3.IntegrityError:
+            except self._integrity_errors:
                 raise AlreadyExistsError(f"name: node {name!r} already exists") from None
 
     def set_health(self, name: str, healthy: bool, now_ns: int, error: str | None = None) -> None:
@@ -332,14 +491,14 @@ class Store:
         """Record the run of the node's agent seen now; True if it differs from the run
         seen before (the agent restarted), which also counts a restart."""
         text = f"{epoch:016x}"
-        with self._lock:
-            row = self._db.execute("SELECT agent_epoch FROM nodes WHERE name=?", (name,)).fetchone()
+        with self._transaction() as db:
+            row = db.execute("SELECT agent_epoch FROM nodes WHERE name=?", (name,)).fetchone()
             if row is None:
                 raise NotFoundError(f"node: no node named {name!r}")
             if row[0] == text:
                 return False
             restarted = row[0] is not None
-            self._db.execute(
+            db.execute(
                 "UPDATE nodes SET agent_epoch=?, agent_started_ns=?, restarts=restarts+?"
                 " WHERE name=?",
                 (text, started_ns, int(restarted), name),
@@ -347,14 +506,14 @@ class Store:
         return restarted
 
     def remove_node(self, name: str) -> None:
-        with self._lock:
-            busy = self._db.execute(
+        with self._transaction() as db:
+            busy = db.execute(
                 "SELECT name FROM sessions WHERE (sender=? OR reflector=?) AND state!='destroyed'",
                 (name, name),
             ).fetchone()
             if busy:
                 raise InUseError(f"node: {name!r} still carries session {busy[0]!r}")
-            if not self._db.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount:
+            if not db.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount:
                 raise NotFoundError(f"node: no node named {name!r}")
 
     # -- sessions -----------------------------------------------------------------------
@@ -378,10 +537,10 @@ class Store:
                     " VALUES (?, ?, ?, ?, ?, 'created', ?)",
                     (name, ssid, sender, reflector, json.dumps(params, sort_keys=True), now_ns),
                 )
-            except sqlite3.IntegrityError as exc:
-                # The extended result code tells the schema's two constraints apart:
-                # UNIQUE(name), or a sender/reflector that REFERENCES no node.
-                if exc.sqlite_errorname == "SQLITE_CONSTRAINT_UNIQUE":
+            except self._integrity_errors as exc:
+                # The schema's two constraints: a live session's name is unique, and a
+                # sender/reflector REFERENCES a node.
+                if self._constraint(exc) == "unique":
                     raise AlreadyExistsError(f"name: session {name!r} already exists") from None
                 raise NotFoundError("sender/reflector: unknown node") from None
         return self.session(name)
@@ -484,6 +643,17 @@ class Store:
             out.setdefault(r[0], []).append(EpochRow(*r[1:]))
         return out
 
+    def collectable(self, sender: str) -> list[str]:
+        """Names of the sessions whose results are to be collected from this sender node
+        (running or stopping), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name FROM sessions WHERE sender=? AND state IN ('running', 'stopping')"
+                " ORDER BY id",
+                (sender,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     def used_ssids(self, node: str) -> set[int]:
         with self._lock:
             rows = self._db.execute(
@@ -521,44 +691,104 @@ class Store:
         if c is not None and ssid_zero is not None:
             c = c._replace(ssid_zero=ssid_zero)
         with self._transaction() as db:
-            return _store(db, ResultBatch(session_id, epoch, records, c), now_ns)
+            (new,) = self._store(db, [ResultBatch(session_id, epoch, records, c)], now_ns, True)
+        assert new is not None
+        return new
 
     def store_many(
         self, batches: Sequence[ResultBatch], now_ns: int | None = None
     ) -> list[int | None]:
-        """``store_results`` for many sessions in one transaction (one commit, not one
-        per session). Per batch: how many rows were new, or None for a stale one (its
-        session left that epoch or was destroyed), which stores nothing."""
-        out: list[int | None] = []
+        """``store_results`` for many sessions in one transaction (one commit and one bulk
+        insert, not one per session). Per batch: how many rows were new, or None for a
+        stale one (its session left that epoch or was destroyed), which stores nothing."""
         with self._transaction() as db:
-            for b in batches:
-                try:
-                    out.append(_store(db, b, now_ns))
-                except StaleEpochError:
-                    out.append(None)
-        return out
+            return self._store(db, batches, now_ns, False)
+
+    def _store(
+        self, db: _Db, batches: Sequence[ResultBatch], now_ns: int | None, strict: bool
+    ) -> list[int | None]:
+        """The body of ``store_many`` (in the caller's transaction)."""
+        current = _current_epochs(db, {b.session_id for b in batches})
+        fresh: list[ResultBatch] = []
+        stale: set[int] = set()
+        for i, b in enumerate(batches):
+            state = current.get(b.session_id)
+            if state is None:
+                raise NotFoundError(f"session: no session with id {b.session_id}")
+            if state[1] == "destroyed" or state[0] != b.epoch:
+                if strict:
+                    raise StaleEpochError(
+                        f"session {b.session_id}: results of epoch {b.epoch}, but "
+                        + ("destroyed" if state[1] == "destroyed" else f"the session is in "
+                           f"epoch {state[0]}")
+                    )  # fmt: skip
+                stale.add(i)
+                continue
+            fresh.append(b)
+        rows = [_result_row(b.session_id, b.epoch, rid, r) for b in fresh for rid, r in b.records]
+        new = self._insert_results(db, rows) if rows else {}
+        cursors = [
+            (top, b.session_id, b.epoch, top)
+            for b in fresh
+            if b.records
+            for top in [max(rid for rid, _ in b.records)]
+        ]
+        if cursors:
+            db.executemany(
+                "UPDATE sessions SET cursor=? WHERE id=? AND epoch=? AND cursor<?", cursors
+            )
+        tops: dict[tuple[int, int], int] = {}
+        for row in rows:
+            key = (row[0], row[1])
+            tops[key] = max(tops.get(key, 0), row[2])
+        received = [(sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in new.items() if n]
+        if received:
+            db.executemany(
+                "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
+                " VALUES (?, ?, COALESCE(?, 0), ?, ?) ON CONFLICT(session_id, epoch)"
+                " DO UPDATE SET received = epochs.received + excluded.received,"
+                " top = CASE WHEN epochs.top > excluded.top THEN epochs.top"
+                " ELSE excluded.top END",
+                received,
+            )
+        counted = [b for b in fresh if b.counters is not None]
+        if counted:
+            db.executemany(
+                "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+                " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
+                " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+                " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+                " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+                " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+                " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
+                " ssid_zero=excluded.ssid_zero",
+                [(b.session_id, b.epoch, now_ns, *b.counters[:4], now_ns, *b.counters[4:])
+                 for b in counted if b.counters is not None],
+            )  # fmt: skip
+            db.executemany(
+                "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
+                " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
+                " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
+                " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
+                " FROM epochs WHERE session_id=?) WHERE id=?",
+                [(b.session_id, b.session_id) for b in counted],
+            )
+        return [
+            None if i in stale else new.get((b.session_id, b.epoch), 0)
+            for i, b in enumerate(batches)
+        ]
 
     def results(
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
     ) -> list[StampResult]:
-        query = "SELECT * FROM results WHERE session_id=?"
-        args: list[Any] = [session_id]
-        if since_ns is not None:
-            query += " AND t1_ns >= ?"
-            args.append(since_ns)
-        query += " ORDER BY epoch, record_id"
-        if limit is not None:
-            query += " LIMIT ?"
-            args.append(limit)
-        with self._lock:
-            rows = self._db.execute(query, args).fetchall()
-        return [_result(session_id, r) for r in rows]
+        return [r for _, r in self.records(session_id, since_ns=since_ns, limit=limit)]
 
     def records(
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
     ) -> list[tuple[int, StampResult]]:
-        """Like ``results``, each with its epoch: (epoch, result)."""
-        query = "SELECT * FROM results WHERE session_id=?"
+        """The stored results of a session, each with its epoch: (epoch, result)."""
+        query = _SELECT_RESULTS + " WHERE session_id=?"
         args: list[Any] = [session_id]
         if since_ns is not None:
             query += " AND t1_ns >= ?"
@@ -569,7 +799,7 @@ class Store:
             args.append(limit)
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
-        return [(r[1], _result(session_id, r)) for r in rows]
+        return [(r[1], _result(r)) for r in rows]
 
     def count_results(self, session_id: int) -> int:
         """How many records are stored for the session (all epochs)."""
@@ -588,6 +818,370 @@ class Store:
                 (session_id,),
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+    # -- rollups and retention ----------------------------------------------------------
+
+    def roll_up(self, *, limit: int = 200_000) -> int:
+        """Fold up to ``limit`` records stored since the last pass into the per-minute
+        rollups, with each epoch's rollup cursor, in one transaction. Returns how many
+        records it rolled (call again while it returns ``limit``).
+
+        A pass that finds a cursor moved by a concurrent pass (another replica) rolls
+        back and rolls nothing: a record is rolled up once.
+        """
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT e.rolled, e.rolled_seq, "  # noqa: S608 - column names only
+                + ", ".join(f"r.{c}" for c in RESULT_COLUMNS)
+                # Epochs first (SQLite keeps a CROSS JOIN's order): only those with
+                # records past their cursor, each read by a range of the primary key.
+                + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
+                " AND r.session_id = e.session_id AND r.epoch = e.epoch"
+                " AND r.record_id > e.rolled"
+                " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?",
+                (limit,),
+            ).fetchall()
+            if not rows:
+                return 0
+            pending: dict[tuple[int, int], list[tuple[int, StampResult]]] = {}
+            cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
+            for r in rows:
+                key = (r[2], r[3])
+                cursors.setdefault(key, (r[0], r[1]))
+                pending.setdefault(key, []).append((r[4], _result(r[2:])))
+            fresh: dict[tuple[int, int, int], MinuteRollup] = {}
+            moved = []
+            for (sid, ep), recs in pending.items():
+                rolled, top = cursors[sid, ep]
+                minutes, new_top = roll_up(recs, top)
+                for minute, m in minutes.items():
+                    fresh[sid, ep, minute] = m
+                moved.append((recs[-1][0], new_top, sid, ep, rolled))
+            for at, old in self._rollups_at(db, list(fresh)).items():
+                old.merge(fresh[at])
+                fresh[at] = old
+            db.executemany(
+                "INSERT INTO rollups(" + ", ".join(ROLLUP_COLUMNS) + ") VALUES ("  # noqa: S608
+                + ", ".join("?" * len(ROLLUP_COLUMNS)) + ") ON CONFLICT(session_id, epoch,"
+                " minute_ns) DO UPDATE SET "
+                + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
+                [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()],
+            )  # fmt: skip
+            done = db.executemany(
+                "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
+                " AND rolled=?",
+                moved,
+            )
+            if done.rowcount != len(moved):
+                raise ConcurrentPassError("roll_up: another pass moved a cursor first")
+        return len(rows)
+
+    def _rollups_at(
+        self, db: _Db, keys: list[tuple[int, int, int]]
+    ) -> dict[tuple[int, int, int], MinuteRollup]:
+        """The stored rollups of these (session, epoch, minute) keys that exist."""
+        out: dict[tuple[int, int, int], MinuteRollup] = {}
+        for i in range(0, len(keys), 300):
+            chunk = keys[i : i + 300]
+            query = (
+                _SELECT_ROLLUPS + " WHERE (session_id, epoch, minute_ns) IN (VALUES "
+                + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")"
+            )  # fmt: skip
+            for r in db.execute(query, [v for k in chunk for v in k]).fetchall():
+                out[r[0], r[1], r[2]] = _rollup(r)
+        return out
+
+    def rollups(
+        self, session_id: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[tuple[int, MinuteRollup]]:
+        """The session's rollups, (epoch, rollup), by minute; ``since_ns``/``until_ns``
+        select the minutes that overlap [since, until)."""
+        query = _SELECT_ROLLUPS + " WHERE session_id=?"
+        args: list[Any] = [session_id]
+        if since_ns is not None:
+            query += " AND minute_ns > ?"
+            args.append(since_ns - MINUTE_NS)
+        if until_ns is not None:
+            query += " AND minute_ns < ?"
+            args.append(until_ns)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY minute_ns, epoch", args).fetchall()
+        return [(r[1], _rollup(r)) for r in rows]
+
+    def unrolled(
+        self, session_id: int, *, since_ns: int | None = None
+    ) -> list[tuple[int, int, StampResult]]:
+        """The session's stored records that no roll-up pass has folded in yet:
+        (epoch, record id, result)."""
+        query = (
+            "SELECT " + ", ".join(f"r.{c}" for c in RESULT_COLUMNS) + " FROM results r"  # noqa: S608
+            " JOIN epochs e ON e.session_id = r.session_id AND e.epoch = r.epoch"
+            " WHERE r.session_id=? AND r.record_id > e.rolled"
+        )
+        args: list[Any] = [session_id]
+        if since_ns is not None:
+            query += " AND r.t1_ns >= ?"
+            args.append(since_ns)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY r.epoch, r.record_id", args).fetchall()
+        return [(r[1], r[2], _result(r)) for r in rows]
+
+    def expired(self, session_id: int) -> bool:
+        """Were raw results of the session deleted (``expire``)?"""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM epochs WHERE session_id=? AND expired > 0 LIMIT 1", (session_id,)
+            ).fetchone()
+        return row is not None
+
+    def expire(self, now_ns: int, *, raw_ns: int, rollup_ns: int | None = None) -> tuple[int, int]:
+        """Delete raw records rolled up into minutes that ended more than ``raw_ns`` ago,
+        and rollups whose minute ended more than ``rollup_ns`` ago (None: keep them).
+        Returns (records, rollups) deleted.
+
+        Per epoch, the bound is the highest record id of its last such minute (never
+        beyond the rollup cursor): a record reordered across that minute's end goes with
+        it, a moment early.
+        """
+        cutoff = now_ns - raw_ns - MINUTE_NS
+        with self._transaction() as db:
+            bounds = [
+                (sid, ep, min(last, rolled))
+                for sid, ep, rolled, last in db.execute(
+                    "SELECT e.session_id, e.epoch, e.rolled, (SELECT ro.last_record FROM rollups"
+                    " ro WHERE ro.session_id = e.session_id AND ro.epoch = e.epoch"
+                    " AND ro.minute_ns <= ? ORDER BY ro.minute_ns DESC LIMIT 1)"
+                    " FROM epochs e WHERE e.expired < e.rolled",
+                    (cutoff,),
+                ).fetchall()
+                if last is not None
+            ]
+            deleted = 0
+            for sid, ep, bound in bounds:
+                deleted += db.execute(
+                    "DELETE FROM results WHERE session_id=? AND epoch=? AND record_id<=?",
+                    (sid, ep, bound),
+                ).rowcount
+            if bounds:
+                db.executemany(
+                    "UPDATE epochs SET expired=? WHERE session_id=? AND epoch=? AND expired<?",
+                    [(b, sid, ep, b) for sid, ep, b in bounds],
+                )
+            gone = 0
+            if rollup_ns is not None:
+                gone = db.execute(
+                    "DELETE FROM rollups WHERE minute_ns <= ?", (now_ns - rollup_ns - MINUTE_NS,)
+                ).rowcount
+        return deleted, gone
+
+    # -- replicas and leases -------------------------------------------------------------
+
+    def lease_tick(
+        self, replica: str, groups: Mapping[str, Collection[str]], ttl_ns: int, address: str = ""
+    ) -> LeaseState:
+        """One heartbeat of a replica, in one transaction (times on the database's clock):
+
+        1. the replica is alive for ``ttl_ns`` more;
+        2. it renews the leases it holds, for ``ttl_ns``;
+        3. per group (e.g. the sender nodes), a fair share is ceil(leases / live replicas):
+           it claims free or expired leases of the group while it holds fewer, and reports
+           as ``surplus`` those above its share (to ``release`` once it let go of them).
+
+        Claims race safely: a lease is taken only if it is still free or expired when the
+        claim runs (the row is locked by the first claimer; the second finds it taken).
+        """
+        with self._transaction() as db:
+            now = _int(db.execute("SELECT " + self._now_sql).fetchone()[0])
+            until = now + ttl_ns
+            db.execute(
+                "INSERT INTO replicas(id, address, started_ns, expires_ns) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET expires_ns=excluded.expires_ns,"
+                " address=excluded.address",
+                (replica, address, now, until),
+            )
+            live = _int(
+                db.execute("SELECT COUNT(*) FROM replicas WHERE expires_ns > ?", (now,)).fetchone()[
+                    0
+                ]
+            )
+            wanted = [(name, grp) for grp, names in groups.items() for name in names]
+            if wanted:
+                db.executemany(
+                    "INSERT INTO leases(name, grp) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
+                    wanted,
+                )
+            db.execute("UPDATE leases SET expires_ns=? WHERE owner=?", (until, replica))
+            rows = db.execute("SELECT name, grp, owner, expires_ns FROM leases").fetchall()
+            owned: set[str] = set()
+            surplus: set[str] = set()
+            for grp, names in groups.items():
+                mine = sorted(r[0] for r in rows if r[1] == grp and r[2] == replica)
+                share = -(-len(names) // max(live, 1))
+                free = sorted(
+                    r[0] for r in rows
+                    if r[1] == grp and r[0] in names and (r[2] is None or r[3] <= now)
+                )  # fmt: skip
+                for name in free[: max(0, share - len(mine))]:
+                    if db.execute(
+                        "UPDATE leases SET owner=?, expires_ns=?, generation=generation+1"
+                        " WHERE name=? AND (owner IS NULL OR expires_ns <= ?)",
+                        (replica, until, name, now),
+                    ).rowcount:
+                        mine.append(name)
+                owned.update(mine)
+                surplus.update(sorted(mine)[share:])
+        return LeaseState(now, live, frozenset(owned), frozenset(surplus))
+
+    def release(self, replica: str, names: Collection[str]) -> None:
+        """Give up leases the replica holds (it no longer acts on them)."""
+        if names:
+            with self._transaction() as db:
+                db.executemany(
+                    "UPDATE leases SET owner=NULL, expires_ns=0 WHERE name=? AND owner=?",
+                    [(n, replica) for n in names],
+                )
+
+    def leave(self, replica: str) -> None:
+        """A replica that stops: its leases are free at once, and it no longer counts."""
+        with self._transaction() as db:
+            db.execute("UPDATE leases SET owner=NULL, expires_ns=0 WHERE owner=?", (replica,))
+            db.execute("DELETE FROM replicas WHERE id=?", (replica,))
+
+    def lease_owners(self) -> dict[str, str | None]:
+        """Who holds each lease now (None: free or expired), by name."""
+        with self._lock:
+            now = _int(self._db.execute("SELECT " + self._now_sql).fetchone()[0])
+            rows = self._db.execute("SELECT name, owner, expires_ns FROM leases").fetchall()
+        return {r[0]: (r[1] if r[1] is not None and r[2] > now else None) for r in rows}
+
+    def replicas(self) -> list[ReplicaRow]:
+        """The replicas alive now (database clock), by id."""
+        with self._lock:
+            now = _int(self._db.execute("SELECT " + self._now_sql).fetchone()[0])
+            rows = self._db.execute(
+                "SELECT id, address, started_ns, expires_ns FROM replicas WHERE expires_ns > ?"
+                " ORDER BY id",
+                (now,),
+            ).fetchall()
+        return [ReplicaRow(*r) for r in rows]
+
+
+def _int(value: Any) -> int:
+    return int(value)
+
+
+class ConcurrentPassError(StoreError):
+    """Another roll-up pass (another replica's) moved a cursor first; this one rolled back."""
+
+
+class SqliteStore(Store):
+    """One SQLite file in WAL mode: one connection, serialised; readers (a CLI) may run
+    beside the one writer."""
+
+    _integrity_errors = (sqlite3.IntegrityError,)
+    _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = self._conn
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
+            _migrate(self._conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[_Db]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _constraint(self, exc: Exception) -> str:
+        # The extended result code tells the constraints apart.
+        name = getattr(exc, "sqlite_errorname", "")
+        if name in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY"):
+            return "unique"
+        if name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+            return "foreign"
+        return "other"
+
+    def _insert_results(self, db: _Db, rows: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
+        groups = dict(_by_epoch(rows))
+        # One statement for all rows, in a savepoint: a row already stored (a misbehaving
+        # agent resent it) aborts it, and the rows go in again group by group, skipping
+        # the repeats.
+        db.execute("SAVEPOINT results_in")
+        try:
+            db.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        except sqlite3.IntegrityError as exc:
+            db.execute("ROLLBACK TO results_in")
+            db.execute("RELEASE results_in")
+            if self._constraint(exc) != "unique":
+                raise
+        else:
+            db.execute("RELEASE results_in")
+            return {key: len(group) for key, group in groups.items()}
+        new: dict[tuple[int, int], int] = {}
+        for key, group in groups.items():
+            # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
+            # skipped: OR IGNORE would also swallow a NOT NULL violation.
+            cur = db.executemany(
+                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                group,
+            )
+            new[key] = cur.rowcount
+        return new
+
+    def storage(self) -> Storage:
+        with self._lock:
+            counts = self._conn.execute(
+                "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM rollups)"
+            ).fetchone()
+            sizes = dict(self._conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+            indexes = dict(
+                self._conn.execute("SELECT name, tbl_name FROM sqlite_master WHERE type='index'")
+            )
+        tables: dict[str, int] = {}
+        for name, size in sizes.items():
+            table = indexes.get(name, name)
+            tables[table] = tables.get(table, 0) + int(size)
+        return Storage(counts[0], counts[1], tables)
+
+
+def _by_epoch(
+    rows: list[tuple[int, ...]],
+) -> Iterator[tuple[tuple[int, int], list[tuple[int, ...]]]]:
+    """Result rows grouped by (session, epoch), in the order they came."""
+    groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    for row in rows:
+        groups.setdefault((row[0], row[1]), []).append(row)
+    yield from groups.items()
+
+
+def _current_epochs(db: _Db, ids: set[int]) -> dict[int, tuple[int, str]]:
+    """(epoch, state) of each session by id, in chunks of 500 (SQLite's variable limit)."""
+    out: dict[int, tuple[int, str]] = {}
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i : i + 500]
+        for r in db.execute(
+            "SELECT id, epoch, state FROM sessions WHERE id IN ("  # noqa: S608 - placeholders
+            + ",".join("?" * len(chunk))
+            + ")",
+            chunk,
+        ).fetchall():
+            out[r[0]] = (r[1], r[2])
+    return out
 
 
 def _session_row(row: Iterable[Any]) -> SessionRow:
@@ -619,91 +1213,55 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
     )  # fmt: skip
 
 
-def _store(db: sqlite3.Connection, batch: ResultBatch, now_ns: int | None) -> int:
-    """The body of ``Store.store_results`` (in the caller's transaction)."""
-    session_id, epoch, records, counters = (
-        batch.session_id, batch.epoch, batch.records, batch.counters
+def _result_row(session_id: int, epoch: int, rid: int, r: StampResult) -> tuple[int, ...]:
+    return (
+        session_id, epoch, rid, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns,
+        r.sender_error.to_int(), r.reflector_error.to_int(), r.ses_sender_ttl, r.reflector_seq,
     )  # fmt: skip
-    _check_epoch(db, session_id, epoch)
-    rows = [
-        (
-            session_id,
-            epoch,
-            rid,
-            r.seq,
-            r.t1_ns,
-            r.t2_ns,
-            r.t3_ns,
-            r.t4_ns,
-            r.sender_error.to_int(),
-            r.reflector_error.to_int(),
-            r.ses_sender_ttl,
-            r.reflector_seq,
-        )
-        for rid, r in records
-    ]
-    before = db.total_changes
-    db.executemany(
-        # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
-        # skipped: OR IGNORE would also swallow a NOT NULL violation.
-        "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-        rows,
-    )
-    new: int = db.total_changes - before
-    if rows:
-        db.execute(
-            "UPDATE sessions SET cursor=MAX(cursor, ?) WHERE id=? AND epoch=?",
-            (max(r[2] for r in rows), session_id, epoch),
-        )
-    if new:
-        db.execute(
-            "INSERT INTO epochs(session_id, epoch, started_ns, received)"
-            " VALUES (?, ?, COALESCE(?, 0), ?) ON CONFLICT(session_id, epoch)"
-            " DO UPDATE SET received = received + excluded.received",
-            (session_id, epoch, now_ns, new),
-        )
-    if counters is not None:
-        c = counters
-        db.execute(
-            "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-            " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
-            " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
-            " lost=excluded.lost, forward_lost=excluded.forward_lost,"
-            " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
-            " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
-            " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
-            " ssid_zero=excluded.ssid_zero",
-            (session_id, epoch, now_ns, *c[:4], now_ns, *c[4:]),
-        )
-        db.execute(
-            "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
-            " ssid_zero) = (SELECT SUM(sent), SUM(lost), SUM(forward_lost), SUM(overflow),"
-            " SUM(unclassified_lost), SUM(ssid_zero) FROM epochs WHERE session_id=?)"
-            " WHERE id=?",
-            (session_id, session_id),
-        )
-    return new
 
 
-def _end_epoch(db: sqlite3.Connection, sid: int, epoch: int, now_ns: int, reason: str) -> None:
-    db.execute(
-        "UPDATE epochs SET ended_ns=?, end_reason=? WHERE session_id=? AND epoch=?"
-        " AND ended_ns IS NULL",
-        (now_ns, reason, sid, epoch),
+def _result(r: Sequence[Any]) -> StampResult:
+    return StampResult(
+        ssid=0,
+        seq=r[3],
+        t1_ns=r[4],
+        t2_ns=r[5],
+        t3_ns=r[6],
+        t4_ns=r[7],
+        sender_error=ErrorEstimate.from_int(r[8]),
+        reflector_error=ErrorEstimate.from_int(r[9]),
+        ses_sender_ttl=r[10],
+        reflector_seq=r[11],
     )
 
 
-def _check_epoch(db: sqlite3.Connection, session_id: int, epoch: int) -> None:
-    now = db.execute("SELECT epoch, state FROM sessions WHERE id=?", (session_id,)).fetchone()
-    if now is None:
-        raise NotFoundError(f"session: no session with id {session_id}")
-    if now[1] == "destroyed":
-        raise StaleEpochError(f"session {session_id}: results of epoch {epoch}, but destroyed")
-    if now[0] != epoch:
-        raise StaleEpochError(
-            f"session {session_id}: results of epoch {epoch}, but the session is in epoch {now[0]}"
-        )
+def _rollup_row(session_id: int, epoch: int, m: MinuteRollup) -> tuple[Any, ...]:
+    values: list[Any] = [session_id, epoch, m.minute_ns, m.count, m.lost]
+    for d in DIRECTIONS:
+        s = m.directions[d]
+        if s.count:
+            values += [s.min_ns, round(s.sum_ns / s.count), s.percentile(50), s.percentile(99),
+                       s.max_ns, s.sum_ns, s.hist.to_bytes()]  # fmt: skip
+        else:
+            values += [None] * 7
+    values += [m.ipdv_sum_abs["direct"], m.ipdv_pairs["direct"], m.ipdv_sum_abs["return"],
+               m.ipdv_pairs["return"], m.max_error_ns, m.last_record]  # fmt: skip
+    return tuple(values)
+
+
+def _rollup(r: Sequence[Any]) -> MinuteRollup:
+    m = MinuteRollup(r[2], count=r[3], lost=r[4])
+    for i, d in enumerate(DIRECTIONS):
+        mn, _mean, _p50, _p99, mx, total, hist = r[5 + 7 * i : 12 + 7 * i]
+        if hist is not None:
+            h = DelayHistogram.from_bytes(bytes(hist))
+            m.directions[d] = DirectionRollup(h.count, mn, mx, total, h)
+    base = 5 + 7 * len(DIRECTIONS)
+    m.ipdv_sum_abs = {"direct": r[base], "return": r[base + 2]}
+    m.ipdv_pairs = {"direct": r[base + 1], "return": r[base + 3]}
+    m.max_error_ns = r[base + 4]
+    m.last_record = r[base + 5]
+    return m
 
 
 def _check_references(db: sqlite3.Connection) -> None:
@@ -743,6 +1301,20 @@ def _migrate(db: sqlite3.Connection) -> None:
         # One statement at a time: executescript would commit the transaction first.
         for statement in _statements(SCHEMA):
             db.execute(statement)
+        for table, column, kind in (
+            ("sessions", "unclassified_lost", "INTEGER"),
+            ("sessions", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
+            ("epochs", "unclassified_lost", "INTEGER"),
+            ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
+        ):
+            if column not in _columns(db, table):
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        have = _columns(db, "epochs")
+        for column in ("top", "rolled", "expired"):
+            if column not in have:
+                db.execute(f"ALTER TABLE epochs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        if "rolled_seq" not in have:
+            db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
         if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
             db.execute(
                 "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"
@@ -756,6 +1328,11 @@ def _migrate(db: sqlite3.Connection) -> None:
                 " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
             )
             db.execute("DROP TABLE epochs_v0")
+        if version < 2:
+            db.execute(
+                "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
+                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
+            )
         _check_references(db)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
@@ -796,17 +1373,9 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
 
 
-def _result(session_id: int, r: Sequence[Any]) -> StampResult:
-    del session_id
-    return StampResult(
-        ssid=0,
-        seq=r[3],
-        t1_ns=r[4],
-        t2_ns=r[5],
-        t3_ns=r[6],
-        t4_ns=r[7],
-        sender_error=ErrorEstimate.from_int(r[8]),
-        reflector_error=ErrorEstimate.from_int(r[9]),
-        ses_sender_ttl=r[10],
-        reflector_seq=r[11],
+def _end_epoch(db: _Db, sid: int, epoch: int, now_ns: int, reason: str) -> None:
+    db.execute(
+        "UPDATE epochs SET ended_ns=?, end_reason=? WHERE session_id=? AND epoch=?"
+        " AND ended_ns IS NULL",
+        (now_ns, reason, sid, epoch),
     )

@@ -1,0 +1,112 @@
+"""Bounded storage: a thread that rolls results up and deletes what is past retention.
+
+Every ``interval_s`` the housekeeper folds the results stored since its last pass into
+per-minute rollups (``Store.roll_up``) and, if a retention is set, deletes raw results
+of minutes older than ``raw_retention_s`` (once rolled up) and rollups older than
+``rollup_retention_s`` (``Store.expire``). With replicas, one replica at a time does it:
+the holder of the ``housekeeping`` lease (``sixlab.controller.replica``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sixlab.controller.store import ConcurrentPassError, Store
+
+__all__ = ["HOUSEKEEPING", "Housekeeper", "Retention"]
+
+log = logging.getLogger(__name__)
+
+#: The lease name of the housekeeping work.
+HOUSEKEEPING = "housekeeping"
+#: Records per roll-up transaction.
+ROLL_UP_LIMIT = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long results are kept (s); None: for ever."""
+
+    raw_s: float | None = None
+    rollup_s: float | None = None
+    #: Seconds between passes.
+    interval_s: float = 60.0
+
+    def validate(self) -> None:
+        for name, value in (("retention", self.raw_s), ("rollup retention", self.rollup_s)):
+            if value is not None and value < 60:
+                raise ValueError(f"{name}: at least 60 s (rollups are per minute)")
+        if self.raw_s is not None and self.rollup_s is not None and self.rollup_s < self.raw_s:
+            raise ValueError("rollup retention: shorter than the raw results' retention")
+        if self.interval_s <= 0:
+            raise ValueError("housekeeping interval: must be positive")
+
+
+class Housekeeper:
+    """Runs :meth:`run_once` every ``retention.interval_s`` while ``owns()`` says so."""
+
+    def __init__(
+        self,
+        store: Store,
+        retention: Retention,
+        *,
+        owns: Callable[[str], bool] = lambda _name: True,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        retention.validate()
+        self.store = store
+        self.retention = retention
+        self._owns = owns
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> tuple[int, int, int]:
+        """One pass: (records rolled up, raw records deleted, rollups deleted)."""
+        rolled = 0
+        while True:
+            try:
+                n = self.store.roll_up(limit=ROLL_UP_LIMIT)
+            except ConcurrentPassError:
+                log.info("housekeeping: another replica's pass came first")
+                break
+            rolled += n
+            if n < ROLL_UP_LIMIT:
+                break
+        raw = rollups = 0
+        r = self.retention
+        if r.raw_s is not None:
+            raw, rollups = self.store.expire(
+                self._clock(),
+                raw_ns=int(r.raw_s * 1e9),
+                rollup_ns=None if r.rollup_s is None else int(r.rollup_s * 1e9),
+            )
+        return rolled, raw, rollups
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="housekeeping", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.retention.interval_s):
+            if not self._owns(HOUSEKEEPING):
+                continue
+            try:
+                rolled, raw, rollups = self.run_once()
+            except Exception:
+                log.exception("housekeeping failed; retrying at the next pass")
+                continue
+            if rolled or raw or rollups:
+                log.info(
+                    "housekeeping: %d results rolled up, %d raw results and %d rollups deleted",
+                    rolled, raw, rollups,
+                )  # fmt: skip

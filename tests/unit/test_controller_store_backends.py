@@ -1,0 +1,285 @@
+"""Both stores, SQLite and PostgreSQL (a real server): bulk insert, rollups, retention,
+migrations, bytes per result."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sixlab.controller.pgstore import _STEPS, PostgresStore
+from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
+from sixlab.controller.rollup import MINUTE_NS, merged_stats
+from sixlab.controller.store import (
+    SCHEMA_VERSION,
+    Counters,
+    ResultBatch,
+    SqliteStore,
+    StaleEpochError,
+    Store,
+    StoreError,
+    StoreUnavailableError,
+    open_store,
+)
+from sixlab.stamp import StampResult
+from sixlab.stamp.stats import path_stats
+from sixlab.wire.timestamp import ErrorEstimate
+
+EE = ErrorEstimate(scale=10, multiplier=3)
+T0 = 1_700_000_000 * 10**9 // MINUTE_NS * MINUTE_NS
+
+
+def _r(seq: int, t1: int | None = None, direct: int = 100, back: int = 150) -> StampResult:
+    t1 = T0 + seq * 10**9 if t1 is None else t1
+    return StampResult(0, seq, t1, t1 + direct, t1 + direct + 50, t1 + direct + 50 + back,
+                       EE, EE, 62, seq)  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s: Store = open_store(tmp_path / "c.sqlite")
+        assert isinstance(s, SqliteStore)
+    else:
+        s = open_store(request.getfixturevalue("pg_url"))
+        assert isinstance(s, PostgresStore)
+    s.add_node("s1", "127.0.0.1:5001", "sender")
+    s.add_node("r1", "127.0.0.1:5002", "reflector")
+    yield s
+    s.close()
+
+
+def _sessions(store: Store, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        ids.append(
+            store.add_session(f"p{i}", i + 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+        )
+        store.begin_epoch(f"p{i}", 1)
+    return ids
+
+
+def test_store_many_stores_each_session_once_and_skips_stale_batches(store: Store) -> None:
+    ids = _sessions(store, 30)
+    batches = [ResultBatch(sid, 0, [(k + 1, _r(k)) for k in range(20)]) for sid in ids]
+    assert store.store_many(batches, now_ns=5) == [20] * 30
+    # Again, with one more record each: only that one is new (the COPY of PostgreSQL
+    # meets the stored rows and falls back to skipping them).
+    again = [ResultBatch(sid, 0, [(k + 1, _r(k)) for k in range(21)]) for sid in ids]
+    assert store.store_many(again, now_ns=6) == [1] * 30
+    stale = ResultBatch(ids[0], 7, [(99, _r(99))])
+    assert store.store_many([stale, ResultBatch(ids[1], 0, [(22, _r(21))])]) == [None, 1]
+    with pytest.raises(StaleEpochError, match="epoch 7"):
+        store.store_results(ids[0], [(99, _r(99))], epoch=7)
+    for sid in ids:
+        assert store.record_ids(sid) == [(0, k) for k in range(1, 22 + (sid == ids[1]))]
+    assert store.session("p0").cursor == 21
+    assert [e.received for e in store.epochs(ids[1])] == [22]
+
+
+def test_a_repeated_seq_under_a_new_record_id_is_skipped(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    assert store.store_results(sid, [(1, _r(0)), (2, _r(1))]) == 2
+    assert store.store_results(sid, [(3, _r(1)), (4, _r(2))]) == 1
+    assert [r.seq for r in store.results(sid)] == [0, 1, 2]
+
+
+def test_a_repeated_record_id_with_another_seq_is_skipped(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    assert store.store_results(sid, [(1, _r(0)), (2, _r(1))]) == 2
+    # Only the primary key (session, epoch, record id) is repeated here.
+    assert store.store_results(sid, [(2, _r(7)), (3, _r(8))]) == 1
+    assert [
+        (rid, r.seq) for (_, rid), r in zip(store.record_ids(sid), store.results(sid), strict=True)
+    ] == [(1, 0), (2, 1), (3, 8)]
+
+
+def test_counters_and_totals_in_bulk(store: Store) -> None:
+    a, b = _sessions(store, 2)
+    store.store_many(
+        [ResultBatch(a, 0, [(1, _r(0))], counters=None),
+         ResultBatch(b, 0, [], counters=Counters(10, 2, 1, 0, 3, 40, 20))],
+        now_ns=9,
+    )  # fmt: skip
+    row = store.session("p1")
+    assert (row.sent, row.lost, row.forward_lost, row.overflow) == (10, 2, 1, 0)
+    (e,) = store.epochs(b)
+    assert (e.seen_ns, e.skipped, e.late_ns_total, e.late_ns_max) == (9, 3, 40, 20)
+
+
+def test_rollups_fold_each_record_once_and_answer_stats(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    # 3 minutes at 1 pps with Seqs 10 and 100 lost; delays vary.
+    recs = [(i + 1, _r(s, direct=1000 + 37 * (s % 11), back=2000 + s)) for i, s in
+            enumerate(s for s in range(180) if s not in (10, 100))]  # fmt: skip
+    store.store_results(sid, recs[:100])
+    assert store.roll_up() == 100
+    assert store.roll_up() == 0
+    assert len(store.unrolled(sid)) == 0
+    store.store_results(sid, recs[100:])
+    assert len(store.unrolled(sid)) == len(recs) - 100
+    assert store.roll_up(limit=30) == 30  # in pieces: the same result
+    while store.roll_up(limit=30):
+        pass
+    minutes = store.rollups(sid)
+    assert [m.minute_ns for _, m in minutes] == [T0, T0 + MINUTE_NS, T0 + 2 * MINUTE_NS]
+    assert [m.count for _, m in minutes] == [59, 59, 60]
+    assert [m.lost for _, m in minutes] == [1, 1, 0]
+    got = merged_stats([m for _, m in minutes])
+    exact = path_stats([r for _, r in recs])
+    assert got.received == exact.received == 178
+    assert got.lost == 2
+    assert got.direct is not None
+    assert exact.direct is not None
+    assert (got.direct.min_ns, got.direct.max_ns, got.direct.mean_ns) == (
+        exact.direct.min_ns, exact.direct.max_ns, exact.direct.mean_ns
+    )  # fmt: skip
+    assert abs(got.direct.p99_ns - exact.direct.p99_ns) <= 0.01 * exact.direct.p99_ns
+    # Only the minutes that overlap the range.
+    assert len(store.rollups(sid, since_ns=T0 + MINUTE_NS + 1)) == 2
+    assert len(store.rollups(sid, until_ns=T0 + MINUTE_NS)) == 1
+
+
+def test_expire_deletes_old_raw_records_only_once_rolled_up(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    recs = [(s + 1, _r(s)) for s in range(180)]  # 3 minutes
+    store.store_results(sid, recs)
+    now = T0 + 3 * MINUTE_NS
+    # Nothing rolled up: nothing may go.
+    assert store.expire(now, raw_ns=0) == (0, 0)
+    assert store.count_results(sid) == 180
+    store.roll_up()
+    # Keep one minute of raw records: the two first minutes go.
+    assert store.expire(now, raw_ns=MINUTE_NS) == (120, 0)
+    assert store.record_ids(sid)[0] == (0, 121)
+    assert store.expire(now, raw_ns=MINUTE_NS) == (0, 0)
+    assert sum(m.count for _, m in store.rollups(sid)) == 180  # rollups stay
+    assert store.expire(now + 10 * MINUTE_NS, raw_ns=MINUTE_NS, rollup_ns=5 * MINUTE_NS) == (
+        60, 3
+    )  # fmt: skip
+    assert store.rollups(sid) == []
+
+
+def test_storage_reports_bytes_per_result(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    store.store_results(sid, [(s + 1, _r(s)) for s in range(2000)])
+    st = store.storage()
+    assert st.results == 2000
+    assert st.bytes_per_result is not None
+    # A result is 12 integers: tens of bytes with its two indexes, not kilobytes.
+    assert 20 < st.bytes_per_result < 400
+
+
+def test_bad_postgresql_urls_are_refused() -> None:
+    with pytest.raises(StoreUnavailableError, match="cannot connect"):
+        open_store("postgresql:///nothing?host=/nonexistent&connect_timeout=2")
+    with pytest.raises(StoreError, match="not a PostgreSQL URL"):
+        open_store("postgresql://[broken")
+
+
+def test_postgresql_migrates_a_version_1_database(lab_postgres: object, pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (1)")
+        for statement in _STEPS[1]:
+            db.execute(statement)
+        db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector')")
+        db.execute(
+            "INSERT INTO sessions(name, ssid, sender, reflector, params, state, created_ns)"
+            " VALUES ('p', 1, 's1', 'r1', '{}', 'running', 1)"
+        )
+        db.execute("INSERT INTO epochs(session_id, epoch, started_ns, received) VALUES (1,0,1,1)")
+        db.execute(
+            "INSERT INTO results(session_id, epoch, record_id, seq, t1_ns, t2_ns, t3_ns, t4_ns,"
+            " sender_ee, reflector_ee, ttl, reflector_seq) VALUES (1,0,7,0,1,2,3,4,0,0,62,0)"
+        )
+    store = open_store(pg_url)
+    try:
+        assert store.record_ids(1) == [(0, 7)]
+        assert store.roll_up() == 1  # the new epoch columns were filled (top = 7)
+        with psycopg.connect(pg_url) as db:
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            assert row == (SCHEMA_VERSION,)
+    finally:
+        store.close()
+    # A second open (another replica) finds it current and changes nothing.
+    open_store(pg_url).close()
+
+
+def test_postgresql_refuses_a_newer_schema(pg_url: str) -> None:
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("UPDATE schema_version SET version = version + 1")
+    with pytest.raises(StoreError, match="newer than this sixlab"):
+        open_store(pg_url)
+
+
+def test_postgresql_schema_text_creates_what_the_steps_create(pg_url: str) -> None:
+    assert "CREATE TABLE rollups" in PG_SCHEMA
+    store = open_store(pg_url)
+    store.close()
+
+
+def test_postgresql_reconnects_after_the_server_drops_the_connection(pg_url: str) -> None:
+    store = open_store(pg_url)
+    assert isinstance(store, PostgresStore)
+    try:
+        store.add_node("s1", "h:1", "sender")
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid != pg_backend_pid()"
+            )
+        with pytest.raises(StoreUnavailableError):
+            store.nodes()
+        assert [n.name for n in store.nodes()] == ["s1"]
+    finally:
+        store.close()
+
+
+GROUPS = {"sender": ["s1", "s2"], "reflector": ["r1"], "housekeeping": ["housekeeping"]}
+TTL = 2 * 10**9
+
+
+def test_leases_are_shared_fairly_and_the_surplus_is_handed_over(store: Store) -> None:
+    a = store.lease_tick("A", GROUPS, TTL)
+    assert a.owned == {"s1", "s2", "r1", "housekeeping"}  # alone: everything
+    assert a.surplus == frozenset()
+    b = store.lease_tick("B", GROUPS, TTL)
+    assert (b.live, b.owned) == (2, frozenset())  # nothing free
+    a = store.lease_tick("A", GROUPS, TTL)
+    assert a.surplus == {"s2"}  # one sender of two is A's share
+    store.release("A", a.surplus)
+    b = store.lease_tick("B", GROUPS, TTL)
+    assert b.owned == {"s2"}
+    owners = store.lease_owners()
+    assert owners == {"s1": "A", "s2": "B", "r1": "A", "housekeeping": "A"}
+    assert [r.id for r in store.replicas()] == ["A", "B"]
+
+
+def test_an_expired_replicas_leases_are_claimed_by_the_others(store: Store) -> None:
+    short = 300_000_000
+    store.lease_tick("A", GROUPS, short)
+    b = store.lease_tick("B", GROUPS, short)
+    assert b.owned == frozenset()
+    time.sleep(0.4)  # A stops renewing: its leases expire (database clock)
+    assert store.lease_owners()["s1"] is None
+    b = store.lease_tick("B", GROUPS, short)
+    assert (b.live, b.owned) == (1, frozenset({"s1", "s2", "r1", "housekeeping"}))
+    # A comes back: it holds nothing and gets its share handed over by B.
+    a = store.lease_tick("A", GROUPS, TTL)
+    assert a.owned == frozenset()
+    b = store.lease_tick("B", GROUPS, TTL)
+    assert b.surplus == {"s2"}
+
+
+def test_a_replica_that_leaves_frees_its_leases_at_once(store: Store) -> None:
+    store.lease_tick("A", GROUPS, TTL)
+    store.leave("A")
+    assert set(store.lease_owners().values()) == {None}
+    assert store.replicas() == []
+    assert store.lease_tick("B", GROUPS, TTL).owned == {"s1", "s2", "r1", "housekeeping"}
