@@ -1,0 +1,480 @@
+"""A simulated STAMP agent: the real StampAgent gRPC API, synthetic results at a set rate.
+
+To measure the controller alone (how many results per second it stores, how far its
+collection lags, how much memory it needs per session), agents must produce results
+faster and more cheaply than real probes on a two-core machine can. The simulated agent
+serves the same API as ``sixlab stamp agent`` (``stamp.proto``: GetAgentInfo, Init,
+sessions, GetStampSessionResults, StreamResults, acknowledgements, counters), so the
+controller cannot tell it from a real one, but sends no packet: a sender session's
+records are computed from its schedule when they are read.
+
+Records. A started sender session "sends" Seq k at T1 = start + k × interval (wall
+clock) and "receives" its reflection ``delay`` later, so at time ``now`` every Seq with
+T1 + delay <= now has arrived, except the lost ones (Seq k with ``k % loss_every ==
+loss_every - 1`` when ``loss_every`` > 0; declared lost one loss timeout after T1).
+Records are numbered 1, 2, … in Seq order; T2 − T1 and T4 − T3 vary with Seq (a fixed
+pattern, so a test can recompute any record). Records stay available until
+acknowledged, up to ``fifo_capacity`` unacknowledged ones (beyond that the oldest are
+counted as overflow, as a real agent's FIFO does). Nothing is kept per record: memory
+is constant per session, whatever the rate.
+
+A reflector simulated agent keeps its sessions (create, start, stop, destroy) and
+answers nothing else of note. ``GetAgentInfo.epoch`` is random per run, as a real
+agent's: a restarted simulated agent has lost its sessions, and the controller
+restores them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.agent import (
+    _ROLE_PB,
+    DEFAULT_BATCH,
+    DEFAULT_BATCH_WINDOW_NS,
+    DEFAULT_COUNTERS_INTERVAL_NS,
+    MAX_BATCH,
+    MAX_MESSAGE_BYTES,
+    MIN_INTERVAL_NS,
+    AgentError,
+    AgentServer,
+    Role,
+    _status_of,
+)
+from sixlab.southbound.rpcserver import abort_for, unary
+from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
+
+__all__ = ["SimulatedAgentServicer", "serve_simulated"]
+
+Code = grpc.StatusCode
+NS_PER_S = 1_000_000_000
+#: Forward and return delays: a base and a pattern repeating every 97 Seqs (ns).
+BASE_DELAY_NS = 1_000_000
+#: Reflector residence time T3 − T2 (ns).
+RESIDENCE_NS = 20_000
+#: How often a stream looks for new records when none were due (s).
+_STREAM_TICK_S = 0.05
+
+_unary = unary(_status_of)
+
+
+def record_times(t1_ns: int, seq: int) -> tuple[int, int, int, int]:
+    """T1..T4 of the simulated record of ``seq`` sent at ``t1_ns``."""
+    forward = BASE_DELAY_NS + (seq * 7919) % 97 * 1000
+    back = BASE_DELAY_NS + (seq * 104729) % 89 * 1000
+    t2 = t1_ns + forward
+    t3 = t2 + RESIDENCE_NS
+    return t1_ns, t2, t3, t3 + back
+
+
+@dataclass
+class _SimSession:
+    ssid: int
+    role: Role
+    interval_ns: int = 0
+    count: int = 0
+    duration_ns: int = 0
+    loss_timeout_ns: int = DEFAULT_LOSS_TIMEOUT_NS
+    #: Wall-clock ns of Seq 0 (None: not started), and of the stop (None: not stopped).
+    start_ns: int | None = None
+    stop_ns: int | None = None
+    acked: int = 0
+    overflow: int = 0
+    fetched: int = 0
+
+    def _sent_by(self, t_ns: int) -> int:
+        """Seqs whose T1 is at or before t (the schedule, its count and duration)."""
+        if self.start_ns is None or t_ns < self.start_ns:
+            return 0
+        end = t_ns if self.stop_ns is None else min(t_ns, self.stop_ns)
+        n = (end - self.start_ns) // self.interval_ns + 1
+        if self.count:
+            n = min(n, self.count)
+        if self.duration_ns:
+            n = min(n, -(-self.duration_ns // self.interval_ns))
+        return max(n, 0)
+
+    def _schedule_over(self, now: int) -> bool:
+        if self.start_ns is None:
+            return False
+        if self.stop_ns is not None and now >= self.stop_ns:
+            return True
+        last_slot = self.start_ns + (self._sent_by(now) - 1) * self.interval_ns
+        capped = (self.count and self._sent_by(now) >= self.count) or (
+            self.duration_ns and now - self.start_ns >= self.duration_ns
+        )
+        return bool(capped) and now >= last_slot
+
+    def state(self, now: int) -> pb.SessionState.ValueType:
+        if self.role is Role.REFLECTOR:
+            if self.start_ns is None:
+                return pb.SESSION_STATE_IDLE
+            return (
+                pb.SESSION_STATE_FINISHED if self.stop_ns is not None else pb.SESSION_STATE_RUNNING
+            )
+        if self.start_ns is None:
+            return pb.SESSION_STATE_IDLE
+        if not self._schedule_over(now):
+            return pb.SESSION_STATE_RUNNING
+        sent = self._sent_by(now)
+        last_t1 = self.start_ns + (sent - 1) * self.interval_ns if sent else self.start_ns
+        if now < last_t1 + self.loss_timeout_ns:
+            return pb.SESSION_STATE_DRAINING
+        return pb.SESSION_STATE_FINISHED
+
+    def lost_in(self, seqs: int, loss_every: int) -> int:
+        """Lost Seqs among the first ``seqs``."""
+        return seqs // loss_every if loss_every else 0
+
+    def arrived(self, now: int, loss_every: int) -> int:
+        """Records (reflections received) by ``now``: their count is the last record id."""
+        seqs = self._sent_by(now - 2 * BASE_DELAY_NS - 200_000)
+        return seqs - self.lost_in(seqs, loss_every)
+
+    def seq_of(self, record_id: int, loss_every: int) -> int:
+        i = record_id - 1
+        return i + i // (loss_every - 1) if loss_every > 1 else i
+
+    def result(self, record_id: int, loss_every: int) -> pb.StampResult:
+        assert self.start_ns is not None
+        seq = self.seq_of(record_id, loss_every)
+        t1, t2, t3, t4 = record_times(self.start_ns + seq * self.interval_ns, seq)
+        return pb.StampResult(
+            ssid=self.ssid, seq=seq, t1_ns=t1, t2_ns=t2, t3_ns=t3, t4_ns=t4,
+            sender_error_estimate=0x8001, sender_error_ns=1,
+            reflector_error_estimate=0x8001, reflector_error_ns=1,
+            ses_sender_ttl=255, reflector_seq=seq, record_id=record_id,
+        )  # fmt: skip
+
+
+@dataclass
+class _Sub:
+    """One session on a StreamResults: the session object it began with, its cursor,
+    when its counters are due next (ns)."""
+
+    session: _SimSession | None
+    cursor: int
+    due: int = 0
+
+
+class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
+    """The StampAgent service with synthetic sender sessions (module docstring)."""
+
+    def __init__(
+        self,
+        role: Role | str = Role.SENDER,
+        *,
+        loss_every: int = 0,
+        fifo_capacity: int = 100_000,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if loss_every == 1 or loss_every < 0:
+            raise ValueError("loss_every: 0 (no loss) or at least 2")
+        self.role = Role(role)
+        self.loss_every = loss_every
+        self.fifo_capacity = fifo_capacity
+        self._clock = clock
+        self.epoch = secrets.randbits(64) or 1
+        self.started_ns = clock()
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._port = 0
+        self._sessions: dict[int, _SimSession] = {}
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _session(self, ssid: int) -> _SimSession:
+        s = self._sessions.get(ssid)
+        if s is None:
+            raise AgentError(Code.NOT_FOUND, f"ssid: no session {ssid}")
+        return s
+
+    def _sender(self, call: str) -> None:
+        if self.role is not Role.SENDER:
+            raise AgentError(Code.FAILED_PRECONDITION, f"{call}: this agent is a reflector")
+        if not self._initialized:
+            raise AgentError(Code.FAILED_PRECONDITION, f"{call}: agent not initialised")
+
+    def _take(self, s: _SimSession, after: int, limit: int, now: int) -> list[pb.StampResult]:
+        """Records after ``after`` (never below the acknowledged ones), at most ``limit``;
+        the oldest beyond the FIFO's capacity become overflow."""
+        last = s.arrived(now, self.loss_every)
+        floor = last - self.fifo_capacity
+        if floor > s.acked:
+            s.overflow += floor - s.acked
+            s.acked = floor
+        first = max(after, s.acked) + 1
+        upto = min(last, first + limit - 1)
+        out = [s.result(i, self.loss_every) for i in range(first, upto + 1)]
+        s.fetched += len(out)
+        return out
+
+    def _counters(self, s: _SimSession, now: int) -> pb.SessionCounters:
+        if s.role is Role.REFLECTOR:
+            return pb.SessionCounters(ssid=s.ssid, state=s.state(now))
+        sent = s._sent_by(now)
+        timed_out = s._sent_by(now - s.loss_timeout_ns)
+        last = s.arrived(now, self.loss_every)
+        return pb.SessionCounters(
+            ssid=s.ssid,
+            state=s.state(now),
+            sent=sent,
+            received=last,
+            lost=s.lost_in(timed_out, self.loss_every),
+            queued=max(0, last - s.acked),
+            overflow=s.overflow,
+            fetched=s.fetched,
+        )
+
+    # -- agent ------------------------------------------------------------------------
+
+    @_unary
+    def GetAgentInfo(self, _request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
+        return pb.GetAgentInfoReply(
+            role=_ROLE_PB[self.role],
+            default_dataplane="simulated",
+            available_dataplanes=["simulated"],
+            initialized=self._initialized,
+            dataplane="simulated" if self._initialized else "",
+            port=self._port,
+            ssids=sorted(self._sessions),
+            epoch=self.epoch,
+            started_ns=self.started_ns,
+        )
+
+    @_unary
+    def Init(self, request: pb.InitRequest) -> pb.InitReply:  # noqa: N802
+        if self._initialized:
+            raise AgentError(Code.FAILED_PRECONDITION, "Init: already initialised (Reset first)")
+        if request.dataplane not in ("", "simulated"):
+            raise AgentError(Code.INVALID_ARGUMENT, f"dataplane: {request.dataplane!r} unknown")
+        self._initialized = True
+        default = 862 if self.role is Role.REFLECTOR else 50_000
+        self._port = request.port if request.HasField("port") and request.port else default
+        return pb.InitReply(port=self._port, dataplane="simulated")
+
+    @_unary
+    def Reset(self, _request: pb.ResetRequest) -> pb.ResetReply:  # noqa: N802
+        return pb.ResetReply(sessions_destroyed=self.reset())
+
+    def reset(self) -> int:
+        """Destroy every session and forget the Init; how many sessions there were."""
+        with self._lock:
+            n = len(self._sessions)
+            self._sessions.clear()
+            self._initialized = False
+            self._port = 0
+        return n
+
+    @_unary
+    def CreateStampSession(  # noqa: N802
+        self, request: pb.CreateStampSessionRequest
+    ) -> pb.CreateStampSessionReply:
+        if not self._initialized:
+            raise AgentError(Code.FAILED_PRECONDITION, "CreateStampSession: not initialised")
+        if not 0 <= request.ssid <= 0xFFFF:
+            raise AgentError(Code.INVALID_ARGUMENT, f"ssid: {request.ssid} is not 0..65535")
+        if request.ssid in self._sessions:
+            raise AgentError(Code.ALREADY_EXISTS, f"ssid: session {request.ssid} exists")
+        s = _SimSession(request.ssid, self.role)
+        if self.role is Role.SENDER:
+            if request.interval_ns < MIN_INTERVAL_NS:
+                raise AgentError(Code.INVALID_ARGUMENT, f"interval_ns: at least {MIN_INTERVAL_NS}")
+            s.interval_ns = request.interval_ns
+            s.count = request.count
+            s.duration_ns = request.duration_ns
+            if request.loss_timeout_ns:
+                s.loss_timeout_ns = request.loss_timeout_ns
+        self._sessions[request.ssid] = s
+        return pb.CreateStampSessionReply()
+
+    @_unary
+    def StartStampSession(  # noqa: N802
+        self, request: pb.StartStampSessionRequest
+    ) -> pb.StartStampSessionReply:
+        s = self._session(request.ssid)
+        if s.start_ns is not None:
+            raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {s.ssid} was started")
+        s.start_ns = self._clock()
+        return pb.StartStampSessionReply()
+
+    @_unary
+    def StopStampSession(  # noqa: N802
+        self, request: pb.StopStampSessionRequest
+    ) -> pb.StopStampSessionReply:
+        s = self._session(request.ssid)
+        if s.start_ns is None or s.stop_ns is not None:
+            raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {s.ssid} is not running")
+        s.stop_ns = self._clock()
+        return pb.StopStampSessionReply()
+
+    @_unary
+    def DestroyStampSession(  # noqa: N802
+        self, request: pb.DestroyStampSessionRequest
+    ) -> pb.DestroyStampSessionReply:
+        self._session(request.ssid)
+        del self._sessions[request.ssid]
+        return pb.DestroyStampSessionReply()
+
+    # -- results ----------------------------------------------------------------------
+
+    @_unary
+    def GetStampSessionResults(  # noqa: N802
+        self, request: pb.GetStampSessionResultsRequest
+    ) -> pb.GetStampSessionResultsReply:
+        self._sender("GetStampSessionResults")
+        s = self._session(request.ssid)
+        now = self._clock()
+        after = request.after_id if request.HasField("after_id") else s.acked
+        s.acked = max(s.acked, min(after, s.arrived(now, self.loss_every)))
+        limit = request.max_results or MAX_BATCH
+        results = self._take(s, after, limit, now)
+        last = s.arrived(now, self.loss_every)
+        remaining = last - (results[-1].record_id if results else max(after, s.acked))
+        state = s.state(now)
+        if state == pb.SESSION_STATE_FINISHED and remaining > 0:
+            state = pb.SESSION_STATE_DRAINING
+        return pb.GetStampSessionResultsReply(
+            results=results,
+            overflow=s.overflow,
+            state=state,
+            remaining=max(0, remaining),
+            counters=self._counters(s, now),
+        )
+
+    @_unary
+    def AcknowledgeStampSessionResults(  # noqa: N802
+        self, request: pb.AcknowledgeStampSessionResultsRequest
+    ) -> pb.AcknowledgeStampSessionResultsReply:
+        self._sender("AcknowledgeStampSessionResults")
+        s = self._session(request.ssid)
+        return pb.AcknowledgeStampSessionResultsReply(acknowledged=self._ack(s, request.through_id))
+
+    def _ack(self, s: _SimSession, through: int) -> int:
+        top = min(through, s.arrived(self._clock(), self.loss_every))
+        done = max(0, top - s.acked)
+        s.acked += done
+        return done
+
+    @_unary
+    def AcknowledgeResults(  # noqa: N802
+        self, request: pb.AcknowledgeResultsRequest
+    ) -> pb.AcknowledgeResultsReply:
+        self._sender("AcknowledgeResults")
+        return pb.AcknowledgeResultsReply(
+            acknowledged={
+                ssid: self._ack(self._sessions[ssid], through)
+                for ssid, through in request.through_ids.items()
+                if ssid in self._sessions
+            }
+        )
+
+    def StreamResults(  # noqa: N802
+        self, request: pb.StreamResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatches]:
+        try:
+            yield from self._stream(request, context)
+        except Exception as exc:
+            abort_for(exc, context, _status_of)
+            raise
+
+    def _stream(self, request: pb.StreamResultsRequest, context: Any) -> Iterator[pb.ResultBatches]:
+        with self._lock:
+            self._sender("StreamResults")
+            subs = {
+                ssid: _Sub(self._sessions.get(ssid), after)
+                for ssid, after in request.after_ids.items()
+            }
+        max_batch = min(request.max_batch or DEFAULT_BATCH, MAX_BATCH)
+        window_s = (request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS) / NS_PER_S
+        every_ns = request.counters_interval_ns or DEFAULT_COUNTERS_INTERVAL_NS
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        while subs and not ended.is_set():
+            batches: list[pb.ResultBatch] = []
+            more = False
+            with self._lock:
+                now = self._clock()
+                for ssid, sub in list(subs.items()):
+                    s = sub.session
+                    if s is None or self._sessions.get(ssid) is not s:
+                        batches.append(pb.ResultBatch(ssid=ssid, gone=True))
+                        del subs[ssid]
+                        continue
+                    items = self._take(s, sub.cursor, max_batch, now)
+                    if items:
+                        sub.cursor = items[-1].record_id
+                    pending = s.arrived(now, self.loss_every) > sub.cursor
+                    more = more or pending
+                    final = s.state(now) == pb.SESSION_STATE_FINISHED and not pending
+                    if not items and now < sub.due and not final:
+                        continue
+                    batch = pb.ResultBatch(
+                        ssid=ssid, results=items, overflow=s.overflow, state=s.state(now),
+                        final=final,
+                    )  # fmt: skip
+                    if now >= sub.due or final:
+                        batch.counters.CopyFrom(self._counters(s, now))
+                        sub.due = now + every_ns
+                    batches.append(batch)
+                    if final:
+                        del subs[ssid]
+            if batches:
+                yield pb.ResultBatches(batches=batches)
+            if not more and ended.wait(max(window_s, _STREAM_TICK_S)):
+                return
+
+    # -- counters ---------------------------------------------------------------------
+
+    @_unary
+    def GetCounters(self, request: pb.GetCountersRequest) -> pb.GetCountersReply:  # noqa: N802
+        now = self._clock()
+        chosen = (
+            [self._session(request.ssid)]
+            if request.HasField("ssid")
+            else [self._sessions[k] for k in sorted(self._sessions)]
+        )
+        reply = pb.GetCountersReply(role=_ROLE_PB[self.role])
+        for s in chosen:
+            reply.sessions.append(self._counters(s, now))
+        return reply
+
+
+def serve_simulated(
+    address: str,
+    role: Role | str = Role.SENDER,
+    *,
+    loss_every: int = 0,
+    max_workers: int = 16,
+    fifo_capacity: int = 100_000,
+) -> AgentServer:
+    """Start a simulated agent serving gRPC on ``address`` (port 0: any free port).
+
+    The returned ``AgentServer`` is the real agent's handle (``stop``, ``port``).
+    """
+    servicer = SimulatedAgentServicer(role, loss_every=loss_every, fifo_capacity=fifo_capacity)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sim-agent"),
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_StampAgentServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        server.stop(None)
+        raise OSError(f"grpc: cannot listen on {address}: {exc}") from exc
+    server.start()
+    return AgentServer(server, servicer, int(port))  # type: ignore[arg-type]
