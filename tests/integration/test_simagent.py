@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,52 @@ def test_simulated_agent_counts_overflow_past_its_fifo() -> None:
     finally:
         client.close()
         server.stop(None)
+
+
+def test_sessions_are_created_and_started_in_batches(
+    sim_pair: tuple[AgentServer, AgentServer], tmp_path: Path
+) -> None:
+    sender, reflector = sim_pair
+    ctl = Controller(SqliteStore(tmp_path / "c.db"), supervise_interval_s=None)
+    try:
+        ctl.register_node("s", f"127.0.0.1:{sender.port}", "sender")
+        ctl.register_node("r", f"127.0.0.1:{reflector.port}", "reflector")
+        ctl.init_node("s")
+        ctl.init_node("r")
+        ctl.create_session(SessionSpec("old", "s", "r", "2001:db8::2"))
+
+        def spec(name: str, **kw: Any) -> SessionSpec:
+            return SessionSpec(name, kw.pop("sender", "s"), "r", "2001:db8::2",
+                               interval_ns=kw.pop("interval_ns", 20_000_000), count=10,
+                               loss_timeout_ns=100_000_000, collect="stream", **kw)  # fmt: skip
+
+        specs = [spec(f"p{i}") for i in range(300)]
+        specs += [
+            spec("old"),  # taken
+            spec("p7"),  # listed twice
+            spec("nowhere", sender="r"),  # a reflector as sender
+            spec("too-fast", interval_ns=10),  # the agent refuses it: its reflector half goes
+        ]
+        rows, errors = ctl.create_sessions(specs)
+        assert [r.name for r in rows] == [f"p{i}" for i in range(300)]
+        assert sorted(errors) == ["nowhere", "old", "p7", "too-fast"]
+        assert "already exists" in str(errors["old"])
+        assert "is a reflector" in str(errors["nowhere"])
+        ssids = {r.ssid for r in rows} | {ctl.store.session("old").ssid}
+        assert len(ssids) == 301  # every SSID distinct on the pair of nodes
+        info = AgentClient(f"127.0.0.1:{reflector.port}")
+        try:
+            assert set(info.info().ssids) == ssids  # not the refused session's
+        finally:
+            info.close()
+
+        errors = ctl.start_sessions([*(f"p{i}" for i in range(300)), "missing"])
+        assert list(errors) == ["missing"]
+        for i in range(300):
+            assert ctl.wait_finished(f"p{i}", 30)
+        for row in ctl.store.sessions():
+            if row.name.startswith("p"):
+                assert ctl.store.count_results(row.id) == 9  # Seq 9 lost (loss_every=10)
+                assert [e.epoch for e in ctl.store.epochs(row.id)] == [0]
+    finally:
+        ctl.close()

@@ -54,8 +54,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
@@ -77,7 +77,9 @@ from sixlab.southbound.client import (
     AgentClient,
     ResultStream,
     SouthboundError,
+    reflector_session_request,
     result_from_proto,
+    sender_session_request,
 )
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import PathStats, path_stats
@@ -103,6 +105,15 @@ BATCH = 5000
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
+#: How long an agent gathers records into one stream message (ns): fewer, larger
+#: messages cost the controller less per record.
+STREAM_WINDOW_NS = 250_000_000
+#: Stream messages are gathered for up to this long (s) into one transaction.
+COMMIT_INTERVAL_S = 0.5
+#: A sender's stream, changed, is reopened after this pause (s), once for a burst.
+REOPEN_DEBOUNCE_S = 0.05
+#: A healthy node's ``last_seen`` is written at most this often (ns).
+HEALTH_WRITE_NS = 1_000_000_000
 #: ``stats`` over a range longer than this reads the per-minute rollups (ns).
 RAW_STATS_NS = 3600 * 1_000_000_000
 #: How often the supervisor asks every agent how it is (s).
@@ -118,6 +129,8 @@ _ON_SENDER = ("created", "running", "stopping")
 SENDER_LOST = "sender-lost"
 #: Why an epoch of a stateful session ended when its reflector agent restarted.
 REFLECTOR_LOST = "reflector-lost"
+#: gRPC statuses that say the agent could not be reached.
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 #: gRPC statuses that say the agent does not have what the controller expects.
 _MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
@@ -324,11 +337,78 @@ def _batch(
     )
 
 
+def _merge(pending: dict[int, pb.ResultBatch], batch: pb.ResultBatch) -> None:
+    """Add a stream batch to those gathered, one per session: records appended, the
+    latest state, overflow and counters kept."""
+    into = pending.get(batch.ssid)
+    if into is None:
+        pending[batch.ssid] = batch
+        return
+    into.results.extend(batch.results)
+    into.overflow = batch.overflow
+    into.state = batch.state
+    into.final = into.final or batch.final
+    into.gone = into.gone or batch.gone
+    if batch.HasField("counters"):
+        into.counters.CopyFrom(batch.counters)
+
+
+def _check_spec(spec: SessionSpec, nodes: dict[str, NodeRow]) -> None:
+    """What ``create_session`` refuses before any call: a bad spec, unknown nodes, a node
+    of the wrong role."""
+    spec.validate()
+    for field_name in ("sender", "reflector"):
+        name = getattr(spec, field_name)
+        node = nodes.get(name)
+        if node is None:
+            raise NotFoundError(f"{field_name}: no node named {name!r}")
+        if node.role != field_name:
+            raise ControllerError(f"{field_name}: node {name!r} is a {node.role}")
+
+
+def _reflector_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
+    return reflector_session_request(
+        ssid,
+        stateful=spec.stateful,
+        key=bytes.fromhex(spec.key_hex) or None,
+        ptp=spec.ptp,
+        return_sid_list=() if spec.return_path_tlv else spec.return_segments,
+    )
+
+
+def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
+    return sender_session_request(
+        ssid,
+        spec.reflector_address,
+        sid_list=spec.segments,
+        interval_ns=spec.interval_ns,
+        count=spec.count,
+        duration_ns=spec.duration_ns,
+        source=spec.source_address or None,
+        reflector_port=spec.reflector_port,
+        key=bytes.fromhex(spec.key_hex) or None,
+        ptp=spec.ptp,
+        stateful_reflector=spec.stateful,
+        return_sid_list=spec.return_segments if spec.return_path_tlv else (),
+        loss_timeout_ns=spec.loss_timeout_ns,
+        strict_ssid=spec.strict_ssid,
+    )
+
+
+def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
+    """``row`` with another cursor (``dataclasses.replace``, without its cost per batch)."""
+    return SessionRow(
+        row.id, row.name, row.ssid, row.sender, row.reflector, row.params, row.state,
+        row.epoch, cursor, row.sent, row.lost, row.forward_lost, row.overflow, row.created_ns,
+        row.unclassified_lost, row.ssid_zero,
+    )  # fmt: skip
+
+
 ClientFactory = Callable[[str], AgentClient]
 
 
 def _open_stream(client: AgentClient, *, after: dict[int, int]) -> ResultStream[pb.ResultBatches]:
-    return client.stream_many(after, max_batch=BATCH)
+    return client.stream_many(after, max_batch=BATCH, batch_window_ns=STREAM_WINDOW_NS)
 
 
 class Controller:
@@ -341,6 +421,7 @@ class Controller:
         clock: Callable[[], int] = time.time_ns,
         poll_interval_s: float = 0.5,
         supervise_interval_s: float | None = SUPERVISE_INTERVAL_S,
+        commit_interval_s: float = COMMIT_INTERVAL_S,
     ) -> None:
         """``clock`` gives the Unix ns stored with nodes and sessions. ``supervise_interval_s``
         None: no supervisor thread (health and repairs only through ``check_node``)."""
@@ -348,6 +429,8 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.poll_interval_s = poll_interval_s
+        #: A sender's stream messages are stored together for up to this long (s).
+        self.commit_interval_s = commit_interval_s
         self.supervise_interval_s = supervise_interval_s
         self._client_factory = client_factory
         self._clients: dict[str, AgentClient] = {}
@@ -365,6 +448,8 @@ class Controller:
         self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
         self._closed = False
+        #: Each node's health as last written to the store, and when (``_health``).
+        self._health_seen: dict[str, tuple[bool, int]] = {}
         #: ``stats`` over a longer range reads rollups rather than raw results (ns).
         self.raw_stats_ns = RAW_STATS_NS
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
@@ -470,12 +555,11 @@ class Controller:
                     name,
                     info.epoch,
                 )
-            if node.role == "sender":
-                rows = [r for r in self.store.sessions() if r.sender == name]
-                expected = [r for r in rows if r.state in _ON_SENDER]
-            else:
-                rows = [r for r in self.store.sessions() if r.reflector == name]
-                expected = [r for r in rows if r.state in _ON_REFLECTOR]
+            # The node's sessions only: every node is checked every second, and reading
+            # every session for each would cost nodes x sessions rows a second.
+            rows = self.store.sessions_of(name, role=node.role)
+            on = _ON_SENDER if node.role == "sender" else _ON_REFLECTOR
+            expected = [r for r in rows if r.state in on]
             if not expected:
                 return
             if not info.initialized:
@@ -595,7 +679,15 @@ class Controller:
         return out
 
     def _health(self, node: str, *, healthy: bool, error: str | None = None) -> None:
-        self.store.set_health(node, healthy, self.clock(), error)
+        """Record the node's health: in the store when it changes, and at most once a
+        second while it stays healthy (``last_seen``), not at every call."""
+        now = self.clock()
+        with self._lock:
+            last = self._health_seen.get(node)
+            if last is not None and healthy and last[0] and now - last[1] < HEALTH_WRITE_NS:
+                return
+            self._health_seen[node] = (healthy, now)
+        self.store.set_health(node, healthy, now, error)
         self.metrics.set_agent_up(node, healthy)
 
     # -- sessions -----------------------------------------------------------------------
@@ -629,42 +721,183 @@ class Controller:
                 now_ns=self.clock(),
             )
 
+    def create_sessions(
+        self, specs: Sequence[SessionSpec]
+    ) -> tuple[list[SessionRow], dict[str, Exception]]:
+        """``create_session`` for many sessions at once: the calls to each agent in
+        flight together (``AgentClient.call_many``), the rows stored in one transaction.
+
+        Returns the sessions created and, by name, why the others were not (a refused
+        spec, a taken name, an agent's refusal); one failure does not stop the others.
+        """
+        errors: dict[str, Exception] = {}
+        wanted: list[SessionSpec] = []
+        nodes = {n.name: n for n in self.store.nodes()}
+        for spec in specs:
+            try:
+                _check_spec(spec, nodes)
+            except ControllerError as exc:
+                errors[spec.name] = exc
+                continue
+            wanted.append(spec)
+        with self._ops:
+            live = self.store.live_names([w.name for w in wanted])
+            used: dict[str, set[int]] = {}
+            #: Per (sender, reflector): SSIDs below this are taken (the sets only grow).
+            floor: dict[tuple[str, str], int] = {}
+            todo: list[tuple[SessionSpec, int]] = []
+            seen: set[str] = set()
+            for spec in wanted:
+                if spec.name in live or spec.name in seen:
+                    errors[spec.name] = SessionExistsError(
+                        f"name: session {spec.name!r} already exists"
+                    )
+                    continue
+                seen.add(spec.name)
+                for node in (spec.sender, spec.reflector):
+                    if node not in used:
+                        used[node] = self.store.used_ssids(node)
+                a, b = used[spec.sender], used[spec.reflector]
+                pair = (spec.sender, spec.reflector)
+                ssid = next(
+                    (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
+                    None,
+                )
+                if ssid is None:
+                    errors[spec.name] = NoFreeSsidError("ssid: no free SSID left on these nodes")
+                    continue
+                floor[pair] = ssid + 1
+                a.add(ssid)
+                b.add(ssid)
+                todo.append((spec, ssid))
+            made = self._many(todo, "reflector", _reflector_request, errors)
+            done = self._many(made, "sender", _sender_request, errors)
+            undo = [(sp, i) for sp, i in made if (sp, i) not in done]
+            self._many_calls(undo, "reflector", "DestroyStampSession",
+                             lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
+            now = self.clock()
+            rows = self.store.add_sessions(
+                [(sp.name, i, sp.sender, sp.reflector, asdict(sp)) for sp, i in done], now_ns=now
+            )
+        return rows, errors
+
+    def _many(
+        self,
+        items: list[tuple[SessionSpec, int]],
+        side: str,
+        request: Callable[[SessionSpec, int], pb.CreateStampSessionRequest],
+        errors: dict[str, Exception],
+    ) -> list[tuple[SessionSpec, int]]:
+        """CreateStampSession for every item on its ``side`` node; those that succeeded
+        (the others' errors go to ``errors``)."""
+        outcome = self._many_calls(items, side, "CreateStampSession", request)
+        ok = []
+        for (spec, ssid), result in zip(items, outcome, strict=True):
+            if isinstance(result, Exception):
+                errors[spec.name] = result
+            else:
+                ok.append((spec, ssid))
+        return ok
+
+    def _many_calls(
+        self,
+        items: list[tuple[SessionSpec, int]],
+        side: str,
+        method: str,
+        request: Callable[[SessionSpec, int], Any],
+    ) -> list[Any]:
+        """One call per item to its ``side`` node, pipelined per node; per item, in
+        order, the reply or the error."""
+        by_node: dict[str, list[int]] = {}
+        for k, (spec, _) in enumerate(items):
+            by_node.setdefault(getattr(spec, side), []).append(k)
+        out: list[Any] = [None] * len(items)
+        for node, indexes in by_node.items():
+            replies = self.client(node).call_many(method, [request(*items[k]) for k in indexes])
+            failed = [r for r in replies if isinstance(r, SouthboundError)]
+            down = [r for r in failed if r.code in _UNREACHABLE]
+            if down:
+                self._health(node, healthy=False, error=down[0].details)
+            elif len(failed) < len(replies):
+                self._health(node, healthy=True)
+            for k, reply in zip(indexes, replies, strict=True):
+                out[k] = reply
+        return out
+
+    def start_sessions(self, names: Sequence[str]) -> dict[str, Exception]:
+        """``start_session`` for many sessions: those created are started with their
+        calls pipelined per agent, one transaction for their epochs and states, and one
+        reopening of each sender's stream; the others one by one. Returns, by name, why
+        a session was not started."""
+        errors: dict[str, Exception] = {}
+        with self._ops:
+            rows = {r.name: r for r in self.store.sessions_named(names)}
+            fresh: list[SessionRow] = []
+            for name in names:
+                row = rows.get(name)
+                if row is None:
+                    errors[name] = NotFoundError(f"session: no session named {name!r}")
+                elif row.state == "created":
+                    fresh.append(row)
+                else:
+                    try:
+                        self.start_session(name)
+                    except (ControllerError, SouthboundError) as exc:
+                        errors[name] = exc
+            now = self.clock()
+            agents = {n.name: n.agent_epoch for n in self.store.nodes()}
+            self.store.begin_epochs([(r.name, agents.get(r.sender)) for r in fresh], now)
+            items = [(self._spec(r), r.ssid) for r in fresh]
+            started: list[SessionRow] = []
+            for side in ("reflector", "sender"):
+                replies = self._many_calls(
+                    items, side, "StartStampSession",
+                    lambda _sp, i: pb.StartStampSessionRequest(ssid=i),
+                )  # fmt: skip
+                keep = []
+                for row, item, reply in zip(fresh, items, replies, strict=True):
+                    if isinstance(reply, Exception):
+                        errors[row.name] = reply
+                    else:
+                        keep.append((row, item))
+                fresh, items = [r for r, _ in keep], [i for _, i in keep]
+            started = fresh
+            self.store.set_states([r.name for r in started], "running")
+            self._start_collectors(started)
+        return errors
+
+    def _start_collectors(self, rows: Sequence[SessionRow]) -> None:
+        """``_start_collector`` for many sessions: one reopening per sender's stream."""
+        poked: dict[str, _Streamer] = {}
+        for row in rows:
+            if row.params["collect"] != CollectMode.STREAM:
+                self._start_collector(row.name)
+                continue
+            if not self._owns(row.sender):
+                continue
+            with self._lock:
+                if self._closed:
+                    return
+                st = self._streamers.get(row.sender)
+                if st is None:
+                    st = self._streamers[row.sender] = _Streamer(row.sender)
+                    st.thread = threading.Thread(
+                        target=self._stream_loop, args=(st,), name=f"stream-{row.sender}",
+                        daemon=True,
+                    )  # fmt: skip
+                    st.thread.start()
+                st.names.add(row.name)
+                poked[row.sender] = st
+        for st in poked.values():
+            st.poke()
+
     def _create_reflector_half(self, spec: SessionSpec, ssid: int) -> None:
-        key = bytes.fromhex(spec.key_hex) or None
-        self._call(
-            spec.reflector,
-            lambda c: c.create_reflector_session(
-                ssid,
-                stateful=spec.stateful,
-                key=key,
-                ptp=spec.ptp,
-                return_sid_list=() if spec.return_path_tlv else spec.return_segments,
-            ),
-        )
+        self._call(spec.reflector, lambda c: c.create_session(_reflector_request(spec, ssid)))
 
     def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
-        key = bytes.fromhex(spec.key_hex) or None
         self._create_reflector_half(spec, ssid)
         try:
-            self._call(
-                spec.sender,
-                lambda c: c.create_sender_session(
-                    ssid,
-                    spec.reflector_address,
-                    sid_list=spec.segments,
-                    interval_ns=spec.interval_ns,
-                    count=spec.count,
-                    duration_ns=spec.duration_ns,
-                    source=spec.source_address or None,
-                    reflector_port=spec.reflector_port,
-                    key=key,
-                    ptp=spec.ptp,
-                    stateful_reflector=spec.stateful,
-                    return_sid_list=spec.return_segments if spec.return_path_tlv else (),
-                    loss_timeout_ns=spec.loss_timeout_ns,
-                    strict_ssid=spec.strict_ssid,
-                ),
-            )
+            self._call(spec.sender, lambda c: c.create_session(_sender_request(spec, ssid)))
         except SouthboundError:
             with contextlib.suppress(SouthboundError):
                 self._call(spec.reflector, lambda c: c.destroy_session(ssid))
@@ -1046,14 +1279,21 @@ class Controller:
         """Read the node's stream: open it on the sessions it carries, each from its
         stored cursor; reopen it when they change or it fails."""
         delay = RETRY_MIN_S
+        opened = False
         while not st.stop.is_set():
+            if opened:
+                # Sessions started one after another each change the set: reopen once
+                # for a burst of them, not once each.
+                st.stop.wait(REOPEN_DEBOUNCE_S)
+            opened = True
             st.changed.clear()
             with self._lock:
                 names = sorted(st.names)
+            rows = {r.name: r for r in self.store.sessions_of(st.node)}
             subs: dict[int, SessionRow] = {}
             for name in names:
-                row = self.store.session(name)
-                if row.state in ("running", "stopping") and row.sender == st.node:
+                row = rows.get(name)
+                if row is not None and row.state in ("running", "stopping"):
                     subs[row.ssid] = row
                 else:
                     with self._lock:
@@ -1067,8 +1307,24 @@ class Controller:
                 st.call = stream
                 if st.changed.is_set():  # changed while it was being opened
                     continue
+                # Messages are gathered for up to commit_interval_s and stored in one
+                # transaction: a session's rows then share the pages they land on (the
+                # store's cost is pages written per commit, not rows).
+                pending: dict[int, pb.ResultBatch] = {}
+                since = 0.0
                 for message in stream:
-                    self._store_batches(st, subs, message.batches)
+                    for b in message.batches:
+                        _merge(pending, b)
+                    now = time.monotonic()
+                    since = since or now
+                    if (
+                        now - since >= self.commit_interval_s
+                        or st.changed.is_set()
+                        or any(b.final or b.gone for b in message.batches)
+                    ):
+                        self._store_batches(st, subs, list(pending.values()))
+                        pending.clear()
+                        since = 0.0
                     if st.changed.is_set() or not subs:
                         break
             except SouthboundError as exc:
@@ -1121,7 +1377,7 @@ class Controller:
                     continue
                 self._stored(sub, stored, now)
                 cursor = stored.records[-1][0] if stored.records else sub.cursor
-                subs[batch.ssid] = replace(sub, cursor=cursor)
+                subs[batch.ssid] = _with_cursor(sub, cursor)
                 if stored.records:
                     acks[batch.ssid] = cursor
                 if batch.final:

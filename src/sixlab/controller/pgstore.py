@@ -142,6 +142,8 @@ _STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session_id, epoch, minute_ns)
         )""",
         "CREATE INDEX rollups_minute ON rollups(minute_ns)",
+        "CREATE INDEX sessions_sender ON sessions(sender)",
+        "CREATE INDEX sessions_reflector ON sessions(reflector)",
         """CREATE TABLE replicas (
             id          TEXT PRIMARY KEY,
             address     TEXT NOT NULL DEFAULT '',

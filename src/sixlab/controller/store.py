@@ -189,6 +189,8 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
 CREATE INDEX IF NOT EXISTS rollups_minute ON rollups(minute_ns);
+CREATE INDEX IF NOT EXISTS sessions_sender ON sessions(sender);
+CREATE INDEX IF NOT EXISTS sessions_reflector ON sessions(reflector);
 -- One live session per name; destroyed ones keep theirs (and their results).
 CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
 """
@@ -545,6 +547,70 @@ class Store(ABC):
                 raise NotFoundError("sender/reflector: unknown node") from None
         return self.session(name)
 
+    def add_sessions(
+        self,
+        items: Sequence[tuple[str, int, str, str, dict[str, Any]]],
+        *,
+        now_ns: int,
+    ) -> list[SessionRow]:
+        """``add_session`` for many (name, ssid, sender, reflector, params), in one
+        transaction: all are added, or none (an error names the first refused)."""
+        if not items:
+            return []
+        with self._transaction() as db:
+            for name, ssid, sender, reflector, params in items:
+                if not name:
+                    raise StoreError("name: a session needs a name")
+                try:
+                    db.execute(
+                        "INSERT INTO sessions(name, ssid, sender, reflector, params, state,"
+                        " created_ns) VALUES (?, ?, ?, ?, ?, 'created', ?)",
+                        (name, ssid, sender, reflector, json.dumps(params, sort_keys=True),
+                         now_ns),
+                    )  # fmt: skip
+                except self._integrity_errors as exc:
+                    if self._constraint(exc) == "unique":
+                        raise AlreadyExistsError(f"name: session {name!r} already exists") from None
+                    raise NotFoundError("sender/reflector: unknown node") from None
+        by_name = {r.name: r for r in self.sessions_named([i[0] for i in items])}
+        return [by_name[i[0]] for i in items]
+
+    def sessions_named(self, names: Sequence[str]) -> list[SessionRow]:
+        """The live sessions of these names (those that exist), in chunks of 500."""
+        out: list[SessionRow] = []
+        for i in range(0, len(names), 500):
+            chunk = list(names[i : i + 500])
+            with self._lock:
+                rows = self._db.execute(
+                    _SELECT_SESSIONS + " WHERE state != 'destroyed' AND name IN ("
+                    + ",".join("?" * len(chunk)) + ")",
+                    chunk,
+                ).fetchall()  # fmt: skip
+            out += [_session_row(r) for r in rows]
+        return out
+
+    def live_names(self, names: Sequence[str]) -> set[str]:
+        """Which of these names a live session has."""
+        return {r.name for r in self.sessions_named(names)}
+
+    def set_states(self, names: Sequence[str], state: str) -> None:
+        """``set_state`` for many sessions, in one transaction."""
+        if names:
+            with self._transaction() as db:
+                db.executemany(
+                    "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'",
+                    [(state, n) for n in names],
+                )
+
+    def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> None:
+        """``begin_epoch`` for many created sessions (name, sender agent), in one
+        transaction."""
+        if not items:
+            return
+        with self._transaction() as db:
+            for name, agent in items:
+                _begin_epoch(db, name, now_ns, agent, "")
+
     def session(self, name: str) -> SessionRow:
         """The session of that name: the live one, else the last one destroyed."""
         with self._lock:
@@ -579,25 +645,7 @@ class Store(ABC):
         over). A current epoch still open ends now with ``reason``. Returns the epoch.
         """
         with self._transaction() as db:
-            row = db.execute(
-                "SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
-            ).fetchone()
-            if row is None:
-                raise NotFoundError(f"session: no session named {name!r}")
-            sid, epoch = row
-            if db.execute(
-                "SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)
-            ).fetchone():
-                _end_epoch(db, sid, epoch, now_ns, reason)
-                epoch += 1
-                db.execute("UPDATE sessions SET epoch=?, cursor=0 WHERE id=?", (epoch, sid))
-            db.execute(
-                "INSERT INTO epochs(session_id, epoch, started_ns, sender_agent)"
-                " VALUES (?, ?, ?, ?)",
-                (sid, epoch, now_ns, sender_agent),
-            )
-        result: int = epoch
-        return result
+            return _begin_epoch(db, name, now_ns, sender_agent, reason)
 
     def end_epoch(self, name: str, now_ns: int, reason: str) -> None:
         """The live session's current epoch ends (if it is open)."""
@@ -642,6 +690,17 @@ class Store(ABC):
         for r in rows:
             out.setdefault(r[0], []).append(EpochRow(*r[1:]))
         return out
+
+    def sessions_of(self, node: str, *, role: str = "sender") -> list[SessionRow]:
+        """The live (not destroyed) sessions whose sender (or, with ``role="reflector"``,
+        reflector) is this node, oldest first."""
+        column = "reflector" if role == "reflector" else "sender"
+        with self._lock:
+            rows = self._db.execute(
+                _SELECT_SESSIONS + f" WHERE {column}=? AND state != 'destroyed' ORDER BY id",
+                (node,),
+            ).fetchall()
+        return [_session_row(r) for r in rows]
 
     def collectable(self, sender: str) -> list[str]:
         """Names of the sessions whose results are to be collected from this sender node
@@ -1089,6 +1148,9 @@ class SqliteStore(Store):
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
+            # Results go in one row per session per batch, all over the table's keys: a
+            # page cache of 64 MiB keeps the pages they land on in memory.
+            self._conn.execute("PRAGMA cache_size=-65536")
             _migrate(self._conn)
 
     def close(self) -> None:
@@ -1371,6 +1433,26 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     ):
         if column not in have:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
+
+
+def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reason: str) -> int:
+    """The body of ``Store.begin_epoch`` (in the caller's transaction)."""
+    row = db.execute(
+        "SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"session: no session named {name!r}")
+    sid, epoch = row
+    if db.execute("SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)).fetchone():
+        _end_epoch(db, sid, epoch, now_ns, reason)
+        epoch += 1
+        db.execute("UPDATE sessions SET epoch=?, cursor=0 WHERE id=?", (epoch, sid))
+    db.execute(
+        "INSERT INTO epochs(session_id, epoch, started_ns, sender_agent) VALUES (?, ?, ?, ?)",
+        (sid, epoch, now_ns, sender_agent),
+    )
+    result: int = epoch
+    return result
 
 
 def _end_epoch(db: _Db, sid: int, epoch: int, now_ns: int, reason: str) -> None:

@@ -1,0 +1,237 @@
+"""One controller against many simulated agents: create/start time, results stored per
+second, collection lag, CPU and memory, on SQLite or PostgreSQL (issue 15).
+
+The agents are simulated (``sixlab.southbound.simagent``: the real southbound gRPC API,
+synthetic results at each session's rate), one process each, so that the controller is
+what is measured. The controller runs as ``sixlab controller serve`` in its own process
+(``--db`` a SQLite file, or a database on a throwaway lab PostgreSQL server started
+here). Sessions are created and started through its northbound API, collected by
+stream (one ``StreamResults`` per sender agent).
+
+Reported, once the sessions run: results stored per second (the store's counts over
+the measuring window), the controller's CPU (share of one core) and RSS (also per
+1,000 sessions), collection lag (now − T4 of the newest stored record of sampled
+sessions: the age of what is stored, which includes the wait for the next packet and
+the agents' batch window), and bytes per stored result.
+
+    .venv/bin/python benchmarks/bench_controller.py --db sqlite --sessions 1000 --agents 10 \\
+        --rate 5 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _agent(role: str, loss_every: int) -> None:
+    """Child process: one simulated agent; prints its port, serves until stdin closes."""
+    from sixlab.southbound.simagent import serve_simulated  # noqa: PLC0415
+
+    server = serve_simulated("127.0.0.1:0", role, loss_every=loss_every, max_workers=8)
+    print(server.port, flush=True)
+    sys.stdin.read()
+    server.stop(None)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _stored(db: Any) -> int:
+    row = db.execute("SELECT COALESCE(SUM(received), 0) FROM epochs").fetchone()
+    return int(row[0])
+
+
+def _lags_ms(db: Any, sessions: list[tuple[int, int]], placeholder: str) -> list[float]:
+    out = []
+    now = time.time_ns()
+    for sid, epoch in sessions:
+        row = db.execute(
+            f"SELECT t4_ns FROM results WHERE session_id={placeholder} AND epoch={placeholder}"
+            " ORDER BY record_id DESC LIMIT 1",
+            (sid, epoch),
+        ).fetchone()
+        if row is not None:
+            out.append((now - int(row[0])) / 1e6)
+    return out
+
+
+def _pct(values: list[float], p: float) -> float:
+    data = sorted(values)
+    return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sixlab.controller import Controller, SessionSpec  # noqa: PLC0415
+    from sixlab.controller.client import ControllerClient  # noqa: PLC0415
+    from sixlab.controller.store import open_store  # noqa: PLC0415
+    from sixlab.testbed import LabPostgres  # noqa: PLC0415
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
+    pg = None
+    if args.db == "postgresql":
+        pg = LabPostgres(settings={"max_connections": "50", "shared_buffers": "256MB"})
+        url: str = pg.create_database("bench")
+    else:
+        url = str(tmp / "controller.db")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        ports = []
+        roles = ["sender"] * args.agents + ["reflector"]
+        for role in roles:
+            p = subprocess.Popen(
+                [sys.executable, __file__, "agent", role, str(args.loss_every)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            procs.append(p)
+            assert p.stdout is not None
+            ports.append(int(p.stdout.readline()))
+        interval = int(1e9 / args.rate)
+        specs = [
+            SessionSpec(f"p{i}", f"s{i % args.agents}", "r", "2001:db8::2",
+                        interval_ns=interval, collect="stream")
+            for i in range(args.sessions)
+        ]  # fmt: skip
+        nodes = [
+            (f"s{i}" if role == "sender" else "r", f"127.0.0.1:{ports[i]}", role)
+            for i, role in enumerate(roles)
+        ]
+        create_cpu = 0.0
+        if args.create == "batch":
+            # Controller.create_sessions / start_sessions, in this process (what a
+            # batch request of the northbound API runs); collection then moves to the
+            # serve process below, which resumes every running session.
+            inproc = Controller(open_store(url), supervise_interval_s=None)
+            for name, addr, role in nodes:
+                inproc.register_node(name, addr, role)
+                inproc.init_node(name)
+            c0, t0 = time.process_time(), time.monotonic()
+            _, errors = inproc.create_sessions(specs)
+            created_s = time.monotonic() - t0
+            errors |= inproc.start_sessions([s.name for s in specs])
+            started_s = time.monotonic() - t0
+            create_cpu = time.process_time() - c0
+            assert not errors, list(errors.items())[:3]
+            inproc.close()
+            inproc.store.close()
+        address = f"unix:{tmp}/ctl.sock"
+        ctl = subprocess.Popen(
+            [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
+             "--grpc", address],
+            stdout=subprocess.PIPE, stderr=(tmp / "controller.log").open("w"), text=True,
+        )  # fmt: skip
+        procs.append(ctl)
+        assert ctl.stdout is not None
+        ctl.stdout.readline()
+        client = ControllerClient(address, timeout=60)
+        if args.create == "api":
+            for name, addr, role in nodes:
+                client.register_node(name, addr, role)
+                client.init_node(name)
+            cpu0, t0 = _cpu_s(ctl.pid), time.monotonic()
+            for spec in specs:
+                client.create_session(spec)
+            created_s = time.monotonic() - t0
+            for spec in specs:
+                client.start_session(spec.name)
+            started_s = time.monotonic() - t0
+            create_cpu = _cpu_s(ctl.pid) - cpu0
+
+        db = open_store(url)
+        conn: Any = db._db
+        placeholder = "%s" if args.db == "postgresql" else "?"
+        rows = [(r.id, r.epoch) for r in db.sessions()]
+        sample = random.Random(1).sample(rows, min(200, len(rows)))
+        time.sleep(args.warmup)
+        lags: list[float] = []
+        n0, cpu0, t0 = _stored(conn), _cpu_s(ctl.pid), time.monotonic()
+        rss = []
+        while time.monotonic() - t0 < args.seconds:
+            time.sleep(1.0)
+            lags += _lags_ms(conn, sample, placeholder)
+            rss.append(_rss_mb(ctl.pid))
+        n1, cpu1, t1 = _stored(conn), _cpu_s(ctl.pid), time.monotonic()
+        storage = db.storage()
+        db.close()
+        client.close()
+        return {
+            "db": args.db,
+            "sessions": args.sessions,
+            "agents": args.agents,
+            "rate_per_session": args.rate,
+            "offered_per_s": args.sessions * args.rate,
+            "create_s": round(created_s, 2),
+            "create_start_s": round(started_s, 2),
+            "create": args.create,
+            "create_start_cpu_s": round(create_cpu, 2),
+            "stored_per_s": round((n1 - n0) / (t1 - t0)),
+            "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
+            "rss_mb": round(max(rss), 1),
+            "rss_mb_per_1000_sessions": round(max(rss) / args.sessions * 1000, 1),
+            "lag_ms_p50": round(statistics.median(lags), 1) if lags else None,
+            "lag_ms_p99": round(_pct(lags, 99), 1) if lags else None,
+            "bytes_per_result": (
+                round(storage.bytes_per_result, 1) if storage.bytes_per_result else None
+            ),
+            "results_stored": storage.results,
+            "load_average": os.getloadavg()[0],
+        }
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if pg is not None:
+            pg.close()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "agent":
+        _agent(sys.argv[2], int(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=5.0, help="packets/s per session")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--loss-every", type=int, default=0)
+    parser.add_argument(
+        "--create",
+        choices=("batch", "api"),
+        default="batch",
+        help="create and start the sessions in batches (Controller.create_sessions and"
+        " start_sessions), or one northbound call each",
+    )
+    print(json.dumps(run(parser.parse_args())), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""One sender agent's engine with many sessions on the socket plane: CPU and schedule slip
+(issue 15).
+
+A ``SenderEngine`` on the ``socket`` data plane (the probe path: a UDP socket, T4 from
+``SO_TIMESTAMPNS``) runs N sessions at R packets/s each against a socket-plane
+``ReflectorEngine`` in another process on loopback. The sessions are started one after
+another across one interval, so their slots are spread evenly as a controller starting
+them one by one spreads them. After a warm-up the benchmark reports, over its measuring
+window: the sender process's CPU (share of one core: user + system, the engine thread
+and the kernel's work for its sockets), packets sent and results received per second,
+and the schedule slip of every packet (how long after its slot, start + k × interval,
+the engine finished sending it: monotonic clock, measured in the engine's event hook
+right after the send), p50/p99/max, and the slots skipped.
+
+    sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from ipaddress import IPv6Address
+from typing import Any
+
+PORT = 40862
+
+
+def _reflector(port: int) -> None:
+    from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
+    from sixlab.dataplane.engine import ReflectorEngine  # noqa: PLC0415
+    from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig  # noqa: PLC0415
+
+    dp = create("socket", DataplaneConfig(port=port))
+    dp.open()
+    engine = ReflectorEngine(dp, Reflector(ReflectorSessionConfig(None)))
+    engine.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    engine.shutdown()
+
+
+def _pct(data: list[int], p: float) -> int:
+    data = sorted(data)
+    return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
+    from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec  # noqa: PLC0415
+    from sixlab.stamp import PacketSent, StampResult  # noqa: PLC0415
+    from sixlab.stamp.sender import SenderConfig  # noqa: PLC0415
+
+    interval = int(1e9 / args.rate)
+    base: dict[int, int] = {}
+    slips: list[int] = []
+    counts = {"sent": 0, "results": 0}
+    measuring = [False]
+
+    def on_event(event: object) -> None:
+        if isinstance(event, PacketSent):
+            now = time.monotonic_ns()
+            origin = base.setdefault(event.ssid, now)
+            if measuring[0]:
+                slips.append((now - origin) % interval)
+                counts["sent"] += 1
+        elif isinstance(event, StampResult) and measuring[0]:
+            counts["results"] += 1
+
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp, on_event=on_event, fifo_capacity=64)
+    engine.start()
+    n = args.sessions
+    for ssid in range(1, n + 1):
+        config = SenderConfig(ssid, interval_ns=interval, loss_timeout_ns=2 * interval)
+        engine.add_session(SenderSessionSpec(config, IPv6Address("::1"), args.port))
+    # Starts spread across one interval: session k at k/n of it.
+    t0 = time.monotonic_ns()
+    for ssid in range(1, n + 1):
+        due = t0 + (ssid - 1) * interval // n
+        while (ahead := due - time.monotonic_ns()) > 0:
+            time.sleep(ahead / 1e9)
+        engine.start_session(ssid)
+    # The results are not read by anyone here: keep only the last few per session.
+    time.sleep(args.warmup)
+    skipped0 = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1))
+    measuring[0] = True
+    c0, w0 = time.process_time(), time.monotonic()
+    time.sleep(args.seconds)
+    c1, w1 = time.process_time(), time.monotonic()
+    measuring[0] = False
+    skipped = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1)) - skipped0
+    engine.shutdown()
+    dp.close()
+    span = w1 - w0
+    return {
+        "sessions": n,
+        "rate_per_session": args.rate,
+        "offered_pps": n * args.rate,
+        "sent_pps": round(counts["sent"] / span),
+        "results_per_s": round(counts["results"] / span),
+        "cpu_of_one_core": round((c1 - c0) / span, 3),
+        "cpu_us_per_probe": round((c1 - c0) / max(counts["sent"], 1) * 1e6, 1),
+        "slip_us_p50": round(_pct(slips, 50) / 1e3, 1) if slips else None,
+        "slip_us_p99": round(_pct(slips, 99) / 1e3, 1) if slips else None,
+        "slip_us_max": round(max(slips) / 1e3, 1) if slips else None,
+        "skipped_slots": skipped,
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "reflector":
+        _reflector(int(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=10.0, help="packets/s per session")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--port", type=int, default=PORT, help="the reflector's UDP port")
+    args = parser.parse_args()
+    reflector = subprocess.Popen(
+        [sys.executable, __file__, "reflector", str(args.port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert reflector.stdout is not None
+        reflector.stdout.readline()
+        print(json.dumps(run(args)), flush=True)
+    finally:
+        assert reflector.stdin is not None
+        reflector.stdin.close()
+        reflector.wait(10)
+
+
+if __name__ == "__main__":
+    main()
