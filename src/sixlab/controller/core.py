@@ -108,6 +108,9 @@ RETRY_MAX_S = 5.0
 #: How long an agent gathers records into one stream message (ns): fewer, larger
 #: messages cost the controller less per record.
 STREAM_WINDOW_NS = 250_000_000
+#: How often an agent sends each session's counters on the stream (ns): sent and lost
+#: totals are this fresh (a session's last batch always has them).
+STREAM_COUNTERS_NS = 2_000_000_000
 #: Stream messages are gathered for up to this long (s) into one transaction.
 COMMIT_INTERVAL_S = 0.5
 #: A sender's stream, changed, is reopened after this pause (s), once for a burst.
@@ -408,7 +411,12 @@ ClientFactory = Callable[[str], AgentClient]
 
 
 def _open_stream(client: AgentClient, *, after: dict[int, int]) -> ResultStream[pb.ResultBatches]:
-    return client.stream_many(after, max_batch=BATCH, batch_window_ns=STREAM_WINDOW_NS)
+    return client.stream_many(
+        after,
+        max_batch=BATCH,
+        batch_window_ns=STREAM_WINDOW_NS,
+        counters_interval_ns=STREAM_COUNTERS_NS,
+    )
 
 
 class Controller:
@@ -555,13 +563,18 @@ class Controller:
                     name,
                     info.epoch,
                 )
-            # The node's sessions only: every node is checked every second, and reading
-            # every session for each would cost nodes x sessions rows a second.
-            rows = self.store.sessions_of(name, role=node.role)
+            # The node's sessions only, and their SSIDs first: every node is checked
+            # every second, and reading whole rows for all sessions each time would cost
+            # nodes x sessions rows a second.
             on = _ON_SENDER if node.role == "sender" else _ON_REFLECTOR
-            expected = [r for r in rows if r.state in on]
-            if not expected:
+            wanted = {ssid for ssid, state in self.store.ssids_of(name, role=node.role)
+                      if state in on}  # fmt: skip
+            if not wanted:
                 return
+            if info.initialized and not restarted and wanted <= set(info.ssids):
+                return  # the agent carries every one of them
+            rows = self.store.sessions_of(name, role=node.role)
+            expected = [r for r in rows if r.state in on]
             if not info.initialized:
                 self._replay_init(node)
                 info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -1000,14 +1013,15 @@ class Controller:
     def resume(self) -> list[str]:
         """After a restart: collect again for every session that was being collected
         (whose sender node this controller owns)."""
-        names = [
-            r.name
+        rows = [
+            r
             for r in self.store.sessions()
             if r.state in ("running", "stopping") and self._owns(r.sender)
         ]
-        for name in names:
-            self._start_collector(name)
-        return names
+        # In bulk: one store query and one stream opening per sender, not one each
+        # (each competes with collection for the store).
+        self._start_collectors(rows)
+        return [r.name for r in rows]
 
     def epochs(self, name: str) -> list[EpochStats]:
         """The session's epochs, oldest first, with what became of their probes."""
@@ -1140,9 +1154,9 @@ class Controller:
         """Collect the node's running sessions that are not collected here yet (a node
         this replica just took, or sessions another replica started on it); ``check``:
         supervise it now rather than at the next round."""
-        for name in self.store.collectable(node):
-            if not self.collecting(name):
-                self._start_collector(name)
+        names = {n for n in self.store.collectable(node) if not self.collecting(n)}
+        if names:
+            self._start_collectors([r for r in self.store.sessions_of(node) if r.name in names])
         if check:
             self._wake.set()
 

@@ -207,13 +207,63 @@ class _PgDb:
         return cur
 
 
+class _Pool:
+    """Up to ``size`` connections; ``with pool:`` lends the calling thread one for the
+    block (``current``), so that threads (one per agent's stream, the API's) use the
+    database side by side instead of queueing for one connection."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+        self._connect = connect
+        self._size = size
+        self._free: list[_PgDb] = []
+        self._all: list[_PgDb] = []
+        self._cond = threading.Condition()
+        self._local = threading.local()
+
+    def __enter__(self) -> _PgDb:
+        if getattr(self._local, "db", None) is not None:
+            raise RuntimeError("store: a thread took a second connection inside a first")
+        with self._cond:
+            while not self._free and len(self._all) >= self._size:
+                self._cond.wait()
+            db = self._free.pop() if self._free else None
+            if db is None:
+                db = _PgDb(self._connect)  # the pool's lock held: a few ms, once each
+                self._all.append(db)
+        self._local.db = db
+        return db
+
+    def __exit__(self, *exc: object) -> None:
+        db, self._local.db = self._local.db, None
+        with self._cond:
+            self._free.append(db)
+            self._cond.notify()
+
+    @property
+    def current(self) -> _PgDb:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            raise RuntimeError("store: no connection lent to this thread")
+        assert isinstance(db, _PgDb)
+        return db
+
+    def close(self) -> None:
+        with self._cond:
+            for db in self._all:
+                db.conn.close()
+
+
 class PostgresStore(Store):
-    """One connection to a PostgreSQL database (serialised, like the SQLite store's)."""
+    """A pool of connections to a PostgreSQL database (``pool_size``): the threads of a
+    controller store and read side by side; a replica's transactions on the sessions it
+    stores for lock their rows (``FOR UPDATE``), so that an epoch never changes under a
+    batch being stored."""
 
     _integrity_errors = (psycopg.errors.IntegrityError,)
     _now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)"
+    _row_lock_sql = " FOR UPDATE"
 
-    def __init__(self, url: str, *, connect_timeout_s: int = 10) -> None:
+    def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
@@ -222,14 +272,16 @@ class PostgresStore(Store):
         self.path = f"postgresql://{params.get('host', '')}/{params.get('dbname', '')}"
         self._url = url
         self._timeout = connect_timeout_s
-        self._lock = threading.Lock()
-        self._db = self._pg = _PgDb(self._connect)
+        self._lock = self._pool = _Pool(self._connect, pool_size)
         try:
-            with self._lock:
-                self._migrate()
+            self._migrate()
         except BaseException:
-            self._pg.conn.close()
+            self._pool.close()
             raise
+
+    @property
+    def _db(self) -> _Db:
+        return self._pool.current
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
@@ -238,19 +290,18 @@ class PostgresStore(Store):
             raise StoreUnavailableError(f"db: cannot connect: {exc}".strip()) from exc
 
     def close(self) -> None:
-        with self._lock:
-            self._pg.conn.close()
+        self._pool.close()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:
-        with self._lock:
+        with self._pool as pg:
             try:
-                with self._pg.ensure().transaction():
-                    self._pg.in_transaction = True
+                with pg.ensure().transaction():
+                    pg.in_transaction = True
                     try:
-                        yield self._pg
+                        yield pg
                     finally:
-                        self._pg.in_transaction = False
+                        pg.in_transaction = False
             except psycopg.OperationalError as exc:
                 raise StoreUnavailableError(f"store: {exc}") from exc
 
@@ -262,7 +313,8 @@ class PostgresStore(Store):
         return "other"
 
     def _insert_results(self, db: _Db, rows: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
-        conn = self._pg.conn
+        assert isinstance(db, _PgDb)
+        conn = db.conn
         counts: dict[tuple[int, int], int] = {}
         for row in rows:
             key = (row[0], row[1])
@@ -298,13 +350,13 @@ class PostgresStore(Store):
         return new
 
     def storage(self) -> Storage:
-        with self._lock:
-            counts = self._pg.execute(
+        with self._pool as pg:
+            counts = pg.execute(
                 "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM rollups)"
             ).fetchone()
             tables = {
                 name: int(size)
-                for name, size in self._pg.execute(
+                for name, size in pg.execute(
                     "SELECT relname, pg_total_relation_size(c.oid) FROM pg_class c"
                     " JOIN pg_namespace n ON n.oid = c.relnamespace"
                     " WHERE n.nspname = current_schema() AND c.relkind = 'r'"
@@ -315,8 +367,8 @@ class PostgresStore(Store):
     def _migrate(self) -> None:
         """Create the schema, or bring an older one up to SCHEMA_VERSION (one replica at a
         time, in one transaction)."""
-        conn = self._pg.conn
-        with conn.transaction():
+        with self._pool as pg, pg.conn.transaction():
+            conn = pg.conn
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT version FROM schema_version").fetchone()

@@ -410,13 +410,22 @@ class Store(ABC):
 
     #: What ``--db`` names this store by (a path or a URL without its password).
     path: str
-    _db: _Db
-    _lock: threading.Lock
+    #: Held around each statement outside a transaction (SQLite: the one connection's
+    #: lock; PostgreSQL: lends the thread a pooled connection).
+    _lock: contextlib.AbstractContextManager[Any]
+    #: Appended to the query that reads the epochs of the sessions a batch stores for:
+    #: PostgreSQL locks their rows (SQLite's write transaction excludes every other).
+    _row_lock_sql: ClassVar[str] = ""
     #: The driver's integrity error class(es), caught around inserts.
     _integrity_errors: ClassVar[tuple[type[Exception], ...]]
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def _db(self) -> _Db:
+        """The connection of the current ``_lock`` block or transaction."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -493,6 +502,10 @@ class Store(ABC):
         """Record the run of the node's agent seen now; True if it differs from the run
         seen before (the agent restarted), which also counts a restart."""
         text = f"{epoch:016x}"
+        with self._lock:  # the same run as last time (nearly always): no write
+            row = self._db.execute("SELECT agent_epoch FROM nodes WHERE name=?", (name,)).fetchone()
+        if row is not None and row[0] == text:
+            return False
         with self._transaction() as db:
             row = db.execute("SELECT agent_epoch FROM nodes WHERE name=?", (name,)).fetchone()
             if row is None:
@@ -702,6 +715,16 @@ class Store(ABC):
             ).fetchall()
         return [_session_row(r) for r in rows]
 
+    def ssids_of(self, node: str, *, role: str = "sender") -> list[tuple[int, str]]:
+        """(SSID, state) of the live sessions of this sender (or reflector) node."""
+        column = "reflector" if role == "reflector" else "sender"
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT ssid, state FROM sessions WHERE {column}=? AND state != 'destroyed'",  # noqa: S608
+                (node,),
+            ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     def collectable(self, sender: str) -> list[str]:
         """Names of the sessions whose results are to be collected from this sender node
         (running or stopping), oldest first."""
@@ -767,7 +790,7 @@ class Store(ABC):
         self, db: _Db, batches: Sequence[ResultBatch], now_ns: int | None, strict: bool
     ) -> list[int | None]:
         """The body of ``store_many`` (in the caller's transaction)."""
-        current = _current_epochs(db, {b.session_id for b in batches})
+        current = _current_epochs(db, {b.session_id for b in batches}, self._row_lock_sql)
         fresh: list[ResultBatch] = []
         stale: set[int] = set()
         for i, b in enumerate(batches):
@@ -786,6 +809,9 @@ class Store(ABC):
             fresh.append(b)
         rows = [_result_row(b.session_id, b.epoch, rid, r) for b in fresh for rid, r in b.records]
         new = self._insert_results(db, rows) if rows else {}
+        # Rows are updated in (session, epoch) order: PostgreSQL transactions of two
+        # threads then lock them in one order (no deadlock).
+        fresh.sort(key=lambda b: (b.session_id, b.epoch))
         cursors = [
             (top, b.session_id, b.epoch, top)
             for b in fresh
@@ -800,7 +826,9 @@ class Store(ABC):
         for row in rows:
             key = (row[0], row[1])
             tops[key] = max(tops.get(key, 0), row[2])
-        received = [(sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in new.items() if n]
+        received = [
+            (sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in sorted(new.items()) if n
+        ]
         if received:
             db.executemany(
                 "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
@@ -926,6 +954,7 @@ class Store(ABC):
                 + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
                 [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()],
             )  # fmt: skip
+            moved.sort(key=lambda m: (m[2], m[3]))
             done = db.executemany(
                 "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
                 " AND rolled=?",
@@ -1143,7 +1172,6 @@ class SqliteStore(Store):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db = self._conn
         self._lock = threading.Lock()
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -1152,6 +1180,10 @@ class SqliteStore(Store):
             # page cache of 64 MiB keeps the pages they land on in memory.
             self._conn.execute("PRAGMA cache_size=-65536")
             _migrate(self._conn)
+
+    @property
+    def _db(self) -> _Db:
+        return self._conn
 
     def close(self) -> None:
         with self._lock:
@@ -1230,8 +1262,9 @@ def _by_epoch(
     yield from groups.items()
 
 
-def _current_epochs(db: _Db, ids: set[int]) -> dict[int, tuple[int, str]]:
-    """(epoch, state) of each session by id, in chunks of 500 (SQLite's variable limit)."""
+def _current_epochs(db: _Db, ids: set[int], lock: str = "") -> dict[int, tuple[int, str]]:
+    """(epoch, state) of each session by id, in chunks of 500 (SQLite's variable limit);
+    ``lock`` (e.g. " FOR UPDATE") locks their rows, in id order."""
     out: dict[int, tuple[int, str]] = {}
     ordered = sorted(ids)
     for i in range(0, len(ordered), 500):
@@ -1239,7 +1272,8 @@ def _current_epochs(db: _Db, ids: set[int]) -> dict[int, tuple[int, str]]:
         for r in db.execute(
             "SELECT id, epoch, state FROM sessions WHERE id IN ("  # noqa: S608 - placeholders
             + ",".join("?" * len(chunk))
-            + ")",
+            + ") ORDER BY id"
+            + lock,
             chunk,
         ).fetchall():
             out[r[0]] = (r[1], r[2])
