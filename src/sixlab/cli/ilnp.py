@@ -42,13 +42,23 @@ def add_parsers(sub: Any) -> None:
         help="one of our locators (repeat for multihoming); lower PREF is preferred",
     )
     host.add_argument(
-        "--interface", action="append", required=True, help="link to serve (repeatable)"
+        "--interface",
+        action="append",
+        required=True,
+        type=argtypes.text,
+        help="link to serve (repeatable)",
     )
     host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
     host.add_argument("--store", choices=["hash", "linear"], default="hash")
-    host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
-    host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
-    host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
+    host.add_argument(
+        "--control", type=argtypes.text, default=DEFAULT_CONTROL, help="control socket path"
+    )
+    host.add_argument(
+        "--hosts", type=argtypes.text, help="I-LV hosts file for resolving correspondents"
+    )
+    host.add_argument(
+        "--tun", type=argtypes.text, default="ilnp0", help="TUN device for identifier addresses"
+    )
     host.add_argument(
         "--nonce",
         choices=["always", "initial"],
@@ -70,7 +80,9 @@ def add_parsers(sub: Any) -> None:
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
         tool = tools.add_parser(name, help=text)
-        tool.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+        tool.add_argument(
+            "--control", type=argtypes.text, default=DEFAULT_CONTROL, help="control socket path"
+        )
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
 
@@ -93,11 +105,10 @@ def _locator(text: str) -> LocatorEntry:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(text: str) -> int:
-    value = argtypes.count(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0: must be positive")
-    return value
+#: Largest ILCC the bounded policy may be given (entries): far above what a host
+#: daemon serves, far below what would exhaust memory before the first packet.
+MAX_CAPACITY = 1 << 24
+_positive = argtypes.integer(1, MAX_CAPACITY, "a number of entries")
 
 
 def _host(args: argparse.Namespace) -> int:

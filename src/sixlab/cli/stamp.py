@@ -39,7 +39,9 @@ def add_parsers(stamp: Any) -> None:
     r.add_argument("--listen", type=at.ipv6, default=None, help="address to listen on (any)")
     r.add_argument("--port", type=at.port, default=STAMP_PORT)
     r.add_argument("--dataplane", choices=planes, default="socket")
-    r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    r.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     r.add_argument("--stateful", action="store_true", help="own Seq counter (RFC 8762 §4.3.1)")
     r.add_argument(
         "--auth-key", type=at.hex_key, default=None, help="HMAC key, hex (authenticated)"
@@ -61,14 +63,25 @@ def add_parsers(stamp: Any) -> None:
         default=None,
         help="ask the reflector to answer along this SID list (RFC 9503 Return Path TLV)",
     )
-    s.add_argument("--count", type=int, default=10)
-    s.add_argument("--interval", type=at.seconds, default=1.0, help="seconds between packets")
-    s.add_argument("--timeout", type=at.seconds, default=2.0, help="loss timeout, seconds")
+    s.add_argument(
+        "--count",
+        type=at.integer(1, at.MAX_COUNT, "a packet count"),
+        default=10,
+        help="packets to send (default 10)",
+    )
+    s.add_argument(
+        "--interval", type=at.interval, default=1.0, help="seconds between packets (default 1)"
+    )
+    s.add_argument(
+        "--timeout", type=at.timeout, default=2.0, help="loss timeout, seconds (default 2)"
+    )
     s.add_argument("--ssid", type=at.ssid, default=1)
     s.add_argument("--auth-key", type=at.hex_key, default=None)
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
-    s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    s.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     s.add_argument("--json", action="store_true", help="one JSON document at the end")
     s.set_defaults(handler=_run_sender)
 
@@ -143,9 +156,6 @@ def _ms(ns: int) -> str:
 
 
 def _run_sender(args: argparse.Namespace) -> int:
-    if args.count <= 0:
-        print("sixlab stamp sender: --count must be positive", file=sys.stderr)
-        return 2
     tlvs = b""
     if args.return_segments:
         tlvs = tlv.ReturnPath((tlv.Srv6SegmentList(args.return_segments),)).to_tlv().encode()

@@ -29,12 +29,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
+from sixlab.southbound.client import ClientTls
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
@@ -78,6 +80,12 @@ _STATE_NAMES = {
     pb.SESSION_STATE_FINISHED: "finished",
     pb.SESSION_STATE_DESTROYED: "destroyed",
 }
+
+
+def _reason(details: str) -> str:
+    """The last, most specific part of gRPC's connection error ("Connection refused")."""
+    reason = details.rsplit(": ", 1)[-1].strip()
+    return reason or "not answering"
 
 
 def _tmp_socket() -> Path:
@@ -300,13 +308,33 @@ class ControllerClient(GrpcClient):
     error = NorthboundError
     peer = "controller"
 
-    def __init__(self, target: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tls: ClientTls | None = None,
+    ) -> None:
         target = target or default_address()
-        channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if tls is None:
+            channel = grpc.insecure_channel(target, options=options)
+        else:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            channel = grpc.secure_channel(target, tls.credentials(), options=options)
         super().__init__(target, channel, timeout)
         self._stub = pb_grpc.ControllerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, request: Any) -> Any:
+        """One RPC; a controller that cannot be reached is one short message."""
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code is grpc.StatusCode.UNAVAILABLE and not details.startswith("agent:"):
+                details = f"cannot reach the controller at {self.target}: {_reason(details)}"
+            raise NorthboundError(code, details) from None
 
     # -- nodes ------------------------------------------------------------------------
 
@@ -339,8 +367,9 @@ class ControllerClient(GrpcClient):
         reply: pb.InitNodeReply = self._call("InitNode", request)
         return reply.port
 
-    def nodes(self) -> list[NodeInfo]:
-        reply: pb.ListNodesReply = self._call("ListNodes", pb.ListNodesRequest())
+    def nodes(self, *, check: bool = False) -> list[NodeInfo]:
+        """Registered nodes; with ``check`` the controller asks every agent first."""
+        reply: pb.ListNodesReply = self._call("ListNodes", pb.ListNodesRequest(check=check))
         return [node_from_proto(n) for n in reply.nodes]
 
     # -- sessions ---------------------------------------------------------------------

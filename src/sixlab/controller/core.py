@@ -99,7 +99,7 @@ class SessionSpec:
     return_path_tlv: bool = False
     reflector_port: int = 862
     source_address: str = ""
-    interval_ns: int = 100_000_000
+    interval_ns: int = 1_000_000_000  # one packet a second, as the agent and the CLIs
     count: int = 0
     duration_ns: int = 0
     ptp: bool = False

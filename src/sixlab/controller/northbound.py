@@ -59,6 +59,7 @@ from sixlab.controller.store import (
     SessionRow,
     StoreError,
 )
+from sixlab.southbound.agent import TlsFiles
 from sixlab.southbound.client import SouthboundError
 from sixlab.southbound.rpcserver import unary
 from sixlab.stamp._events import StampResult
@@ -84,6 +85,8 @@ Code = grpc.StatusCode
 
 #: gRPC worker threads: a handful of CLI users and a dashboard at once.
 DEFAULT_MAX_WORKERS = 8
+#: Agents asked at once by ListNodes with ``check``.
+MAX_HEALTH_CHECKS = 16
 #: Results per GetResults when the request sets no limit, and the most it may ask for.
 #: A Record is about 80 bytes encoded: 100 000 of them stay under 10 MiB.
 DEFAULT_RESULTS_LIMIT = 10_000
@@ -379,7 +382,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         return pb.InitNodeReply(port=bound)
 
     @_handler(changes=False)
-    def ListNodes(self, _request: pb.ListNodesRequest) -> pb.ListNodesReply:  # noqa: N802
+    def ListNodes(self, request: pb.ListNodesRequest) -> pb.ListNodesReply:  # noqa: N802
+        if request.check:
+            names = [r.name for r in self.store.nodes()]
+            if names:
+                with futures.ThreadPoolExecutor(
+                    min(len(names), MAX_HEALTH_CHECKS), thread_name_prefix="health"
+                ) as pool:
+                    list(pool.map(self.controller.check_node, names))
         return pb.ListNodesReply(nodes=[node_to_proto(r) for r in self.store.nodes()])
 
     # -- sessions ---------------------------------------------------------------------
@@ -484,13 +494,20 @@ class ControllerServer:
 
 
 def serve_controller(
-    address: str, controller: Controller, *, max_workers: int = DEFAULT_MAX_WORKERS
+    address: str,
+    controller: Controller,
+    *,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+    tls: TlsFiles | None = None,
 ) -> ControllerServer:
     """Serve the northbound API of ``controller`` on ``address`` (``"[::1]:50050"``,
     ``"unix:/run/sixlab/controller.sock"``; port 0 picks a free port).
 
-    Returns once the server accepts calls. Raises OSError if it cannot listen.
+    With ``tls`` the server speaks TLS (and requires client certificates signed by
+    ``tls.ca`` if set: mutual TLS). Returns once the server accepts calls. Raises
+    OSError if it cannot listen, ValueError if a TLS file cannot be read.
     """
+    credentials = None if tls is None else tls.credentials()
     servicer = ControllerServicer(controller)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-nb"),
@@ -502,7 +519,10 @@ def serve_controller(
     )
     pb_grpc.add_ControllerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         server.stop(None)
         raise OSError(f"grpc: cannot listen on {address}: {exc}") from exc

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63ontroller.proto\x12\x14sixlab.controller.v1\"b\n\x13RegisterNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x04role\x18\x03 \x01(\x0e\x32\x1e.sixlab.controller.v1.NodeRole\"=\n\x11RegisterNodeReply\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.sixlab.controller.v1.Node\"q\n\x0fInitNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tdataplane\x18\x02 \x01(\t\x12\x11\n\x04port\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tinterface\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\tB\x07\n\x05_port\"\x1d\n\rInitNodeReply\x12\x0c\n\x04port\x18\x01 \x01(\r\"\x12\n\x10ListNodesRequest\";\n\x0eListNodesReply\x12)\n\x05nodes\x18\x01 \x03(\x0b\x32\x1a.sixlab.controller.v1.Node\"\xb9\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x04role\x18\x03 \x01(\x0e\x32\x1e.sixlab.controller.v1.NodeRole\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x19\n\x0clast_seen_ns\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x13\n\x0binitialized\x18\x07 \x01(\x08\x42\x0f\n\r_last_seen_ns\"\xce\x03\n\x14\x43reateSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x11\n\treflector\x18\x03 \x01(\t\x12\x19\n\x11reflector_address\x18\x04 \x01(\t\x12\x10\n\x08segments\x18\x05 \x03(\t\x12\x17\n\x0freturn_segments\x18\x06 \x03(\t\x12\x17\n\x0freturn_path_tlv\x18\x07 \x01(\x08\x12\x1b\n\x0ereflector_port\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0esource_address\x18\t \x01(\t\x12\x18\n\x0binterval_ns\x18\n \x01(\x04H\x01\x88\x01\x01\x12\r\n\x05\x63ount\x18\x0b \x01(\x04\x12\x13\n\x0b\x64uration_ns\x18\x0c \x01(\x04\x12\x0b\n\x03ptp\x18\r \x01(\x08\x12\x0b\n\x03key\x18\x0e \x01(\x0c\x12\x10\n\x08stateful\x18\x0f \x01(\x08\x12\x1c\n\x0floss_timeout_ns\x18\x10 \x01(\x04H\x02\x88\x01\x01\x12\x32\n\x07\x63ollect\x18\x11 \x01(\x0e\x32!.sixlab.controller.v1.CollectModeB\x11\n\x0f_reflector_portB\x0e\n\x0c_interval_nsB\x12\n\x10_loss_timeout_ns\"D\n\x12\x43reateSessionReply\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x1d.sixlab.controller.v1.Session\"#\n\x13StartSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11StartSessionReply\"\"\n\x12StopSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10StopSessionReply\"%\n\x15\x44\x65stroySessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65stroySessionReply\"0\n\x13ListSessionsRequest\x12\x19\n\x11include_destroyed\x18\x01 \x01(\x08\"D\n\x11ListSessionsReply\x12/\n\x08sessions\x18\x01 \x03(\x0b\x32\x1d.sixlab.controller.v1.Session\"\xd3\x04\n\x07Session\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04ssid\x18\x02 \x01(\r\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".sixlab.controller.v1.SessionState\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x11\n\treflector\x18\x05 \x01(\t\x12\x19\n\x11reflector_address\x18\x06 \x01(\t\x12\x10\n\x08segments\x18\x07 \x03(\t\x12\x17\n\x0freturn_segments\x18\x08 \x03(\t\x12\x17\n\x0freturn_path_tlv\x18\t \x01(\x08\x12\x16\n\x0ereflector_port\x18\n \x01(\r\x12\x16\n\x0esource_address\x18\x0b \x01(\t\x12\x13\n\x0binterval_ns\x18\x0c \x01(\x04\x12\r\n\x05\x63ount\x18\r \x01(\x04\x12\x13\n\x0b\x64uration_ns\x18\x0e \x01(\x04\x12\x0b\n\x03ptp\x18\x0f \x01(\x08\x12\x15\n\rauthenticated\x18\x10 \x01(\x08\x12\x10\n\x08stateful\x18\x11 \x01(\x08\x12\x17\n\x0floss_timeout_ns\x18\x12 \x01(\x04\x12\x32\n\x07\x63ollect\x18\x13 \x01(\x0e\x32!.sixlab.controller.v1.CollectMode\x12\x12\n\ncreated_ns\x18\x14 \x01(\x04\x12\r\n\x05\x65poch\x18\x15 \x01(\r\x12\x0c\n\x04sent\x18\x16 \x01(\x04\x12\x0c\n\x04lost\x18\x17 \x01(\x04\x12\x19\n\x0c\x66orward_lost\x18\x18 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08overflow\x18\x19 \x01(\x04\x12\x0e\n\x06stored\x18\x1a \x01(\x04\x42\x0f\n\r_forward_lost\"T\n\x11GetResultsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\x08since_ns\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\r\n\x05limit\x18\x03 \x01(\rB\x0b\n\t_since_ns\"N\n\x0fGetResultsReply\x12-\n\x07records\x18\x01 \x03(\x0b\x32\x1c.sixlab.controller.v1.Record\x12\x0c\n\x04more\x18\x02 \x01(\x08\"\xb9\x02\n\x06Record\x12\x0b\n\x03seq\x18\x01 \x01(\r\x12\r\n\x05t1_ns\x18\x02 \x01(\x04\x12\r\n\x05t2_ns\x18\x03 \x01(\x04\x12\r\n\x05t3_ns\x18\x04 \x01(\x04\x12\r\n\x05t4_ns\x18\x05 \x01(\x04\x12\x11\n\tdirect_ns\x18\x06 \x01(\x12\x12\x11\n\treturn_ns\x18\x07 \x01(\x12\x12\x0e\n\x06rtt_ns\x18\x08 \x01(\x12\x12\x0b\n\x03ttl\x18\t \x01(\r\x12\x15\n\rreflector_seq\x18\n \x01(\r\x12\x1d\n\x15sender_error_estimate\x18\x0b \x01(\r\x12 \n\x18reflector_error_estimate\x18\x0c \x01(\r\x12\x17\n\x0fsender_error_ns\x18\r \x01(\x04\x12\x1a\n\x12reflector_error_ns\x18\x0e \x01(\x04\x12\x16\n\x0e\x65rror_bound_ns\x18\x0f \x01(\x04\"G\n\x13GetPathStatsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\x08since_ns\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x0b\n\t_since_ns\"~\n\x0c\x44\x65laySummary\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x0e\n\x06min_ns\x18\x02 \x01(\x12\x12\x0f\n\x07mean_ns\x18\x03 \x01(\x12\x12\x0e\n\x06p50_ns\x18\x04 \x01(\x12\x12\x0e\n\x06p90_ns\x18\x05 \x01(\x12\x12\x0e\n\x06p99_ns\x18\x06 \x01(\x12\x12\x0e\n\x06max_ns\x18\x07 \x01(\x12\"\x81\x04\n\x11GetPathStatsReply\x12\x38\n\x0c\x64irect_delay\x18\x01 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12\x38\n\x0creturn_delay\x18\x02 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12<\n\x10round_trip_delay\x18\x03 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12\x1d\n\x10\x64irect_jitter_ns\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x10return_jitter_ns\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x10\n\x08received\x18\x06 \x01(\x04\x12\x0c\n\x04lost\x18\x07 \x01(\x04\x12\x12\n\nloss_ratio\x18\x08 \x01(\x01\x12\x19\n\x0c\x66orward_lost\x18\t \x01(\x04H\x02\x88\x01\x01\x12\x1a\n\rbackward_lost\x18\n \x01(\x04H\x03\x88\x01\x01\x12\x1f\n\x12max_error_bound_ns\x18\x0b \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04sent\x18\x0c \x01(\x04\x42\x13\n\x11_direct_jitter_nsB\x13\n\x11_return_jitter_nsB\x0f\n\r_forward_lostB\x10\n\x0e_backward_lostB\x15\n\x13_max_error_bound_ns*T\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_ROLE_SENDER\x10\x01\x12\x17\n\x13NODE_ROLE_REFLECTOR\x10\x02*=\n\x0b\x43ollectMode\x12\x15\n\x11\x43OLLECT_MODE_POLL\x10\x00\x12\x17\n\x13\x43OLLECT_MODE_STREAM\x10\x01*\xd3\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATE_CREATED\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1a\n\x16SESSION_STATE_STOPPING\x10\x03\x12\x19\n\x15SESSION_STATE_STOPPED\x10\x04\x12\x1a\n\x16SESSION_STATE_FINISHED\x10\x05\x12\x1b\n\x17SESSION_STATE_DESTROYED\x10\x06\x32\xdf\x07\n\nController\x12\x62\n\x0cRegisterNode\x12).sixlab.controller.v1.RegisterNodeRequest\x1a\'.sixlab.controller.v1.RegisterNodeReply\x12V\n\x08InitNode\x12%.sixlab.controller.v1.InitNodeRequest\x1a#.sixlab.controller.v1.InitNodeReply\x12Y\n\tListNodes\x12&.sixlab.controller.v1.ListNodesRequest\x1a$.sixlab.controller.v1.ListNodesReply\x12\x65\n\rCreateSession\x12*.sixlab.controller.v1.CreateSessionRequest\x1a(.sixlab.controller.v1.CreateSessionReply\x12\x62\n\x0cStartSession\x12).sixlab.controller.v1.StartSessionRequest\x1a\'.sixlab.controller.v1.StartSessionReply\x12_\n\x0bStopSession\x12(.sixlab.controller.v1.StopSessionRequest\x1a&.sixlab.controller.v1.StopSessionReply\x12h\n\x0e\x44\x65stroySession\x12+.sixlab.controller.v1.DestroySessionRequest\x1a).sixlab.controller.v1.DestroySessionReply\x12\x62\n\x0cListSessions\x12).sixlab.controller.v1.ListSessionsRequest\x1a\'.sixlab.controller.v1.ListSessionsReply\x12\\\n\nGetResults\x12\'.sixlab.controller.v1.GetResultsRequest\x1a%.sixlab.controller.v1.GetResultsReply\x12\x62\n\x0cGetPathStats\x12).sixlab.controller.v1.GetPathStatsRequest\x1a\'.sixlab.controller.v1.GetPathStatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63ontroller.proto\x12\x14sixlab.controller.v1\"b\n\x13RegisterNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x04role\x18\x03 \x01(\x0e\x32\x1e.sixlab.controller.v1.NodeRole\"=\n\x11RegisterNodeReply\x12(\n\x04node\x18\x01 \x01(\x0b\x32\x1a.sixlab.controller.v1.Node\"q\n\x0fInitNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tdataplane\x18\x02 \x01(\t\x12\x11\n\x04port\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tinterface\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\tB\x07\n\x05_port\"\x1d\n\rInitNodeReply\x12\x0c\n\x04port\x18\x01 \x01(\r\"!\n\x10ListNodesRequest\x12\r\n\x05\x63heck\x18\x01 \x01(\x08\";\n\x0eListNodesReply\x12)\n\x05nodes\x18\x01 \x03(\x0b\x32\x1a.sixlab.controller.v1.Node\"\xb9\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x04role\x18\x03 \x01(\x0e\x32\x1e.sixlab.controller.v1.NodeRole\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x19\n\x0clast_seen_ns\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x13\n\x0binitialized\x18\x07 \x01(\x08\x42\x0f\n\r_last_seen_ns\"\xce\x03\n\x14\x43reateSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x11\n\treflector\x18\x03 \x01(\t\x12\x19\n\x11reflector_address\x18\x04 \x01(\t\x12\x10\n\x08segments\x18\x05 \x03(\t\x12\x17\n\x0freturn_segments\x18\x06 \x03(\t\x12\x17\n\x0freturn_path_tlv\x18\x07 \x01(\x08\x12\x1b\n\x0ereflector_port\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0esource_address\x18\t \x01(\t\x12\x18\n\x0binterval_ns\x18\n \x01(\x04H\x01\x88\x01\x01\x12\r\n\x05\x63ount\x18\x0b \x01(\x04\x12\x13\n\x0b\x64uration_ns\x18\x0c \x01(\x04\x12\x0b\n\x03ptp\x18\r \x01(\x08\x12\x0b\n\x03key\x18\x0e \x01(\x0c\x12\x10\n\x08stateful\x18\x0f \x01(\x08\x12\x1c\n\x0floss_timeout_ns\x18\x10 \x01(\x04H\x02\x88\x01\x01\x12\x32\n\x07\x63ollect\x18\x11 \x01(\x0e\x32!.sixlab.controller.v1.CollectModeB\x11\n\x0f_reflector_portB\x0e\n\x0c_interval_nsB\x12\n\x10_loss_timeout_ns\"D\n\x12\x43reateSessionReply\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x1d.sixlab.controller.v1.Session\"#\n\x13StartSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11StartSessionReply\"\"\n\x12StopSessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10StopSessionReply\"%\n\x15\x44\x65stroySessionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65stroySessionReply\"0\n\x13ListSessionsRequest\x12\x19\n\x11include_destroyed\x18\x01 \x01(\x08\"D\n\x11ListSessionsReply\x12/\n\x08sessions\x18\x01 \x03(\x0b\x32\x1d.sixlab.controller.v1.Session\"\xd3\x04\n\x07Session\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04ssid\x18\x02 \x01(\r\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".sixlab.controller.v1.SessionState\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x11\n\treflector\x18\x05 \x01(\t\x12\x19\n\x11reflector_address\x18\x06 \x01(\t\x12\x10\n\x08segments\x18\x07 \x03(\t\x12\x17\n\x0freturn_segments\x18\x08 \x03(\t\x12\x17\n\x0freturn_path_tlv\x18\t \x01(\x08\x12\x16\n\x0ereflector_port\x18\n \x01(\r\x12\x16\n\x0esource_address\x18\x0b \x01(\t\x12\x13\n\x0binterval_ns\x18\x0c \x01(\x04\x12\r\n\x05\x63ount\x18\r \x01(\x04\x12\x13\n\x0b\x64uration_ns\x18\x0e \x01(\x04\x12\x0b\n\x03ptp\x18\x0f \x01(\x08\x12\x15\n\rauthenticated\x18\x10 \x01(\x08\x12\x10\n\x08stateful\x18\x11 \x01(\x08\x12\x17\n\x0floss_timeout_ns\x18\x12 \x01(\x04\x12\x32\n\x07\x63ollect\x18\x13 \x01(\x0e\x32!.sixlab.controller.v1.CollectMode\x12\x12\n\ncreated_ns\x18\x14 \x01(\x04\x12\r\n\x05\x65poch\x18\x15 \x01(\r\x12\x0c\n\x04sent\x18\x16 \x01(\x04\x12\x0c\n\x04lost\x18\x17 \x01(\x04\x12\x19\n\x0c\x66orward_lost\x18\x18 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08overflow\x18\x19 \x01(\x04\x12\x0e\n\x06stored\x18\x1a \x01(\x04\x42\x0f\n\r_forward_lost\"T\n\x11GetResultsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\x08since_ns\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\r\n\x05limit\x18\x03 \x01(\rB\x0b\n\t_since_ns\"N\n\x0fGetResultsReply\x12-\n\x07records\x18\x01 \x03(\x0b\x32\x1c.sixlab.controller.v1.Record\x12\x0c\n\x04more\x18\x02 \x01(\x08\"\xb9\x02\n\x06Record\x12\x0b\n\x03seq\x18\x01 \x01(\r\x12\r\n\x05t1_ns\x18\x02 \x01(\x04\x12\r\n\x05t2_ns\x18\x03 \x01(\x04\x12\r\n\x05t3_ns\x18\x04 \x01(\x04\x12\r\n\x05t4_ns\x18\x05 \x01(\x04\x12\x11\n\tdirect_ns\x18\x06 \x01(\x12\x12\x11\n\treturn_ns\x18\x07 \x01(\x12\x12\x0e\n\x06rtt_ns\x18\x08 \x01(\x12\x12\x0b\n\x03ttl\x18\t \x01(\r\x12\x15\n\rreflector_seq\x18\n \x01(\r\x12\x1d\n\x15sender_error_estimate\x18\x0b \x01(\r\x12 \n\x18reflector_error_estimate\x18\x0c \x01(\r\x12\x17\n\x0fsender_error_ns\x18\r \x01(\x04\x12\x1a\n\x12reflector_error_ns\x18\x0e \x01(\x04\x12\x16\n\x0e\x65rror_bound_ns\x18\x0f \x01(\x04\"G\n\x13GetPathStatsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\x08since_ns\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x0b\n\t_since_ns\"~\n\x0c\x44\x65laySummary\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x0e\n\x06min_ns\x18\x02 \x01(\x12\x12\x0f\n\x07mean_ns\x18\x03 \x01(\x12\x12\x0e\n\x06p50_ns\x18\x04 \x01(\x12\x12\x0e\n\x06p90_ns\x18\x05 \x01(\x12\x12\x0e\n\x06p99_ns\x18\x06 \x01(\x12\x12\x0e\n\x06max_ns\x18\x07 \x01(\x12\"\x81\x04\n\x11GetPathStatsReply\x12\x38\n\x0c\x64irect_delay\x18\x01 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12\x38\n\x0creturn_delay\x18\x02 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12<\n\x10round_trip_delay\x18\x03 \x01(\x0b\x32\".sixlab.controller.v1.DelaySummary\x12\x1d\n\x10\x64irect_jitter_ns\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x10return_jitter_ns\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x10\n\x08received\x18\x06 \x01(\x04\x12\x0c\n\x04lost\x18\x07 \x01(\x04\x12\x12\n\nloss_ratio\x18\x08 \x01(\x01\x12\x19\n\x0c\x66orward_lost\x18\t \x01(\x04H\x02\x88\x01\x01\x12\x1a\n\rbackward_lost\x18\n \x01(\x04H\x03\x88\x01\x01\x12\x1f\n\x12max_error_bound_ns\x18\x0b \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04sent\x18\x0c \x01(\x04\x42\x13\n\x11_direct_jitter_nsB\x13\n\x11_return_jitter_nsB\x0f\n\r_forward_lostB\x10\n\x0e_backward_lostB\x15\n\x13_max_error_bound_ns*T\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_ROLE_SENDER\x10\x01\x12\x17\n\x13NODE_ROLE_REFLECTOR\x10\x02*=\n\x0b\x43ollectMode\x12\x15\n\x11\x43OLLECT_MODE_POLL\x10\x00\x12\x17\n\x13\x43OLLECT_MODE_STREAM\x10\x01*\xd3\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATE_CREATED\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1a\n\x16SESSION_STATE_STOPPING\x10\x03\x12\x19\n\x15SESSION_STATE_STOPPED\x10\x04\x12\x1a\n\x16SESSION_STATE_FINISHED\x10\x05\x12\x1b\n\x17SESSION_STATE_DESTROYED\x10\x06\x32\xdf\x07\n\nController\x12\x62\n\x0cRegisterNode\x12).sixlab.controller.v1.RegisterNodeRequest\x1a\'.sixlab.controller.v1.RegisterNodeReply\x12V\n\x08InitNode\x12%.sixlab.controller.v1.InitNodeRequest\x1a#.sixlab.controller.v1.InitNodeReply\x12Y\n\tListNodes\x12&.sixlab.controller.v1.ListNodesRequest\x1a$.sixlab.controller.v1.ListNodesReply\x12\x65\n\rCreateSession\x12*.sixlab.controller.v1.CreateSessionRequest\x1a(.sixlab.controller.v1.CreateSessionReply\x12\x62\n\x0cStartSession\x12).sixlab.controller.v1.StartSessionRequest\x1a\'.sixlab.controller.v1.StartSessionReply\x12_\n\x0bStopSession\x12(.sixlab.controller.v1.StopSessionRequest\x1a&.sixlab.controller.v1.StopSessionReply\x12h\n\x0e\x44\x65stroySession\x12+.sixlab.controller.v1.DestroySessionRequest\x1a).sixlab.controller.v1.DestroySessionReply\x12\x62\n\x0cListSessions\x12).sixlab.controller.v1.ListSessionsRequest\x1a\'.sixlab.controller.v1.ListSessionsReply\x12\\\n\nGetResults\x12\'.sixlab.controller.v1.GetResultsRequest\x1a%.sixlab.controller.v1.GetResultsReply\x12\x62\n\x0cGetPathStats\x12).sixlab.controller.v1.GetPathStatsRequest\x1a\'.sixlab.controller.v1.GetPathStatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEROLE']._serialized_start=3248
-  _globals['_NODEROLE']._serialized_end=3332
-  _globals['_COLLECTMODE']._serialized_start=3334
-  _globals['_COLLECTMODE']._serialized_end=3395
-  _globals['_SESSIONSTATE']._serialized_start=3398
-  _globals['_SESSIONSTATE']._serialized_end=3609
+  _globals['_NODEROLE']._serialized_start=3263
+  _globals['_NODEROLE']._serialized_end=3347
+  _globals['_COLLECTMODE']._serialized_start=3349
+  _globals['_COLLECTMODE']._serialized_end=3410
+  _globals['_SESSIONSTATE']._serialized_start=3413
+  _globals['_SESSIONSTATE']._serialized_end=3624
   _globals['_REGISTERNODEREQUEST']._serialized_start=42
   _globals['_REGISTERNODEREQUEST']._serialized_end=140
   _globals['_REGISTERNODEREPLY']._serialized_start=142
@@ -46,45 +46,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITNODEREPLY']._serialized_start=320
   _globals['_INITNODEREPLY']._serialized_end=349
   _globals['_LISTNODESREQUEST']._serialized_start=351
-  _globals['_LISTNODESREQUEST']._serialized_end=369
-  _globals['_LISTNODESREPLY']._serialized_start=371
-  _globals['_LISTNODESREPLY']._serialized_end=430
-  _globals['_NODE']._serialized_start=433
-  _globals['_NODE']._serialized_end=618
-  _globals['_CREATESESSIONREQUEST']._serialized_start=621
-  _globals['_CREATESESSIONREQUEST']._serialized_end=1083
-  _globals['_CREATESESSIONREPLY']._serialized_start=1085
-  _globals['_CREATESESSIONREPLY']._serialized_end=1153
-  _globals['_STARTSESSIONREQUEST']._serialized_start=1155
-  _globals['_STARTSESSIONREQUEST']._serialized_end=1190
-  _globals['_STARTSESSIONREPLY']._serialized_start=1192
-  _globals['_STARTSESSIONREPLY']._serialized_end=1211
-  _globals['_STOPSESSIONREQUEST']._serialized_start=1213
-  _globals['_STOPSESSIONREQUEST']._serialized_end=1247
-  _globals['_STOPSESSIONREPLY']._serialized_start=1249
-  _globals['_STOPSESSIONREPLY']._serialized_end=1267
-  _globals['_DESTROYSESSIONREQUEST']._serialized_start=1269
-  _globals['_DESTROYSESSIONREQUEST']._serialized_end=1306
-  _globals['_DESTROYSESSIONREPLY']._serialized_start=1308
-  _globals['_DESTROYSESSIONREPLY']._serialized_end=1329
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1331
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1379
-  _globals['_LISTSESSIONSREPLY']._serialized_start=1381
-  _globals['_LISTSESSIONSREPLY']._serialized_end=1449
-  _globals['_SESSION']._serialized_start=1452
-  _globals['_SESSION']._serialized_end=2047
-  _globals['_GETRESULTSREQUEST']._serialized_start=2049
-  _globals['_GETRESULTSREQUEST']._serialized_end=2133
-  _globals['_GETRESULTSREPLY']._serialized_start=2135
-  _globals['_GETRESULTSREPLY']._serialized_end=2213
-  _globals['_RECORD']._serialized_start=2216
-  _globals['_RECORD']._serialized_end=2529
-  _globals['_GETPATHSTATSREQUEST']._serialized_start=2531
-  _globals['_GETPATHSTATSREQUEST']._serialized_end=2602
-  _globals['_DELAYSUMMARY']._serialized_start=2604
-  _globals['_DELAYSUMMARY']._serialized_end=2730
-  _globals['_GETPATHSTATSREPLY']._serialized_start=2733
-  _globals['_GETPATHSTATSREPLY']._serialized_end=3246
-  _globals['_CONTROLLER']._serialized_start=3612
-  _globals['_CONTROLLER']._serialized_end=4603
+  _globals['_LISTNODESREQUEST']._serialized_end=384
+  _globals['_LISTNODESREPLY']._serialized_start=386
+  _globals['_LISTNODESREPLY']._serialized_end=445
+  _globals['_NODE']._serialized_start=448
+  _globals['_NODE']._serialized_end=633
+  _globals['_CREATESESSIONREQUEST']._serialized_start=636
+  _globals['_CREATESESSIONREQUEST']._serialized_end=1098
+  _globals['_CREATESESSIONREPLY']._serialized_start=1100
+  _globals['_CREATESESSIONREPLY']._serialized_end=1168
+  _globals['_STARTSESSIONREQUEST']._serialized_start=1170
+  _globals['_STARTSESSIONREQUEST']._serialized_end=1205
+  _globals['_STARTSESSIONREPLY']._serialized_start=1207
+  _globals['_STARTSESSIONREPLY']._serialized_end=1226
+  _globals['_STOPSESSIONREQUEST']._serialized_start=1228
+  _globals['_STOPSESSIONREQUEST']._serialized_end=1262
+  _globals['_STOPSESSIONREPLY']._serialized_start=1264
+  _globals['_STOPSESSIONREPLY']._serialized_end=1282
+  _globals['_DESTROYSESSIONREQUEST']._serialized_start=1284
+  _globals['_DESTROYSESSIONREQUEST']._serialized_end=1321
+  _globals['_DESTROYSESSIONREPLY']._serialized_start=1323
+  _globals['_DESTROYSESSIONREPLY']._serialized_end=1344
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1346
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1394
+  _globals['_LISTSESSIONSREPLY']._serialized_start=1396
+  _globals['_LISTSESSIONSREPLY']._serialized_end=1464
+  _globals['_SESSION']._serialized_start=1467
+  _globals['_SESSION']._serialized_end=2062
+  _globals['_GETRESULTSREQUEST']._serialized_start=2064
+  _globals['_GETRESULTSREQUEST']._serialized_end=2148
+  _globals['_GETRESULTSREPLY']._serialized_start=2150
+  _globals['_GETRESULTSREPLY']._serialized_end=2228
+  _globals['_RECORD']._serialized_start=2231
+  _globals['_RECORD']._serialized_end=2544
+  _globals['_GETPATHSTATSREQUEST']._serialized_start=2546
+  _globals['_GETPATHSTATSREQUEST']._serialized_end=2617
+  _globals['_DELAYSUMMARY']._serialized_start=2619
+  _globals['_DELAYSUMMARY']._serialized_end=2745
+  _globals['_GETPATHSTATSREPLY']._serialized_start=2748
+  _globals['_GETPATHSTATSREPLY']._serialized_end=3261
+  _globals['_CONTROLLER']._serialized_start=3627
+  _globals['_CONTROLLER']._serialized_end=4618
 # @@protoc_insertion_point(module_scope)

@@ -235,12 +235,19 @@ Global___InitNodeReply: _TypeAlias = InitNodeReply  # noqa: Y015
 class ListNodesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    CHECK_FIELD_NUMBER: _builtins.int
+    check: _builtins.bool
+    """Ask every node's agent now (in parallel, each with the southbound deadline) and
+    report that; otherwise report what the controller last saw.
+    """
     def __init__(
         self,
+        *,
+        check: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -281,7 +288,9 @@ class Node(_message.Message):
     address: _builtins.str
     role: Global___NodeRole.ValueType
     healthy: _builtins.bool
-    """True if the agent answered the controller's last call."""
+    """True if the agent answered the controller's last call (with ListNodes' check set:
+    the call it just made).
+    """
     last_seen_ns: _builtins.int
     """When the agent last answered, Unix ns (absent: never)."""
     last_error: _builtins.str
@@ -345,7 +354,7 @@ class CreateSessionRequest(_message.Message):
     source_address: _builtins.str
     """Source address of the test packets (empty: the sender node's)."""
     interval_ns: _builtins.int
-    """Time between test packets (absent: 100 ms)."""
+    """Time between test packets (absent: 1 s, as the agent and the CLIs)."""
     count: _builtins.int
     """Stop after this many packets (0: no limit)."""
     duration_ns: _builtins.int

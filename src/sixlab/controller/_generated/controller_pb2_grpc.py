@@ -108,7 +108,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListNodes(self, request, context):
-        """Every registered node, by name, with its health.
+        """Every registered node, by name, with its health (asked now if `check` is set).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
