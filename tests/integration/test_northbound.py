@@ -333,6 +333,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("CreateSession", _create(reflector_port=70000), INVALID, "reflector_port", False),
     ("CreateSession", _create(reflector_port=0), INVALID, "reflector_port", False),
     ("CreateSession", _create(loss_timeout_ns=0), INVALID, "loss_timeout_ns", False),
+    ("CreateSession", _create(count=2**32), INVALID, "count: 4294967296, at most", False),
     ("CreateSession", _create(collect=pb.CollectMode.ValueType(9)), INVALID, "collect", False),
     ("CreateSession", _create(sender="x"), NOT_FOUND, "no node named 'x'", False),
     ("CreateSession", _create(reflector="x"), NOT_FOUND, "no node named 'x'", False),

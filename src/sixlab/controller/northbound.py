@@ -100,6 +100,8 @@ _SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
 #: results (see MAX_RESULTS); requests are tiny.
 MAX_MESSAGE_BYTES = 16 << 20
 _U64_MAX = 2**64 - 1
+#: Most packets a session may be asked to send: the STAMP sequence space.
+MAX_COUNT = 0xFFFF_FFFF
 _I64_MAX = 2**63 - 1
 #: Default STAMP timing when a CreateSession leaves the optional fields out.
 _SPEC_DEFAULTS = SessionSpec(name="", sender="", reflector="", reflector_address="")
@@ -318,6 +320,9 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
     )
     if loss_timeout <= 0:
         raise _invalid("loss_timeout_ns: must be positive")
+    if request.count > MAX_COUNT:
+        # A count past the 32-bit Sequence Number (RFC 8762 §4.2.1) is never reached.
+        raise _invalid(f"count: {request.count}, at most {MAX_COUNT}")
     return SessionSpec(
         name=request.name,
         sender=request.sender,
