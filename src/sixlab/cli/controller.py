@@ -43,6 +43,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from sixlab.cli import _argtypes as argtypes
 from sixlab.cli import _daemon
 from sixlab.controller.client import (
@@ -262,6 +264,29 @@ def add_parsers(sub: Any) -> None:
         help=f"at most this many (0: {DEFAULT_RESULTS_LIMIT}; at most {MAX_RESULTS})",
     )
     results.set_defaults(handler=_client_handler(_results))
+
+    apply = cmds.add_parser(
+        "apply",
+        parents=[client, as_json],
+        help="make the nodes and sessions those of a TOML file (creates, updates, destroys)",
+        description="Make the controller's nodes and sessions those of FILE, in one call: "
+        "what is missing is created, what differs is replaced, what the file does not list "
+        "is destroyed. Prints the changes; applying the same file again changes nothing.",
+    )
+    apply.add_argument("file", type=Path, help="TOML configuration (see `export`)")
+    apply.add_argument(
+        "--dry-run", action="store_true", help="print the changes without making them"
+    )
+    apply.set_defaults(handler=_client_handler(_apply))
+    export = cmds.add_parser(
+        "export",
+        parents=[client],
+        help="write the nodes and sessions as a TOML file that `apply` takes",
+    )
+    export.add_argument(
+        "--output", "-o", type=Path, default=None, help="write here instead of stdout"
+    )
+    export.set_defaults(handler=_client_handler(_export))
 
     stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
     stats.add_argument("name", type=_name)
@@ -787,6 +812,69 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
             for r in page.records
         ],
     )
+
+
+_SIGNS = {
+    "add": "+",
+    "create": "+",
+    "remove": "-",
+    "destroy": "-",
+    "replace": "~",
+    "recreate": "~",
+    "init": "~",
+    "start": ">",
+    "stop": "|",
+}
+
+
+def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import ConfigFileError, load  # noqa: PLC0415
+
+    try:
+        config = load(args.file)
+    except ConfigFileError as exc:
+        raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
+    reply = c.apply(config, dry_run=args.dry_run)
+    if args.json:
+        _print_json(
+            {
+                "dry_run": args.dry_run,
+                "changes": [
+                    {"action": ch.action, "kind": ch.kind, "name": ch.name, "detail": ch.detail}
+                    for ch in reply.changes
+                ],
+                "error": reply.error or None,
+            }
+        )
+    else:
+        for ch in reply.changes:
+            print(f"{_SIGNS.get(ch.action, '*')} {ch.kind} {ch.name}: {ch.action} ({ch.detail})")
+        verb = "would make" if args.dry_run else "made"
+        if not reply.changes:
+            print("no changes: the controller matches the file")
+        else:
+            print(f"{verb} {len(reply.changes)} change{'s' if len(reply.changes) != 1 else ''}")
+    if reply.error:
+        code, _, message = reply.error.partition(": ")
+        raise NorthboundError(
+            getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN),
+            f"apply stopped: {message} (the changes above were made)",
+        )
+
+
+def _export(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import dump  # noqa: PLC0415
+
+    text = dump(c.export())
+    if args.output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        args.output.write_text(text)
+    except OSError as exc:
+        raise NorthboundError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot write {args.output}: {exc.strerror}"
+        ) from None
 
 
 def _stats(c: ControllerClient, args: argparse.Namespace) -> None:

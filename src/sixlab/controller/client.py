@@ -424,6 +424,21 @@ class ControllerClient(GrpcClient):
         reply: pb.GetResultsReply = self._call("GetResults", request)
         return ResultPage(tuple(record_from_proto(r) for r in reply.records), reply.more)
 
+    # -- declarative ------------------------------------------------------------------
+
+    def apply(self, config: pb.ApplyRequest, *, dry_run: bool = False) -> pb.ApplyReply:
+        """Make the controller's nodes and sessions those of ``config`` (one call)."""
+        request = pb.ApplyRequest()
+        request.CopyFrom(config)
+        request.dry_run = dry_run
+        reply: pb.ApplyReply = self._call("Apply", request)
+        return reply
+
+    def export(self) -> pb.ApplyRequest:
+        """The nodes and sessions as a configuration that ``apply`` takes as a no-op."""
+        reply: pb.ApplyRequest = self._call("Export", pb.ExportRequest())
+        return reply
+
     def stats(self, name: str, *, since_ns: int | None = None) -> SessionStats:
         request = pb.GetPathStatsRequest(name=name)
         if since_ns is not None:

@@ -187,6 +187,23 @@ class Controller:
         self.store.add_node(name, address, role)
         self.check_node(name)
 
+    def remove_node(self, name: str) -> None:
+        """Forget a node that carries no session (and close its agent client)."""
+        self.store.remove_node(name)
+        self._forget_client(name)
+
+    def replace_node(self, name: str, address: str, role: str) -> None:
+        """Point a node (that carries no live session) at another agent or role."""
+        self.store.update_node(name, address, role)
+        self._forget_client(name)
+        self.check_node(name)
+
+    def _forget_client(self, name: str) -> None:
+        with self._lock:
+            client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
+
     def init_node(
         self,
         name: str,

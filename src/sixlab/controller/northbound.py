@@ -36,12 +36,15 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
 
+from sixlab.controller import apply
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
+from sixlab.controller.apply import key_sha256
 from sixlab.controller.core import (
     CollectMode,
     Controller,
@@ -226,7 +229,35 @@ def node_to_proto(row: NodeRow) -> pb.Node:
     )
     if row.last_seen is not None:
         out.last_seen_ns = row.last_seen
+    if row.init is not None:
+        out.init.CopyFrom(init_to_proto(row.init))
     return out
+
+
+def init_to_proto(init: dict[str, Any]) -> pb.NodeInit:
+    out = pb.NodeInit(
+        dataplane=init.get("dataplane") or "",
+        interface=init.get("interface") or "",
+        source=init.get("source") or "",
+    )
+    if init.get("port") is not None:
+        out.port = init["port"]
+    return out
+
+
+def _init_from_proto(field: str, init: pb.NodeInit) -> dict[str, Any]:
+    """NodeInit as the store keeps it (``Controller.init_node``'s keyword arguments)."""
+    port = init.port if init.HasField("port") else None
+    if port is not None and port > 0xFFFF:
+        raise _invalid(f"{field}.port: {port} is not a UDP port (0..65535)")
+    if init.source:
+        _v6(f"{field}.source", init.source)
+    return {
+        "dataplane": init.dataplane,
+        "port": port,
+        "interface": init.interface,
+        "source": init.source,
+    }
 
 
 def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
@@ -260,7 +291,31 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
     )
     if row.forward_lost is not None:
         out.forward_lost = row.forward_lost
+    out.key_sha256 = key_sha256(p["key_hex"])
     return out
+
+
+def spec_to_request(spec: SessionSpec) -> pb.CreateSessionRequest:
+    """A SessionSpec as CreateSession takes it (the key included)."""
+    return pb.CreateSessionRequest(
+        name=spec.name,
+        sender=spec.sender,
+        reflector=spec.reflector,
+        reflector_address=spec.reflector_address,
+        segments=spec.segments,
+        return_segments=spec.return_segments,
+        return_path_tlv=spec.return_path_tlv,
+        reflector_port=spec.reflector_port,
+        source_address=spec.source_address,
+        interval_ns=spec.interval_ns,
+        count=spec.count,
+        duration_ns=spec.duration_ns,
+        ptp=spec.ptp,
+        key=bytes.fromhex(spec.key_hex),
+        stateful=spec.stateful,
+        loss_timeout_ns=spec.loss_timeout_ns,
+        collect=_COLLECT_PB[spec.collect],
+    )
 
 
 def record_to_proto(r: StampResult) -> pb.Record:
@@ -303,6 +358,34 @@ def summary_to_proto(s: DelaySummary) -> pb.DelaySummary:
         p99_ns=_i64(s.p99_ns),
         max_ns=_i64(s.max_ns),
     )
+
+
+def _wanted_node(index: int, node: pb.NodeConfig) -> apply.WantedNode:
+    field = f"nodes[{index}]"
+    _new_name(f"{field}.name", node.name)
+    try:
+        _agent_address(node.address)
+    except RequestRefusedError as exc:
+        raise _invalid(f"{field}.{exc}") from None
+    role = _ROLES.get(node.role)
+    if role is None:
+        raise _invalid(f"{field}.role: {node.role} is neither NODE_ROLE_SENDER nor REFLECTOR")
+    init = _init_from_proto(f"{field}.init", node.init) if node.HasField("init") else None
+    return apply.WantedNode(node.name, node.address, role, init)
+
+
+def _wanted_session(config: pb.SessionConfig) -> apply.WantedSession:
+    spec = _spec(config.spec)
+    digest = config.key_sha256.lower()
+    if digest and (
+        len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest) or spec.key_hex
+    ):
+        raise _invalid(f"sessions.{spec.name}.key_sha256: 64 hex digits, and only without a key")
+    return apply.WantedSession(spec, digest, config.running)
+
+
+def _change(step: apply.Step) -> pb.Change:
+    return pb.Change(action=step.action, kind=step.kind, name=step.name, detail=step.detail)
 
 
 def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
@@ -401,7 +484,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @_handler(changes=True)
     def CreateSession(self, request: pb.CreateSessionRequest) -> pb.CreateSessionReply:  # noqa: N802
-        row = self.controller.create_session(_spec(request))
+        spec = _spec(request)
+        retired = self.store.retire_session(spec.name)
+        try:
+            row = self.controller.create_session(spec)
+        except Exception:
+            if retired is not None:  # refused: the destroyed session keeps its name
+                self.store.rename_session(retired, spec.name)
+            raise
         return pb.CreateSessionReply(session=session_to_proto(row, 0))
 
     @_handler(changes=True)
@@ -441,6 +531,49 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         return pb.GetResultsReply(
             records=[record_to_proto(r) for r in records[:limit]], more=len(records) > limit
         )
+
+    # -- declarative ------------------------------------------------------------------
+
+    @_handler(changes=True)
+    def Apply(self, request: pb.ApplyRequest) -> pb.ApplyReply:  # noqa: N802
+        nodes = [_wanted_node(i, n) for i, n in enumerate(request.nodes)]
+        sessions = [_wanted_session(s) for s in request.sessions]
+        steps = apply.plan(self.controller, nodes, sessions)
+        reply = pb.ApplyReply()
+        if request.dry_run:
+            reply.changes.extend(_change(s) for s in steps)
+            return reply
+        try:
+            done = apply.execute(steps)
+        except Exception as exc:
+            status = _status_of(exc)
+            if status is None:
+                raise
+            reply.changes.extend(_change(s) for s in getattr(exc, "done", []))
+            reply.error = f"{status[0].name}: {status[1]}"
+            return reply
+        reply.changes.extend(_change(s) for s in done)
+        return reply
+
+    @_handler(changes=False)
+    def Export(self, _request: pb.ExportRequest) -> pb.ApplyRequest:  # noqa: N802
+        out = pb.ApplyRequest()
+        for row in self.store.nodes():
+            node = pb.NodeConfig(name=row.name, address=row.address, role=_ROLES_PB[row.role])
+            if row.init is not None:
+                node.init.CopyFrom(init_to_proto(row.init))
+            out.nodes.append(node)
+        for srow in self.store.sessions():
+            spec = apply.spec_of(srow)
+            request = spec_to_request(replace(spec, key_hex=""))
+            out.sessions.append(
+                pb.SessionConfig(
+                    spec=request,
+                    key_sha256=key_sha256(spec.key_hex),
+                    running=srow.state in ("running", "finished"),
+                )
+            )
+        return out
 
     @_handler(changes=False)
     def GetPathStats(self, request: pb.GetPathStatsRequest) -> pb.GetPathStatsReply:  # noqa: N802

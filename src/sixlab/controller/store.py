@@ -204,6 +204,22 @@ class Store:
                 "UPDATE nodes SET init=? WHERE name=?", (json.dumps(init, sort_keys=True), name)
             )
 
+    def update_node(self, name: str, address: str, role: str) -> None:
+        """Change a node's address and role (its Init parameters are forgotten)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE nodes SET address=?, role=?, init=NULL, healthy=0 WHERE name=?",
+                (address, role, name),
+            )
+
+    def has_history(self, name: str) -> bool:
+        """Whether any session, destroyed ones included, ran on the node."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sessions WHERE sender=? OR reflector=? LIMIT 1", (name, name)
+            ).fetchone()
+        return row is not None
+
     def remove_node(self, name: str) -> None:
         with self._lock:
             busy = self._db.execute(
@@ -256,6 +272,25 @@ class Store:
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id").fetchall()
         return [_session_row(r) for r in rows]
+
+    def retire_session(self, name: str) -> str | None:
+        """Free the name of a destroyed session for a new one: it becomes ``NAME@ID``
+        (results and counters stay with it). Returns the new name, or None if there is
+        no destroyed session by that name."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id FROM sessions WHERE name=? AND state='destroyed'", (name,)
+            ).fetchone()
+            if row is None:
+                return None
+            retired = f"{name}@{row[0]}"
+            self._db.execute("UPDATE sessions SET name=? WHERE id=?", (retired, row[0]))
+        return retired
+
+    def rename_session(self, old: str, new: str) -> None:
+        """Give a session back a name (undoes ``retire_session``)."""
+        with self._lock:
+            self._db.execute("UPDATE sessions SET name=? WHERE name=?", (new, old))
 
     def set_state(self, name: str, state: str) -> None:
         with self._lock:
