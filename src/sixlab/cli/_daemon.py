@@ -126,15 +126,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (a test may swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def setup_logging(log_format: str, level: str) -> None:
-    """Send the root logger's records to stderr in ``log_format`` (replacing handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Send the root logger's records to stderr in ``log_format`` (replacing the handler
+    an earlier call installed; other handlers stay)."""
+    handler = _StderrHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())

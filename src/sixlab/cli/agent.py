@@ -71,7 +71,7 @@ def add_parsers(stamp_subparsers: Any) -> None:
         help=f"gRPC worker threads, each open result stream holds one "
         f"(default {DEFAULT_MAX_WORKERS})",
     )
-    _daemon.add_logging_arguments(parser, default_level="warning")
+    _daemon.add_logging_arguments(parser, default_level="info")
     parser.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     parser.set_defaults(handler=run_agent)
 
@@ -98,7 +98,15 @@ def run_agent(args: argparse.Namespace) -> int:
                 f"dataplane={args.dataplane}",
                 flush=True,
             )
+            log.info(
+                "serving the southbound API on %s (port %d), role %s, data plane %s",
+                args.grpc,
+                server.port,
+                args.role,
+                args.dataplane,
+            )
             stop.wait()
         finally:
+            log.info("stopping")
             server.stop()
     return 0

@@ -353,9 +353,9 @@ def _add_serve(cmds: Any) -> None:
         help=f"northbound gRPC worker threads (default {DEFAULT_MAX_WORKERS})",
     )
     serve.add_argument(
-        "--verbose", "-v", action="store_true", help="log collection events (--log-level info)"
+        "--verbose", "-v", action="store_true", help="log everything (--log-level debug)"
     )
-    _daemon.add_logging_arguments(serve, default_level="warning")
+    _daemon.add_logging_arguments(serve, default_level="info")
     serve.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     serve.set_defaults(handler=run_serve)
 
@@ -423,8 +423,12 @@ def _add_session_options(create: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``sixlab controller`` alone (``python -m`` style), for tests and for scripts."""
+    from sixlab.cli._config import apply_config_file  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(prog="sixlab")
     add_parsers(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     try:
         rc: int = args.handler(args)
@@ -444,8 +448,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.store import Store  # noqa: PLC0415
     from sixlab.southbound.agent import TlsFiles  # noqa: PLC0415
 
-    level = "info" if args.verbose and args.log_level == "warning" else args.log_level
-    _daemon.setup_logging(args.log_format, level)
+    _daemon.setup_logging(args.log_format, "debug" if args.verbose else args.log_level)
     address: str = args.grpc or default_address(server=True)
     try:
         files = _daemon.server_tls_files(args)
@@ -504,6 +507,7 @@ def run_serve(args: argparse.Namespace) -> int:
             log.info("serving on %s, %d sessions resumed", address, len(resumed))
             stop.wait()
         finally:
+            log.info("stopping")
             server.stop(1.0)
             controller.close()
             store.close()

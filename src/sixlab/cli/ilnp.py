@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
 from sixlab.cli import _argtypes as argtypes
+from sixlab.cli import _daemon
 
 if TYPE_CHECKING:
     from sixlab.wire.ilnp import LocatorEntry
 
 __all__ = ["add_parsers", "main"]
+
+log = logging.getLogger("sixlab.ilnp")
 
 
 def add_parsers(sub: Any) -> None:
@@ -76,6 +80,8 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--idle", type=argtypes.seconds, default=60.0, help="bounded policy: idle expiry, s"
     )
+    _daemon.add_logging_arguments(host, default_level="info")
+    host.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     host.set_defaults(handler=_host)
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
@@ -118,6 +124,7 @@ def _host(args: argparse.Namespace) -> int:
     from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
     from sixlab.linux.errors import LinuxError  # noqa: PLC0415
 
+    _daemon.setup_logging(args.log_format, args.log_level)
     try:
         check_locator_set(args.locator)
     except ConfigError as exc:
@@ -140,6 +147,7 @@ def _host(args: argparse.Namespace) -> int:
 
     def announce(line: str) -> None:
         print(line, flush=True)
+        log.info("%s", line)
 
     try:
         return run_daemon(config, announce=announce)
