@@ -446,7 +446,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
     from sixlab.controller.northbound import serve_controller  # noqa: PLC0415
     from sixlab.controller.store import Store  # noqa: PLC0415
-    from sixlab.southbound.agent import TlsFiles  # noqa: PLC0415
 
     _daemon.setup_logging(args.log_format, "debug" if args.verbose else args.log_level)
     address: str = args.grpc or default_address(server=True)
@@ -484,7 +483,7 @@ def run_serve(args: argparse.Namespace) -> int:
             address,
             controller,
             max_workers=args.max_workers,
-            tls=None if files is None else TlsFiles(*files),
+            tls=files,
         )
         if args.metrics is not None:
             host, port = args.metrics

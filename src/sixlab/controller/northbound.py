@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -62,9 +63,8 @@ from sixlab.controller.store import (
     SessionRow,
     StoreError,
 )
-from sixlab.southbound.agent import TlsFiles
 from sixlab.southbound.client import SouthboundError
-from sixlab.southbound.rpcserver import unary
+from sixlab.southbound.rpcserver import server_credentials, unary
 from sixlab.stamp._events import StampResult
 from sixlab.stamp.stats import DelaySummary
 
@@ -636,16 +636,17 @@ def serve_controller(
     controller: Controller,
     *,
     max_workers: int = DEFAULT_MAX_WORKERS,
-    tls: TlsFiles | None = None,
+    tls: tuple[Path, Path, Path | None] | None = None,
 ) -> ControllerServer:
     """Serve the northbound API of ``controller`` on ``address`` (``"[::1]:50050"``,
     ``"unix:/run/sixlab/controller.sock"``; port 0 picks a free port).
 
-    With ``tls`` the server speaks TLS (and requires client certificates signed by
-    ``tls.ca`` if set: mutual TLS). Returns once the server accepts calls. Raises
+    With ``tls`` = (certificate chain, key, CA or None), PEM files, the server speaks
+    TLS, and requires client certificates signed by the CA if one is given (mutual
+    TLS). Returns once the server accepts calls. Raises
     OSError if it cannot listen, ValueError if a TLS file cannot be read.
     """
-    credentials = None if tls is None else tls.credentials()
+    credentials = None if tls is None else server_credentials(*tls)
     servicer = ControllerServicer(controller)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-nb"),

@@ -26,11 +26,12 @@ import functools
 import ipaddress
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-__all__ = ["StatusOf", "abort_for", "is_local", "unary"]
+__all__ = ["StatusOf", "abort_for", "is_local", "server_credentials", "unary"]
 
 #: A server's error table: the status for an exception, or None for one it does not know.
 StatusOf = Callable[[Exception], tuple[grpc.StatusCode, str] | None]
@@ -112,3 +113,17 @@ def is_local(address: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def server_credentials(cert: Path, key: Path, ca: Path | None = None) -> Any:
+    """gRPC server credentials from PEM files; with ``ca``, clients must present a
+    certificate it signed (mutual TLS). ValueError names a file that cannot be read."""
+    try:
+        chain = Path(cert).read_bytes()
+        private = Path(key).read_bytes()
+        roots = Path(ca).read_bytes() if ca is not None else None
+    except OSError as exc:
+        raise ValueError(f"tls: cannot read {exc.filename}: {exc.strerror}") from exc
+    return grpc.ssl_server_credentials(
+        [(private, chain)], root_certificates=roots, require_client_auth=roots is not None
+    )
