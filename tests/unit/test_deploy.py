@@ -210,3 +210,22 @@ def test_agent_logs_json(tmp_path: Path) -> None:
     ]
     assert lines[0]["msg"].startswith("serving the southbound API on unix:")
     assert lines[1]["msg"] == "stopping"
+
+
+# ------------------------------------------------------------------------ prometheus
+
+
+def test_alert_rules_pass_their_promtool_tests() -> None:
+    """``deploy/prometheus/sixlab-rules.test.yml``: each alert fires when it should
+    (and not before its ``for``), and a path with no loss has a loss ratio of 0."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is missing (Debian package prometheus; ./run adds it)"
+    rules = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+    out = subprocess.run(
+        [promtool, "test", "rules", "sixlab-rules.test.yml"],
+        cwd=rules,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
