@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +23,30 @@ DEMO = [sys.executable, "-m", "sixlab", "demo"]
 def _namespaces(prefix: str) -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     return [line.split()[0] for line in out.stdout.splitlines() if line.startswith(prefix)]
+
+
+def _marked_processes(mark: str) -> list[str]:
+    """Processes whose environment carries ``SIXLAB_TEST_RUN=mark``: a demo started with
+    it and everything it started (the testbed passes its environment on), and no other
+    run's processes on a shared machine."""
+    needle = f"SIXLAB_TEST_RUN={mark}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        if needle in environ.split(b"\0"):
+            args = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name} {args}")
+    return found
+
+
+def _marked_env(mark: str) -> dict[str, str]:
+    return {**os.environ, "SIXLAB_TEST_RUN": mark}
 
 
 def _own_processes(marker: str) -> list[str]:
@@ -98,15 +124,22 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
 def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("w") as sink:
+        mark = secrets.token_hex(8)
         proc = subprocess.Popen(
-            [*DEMO, "--duration", "60", "--out", str(tmp_path)], stdout=sink, stderr=sink
+            [*DEMO, "--duration", "60", "--out", str(tmp_path)],
+            stdout=sink,
+            stderr=sink,
+            env=_marked_env(mark),
         )
         try:
             deadline = time.monotonic() + 60
-            while not _namespaces("sixlab-demo-") or "measuring" not in log.read_text():
+            while not _namespaces(f"sixlab-demo-{proc.pid}-") or "measuring" not in log.read_text():
                 assert time.monotonic() < deadline, "the demo did not start measuring"
                 time.sleep(0.2)
             time.sleep(1)
+            running = _marked_processes(mark)
+            assert any("linkemu" in p for p in running), running  # what must go, seen
+            assert any("stamp agent" in p for p in running), running
             proc.send_signal(signal.SIGINT)
             assert proc.wait(60) == 130
         finally:
@@ -115,8 +148,8 @@ def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
                 proc.wait()
     assert "interrupted" in log.read_text()
     assert not _namespaces(f"sixlab-demo-{proc.pid}-")
-    assert not _own_processes("sixlab.testbed.linkemu")
-    assert not _own_processes("stamp agent")
+    # Nothing it started is left (link emulators, agents); other runs' may exist.
+    assert not _marked_processes(mark)
     # A second run right after works.
     again = subprocess.run(
         [*DEMO, "--duration", "1", "--json", "--out", str(tmp_path)],

@@ -110,6 +110,7 @@ def test_numbers_out_of_range_are_one_line(
         ["controller", "results", UNDECODABLE],
         ["controller", "stats", UNDECODABLE],
         ["controller", "serve", "--db", "x", "--grpc", f"unix:/tmp/{UNDECODABLE}"],
+        ["controller", "serve", "--db", f"/tmp/{UNDECODABLE}.db"],
         ["stamp", "sender", "::1", "--interface", UNDECODABLE],
         ["stamp", "reflector", "--interface", UNDECODABLE],
         ["stamp", "sender", f"::{UNDECODABLE}"],

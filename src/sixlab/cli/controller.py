@@ -102,6 +102,11 @@ _port = argtypes.port
 _name = argtypes.name
 
 
+def _path(text: str) -> Path:
+    """A file name that can be printed (the ready line names the store)."""
+    return Path(argtypes.text(text))
+
+
 def _hex_key(text: str) -> str:
     return argtypes.hex_key(text).hex()
 
@@ -303,7 +308,7 @@ def _add_serve(cmds: Any) -> None:
         description="Run the controller until SIGTERM/SIGINT. Flags may also come from "
         "--config FILE (TOML, keys = long flag names); flags given here win.",
     )
-    serve.add_argument("--db", type=Path, required=True, help="SQLite store (created if missing)")
+    serve.add_argument("--db", type=_path, required=True, help="SQLite store (created if missing)")
     serve.add_argument(
         "--grpc",
         metavar="ADDR",
