@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from sixlab.cli import _argtypes as argtypes
-from sixlab.controller._generated import controller_pb2 as pb
+from sixlab.controller.client import messages as pb
 
-__all__ = ["ConfigFileError", "dump", "load", "loads"]
+__all__ = ["dump", "load", "loads"]
 
 NS_PER_S = 1_000_000_000
 #: Port of an agent given by its address alone (``sixlab stamp agent``'s default).
@@ -59,7 +59,7 @@ _SESSION_KEYS = {
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigFileError(ValueError):
+class _ConfigFileError(ValueError):
     """The file cannot be applied; the message names the key."""
 
 
@@ -67,9 +67,9 @@ def load(path: Path) -> pb.ApplyRequest:
     try:
         text = path.read_bytes().decode()
     except OSError as exc:
-        raise ConfigFileError(f"cannot read {path}: {exc.strerror}") from None
+        raise _ConfigFileError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigFileError(f"{path}: not UTF-8 text") from None
+        raise _ConfigFileError(f"{path}: not UTF-8 text") from None
     return loads(text)
 
 
@@ -77,7 +77,7 @@ def loads(text: str) -> pb.ApplyRequest:
     try:
         doc = tomllib.loads(text, parse_float=Decimal)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigFileError(f"not TOML: {exc}") from None
+        raise _ConfigFileError(f"not TOML: {exc}") from None
     _keys("", doc, {"nodes", "sessions"})
     out = pb.ApplyRequest()
     for name, node in _table("nodes", doc.get("nodes", {})).items():
@@ -91,22 +91,22 @@ def _keys(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     for key in table:
         if key not in allowed:
             known = ", ".join(sorted(allowed))
-            raise ConfigFileError(f"{where}{key}: unknown key (known: {known})")
+            raise _ConfigFileError(f"{where}{key}: unknown key (known: {known})")
 
 
 def _table(where: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ConfigFileError(f"{where}: must be a table")
+        raise _ConfigFileError(f"{where}: must be a table")
     return value
 
 
 def _arg(where: str, value: Any, parse: Callable[[str], Any], kind: type | tuple[type, ...]) -> Any:
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigFileError(f"{where}: {value!r} is not {_kind(kind)}")
+        raise _ConfigFileError(f"{where}: {value!r} is not {_kind(kind)}")
     try:
         return parse(str(value))
     except argparse.ArgumentTypeError as exc:
-        raise ConfigFileError(f"{where}: {exc}") from None
+        raise _ConfigFileError(f"{where}: {exc}") from None
 
 
 def _kind(kind: type | tuple[type, ...]) -> str:
@@ -116,7 +116,7 @@ def _kind(kind: type | tuple[type, ...]) -> str:
 
 def _bool(where: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigFileError(f"{where}: {value!r} is not true or false")
+        raise _ConfigFileError(f"{where}: {value!r} is not true or false")
     return value
 
 
@@ -128,21 +128,21 @@ def _seconds_ns(where: str, value: Any, parse: Callable[[str], float], zero: boo
     try:
         ns = Decimal(value) * NS_PER_S
     except InvalidOperation:
-        raise ConfigFileError(f"{where}: {value!r} is not a number of seconds") from None
+        raise _ConfigFileError(f"{where}: {value!r} is not a number of seconds") from None
     if ns != ns.to_integral_value():
-        raise ConfigFileError(f"{where}: {value} s is finer than a nanosecond")
+        raise _ConfigFileError(f"{where}: {value} s is finer than a nanosecond")
     return int(ns)
 
 
 def _choice(where: str, value: Any, table: Mapping[str, Any]) -> Any:
     if not isinstance(value, str) or value not in table:
-        raise ConfigFileError(f"{where}: {value!r} is not one of {', '.join(table)}")
+        raise _ConfigFileError(f"{where}: {value!r} is not one of {', '.join(table)}")
     return table[value]
 
 
 def _sids(where: str, value: Any) -> list[str]:
     if not isinstance(value, list):
-        raise ConfigFileError(f"{where}: must be a list of IPv6 addresses")
+        raise _ConfigFileError(f"{where}: must be a list of IPv6 addresses")
     return [str(_arg(f"{where}[{i}]", v, argtypes.ipv6, str)) for i, v in enumerate(value)]
 
 
@@ -152,7 +152,7 @@ def _node(name: str, node: dict[str, Any]) -> pb.NodeConfig:
     _keys(where, node, _NODE_KEYS)
     for key in ("address", "role"):
         if key not in node:
-            raise ConfigFileError(f"{where}{key}: required")
+            raise _ConfigFileError(f"{where}{key}: required")
     from sixlab.cli.controller import agent_target  # noqa: PLC0415 - no import cycle at load
 
     out = pb.NodeConfig(
@@ -184,7 +184,7 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
     _keys(where, s, _SESSION_KEYS)
     for key in ("sender", "reflector", "reflector-address"):
         if key not in s:
-            raise ConfigFileError(f"{where}{key}: required")
+            raise _ConfigFileError(f"{where}{key}: required")
     spec = pb.CreateSessionRequest(
         name=name,
         sender=_arg(f"{where}sender", s["sender"], argtypes.name, str),
@@ -212,9 +212,9 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
         spec.key = _arg(f"{where}auth-key", s["auth-key"], argtypes.hex_key, str)
     digest = s.get("key-sha256", "")
     if not isinstance(digest, str) or (digest and not re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
-        raise ConfigFileError(f"{where}key-sha256: {digest!r} is not 64 hex digits")
+        raise _ConfigFileError(f"{where}key-sha256: {digest!r} is not 64 hex digits")
     if digest and "auth-key" in s:
-        raise ConfigFileError(f"{where}key-sha256: give auth-key or key-sha256, not both")
+        raise _ConfigFileError(f"{where}key-sha256: give auth-key or key-sha256, not both")
     running = _choice(f"{where}state", s.get("state", "running"), {"running": 1, "stopped": 0})
     return pb.SessionConfig(spec=spec, key_sha256=digest, running=bool(running))
 

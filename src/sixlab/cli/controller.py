@@ -60,7 +60,7 @@ from sixlab.controller.core import CollectMode, SessionSpec
 from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.client import ClientTls
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [
@@ -836,11 +836,11 @@ _SIGNS = {
 
 
 def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
-    from sixlab.cli._declarative import ConfigFileError, load  # noqa: PLC0415
+    from sixlab.cli._declarative import _ConfigFileError, load  # noqa: PLC0415
 
     try:
         config = load(args.file)
-    except ConfigFileError as exc:
+    except _ConfigFileError as exc:
         raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
     reply = c.apply(config, dry_run=args.dry_run)
     if args.json:

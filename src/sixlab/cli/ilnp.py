@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,8 @@ log = logging.getLogger("sixlab.ilnp")
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp import POLICIES, STORES  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415
 
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
@@ -52,8 +52,8 @@ def add_parsers(sub: Any) -> None:
         type=argtypes.text,
         help="link to serve (repeatable)",
     )
-    host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
-    host.add_argument("--store", choices=["hash", "linear"], default="hash")
+    host.add_argument("--policy", choices=POLICIES.names(), default="socket")
+    host.add_argument("--store", choices=STORES.names(), default="hash")
     host.add_argument(
         "--control", type=argtypes.text, default=DEFAULT_CONTROL, help="control socket path"
     )
@@ -118,11 +118,9 @@ _positive = argtypes.integer(1, MAX_CAPACITY, "a number of entries")
 
 
 def _host(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
+    from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
-    from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
-    from sixlab.linux.errors import LinuxError  # noqa: PLC0415
 
     _daemon.setup_logging(args.log_format, args.log_level)
     try:
@@ -151,15 +149,15 @@ def _host(args: argparse.Namespace) -> int:
 
     try:
         return run_daemon(config, announce=announce)
-    except (IlnpError, ResolveError, LinuxError, OSError, subprocess.SubprocessError) as exc:
-        # What the host cannot provide (an interface, a readable hosts file, root for
-        # the TUN device, nft...): one line, no traceback.
+    except IlnpError as exc:
+        # A setting that cannot work, or what the host cannot provide (an interface, a
+        # readable hosts file, root for the TUN device, nft...): one line, no traceback.
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 1
 
 
 def _query(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
+    from sixlab.ilnp import IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
     try:
@@ -167,7 +165,7 @@ def _query(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
         return 1
-    except ControlError as exc:
+    except IlnpError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -36,9 +36,10 @@ import grpc
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
+from sixlab.controller.errors import ControllerError
 from sixlab.southbound.client import ClientTls
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -52,12 +53,17 @@ __all__ = [
     "SessionStats",
     "default_address",
     "default_socket",
+    "messages",
     "node_from_proto",
     "record_from_proto",
     "session_from_proto",
     "spec_to_proto",
     "stats_from_proto",
 ]
+
+#: The northbound API's messages: ``apply`` takes and ``export`` returns an
+#: ``ApplyRequest`` (``NodeConfig``, ``SessionConfig``, ``CreateSessionRequest``).
+messages = pb
 
 #: Deadline of one call (s). Calls that reach agents (Init, Create, Start) take a few of
 #: their round trips; an agent's own deadline is 10 s, so this leaves room for two.
@@ -112,7 +118,7 @@ def default_address(*, server: bool = False) -> str:
     return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
 
 
-class NorthboundError(RpcError):
+class NorthboundError(RpcError, ControllerError):
     """The controller refused a call (or could not be reached); ``code`` is the status."""
 
 

@@ -61,6 +61,7 @@ import secrets
 import selectors
 import socket
 import struct
+import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -68,11 +69,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
-from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.policy import AdmissionPolicy, create_policy
+from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
@@ -91,7 +92,7 @@ from sixlab.linux.cbpf import (
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.nftdrop import KernelDrop
 from sixlab.linux.signals import StopOnSignal
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
@@ -438,14 +439,23 @@ class IlnpDaemon:
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
+        # What the daemon can give a policy built by name; the policy class says which
+        # of these it takes (``host_options``), ``policy_options`` may override them.
+        offers: dict[str, Callable[[], Any]] = {
+            "sockets": self._kernel_socket_table,
+            "capacity": lambda: config.bounded_capacity,
+            "idle_timeout": lambda: config.bounded_idle,
+        }
         options = dict(config.policy_options)
-        if config.policy == "socket":
-            self.socket_table = KernelSocketTable()
-            options.setdefault("sockets", self.socket_table)
-        elif config.policy == "bounded":
-            options.setdefault("capacity", config.bounded_capacity)
-            options.setdefault("idle_timeout", config.bounded_idle)
+        for option in POLICIES.get(config.policy).host_options - options.keys():
+            if option not in offers:
+                raise ConfigError(f"policy {config.policy}: the daemon has no {option!r}")
+            options[option] = offers[option]()
         return create_policy(config.policy, **options)
+
+    def _kernel_socket_table(self) -> KernelSocketTable:
+        self.socket_table = KernelSocketTable()
+        return self.socket_table
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -879,7 +889,19 @@ def _entry_json(entry: IlccEntry) -> dict[str, Any]:
 
 
 def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
-    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
+    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket.
+
+    Every failure is an :class:`~sixlab.ilnp.IlnpError`: what the system refuses (root
+    for the TUN device, nftables, a socket...) comes as :class:`DaemonError` with the
+    original error as its cause.
+    """
+    try:
+        return _run_daemon(config, announce)
+    except (LinuxError, OSError, subprocess.SubprocessError) as exc:
+        raise DaemonError(str(exc)) from exc
+
+
+def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
     daemon = IlnpDaemon(config)
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:

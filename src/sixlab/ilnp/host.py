@@ -84,7 +84,7 @@ from enum import StrEnum
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.ilcc import EntryEvent, EntryState, IlccEntry, IlccStore, PeerLocator, create_store
 from sixlab.ilnp.policy import AdmissionPolicy, AdmissionRequest, NonePolicy
-from sixlab.wire._errors import ChecksumError, WireError
+from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.ilnp import (
     ICMPV6_NEXT_HEADER,
     ICMPV6_PARAM_PROBLEM,

@@ -21,25 +21,30 @@ ILCC entry, so a non-connected server still answers its clients.
   recently used) and drop those idle for ``idle_timeout`` seconds: a cap an attacker
   can churn but never exceed.
 
-Policies register by name (docs/architecture.md, "Adapters and registries"):
-:func:`register_policy`, :func:`create_policy`.
+Policies are entered by name in :data:`POLICIES`, the one list of them (``--policy``
+offers its names; docs/architecture.md, "Adapters and registries"); :func:`create_policy`
+builds one. A policy class states in ``host_options`` the keyword options a host fills
+in from its own resources and settings when it builds the policy by name (the daemon
+gives ``socket`` the kernel's socket table as ``sockets``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sixlab.ilnp._errors import UnknownBackendError
 from sixlab.ilnp.ilcc import IlccStore
+from sixlab.registry import Registry
 
 __all__ = [
+    "POLICIES",
     "Admission",
     "AdmissionPolicy",
     "AdmissionRequest",
     "BoundedPolicy",
     "NonePolicy",
+    "PolicyClass",
     "SocketPolicy",
     "SocketTable",
     "create_policy",
@@ -97,10 +102,22 @@ class AdmissionPolicy(Protocol):
     def next_deadline(self, ilcc: IlccStore) -> float | None: ...
 
 
+class PolicyClass(Protocol):
+    """A policy as :data:`POLICIES` holds it: a class built with keyword options."""
+
+    @property
+    def host_options(self) -> frozenset[str]:
+        """The keyword options a host supplies when it builds the policy by name."""
+        ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AdmissionPolicy: ...
+
+
 class NonePolicy:
     """Adopt on every nonce packet from an unknown NID; never expire (St Andrews)."""
 
     name = "none"
+    host_options: ClassVar[frozenset[str]] = frozenset()
 
     def admit(self, request: AdmissionRequest, ilcc: IlccStore, now: float) -> Admission:  # noqa: ARG002 (AdmissionPolicy signature)
         return Admission(True, "always")
@@ -116,6 +133,8 @@ class SocketPolicy:
     """Adopt only when a connected socket on this host is part of the flow (ILNP paper)."""
 
     name = "socket"
+    #: ``sockets``: the host's :class:`SocketTable`.
+    host_options: ClassVar[frozenset[str]] = frozenset({"sockets"})
 
     def __init__(self, sockets: SocketTable, *, adopt_for_listeners: bool = False) -> None:
         self.sockets = sockets
@@ -145,6 +164,7 @@ class BoundedPolicy:
     """Adopt up to ``capacity`` entries, evicting the least recently used; expire the idle."""
 
     name = "bounded"
+    host_options: ClassVar[frozenset[str]] = frozenset({"capacity", "idle_timeout"})
 
     def __init__(self, capacity: int = 1024, idle_timeout: float = 60.0) -> None:
         if capacity < 1:
@@ -173,29 +193,22 @@ class BoundedPolicy:
         return None if oldest is None else oldest.last_used + self.idle_timeout
 
 
-_POLICIES: dict[str, Callable[..., AdmissionPolicy]] = {}
+#: Every admission policy by name (``--policy``): the one place a policy is added.
+POLICIES: Registry[PolicyClass] = Registry("admission policy", UnknownBackendError)
+POLICIES.add("none", NonePolicy)
+POLICIES.add("socket", SocketPolicy)
+POLICIES.add("bounded", BoundedPolicy)
 
 
-def register_policy(name: str, factory: Callable[..., AdmissionPolicy]) -> None:
+def register_policy(name: str, factory: PolicyClass) -> None:
     """Make a policy available to :func:`create_policy` under ``name``."""
-    _POLICIES[name] = factory
+    POLICIES.add(name, factory)
 
 
 def create_policy(name: str, **options: Any) -> AdmissionPolicy:
     """Build the policy registered as ``name`` with its keyword ``options``."""
-    try:
-        factory = _POLICIES[name]
-    except KeyError:
-        raise UnknownBackendError(
-            f"unknown admission policy {name!r}; have {policy_names()}"
-        ) from None
-    return factory(**options)
+    return POLICIES.get(name)(**options)
 
 
 def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-register_policy("none", NonePolicy)
-register_policy("socket", SocketPolicy)
-register_policy("bounded", BoundedPolicy)
+    return POLICIES.names()

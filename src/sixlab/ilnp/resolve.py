@@ -34,7 +34,8 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from sixlab.wire._errors import WireError
+from sixlab.ilnp._errors import ResolveError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import ILV, LocatorEntry
 
 __all__ = [
@@ -53,10 +54,6 @@ RRTYPE_L64 = 106
 #: Lifetime of a hosts-file locator without one: the largest the Locator Update field
 #: can carry (RFC 6743 §2, 16 bits), i.e. "does not expire" in practice.
 DEFAULT_LIFETIME = 0xFFFF
-
-
-class ResolveError(LookupError):
-    """A name or NID that no source could resolve, or a malformed hosts file line."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,17 @@ Errors
     └── KernelDropError     nftables is missing or refused the table
 """
 
+from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.errors import LinuxError
+from sixlab.linux.libbpf import LibbpfError
+from sixlab.linux.nftdrop import KernelDrop, KernelDropError
+from sixlab.linux.signals import StopOnSignal
 
-__all__ = ["LinuxError"]
+__all__ = [
+    "BuildError",
+    "KernelDrop",
+    "KernelDropError",
+    "LibbpfError",
+    "LinuxError",
+    "StopOnSignal",
+]
