@@ -26,6 +26,7 @@ __all__ = [
     "hex_key",
     "integer",
     "interval",
+    "ip",
     "ipv6",
     "name",
     "port",
@@ -81,6 +82,14 @@ def ipv6(value: str) -> ipaddress.IPv6Address:
         return ipaddress.IPv6Address(text(value))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an IPv6 address: {value!r}") from None
+
+
+def ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4 or IPv6 address."""
+    try:
+        return ipaddress.ip_address(text(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IPv4 or IPv6 address: {value!r}") from None
 
 
 def sid_list(value: str) -> tuple[ipaddress.IPv6Address, ...]:

@@ -54,7 +54,7 @@ _INIT_KEYS = {"dataplane", "port", "interface", "source"}
 _SESSION_KEYS = {
     "sender", "reflector", "reflector-address", "segments", "return-segments",
     "return-path-tlv", "port", "source", "interval", "count", "duration", "loss-timeout",
-    "ptp", "auth-key", "key-sha256", "stateful", "collect", "state",
+    "ptp", "auth-key", "key-sha256", "stateful", "strict-ssid", "collect", "state",
 }  # fmt: skip
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -174,7 +174,7 @@ def _node(name: str, node: dict[str, Any]) -> pb.NodeConfig:
             iface = _arg(f"{where}init.interface", init["interface"], argtypes.text, str)
             out.init.interface = iface
         if init.get("source"):
-            out.init.source = str(_arg(f"{where}init.source", init["source"], argtypes.ipv6, str))
+            out.init.source = str(_arg(f"{where}init.source", init["source"], argtypes.ip, str))
     return out
 
 
@@ -190,7 +190,7 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
         sender=_arg(f"{where}sender", s["sender"], argtypes.name, str),
         reflector=_arg(f"{where}reflector", s["reflector"], argtypes.name, str),
         reflector_address=str(
-            _arg(f"{where}reflector-address", s["reflector-address"], argtypes.ipv6, str)
+            _arg(f"{where}reflector-address", s["reflector-address"], argtypes.ip, str)
         ),
         segments=_sids(f"{where}segments", s.get("segments", [])),
         return_segments=_sids(f"{where}return-segments", s.get("return-segments", [])),
@@ -204,10 +204,11 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
         ),
         ptp=_bool(f"{where}ptp", s.get("ptp", False)),
         stateful=_bool(f"{where}stateful", s.get("stateful", False)),
+        strict_ssid=_bool(f"{where}strict-ssid", s.get("strict-ssid", False)),
         collect=_choice(f"{where}collect", s.get("collect", "poll"), _COLLECT),
     )
     if s.get("source"):
-        spec.source_address = str(_arg(f"{where}source", s["source"], argtypes.ipv6, str))
+        spec.source_address = str(_arg(f"{where}source", s["source"], argtypes.ip, str))
     if "auth-key" in s:
         spec.key = _arg(f"{where}auth-key", s["auth-key"], argtypes.hex_key, str)
     digest = s.get("key-sha256", "")
@@ -277,6 +278,7 @@ def dump(config: pb.ApplyRequest) -> str:
             f"loss-timeout = {_seconds(spec.loss_timeout_ns)}",
             f"ptp = {_value(spec.ptp)}",
             f"stateful = {_value(spec.stateful)}",
+            f"strict-ssid = {_value(spec.strict_ssid)}",
             f"collect = {_value(_COLLECT_NAMES[spec.collect])}",
         ]
         if session.key_sha256:

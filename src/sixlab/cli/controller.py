@@ -91,7 +91,7 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _address(text: str) -> str:
-    return str(argtypes.ipv6(text))
+    return str(argtypes.ip(text))
 
 
 def _segments(text: str) -> tuple[str, ...]:
@@ -375,7 +375,7 @@ def _add_init_options(init: argparse.ArgumentParser) -> None:
     init.add_argument(
         "--interface", type=argtypes.text, default="", help="interface, for capture data planes"
     )
-    init.add_argument("--source", type=_address, help="source IPv6 address")
+    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
 
 
 def _add_session_options(create: argparse.ArgumentParser) -> None:
@@ -396,7 +396,7 @@ def _add_session_options(create: argparse.ArgumentParser) -> None:
         help="request the return path per packet (RFC 9503) instead of configuring it",
     )
     create.add_argument("--port", type=_port, default=862, help="the reflector's UDP port")
-    create.add_argument("--source", type=_address, help="source IPv6 address")
+    create.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     create.add_argument(
         "--interval",
         type=argtypes.interval,
@@ -422,6 +422,12 @@ def _add_session_options(create: argparse.ArgumentParser) -> None:
     create.add_argument("--auth-key", type=_hex_key, help="HMAC key (hex)")
     create.add_argument(
         "--stateful", action="store_true", help="stateful reflector (forward/backward loss)"
+    )
+    create.add_argument(
+        "--strict-ssid",
+        action="store_true",
+        help="refuse replies with SSID 0 (by default an RFC 8762-only reflector's replies "
+        "are accepted when address, port, Seq and T1 match)",
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
 
@@ -673,6 +679,8 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "loss_ratio": s.loss_ratio,
         "forward_lost": s.forward_lost,
         "backward_lost": s.backward_lost,
+        "unclassified_lost": s.unclassified_lost,
+        "reflector_ssid_zero": s.ssid_zero > 0,
         "max_error_bound_ns": s.max_error_bound_ns,
     }
 
@@ -737,6 +745,7 @@ def _session_create(c: ControllerClient, args: argparse.Namespace) -> None:
         ptp=args.ptp,
         key_hex=args.auth_key or "",
         stateful=args.stateful,
+        strict_ssid=args.strict_ssid,
         loss_timeout_ns=round(args.loss_timeout * NS_PER_S),
         collect=args.collect,
     )
@@ -919,7 +928,8 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
     )
     split = ""
     if s.forward_lost is not None and s.backward_lost is not None:
-        split = f" (forward {s.forward_lost}, backward {s.backward_lost})"
+        split = f" (forward {s.forward_lost}, backward {s.backward_lost}"
+        split += f", not yet placed {s.unclassified_lost})" if s.unclassified_lost else ")"
     bound = (
         "" if s.max_error_bound_ns is None else f"; error bound <= {_ms(s.max_error_bound_ns)} ms"
     )
@@ -927,3 +937,8 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
         f"sent {s.sent}, received {s.received}, lost {s.lost}{split}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
+    if s.ssid_zero:
+        print(
+            f"reflector_ssid_zero: {s.ssid_zero} replies had SSID 0: the reflector implements "
+            "RFC 8762 but not RFC 8972"
+        )

@@ -6,6 +6,11 @@
   exist.
 * ``sixlab ilnp status`` and ``sixlab ilnp cache`` ask a running daemon over its
   control socket (JSON lines); ``--json`` prints the reply as it came.
+* ``sixlab ilnp move L64...`` replaces the daemon's locators (``set-locators``) and
+  ``sixlab ilnp add-peer NAME`` starts an ILCC entry for a name (``add-peer``).
+
+Locators are written ``2001:db8:a::/64``, ``2001:db8:a::`` or ``2001:db8:a:0``; NIDs
+``::a``, ``0:0:0:a`` or an integer (:mod:`sixlab.ilnp.config`).
 """
 
 from __future__ import annotations
@@ -36,14 +41,15 @@ def add_parsers(sub: Any) -> None:
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
 
     host = tools.add_parser("host", help="run the ILNPv6 host daemon")
-    host.add_argument("--nid", required=True, type=_nid, help="our NID: 0:0:0:a or an integer")
+    host.add_argument("--nid", required=True, type=_nid, help="our NID: ::a, 0:0:0:a or an integer")
     host.add_argument(
         "--locator",
         action="append",
         required=True,
         type=_locator,
         metavar="L64[,PREF[,LIFETIME]]",
-        help="one of our locators (repeat for multihoming); lower PREF is preferred",
+        help="one of our locators, e.g. 2001:db8:a::/64 (repeat for multihoming); lower "
+        "PREF is preferred",
     )
     host.add_argument(
         "--interface",
@@ -59,6 +65,12 @@ def add_parsers(sub: Any) -> None:
     )
     host.add_argument(
         "--hosts", type=argtypes.text, help="I-LV hosts file for resolving correspondents"
+    )
+    host.add_argument(
+        "--names",
+        metavar="PATH",
+        type=argtypes.text,
+        help="write the identifier addresses of known names here, /etc/hosts format",
     )
     host.add_argument(
         "--tun", type=argtypes.text, default="ilnp0", help="TUN device for identifier addresses"
@@ -92,6 +104,26 @@ def add_parsers(sub: Any) -> None:
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
 
+    move = tools.add_parser(
+        "move", help="replace our locators (a move or a new uplink): Locator Updates go out"
+    )
+    move.add_argument(
+        "locators",
+        nargs="+",
+        type=_locator,
+        metavar="L64[,PREF[,LIFETIME]]",
+        help="the new set; each must be held by one of the daemon's links",
+    )
+    move.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    move.add_argument("--json", action="store_true", help="print the JSON reply")
+    move.set_defaults(handler=_query, query="set-locators")
+
+    peer = tools.add_parser("add-peer", help="resolve a name and start an ILCC entry for it")
+    peer.add_argument("name", help="a name in the daemon's hosts file, or in DNS (NID, L64)")
+    peer.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    peer.add_argument("--json", action="store_true", help="print the JSON reply")
+    peer.set_defaults(handler=_query, query="add-peer")
+
 
 def _nid(text: str) -> int:
     from sixlab.ilnp.daemon import parse_nid  # noqa: PLC0415
@@ -109,6 +141,13 @@ def _locator(text: str) -> LocatorEntry:
         return parse_locator_spec(text)
     except ResolveError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _format_spec(entry: LocatorEntry) -> str:
+    """A parsed locator back in the control socket's ``L64,PREF,LIFETIME`` notation."""
+    from sixlab.ilnp.config import format_l64  # noqa: PLC0415
+
+    return f"{format_l64(entry.locator)},{entry.preference},{entry.lifetime}"
 
 
 #: Largest ILCC the bounded policy may be given (entries): far above what a host
@@ -136,6 +175,7 @@ def _host(args: argparse.Namespace) -> int:
         store=args.store,
         control=args.control,
         hosts=args.hosts,
+        names=args.names,
         tun_name=args.tun,
         always_nonce=args.nonce == "always",
         bounded_capacity=args.capacity,
@@ -160,8 +200,13 @@ def _query(args: argparse.Namespace) -> int:
     from sixlab.ilnp import IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
 
+    request: dict[str, Any] = {"cmd": args.query}
+    if args.query == "set-locators":
+        request["locators"] = [_format_spec(entry) for entry in args.locators]
+    elif args.query == "add-peer":
+        request["name"] = args.name
     try:
-        reply = control_request(args.control, {"cmd": args.query})
+        reply = control_request(args.control, request)
     except OSError as exc:
         print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
         return 1
@@ -170,8 +215,10 @@ def _query(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(reply, indent=2))
-    elif args.query == "status":
+    elif args.query in ("status", "set-locators"):
         _print_status(reply)
+    elif args.query == "add-peer":
+        print(f"peer {args.name}: NID {reply['nid']}" if reply.get("ok") else reply.get("error"))
     else:
         _print_cache(reply)
     return 0 if reply.get("ok") else 1

@@ -66,15 +66,20 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError, DaemonError
+from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.config import LinkStates, check_held
+from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
-from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
+from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.names import render_names, write_names
 from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
-from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
+from sixlab.ilnp.resolve import Resolution, ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
@@ -97,7 +102,6 @@ from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
     IDENTIFIER_PREFIX,
-    ILV,
     IPV6_HEADER_SIZE,
     LocatorEntry,
     identifier_address,
@@ -199,6 +203,8 @@ class DaemonConfig:
     #: outlive the time its answer takes through the application (a ring batch).
     reply_capacity: int = 8192
     policy_options: dict[str, Any] = field(default_factory=dict)
+    #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
+    names: str | None = None
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -416,6 +422,10 @@ class IlnpDaemon:
         self._configured = config.locators
         self._withdrawn: set[int] = set()
         self._homes: dict[int, set[str]] = {}
+        #: The links' state (sixlab.ilnp.config.LinkStates); tests give their own.
+        self.read_links: Callable[[], LinkStates] = lambda: _link_states(config.interfaces)
+        self._claimed: list[tuple[str, str]] = []
+        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -467,6 +477,10 @@ class IlnpDaemon:
             except (OSError, ValueError):  # ValueError: a NUL in the name
                 raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
+                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            )
+            self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
@@ -546,6 +560,12 @@ class IlnpDaemon:
             self.fastpath.close()
             self.fastpath = None
         self.drop.remove()
+        if self._claimed:
+            release_addresses(self._claimed)
+            self._claimed = []
+        if self.config.names is not None:
+            with contextlib.suppress(OSError):
+                Path(self.config.names).unlink()
         for ring in self._rings:
             ring.close()
         self._rings.clear()
@@ -620,8 +640,8 @@ class IlnpDaemon:
                 return self._ifindex[name]
         return None
 
-    def _on_active(self, nid: int) -> None:
-        self.host.mark_used(nid, self.clock())
+    def _on_active(self, nid: int, heard: bool = False) -> None:
+        self.host.mark_used(nid, self.clock(), heard=heard)
 
     def _usable_locators(self) -> list[int]:
         return [e.locator for e in self._configured if e.locator not in self._withdrawn]
@@ -716,6 +736,7 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
         self._withdrawn.clear()
@@ -730,7 +751,7 @@ class IlnpDaemon:
         remembered, and a locator is down when none of its homes is up and holds it.
         """
         try:
-            states = _link_states(self.config.interfaces)
+            states = self.read_links()
         except OSError:
             return
         known = sum(len(h) for h in self._homes.values())
@@ -742,7 +763,7 @@ class IlnpDaemon:
         down: set[int] = set()
         for entry in self._configured:
             homes = self._homes.get(entry.locator)
-            if homes and not any(
+            if not homes or not any(
                 states[h][0] and entry.locator in states[h][1] for h in homes if h in states
             ):
                 down.add(entry.locator)
@@ -799,7 +820,14 @@ class IlnpDaemon:
             raise ConfigError("name: want a host name (a non-empty string)")
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
+        self._named[found.name] = found
+        self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _write_names(self) -> None:
+        if self.config.names is not None:
+            entries = [*self.resolver.hosts.entries(), *self._named.values()]
+            write_names(self.config.names, render_names(entries))
 
     def status(self) -> dict[str, Any]:
         counters = self.host.counters
@@ -918,10 +946,8 @@ def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
 
 
 def parse_nid(text: str) -> int:
-    """A NID as four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
-    if ":" in text:
-        return ILV.parse(f"0:0:0:0/{text}").nid
-    value = int(text, 0)
-    if not 0 <= value <= _U64:
-        raise ValueError(f"NID {text} does not fit in 64 bits")
-    return value
+    """A NID as ``::a``, four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
+    try:
+        return config_parse_nid(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None

@@ -179,6 +179,16 @@ class IlccEntry:
     state: EntryState = EntryState.ACTIVE
     created: float = 0.0
     last_used: float = 0.0
+    #: When a packet from the peer last passed the nonce and locator checks (in the
+    #: host or, as reported, in the kernel fast path): a peer heard from recently keeps
+    #: its session against a packet with another nonce (docs/ilnp-field.md, restart).
+    last_heard: float = 0.0
+    #: Packets heard from the peer in user space, counted up to 2: the kernel fast path
+    #: takes a correspondent from its second packet on (``sixlab.ilnp.fastpath``), so a
+    #: crowd of one-packet senders costs no map write each.
+    heard: int = 0
+    #: We started the session (a name resolved, ``add-peer``): no packet to wait for.
+    initiated: bool = False
     #: Carry our nonce until the peer has answered (the first packets of a session) and
     #: again after a locator change (RFC 6740, RFC 6744; docs/protocols.md).
     carry_nonce: bool = True

@@ -19,7 +19,12 @@ ILCC entry, so a non-connected server still answers its clients.
   ``adopt_for_listeners=True`` opts into adopting whenever something listens.
 * ``bounded`` — adopt, but keep at most ``capacity`` entries (evicting the least
   recently used) and drop those idle for ``idle_timeout`` seconds: a cap an attacker
-  can churn but never exceed.
+  can churn but never exceed. Eviction never takes an entry used within
+  ``active_window`` seconds: the kernel fast path reports an entry's traffic only once
+  a second, so between two reports a flood of newcomers would otherwise push an active
+  correspondent to the LRU head and out. When the cap is reached and even the least
+  recently used entry is that fresh, the newcomer is not adopted (``all_active``) and is
+  answered through the reply table.
 
 Policies are entered by name in :data:`POLICIES`, the one list of them (``--policy``
 offers its names; docs/architecture.md, "Adapters and registries"); :func:`create_policy`
@@ -160,21 +165,38 @@ class SocketPolicy:
         return None
 
 
+#: Two of the kernel fast path's activity report periods (one second,
+#: ``ilnp_fastpath.bpf.c``): an entry the kernel carries is marked used at least this
+#: often, with a period's slack for the report's way to the host.
+ACTIVE_WINDOW = 2.0
+
+
 class BoundedPolicy:
-    """Adopt up to ``capacity`` entries, evicting the least recently used; expire the idle."""
+    """Adopt up to ``capacity`` entries, evicting the least recently used; expire the idle.
+
+    An entry used within ``active_window`` seconds is never evicted (module docstring).
+    """
 
     name = "bounded"
     host_options: ClassVar[frozenset[str]] = frozenset({"capacity", "idle_timeout"})
 
-    def __init__(self, capacity: int = 1024, idle_timeout: float = 60.0) -> None:
+    def __init__(
+        self, capacity: int = 1024, idle_timeout: float = 60.0, active_window: float = ACTIVE_WINDOW
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
+        if active_window < 0:
+            raise ValueError("active_window must not be negative")
         self.capacity = capacity
         self.idle_timeout = idle_timeout
+        self.active_window = active_window
 
     def admit(self, request: AdmissionRequest, ilcc: IlccStore, now: float) -> Admission:  # noqa: ARG002 (AdmissionPolicy signature)
         oldest = ilcc.oldest()
         if len(ilcc) >= self.capacity and oldest is not None:
+            # LRU order is last-use order: if the oldest is active, every entry is.
+            if oldest.last_used + self.active_window > now:
+                return Admission(False, "all_active")
             return Admission(True, "evicted_lru", (oldest.peer_nid,))
         return Admission(True, "below_cap")
 
