@@ -55,7 +55,6 @@ import contextlib
 import fcntl
 import ipaddress
 import json
-import mmap
 import os
 import secrets
 import selectors
@@ -63,7 +62,7 @@ import socket
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,10 +85,10 @@ from sixlab.linux.cbpf import (
     BPF_W,
     Assembler,
     BpfInstruction,
-    attach_filter,
 )
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.nftdrop import KernelDrop
+from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
 from sixlab.linux.signals import StopOnSignal
 from sixlab.wire._errors import WireError
 from sixlab.wire.ilnp import (
@@ -106,7 +105,6 @@ __all__ = [
     "DEFAULT_CONTROL",
     "DaemonConfig",
     "IlnpDaemon",
-    "PacketRing",
     "control_request",
     "format_locator",
     "kernel_drop",
@@ -121,32 +119,10 @@ DEFAULT_CONTROL = "/run/sixlab-ilnp.sock"
 _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
-# <linux/if_packet.h>
-_SOL_PACKET = 263
-_PACKET_RX_RING = 5
-_PACKET_VERSION = 10
-_PACKET_IGNORE_OUTGOING = 23
-_PACKET_STATISTICS = 6
-_TPACKET_STATS_V3 = struct.Struct("III")  # tp_packets, tp_drops, tp_freeze_q_cnt
-_TPACKET_V3 = 2
-_TP_STATUS_KERNEL = 0
-_TP_STATUS_USER = 1
-_ETH_P_IPV6 = 0x86DD
-_TPACKET_REQ3 = struct.Struct("7I")
-# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1:
-# block_status, num_pkts, offset_to_first_pkt (the fields we need).
-_BLOCK_DESC = struct.Struct("IIIII")
-# struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len, tp_status,
-# tp_mac, tp_net.
-_TPACKET3_HDR = struct.Struct("IIIIIIHH")
 #: Ring geometry: 256 blocks of 32 KiB (8 MiB) and a 1 ms block retire timeout: a block
-#: is handed over when full or after 1 ms, which bounds the latency the ring adds. At
-#: low rates every block retires nearly empty, so the block *count* is what buys time:
+#: is handed over when full or after 1 ms, which bounds the latency the ring adds; the
 #: 256 blocks let the daemon stall for at least a quarter of a second without a drop.
-_RING_BLOCK_SIZE = 1 << 15
-_RING_BLOCKS = 256
-_RING_FRAME_SIZE = 2048
-_RING_RETIRE_MS = 1
+_RING_GEOMETRY = RingGeometry(block_size=1 << 15, block_count=256, frame_size=2048, retire_ms=1)
 #: ICMPv6 Neighbour Discovery types (RFC 4861 §4): the kernel must keep answering these.
 _ND_TYPES = frozenset(range(133, 138))
 #: Identifier MTU: the links' 1500 bytes less the 16-byte nonce header (96-bit nonce)
@@ -248,77 +224,6 @@ def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstructi
     asm.label("accept")
     asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
     return asm.finish()
-
-
-class PacketRing:
-    """A TPACKET_V3 receive ring on one interface, IPv6 frames only, ours excluded."""
-
-    def __init__(self, ifname: str, nid: int) -> None:
-        self.ifname = ifname
-        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_IPV6))
-        try:
-            attach_filter(self.sock, ring_filter(nid))
-            self.sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V3)
-            with contextlib.suppress(OSError):  # Linux >= 4.20; else outgoing are skipped by dst
-                self.sock.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
-            req = _TPACKET_REQ3.pack(
-                _RING_BLOCK_SIZE,
-                _RING_BLOCKS,
-                _RING_FRAME_SIZE,
-                _RING_BLOCK_SIZE * _RING_BLOCKS // _RING_FRAME_SIZE,
-                _RING_RETIRE_MS,
-                0,
-                0,
-            )
-            self.sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, req)
-            self.map = mmap.mmap(
-                self.sock.fileno(),
-                _RING_BLOCK_SIZE * _RING_BLOCKS,
-                mmap.MAP_SHARED,
-                mmap.PROT_READ | mmap.PROT_WRITE,
-            )
-            self.sock.bind((ifname, _ETH_P_IPV6))
-        except BaseException:
-            self.sock.close()
-            raise
-        self.sock.setblocking(False)
-        self._block = 0
-        self.seen = 0
-        self.drops = 0
-
-    def statistics(self) -> tuple[int, int]:
-        """Packets the kernel offered to the ring and dropped (ring full), cumulated."""
-        raw = self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, _TPACKET_STATS_V3.size)
-        packets, drops, _freezes = _TPACKET_STATS_V3.unpack(raw)  # reading resets them
-        self.seen += packets
-        self.drops += drops
-        return self.seen, self.drops
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def packets(self, limit: int = _READ_BATCH) -> Iterator[bytes]:
-        """The IPv6 packets of every block the kernel has handed over (up to ``limit``)."""
-        view = self.map
-        count = 0
-        while count < limit:
-            base = self._block * _RING_BLOCK_SIZE
-            _ver, _priv, status, num, first = _BLOCK_DESC.unpack_from(view, base)
-            if not status & _TP_STATUS_USER:
-                return
-            offset = base + first
-            for _ in range(num):
-                nxt, _s, _ns, snaplen, _len, _st, mac, net = _TPACKET3_HDR.unpack_from(view, offset)
-                yield view[offset + net : offset + mac + snaplen]
-                count += 1
-                offset += nxt
-            struct.pack_into("I", view, base + 8, _TP_STATUS_KERNEL)
-            self._block = (self._block + 1) % _RING_BLOCKS
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):
-            self.map.close()
-        self.sock.close()
 
 
 # --------------------------------------------------------------------- TUN and links
@@ -461,7 +366,12 @@ class IlnpDaemon:
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
             for ifname in self.config.interfaces:
-                ring = PacketRing(ifname, self.config.nid)
+                ring = PacketRing(
+                    ifname,
+                    protocol=ETH_P_IPV6,
+                    program=ring_filter(self.config.nid),
+                    geometry=_RING_GEOMETRY,
+                )
                 self._rings.append(ring)
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
             self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
@@ -650,8 +560,9 @@ class IlnpDaemon:
 
     def _on_ring(self, ring: PacketRing) -> None:
         perf = time.perf_counter_ns
-        for packet in ring.packets():
+        for frame in ring.frames(_READ_BATCH):
             start = perf()
+            packet = frame.data
             if not self._is_ours(packet):
                 continue
             self.wire["rx"] += 1
@@ -825,10 +736,7 @@ class IlnpDaemon:
             "drops": {k: v for k, v in counters.items() if k in reasons},
             "events": dict(self.events),
             "wire": dict(self.wire),
-            "rings": {
-                r.ifname: dict(zip(("packets", "drops"), r.statistics(), strict=True))
-                for r in self._rings
-            },
+            "rings": {str(r.ifname): _ring_json(r) for r in self._rings},
             "socket_table": None
             if self.socket_table is None
             else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
@@ -852,6 +760,16 @@ class IlnpDaemon:
 
 def _error(message: str) -> dict[str, Any]:
     return {"ok": False, "error": message}
+
+
+def _ring_json(ring: PacketRing) -> dict[str, Any]:
+    packets, drops = ring.statistics()
+    return {
+        "packets": packets,
+        "drops": drops,
+        "errors": dict(ring.errors),
+        "reopened": ring.reopened,
+    }
 
 
 def _entry_json(entry: IlccEntry) -> dict[str, Any]:

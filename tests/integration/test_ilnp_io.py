@@ -1,0 +1,143 @@
+"""The ILNP host daemon's I/O in the field: link flaps, carrier loss, crowded links,
+shared control paths, every loss counted, and nothing left behind.
+
+Same topology as ``test_ilnp_daemon.py`` (whose helpers this module uses)::
+
+    A eth0 ── ra  R  rb ── eth0 B
+    A eth1 ── ra2 R  rc ── eth0 C
+
+Carrier loss is made the way a cable pull shows on a host: the router's end of the
+veth goes down, so A's end loses its carrier while staying administratively up.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from sixlab.linux.cbpf import (
+    ACCEPT_SNAPLEN,
+    BPF_ABS,
+    BPF_B,
+    BPF_H,
+    BPF_JEQ,
+    BPF_JMP,
+    BPF_K,
+    BPF_LD,
+    BPF_RET,
+    Assembler,
+    BpfInstruction,
+)
+from sixlab.linux.packetring import PacketRing
+from sixlab.testbed._netns import entered
+from tests.integration.test_ilnp_daemon import (
+    ID_B,
+    Daemon,
+    EchoServer,
+    IlnpNet,
+    a_client,
+    echo_each,
+    net,
+    wait_until,
+)
+
+__all__ = ["net"]  # the fixture, used by name
+
+pytestmark = pytest.mark.root
+
+MULTIHOMED = ["2001:db8:a:0,10", "2001:db8:d:0,20"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_multihomed(net: IlnpNet, policy: str = "socket") -> Daemon:
+    return net.start(net.a, "0:0:0:a", MULTIHOMED, interfaces=("eth0", "eth1"), policy=policy)
+
+
+def test_link_flap_leaves_the_daemon_idle_and_the_link_served(net: IlnpNet) -> None:
+    """A's second link goes down and up. The kernel sets ENETDOWN on that link's ring
+    socket; read or not, it makes epoll report the socket for ever: the daemon must
+    clear it and go back to sleep, and keep serving the link afterwards."""
+    da = start_multihomed(net)
+    net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    net.ip(net.a, "link", "set", "eth1", "down")
+    net.ip(net.a, "link", "set", "eth1", "up")
+    wait_until(
+        lambda: da.status()["rings"]["eth1"]["errors"].get("ENETDOWN") == 1,
+        what="the ring's error read and counted",
+    )
+    # Idle, the daemon wakes about a hundred times a second and uses a few per cent of
+    # a CPU; spinning on the error it used all it could get (93 % in the field).
+    before, started = cpu_seconds(da.proc.pid), time.monotonic()
+    time.sleep(2.0)
+    used = cpu_seconds(da.proc.pid) - before
+    assert used < 0.25 * (time.monotonic() - started), f"{used:.2f} s of CPU while idle"
+    # The flapped link still carries traffic: take the preferred one away. (Down
+    # flushed the link's static address and route; in the field SLAAC restores them.)
+    net.a.add_address("eth1", "2001:db8:d::a")
+    net.ip(net.a, "route", "add", "default", "via", "fe80::2", "dev", "eth1", "metric", "200")
+    wait_until(lambda: not da.status()["withdrawn"], what="eth1's locator back")
+    net.ip(net.a, "link", "set", "eth0", "down")
+    wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="failover")
+    echo = EchoServer(net.b, ID_B)
+    try:
+        with a_client(net) as client:
+            echo_each(client, [b"over eth1 %d" % i for i in range(5)])
+    finally:
+        echo.close()
+    assert da.status()["rings"]["eth1"]["packets"] >= 1
+
+
+def _udp_port_filter(port: int) -> tuple[BpfInstruction, ...]:
+    """Classic BPF: Ethernet + IPv6 + UDP to ``port`` (no extension headers)."""
+    asm = Assembler()
+    asm.emit(BPF_LD | BPF_B | BPF_ABS, 14 + 6)
+    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, 17, jt=0, jf="drop")
+    asm.emit(BPF_LD | BPF_H | BPF_ABS, 14 + 40 + 2)
+    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, port, jt=0, jf="drop")
+    asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
+    asm.label("drop")
+    asm.emit(BPF_RET | BPF_K, 0)
+    return asm.finish()
+
+
+def test_ring_socket_error_is_cleared_once_and_the_ring_reads_again(net: IlnpNet) -> None:
+    """:class:`sixlab.linux.packetring.PacketRing` on a link that goes down and up: the
+    socket polls readable with nothing in the ring until the error is read, once."""
+    with entered(net.a.ns):  # UDP to port 9 only: the link's own ND/MLD stay out
+        ring = PacketRing("eth1", program=_udp_port_filter(9))
+    try:
+        assert select.select([ring], [], [], 0.1)[0] == []
+        net.ip(net.a, "link", "set", "eth1", "down")
+        net.ip(net.a, "link", "set", "eth1", "up")
+        for _ in range(3):  # level-triggered: it stays readable while the error is set
+            assert select.select([ring], [], [], 1.0)[0] == [ring]
+        assert list(ring.frames()) == []
+        assert dict(ring.errors) == {"ENETDOWN": 1}
+        assert select.select([ring], [], [], 0.2)[0] == []
+        # and the socket was hooked again when the link came up: it receives (the
+        # address went with the link; in the field SLAAC brings it back)
+        net.a.add_address("eth1", "2001:db8:d::a")
+        sender = net.r.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        try:
+
+            def arrives() -> bool:
+                sender.sendto(b"ring", ("2001:db8:d::a", 9))
+                time.sleep(0.05)
+                return any(f.data.endswith(b"ring") for f in ring.frames())
+
+            wait_until(arrives, what="a packet in the ring")
+        finally:
+            sender.close()
+    finally:
+        ring.close()
+    assert dict(ring.errors) == {"ENETDOWN": 1}
