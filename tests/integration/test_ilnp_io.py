@@ -36,10 +36,15 @@ from sixlab.linux.cbpf import (
 from sixlab.linux.packetring import PacketRing
 from sixlab.testbed._netns import entered
 from tests.integration.test_ilnp_daemon import (
+    _ETH_P_ALL,
+    ID_A,
     ID_B,
+    Capture,
     Daemon,
     EchoServer,
     IlnpNet,
+    TcpFlow,
+    UdpFlow,
     a_client,
     echo_each,
     net,
@@ -51,6 +56,7 @@ __all__ = ["net"]  # the fixture, used by name
 pytestmark = pytest.mark.root
 
 MULTIHOMED = ["2001:db8:a:0,10", "2001:db8:d:0,20"]
+LOC_D_BYTES = bytes.fromhex("20010db8000d0000")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -141,3 +147,62 @@ def test_ring_socket_error_is_cleared_once_and_the_ring_reads_again(net: IlnpNet
     finally:
         ring.close()
     assert dict(ring.errors) == {"ENETDOWN": 1}
+
+
+def _outgoing(net: IlnpNet, ifname: str) -> Capture:
+    """Frames A sends on its own ``ifname`` (a tap sees them even without carrier)."""
+    sock = net.a.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+    sock.bind((ifname, 0))
+    cap = Capture(sock)
+    cap.start()
+    return cap
+
+
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_carrier_loss_fails_over_out_of_the_surviving_link(net: IlnpNet, fastpath: str) -> None:
+    """The router's end of A's preferred link goes down: A's eth0 stays up without
+    carrier. A withdraws that locator, and the Locator Update and both flows leave
+    out of eth1, the link that holds the new locator; nothing more goes into eth0.
+
+    The router is a static neighbour on eth0: the kernel never finds it unreachable,
+    so a packet routed by destination alone keeps going into the dead link for good
+    (with a learnt neighbour it would stop after Neighbour Unreachability Detection
+    gives up, seconds later, RFC 4861 §7.3)."""
+    net.fastpath = fastpath
+    mac = net.r.mac("ra")
+    net.ip(net.a, "neigh", "replace", "fe80::1", "lladdr", mac, "dev", "eth0", "nud", "permanent")
+    da = start_multihomed(net)
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B).start()
+    tcp = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+    try:
+        wait_until(lambda: db.status()["ilcc_size"] == 1, what="B adopts A")
+        wait_until(lambda: len(udp.answered) > 5, what="the echo flow")
+        dead = _outgoing(net, "eth0")
+        net.ip(net.r, "link", "set", "ra", "down")
+        wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="withdrawal")
+        wait_until(lambda: da.counter("lu_acked") >= 1, what="failover LU acknowledged")
+        at_udp, at_tcp = len(udp.answered), tcp.received
+        wait_until(lambda: len(udp.answered) > at_udp + 20, what="UDP after failover")
+        wait_until(lambda: tcp.received > at_tcp + 100_000, what="TCP after failover")
+        sent_dead = [f for f in dead.stop() if f[12:14] == b"\x86\xdd"]
+    finally:
+        udp.stop()
+        tcp.finish()
+        echo.close()
+    assert not udp.errors
+    assert not tcp.errors
+    assert udp.answered == set(range(udp.sent))
+    assert tcp.received == tcp.sent
+    assert tcp.recv_hash.digest() == tcp.sent_hash.digest()
+    # Nothing from eth1's locator went into eth0, the dead link: not the Locator
+    # Update, not its retransmissions, not the data that followed.
+    misrouted = [f for f in sent_dead if f[14 + 8 : 14 + 16] == LOC_D_BYTES]
+    assert misrouted == [], [f[14 : 14 + 48].hex() for f in misrouted[:3]]
+    status = da.status()
+    assert status["links"]["eth0"]["carrier"] is False
+    assert status["links"]["eth0"]["admin_up"] is True
+    assert [loc["locator"] for loc in status["locators"]] == ["2001:db8:d:0"]
+    (entry,) = db.request("cache")["entries"]
+    assert [p["locator"] for p in entry["locators"]] == ["2001:db8:d:0"]

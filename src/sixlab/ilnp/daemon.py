@@ -11,8 +11,9 @@ which live on a TUN device this daemon owns::
 
 * **Egress.** The kernel routes packets for the identifier prefix into the TUN device.
   The daemon hands each to the host, which picks locators from the ILCC, adds the nonce
-  Destination Option and gives back a wire packet; a raw ``IPPROTO_RAW`` socket (the
-  header is ours, RFC 3542 §3) sends it. A peer without an ILCC entry is resolved by
+  Destination Option and gives back a wire packet; an ``IPPROTO_RAW`` socket (the
+  header is ours, RFC 3542 §3) bound to the link that holds the packet's source
+  locator sends it (:mod:`sixlab.ilnp.egress`). A peer without an ILCC entry is resolved by
   NID in the I-LV hosts file (:mod:`sixlab.ilnp.resolve`) and added as a correspondent.
 * **Ingress.** A ``TPACKET_V3`` ring on each interface sees every IPv6 frame; those for
   our NID (the low 64 bits of the destination, whatever the locator: a locator change
@@ -41,10 +42,11 @@ which live on a TUN device this daemon owns::
   stalls is cut off, never the loop; a malformed request gets ``{"ok": false,
   "error": ...}`` and changes nothing.
 * **Links.** Each locator is tied to the interface that holds an address under it;
-  when that interface goes down its locator is withdrawn (Locator Updates go out), and
-  it comes back when the link does: multihoming failover. A netlink socket subscribed
-  to link and IPv6 address changes wakes the loop the moment one happens (the message
-  itself is not parsed: the links are read again); a slow poll covers missed events.
+  when that interface goes down or loses its carrier its locator is withdrawn
+  (Locator Updates go out, from another locator and out of its link), and it comes
+  back when the link does: multihoming failover. A netlink socket subscribed to link
+  and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
+  missed events (:mod:`sixlab.ilnp.links`).
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
@@ -68,9 +70,11 @@ from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request
 from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp.egress import Egress
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.links import LinkWatcher
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
@@ -136,9 +140,6 @@ _U64 = (1 << 64) - 1
 #: How often the daemon checks the links its locators sit on even without a netlink
 #: event (an overrun of the event socket loses events; this bounds the damage).
 _LINK_POLL_S = 1.0
-# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
-_RTMGRP_LINK = 0x1
-_RTMGRP_IPV6_IFADDR = 0x100
 _LATENCY_SAMPLES = 20000
 #: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
 _TIMER_GRANULARITY = 0.01
@@ -260,27 +261,6 @@ def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
         )
 
 
-def _link_states(names: tuple[str, ...]) -> dict[str, tuple[bool, set[int]]]:
-    """For each interface: is it up (carrier included), and the /64 prefixes on it."""
-    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
-
-    out: dict[str, tuple[bool, set[int]]] = {}
-    with IPRoute() as ipr:
-        for name in names:
-            found = ipr.link_lookup(ifname=name)
-            if not found:
-                out[name] = (False, set())
-                continue
-            link = ipr.get_links(found[0])[0]
-            up = link.get("operstate") in ("UP", "UNKNOWN") and bool(link.get("carrier", 1))
-            prefixes = {
-                int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
-                for a in ipr.get_addr(family=socket.AF_INET6, index=found[0])
-            }
-            out[name] = (up, prefixes)
-    return out
-
-
 # --------------------------------------------------------------------- the daemon
 
 
@@ -319,13 +299,13 @@ class IlnpDaemon:
         self.drop = kernel_drop(config.nid, config.interfaces)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
-        self._homes: dict[int, set[str]] = {}
+        self.links = LinkWatcher(config.interfaces)
+        self.egress = Egress(config.interfaces)
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
         self._rings: list[PacketRing] = []
         self._tun_fd = -1
-        self._raw: socket.socket | None = None
         self.control = ControlServer(config.control, self.handle_request, self._selector)
         #: Control commands: each takes the request object and returns the reply.
         self._commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -334,11 +314,9 @@ class IlnpDaemon:
             "set-locators": self._cmd_set_locators,
             "add-peer": self._cmd_add_peer,
         }
-        self._link_events: socket.socket | None = None
         self._stop = False
         self.fastpath: FastPath | None = None
         self.fastpath_error: str | None = None
-        self._ifindex: dict[str, int] = {}
         self._next_link_poll = 0.0
         self._timer_check = 0.0
 
@@ -374,9 +352,10 @@ class IlnpDaemon:
                 )
                 self._rings.append(ring)
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
-            self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._raw.setblocking(False)
-            self._open_link_events()
+            self.egress.open()
+            self.links.open()
+            self._selector.register(self.links.fileno(), selectors.EVENT_READ, "links")
+            self.links.refresh()
             self.drop.install()
             self._open_fastpath()
             self.control.open()
@@ -390,7 +369,6 @@ class IlnpDaemon:
         if self.config.fastpath == "off":
             self._remove_fastpath_leftovers()
             return
-        self._ifindex = {name: socket.if_nametoindex(name) for name in self.config.interfaces}
         fastpath = FastPath(
             nid=self.config.nid,
             prefix=self.host.config.identifier_prefix,
@@ -410,25 +388,9 @@ class IlnpDaemon:
         self.fastpath = fastpath
         self._selector.register(fastpath.fileno(), selectors.EVENT_READ, "fastpath")
 
-    def _open_link_events(self) -> None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR))
-        sock.setblocking(False)
-        self._link_events = sock
-        self._selector.register(sock, selectors.EVENT_READ, "links")
-
     def _on_link_events(self) -> None:
         """Drain the notifications, then read the links again (what changed is moot)."""
-        assert self._link_events is not None
-        while True:
-            try:
-                if not self._link_events.recv(65536):
-                    break
-                self.events["link_events"] += 1
-            except BlockingIOError:
-                break
-            except OSError:  # ENOBUFS: events were lost; the re-read below covers them
-                self.events["link_events_lost"] += 1
+        self.links.drain()
         now = self.clock()
         self._next_link_poll = now + _LINK_POLL_S
         self._poll_links(now)
@@ -449,12 +411,11 @@ class IlnpDaemon:
         for ring in self._rings:
             ring.close()
         self._rings.clear()
-        if self._raw is not None:
-            self._raw.close()
-            self._raw = None
-        if self._link_events is not None:
-            self._link_events.close()
-            self._link_events = None
+        self.egress.close()
+        if self.links.opened:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.links.fileno())
+        self.links.close()
         if self._tun_fd >= 0:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
@@ -514,11 +475,8 @@ class IlnpDaemon:
             fastpath.update(nid, record)
 
     def _ifindex_of(self, locator: int) -> int | None:
-        """The interface a local locator lives on (first by name), as far as seen."""
-        for name in sorted(self._homes.get(locator, ())):
-            if name in self._ifindex:
-                return self._ifindex[name]
-        return None
+        """The interface a local locator lives on (its usable home first)."""
+        return self.links.ifindex_for(locator)
 
     def _on_active(self, nid: int) -> None:
         self.host.mark_used(nid, self.clock())
@@ -596,15 +554,13 @@ class IlnpDaemon:
         # make a peer or an application react (the next packet must meet the new
         # state), and without waiting for ``step``, which a flood may keep away.
         self._sync_fastpath()
-        raw = self._raw
+        egress, link_for = self.egress, self.links.link_for
         for datagram in self.host.datagrams_to_send():
-            dst = str(ipaddress.IPv6Address(datagram[24:40]))
-            if raw is not None:
-                try:
-                    raw.sendto(datagram, (dst, 0))
-                    self.wire["tx"] += 1
-                except OSError:
-                    self.wire["tx_error"] += 1
+            # out of the link that holds the source locator (:mod:`sixlab.ilnp.egress`)
+            if egress.send(datagram, link_for(int.from_bytes(datagram[8:16], "big"))):
+                self.wire["tx"] += 1
+            else:
+                self.wire["tx_error"] += 1
         while (event := self.host.next_event()) is not None:
             self.events[type(event).__name__] += 1
             if isinstance(event, Deliver):
@@ -624,29 +580,18 @@ class IlnpDaemon:
         self._flush()
 
     def _poll_links(self, now: float) -> None:
-        """Withdraw locators whose interface went down; restore them when it is back.
+        """Withdraw locators whose links are unusable; restore them when one is back.
 
-        A locator's home is every interface it was ever seen on: IPv6 drops a link's
-        addresses when it goes down (``keep_addr_on_down=0``), so the home is
-        remembered, and a locator is down when none of its homes is up and holds it.
+        :mod:`sixlab.ilnp.links` says which locator lives where and which links are
+        up with carrier. A link made again gets new capture sockets.
         """
-        try:
-            states = _link_states(self.config.interfaces)
-        except OSError:
-            return
-        known = sum(len(h) for h in self._homes.values())
-        for name, (_up, prefixes) in states.items():
-            for prefix in prefixes:
-                self._homes.setdefault(prefix, set()).add(name)
-        if sum(len(h) for h in self._homes.values()) != known:
+        new_home, renumbered = self.links.refresh()
+        for ring in self._rings:
+            if ring.ifname in renumbered:
+                self._reopen_ring(ring)
+        if new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
-        down: set[int] = set()
-        for entry in self._configured:
-            homes = self._homes.get(entry.locator)
-            if homes and not any(
-                states[h][0] and entry.locator in states[h][1] for h in homes if h in states
-            ):
-                down.add(entry.locator)
+        down = self.links.down(e.locator for e in self._configured)
         if down == self._withdrawn:
             return
         usable = tuple(e for e in self._configured if e.locator not in down)
@@ -657,6 +602,16 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _reopen_ring(self, ring: PacketRing) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(ring)
+        try:
+            ring.reopen()
+        except OSError:  # gone again: the next refresh tries once more
+            self.events["ring_reopen_errors"] += 1
+            return
+        self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
 
     # ------------------------------------------------------------------ control
 
@@ -728,13 +683,14 @@ class IlnpDaemon:
             ],
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
             "interfaces": list(self.config.interfaces),
+            "links": self.links.json(),
             "policy": self.host.policy.name,
             "store": self.host.ilcc.name,
             "ilcc_size": len(self.host.ilcc),
             "reply_table_size": self.host.reply_table_size,
             "counters": {k: v for k, v in counters.items() if k not in reasons},
             "drops": {k: v for k, v in counters.items() if k in reasons},
-            "events": dict(self.events),
+            "events": dict(self.events + self.links.counters),
             "wire": dict(self.wire),
             "rings": {str(r.ifname): _ring_json(r) for r in self._rings},
             "socket_table": None

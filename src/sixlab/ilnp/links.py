@@ -1,0 +1,245 @@
+"""The host daemon's links: which are usable, which locators each holds, and when that
+changes.
+
+Theory of operation
+-------------------
+A locator is the /64 of an address on one of the daemon's interfaces (a locator names
+the subnetwork a node is attached to, RFC 6740 §3.2). Each locator is tied to the
+interfaces it was ever seen on, its *homes*: IPv6 drops a link's addresses when the
+link goes administratively down (``keep_addr_on_down=0``), so a home is remembered,
+and a locator is *down* when none of its homes is usable and holds it. A link is
+usable when it is administratively up *and* has carrier: a cable pulled at the far end
+(a veth whose peer went down) leaves the interface up with no carrier, and everything
+sent there is lost.
+
+Changes arrive on a netlink socket subscribed to link and IPv6 address events, which
+wakes the daemon's loop at once; the message itself is not parsed (the links are read
+again with pyroute2, every field at once). Carrier is read from ``IFLA_CARRIER``,
+which the kernel updates at once, rather than from the operational state, which its
+link watcher updates up to a second later; a slow poll (the daemon's) covers events
+lost to an overrun of the socket.
+
+Routes through a link without carrier stay in the table and keep winning the route
+lookup (``ignore_routes_with_linkdown`` is 0 by default, ``Documentation/networking/
+ip-sysctl.rst``), so the kernel's own routing, and with it the fast path's
+``bpf_redirect_neigh`` (whose lookup takes the wanted device only as a hint once the
+source address is set), keeps choosing the dead link. While the daemon runs, it sets
+``net.ipv6.conf.LINK.ignore_routes_with_linkdown`` on each of its links and puts the
+old value back when it closes.
+
+An interface deleted and made again has a new index: :meth:`LinkWatcher.refresh`
+reports the names whose index changed, so that the daemon can make their capture
+sockets again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LinkState", "LinkWatcher", "read_links"]
+
+# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
+_RTMGRP_LINK = 0x1
+_RTMGRP_IPV6_IFADDR = 0x100
+_IFF_UP = 0x1
+#: Operational states (RFC 2863 ifOperStatus, as the kernel names them) that carry
+#: packets: UNKNOWN is what drivers without carrier reporting (TUN, dummy) show.
+_OPER_USABLE = frozenset({"UP", "UNKNOWN"})
+_SYSCTL = "/proc/sys/net/ipv6/conf/{}/ignore_routes_with_linkdown"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """One interface as last read. ``ifindex`` 0: no such interface now."""
+
+    name: str
+    ifindex: int = 0
+    admin_up: bool = False
+    carrier: bool = False
+    operstate: str = "ABSENT"
+    #: The /64 of every IPv6 address on it, as 64-bit integers (locators).
+    prefixes: frozenset[int] = frozenset()
+
+    @property
+    def usable(self) -> bool:
+        """Up, with carrier, and in an operational state that carries packets.
+
+        Losing carrier shows in ``carrier`` at once; getting it back is trusted only
+        once the operational state follows (the kernel activates the link's queue
+        at that moment, not before)."""
+        return (
+            self.ifindex != 0 and self.admin_up and self.carrier and self.operstate in _OPER_USABLE
+        )
+
+    def json(self) -> dict[str, object]:
+        return {
+            "ifindex": self.ifindex,
+            "admin_up": self.admin_up,
+            "carrier": self.carrier,
+            "operstate": self.operstate,
+            "usable": self.usable,
+        }
+
+
+def read_links(names: Iterable[str]) -> dict[str, LinkState]:
+    """The state of each named interface (absent ones with ``ifindex`` 0)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    out: dict[str, LinkState] = {}
+    with IPRoute() as ipr:
+        for name in names:
+            found = ipr.link_lookup(ifname=name)
+            if not found:
+                out[name] = LinkState(name)
+                continue
+            index = found[0]
+            link = ipr.get_links(index)[0]
+            prefixes = frozenset(
+                int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
+                for a in ipr.get_addr(family=socket.AF_INET6, index=index)
+            )
+            out[name] = LinkState(
+                name,
+                ifindex=index,
+                admin_up=bool(link["flags"] & _IFF_UP),
+                carrier=bool(link.get("carrier", 1)),
+                operstate=str(link.get("operstate", "UNKNOWN")),
+                prefixes=prefixes,
+            )
+    return out
+
+
+class LinkWatcher:
+    """The daemon's interfaces, their locators, and the event socket (module doc).
+
+    :meth:`open` makes the event socket (:meth:`fileno` for the loop), :meth:`drain`
+    empties it, :meth:`refresh` reads the links again; :meth:`link_for`,
+    :meth:`ifindex_for` and :meth:`down` answer from the last read.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+        self.states: dict[str, LinkState] = {name: LinkState(name) for name in self.names}
+        #: Every interface each locator was ever seen on (module doc).
+        self.homes: dict[int, set[str]] = {}
+        self.counters: Counter[str] = Counter()
+        self._sock: socket.socket | None = None
+        self._route: dict[int, str] = {}
+        #: ``ignore_routes_with_linkdown`` of each link before we set it (module doc).
+        self._saved: dict[str, str] = {}
+
+    def open(self) -> None:
+        """The event socket, and dead links' routes ignored (module doc)."""
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        for name in self.names:
+            path = Path(_SYSCTL.format(name))
+            try:
+                old = path.read_text().strip()
+                if old != "1":
+                    path.write_text("1\n")
+                    self._saved[name] = old
+            except OSError:  # no such link (yet), or no IPv6 on it: nothing to route
+                self.counters["sysctl_errors"] += 1
+
+    @property
+    def opened(self) -> bool:
+        return self._sock is not None
+
+    def fileno(self) -> int:
+        assert self._sock is not None, "open() first"
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        """Close the event socket and put the links' settings back; safe to call twice."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        for name, old in self._saved.items():
+            with contextlib.suppress(OSError):  # the link is gone, and its setting with it
+                Path(_SYSCTL.format(name)).write_text(f"{old}\n")
+        self._saved.clear()
+
+    def drain(self) -> None:
+        """Read every waiting notification (what changed is moot: see :meth:`refresh`)."""
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            try:
+                if not sock.recv(65536):
+                    return
+                self.counters["link_events"] += 1
+            except BlockingIOError:
+                return
+            except OSError:  # ENOBUFS: events were lost; the caller's re-read covers them
+                self.counters["link_events_lost"] += 1
+
+    def refresh(self) -> tuple[bool, set[str]]:
+        """Read the links again. Returns whether any locator got a new home, and the
+        names whose interface index changed (made again, or gone). On a netlink error
+        the last read stays and nothing is reported."""
+        try:
+            states = read_links(self.names)
+        except OSError:
+            self.counters["link_read_errors"] += 1
+            return False, set()
+        renumbered = {
+            name
+            for name, state in states.items()
+            if state.ifindex != self.states[name].ifindex and self.states[name].ifindex != 0
+        }
+        new_home = False
+        for name, state in states.items():
+            for prefix in state.prefixes:
+                homes = self.homes.setdefault(prefix, set())
+                if name not in homes:
+                    homes.add(name)
+                    new_home = True
+        self.states = states
+        self._route = {}
+        for locator, homes in self.homes.items():
+            for name in sorted(homes):
+                state = states[name]
+                if state.usable and locator in state.prefixes:
+                    self._route[locator] = name
+                    break
+        return new_home, renumbered
+
+    def link_for(self, locator: int) -> str | None:
+        """The usable interface holding ``locator`` (the first by name), if any."""
+        return self._route.get(locator)
+
+    def ifindex_for(self, locator: int) -> int | None:
+        """The interface index ``locator`` lives on: its usable home, else the first
+        home by name that exists; None when it was never seen."""
+        name = self._route.get(locator)
+        if name is None:
+            for home in sorted(self.homes.get(locator, ())):
+                if self.states[home].ifindex:
+                    name = home
+                    break
+        return None if name is None else self.states[name].ifindex or None
+
+    def down(self, locators: Iterable[int]) -> set[int]:
+        """Of ``locators``, those seen on some interface that no usable home holds."""
+        return {
+            locator
+            for locator in locators
+            if self.homes.get(locator) and locator not in self._route
+        }
+
+    def json(self) -> dict[str, dict[str, object]]:
+        return {name: state.json() for name, state in self.states.items()}
