@@ -13,8 +13,11 @@ veth goes down, so A's end loses its carrier while staying administratively up.
 from __future__ import annotations
 
 import os
+import random
 import select
+import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -35,16 +38,22 @@ from sixlab.linux.cbpf import (
 )
 from sixlab.linux.packetring import PacketRing
 from sixlab.testbed._netns import entered
+from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
 from tests.integration.test_ilnp_daemon import (
     _ETH_P_ALL,
+    ECHO_PORT,
     ID_A,
     ID_B,
+    LOC_A,
+    LOC_FLOOD,
+    NID_A,
     Capture,
     Daemon,
     EchoServer,
     IlnpNet,
     TcpFlow,
     UdpFlow,
+    _udp,
     a_client,
     echo_each,
     net,
@@ -206,3 +215,40 @@ def test_carrier_loss_fails_over_out_of_the_surviving_link(net: IlnpNet, fastpat
     assert [loc["locator"] for loc in status["locators"]] == ["2001:db8:d:0"]
     (entry,) = db.request("cache")["entries"]
     assert [p["locator"] for p in entry["locators"]] == ["2001:db8:d:0"]
+
+
+def test_ring_overflow_shows_in_drops_and_in_the_text_status(net: IlnpNet) -> None:
+    """Packets lost because the receive ring was full are a loss like any other: the
+    JSON ``drops`` and the text ``status`` show them, not only ``rings``."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"])
+    raw = net.c.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    a_addr = ILV(LOC_A, NID_A)
+    rng = random.Random(12)
+    da.proc.send_signal(signal.SIGSTOP)  # the ring fills while nobody reads it
+    try:
+        # 256 blocks retire after 1 ms each however few packets they hold: spread
+        # 3,000 packets over about 0.6 s and the ring is full well before the end.
+        for i in range(3000):
+            nid = rng.getrandbits(64) | 0x100
+            packet = IlnpPacket(
+                ILV(LOC_FLOOD, nid),
+                a_addr,
+                17,
+                _udp(nid, NID_A, 40000, ECHO_PORT, b"fill"),
+                Nonce(rng.randbytes(4)),
+            )
+            raw.sendto(encode_packet(packet), (str(a_addr.address), 0))
+            if i % 5 == 4:
+                time.sleep(0.001)
+    finally:
+        da.proc.send_signal(signal.SIGCONT)
+        raw.close()
+    status = da.status()
+    lost = status["rings"]["eth0"]["drops"]
+    assert lost > 0
+    assert status["drops"]["ring_overflow"] == lost
+    text = net.tb.exec_in(
+        net.a, [sys.executable, "-m", "sixlab.cli.ilnp", "status", "--control", da.control]
+    ).stdout
+    (line,) = [x for x in text.splitlines() if x.startswith("drops:")]
+    assert f"ring_overflow={lost}" in line

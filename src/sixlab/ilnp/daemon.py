@@ -74,7 +74,7 @@ from sixlab.ilnp.egress import Egress
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.links import LinkWatcher
+from sixlab.ilnp.links import LinkWatcher, device_drops
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
@@ -536,6 +536,9 @@ class IlnpDaemon:
                 packet = os.read(self._tun_fd, 65535)
             except BlockingIOError:
                 return
+            except OSError:  # the packet is lost; the device is still there
+                self.wire["tun_read_error"] += 1
+                return
             if len(packet) < IPV6_HEADER_SIZE or packet[24] == 0xFF:
                 continue  # multicast (MLD and the like): nothing ILNP can carry
             now = self.clock()
@@ -689,7 +692,7 @@ class IlnpDaemon:
             "ilcc_size": len(self.host.ilcc),
             "reply_table_size": self.host.reply_table_size,
             "counters": {k: v for k, v in counters.items() if k not in reasons},
-            "drops": {k: v for k, v in counters.items() if k in reasons},
+            "drops": {k: v for k, v in counters.items() if k in reasons} | self._io_drops(),
             "events": dict(self.events + self.links.counters),
             "wire": dict(self.wire),
             "rings": {str(r.ifname): _ring_json(r) for r in self._rings},
@@ -700,6 +703,30 @@ class IlnpDaemon:
             "control": dict(self.control.counters),
             "fastpath": self._fastpath_status(),
         }
+
+    def _io_drops(self) -> dict[str, int]:
+        """Every packet the daemon's I/O lost, by cause (zeros left out).
+
+        ``ring_overflow``: the receive rings were full (the kernel's count);
+        ``tun_queue_overflow``: applications' packets the TUN device dropped because
+        its queue was full (not read in time); ``tun_rx_dropped``: packets written to
+        the TUN device that the kernel dropped; ``tun_read_error``/``tun_write_error``;
+        ``tx_error_<errno>``: sends that failed (:mod:`sixlab.ilnp.egress`);
+        ``fastpath_rx_error``/``fastpath_tx_error``: packets the kernel programs
+        dropped half-way through a rewrite.
+        """
+        drops = {"ring_overflow": sum(r.statistics()[1] for r in self._rings)}
+        device = device_drops(self.config.tun_name)
+        drops["tun_queue_overflow"] = device.get("tx_dropped", 0)
+        drops["tun_rx_dropped"] = device.get("rx_dropped", 0)
+        drops["tun_read_error"] = self.wire["tun_read_error"]
+        drops["tun_write_error"] = self.wire["tun_error"]
+        drops |= self.egress.drops()
+        if self.fastpath is not None:
+            fast = self.fastpath.counters()
+            drops["fastpath_rx_error"] = fast.get("rx_error", 0)
+            drops["fastpath_tx_error"] = fast.get("tx_error", 0)
+        return {k: v for k, v in drops.items() if v}
 
     def _fastpath_status(self) -> dict[str, Any]:
         fastpath = self.fastpath

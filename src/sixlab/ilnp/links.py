@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LinkState", "LinkWatcher", "read_links"]
+__all__ = ["LinkState", "LinkWatcher", "device_drops", "read_links"]
 
 # <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
 _RTMGRP_LINK = 0x1
@@ -113,6 +113,21 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 prefixes=prefixes,
             )
     return out
+
+
+def device_drops(name: str) -> dict[str, int]:
+    """The kernel's ``rx_dropped``/``tx_dropped`` of interface ``name`` ({} if none)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    try:
+        with IPRoute() as ipr:
+            found = ipr.link_lookup(ifname=name)
+            if not found:
+                return {}
+            stats = ipr.get_links(found[0])[0].get("stats64") or {}
+    except OSError:
+        return {}
+    return {k: int(stats.get(k, 0)) for k in ("rx_dropped", "tx_dropped")}
 
 
 class LinkWatcher:
