@@ -12,11 +12,13 @@ veth goes down, so A's end loses its carrier while staying administratively up.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -252,3 +254,57 @@ def test_ring_overflow_shows_in_drops_and_in_the_text_status(net: IlnpNet) -> No
     ).stdout
     (line,) = [x for x in text.splitlines() if x.startswith("drops:")]
     assert f"ring_overflow={lost}" in line
+
+
+def _host_argv(nid: str, locator: str, *extra: str) -> list[str]:
+    argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", nid]
+    return [*argv, "--locator", locator, "--interface", "eth0", "--fastpath", "off", *extra]
+
+
+def test_second_daemon_on_a_live_control_path_refuses_and_leaves_it(net: IlnpNet) -> None:
+    """Two namespaces, one ``--control`` path: the second daemon must not take the
+    first's socket (it used to unlink it and serve there, and its exit deleted it)."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"])
+    out = net.tb.exec_in(
+        net.b,
+        _host_argv("0:0:0:b", "2001:db8:b:0", "--control", da.control),
+        check=False,
+        timeout=10,  # (it used to start, take the socket and serve)
+    )
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "a running daemon answers there" in out.stderr
+    assert da.status()["nid"] == "0:0:0:a"  # still A's, still served
+    tun = net.tb.exec_in(net.b, ["ip", "link", "show", "ilnp0"], check=False)
+    assert tun.returncode != 0  # refused before anything was made
+
+
+def test_default_control_path_is_one_per_namespace(net: IlnpNet) -> None:
+    """Without ``--control``, daemons in two namespaces each get their own socket, and
+    ``sixlab ilnp status`` run in a namespace reaches that namespace's daemon."""
+    procs = []
+    paths = []
+    try:
+        for node, nid, loc in (
+            (net.a, "0:0:0:a", "2001:db8:a:0"),
+            (net.b, "0:0:0:b", "2001:db8:b:0"),
+        ):
+            proc = net.tb.run_in(node, _host_argv(nid, loc), stdout=subprocess.PIPE)
+            procs.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()
+            assert line.startswith("ready "), line
+            paths.append(line.split("control=")[1].strip())
+        assert paths[0] != paths[1]
+        for node, nid in ((net.a, "0:0:0:a"), (net.b, "0:0:0:b")):
+            status = json.loads(
+                net.tb.exec_in(
+                    node, [sys.executable, "-m", "sixlab.cli.ilnp", "status", "--json"]
+                ).stdout
+            )
+            assert status["nid"] == nid
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    assert not any(Path(p).exists() for p in paths)

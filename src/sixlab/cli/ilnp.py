@@ -26,8 +26,7 @@ __all__ = ["add_parsers", "main"]
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
-
+    control_help = "control socket path (default: /run/sixlab-ilnp-NETNS.sock, per namespace)"
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
 
@@ -46,7 +45,7 @@ def add_parsers(sub: Any) -> None:
     )
     host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
     host.add_argument("--store", choices=["hash", "linear"], default="hash")
-    host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    host.add_argument("--control", help=control_help)
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
     host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
     host.add_argument(
@@ -70,7 +69,7 @@ def add_parsers(sub: Any) -> None:
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
         tool = tools.add_parser(name, help=text)
-        tool.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+        tool.add_argument("--control", help=control_help)
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
 
@@ -102,7 +101,7 @@ def _positive(text: str) -> int:
 
 def _host(args: argparse.Namespace) -> int:
     from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
+    from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
     from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
     from sixlab.linux.errors import LinuxError  # noqa: PLC0415
@@ -118,7 +117,7 @@ def _host(args: argparse.Namespace) -> int:
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
-        control=args.control,
+        control=args.control or default_control(),
         hosts=args.hosts,
         tun_name=args.tun,
         always_nonce=args.nonce == "always",
@@ -141,12 +140,13 @@ def _host(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
+    from sixlab.ilnp.daemon import control_request, default_control  # noqa: PLC0415
 
+    path = args.control or default_control()
     try:
-        reply = control_request(args.control, {"cmd": args.query})
+        reply = control_request(path, {"cmd": args.query})
     except OSError as exc:
-        print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        print(f"sixlab ilnp {args.query}: {path}: {exc}", file=sys.stderr)
         return 1
     except ControlError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)

@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixlab.ilnp._control import ControlClient, ControlServer, control_request
+from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.egress import Egress
 from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
@@ -106,18 +106,15 @@ from sixlab.wire.ilnp import (
 )
 
 __all__ = [
-    "DEFAULT_CONTROL",
     "DaemonConfig",
     "IlnpDaemon",
     "control_request",
+    "default_control",
     "format_locator",
     "kernel_drop",
     "parse_nid",
     "run_daemon",
 ]
-
-#: Default control socket (tests and several daemons per machine pass their own).
-DEFAULT_CONTROL = "/run/sixlab-ilnp.sock"
 
 # <linux/if_tun.h>
 _TUNSETIFF = 0x400454CA
@@ -160,7 +157,8 @@ class DaemonConfig:
     interfaces: tuple[str, ...]
     policy: str = "socket"
     store: str = "hash"
-    control: str = DEFAULT_CONTROL
+    #: Control socket path; the default is per network namespace (:mod:`._control`).
+    control: str = field(default_factory=default_control)
     hosts: str | None = None
     tun_name: str = "ilnp0"
     #: Carry the nonce in every packet and require it back (RFC 6744 §2 allows always);
@@ -340,6 +338,8 @@ class IlnpDaemon:
             except (OSError, ValueError):  # ValueError: a NUL in the name
                 raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
+            # First: a live daemon on the same path refuses us before we touch anything.
+            self.control.open()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
@@ -358,7 +358,6 @@ class IlnpDaemon:
             self.links.refresh()
             self.drop.install()
             self._open_fastpath()
-            self.control.open()
         except BaseException:
             self.close()
             raise
