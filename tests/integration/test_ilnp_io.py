@@ -47,8 +47,10 @@ from tests.integration.test_ilnp_daemon import (
     ID_A,
     ID_B,
     LOC_A,
+    LOC_B,
     LOC_FLOOD,
     NID_A,
+    NID_B,
     Capture,
     Daemon,
     EchoServer,
@@ -308,3 +310,66 @@ def test_default_control_path_is_one_per_namespace(net: IlnpNet) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
     assert not any(Path(p).exists() for p in paths)
+
+
+CROWD = 1000
+
+
+def _crowd_seen(daemon: Daemon) -> int:
+    counters = daemon.status()["counters"]
+    return int(counters.get("adopted", 0) + counters.get("not_adopted", 0))
+
+
+@pytest.mark.parametrize("policy", ["socket", "none"])
+def test_unresolvable_crowd_does_not_stop_the_echo_flow(net: IlnpNet, policy: str) -> None:
+    """A crowd of new correspondents from a prefix that is on-link at B, where nobody
+    answers Neighbour Discovery: B's answers to them cannot leave. Held in the kernel
+    they filled the send socket's buffer and every send failed, the echo flow's
+    answers to A too; now they wait in the daemon, are dropped and counted, and the
+    echo flow goes on. (B without the fast path: every answer is the daemon's.)"""
+    net.fastpath = "off"
+    net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"])
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy=policy)
+    net.ip(net.b, "route", "add", "2001:db8:f::/64", "dev", "eth0")  # the crowd, on-link
+    echo = EchoServer(net.b, ID_B)
+    udp = UdpFlow(net.a, ID_A, ID_B).start()
+    raw = net.c.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    rng = random.Random(9)
+    b_addr = ILV(LOC_B, NID_B)
+    try:
+        wait_until(lambda: len(udp.answered) > 5, what="the echo flow")
+        resent_before = udp.resent
+        answered_before = len(udp.answered)
+        for i in range(CROWD):
+            nid = rng.getrandbits(64) | 0x100
+            packet = IlnpPacket(
+                ILV(LOC_FLOOD, nid),
+                b_addr,
+                17,
+                _udp(nid, NID_B, 40000 + i, ECHO_PORT, b"crowd"),
+                Nonce(rng.randbytes(4)),
+            )
+            raw.sendto(encode_packet(packet), (str(b_addr.address), 0))
+            if i % 10 == 9:
+                time.sleep(0.01)
+        # Every crowd packet reached B's host, and B answered each: the answers wait
+        # for Neighbour Discovery to give up (3 s). The echo flow must go on
+        # meanwhile, every request answered the first time.
+        wait_until(lambda: _crowd_seen(db) >= 0.9 * CROWD, timeout=15, what="the crowd processed")
+        time.sleep(3.5)
+        answered_during = len(udp.answered) - answered_before
+        resent_during = udp.resent - resent_before
+    finally:
+        udp.stop()
+        raw.close()
+        echo.close()
+    status = db.status()
+    assert status["wire"].get("tx_error", 0) == 0, status["drops"]
+    assert resent_during <= 1
+    assert answered_during > 100
+    assert udp.answered == set(range(udp.sent))
+    # The crowd's answers were not sent: held, then dropped and counted.
+    wait_until(
+        lambda: db.status()["drops"].get("neighbour_unresolved", 0) >= 0.9 * CROWD,
+        what="the crowd's answers dropped and counted",
+    )

@@ -356,6 +356,8 @@ class IlnpDaemon:
             self.links.open()
             self._selector.register(self.links.fileno(), selectors.EVENT_READ, "links")
             self.links.refresh()
+            self.egress.set_links(self.links.states)
+            self._selector.register(self.egress.fileno(), selectors.EVENT_READ, "neighbours")
             self.drop.install()
             self._open_fastpath()
         except BaseException:
@@ -410,6 +412,9 @@ class IlnpDaemon:
         for ring in self._rings:
             ring.close()
         self._rings.clear()
+        if self.egress.opened:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.egress.fileno())
         self.egress.close()
         if self.links.opened:
             with contextlib.suppress(KeyError, ValueError):
@@ -447,8 +452,11 @@ class IlnpDaemon:
                 self.fastpath.drain()
             elif data == "links":
                 self._on_link_events()
+            elif data == "neighbours":
+                self.egress.on_events(self.clock())
         now = self.clock()
         self.control.expire(now)
+        self.egress.expire(now)
         if now >= self._timer_check:
             self._run_timers(now)
         if now >= self._next_link_poll:
@@ -556,10 +564,10 @@ class IlnpDaemon:
         # make a peer or an application react (the next packet must meet the new
         # state), and without waiting for ``step``, which a flood may keep away.
         self._sync_fastpath()
-        egress, link_for = self.egress, self.links.link_for
+        egress, link_for, now = self.egress, self.links.link_for, self.clock()
         for datagram in self.host.datagrams_to_send():
             # out of the link that holds the source locator (:mod:`sixlab.ilnp.egress`)
-            if egress.send(datagram, link_for(int.from_bytes(datagram[8:16], "big"))):
+            if egress.send(datagram, link_for(int.from_bytes(datagram[8:16], "big")), now):
                 self.wire["tx"] += 1
             else:
                 self.wire["tx_error"] += 1
@@ -588,6 +596,7 @@ class IlnpDaemon:
         up with carrier. A link made again gets new capture sockets.
         """
         new_home, renumbered = self.links.refresh()
+        self.egress.set_links(self.links.states)
         for ring in self._rings:
             if ring.ifname in renumbered:
                 self._reopen_ring(ring)
@@ -686,6 +695,7 @@ class IlnpDaemon:
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
             "interfaces": list(self.config.interfaces),
             "links": self.links.json(),
+            "egress": self.egress.json(),
             "policy": self.host.policy.name,
             "store": self.host.ilcc.name,
             "ilcc_size": len(self.host.ilcc),

@@ -12,7 +12,11 @@ usable when it is administratively up *and* has carrier: a cable pulled at the f
 (a veth whose peer went down) leaves the interface up with no carrier, and everything
 sent there is lost.
 
-Changes arrive on a netlink socket subscribed to link and IPv6 address events, which
+Each link also carries its on-link prefixes (routes through it without a gateway):
+a destination inside one is a neighbour, whose link-layer address the kernel must
+resolve first (:mod:`sixlab.ilnp.egress` needs to know).
+
+Changes arrive on a netlink socket subscribed to link, IPv6 address and route events, which
 wakes the daemon's loop at once; the message itself is not parsed (the links are read
 again with pyroute2, every field at once). Carrier is read from ``IFLA_CARRIER``,
 which the kernel updates at once, rather than from the operational state, which its
@@ -44,9 +48,12 @@ from pathlib import Path
 
 __all__ = ["LinkState", "LinkWatcher", "device_drops", "read_links"]
 
-# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
+# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses, IPv6 routes.
 _RTMGRP_LINK = 0x1
 _RTMGRP_IPV6_IFADDR = 0x100
+_RTMGRP_IPV6_ROUTE = 0x400
+_RT_TABLE_MAIN = 254
+_RTN_UNICAST = 1
 _IFF_UP = 0x1
 #: Operational states (RFC 2863 ifOperStatus, as the kernel names them) that carry
 #: packets: UNKNOWN is what drivers without carrier reporting (TUN, dummy) show.
@@ -65,6 +72,9 @@ class LinkState:
     operstate: str = "ABSENT"
     #: The /64 of every IPv6 address on it, as 64-bit integers (locators).
     prefixes: frozenset[int] = frozenset()
+    #: On-link prefixes (main-table routes through it without a gateway), as
+    #: (address as a 128-bit integer, prefix length).
+    onlink: tuple[tuple[int, int], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -93,6 +103,13 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
 
     out: dict[str, LinkState] = {}
     with IPRoute() as ipr:
+        routes = [
+            r
+            for r in ipr.get_routes(family=socket.AF_INET6, table=_RT_TABLE_MAIN)
+            if r["type"] == _RTN_UNICAST
+            and r.get("RTA_GATEWAY") is None
+            and r.get("RTA_MULTIPATH") is None
+        ]
         for name in names:
             found = ipr.link_lookup(ifname=name)
             if not found:
@@ -104,6 +121,13 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
                 for a in ipr.get_addr(family=socket.AF_INET6, index=index)
             )
+            onlink = tuple(
+                sorted(
+                    (int(ipaddress.IPv6Address(r.get("RTA_DST") or "::")), int(r["dst_len"]))
+                    for r in routes
+                    if r.get("RTA_OIF") == index
+                )
+            )
             out[name] = LinkState(
                 name,
                 ifindex=index,
@@ -111,6 +135,7 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 carrier=bool(link.get("carrier", 1)),
                 operstate=str(link.get("operstate", "UNKNOWN")),
                 prefixes=prefixes,
+                onlink=onlink,
             )
     return out
 
@@ -153,7 +178,7 @@ class LinkWatcher:
         """The event socket, and dead links' routes ignored (module doc)."""
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         try:
-            sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR))
+            sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR | _RTMGRP_IPV6_ROUTE))
             sock.setblocking(False)
         except BaseException:
             sock.close()
