@@ -373,3 +373,47 @@ def test_unresolvable_crowd_does_not_stop_the_echo_flow(net: IlnpNet, policy: st
         lambda: db.status()["drops"].get("neighbour_unresolved", 0) >= 0.9 * CROWD,
         what="the crowd's answers dropped and counted",
     )
+
+
+def _leavings(net: IlnpNet) -> dict[str, str]:
+    """What a daemon could leave behind in A's namespace, as text to compare."""
+
+    def run(*argv: str) -> str:
+        return net.tb.exec_in(net.a, list(argv), check=False).stdout
+
+    sysctl = "/proc/sys/net/ipv6/conf/{}/ignore_routes_with_linkdown"
+    return {
+        "qdiscs": run("tc", "qdisc", "show"),
+        "nft": run("nft", "list", "tables"),
+        "links": run("ip", "-o", "link", "show"),
+        "addresses": run("ip", "-6", "-o", "addr", "show"),
+        "routes": run("ip", "-6", "route", "show"),
+        "sysctl": run("cat", sysctl.format("eth0"), sysctl.format("eth1")),
+    }
+
+
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> None:
+    """``sixlab ilnp host`` writes nothing to stderr when it starts and serves; when
+    it exits, the namespace is as it found it: no clsact qdisc it made (one that was
+    there before stays), nft table, TUN device, address, route or changed setting."""
+    net.tb.exec_in(net.a, ["tc", "qdisc", "add", "dev", "eth1", "clsact"])  # someone else's
+    before = _leavings(net)
+    control = str(net.tmp / "quiet.sock")
+    argv = _host_argv("0:0:0:a", "2001:db8:a:0,10", "--control", control)
+    argv[argv.index("--fastpath") + 1] = fastpath
+    argv += ["--locator", "2001:db8:d:0,20", "--interface", "eth1"]
+    proc = net.tb.run_in(net.a, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith(b"ready ")
+    running = _leavings(net)
+    assert "ilnp0" in running["links"]
+    assert running["sysctl"].split() == ["1", "1"]
+    if fastpath == "on":
+        assert "qdisc clsact ffff: dev eth0" in running["qdiscs"]
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert err == b""
+    assert _leavings(net) == before
+    assert not Path(control).exists()

@@ -71,10 +71,16 @@ from typing import Any
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.egress import Egress
-from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
+from sixlab.ilnp.fastpath import (
+    TC_HANDLE,
+    TC_PRIORITY,
+    FastPath,
+    peer_record,
+    remove_leftovers,
+)
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.links import LinkWatcher, device_drops
+from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops
 from sixlab.ilnp.policy import AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
@@ -91,6 +97,7 @@ from sixlab.linux.cbpf import (
     BpfInstruction,
 )
 from sixlab.linux.errors import LinuxError
+from sixlab.linux.libbpf import tc_hook_destroy
 from sixlab.linux.nftdrop import KernelDrop
 from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
 from sixlab.linux.signals import StopOnSignal
@@ -316,6 +323,8 @@ class IlnpDaemon:
         self.fastpath: FastPath | None = None
         self.fastpath_error: str | None = None
         self._next_link_poll = 0.0
+        #: Links whose clsact qdisc the daemon made (or inherited from a dead daemon).
+        self._own_clsact: set[str] = set()
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
@@ -367,6 +376,7 @@ class IlnpDaemon:
     def _open_fastpath(self) -> None:
         if self.config.fastpath not in ("auto", "on", "off"):
             raise ValueError(f"fastpath must be auto, on or off, not {self.config.fastpath!r}")
+        self._note_clsact()
         if self.config.fastpath == "off":
             self._remove_fastpath_leftovers()
             return
@@ -396,6 +406,29 @@ class IlnpDaemon:
         self._next_link_poll = now + _LINK_POLL_S
         self._poll_links(now)
 
+    def _note_clsact(self) -> None:
+        """Remember the links whose ``clsact`` qdisc is ours to remove at exit: those
+        without one now, or whose only filter is a dead daemon's fast path (an empty
+        one is someone else's, and stays)."""
+        ours = {(TC_PRIORITY, TC_HANDLE)}
+        for name in self.config.interfaces:
+            try:
+                filters = clsact_filters(name)
+            except OSError:
+                continue
+            if filters is None or (filters and filters <= ours):
+                self._own_clsact.add(name)
+
+    def _remove_clsact(self) -> None:
+        """Remove the ``clsact`` qdiscs noted at start that hold no filter now."""
+        for name in sorted(self._own_clsact):
+            try:
+                if clsact_filters(name) == set():
+                    tc_hook_destroy(socket.if_nametoindex(name))
+            except (OSError, LinuxError):  # the link is gone, or no libbpf: nothing to do
+                continue
+        self._own_clsact.clear()
+
     def _remove_fastpath_leftovers(self) -> None:
         if removed := remove_leftovers(self.config.interfaces):
             self.events["fastpath_leftovers_removed"] += removed
@@ -408,6 +441,7 @@ class IlnpDaemon:
                 self._selector.unregister(self.fastpath.fileno())
             self.fastpath.close()
             self.fastpath = None
+        self._remove_clsact()
         self.drop.remove()
         for ring in self._rings:
             ring.close()

@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LinkState", "LinkWatcher", "device_drops", "read_links"]
+__all__ = ["LinkState", "LinkWatcher", "clsact_filters", "device_drops", "read_links"]
 
 # <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses, IPv6 routes.
 _RTMGRP_LINK = 0x1
@@ -59,6 +59,9 @@ _IFF_UP = 0x1
 #: packets: UNKNOWN is what drivers without carrier reporting (TUN, dummy) show.
 _OPER_USABLE = frozenset({"UP", "UNKNOWN"})
 _SYSCTL = "/proc/sys/net/ipv6/conf/{}/ignore_routes_with_linkdown"
+#: The clsact qdisc's parent and its ingress and egress hooks (TC_H_CLSACT, TC_H_MIN_*).
+_TC_H_CLSACT = 0xFFFFFFF1
+_TC_HOOKS = (0xFFFFFFF2, 0xFFFFFFF3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,26 @@ def device_drops(name: str) -> dict[str, int]:
     except OSError:
         return {}
     return {k: int(stats.get(k, 0)) for k in ("rx_dropped", "tx_dropped")}
+
+
+def clsact_filters(name: str) -> set[tuple[int, int]] | None:
+    """The (priority, handle) of every tc filter on ``name``'s ``clsact`` hooks, or
+    None when it has no ``clsact`` qdisc (or no such interface)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            return None
+        index = found[0]
+        if not any(q["parent"] == _TC_H_CLSACT for q in ipr.get_qdiscs(index=index)):
+            return None
+        return {
+            (f["info"] >> 16, f["handle"])
+            for hook in _TC_HOOKS
+            for f in ipr.get_filters(index=index, parent=hook)
+            if f["handle"]  # the per-priority header a dump also lists has none
+        }
 
 
 class LinkWatcher:
