@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
 import socket
 import subprocess
@@ -25,21 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from sixlab.linux.cbpf import (
-    ACCEPT_SNAPLEN,
-    BPF_ABS,
-    BPF_B,
-    BPF_H,
-    BPF_JEQ,
-    BPF_JMP,
-    BPF_K,
-    BPF_LD,
-    BPF_RET,
-    Assembler,
-    BpfInstruction,
-)
-from sixlab.linux.packetring import PacketRing
-from sixlab.testbed._netns import entered
 from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
 from tests.integration.test_ilnp_daemon import (
     _ETH_P_ALL,
@@ -114,52 +98,6 @@ def test_link_flap_leaves_the_daemon_idle_and_the_link_served(net: IlnpNet) -> N
     finally:
         echo.close()
     assert da.status()["rings"]["eth1"]["packets"] >= 1
-
-
-def _udp_port_filter(port: int) -> tuple[BpfInstruction, ...]:
-    """Classic BPF: Ethernet + IPv6 + UDP to ``port`` (no extension headers)."""
-    asm = Assembler()
-    asm.emit(BPF_LD | BPF_B | BPF_ABS, 14 + 6)
-    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, 17, jt=0, jf="drop")
-    asm.emit(BPF_LD | BPF_H | BPF_ABS, 14 + 40 + 2)
-    asm.emit(BPF_JMP | BPF_JEQ | BPF_K, port, jt=0, jf="drop")
-    asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
-    asm.label("drop")
-    asm.emit(BPF_RET | BPF_K, 0)
-    return asm.finish()
-
-
-def test_ring_socket_error_is_cleared_once_and_the_ring_reads_again(net: IlnpNet) -> None:
-    """:class:`sixlab.linux.packetring.PacketRing` on a link that goes down and up: the
-    socket polls readable with nothing in the ring until the error is read, once."""
-    with entered(net.a.ns):  # UDP to port 9 only: the link's own ND/MLD stay out
-        ring = PacketRing("eth1", program=_udp_port_filter(9))
-    try:
-        assert select.select([ring], [], [], 0.1)[0] == []
-        net.ip(net.a, "link", "set", "eth1", "down")
-        net.ip(net.a, "link", "set", "eth1", "up")
-        for _ in range(3):  # level-triggered: it stays readable while the error is set
-            assert select.select([ring], [], [], 1.0)[0] == [ring]
-        assert list(ring.frames()) == []
-        assert dict(ring.errors) == {"ENETDOWN": 1}
-        assert select.select([ring], [], [], 0.2)[0] == []
-        # and the socket was hooked again when the link came up: it receives (the
-        # address went with the link; in the field SLAAC brings it back)
-        net.a.add_address("eth1", "2001:db8:d::a")
-        sender = net.r.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        try:
-
-            def arrives() -> bool:
-                sender.sendto(b"ring", ("2001:db8:d::a", 9))
-                time.sleep(0.05)
-                return any(f.data.endswith(b"ring") for f in ring.frames())
-
-            wait_until(arrives, what="a packet in the ring")
-        finally:
-            sender.close()
-    finally:
-        ring.close()
-    assert dict(ring.errors) == {"ENETDOWN": 1}
 
 
 def _outgoing(net: IlnpNet, ifname: str) -> Capture:
