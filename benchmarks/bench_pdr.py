@@ -7,7 +7,7 @@ CPU 1 (SSID-agnostic stateless default session), and the C frame generator of
 ``sixlab.bench.pdr`` (MLRsearch by default). First the generator's own ceiling is
 measured with nothing reflecting. Prints a table of PDRs and ratios to ``scapy``, and
 one JSON document with every trial (``--json FILE``). Absolute rates drift on shared
-machines (DESIGN.md): compare the ratios of one run.
+machines (docs/design-notes.md): compare the ratios of one run.
 
     sudo .venv/bin/python benchmarks/bench_pdr.py [--planes scapy,mmap,socket,xdp]
 

@@ -14,12 +14,12 @@ needs XDP on its peer) and both veths tx checksum offload off, for every plane a
 
 ``forward``: the SUT forwards data traffic (UDP to port 9, 44-byte payload, the size of
 a STAMP probe) from the generator to a sink with SRv6 H.Encaps (a ``seg6`` ``encap``
-route, as in the seed); the sink counts and drops what arrives on its ingress (nftables
-netdev). PDR at 0.5 % loss of that forwarding with nothing on the SUT's ingress
-interface (``none``), with the plain XDP_PASS program (``xdp-pass``: what any XDP
-program costs a veth, which switches to NAPI receive) and with the xdp plane's reflector
-program and a default session (``stamp``: every frame goes through it and is passed
-on), in turn, ``--rounds`` times. No STAMP traffic.
+route, as in the STAMP paper's baseline, docs/papers.md); the sink counts and drops what
+arrives on its ingress (nftables netdev). PDR at 0.5 % loss of that forwarding with
+nothing on the SUT's ingress interface (``none``), with the plain XDP_PASS program
+(``xdp-pass``: what any XDP program costs a veth, which switches to NAPI receive) and
+with the xdp plane's reflector program and a default session (``stamp``: every frame
+goes through it and is passed on), in turn, ``--rounds`` times. No STAMP traffic.
 
 Where the XDP work runs: on a veth with an XDP program the frames are received in the
 veth's NAPI poll on the CPU that sent them, i.e. the generator's CPU 0; RPS steers the
@@ -38,7 +38,7 @@ one receive path and that path runs on the SUT's CPU (``forward`` cannot tell 1 
   XDP program is attached; with one, frames from its peer go through its ptr_ring and
   NAPI poll (``veth_xdp_rcv``: XDP program if any, then ``napi_gro_receive``) instead
   of ``netif_rx`` on the sender's CPU. With GRO on in every configuration, attaching a
-  program no longer switches the receive path; it only adds the program (and, on a
+  program does not switch the receive path; it only adds the program (and, on a
   veth, the copy of each skb into a page with XDP headroom, which ``xdp-pass`` shows).
   UDP is not aggregated by GRO unless the device forwards UDP GRO (off), so each frame
   is still forwarded on its own.
@@ -117,7 +117,7 @@ PREFIX = "sixlab-bench-"
 SID = "fc00:0:20::d6"  # the sink's SID: the outer destination of encapsulated traffic
 DATA_PORT = 9  # discard (RFC 863): anything but STAMP's 862
 STAMP_PORT = 862  # RFC 8762 §4.1
-#: The RFC 2544 split of DESIGN.md: generator on CPU 0, system under test on CPU 1.
+#: The RFC 2544 split (docs/design-notes.md): generator on CPU 0, system under test on CPU 1.
 GEN_CPU = 0
 SUT_CPU = 1
 #: Counter key of the reflector's ``stamp_counters`` (struct stamp_counter_key) and the
