@@ -355,3 +355,29 @@ def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> 
     assert err == b""
     assert _leavings(net) == before
     assert not Path(control).exists()
+
+
+def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
+    """A's second interface is deleted and made again (a new index): the daemon's
+    capture socket on the old one would never see a packet again. It is made again,
+    and the link carries the failover as before."""
+    da = start_multihomed(net)
+    net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
+    net.ip(net.a, "link", "del", "eth1")
+    net.ip(net.a, "link", "add", "eth1", "type", "veth", "peer", "name", "ra2", "netns", net.r.ns)
+    net.ip(net.a, "link", "set", "eth1", "up")
+    net.ip(net.a, "addr", "add", "2001:db8:d::a/64", "dev", "eth1")
+    net.ip(net.a, "route", "add", "default", "via", "fe80::2", "dev", "eth1", "metric", "200")
+    net.ip(net.r, "link", "set", "ra2", "up")
+    net.ip(net.r, "addr", "add", "2001:db8:d::1/64", "dev", "ra2")
+    net.ip(net.r, "addr", "add", "fe80::2/64", "dev", "ra2")
+    wait_until(lambda: da.status()["events"].get("rings_reopened") == 1, what="a new ring")
+    net.ip(net.a, "link", "set", "eth0", "down")
+    wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="failover")
+    echo = EchoServer(net.b, ID_B)
+    try:
+        with a_client(net) as client:
+            echo_each(client, [b"over the new eth1 %d" % i for i in range(5)])
+    finally:
+        echo.close()
+    assert da.status()["rings"]["eth1"]["reopened"] == 1

@@ -629,10 +629,11 @@ class IlnpDaemon:
         :mod:`sixlab.ilnp.links` says which locator lives where and which links are
         up with carrier. A link made again gets new capture sockets.
         """
-        new_home, renumbered = self.links.refresh()
+        new_home = self.links.refresh()
         self.egress.set_links(self.links.states)
         for ring in self._rings:
-            if ring.ifname in renumbered:
+            now_index = self.links.states[str(ring.ifname)].ifindex
+            if now_index and now_index != ring.ifindex:  # the interface was made again
                 self._reopen_ring(ring)
         if new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
@@ -649,13 +650,13 @@ class IlnpDaemon:
         self._flush()
 
     def _reopen_ring(self, ring: PacketRing) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(ring)
+        self._selector.unregister(ring.fileno())
         try:
             ring.reopen()
-        except OSError:  # gone again: the next refresh tries once more
+        except OSError:  # gone again: the old socket stays, the next refresh retries
             self.events["ring_reopen_errors"] += 1
-            return
+        else:
+            self.events["rings_reopened"] += 1
         self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
 
     # ------------------------------------------------------------------ control

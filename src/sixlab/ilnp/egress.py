@@ -25,7 +25,9 @@ buffer, and every later send fails, to established peers as well: one flood stop
 every flow. So the daemon keeps those packets itself:
 
 * it knows the kernel's neighbour table (a dump at start, then the neighbour events
-  of a netlink socket), and each link's on-link prefixes (:mod:`sixlab.ilnp.links`);
+  of a netlink socket), and each link's routes (:mod:`sixlab.ilnp.links`): a
+  destination is on-link when the route the kernel would pick through that link (the
+  longest prefix, then the lowest metric) has no gateway;
 * a packet to an on-link destination with no usable neighbour entry (reachable,
   stale, delay, probe, permanent or no-ARP) is held in the daemon, at most
   :data:`QUEUE_PER_NEIGHBOUR` per destination (a new arrival replaces the oldest, RFC
@@ -58,7 +60,15 @@ from dataclasses import dataclass, field
 
 from sixlab.ilnp.links import LinkState
 
-__all__ = ["HOLD_S", "MAX_PENDING", "QUEUE_PER_NEIGHBOUR", "Egress"]
+__all__ = [
+    "HOLD_S",
+    "MAX_PENDING",
+    "QUEUE_PER_NEIGHBOUR",
+    "Egress",
+    "neighbour_messages",
+    "on_link",
+    "route_table",
+]
 
 #: Packets held per unresolved destination (Linux keeps about as many by default).
 QUEUE_PER_NEIGHBOUR = 3
@@ -143,12 +153,32 @@ def neighbour_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
+def on_link(routes: Iterable[tuple[int, int, bool]], dst: int) -> bool:
+    """Whether the route the kernel takes to ``dst`` is on-link (has no gateway).
+
+    ``routes`` are (shift, network >> shift, on-link) in lookup order (longest prefix,
+    then lowest metric), as :meth:`Egress.set_links` makes them; the first match is
+    the kernel's choice. No match: not on-link (the kernel refuses, or another socket
+    routes it).
+    """
+    for shift, network, onlink in routes:
+        if dst >> shift == network:
+            return onlink
+    return False
+
+
 def _use_request(ifindex: int, address: bytes) -> bytes:
     """``RTM_NEWNEIGH`` + ``NTF_USE``: resolve ``address`` on ``ifindex`` now, no packet."""
     body = _NDMSG.pack(socket.AF_INET6, 0, 0, ifindex, 0, _NTF_USE, 0)
     body += _RTATTR.pack(_RTATTR.size + 16, _NDA_DST) + address
     flags = _NLM_F_REQUEST | _NLM_F_CREATE
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), _RTM_NEWNEIGH, flags, 0, 0) + body
+
+
+def route_table(routes: Iterable[tuple[int, int, bool]]) -> tuple[tuple[int, int, bool], ...]:
+    """(network, prefix length, on-link) routes, in lookup order, as :func:`on_link`
+    takes them."""
+    return tuple((128 - plen, net >> (128 - plen), onlink) for net, plen, onlink in routes)
 
 
 @dataclass(slots=True)
@@ -175,8 +205,8 @@ class Egress:
         self._events: socket.socket | None = None
         self._requests: socket.socket | None = None
         self._ifindex: dict[str, int] = {}
-        #: Per link: (shift, network >> shift) of each on-link prefix.
-        self._onlink: dict[str, tuple[tuple[int, int], ...]] = {}
+        #: Per link, its routes in lookup order: (shift, network >> shift, on-link).
+        self._routes: dict[str, tuple[tuple[int, int, bool], ...]] = {}
         self._usable: set[_Key] = set()
         self._pending: dict[_Key, _Pending] = {}
         self._expiry: deque[tuple[float, _Key]] = deque()
@@ -212,12 +242,9 @@ class Egress:
         return self._events.fileno()
 
     def set_links(self, states: Mapping[str, LinkState]) -> None:
-        """Each link's index and on-link prefixes, as :mod:`sixlab.ilnp.links` read them."""
+        """Each link's index and routes, as :mod:`sixlab.ilnp.links` read them."""
         self._ifindex = {n: s.ifindex for n, s in states.items() if s.ifindex}
-        self._onlink = {
-            name: tuple((128 - plen, net >> (128 - plen)) for net, plen in state.onlink)
-            for name, state in states.items()
-        }
+        self._routes = {name: route_table(state.routes) for name, state in states.items()}
 
     def _load_neighbours(self) -> None:
         """The kernel's neighbour table now (events keep it up to date afterwards)."""
@@ -236,16 +263,14 @@ class Egress:
     def send(self, datagram: bytes, link: str | None, now: float) -> bool:
         """Send ``datagram`` out of ``link`` (None: wherever its destination routes), or
         hold it for its neighbour (module doc). False when it was dropped."""
-        if link is not None and link in self._sockets:
-            onlink = self._onlink.get(link)
-            if onlink:
-                dst = int.from_bytes(datagram[24:40], "big")
-                for shift, network in onlink:
-                    if dst >> shift == network:
-                        key = (self._ifindex.get(link, 0), datagram[24:40])
-                        if key not in self._usable:
-                            return self._hold(key, link, datagram, now)
-                        break
+        if (
+            link is not None
+            and link in self._sockets
+            and on_link(self._routes.get(link, ()), int.from_bytes(datagram[24:40], "big"))
+        ):
+            key = (self._ifindex.get(link, 0), datagram[24:40])
+            if key not in self._usable:
+                return self._hold(key, link, datagram, now)
         return self._transmit(datagram, link)
 
     def _transmit(self, datagram: bytes, link: str | None) -> bool:

@@ -12,9 +12,10 @@ usable when it is administratively up *and* has carrier: a cable pulled at the f
 (a veth whose peer went down) leaves the interface up with no carrier, and everything
 sent there is lost.
 
-Each link also carries its on-link prefixes (routes through it without a gateway):
-a destination inside one is a neighbour, whose link-layer address the kernel must
-resolve first (:mod:`sixlab.ilnp.egress` needs to know).
+Each link also carries its routes (main table, through that link), ordered as the
+kernel's lookup picks them: longest prefix first, then lowest metric. A destination
+whose chosen route has no gateway is a neighbour, whose link-layer address the kernel
+must resolve first (:mod:`sixlab.ilnp.egress` needs to know).
 
 Changes arrive on a netlink socket subscribed to link, IPv6 address and route events, which
 wakes the daemon's loop at once; the message itself is not parsed (the links are read
@@ -31,9 +32,9 @@ source address is set), keeps choosing the dead link. While the daemon runs, it 
 ``net.ipv6.conf.LINK.ignore_routes_with_linkdown`` on each of its links and puts the
 old value back when it closes.
 
-An interface deleted and made again has a new index: :meth:`LinkWatcher.refresh`
-reports the names whose index changed, so that the daemon can make their capture
-sockets again.
+An interface deleted and made again has a new index, which a capture socket bound to
+the old one never sees: the daemon compares its rings' indexes with the ones read
+here and makes a ring again when they differ.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class LinkState:
     operstate: str = "ABSENT"
     #: The /64 of every IPv6 address on it, as 64-bit integers (locators).
     prefixes: frozenset[int] = frozenset()
-    #: On-link prefixes (main-table routes through it without a gateway), as
-    #: (address as a 128-bit integer, prefix length).
-    onlink: tuple[tuple[int, int], ...] = ()
+    #: Main-table routes through it in lookup order (longest prefix, then lowest
+    #: metric): (network as a 128-bit integer, prefix length, on-link: no gateway).
+    routes: tuple[tuple[int, int, bool], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -106,13 +107,7 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
 
     out: dict[str, LinkState] = {}
     with IPRoute() as ipr:
-        routes = [
-            r
-            for r in ipr.get_routes(family=socket.AF_INET6, table=_RT_TABLE_MAIN)
-            if r["type"] == _RTN_UNICAST
-            and r.get("RTA_GATEWAY") is None
-            and r.get("RTA_MULTIPATH") is None
-        ]
+        routes = ipr.get_routes(family=socket.AF_INET6, table=_RT_TABLE_MAIN)
         for name in names:
             found = ipr.link_lookup(ifname=name)
             if not found:
@@ -124,13 +119,19 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
                 for a in ipr.get_addr(family=socket.AF_INET6, index=index)
             )
-            onlink = tuple(
-                sorted(
-                    (int(ipaddress.IPv6Address(r.get("RTA_DST") or "::")), int(r["dst_len"]))
-                    for r in routes
-                    if r.get("RTA_OIF") == index
+            ordered = sorted(
+                (
+                    -int(r["dst_len"]),
+                    int(r.get("RTA_PRIORITY") or 0),
+                    int(ipaddress.IPv6Address(r.get("RTA_DST") or "::")),
+                    r["type"] == _RTN_UNICAST
+                    and r.get("RTA_GATEWAY") is None
+                    and r.get("RTA_MULTIPATH") is None,
                 )
+                for r in routes
+                if r.get("RTA_OIF") == index
             )
+            link_routes = tuple((net, -neg, onlink) for neg, _m, net, onlink in ordered)
             out[name] = LinkState(
                 name,
                 ifindex=index,
@@ -138,7 +139,7 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 carrier=bool(link.get("carrier", 1)),
                 operstate=str(link.get("operstate", "UNKNOWN")),
                 prefixes=prefixes,
-                onlink=onlink,
+                routes=link_routes,
             )
     return out
 
@@ -250,20 +251,14 @@ class LinkWatcher:
             except OSError:  # ENOBUFS: events were lost; the caller's re-read covers them
                 self.counters["link_events_lost"] += 1
 
-    def refresh(self) -> tuple[bool, set[str]]:
-        """Read the links again. Returns whether any locator got a new home, and the
-        names whose interface index changed (made again, or gone). On a netlink error
-        the last read stays and nothing is reported."""
+    def refresh(self) -> bool:
+        """Read the links again; whether any locator got a new home. On a netlink error
+        the last read stays (counted)."""
         try:
             states = read_links(self.names)
         except OSError:
             self.counters["link_read_errors"] += 1
-            return False, set()
-        renumbered = {
-            name
-            for name, state in states.items()
-            if state.ifindex != self.states[name].ifindex and self.states[name].ifindex != 0
-        }
+            return False
         new_home = False
         for name, state in states.items():
             for prefix in state.prefixes:
@@ -279,7 +274,7 @@ class LinkWatcher:
                 if state.usable and locator in state.prefixes:
                     self._route[locator] = name
                     break
-        return new_home, renumbered
+        return new_home
 
     def link_for(self, locator: int) -> str | None:
         """The usable interface holding ``locator`` (the first by name), if any."""
