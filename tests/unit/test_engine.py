@@ -11,7 +11,7 @@ import pytest
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
-from sixlab.stamp._events import ConfigError, StampResult
+from sixlab.stamp._events import SessionConfigError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, State
 
@@ -145,10 +145,10 @@ def test_bad_control_calls(
 ) -> None:
     _network, sender, _rengine, _reflector = net
     sender.add_session(_spec(9, 1))
-    with pytest.raises(ConfigError, match="already exists"):
+    with pytest.raises(SessionConfigError, match="already exists"):
         sender.add_session(_spec(9, 1))
     for call in (sender.start_session, sender.stop_session, sender.remove_session):
-        with pytest.raises(ConfigError, match="no session 10"):
+        with pytest.raises(SessionConfigError, match="no session 10"):
             call(10)
     sender.remove_session(9)
     assert sender.sessions() == []
@@ -225,14 +225,14 @@ def test_reflector_engine_sessions_reach_the_core_and_the_plane_hooks() -> None:
     with pytest.raises(DataplaneError, match="refused"):
         engine.add_session(ReflectorSessionConfig(ssid=9))
     assert reflector.ssids == [3]  # the plane refused: the core is as it was
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         engine.add_session(ReflectorSessionConfig(ssid=3))  # the core refuses first
     assert engine.remove_session(3) == (0, {})
     assert reflector.ssids == []
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         engine.remove_session(3)
     engine.set_default(None)
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         reflector.session_counters(None)  # no default any more
     assert plane.calls == [
         ("reflector+", 3),

@@ -11,7 +11,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from sixlab.stamp._events import ConfigError, DropReason
+from sixlab.stamp._events import DropReason, SessionConfigError
 from sixlab.stamp.reflector import (
     PacketContext,
     Reflection,
@@ -176,20 +176,20 @@ def test_default_session_answers_every_other_ssid() -> None:
 def test_sessions_are_added_removed_and_listed() -> None:
     r = make(ReflectorSessionConfig(ssid=4, key=KEY), ReflectorSessionConfig(ssid=2))
     assert r.ssids == [2, 4]
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.add_session(ReflectorSessionConfig(ssid=2, key=KEY))  # auth or not, one per SSID
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.add_session(ReflectorSessionConfig(ssid=None))
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.set_default(ReflectorSessionConfig(ssid=7))
     r.remove_session(2)
     assert r.ssids == [4]
     assert reflect(r, sender(0, 2)) is None
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.remove_session(2)
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.session_counters(2)
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.session_counters(None)  # no default session
 
 
@@ -208,7 +208,7 @@ def test_sessions_are_added_removed_and_listed() -> None:
 )
 def test_session_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"ssid": 1, **kwargs}
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(SessionConfigError, match=field):
         ReflectorSessionConfig(**args)  # type: ignore[arg-type]
 
 
@@ -624,7 +624,7 @@ def test_packet_of_no_session_is_dropped() -> None:
 def test_authenticated_session_cannot_take_ssid_zero() -> None:
     # An unauthenticated packet of 112+ bytes has MBZ zeros where the authenticated SSID
     # sits (26:28): an authenticated SSID 0 would claim it and drop it as hmac-failed.
-    with pytest.raises(ConfigError, match="ssid: an authenticated session needs a non-zero"):
+    with pytest.raises(SessionConfigError, match="ssid: an authenticated session needs a non-zero"):
         ReflectorSessionConfig(ssid=0, key=b"k")
     ReflectorSessionConfig(ssid=0)  # unauthenticated SSID 0 stays allowed
     ReflectorSessionConfig(ssid=None, key=b"k")  # and so does an authenticated default

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sixlab.stamp import _events as ev
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError
+from sixlab.stamp._events import DropReason, SessionConfigError, SessionStateError
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -242,7 +242,7 @@ def test_timer_covers_loss_deadlines() -> None:
 )
 def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"ssid": 1, **kwargs}
-    with pytest.raises(ConfigError, match=rf"\b{field}\b") as info:
+    with pytest.raises(SessionConfigError, match=rf"\b{field}\b") as info:
         SenderConfig(**args)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
 

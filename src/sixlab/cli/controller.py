@@ -54,7 +54,7 @@ from sixlab.controller.client import (
 )
 from sixlab.controller.core import CollectMode, SessionSpec
 from sixlab.linux.signals import StopOnSignal
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [

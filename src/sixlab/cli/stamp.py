@@ -15,11 +15,11 @@ import sys
 import time
 from typing import Any
 
+from sixlab import stamp as ev
 from sixlab.cli import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.linux.signals import StopOnSignal
-from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.stamp.stats import DelaySummary, summarize

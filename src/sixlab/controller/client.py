@@ -35,8 +35,9 @@ import grpc
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
+from sixlab.controller.errors import ControllerError
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -104,7 +105,7 @@ def default_address(*, server: bool = False) -> str:
     return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
 
 
-class NorthboundError(RpcError):
+class NorthboundError(RpcError, ControllerError):
     """The controller refused a call (or could not be reached); ``code`` is the status."""
 
 

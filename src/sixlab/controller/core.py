@@ -38,9 +38,10 @@ from typing import Any
 
 import grpc
 
+from sixlab.controller.errors import ControllerError
 from sixlab.controller.metrics import ControllerMetrics
 from sixlab.controller.store import NotFoundError, SessionRow, Store
-from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
 from sixlab.stamp.stats import PathStats, path_stats
 
@@ -61,10 +62,6 @@ BATCH = 5000
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
-
-
-class ControllerError(ValueError):
-    """A request the controller refuses; the message names the field."""
 
 
 class SessionExistsError(ControllerError):

@@ -61,7 +61,7 @@ from sixlab.controller.store import (
 )
 from sixlab.southbound.client import SouthboundError
 from sixlab.southbound.rpcserver import unary
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [
@@ -124,7 +124,7 @@ _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCo
 )
 
 
-class RequestRefusedError(Exception):
+class RequestRefusedError(ControllerError):
     """A request this servicer refuses itself, with its status code."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sixlab.stamp._events import StampResult
+from sixlab.controller.errors import ControllerError
+from sixlab.stamp import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -95,7 +96,7 @@ _SELECT_SESSIONS = (
 _SELECT_NODES = "SELECT name, address, role, healthy, last_seen, last_error, init FROM nodes"
 
 
-class StoreError(ValueError):
+class StoreError(ControllerError):
     """A request the store refuses; the message names the field."""
 
 
@@ -237,7 +238,9 @@ class Store:
                     (name, ssid, sender, reflector, json.dumps(params, sort_keys=True), now_ns),
                 )
             except sqlite3.IntegrityError as exc:
-                if "UNIQUE" in str(exc):
+                # The extended result code tells the schema's two constraints apart:
+                # UNIQUE(name), or a sender/reflector that REFERENCES no node.
+                if exc.sqlite_errorname == "SQLITE_CONSTRAINT_UNIQUE":
                     raise AlreadyExistsError(f"name: session {name!r} already exists") from None
                 raise NotFoundError("sender/reflector: unknown node") from None
         return self.session(name)

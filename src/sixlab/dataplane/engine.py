@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sixlab import stamp as ev
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received
-from sixlab.stamp import _events as ev
-from sixlab.stamp._events import DropReason
+from sixlab.stamp import DropReason
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -164,7 +164,7 @@ class _Loop:
 class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
-    Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
+    Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
     with no per-packet objects but the reply; what it cannot answer comes back as
     ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
@@ -185,7 +185,7 @@ class ReflectorEngine(_Loop):
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
         self.fast_batch = fast_batch
-        self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------
@@ -333,7 +333,7 @@ class SenderEngine(_Loop):
         ssid = spec.config.ssid
         with self.lock:
             if ssid in self._entries:
-                raise ev.ConfigError(f"ssid: session {ssid} already exists")
+                raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
             try:
@@ -416,7 +416,7 @@ class SenderEngine(_Loop):
         try:
             return self._entries[ssid]
         except KeyError:
-            raise ev.ConfigError(f"ssid: no session {ssid}") from None
+            raise ev.SessionConfigError(f"ssid: no session {ssid}") from None
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
         n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))

@@ -109,12 +109,20 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv6Address
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    FastBatch,
+    FastRoute,
+    Received,
+    ReflectFn,
+    full_path,
+)
 from sixlab.linux.packetring import (
     ETH_P_IPV6,
     PKT_HEADER,
@@ -125,11 +133,11 @@ from sixlab.linux.packetring import (
     PacketRing,
     RingGeometry,
 )
-from sixlab.wire._errors import ChecksumError, WireError
+from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
-__all__ = ["FastBatch", "MmapCounters", "MmapDataplane", "ReflectFn"]
+__all__ = ["MmapCounters", "MmapDataplane"]
 
 SOL_PACKET = 263
 PACKET_VERSION = 10
@@ -204,40 +212,6 @@ class MmapCounters:
     tx_ring_resets: int = 0
 
 
-class _Route(Protocol):
-    """What the fast path reads of a reply's return path (``stamp.reflector.ReturnPath``)."""
-
-    @property
-    def segments(self) -> tuple[IPv6Address, ...] | None: ...
-
-    @property
-    def address(self) -> IPv4Address | IPv6Address | None: ...
-
-
-class _Reply(Protocol):
-    """What the fast path reads of a reply (``stamp.reflector.Reflection``)."""
-
-    @property
-    def payload(self) -> bytes: ...
-
-    @property
-    def return_path(self) -> _Route: ...
-
-
-#: ``Reflector.reflect`` as the fast path calls it: (payload, T2 ns, clock, hop limit).
-ReflectFn = Callable[[bytes, int, Callable[[], int], int], _Reply | None]
-
-
-class FastBatch(NamedTuple):
-    """What one ``reflect_batch`` did: packets taken off the ring, packets handed to
-    ``reflect``, replies that could not be sent, and packets left to the general path."""
-
-    consumed: int
-    handled: int
-    send_failed: int
-    slow: list[Received]
-
-
 @dataclass(frozen=True, slots=True)
 class _FastTemplate:
     prefix: bytes  # Ethernet + IPv6 + UDP header up to its checksum
@@ -272,8 +246,9 @@ def _default_hop_limit() -> int:
         return 64  # RFC 8200 §3 leaves it to the node; 64 is Linux's default
 
 
-@register("mmap")
 class MmapDataplane(Dataplane):
+    name = "mmap"
+    has_fast_path = True
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _l3: socket.socket | None = None
@@ -595,7 +570,7 @@ class MmapDataplane(Dataplane):
             self._kick()
         return FastBatch(consumed, handled, failed, slow)
 
-    def _send_general(self, data: bytes, payload: bytes, route: _Route) -> int:
+    def _send_general(self, data: bytes, payload: bytes, route: FastRoute) -> int:
         """The reply by ``send`` (addresses from the probe); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else IPv6Address(data[8:24])
         if not isinstance(dst, IPv6Address):

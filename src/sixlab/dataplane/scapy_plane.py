@@ -34,7 +34,7 @@ from ipaddress import IPv6Address
 from typing import Any
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path
 from sixlab.wire.checksum import checksum_adjust
 
 __all__ = ["ScapyDataplane"]
@@ -50,8 +50,8 @@ _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _MAX_PACKET = 9000
 
 
-@register("scapy")
 class ScapyDataplane(Dataplane):
+    name = "scapy"
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _drop: _filters.KernelDrop | None = None

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Sequence
 from ipaddress import IPv6Address
 
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 
@@ -55,8 +55,8 @@ _CMSG_SPACE = (
 _MAX_PAYLOAD = 9000
 
 
-@register("socket")
 class SocketDataplane(Dataplane):
+    name = "socket"
     _sock: socket.socket | None = None
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
     _rthdr: bytes = b""  # the sticky routing header currently set on the socket

@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import errno
 import functools
 import os
 import select
@@ -73,7 +74,7 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, register
+from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.linux import libbpf
 from sixlab.linux.bpfbuild import build_objects
@@ -291,9 +292,10 @@ def _detach_ours(ifindex: int) -> list[int]:
     return gone
 
 
-@register("xdp")
 class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
+
+    name = "xdp"
 
     def __init__(
         self,
@@ -422,7 +424,7 @@ class XdpDataplane(Dataplane):
             try:
                 libbpf.xdp_attach(self.ifindex, prog.fd, flags)
             except libbpf.LibbpfError as exc:
-                if exc.errno == 16:  # EBUSY: someone else's XDP program is there
+                if exc.errno == errno.EBUSY:  # someone else's XDP program is there
                     raise DataplaneError(
                         f"xdp: {self.config.interface} already has an XDP program that is "
                         "not sixlab's; detach it first (`ip link set dev IF xdp off`)"

@@ -62,14 +62,19 @@ import secrets
 import selectors
 import socket
 import struct
+import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
-from sixlab.ilnp._errors import ConfigError
+from sixlab.ilnp._errors import ConfigError, DaemonError
+from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.config import LinkStates, check_held
+from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.egress import Egress
 from sixlab.ilnp.fastpath import (
     TC_HANDLE,
@@ -78,11 +83,12 @@ from sixlab.ilnp.fastpath import (
     peer_record,
     remove_leftovers,
 )
-from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
+from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops
-from sixlab.ilnp.policy import AdmissionPolicy, create_policy
-from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
+from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops, link_states
+from sixlab.ilnp.names import render_names, write_names
+from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
+from sixlab.ilnp.resolve import Resolution, ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
@@ -101,12 +107,11 @@ from sixlab.linux.libbpf import tc_hook_destroy
 from sixlab.linux.nftdrop import KernelDrop
 from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
 from sixlab.linux.signals import StopOnSignal
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
     IDENTIFIER_PREFIX,
-    ILV,
     IPV6_HEADER_SIZE,
     LocatorEntry,
     identifier_address,
@@ -180,6 +185,8 @@ class DaemonConfig:
     #: outlive the time its answer takes through the application (a ring batch).
     reply_capacity: int = 8192
     policy_options: dict[str, Any] = field(default_factory=dict)
+    #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
+    names: str | None = None
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -306,6 +313,11 @@ class IlnpDaemon:
         self._withdrawn: set[int] = set()
         self.links = LinkWatcher(config.interfaces)
         self.egress = Egress(config.interfaces)
+        #: The links' state (sixlab.ilnp.config.LinkStates) for the locator checks and
+        #: zero configuration; tests give their own.
+        self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
+        self._claimed: list[tuple[str, str]] = []
+        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -328,14 +340,23 @@ class IlnpDaemon:
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
+        # What the daemon can give a policy built by name; the policy class says which
+        # of these it takes (``host_options``), ``policy_options`` may override them.
+        offers: dict[str, Callable[[], Any]] = {
+            "sockets": self._kernel_socket_table,
+            "capacity": lambda: config.bounded_capacity,
+            "idle_timeout": lambda: config.bounded_idle,
+        }
         options = dict(config.policy_options)
-        if config.policy == "socket":
-            self.socket_table = KernelSocketTable()
-            options.setdefault("sockets", self.socket_table)
-        elif config.policy == "bounded":
-            options.setdefault("capacity", config.bounded_capacity)
-            options.setdefault("idle_timeout", config.bounded_idle)
+        for option in POLICIES.get(config.policy).host_options - options.keys():
+            if option not in offers:
+                raise ConfigError(f"policy {config.policy}: the daemon has no {option!r}")
+            options[option] = offers[option]()
         return create_policy(config.policy, **options)
+
+    def _kernel_socket_table(self) -> KernelSocketTable:
+        self.socket_table = KernelSocketTable()
+        return self.socket_table
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -349,6 +370,10 @@ class IlnpDaemon:
         try:
             # First: a live daemon on the same path refuses us before we touch anything.
             self.control.open()
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
+                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            )
+            self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
@@ -443,6 +468,12 @@ class IlnpDaemon:
             self.fastpath = None
         self._remove_clsact()
         self.drop.remove()
+        if self._claimed:
+            release_addresses(self._claimed)
+            self._claimed = []
+        if self.config.names is not None:
+            with contextlib.suppress(OSError):
+                Path(self.config.names).unlink()
         for ring in self._rings:
             ring.close()
         self._rings.clear()
@@ -519,8 +550,8 @@ class IlnpDaemon:
         """The interface a local locator lives on (its usable home first)."""
         return self.links.ifindex_for(locator)
 
-    def _on_active(self, nid: int) -> None:
-        self.host.mark_used(nid, self.clock())
+    def _on_active(self, nid: int, heard: bool = False) -> None:
+        self.host.mark_used(nid, self.clock(), heard=heard)
 
     def _usable_locators(self) -> list[int]:
         return [e.locator for e in self._configured if e.locator not in self._withdrawn]
@@ -617,6 +648,7 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
         self._withdrawn.clear()
@@ -701,7 +733,14 @@ class IlnpDaemon:
             raise ConfigError("name: want a host name (a non-empty string)")
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
+        self._named[found.name] = found
+        self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _write_names(self) -> None:
+        if self.config.names is not None:
+            entries = [*self.resolver.hosts.entries(), *self._named.values()]
+            write_names(self.config.names, render_names(entries))
 
     def status(self) -> dict[str, Any]:
         counters = self.host.counters
@@ -824,7 +863,19 @@ def _entry_json(entry: IlccEntry) -> dict[str, Any]:
 
 
 def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
-    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
+    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket.
+
+    Every failure is an :class:`~sixlab.ilnp.IlnpError`: what the system refuses (root
+    for the TUN device, nftables, a socket...) comes as :class:`DaemonError` with the
+    original error as its cause.
+    """
+    try:
+        return _run_daemon(config, announce)
+    except (LinuxError, OSError, subprocess.SubprocessError) as exc:
+        raise DaemonError(str(exc)) from exc
+
+
+def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
     daemon = IlnpDaemon(config)
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:
@@ -841,10 +892,8 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
 
 
 def parse_nid(text: str) -> int:
-    """A NID as four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
-    if ":" in text:
-        return ILV.parse(f"0:0:0:0/{text}").nid
-    value = int(text, 0)
-    if not 0 <= value <= _U64:
-        raise ValueError(f"NID {text} does not fit in 64 bits")
-    return value
+    """A NID as ``::a``, four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
+    try:
+        return config_parse_nid(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None

@@ -7,7 +7,8 @@ A locator is the /64 of an address on one of the daemon's interfaces (a locator 
 the subnetwork a node is attached to, RFC 6740 §3.2). Each locator is tied to the
 interfaces it was ever seen on, its *homes*: IPv6 drops a link's addresses when the
 link goes administratively down (``keep_addr_on_down=0``), so a home is remembered,
-and a locator is *down* when none of its homes is usable and holds it. A link is
+and a locator is *down* when none of its homes is usable and holds it (or no link
+ever held it: a locator is an L64 a link holds, :mod:`sixlab.ilnp.config`). A link is
 usable when it is administratively up *and* has carrier: a cable pulled at the far end
 (a veth whose peer went down) leaves the interface up with no carrier, and everything
 sent there is lost.
@@ -47,7 +48,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LinkState", "LinkWatcher", "clsact_filters", "device_drops", "read_links"]
+from sixlab.ilnp.config import LinkStates
+
+__all__ = [
+    "LinkState",
+    "LinkWatcher",
+    "clsact_filters",
+    "device_drops",
+    "link_states",
+    "read_links",
+]
 
 # <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses, IPv6 routes.
 _RTMGRP_LINK = 0x1
@@ -142,6 +152,12 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 routes=link_routes,
             )
     return out
+
+
+def link_states(names: Iterable[str]) -> LinkStates:
+    """:func:`read_links` as :mod:`sixlab.ilnp.config` takes it: name to (usable,
+    the /64 prefixes on it)."""
+    return {name: (s.usable, set(s.prefixes)) for name, s in read_links(names).items()}
 
 
 def device_drops(name: str) -> dict[str, int]:
@@ -292,12 +308,8 @@ class LinkWatcher:
         return None if name is None else self.states[name].ifindex or None
 
     def down(self, locators: Iterable[int]) -> set[int]:
-        """Of ``locators``, those seen on some interface that no usable home holds."""
-        return {
-            locator
-            for locator in locators
-            if self.homes.get(locator) and locator not in self._route
-        }
+        """Of ``locators``, those no usable interface holds now."""
+        return {locator for locator in locators if locator not in self._route}
 
     def json(self) -> dict[str, dict[str, object]]:
         return {name: state.json() for name, state in self.states.items()}

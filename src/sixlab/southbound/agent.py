@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 One agent runs per node, in a role fixed at start (Session-Sender or Session-Reflector)
-and with a default data plane chosen by name (any plane registered with
-``sixlab.dataplane.base.register``)::
+and with a default data plane chosen by name (any plane of
+``sixlab.dataplane.base.PLANES``)::
 
     Init ──▶ data plane opened, engine thread started ──▶ sessions ──▶ Reset
               (create(name, DataplaneConfig))                 Create / Start / Stop / Destroy
@@ -15,12 +15,12 @@ the error, then calls the engine (``sixlab.dataplane.engine``). Every check happ
 before anything changes, so a refused request leaves the agent as it was. Failures
 become gRPC statuses in one place (``_status_of``):
 
-===========================  =======================================================
-``AgentError``               its own code (NOT_FOUND, ALREADY_EXISTS, …)
-``ConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
-``SessionStateError``        FAILED_PRECONDITION (e.g. starting a session twice)
-``DataplaneError``           UNAVAILABLE (cannot bind, missing system support)
-===========================  =======================================================
+=====================================  ==================================================
+``AgentError``                         its own code (NOT_FOUND, ALREADY_EXISTS, …)
+``SessionConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
+``SessionStateError``                  FAILED_PRECONDITION (e.g. starting a session twice)
+``DataplaneError``                     UNAVAILABLE (cannot bind, missing system support)
+=====================================  ==================================================
 
 Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
 Reset that must come first.
@@ -71,12 +71,13 @@ from sixlab.dataplane.engine import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, unary
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
+from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
@@ -155,21 +156,17 @@ _MODES = {
 }
 
 
-class AgentError(Exception):
+class AgentError(RpcError):
     """A request the agent refuses, with the gRPC status code to refuse it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     """The one mapping from the agent's and the core's errors to gRPC statuses."""
     if isinstance(exc, AgentError):
-        return exc.code, str(exc)
+        return exc.code, exc.details
     if isinstance(exc, SessionStateError):
         return Code.FAILED_PRECONDITION, str(exc)
-    if isinstance(exc, ConfigError | WireError):
+    if isinstance(exc, SessionConfigError | WireError):
         return Code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DataplaneError):
         return Code.UNAVAILABLE, str(exc)
@@ -720,7 +717,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 lost = engine.lost(ssid)
                 snap = engine.snapshot(ssid)
                 pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
-            except ConfigError:
+            except SessionConfigError:
                 raise AgentError(
                     Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                 ) from None

@@ -4,7 +4,7 @@
 
     StampError                 misuse of the core by its caller (not bad packets)
      ├── SessionStateError     an input the session's state table does not accept
-     └── ConfigError           a session configuration that cannot work
+     └── SessionConfigError    a session configuration that cannot work (ValueError)
 
 Bad *packets* never raise out of the core: they become a ``PacketDropped`` event and a
 count under a ``DropReason`` (docs/architecture.md, "Errors and drops").
@@ -18,13 +18,13 @@ from enum import StrEnum
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
-    "ConfigError",
     "DropReason",
     "DuplicateReceived",
     "Event",
     "PacketDropped",
     "PacketLost",
     "PacketSent",
+    "SessionConfigError",
     "SessionFinished",
     "SessionStateError",
     "StampError",
@@ -40,7 +40,7 @@ class SessionStateError(StampError):
     """An input that the session's state table does not accept in its current state."""
 
 
-class ConfigError(StampError, ValueError):
+class SessionConfigError(StampError, ValueError):
     """A session configuration that cannot work; the message names the field."""
 
 

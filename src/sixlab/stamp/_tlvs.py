@@ -27,8 +27,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from sixlab.wire import WireError
 from sixlab.wire import stamp_tlv as t
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_auth import hmac16
 
 __all__ = ["TlvContext", "TlvReflection", "reflect_tlvs", "resign_hmac_tlv"]

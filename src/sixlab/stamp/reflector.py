@@ -42,7 +42,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from sixlab.stamp import _tlvs
-from sixlab.stamp._events import ConfigError, DropReason
+from sixlab.stamp._events import DropReason, SessionConfigError
 from sixlab.stamp.sender import DEFAULT_TAI_UTC_OFFSET_NS
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
@@ -108,24 +108,26 @@ class ReflectorSessionConfig:
 
     def __post_init__(self) -> None:
         if self.ssid is not None and not 0 <= self.ssid <= 0xFFFF:
-            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+            raise SessionConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.key is not None and not self.key:
-            raise ConfigError("key: authenticated mode needs a non-empty key")
+            raise SessionConfigError("key: authenticated mode needs a non-empty key")
         if self.key is not None and self.ssid == 0:
             # An unauthenticated packet with TLVs is as long as an authenticated one and
             # has zeros (MBZ) where the authenticated SSID sits: SSID 0 would claim it.
-            raise ConfigError("ssid: an authenticated session needs a non-zero SSID")
+            raise SessionConfigError("ssid: an authenticated session needs a non-zero SSID")
         if self.return_segments is not None and not self.return_segments:
-            raise ConfigError("return_segments: an SRv6 SID list cannot be empty")
+            raise SessionConfigError("return_segments: an SRv6 SID list cannot be empty")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
-            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+            raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
-            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+            raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
         # One byte each in the Timestamp Information TLV (RFC 8972 §4.3).
         if not 0 <= self.sync_source <= 0xFF:
-            raise ConfigError(f"sync_source {self.sync_source} is not an 8-bit value")
+            raise SessionConfigError(f"sync_source {self.sync_source} is not an 8-bit value")
         if not 0 <= self.timestamp_method <= 0xFF:
-            raise ConfigError(f"timestamp_method {self.timestamp_method} is not an 8-bit value")
+            raise SessionConfigError(
+                f"timestamp_method {self.timestamp_method} is not an 8-bit value"
+            )
 
     @property
     def authenticated(self) -> bool:
@@ -216,26 +218,26 @@ class Reflector:
 
     def add_session(self, config: ReflectorSessionConfig) -> None:
         if config.ssid is None:
-            raise ConfigError("ssid: use set_default for the SSID-agnostic session")
+            raise SessionConfigError("ssid: use set_default for the SSID-agnostic session")
         if config.ssid in self._unauth or config.ssid in self._auth:
-            raise ConfigError(f"ssid: session {config.ssid} already exists")
+            raise SessionConfigError(f"ssid: session {config.ssid} already exists")
         table = self._auth if config.authenticated else self._unauth
         table[config.ssid] = _Session.from_config(config)
 
     def remove_session(self, ssid: int) -> None:
         if self._unauth.pop(ssid, None) is None and self._auth.pop(ssid, None) is None:
-            raise ConfigError(f"ssid: no session {ssid}")
+            raise SessionConfigError(f"ssid: no session {ssid}")
 
     def set_default(self, config: ReflectorSessionConfig | None) -> None:
         if config is not None and config.ssid is not None:
-            raise ConfigError("ssid: the default session has no SSID (None)")
+            raise SessionConfigError("ssid: the default session has no SSID (None)")
         self._default = None if config is None else _Session.from_config(config)
 
     def session_counters(self, ssid: int | None) -> tuple[int, dict[DropReason, int]]:
         """(replies sent, drops by reason) of one session; None names the default."""
         sess = self._default if ssid is None else self._unauth.get(ssid) or self._auth.get(ssid)
         if sess is None:
-            raise ConfigError(f"ssid: no session {ssid}")
+            raise SessionConfigError(f"ssid: no session {ssid}")
         return sess.reflected, dict(sess.dropped)
 
     @property

@@ -38,20 +38,19 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from sixlab.stamp._events import (
-    ConfigError,
     DropReason,
     DuplicateReceived,
     Event,
     PacketDropped,
     PacketLost,
     PacketSent,
+    SessionConfigError,
     SessionFinished,
     SessionStateError,
     StampResult,
 )
+from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
-from sixlab.wire import stamp_auth
-from sixlab.wire._errors import WireError
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp, encode_timestamp
 
 __all__ = ["DEFAULT_TAI_UTC_OFFSET_NS", "SenderConfig", "SenderCounters", "SenderSession", "State"]
@@ -114,21 +113,23 @@ class SenderConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.ssid <= 0xFFFF:
-            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+            raise SessionConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.interval_ns <= 0:
-            raise ConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
+            raise SessionConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
         if self.count is not None and self.count < 0:
-            raise ConfigError(f"count must not be negative, got {self.count}")
+            raise SessionConfigError(f"count must not be negative, got {self.count}")
         if self.duration_ns is not None and self.duration_ns < 0:
-            raise ConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
+            raise SessionConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
         if self.loss_timeout_ns <= 0:
-            raise ConfigError(f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns")
+            raise SessionConfigError(
+                f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns"
+            )
         if self.key is not None and not self.key:
-            raise ConfigError("key: authenticated mode needs a non-empty key")
+            raise SessionConfigError("key: authenticated mode needs a non-empty key")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
-            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+            raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
-            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+            raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
 
     @property
     def authenticated(self) -> bool:
