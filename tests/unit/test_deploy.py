@@ -229,3 +229,16 @@ def test_alert_rules_pass_their_promtool_tests() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_daemon_run_in_process_leaves_logging_as_it_was(tmp_path: Path) -> None:
+    """A command run by a test (or a program) in-process must not leave its stderr
+    handler or its level on the root logger: later logs would be printed."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    db = tmp_path / "missing" / "c.db"
+    argv = ["controller", "serve", "--db", str(db), "--grpc", f"unix:{tmp_path}/s.sock", "-v"]
+    assert main(argv) == 2
+    assert main(["stamp", "agent", "--role", "sender", "--grpc", "[::]:0"]) == 2
+    assert root.handlers == handlers
+    assert root.level == level

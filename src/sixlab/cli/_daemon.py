@@ -24,6 +24,8 @@ import datetime
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,9 @@ __all__ = [
     "JsonFormatter",
     "add_logging_arguments",
     "add_server_tls_arguments",
+    "daemon_logging",
     "exposure_warning",
     "server_tls_files",
-    "setup_logging",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -138,16 +140,22 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def setup_logging(log_format: str, level: str) -> None:
-    """Send the root logger's records to stderr in ``log_format`` (replacing the handler
-    an earlier call installed; other handlers stay)."""
+@contextmanager
+def daemon_logging(log_format: str, level: str) -> Iterator[None]:
+    """While a daemon runs: the root logger's records go to stderr in ``log_format``
+    from ``level`` up. On exit the root logger is as it was (a command run in-process,
+    by a test, leaves no handler behind)."""
     handler = _StderrHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
-        root.removeHandler(old)
+    saved = root.level
     root.addHandler(handler)
     root.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved)

@@ -78,7 +78,11 @@ def add_parsers(stamp_subparsers: Any) -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad options or address."""
-    _daemon.setup_logging(args.log_format, args.log_level)
+    with _daemon.daemon_logging(args.log_format, args.log_level):
+        return _run_agent(args)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
     try:
         files = _daemon.server_tls_files(args)
         warning = _daemon.exposure_warning(

@@ -453,12 +453,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad store or address."""
+    level = "debug" if args.verbose else args.log_level
+    with _daemon.daemon_logging(args.log_format, level):
+        return _run_serve(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.core import Controller  # noqa: PLC0415 - clients skip these
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
     from sixlab.controller.northbound import serve_controller  # noqa: PLC0415
     from sixlab.controller.store import Store  # noqa: PLC0415
 
-    _daemon.setup_logging(args.log_format, "debug" if args.verbose else args.log_level)
     address: str = args.grpc or default_address(server=True)
     try:
         files = _daemon.server_tls_files(args)

@@ -90,7 +90,7 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--idle", type=argtypes.seconds, default=60.0, help="bounded policy: idle expiry, s"
     )
-    _daemon.add_logging_arguments(host, default_level="info")
+    _daemon.add_logging_arguments(host, default_level="warning")
     host.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     host.set_defaults(handler=_host)
 
@@ -153,11 +153,15 @@ _positive = argtypes.integer(1, MAX_CAPACITY, "a number of entries")
 
 
 def _host(args: argparse.Namespace) -> int:
+    with _daemon.daemon_logging(args.log_format, args.log_level):
+        return _run_host(args)
+
+
+def _run_host(args: argparse.Namespace) -> int:
     from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
 
-    _daemon.setup_logging(args.log_format, args.log_level)
     try:
         check_locator_set(args.locator)
     except ConfigError as exc:
