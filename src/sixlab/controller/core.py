@@ -450,9 +450,13 @@ class Controller:
 
     def reconcile_node(self, name: str) -> None:
         """Make the node's agent carry what the store says it carries (module doc)."""
-        # Asked outside the lock: a node that does not answer must not hold up requests.
+        # Asked outside the lock first: a node that does not answer must not hold up
+        # requests. A session created meanwhile is not in this answer, so whatever looks
+        # amiss is asked again under the lock before anything is repaired.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
         with self._ops:
+            if self._amiss(name, info):
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
             restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
             node = self.store.node(name)
             if restarted:
@@ -461,12 +465,7 @@ class Controller:
                     name,
                     info.epoch,
                 )
-            if node.role == "sender":
-                rows = [r for r in self.store.sessions() if r.sender == name]
-                expected = [r for r in rows if r.state in _ON_SENDER]
-            else:
-                rows = [r for r in self.store.sessions() if r.reflector == name]
-                expected = [r for r in rows if r.state in _ON_REFLECTOR]
+            expected = self._expected(node)
             if not expected:
                 return
             if not info.initialized:
@@ -479,6 +478,30 @@ class Controller:
                         self._repair_sender_half(row)
                     else:
                         self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _expected(self, node: NodeRow) -> list[SessionRow]:
+        """The sessions the node's agent should carry."""
+        if node.role == "sender":
+            return [
+                r for r in self.store.sessions() if r.sender == node.name and r.state in _ON_SENDER
+            ]
+        return [
+            r
+            for r in self.store.sessions()
+            if r.reflector == node.name and r.state in _ON_REFLECTOR
+        ]
+
+    def _amiss(self, name: str, info: pb.GetAgentInfoReply) -> bool:
+        """Whether the agent's answer calls for a repair (a new run, no Init, a session
+        missing)."""
+        node = self.store.node(name)
+        if node.agent_epoch is not None and node.agent_epoch != f"{info.epoch:016x}":
+            return True
+        expected = self._expected(node)
+        present = set(info.ssids)
+        return bool(expected) and (
+            not info.initialized or any(r.ssid not in present for r in expected)
+        )
 
     def _repair_reflector_half(self, row: SessionRow, *, present: bool) -> None:
         """The reflector lost the session: create it again, started if it was."""
