@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from sixlab.cli._declarative import dump, loads
-from sixlab.controller.apply import spec_of
 from sixlab.controller.client import ControllerClient
 from sixlab.controller.core import Controller
 from sixlab.controller.northbound import ControllerServer, serve_controller
@@ -167,9 +166,9 @@ def test_apply_is_declarative_and_idempotent(world: World) -> None:
     states = _sessions(w)
     assert states["a"][2] == 20_000_000
     assert "b" not in states
-    # The first a's results stay readable under its retired name.
-    retired = [s for s in w.client.sessions(include_destroyed=True) if s.name.startswith("a@")]
-    assert [(s.state, s.stored) for s in retired] == [("destroyed", 20)]
+    # The first a stays listed, destroyed, with its results.
+    listed = [(s.state, s.stored) for s in w.client.sessions(include_destroyed=True)]
+    assert ("destroyed", 20) in listed
     w.client.wait_state("c", ("finished",), 30)
     assert w.ok("apply", str(path)).strip() == "no changes: the controller matches the file"
 
@@ -240,7 +239,7 @@ def test_five_hundred_paths_in_one_call(world: World) -> None:
     assert w.client.sessions() == []
 
 
-def test_unused_nodes_go_and_destroyed_names_can_be_reused(world: World) -> None:
+def test_unused_nodes_go_and_destroyed_sessions_come_back(world: World) -> None:
     w = world
     path = w.tmp / "lab.toml"
     spare = f'\n[nodes.spare]\naddress = "{w.reflector_addr}"\nrole = "reflector"\n'
@@ -252,10 +251,11 @@ def test_unused_nodes_go_and_destroyed_names_can_be_reused(world: World) -> None
         "- node spare: remove (not in the list)",
         "made 1 change",
     ]
-    # A destroyed session's name is free again (CreateSession, not only apply).
+    # A session destroyed by hand is created again by the next apply.
     w.client.destroy_session("b")
-    spec = spec_of(w.controller.store.session("b"))
-    assert w.client.create_session(spec).state == "created"
-    names = {s.name for s in w.client.sessions(include_destroyed=True)}
-    assert "b" in names
-    assert any(n.startswith("b@") for n in names)
+    assert w.ok("apply", str(path)).splitlines() == [
+        "+ session b: create (new session)",
+        "made 1 change",
+    ]
+    states = [s.state for s in w.client.sessions(include_destroyed=True) if s.name == "b"]
+    assert sorted(states) == ["created", "destroyed"]

@@ -237,7 +237,7 @@ def test_prometheus_reads_the_delay_rules_load_and_the_dashboard_queries_work(
                 assert time.monotonic() < deadline, rules
                 time.sleep(0.5)
             assert {g["name"] for g in groups} == {"sixlab-recording", "sixlab-alerts"}
-            assert len(rules) == 9
+            assert len(rules) == 11
             assert all(r["health"] == "ok" for r in rules), rules
             alerts = prom.get("/api/v1/alerts")["alerts"]
             firing = [a["labels"]["alertname"] for a in alerts if a["state"] == "firing"]

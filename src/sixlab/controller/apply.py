@@ -12,8 +12,8 @@ returns the steps that make them equal, in an order that always works:
    role differs at the new agent, add the new ones;
 3. initialise the nodes whose Init parameters are new or differ (Reset first: an agent
    initialises once, and a Reset also drops what it carried);
-4. create the new and the destroyed-for-a-change sessions (a destroyed session's name is
-   freed first, its results kept as ``NAME@ID``: ``Store.retire_session``);
+4. create the new and the destroyed-for-a-change sessions (the destroyed one keeps its
+   results under its name, beside the new one: ``session list --all``);
 5. start the sessions wanted running that are created or stopped, and stop those wanted
    stopped that run.
 
@@ -247,8 +247,4 @@ def _init(controller: Controller, name: str, init: dict[str, Any]) -> Callable[[
 
 
 def _create(controller: Controller, spec: SessionSpec) -> Callable[[], object]:
-    def run() -> None:
-        controller.store.retire_session(spec.name)
-        controller.create_session(spec)
-
-    return run
+    return lambda: controller.create_session(spec)

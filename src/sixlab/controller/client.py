@@ -46,6 +46,7 @@ from sixlab.wire.timestamp import ErrorEstimate
 __all__ = [
     "RUN_SOCKET",
     "ControllerClient",
+    "EpochInfo",
     "NodeInfo",
     "NorthboundError",
     "ResultPage",
@@ -131,6 +132,11 @@ class NodeInfo:
     last_seen_ns: int | None
     last_error: str
     initialized: bool
+    #: Its agent's run last seen (16 hex digits; empty: never), when that run started,
+    #: and how many restarts (new runs) were seen.
+    agent_epoch: str = ""
+    agent_started_ns: int | None = None
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +171,29 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class ResultPage:
-    """Stored results, oldest first; ``more`` if the limit cut the answer short."""
+    """Stored results, oldest first; ``more`` if the limit cut the answer short.
+
+    ``epochs[i]`` is the epoch of ``records[i]`` (Seq numbers start over in each)."""
 
     records: tuple[StampResult, ...]
     more: bool
+    epochs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochInfo:
+    """One epoch of a session and what became of its probes (``EpochStats`` in the API)."""
+
+    epoch: int
+    started_ns: int
+    ended_ns: int | None
+    end_reason: str
+    sender_agent: str
+    sent: int
+    received: int
+    lost: int
+    unknown: int
+    schedule_skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +214,14 @@ class SessionStats:
     sent: int
     unclassified_lost: int | None = None
     ssid_zero: int = 0
+    #: Probes of unknown outcome (agent outages), summed over the epochs.
+    unknown: int = 0
+    epochs: tuple[EpochInfo, ...] = ()
+    #: How the sender kept its schedule: slots skipped, lateness mean (None: nothing
+    #: sent) and most.
+    schedule_skipped: int = 0
+    schedule_late_mean_ns: int | None = None
+    schedule_late_max_ns: int = 0
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -200,6 +233,9 @@ def node_from_proto(n: pb.Node) -> NodeInfo:
         last_seen_ns=n.last_seen_ns if n.HasField("last_seen_ns") else None,
         last_error=n.last_error,
         initialized=n.initialized,
+        agent_epoch=n.agent_epoch,
+        agent_started_ns=n.agent_started_ns if n.HasField("agent_started_ns") else None,
+        restarts=n.restarts,
     )
 
 
@@ -275,6 +311,25 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         sent=reply.sent,
         unclassified_lost=opt("unclassified_lost"),
         ssid_zero=reply.ssid_zero,
+        unknown=reply.unknown,
+        epochs=tuple(
+            EpochInfo(
+                epoch=e.epoch,
+                started_ns=e.started_ns,
+                ended_ns=e.ended_ns if e.HasField("ended_ns") else None,
+                end_reason=e.end_reason,
+                sender_agent=e.sender_agent,
+                sent=e.sent,
+                received=e.received,
+                lost=e.lost,
+                unknown=e.unknown,
+                schedule_skipped=e.schedule_skipped,
+            )
+            for e in reply.epochs
+        ),
+        schedule_skipped=reply.schedule_skipped,
+        schedule_late_mean_ns=opt("schedule_late_mean_ns"),
+        schedule_late_max_ns=reply.schedule_late_max_ns,
     )
 
 
@@ -404,10 +459,13 @@ class ControllerClient(GrpcClient):
         return [session_from_proto(s) for s in reply.sessions]
 
     def session(self, name: str) -> SessionInfo:
-        for s in self.sessions(include_destroyed=True):
-            if s.name == name:
-                return s
-        raise NorthboundError(grpc.StatusCode.NOT_FOUND, f"session: no session named {name!r}")
+        """The session of that name: the live one, else the last one destroyed (a name
+        is free again once its session is destroyed)."""
+        named = [s for s in self.sessions(include_destroyed=True) if s.name == name]
+        if not named:
+            raise NorthboundError(grpc.StatusCode.NOT_FOUND, f"session: no session named {name!r}")
+        live = [s for s in named if s.state != "destroyed"]
+        return (live or named)[-1]
 
     def wait_state(self, name: str, states: Iterable[str], timeout: float) -> SessionInfo:
         """Poll until the session is in one of ``states``; NorthboundError on timeout."""
@@ -433,7 +491,11 @@ class ControllerClient(GrpcClient):
         if since_ns is not None:
             request.since_ns = since_ns
         reply: pb.GetResultsReply = self._call("GetResults", request)
-        return ResultPage(tuple(record_from_proto(r) for r in reply.records), reply.more)
+        return ResultPage(
+            tuple(record_from_proto(r) for r in reply.records),
+            reply.more,
+            tuple(r.epoch for r in reply.records),
+        )
 
     # -- declarative ------------------------------------------------------------------
 
