@@ -71,6 +71,7 @@ def _reflector_main(args: argparse.Namespace) -> None:
                 "send_failed": counters.send_failed,
                 "reflected": engine.reflector.counters.reflected,
                 "fallback_sends": plane.counters().get("fallback_sends", 0),
+                "fast_replies": plane.counters().get("fast_replies", 0),
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
@@ -82,6 +83,7 @@ def _sender_main(args: argparse.Namespace) -> None:
     from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec  # noqa: PLC0415
     from sixlab.stamp.sender import SenderConfig  # noqa: PLC0415
     from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
+    from sixlab.wire.stamp_tlv import ExtraPadding  # noqa: PLC0415
 
     capture = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IPV6))
     capture.bind((args.interface, ETH_P_IPV6))
@@ -91,7 +93,10 @@ def _sender_main(args: argparse.Namespace) -> None:
     engine = SenderEngine(plane)
     engine.start()
     segments = tuple(IPv6Address(s) for s in args.segment) or None
-    config = SenderConfig(ssid=7, interval_ns=args.interval_ms * 1_000_000, count=args.count)
+    tlvs = ExtraPadding(bytes(args.padding)).to_tlv().encode() if args.padding else b""
+    config = SenderConfig(
+        ssid=7, interval_ns=args.interval_ms * 1_000_000, count=args.count, tlvs=tlvs
+    )
     engine.add_session(SenderSessionSpec(config, IPv6Address(args.reflector), args.rport, segments))
     engine.start_session(7)
     finished = engine.wait_finished(7, 60.0)
@@ -100,6 +105,7 @@ def _sender_main(args: argparse.Namespace) -> None:
     engine.shutdown()
     plane.close()
     replies: list[list[str] | None] = []
+    sizes: list[int] = []
     while True:
         try:
             data = capture.recv(65535)
@@ -114,6 +120,7 @@ def _sender_main(args: argparse.Namespace) -> None:
         if packet.udp.dst_port == args.port:
             srh = packet.srh
             replies.append(None if srh is None else [str(a) for a in srh.travel_order])
+            sizes.append(len(packet.payload))
     print(
         json.dumps(
             {
@@ -125,6 +132,7 @@ def _sender_main(args: argparse.Namespace) -> None:
                     [r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns, r.ses_sender_ttl] for r in results
                 ],
                 "replies": replies,
+                "sizes": sizes,
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
@@ -150,6 +158,7 @@ def _main() -> None:
     send.add_argument("--segment", action="append", default=[])
     send.add_argument("--count", type=int, default=COUNT)
     send.add_argument("--interval-ms", type=int, default=10)
+    send.add_argument("--padding", type=int, default=0, help="Extra Padding TLV bytes")
     args = parser.parse_args()
     if args.role == "reflector":
         _reflector_main(args)
@@ -282,6 +291,28 @@ def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:
     refl = reflector(tb, "mmap", "--return-segment", tb.gen_addr)
     check_session(sender(tb, "mmap", "--segment", tb.sut_addr), srh=[tb.gen_addr])
     assert refl.finish()["reflected"] == COUNT
+
+
+@pytest.mark.parametrize("padding", [0, 20, 33])
+@pytest.mark.parametrize("path", ["plain", "srh"])
+def test_mmap_fast_path_takes_srh_and_padding(
+    bench_testbed: BenchTestbed, path: str, padding: int
+) -> None:
+    """Probes with an SRH (Segments Left 0) and Extra Padding TLVs (even and odd sizes)
+    are answered by the fast path, replies of the probe's size on the configured return
+    path."""
+    tb = bench_testbed
+    srh = path == "srh"
+    refl = reflector(tb, "mmap", *(["--return-segment", tb.gen_addr] if srh else []))
+    report = sender(
+        tb, "socket", "--padding", str(padding), *(["--segment", tb.sut_addr] if srh else [])
+    )
+    stats = refl.finish()
+    check_session(report, srh=[tb.gen_addr] if srh else None)
+    size = 44 + (4 + padding if padding else 0)
+    assert report["sizes"] == [size] * COUNT
+    assert stats["received"] == stats["reflected"] == COUNT
+    assert stats["fast_replies"] >= COUNT - 1  # the first may wait for the neighbour
 
 
 def _probe(tb: BenchTestbed) -> None:
