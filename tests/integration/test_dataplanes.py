@@ -41,6 +41,7 @@ REFLECTOR_PORT = 862
 SENDER_PORT = 40862
 COUNT = 50
 ETH_P_IPV6 = 0x86DD
+ETH_P_ALL = 0x0003
 #: Generous: a scapy process takes ~1-2 s to import on a loaded 2-core machine.
 READY_TIMEOUT_S = 30.0
 
@@ -57,7 +58,9 @@ def _reflector_main(args: argparse.Namespace) -> None:
     ret = tuple(IPv6Address(s) for s in args.return_segment) or None
     plane = create(args.plane, DataplaneConfig(port=args.port, interface=args.interface))
     plane.open()
-    engine = ReflectorEngine(plane, Reflector(ReflectorSessionConfig(None, return_segments=ret)))
+    engine = ReflectorEngine(plane, Reflector())
+    # Through the engine: a plane that steers sessions (afxdp, xdp) needs the session too.
+    engine.set_default(ReflectorSessionConfig(None, return_segments=ret))
     engine.start()
     print("ready", flush=True)
     select.select([sys.stdin], [], [], args.seconds)
@@ -200,13 +203,25 @@ def _start(tb: BenchTestbed, node: Node, role: str, *args: str, stdin: bool = Tr
     return Side(proc)
 
 
+def _checksums_complete(tb: BenchTestbed) -> None:
+    """Frames that kernel sockets send through a veth keep an unfinished UDP checksum
+    while tx checksum offload is on; a plane that reads frames before the kernel's IPv6
+    input (afxdp) would count them as damaged (``sixlab.dataplane.afxdp_plane``)."""
+    tb.testbed.exec_in(tb.gen, ["ethtool", "-K", tb.gen_if, "tx", "off"])
+    tb.testbed.exec_in(tb.sut, ["ethtool", "-K", tb.sut_if, "tx", "off"])
+
+
 def reflector(tb: BenchTestbed, plane: str, *extra: str) -> Side:
+    if plane == "afxdp":
+        _checksums_complete(tb)
     side = _start(tb, tb.sut, "reflector", "--plane", plane, "--interface", tb.sut_if, *extra)
     side.wait_ready()
     return side
 
 
 def sender(tb: BenchTestbed, plane: str, *extra: str) -> dict[str, Any]:
+    if plane == "afxdp":
+        _checksums_complete(tb)
     side = _start(
         tb, tb.gen, "sender", "--plane", plane, "--interface", tb.gen_if,
         "--reflector", tb.sut_addr, *extra, stdin=False,
@@ -251,7 +266,9 @@ def nft_table(tb: BenchTestbed, port: int = REFLECTOR_PORT) -> str | None:
 
 # ---------------------------------------------------------------------------- tests
 
-PLANES = ["scapy", "mmap"]
+PLANES = ["scapy", "mmap", "afxdp"]
+#: Planes that tap packets the kernel also receives, and so keep it from answering them.
+TAP_PLANES = ["scapy", "mmap"]
 
 
 @pytest.mark.parametrize("path", ["plain", "srh"])
@@ -281,9 +298,39 @@ def test_capture_plane_as_sender(bench_testbed: BenchTestbed, plane: str, path: 
     tb = bench_testbed
     srh = path == "srh"
     refl = reflector(tb, "socket", *(["--return-segment", tb.gen_addr] if srh else []))
+    # An AF_XDP socket takes the replies before any packet tap on the sender's interface
+    # sees them: capture them where they leave the reflector instead (only an ETH_P_ALL
+    # tap sees outgoing frames).
+    tap = tb.sut.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+    tap.bind((tb.sut_if, ETH_P_ALL))
+    tap.setblocking(False)
     report = sender(tb, plane, *(["--segment", tb.sut_addr] if srh else []))
+    if plane == "afxdp":
+        report["replies"] = _replies(tap, SENDER_PORT)
+    tap.close()
     check_session(report, srh=[tb.gen_addr] if srh else None)
     assert refl.finish()["reflected"] == COUNT
+
+
+def _replies(tap: socket.socket, port: int) -> list[list[str] | None]:
+    """The SRv6 paths (travel order, None: no SRH) of the STAMP replies ``tap`` saw."""
+    from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
+
+    out: list[list[str] | None] = []
+    while True:
+        try:
+            data, addr = tap.recvfrom(65535)
+        except BlockingIOError:
+            return out
+        if addr[2] != socket.PACKET_OUTGOING or addr[1] != ETH_P_IPV6:
+            continue
+        try:
+            packet = parse_udp_packet(data)
+        except ValueError:
+            continue  # not UDP (Neighbour Discovery)
+        if packet.udp.dst_port == port:
+            srh = packet.srh
+            out.append(None if srh is None else [str(a) for a in srh.travel_order])
 
 
 def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:
@@ -295,15 +342,16 @@ def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:
 
 @pytest.mark.parametrize("padding", [0, 20, 33])
 @pytest.mark.parametrize("path", ["plain", "srh"])
-def test_mmap_fast_path_takes_srh_and_padding(
-    bench_testbed: BenchTestbed, path: str, padding: int
+@pytest.mark.parametrize("plane", ["mmap", "afxdp"])
+def test_fast_path_takes_srh_and_padding(
+    bench_testbed: BenchTestbed, plane: str, path: str, padding: int
 ) -> None:
     """Probes with an SRH (Segments Left 0) and Extra Padding TLVs (even and odd sizes)
     are answered by the fast path, replies of the probe's size on the configured return
     path."""
     tb = bench_testbed
     srh = path == "srh"
-    refl = reflector(tb, "mmap", *(["--return-segment", tb.gen_addr] if srh else []))
+    refl = reflector(tb, plane, *(["--return-segment", tb.gen_addr] if srh else []))
     report = sender(
         tb, "socket", "--padding", str(padding), *(["--segment", tb.sut_addr] if srh else [])
     )
@@ -330,7 +378,7 @@ def _wait_for(predicate: Any, timeout: float = 5.0) -> bool:
     return bool(predicate())
 
 
-@pytest.mark.parametrize("plane", PLANES)
+@pytest.mark.parametrize("plane", TAP_PLANES)
 def test_kernel_drop_lifecycle(bench_testbed: BenchTestbed, plane: str) -> None:
     """The table exists while open, is gone after close; the kernel answers only then."""
     tb = bench_testbed

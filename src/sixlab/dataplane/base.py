@@ -187,7 +187,7 @@ def _load_builtin() -> None:
     # missing still register and fail in open() with a message naming the package.
     from sixlab.dataplane import udpsocket  # noqa: F401, PLC0415
 
-    for optional in ("scapy_plane", "mmap_plane", "xdp_plane"):
+    for optional in ("scapy_plane", "mmap_plane", "xdp_plane", "afxdp_plane"):
         try:
             __import__(f"sixlab.dataplane.{optional}")
         except ModuleNotFoundError as exc:

@@ -166,8 +166,11 @@ class ReflectorEngine(_Loop):
 
     Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
-    with no per-packet objects but the reply; what it cannot answer comes back as
-    ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
+    with no per-packet objects but the reply; a plane with ``reflect_frames`` (the
+    ``afxdp`` plane) is handed the ``Reflector`` and answers whole batches with
+    ``sixlab.stamp.batch``. What they cannot answer comes back as ``Received`` for the
+    general path below. ``fast_batch`` (default: the plane's ``fast_batch``, else 64)
+    bounds the packets per call,
     and so how long the lock is held and (the plane kicks its TX ring at least once per
     call) how far a reply's departure may trail its T3 under load. ``fast_path=False``
     keeps the general path for every packet.
@@ -180,12 +183,15 @@ class ReflectorEngine(_Loop):
         clock: Clock = time.time_ns,
         *,
         fast_path: bool = True,
-        fast_batch: int = _BATCH,
+        fast_batch: int | None = None,
     ) -> None:
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
-        self.fast_batch = fast_batch
+        self.fast_batch = fast_batch or int(getattr(dataplane, "fast_batch", _BATCH))
         self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        frames = getattr(dataplane, "reflect_frames", None) if fast_path else None
+        if frames is not None:
+            self._fast = lambda _reflect, clk, n: frames(reflector, clk, n)
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------

@@ -118,6 +118,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from sixlab.dataplane import _filters
+from sixlab.dataplane._nexthop import NextHop as _NextHop
+from sixlab.dataplane._nexthop import resolve_next_hop
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
 from sixlab.wire._errors import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
@@ -165,14 +167,8 @@ _PKT = struct.Struct("=6I2H")
 _SLL_OFFSET = 48
 _SLL_PKTTYPE = 10  # sll_family(2) sll_protocol(2) sll_ifindex(4) sll_hatype(2) pkttype
 _STATS = struct.Struct("=III")  # struct tpacket_stats_v3
-#: Per-first-hop link-layer answers are trusted this long (module doc).
-_NEXT_HOP_TTL_S = 1.0
 #: Bound on cached reply templates; a sweep of many peers rebuilds rather than grows.
 _MAX_TEMPLATES = 4096
-_ETHERTYPE_IPV6 = ETH_P_IPV6.to_bytes(2, "big")
-#: <linux/neighbour.h> states whose MAC can be used now.
-_NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
-_RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
 PACKET_QDISC_BYPASS = 20  # <linux/if_packet.h>
@@ -271,14 +267,6 @@ class _FastTemplate:
     size: int  # the payload size it was built for (the UDP length is in it)
     expires: float  # the next hop's answer is trusted until then
     route: _Route  # the return path it follows (the session's, compared by identity)
-
-
-@dataclass(frozen=True, slots=True)
-class _NextHop:
-    ifname: str
-    ethernet: bytes  # destination MAC + our MAC + EtherType, or b"" for the L3 path
-    source: bytes | None  # the route's preferred source
-    expires: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -828,41 +816,10 @@ class MmapDataplane(Dataplane):
 
     def _resolve(self, first_hop: IPv6Address) -> _NextHop:
         """Output interface, Ethernet header and source for ``first_hop`` (module doc)."""
-        from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
-        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
-
         if self._ipr is None:
+            from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
+
             self._ipr = IPRoute()
-        ipr = self._ipr
-        now = time.monotonic()
-        try:
-            route = ipr.route("get", dst=str(first_hop))[0]
-        except NetlinkError as exc:
-            raise DataplaneError(f"mmap: no route to {first_hop}: {exc}") from exc
-        oif = route.get_attr("RTA_OIF")
-        prefsrc = route.get_attr("RTA_PREFSRC")
-        source = IPv6Address(prefsrc).packed if prefsrc else None
-        ethernet = b""
-        ifname = ""
-        if route["type"] != _RTN_LOCAL and oif:
-            ifname = socket.if_indextoname(oif)
-            neighbour = route.get_attr("RTA_GATEWAY") or str(first_hop)
-            try:
-                entries = ipr.neigh("get", dst=neighbour, ifindex=oif)
-            except NetlinkError:
-                entries = []
-            link = ipr.get_links(oif)[0].get_attr("IFLA_ADDRESS")
-            for entry in entries:
-                lladdr = entry.get_attr("NDA_LLADDR")
-                if lladdr and entry["state"] & _NUD_USABLE and link:
-                    ethernet = (
-                        bytes.fromhex(lladdr.replace(":", ""))
-                        + bytes.fromhex(link.replace(":", ""))
-                        + _ETHERTYPE_IPV6
-                    )
-                    break
-        # An unresolved neighbour is retried on the next packet (the L3 send resolves it).
-        expires = now + _NEXT_HOP_TTL_S if ethernet or route["type"] == _RTN_LOCAL else now
-        hop = _NextHop(ifname, ethernet, source, expires)
+        hop = resolve_next_hop(self._ipr, first_hop)
         self._next_hops[first_hop] = hop
         return hop
