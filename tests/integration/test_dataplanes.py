@@ -416,6 +416,27 @@ def test_mmap_leftover_of_killed_run_is_replaced(bench_testbed: BenchTestbed) ->
     assert nft_table(tb) is None
 
 
+def _xdp_attached(tb: BenchTestbed) -> bool:
+    out = tb.testbed.exec_in(tb.sut, ["ip", "-j", "link", "show", tb.sut_if]).stdout
+    return "xdp" in json.loads(out)[0]
+
+
+def test_afxdp_detaches_on_exit_and_after_a_crash(bench_testbed: BenchTestbed) -> None:
+    """A SIGKILLed afxdp plane leaves its program on the interface; the next open
+    replaces it and answers, and a clean exit leaves no program behind."""
+    tb = bench_testbed
+    first = reflector(tb, "afxdp")
+    assert _xdp_attached(tb)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(10)
+    assert _xdp_attached(tb)  # SIGKILL runs no atexit: the program stays
+    second = reflector(tb, "afxdp")
+    report = sender(tb, "socket", "--count", "5")
+    assert report["received"] == 5
+    assert second.finish()["reflected"] == 5
+    assert not _xdp_attached(tb)
+
+
 def test_mmap_refuses_port_of_live_owner(bench_testbed: BenchTestbed) -> None:
     tb = bench_testbed
     first = reflector(tb, "mmap")

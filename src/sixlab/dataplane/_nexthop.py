@@ -23,6 +23,9 @@ __all__ = ["NEXT_HOP_TTL_S", "NextHop", "resolve_next_hop"]
 
 #: Per-first-hop link-layer answers are trusted this long.
 NEXT_HOP_TTL_S = 1.0
+#: An unresolved neighbour is asked for again after this long: under a flood of probes
+#: from a new peer, one netlink round trip per packet would stall the plane.
+UNRESOLVED_TTL_S = 0.01
 _ETHERTYPE_IPV6 = (0x86DD).to_bytes(2, "big")
 #: <linux/neighbour.h> states whose MAC can be used now.
 _NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
@@ -71,6 +74,7 @@ def resolve_next_hop(ipr: Any, first_hop: IPv6Address) -> NextHop:
                     + _ETHERTYPE_IPV6
                 )
                 break
-    # An unresolved neighbour is retried on the next packet (the L3 send resolves it).
-    expires = now + NEXT_HOP_TTL_S if ethernet or route["type"] == _RTN_LOCAL else now
+    # An unresolved neighbour is retried soon (the L3 send resolves it meanwhile).
+    resolved = ethernet or route["type"] == _RTN_LOCAL
+    expires = now + (NEXT_HOP_TTL_S if resolved else UNRESOLVED_TTL_S)
     return NextHop(ifname, ethernet, source, expires)

@@ -88,9 +88,14 @@ __all__ = ["PROGRAM_NAME", "AfXdpCounters", "AfXdpDataplane"]
 
 PROGRAM_NAME = "stamp_xsk"
 FRAME_SIZE = 2048
-#: Half the frames receive (they sit in the fill ring), half transmit.
-FRAME_COUNT = 4096
-RING_SIZE = 2048
+#: Frames the kernel may receive into (all in the fill ring at rest): at 800 kpps
+#: about 10 ms of a stalled Python process; the RX, fill and completion rings have as
+#: many entries.
+RX_FRAMES = 8192
+RING_SIZE = RX_FRAMES
+#: Frames for transmit (reply frames wait in the TX ring until the kernel sends them).
+TX_FRAMES = 4096
+FRAME_COUNT = RX_FRAMES + TX_FRAMES
 _META = 8  # bytes of XDP metadata before each received frame: the arrival time (TAI ns)
 _DEFAULT_KEY = 0x10000  # STAMP_DEFAULT_SSID: the default session
 _U32 = struct.Struct("<I")
@@ -212,7 +217,7 @@ class AfXdpDataplane(Dataplane):
         except OSError as exc:
             raise DataplaneError(f"afxdp: no interface {ifname!r} in this namespace") from exc
         paths = build_objects(self.cache_dir)
-        import pyroute2  # noqa: F401, PLC0415 - now, not on the first packet
+        import pyroute2  # noqa: PLC0415 - now, not on the first packet
 
         try:
             self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
@@ -228,9 +233,11 @@ class AfXdpDataplane(Dataplane):
                 ifname, 0, self._umem, ring_size=RING_SIZE, bind_flags=self.bind_flags
             )
             obj.map("xsk_sockets").update(_U32.pack(0), _U32.pack(self._xsk.fd))
-            self._fill_rx(np.arange(RING_SIZE, dtype=np.uint64) * np.uint64(FRAME_SIZE))
-            self._free = [i * FRAME_SIZE for i in range(RING_SIZE, FRAME_COUNT)]
+            self._fill_rx(np.arange(RX_FRAMES, dtype=np.uint64) * np.uint64(FRAME_SIZE))
+            self._free = [i * FRAME_SIZE for i in range(RX_FRAMES, FRAME_COUNT)]
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            # Netlink in the namespace of ``open`` (the engine's thread may be elsewhere).
+            self._ipr = pyroute2.IPRoute()
             with _in_netns(self._netns):
                 libbpf.xdp_attach(
                     self.ifindex,

@@ -1,0 +1,196 @@
+"""Reflector PDR at 0.5 % loss on SRv6 probes: every plane side by side in one run.
+
+The bench of ``bench_pdr.py`` (``two_node_bench``, C generator pinned to CPU 0, reflector
+pinned to CPU 1, RPS, nftables reply counter, MLRsearch), but every probe carries an
+SRH at Segments Left 0 (two segments, the last the reflector's address), as on an
+SRv6 network, and the reflector answers along a configured return SID list (one
+segment: the generator), so every reply carries an SRH too. Per plane: the PDR, then
+one trial at the PDR during which CPU 1's busy share is read (``CpuBusy``: idle and
+steal time from /proc/stat), giving the SUT's CPU per reflected packet.
+
+Planes: ``scapy``, ``mmap-main`` (the ``mmap`` plane of another source tree, e.g. the
+main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp``,
+``xdp`` (its veth peer gets the XDP_PASS program, as ``bench_xdp_pdr.py`` does).
+
+    sudo .venv/bin/python benchmarks/bench_fastpath.py --before-src /tmp/sixlab-main/src \\
+        --planes scapy,mmap-main,mmap,afxdp,xdp --json /tmp/fastpath.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from ipaddress import IPv6Address
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Any SID: the segment the probe visited before the reflector (never routed to here).
+FIRST_SEGMENT = "fc00:0:99::1"
+
+
+def _log(plane: str, message: str) -> None:
+    print(f"  [{plane}] {message}", file=sys.stderr)
+
+
+def _reflector_main(args: argparse.Namespace) -> None:
+    """The SUT: a reflector with a default session and a return SID list."""
+    from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
+    from sixlab.dataplane.engine import ReflectorEngine  # noqa: PLC0415
+    from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig  # noqa: PLC0415
+
+    plane = create(args.plane, DataplaneConfig(port=862, interface=args.interface))
+    plane.open()
+    reflector = Reflector()
+    engine = ReflectorEngine(plane, reflector)
+    segs = tuple(IPv6Address(s) for s in args.return_segments.split(","))
+    engine.set_default(ReflectorSessionConfig(None, return_segments=segs))
+    engine.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    engine.shutdown()
+    counters = plane.counters()
+    plane.close()
+    if engine.error is not None:
+        raise engine.error
+    print(json.dumps({"reflected": reflector.counters.reflected, "plane": counters}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--planes", default="scapy,mmap-main,mmap,afxdp,xdp")
+    parser.add_argument("--before-src", type=Path, help="source tree of mmap-main")
+    parser.add_argument("--loss", type=float, default=0.005)
+    parser.add_argument("--precision", type=float, default=0.02)
+    parser.add_argument("--trial", type=float, default=1.0)
+    parser.add_argument("--final", type=float, default=2.0)
+    parser.add_argument("--cpu-trial", type=float, default=3.0, help="seconds at the PDR")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--role", choices=["reflector"], help=argparse.SUPPRESS)
+    parser.add_argument("--plane", help=argparse.SUPPRESS)
+    parser.add_argument("--interface", help=argparse.SUPPRESS)
+    parser.add_argument("--return-segments", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "reflector":
+        _reflector_main(args)
+        return
+
+    from sixlab.bench.generator import (  # noqa: PLC0415
+        GEN_PORT,
+        STAMP_PORT,
+        StampTrialRunner,
+        generator_ceiling,
+        prepare_bench,
+    )
+    from sixlab.bench.ilnp_study import CpuBusy  # noqa: PLC0415
+    from sixlab.bench.pdr import search_pdr  # noqa: PLC0415
+    from sixlab.dataplane.xdp_plane import attach_xdp_pass  # noqa: PLC0415
+    from sixlab.testbed import two_node_bench  # noqa: PLC0415
+    from sixlab.testbed._netns import entered  # noqa: PLC0415
+    from sixlab.wire.packet import build_udp_packet  # noqa: PLC0415
+
+    class SrhTrialRunner(StampTrialRunner):
+        """STAMP probes behind an SRH at Segments Left 0; replies behind a 1-SID SRH."""
+
+        def frame(self, tag: int) -> bytes:
+            payload = bytes(12) + b"\x00\x01" + tag.to_bytes(2, "big") + bytes(28)
+            path = [IPv6Address(FIRST_SEGMENT), IPv6Address(self.tb.sut_addr)]
+            packet = bytearray(
+                build_udp_packet(
+                    IPv6Address(self.tb.gen_addr),
+                    IPv6Address(self.tb.sut_addr),
+                    GEN_PORT,
+                    STAMP_PORT,
+                    payload,
+                    segments=path,
+                )
+            )
+            # As it arrives at the last segment (RFC 8754 §4.3.1): Segments Left 0 and
+            # the Destination Address is the last segment (the UDP checksum's already).
+            packet[24:40] = IPv6Address(self.tb.sut_addr).packed
+            packet[43] = 0
+            return self._dst_mac + self._src_mac + b"\x86\xdd" + bytes(packet)
+
+        def reply_matches(self, tag: int | None) -> list[str]:
+            # IPv6 + SRH of one segment (24 bytes): Next Header 43 at byte 6, the UDP
+            # destination port at 40 + 24 + 2, the SSID at 40 + 24 + 8 + 14.
+            match = f"@nh,48,8 43 @nh,528,16 {GEN_PORT}"
+            return [match if tag is None else f"{match} @nh,688,16 {tag}"]
+
+    rows: list[dict[str, Any]] = []
+    me = [sys.executable, str(Path(__file__).resolve())]
+    with two_node_bench() as tb:
+        prepare_bench(tb)
+        for node, ifname in ((tb.gen, tb.gen_if), (tb.sut, tb.sut_if)):
+            tb.testbed.exec_in(node, ["ethtool", "-K", ifname, "tx", "off"])
+        runner = SrhTrialRunner(tb)
+        ceiling = generator_ceiling(runner)
+        print(f"generator ceiling: {ceiling:,.0f} frames/s (SRH probes, nothing reflecting)")
+        for name in args.planes.split(","):
+            plane = "mmap" if name == "mmap-main" else name
+            env = dict(os.environ)
+            if name == "mmap-main":
+                if args.before_src is None:
+                    raise SystemExit("mmap-main needs --before-src")
+                env["PYTHONPATH"] = str(args.before_src)
+            if plane == "xdp":
+                with entered(tb.gen.ns):
+                    attach_xdp_pass(tb.gen_if)
+            argv = [*me, "--role", "reflector", "--plane", plane, "--interface", tb.sut_if,
+                    "--return-segments", tb.gen_addr]  # fmt: skip
+            proc = tb.run_pinned(
+                tb.sut, argv, 1, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise SystemExit(f"{name}: reflector did not start")
+            started = time.monotonic()
+            result = search_pdr(
+                runner.trial, min_rate=200.0, max_rate=ceiling, loss_ratio=args.loss,
+                precision=args.precision, trial_seconds=args.trial, final_seconds=args.final,
+                log=functools.partial(_log, name),
+            )  # fmt: skip
+            with CpuBusy(1) as cpu:
+                at_pdr = runner.trial(result.pdr, args.cpu_trial)
+            out, _ = proc.communicate(b"", timeout=60)
+            counters = json.loads(out.splitlines()[-1])
+            if plane == "xdp":
+                tb.testbed.exec_in(tb.gen, ["ip", "link", "set", "dev", tb.gen_if, "xdp", "off"])
+            busy = cpu.busy or 0.0
+            per_packet = busy * 1e9 / at_pdr.received * at_pdr.elapsed_s if at_pdr.received else 0
+            print(f"{name}: PDR {result.pdr:,.0f}/s, CPU 1 busy {busy:.0%} at it, "
+                  f"{per_packet:,.0f} ns per reply ({time.monotonic() - started:.0f} s)",
+                  flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "plane": name,
+                    "pdr": result.pdr,
+                    "cpu_busy": busy,
+                    "ns_per_reply": per_packet,
+                    "loss_at_pdr": at_pdr.loss_ratio,
+                    "trials": len(result.trials),
+                    "reflector": counters,
+                }
+            )
+    load = os.getloadavg()
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"\nSRH probes, PDR at {args.loss:.1%} loss, {stamp}; load average {load[0]:.1f}; "
+          f"generator ceiling {ceiling:,.0f}/s")  # fmt: skip
+    base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
+    print(f"{'plane':10} {'PDR pps':>10} {'vs mmap-main':>13} {'CPU1 busy':>10} {'ns/reply':>9}")
+    for r in rows:
+        ratio = f"{r['pdr'] / base:13.2f}" if base else f"{'-':>13}"
+        print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['cpu_busy']:10.0%} "
+              f"{r['ns_per_reply']:9,.0f}")  # fmt: skip
+    if args.json is not None:
+        document = {"date": stamp, "ceiling": ceiling, "load": load, "rows": rows}
+        args.json.write_text(json.dumps(document, indent=1))
+
+
+if __name__ == "__main__":
+    main()
