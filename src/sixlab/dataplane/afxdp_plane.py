@@ -133,6 +133,9 @@ class AfXdpCounters:
     bad_checksum: int = 0
     tx_full: int = 0  # no free UMEM frame or TX slot: the packet was not sent
     kicks: int = 0  # sendto calls
+    #: The longest time from a batch's T3 reading to the return of its last transmit
+    #: call (in copy mode the frames are on the link by then): the worst T3 error.
+    t3_lag_max_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,7 +622,8 @@ class AfXdpDataplane(Dataplane):
             partial = _sum16(replies[sel]) + np.uint64(head.header_sum)
             writes.append((sel, tx_rows, hl, (frames, partial)))
         # T3: one clock reading, as late as the batch allows (module doc).
-        out.set_t3(clock())
+        t3_ns = clock()
+        out.set_t3(t3_ns)
         for sel, tx_rows, hl, (frames, partial) in writes:
             t3 = replies[sel, 4:12]
             total = partial + _sum16(t3)
@@ -629,6 +633,8 @@ class AfXdpDataplane(Dataplane):
             block[tx_rows, hl : hl + 2] = csum.astype(">u2").view(np.uint8).reshape(-1, 2)
             failed += self._transmit(frames, np.full(len(frames), hl + 2 + size, np.uint32))
             self.stats.fast_replies += len(frames)
+        if writes:
+            self.stats.t3_lag_max_ns = max(self.stats.t3_lag_max_ns, clock() - t3_ns)
         for sel in general:
             for i in sel.tolist():
                 route = out.routes[int(out.route_of[i])]
