@@ -106,6 +106,7 @@ def _sender_main(args: argparse.Namespace) -> None:
     results = engine.results(7)
     snapshot = engine.snapshot(7)
     engine.shutdown()
+    plane_counters = plane.counters()
     plane.close()
     replies: list[list[str] | None] = []
     sizes: list[int] = []
@@ -136,6 +137,7 @@ def _sender_main(args: argparse.Namespace) -> None:
                 ],
                 "replies": replies,
                 "sizes": sizes,
+                "plane": plane_counters,
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
@@ -307,6 +309,7 @@ def test_capture_plane_as_sender(bench_testbed: BenchTestbed, plane: str, path: 
     report = sender(tb, plane, *(["--segment", tb.sut_addr] if srh else []))
     if plane == "afxdp":
         report["replies"] = _replies(tap, SENDER_PORT)
+        assert report["plane"]["collected"] == COUNT  # all through collect_frames
     tap.close()
     check_session(report, srh=[tb.gen_addr] if srh else None)
     assert refl.finish()["reflected"] == COUNT

@@ -1,11 +1,14 @@
-"""The batch reflector against the per-packet reference, byte for byte.
+"""The batch paths against the per-packet references: reflector and sender.
 
 The same probes go through ``Reflector.reflect`` one by one and through
 ``BatchReflector.reflect`` (two reflectors with the same sessions); with a clock that
 always returns the T3 the batch is given, every reply, every return path and every
 counter must be the same: stateless and stateful sessions, NTP and PTP, a default
 session or none, unknown SSIDs, Multiplier 0, Extra Padding TLVs, other TLVs (the
-reference answers those rows), short and possibly authenticated payloads.
+reference answers those rows), short and possibly authenticated payloads. On the sender
+side, ``receive_batch`` against ``SenderSession.receive``: the same events and counters
+for good, duplicate, unknown, late, wrong-SSID, Multiplier-0, mismatched-T1 and bad-PTP
+replies, NTP and PTP, a stateless and a stateful reflector.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.stamp.batch import BatchReflector
+from sixlab.stamp.batch import BatchReflector, receive_batch
 from sixlab.stamp.reflector import (
     PacketContext,
     Reflection,
@@ -26,8 +29,10 @@ from sixlab.stamp.reflector import (
     ReflectorSessionConfig,
     ReturnPath,
 )
+from sixlab.stamp.sender import SenderConfig, SenderSession
+from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_tlv as tlv
-from sixlab.wire.timestamp import TimestampFormat
+from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, encode_timestamp
 
 T3 = 1_790_000_000_123_456_789
 CTX = PacketContext(IPv6Address("fd00::1"), IPv6Address("fd00::2"), 40862, 862)
@@ -171,3 +176,103 @@ def test_batch_answers_base_packets_without_the_reference() -> None:
     assert out.answered.all()
     assert [int.from_bytes(r[:4].tobytes(), "big") for r in out.replies] == [0, 1, 2, 3, 4]
     assert out.routes == [ReturnPath(segments=RET)]
+
+
+# ------------------------------------------------------------------------ sender side
+
+
+@dataclass(frozen=True)
+class Reply:
+    seq: int  # the sender Seq it echoes (may be one never sent)
+    mangle: str  # what is wrong with it, if anything
+    delay_ns: int  # T4 after the probe's T1
+
+
+replies = st.builds(
+    Reply,
+    seq=st.integers(0, 12),
+    mangle=st.sampled_from(["", "", "", "ssid", "mult", "t1", "ptp-bad", "ptp", "rseq"]),
+    delay_ns=st.sampled_from([1_000, 500_000, 3 * 10**9]),  # the last one: past the timeout
+)
+
+T0 = 1_700_000_000 * 10**9
+INTERVAL = 1_000_000
+
+
+def _sender(fmt: TimestampFormat, *, stateful: bool) -> tuple[SenderSession, list[bytes]]:
+    session = SenderSession(
+        SenderConfig(ssid=9, interval_ns=INTERVAL, count=10, fmt=fmt, reflector_stateful=stateful)
+    )
+    session.start(T0)
+    session.handle_timer(T0 + 9 * INTERVAL)
+    return session, session.datagrams_to_send()
+
+
+def _reply(probe: bytes, r: Reply, fmt: TimestampFormat, tlv_area: bytes) -> bytes:
+    sender = wire.decode_sender(probe)
+    ee = ErrorEstimate.for_error_ns(1000, fmt=fmt)
+    if r.mangle == "mult":
+        ee = ErrorEstimate(fmt=fmt, scale=1, multiplier=0)
+    t2 = encode_timestamp(T0 + 10**6, fmt)
+    if r.mangle == "ptp-bad":
+        ee = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.PTP)
+        t2 = (5 << 32) | 1_500_000_000  # nanoseconds >= 10^9
+    elif r.mangle == "ptp":  # the reflector answers in PTP whatever the sender used
+        ee = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.PTP)
+        t2 = encode_timestamp(T0 + 37 * 10**9, TimestampFormat.PTP)
+    sts = sender.timestamp + (1 if r.mangle == "t1" else 0)
+    packet = wire.ReflectorPacket(
+        seq=(r.seq // 2) if r.mangle == "rseq" else r.seq,  # a stateful reflector's own count
+        timestamp=t2 + 5,
+        error_estimate=ee,
+        ssid=7 if r.mangle == "ssid" else 9,
+        receive_timestamp=t2,
+        sender_seq=r.seq,
+        sender_timestamp=sts,
+        sender_error_estimate=sender.error_estimate,
+        ses_sender_ttl=61,
+        tlvs=tlv_area,
+    )
+    return wire.encode_reflector(packet)
+
+
+def _state(session: SenderSession) -> object:
+    events = []
+    while (event := session.next_event()) is not None:
+        events.append(event)
+    c = session.counters
+    return (events, c.sent, c.received, c.lost, c.duplicates, c.reordered, dict(c.dropped),
+            c.forward_lost, session.state)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.lists(replies, min_size=1, max_size=30),
+    fmt=st.sampled_from([TimestampFormat.NTP, TimestampFormat.PTP]),
+    stateful=st.booleans(),
+    padding=st.booleans(),
+)
+def test_receive_batch_equals_reference(
+    batch: list[Reply], fmt: TimestampFormat, stateful: bool, padding: bool
+) -> None:
+    ref, probes = _sender(fmt, stateful=stateful)
+    bat, probes_b = _sender(fmt, stateful=stateful)
+    assert probes == probes_b
+    area = tlv.ExtraPadding(bytes(6)).to_tlv(flags=0).encode() if padding else b""
+    payloads, t4s = [], []
+    for r in batch:
+        probe = probes[r.seq] if r.seq < len(probes) else probes[0][:0] + _unknown(r.seq, fmt)
+        payloads.append(_reply(probe, r, fmt, area))
+        t4s.append(T0 + r.seq * INTERVAL + r.delay_ns)
+    t4s.sort()  # arrival order: time moves forward
+    for data, t4 in zip(payloads, t4s, strict=True):
+        ref.receive(data, t4)
+    arr = np.frombuffer(b"".join(payloads), np.uint8).reshape(len(payloads), -1)
+    receive_batch(bat, arr, np.array(t4s, np.int64))
+    assert _state(bat) == _state(ref)
+
+
+def _unknown(seq: int, fmt: TimestampFormat) -> bytes:
+    """A probe this session never sent (Seq past the count)."""
+    ee = ErrorEstimate.for_error_ns(1000, fmt=fmt)
+    return wire.encode_sender(wire.SenderPacket(seq, encode_timestamp(T0, fmt), ee, 9))

@@ -88,10 +88,11 @@ __all__ = ["PROGRAM_NAME", "AfXdpCounters", "AfXdpDataplane"]
 
 PROGRAM_NAME = "stamp_xsk"
 FRAME_SIZE = 2048
-#: Frames the kernel may receive into (all in the fill ring at rest): at 800 kpps
-#: about 10 ms of a stalled Python process; the RX, fill and completion rings have as
+#: Frames the kernel may receive into (all in the fill ring at rest): 64 MiB, about
+#: 40 ms of a stalled Python process at 800 kpps (the fill ring ran empty with 8192
+#: under load: ``rx_fill_ring_empty_descs``); the RX, fill and completion rings have as
 #: many entries.
-RX_FRAMES = 8192
+RX_FRAMES = 32768
 RING_SIZE = RX_FRAMES
 #: Frames for transmit (reply frames wait in the TX ring until the kernel sends them).
 TX_FRAMES = 4096
@@ -126,6 +127,7 @@ class AfXdpCounters:
     """What the plane did with frames the engine never saw, and its transmit trouble."""
 
     fast_replies: int = 0  # replies written by the batch path
+    collected: int = 0  # reflected packets handed over as arrays (``collect_frames``)
     general_sends: int = 0  # replies and probes written by ``send``
     fallback_sends: int = 0  # sent through the kernel (neighbour not resolved yet)
     not_ipv6: int = 0
@@ -463,21 +465,23 @@ class AfXdpDataplane(Dataplane):
         finally:
             self._fill_rx((addrs & ~(FRAME_SIZE - 1)).astype(np.uint64))
 
-    def _reflect(
-        self,
-        reflector: Reflector,
-        clock: Callable[[], int],
-        umem: xsk.Umem,
-        addrs: npt.NDArray[np.int64],
-        lengths: npt.NDArray[np.int64],
-    ) -> FastBatch:
+    def _classify(
+        self, umem: xsk.Umem, addrs: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+    ) -> tuple[U8, npt.NDArray[np.int64], list[tuple[npt.NDArray[np.intp], int, int]], list[int]]:
+        """Sort a batch of received frames, with array operations (module doc).
+
+        Returns the frames' bytes (one row each, from the Ethernet header), their arrival
+        times (UTC ns), the groups of rows the fast paths take — (rows, UDP offset, frame
+        length): IPv6, an SRH at Segments Left 0 or none, consistent lengths, at least a
+        base packet, a UDP checksum that verifies (RFC 8200 §8.1) — and the other rows.
+        """
         n = len(addrs)
         rows = addrs // FRAME_SIZE
         offs = addrs - rows * FRAME_SIZE
         width = int(lengths.max())
-        slow_rows: list[int] = []
+        empty = np.empty((0, 0), np.uint8)
         if not (offs == offs[0]).all() or offs[0] < _META or width < _IP_END + 8:
-            return FastBatch(n, 0, 0, self._decode_rows(umem, addrs, lengths, range(n)))
+            return empty, np.empty(0, np.int64), [], list(range(n))
         off = int(offs[0])
         gathered = umem.frames[rows, off - _META : off + width]
         data = gathered[:, _META:]
@@ -497,24 +501,66 @@ class AfXdpDataplane(Dataplane):
         plen = data[:, _IP_PLEN].astype(np.int64) << 8 | data[:, _IP_PLEN + 1]
         ok &= plen == lengths - _IP_END
         keys = np.where(ok, udp * 65536 + lengths, -1)
-        handled = failed = 0
+        groups: list[tuple[npt.NDArray[np.intp], int, int]] = []
+        slow = np.flatnonzero(~ok).tolist()
         for key in np.unique(keys[ok]).tolist():
             group = np.flatnonzero(keys == key)
+            at, length = key // 65536, key % 65536
+            ulen = length - at
+            block = data[group]
+            datagram = block[:, at:length]
+            ulen_field = datagram[:, 4].astype(np.int64) << 8 | datagram[:, 5]
+            csum_zero = (datagram[:, 6] == 0) & (datagram[:, 7] == 0)
+            # RFC 8200 §8.1: pseudo-header (addresses, length, Next Header) + datagram.
+            total = _sum16(block[:, _IP_SRC:_IP_END]) + _sum16(datagram)
+            total += np.uint64(ulen + _UDP)
+            good = (ulen_field == ulen) & ~csum_zero & (total % np.uint64(0xFFFF) == 0)
+            slow.extend(group[~good].tolist())
+            if good.any():
+                groups.append((group[good], at, length))
+        return data, t_utc, groups, slow
+
+    def _reflect(
+        self,
+        reflector: Reflector,
+        clock: Callable[[], int],
+        umem: xsk.Umem,
+        addrs: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+    ) -> FastBatch:
+        data, t_utc, groups, slow_rows = self._classify(umem, addrs, lengths)
+        handled = failed = 0
+        for rows, udp, length in groups:
             got = self._reflect_group(
-                reflector,
-                clock,
-                umem,
-                data[group],
-                t_utc[group],
-                udp=key // 65536,
-                length=key % 65536,
+                reflector, clock, umem, data[rows], t_utc[rows], udp=udp, length=length
             )
             handled += got[0]
             failed += got[1]
-            slow_rows.extend(group[got[2]].tolist())
-        slow_rows.extend(np.flatnonzero(~ok).tolist())
         slow = self._decode_rows(umem, addrs, lengths, sorted(slow_rows))
-        return FastBatch(n, handled, failed, slow)
+        return FastBatch(len(addrs), handled, failed, slow)
+
+    def collect_frames(
+        self, max_batch: int = DEFAULT_BATCH
+    ) -> tuple[list[tuple[U8, npt.NDArray[np.int64]]], list[Received]]:
+        """The sender side's fast path: up to ``max_batch`` received frames as groups of
+        (UDP payloads as an ``(n, L)`` array, T4 in UTC ns) for
+        ``sixlab.stamp.batch.receive_batch``, and the frames the classification left
+        (``_classify``) as ``Received``; the count of frames taken is the rows of both."""
+        umem = self._umem_()
+        self._reap()
+        addrs, lengths = self._take_rx(max_batch)
+        if not len(addrs):
+            return [], []
+        try:
+            data, t_utc, groups, slow_rows = self._classify(umem, addrs, lengths)
+            out = [
+                (np.ascontiguousarray(data[rows, udp + 8 : length]), t_utc[rows])
+                for rows, udp, length in groups
+            ]
+            self.stats.collected += sum(len(rows) for rows, _, _ in groups)
+            return out, self._decode_rows(umem, addrs, lengths, sorted(slow_rows))
+        finally:
+            self._fill_rx((addrs & ~(FRAME_SIZE - 1)).astype(np.uint64))
 
     def _decode_rows(
         self,
@@ -541,26 +587,13 @@ class AfXdpDataplane(Dataplane):
         *,
         udp: int,
         length: int,
-    ) -> tuple[int, int, npt.NDArray[np.intp]]:
-        """Frames of one layout (UDP at ``udp``, ``length`` bytes): (handed to the core,
-        failed sends, indices left to the general path)."""
-        ulen = length - udp
-        size = ulen - 8
-        datagram = data[:, udp:length]
-        ulen_field = datagram[:, 4].astype(np.int64) << 8 | datagram[:, 5]
-        csum_zero = (datagram[:, 6] == 0) & (datagram[:, 7] == 0)
-        # RFC 8200 §8.1: pseudo-header (addresses, length, Next Header) + datagram.
-        total = _sum16(data[:, _IP_SRC:_IP_END]) + _sum16(datagram) + np.uint64(ulen + _UDP)
-        good = (ulen_field == ulen) & ~csum_zero & (total % np.uint64(0xFFFF) == 0)
-        leftover = np.flatnonzero(~good)
-        self.stats.bad_checksum += 0  # counted by the general path's decode
-        rows = np.flatnonzero(good)
-        if not len(rows):
-            return 0, 0, leftover
-        data = data[rows]
-        payloads = np.ascontiguousarray(datagram[rows, 8:])
+    ) -> tuple[int, int]:
+        """Frames of one layout (UDP at ``udp``, ``length`` bytes), checksums verified:
+        (handed to the core, failed sends)."""
+        size = length - udp - 8
+        payloads = np.ascontiguousarray(data[:, udp + 8 : length])
         hops = data[:, _IP_HOP].copy()
-        t2 = t_utc[rows]
+        t2 = t_utc
         batch = self._batchers.get(id(reflector))
         if batch is None or batch.reflector is not reflector:
             batch = self._batchers[id(reflector)] = BatchReflector(reflector)
@@ -584,7 +617,7 @@ class AfXdpDataplane(Dataplane):
                 failed += self._send_reply(data[i], udp, reply.payload, reply.return_path)
         answered = np.flatnonzero(out.answered)
         if not len(answered):
-            return len(rows), failed, leftover
+            return len(data), failed
         # Reply heads per (probe addresses and ports, return path).
         peer = np.concatenate([data[answered, _IP_SRC:_IP_END], data[answered, udp : udp + 4]], 1)
         route_of = out.route_of[answered]
@@ -639,7 +672,7 @@ class AfXdpDataplane(Dataplane):
             for i in sel.tolist():
                 route = out.routes[int(out.route_of[i])]
                 failed += self._send_reply(data[i], udp, replies[i].tobytes(), route)
-        return len(rows), failed, leftover
+        return len(data), failed
 
     def _head(self, key: bytes, route: Any, size: int, now: float) -> _Head | None:
         """The reply head towards the probe addresses and ports in ``key`` along

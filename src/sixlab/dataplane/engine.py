@@ -23,10 +23,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received
 from sixlab.stamp import _events as ev
 from sixlab.stamp._events import DropReason
+from sixlab.stamp.batch import receive_batch
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -48,6 +52,8 @@ _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
 #: Packets taken from a data plane per call (the planes' ``receive`` default).
 _BATCH = 64
+#: Reflected frames per ``collect_frames`` call.
+_FRAMES_BATCH = 256
 
 Clock = Callable[[], int]
 
@@ -485,12 +491,49 @@ class SenderEngine(_Loop):
         with self.lock:
             self.counters.received += len(batch)
             for rx in batch:
-                entry = self._match(rx.payload)
-                if entry is None:
-                    self.counters.no_session += 1
-                    continue
-                entry.session.receive(rx.payload, rx.rx_ns or self.clock())
-                self._pump(entry)
+                self._deliver(rx.payload, rx.rx_ns or self.clock())
+
+    def _deliver(self, payload: bytes, rx_ns: int) -> None:
+        """One reflected packet to its session (lock held)."""
+        entry = self._match(payload)
+        if entry is None:
+            self.counters.no_session += 1
+            return
+        entry.session.receive(payload, rx_ns)
+        self._pump(entry)
+
+    def _on_readable(self) -> None:
+        """A plane with ``collect_frames`` (``afxdp``) hands over arrays of reflected
+        payloads; each session's rows go to ``sixlab.stamp.batch.receive_batch`` at once
+        (unauthenticated sessions by the SSID at bytes 14:16), the rest one by one."""
+        collect = getattr(self.dataplane, "collect_frames", None)
+        if collect is None:
+            super()._on_readable()
+            return
+        while True:
+            groups, slow = collect(_FRAMES_BATCH)
+            taken = len(slow) + sum(len(t4) for _, t4 in groups)
+            with self.lock:
+                for payloads, t4 in groups:
+                    self.counters.received += len(t4)
+                    self._deliver_arrays(payloads, t4)
+            if slow:
+                self._on_batch(slow)
+            if taken < _FRAMES_BATCH:
+                return
+
+    def _deliver_arrays(self, payloads: Any, t4: Any) -> None:
+        """Rows of reflected payloads to their sessions (lock held)."""
+        ssids = payloads[:, 14].astype(np.int64) << 8 | payloads[:, 15]
+        for ssid in np.unique(ssids).tolist():
+            rows = np.flatnonzero(ssids == ssid)
+            entry = self._entries.get(ssid)
+            if entry is None or entry.spec.config.authenticated:
+                for i in rows.tolist():
+                    self._deliver(payloads[i].tobytes(), int(t4[i]))
+                continue
+            receive_batch(entry.session, payloads[rows], t4[rows])
+            self._pump(entry)
 
     def _match(self, payload: bytes) -> _SenderEntry | None:
         size = len(payload)

@@ -52,13 +52,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sixlab.stamp._events import DropReason
+from sixlab.stamp._events import DropReason, DuplicateReceived, StampResult
 from sixlab.stamp.reflector import Reflection, Reflector, ReturnPath, _Session
+from sixlab.stamp.sender import SenderSession, State
 from sixlab.wire import stamp as wire
 from sixlab.wire.stamp_tlv import TlvFlag, TlvType
-from sixlab.wire.timestamp import NTP_UNIX_OFFSET_S
+from sixlab.wire.timestamp import NTP_MAX_NS, NTP_UNIX_OFFSET_S, ErrorEstimate
 
-__all__ = ["REFLECTOR_DTYPE", "SENDER_DTYPE", "BatchReflection", "BatchReflector"]
+__all__ = [
+    "REFLECTOR_DTYPE",
+    "SENDER_DTYPE",
+    "BatchReflection",
+    "BatchReflector",
+    "receive_batch",
+]
 
 U8 = npt.NDArray[np.uint8]
 I64 = npt.NDArray[np.int64]
@@ -89,24 +96,29 @@ REFLECTOR_DTYPE = np.dtype(
 )
 
 _EXTRA_PADDING = int(TlvType.EXTRA_PADDING)
+_Z_BIT = 0x4000  # Error Estimate: the timestamp is PTP (RFC 8762 §4.2.1)
+_ERA_S = 1 << 32
+_HALF_ERA_S = 1 << 31
 _U = int(TlvFlag.U)
 
 
 def _ntp(utc_ns: I64) -> U64:
-    """``_Session.timestamp`` for NTP, on an array (the same arithmetic, RFC 5905 §6)."""
-    ns = utc_ns.astype(np.uint64)
-    sec = ns // np.uint64(_NS)
-    frac = ((ns - sec * np.uint64(_NS)) << np.uint64(32)) + np.uint64(_NS // 2)
+    """``_Session.timestamp`` for NTP, on an array (the same arithmetic, RFC 5905 §6).
+
+    ``np.divmod``, not ``//``: NumPy's integer floor division by a scalar costs some
+    12 µs per call here whatever the size (measured), divmod about 1 µs.
+    """
+    sec, nsec = np.divmod(utc_ns.astype(np.uint64), np.uint64(_NS))
+    frac, _ = np.divmod((nsec << np.uint64(32)) + np.uint64(_NS // 2), np.uint64(_NS))
     era = (sec + np.uint64(NTP_UNIX_OFFSET_S)) & np.uint64(0xFFFF_FFFF)
-    out: U64 = (era << np.uint64(32)) | (frac // np.uint64(_NS))
+    out: U64 = (era << np.uint64(32)) | frac
     return out
 
 
 def _ptp(tai_ns: I64) -> U64:
     """``ptp_from_ns`` on an array (IEEE 1588 truncated: seconds, nanoseconds)."""
-    ns = tai_ns.astype(np.uint64)
-    sec = ns // np.uint64(_NS)
-    out: U64 = (sec << np.uint64(32)) | (ns - sec * np.uint64(_NS))
+    sec, nsec = np.divmod(tai_ns.astype(np.uint64), np.uint64(_NS))
+    out: U64 = (sec << np.uint64(32)) | nsec
     return out
 
 
@@ -355,3 +367,125 @@ def _count_drop(refl: Reflector, sess: _Session | None, reason: DropReason, k: i
     drops[reason] = drops.get(reason, 0) + k
     if sess is not None:
         sess.dropped[reason] = sess.dropped.get(reason, 0) + k
+
+
+# ------------------------------------------------------------------------ the sender
+
+
+def _ns_from_ntp(ts: U64) -> I64:
+    """``ns_from_ntp`` on an array: the RFC 4330 §3 era pivot, rounding, the clamp."""
+    seconds = (ts >> np.uint64(32)).astype(np.int64)
+    fraction = ts & np.uint64(0xFFFF_FFFF)
+    seconds = np.where(seconds & _HALF_ERA_S, seconds, seconds + _ERA_S)
+    sub = ((fraction * np.uint64(_NS) + np.uint64(1 << 31)) >> np.uint64(32)).astype(np.int64)
+    ns = (seconds - NTP_UNIX_OFFSET_S) * _NS + sub
+    out: I64 = np.minimum(ns, NTP_MAX_NS - 1)
+    return out
+
+
+def _ns_from_ptp(ts: U64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """``ns_from_ptp`` on an array, and which rows it would refuse (nanoseconds >= 10^9)."""
+    seconds = (ts >> np.uint64(32)).astype(np.int64)
+    nanos = (ts & np.uint64(0xFFFF_FFFF)).astype(np.int64)
+    return seconds * _NS + nanos, nanos >= _NS
+
+
+def _to_utc(ts: U64, ptp: npt.NDArray[np.bool_], tai_utc_ns: int) -> tuple[I64, Any]:
+    """``SenderSession._to_utc`` per row (PTP rows where ``ptp``); rows it would refuse."""
+    ntp = _ns_from_ntp(ts)
+    if not ptp.any():
+        return ntp, np.zeros(len(ts), np.bool_)
+    tai, bad = _ns_from_ptp(ts)
+    out: I64 = np.where(ptp, tai - tai_utc_ns, ntp)
+    return out, ptp & bad
+
+
+def receive_batch(session: SenderSession, payloads: U8, t4_ns: I64) -> None:
+    """``session.receive(payloads[i], t4_ns[i])`` for every row in order, with the fixed
+    fields decoded as arrays (RFC 8762 §4.3.1 layout): the same events, the same counters.
+
+    An authenticated session, or payloads shorter than the base packet, take the
+    reference per row (the HMAC is per packet anyway).
+    """
+    n, size = payloads.shape
+    cfg = session.config
+    if cfg.authenticated or size < _UNAUTH:
+        for i in range(n):
+            session.receive(payloads[i].tobytes(), int(t4_ns[i]))
+        return
+    fields = np.ascontiguousarray(payloads[:, :_UNAUTH]).view(REFLECTOR_DTYPE)[:, 0]
+    ree = fields["ee"].astype(np.int64)
+    see = fields["see"].astype(np.int64)
+    offset = cfg.tai_utc_offset_ns
+    t1, bad1 = _to_utc(fields["sts"].astype(np.uint64), (see & _Z_BIT) != 0, offset)
+    t2, bad2 = _to_utc(fields["t2"].astype(np.uint64), (ree & _Z_BIT) != 0, offset)
+    t3, bad3 = _to_utc(fields["t3"].astype(np.uint64), (ree & _Z_BIT) != 0, offset)
+    bad = bad1 | bad2 | bad3
+    rows = zip(
+        t4_ns.tolist(), fields["ssid"].tolist(), ree.tolist(), see.tolist(),
+        fields["sseq"].tolist(), fields["seq"].tolist(), fields["ttl"].tolist(),
+        t1.tolist(), t2.tolist(), t3.tolist(), bad.tolist(),
+        strict=True,
+    )  # fmt: skip
+    estimates: dict[int, ErrorEstimate] = {}
+    tlv_area = size > _UNAUTH
+    for i, (now, ssid, r_ee, _s_ee, seq, rseq, ttl, t1_ns, t2_ns, t3_ns, bad_ts) in enumerate(rows):
+        # SenderSession.receive and _match, with the decoding done above.
+        if session.state not in (State.RUNNING, State.DRAINING):
+            session._drop(DropReason.NOT_RUNNING)
+            continue
+        session._expire(now)
+        if ssid != cfg.ssid:
+            session._drop(DropReason.NO_SESSION)
+        elif not r_ee & 0xFF:
+            session._drop(DropReason.MULTIPLIER_ZERO)
+        else:
+            tlvs = payloads[i, _UNAUTH:].tobytes() if tlv_area else b""
+            row = (now, seq, rseq, ttl, r_ee, t1_ns, t2_ns, t3_ns, bad_ts)
+            _match_fields(session, row, tlvs=tlvs, estimates=estimates)
+        session._maybe_drained()
+
+
+def _match_fields(
+    session: SenderSession,
+    row: tuple[int, int, int, int, int, int, int, int, bool],
+    *,
+    tlvs: bytes,
+    estimates: dict[int, ErrorEstimate],
+) -> None:
+    """The rest of ``SenderSession._match`` for one decoded reflected packet."""
+    now, seq, rseq, ttl, r_ee, echoed_t1, t2, t3, bad_ts = row
+    cfg = session.config
+    t1 = session._outstanding.get(seq)
+    if t1 is None:
+        if seq in session._answered:
+            session.counters.duplicates += 1
+            session._events.append(DuplicateReceived(cfg.ssid, seq))
+        elif seq < session._next_seq:
+            session._drop(DropReason.LATE)
+        else:
+            session._drop(DropReason.UNKNOWN_SEQ)
+        return
+    if bad_ts or echoed_t1 != t1:
+        session._drop(DropReason.BAD_TIMESTAMP)
+        return
+    del session._outstanding[seq]
+    session._remember_answered(seq)
+    counters = session.counters
+    counters.received += 1
+    if session._highest_seq is not None and seq < session._highest_seq:
+        counters.reordered += 1
+    else:
+        session._highest_seq = seq
+        if cfg.reflector_stateful:
+            counters.forward_lost = max(0, seq - rseq)
+    estimate = estimates.get(r_ee)
+    if estimate is None:
+        estimate = estimates[r_ee] = ErrorEstimate.from_int(r_ee)
+    session._events.append(
+        StampResult(
+            ssid=cfg.ssid, seq=seq, t1_ns=t1, t2_ns=t2, t3_ns=t3, t4_ns=now,
+            sender_error=session._ee, reflector_error=estimate, ses_sender_ttl=ttl,
+            reflector_seq=rseq, tlvs=tlvs,
+        )
+    )  # fmt: skip
