@@ -440,6 +440,38 @@ def test_afxdp_detaches_on_exit_and_after_a_crash(bench_testbed: BenchTestbed) -
     assert not _xdp_attached(tb)
 
 
+def _snmp6(tb: BenchTestbed, name: str) -> int:
+    out = tb.testbed.exec_in(tb.sut, ["cat", "/proc/net/snmp6"]).stdout
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    raise AssertionError(f"no {name} in /proc/net/snmp6")
+
+
+def test_afxdp_leaves_a_damaged_probe_to_the_kernel(bench_testbed: BenchTestbed) -> None:
+    """A probe whose UDP checksum fails never reaches the socket: the kernel's UDP layer
+    counts and drops it; the good probe right after it is answered."""
+    from sixlab.bench.generator import interface_mac, stamp_frame  # noqa: PLC0415
+
+    tb = bench_testbed
+    refl = reflector(tb, "afxdp")
+    frame = stamp_frame(
+        interface_mac(tb, tb.gen, tb.gen_if), interface_mac(tb, tb.sut, tb.sut_if),
+        tb.gen_addr, tb.sut_addr, ssid=3,
+    )  # fmt: skip
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01  # one payload bit: the checksum no longer verifies
+    before = _snmp6(tb, "Udp6InCsumErrors")
+    with tb.gen.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+        raw.bind((tb.gen_if, 0))
+        raw.send(bytes(damaged))
+        raw.send(frame)
+    assert _wait_for(lambda: _snmp6(tb, "Udp6InCsumErrors") == before + 1)
+    stats = refl.finish()
+    assert stats["received"] == stats["reflected"] == 1
+
+
 def test_mmap_refuses_port_of_live_owner(bench_testbed: BenchTestbed) -> None:
     tb = bench_testbed
     first = reflector(tb, "mmap")

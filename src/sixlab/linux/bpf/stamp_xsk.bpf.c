@@ -10,6 +10,11 @@
  * STAMP_DEFAULT_SSID). Everything else goes on to the kernel untouched (XDP_PASS), as
  * does a frame whose queue has no socket (bpf_redirect_map's fallback action).
  *
+ * Only a frame whose UDP checksum verifies (stamp_udp6_csum_ok, RFC 8200 §8.1) goes to
+ * the socket, so user space need not sum it again; one that does not is passed to the
+ * kernel, whose UDP layer drops it if it is damaged (as the xdp plane's programs do).
+ * A zero checksum field (never valid over IPv6) is passed too.
+ *
  * The arrival time, bpf_ktime_get_tai_ns(), travels with the frame in 8 bytes of XDP
  * metadata right before it (bpf_xdp_adjust_meta): the kernel copies the metadata into
  * the UMEM in copy mode too (xsk_copy_xdp in net/xdp/xsk.c), and user space reads T2
@@ -39,6 +44,7 @@ enum xsk_reason {
 	X_PASS_NO_SESSION = 1,
 	X_PASS_SHORT = 2,
 	X_PASS_META = 3,
+	X_PASS_CSUM = 4,
 };
 
 SEC("xdp")
@@ -72,6 +78,10 @@ int stamp_xsk(struct xdp_md *ctx)
 				return XDP_PASS;
 			}
 		}
+	}
+	if (!p.udp->check || !stamp_udp6_csum_ok(ctx, udp_offset(&p))) {
+		count(STAMP_NO_SSID, X_PASS_CSUM);
+		return XDP_PASS;
 	}
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u64))) {
 		count(STAMP_NO_SSID, X_PASS_META);
