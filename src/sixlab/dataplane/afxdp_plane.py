@@ -17,20 +17,24 @@ bound without forcing either, so the kernel picks (``zero_copy`` tells which). T
 program attaches in the driver's native XDP mode where there is one.
 
 Reflector fast path (``reflect_frames``, what ``ReflectorEngine`` calls on this plane):
-a batch of RX descriptors is read at once and the frames' bytes gathered into one
-NumPy array; classification (IPv6, an SRH at Segments Left 0 or none, UDP and IPv6
-lengths, the UDP checksum over the pseudo-header) is done with array operations per
-batch; the payloads of the frames that pass go through ``sixlab.stamp.batch``
-(the reflector core over the batch, byte for byte the reference's replies); the
-reply frames are written into free UMEM frames from a cached head per (probe
-addresses and ports, session return path) — Ethernet from the kernel's neighbour
-table, IPv6 [+ the session's return SRH] + UDP — with the UDP checksum as the head's
-sum plus the payload's, all per batch. T3 is read once, after the frames are written
-and before they are handed to the kernel; it and its share of each checksum are
-patched in last (``sixlab.stamp.batch``, "T3"). Frames the batch path does not take
-(TLVs other than Extra Padding, authentication, a Return Path TLV, a bad checksum,
+a batch of RX descriptors (up to ``DEFAULT_BATCH``) is read at once and the frames'
+bytes gathered into one NumPy array; classification (IPv6, an SRH at Segments Left 0
+or none, lengths) is done with array operations per batch — the UDP checksum was
+verified by ``stamp_xsk`` before the frame entered the socket; the payloads go through
+``sixlab.stamp.batch`` (the reflector core over the batch, byte for byte the
+reference's replies); the reply frames are written into free UMEM frames from a
+cached head per (probe addresses and ports, session return path) — Ethernet from the
+kernel's neighbour table, IPv6 [+ the session's return SRH] + UDP — with the UDP
+checksum as the head's sum plus the payload's, all per batch. T3 is read once, after
+the frames are written and before they are handed to the kernel; it and its share of
+each checksum are patched in last (``sixlab.stamp.batch``, "T3"). Frames the batch path
+does not take (TLVs other than Extra Padding, authentication, a Return Path TLV,
 another frame layout) come back to the engine as ``Received`` for the general path,
 whose replies ``send`` writes into the TX ring one at a time.
+
+Sender fast path (``collect_frames``, what ``SenderEngine`` calls on this plane): the
+same classification, the reflected payloads handed over as arrays with their T4 for
+``sixlab.stamp.batch.receive_batch``.
 
 Receive (``receive``, the sender side and the general path): each frame is decoded
 with ``sixlab.wire.packet``; the time stamp is the XDP program's
@@ -43,8 +47,8 @@ neighbour is unresolved, or when the route leaves by another interface, the pack
 goes through an ``AF_INET6``/``IPPROTO_RAW`` socket instead (the kernel resolves it).
 
 On a veth testbed, frames sent by a local socket with tx checksum offload on carry an
-unfinished UDP checksum (the ``xdp`` plane's docstring explains why): they fail the
-check here and are dropped and counted (``bad_checksum``); turn the offload off on the
+unfinished UDP checksum (the ``xdp`` plane's docstring explains why): ``stamp_xsk``
+passes them to the kernel, which has no socket on the port; turn the offload off on the
 sending veth (``ethtool -K IF tx off``), as the tests do.
 
 Lifetime: ``close`` (and an ``atexit`` hook) detaches the program, deletes the socket
