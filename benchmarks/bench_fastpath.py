@@ -6,7 +6,10 @@ SRH at Segments Left 0 (two segments, the last the reflector's address), as on a
 SRv6 network, and the reflector answers along a configured return SID list (one
 segment: the generator), so every reply carries an SRH too. Per plane: the PDR, then
 one trial at the PDR during which CPU 1's busy share is read (``CpuBusy``: idle and
-steal time from /proc/stat), giving the SUT's CPU per reflected packet.
+steal time from /proc/stat), giving the SUT's CPU per reflected packet, and the
+reflector process's own user and system time per reply (/proc/PID/stat: what the
+process spent, whatever else CPU 1 ran; the receive work that the kernel does outside
+the process, in softirq or on the generator's CPU, is not in it).
 
 Planes: ``scapy``, ``mmap-main`` (the ``mmap`` plane of another source tree, e.g. the
 main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp``,
@@ -59,6 +62,13 @@ def _reflector_main(args: argparse.Namespace) -> None:
     if engine.error is not None:
         raise engine.error
     print(json.dumps({"reflected": reflector.counters.reflected, "plane": counters}), flush=True)
+
+
+def _proc_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU time of process ``pid`` and its threads so far, in ns."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = 1e9 / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) * tick, int(fields[12]) * tick
 
 
 def main() -> None:
@@ -155,16 +165,21 @@ def main() -> None:
                 precision=args.precision, trial_seconds=args.trial, final_seconds=args.final,
                 log=functools.partial(_log, name),
             )  # fmt: skip
+            before = _proc_cpu(proc.pid)
             with CpuBusy(1) as cpu:
                 at_pdr = runner.trial(result.pdr, args.cpu_trial)
+            user, system = (b - a for a, b in zip(before, _proc_cpu(proc.pid), strict=True))
             out, _ = proc.communicate(b"", timeout=60)
             counters = json.loads(out.splitlines()[-1])
             if plane == "xdp":
                 tb.testbed.exec_in(tb.gen, ["ip", "link", "set", "dev", tb.gen_if, "xdp", "off"])
             busy = cpu.busy or 0.0
-            per_packet = busy * 1e9 / at_pdr.received * at_pdr.elapsed_s if at_pdr.received else 0
+            replies = max(at_pdr.received, 1)
+            per_packet = busy * 1e9 * at_pdr.elapsed_s / replies
+            user_ns, sys_ns = user / replies, system / replies
             print(f"{name}: PDR {result.pdr:,.0f}/s, CPU 1 busy {busy:.0%} at it, "
-                  f"{per_packet:,.0f} ns per reply ({time.monotonic() - started:.0f} s)",
+                  f"{per_packet:,.0f} ns per reply; reflector process user {user_ns:,.0f} + "
+                  f"system {sys_ns:,.0f} ns per reply ({time.monotonic() - started:.0f} s)",
                   flush=True)  # fmt: skip
             rows.append(
                 {
@@ -172,6 +187,8 @@ def main() -> None:
                     "pdr": result.pdr,
                     "cpu_busy": busy,
                     "ns_per_reply": per_packet,
+                    "process_user_ns": user_ns,
+                    "process_sys_ns": sys_ns,
                     "loss_at_pdr": at_pdr.loss_ratio,
                     "trials": len(result.trials),
                     "reflector": counters,
@@ -182,11 +199,13 @@ def main() -> None:
     print(f"\nSRH probes, PDR at {args.loss:.1%} loss, {stamp}; load average {load[0]:.1f}; "
           f"generator ceiling {ceiling:,.0f}/s")  # fmt: skip
     base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
-    print(f"{'plane':10} {'PDR pps':>10} {'vs mmap-main':>13} {'CPU1 busy':>10} {'ns/reply':>9}")
+    print(f"{'plane':10} {'PDR pps':>10} {'vs mmap-main':>13} {'CPU1 busy':>10} {'ns/reply':>9}"
+          f" {'proc user':>10} {'proc sys':>9}")  # fmt: skip
     for r in rows:
         ratio = f"{r['pdr'] / base:13.2f}" if base else f"{'-':>13}"
         print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['cpu_busy']:10.0%} "
-              f"{r['ns_per_reply']:9,.0f}")  # fmt: skip
+              f"{r['ns_per_reply']:9,.0f} {r['process_user_ns']:10,.0f} "
+              f"{r['process_sys_ns']:9,.0f}")  # fmt: skip
     if args.json is not None:
         document = {"date": stamp, "ceiling": ceiling, "load": load, "rows": rows}
         args.json.write_text(json.dumps(document, indent=1))
