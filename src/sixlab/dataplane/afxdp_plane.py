@@ -205,7 +205,9 @@ class AfXdpDataplane(Dataplane):
         self._ipr: Any = None
         self._hops: dict[IPv6Address, NextHop] = {}
         self._heads: dict[tuple[bytes, int], _Head] = {}
-        self._free: list[int] = []
+        #: Free transmit frames: a stack, ``_free[:_nfree]`` (UMEM addresses).
+        self._free = np.empty(TX_FRAMES, np.int64)
+        self._nfree = 0
         self._keys: set[int] = set()
         self._batchers: dict[int, BatchReflector] = {}
 
@@ -243,7 +245,8 @@ class AfXdpDataplane(Dataplane):
             )
             obj.map("xsk_sockets").update(_U32.pack(0), _U32.pack(self._xsk.fd))
             self._fill_rx(np.arange(RX_FRAMES, dtype=np.uint64) * np.uint64(FRAME_SIZE))
-            self._free = [i * FRAME_SIZE for i in range(RX_FRAMES, FRAME_COUNT)]
+            self._free = np.arange(RX_FRAMES, FRAME_COUNT, dtype=np.int64) * FRAME_SIZE
+            self._nfree = TX_FRAMES
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             # Netlink in the namespace of ``open`` (the engine's thread may be elsewhere).
             self._ipr = pyroute2.IPRoute()
@@ -368,8 +371,14 @@ class AfXdpDataplane(Dataplane):
         comp = self._umem_().comp
         n, first = comp.peek(RING_SIZE)
         if n:
-            self._free.extend(comp.entries[comp.slots(first, n)].tolist())
+            self._give_back(comp.entries[comp.slots(first, n)])
             comp.release(n)
+
+    def _give_back(self, addrs: npt.NDArray[Any]) -> None:
+        """Transmit frames back on the free stack."""
+        n = len(addrs)
+        self._free[self._nfree : self._nfree + n] = addrs
+        self._nfree += n
 
     def _take_rx(self, max_batch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Up to ``max_batch`` received descriptors: (addresses, lengths); released."""
@@ -382,7 +391,7 @@ class AfXdpDataplane(Dataplane):
         rx.release(n)
         return descs["addr"].astype(np.int64), descs["len"].astype(np.int64)
 
-    def _transmit(self, addrs: list[int], lengths: npt.NDArray[Any] | list[int]) -> int:
+    def _transmit(self, addrs: npt.NDArray[np.int64], lengths: npt.NDArray[Any] | int) -> int:
         """Queue frames already written at ``addrs`` and kick; how many could not go."""
         tx = self._socket().tx
         n = len(addrs)
@@ -392,7 +401,7 @@ class AfXdpDataplane(Dataplane):
             self._reap()
             first = tx.reserve(n)
             if first < 0:
-                self._free.extend(addrs)
+                self._give_back(addrs)
                 self.stats.tx_full += n
                 return n
         slots = tx.slots(first, n)
@@ -403,13 +412,13 @@ class AfXdpDataplane(Dataplane):
         self.stats.kicks += self._socket().kick()
         return 0
 
-    def _frames(self, n: int) -> list[int]:
-        """Up to ``n`` free UMEM frames for transmit."""
-        if len(self._free) < n:
+    def _frames(self, n: int) -> npt.NDArray[np.int64]:
+        """Up to ``n`` free UMEM frames for transmit (their addresses)."""
+        if self._nfree < n:
             self._reap()
-        take = self._free[-n:] if n else []
-        del self._free[len(self._free) - len(take) :]
-        return take
+        take = min(n, self._nfree)
+        self._nfree -= take
+        return self._free[self._nfree : self._nfree + take].copy()
 
     # -- receive ------------------------------------------------------------------------
 
@@ -528,9 +537,11 @@ class AfXdpDataplane(Dataplane):
         data, t_utc, groups, slow_rows = self._classify(umem, addrs, lengths)
         handled = failed = 0
         for rows, udp, length in groups:
+            whole = len(rows) == len(data)
             got = self._reflect_group(
-                reflector, clock, umem, data[rows], t_utc[rows], udp=udp, length=length
-            )
+                reflector, clock, umem, data if whole else data[rows],
+                t_utc if whole else t_utc[rows], udp=udp, length=length,
+            )  # fmt: skip
             handled += got[0]
             failed += got[1]
         slow = self._decode_rows(umem, addrs, lengths, sorted(slow_rows))
@@ -640,28 +651,29 @@ class AfXdpDataplane(Dataplane):
                 continue
             frames = self._frames(len(sel))
             if len(frames) < len(sel):
-                self._free.extend(frames)
+                self._give_back(frames)
                 self.stats.tx_full += len(sel)
                 failed += len(sel)
                 continue
             hl = len(head.head)
-            tx_rows = np.array(frames, np.int64) // FRAME_SIZE
+            tx_rows = frames // FRAME_SIZE
             block = umem.frames
+            chosen = replies if len(sel) == len(replies) else replies[sel]
             block[tx_rows, :hl] = head.head
-            block[tx_rows, hl + 2 : hl + 2 + size] = replies[sel]
-            partial = _sum16(replies[sel]) + np.uint64(head.header_sum)
+            block[tx_rows, hl + 2 : hl + 2 + size] = chosen
+            partial = _sum16(chosen) + np.uint64(head.header_sum)
             writes.append((sel, tx_rows, hl, (frames, partial)))
         # T3: one clock reading, as late as the batch allows (module doc).
         t3_ns = clock()
         out.set_t3(t3_ns)
         for sel, tx_rows, hl, (frames, partial) in writes:
-            t3 = replies[sel, 4:12]
+            t3 = replies[:, 4:12] if len(sel) == len(replies) else replies[sel, 4:12]
             total = partial + _sum16(t3)
             csum = np.uint64(0xFFFF) - total % np.uint64(0xFFFF)
             block = umem.frames
             block[tx_rows, hl + 6 : hl + 14] = t3
             block[tx_rows, hl : hl + 2] = csum.astype(">u2").view(np.uint8).reshape(-1, 2)
-            failed += self._transmit(frames, np.full(len(frames), hl + 2 + size, np.uint32))
+            failed += self._transmit(frames, hl + 2 + size)
             self.stats.fast_replies += len(frames)
         if writes:
             self.stats.t3_lag_max_ns = max(self.stats.t3_lag_max_ns, clock() - t3_ns)
@@ -782,11 +794,11 @@ class AfXdpDataplane(Dataplane):
             self.stats.fallback_sends += 1
             return
         frames = self._frames(1)
-        if not frames:
+        if not len(frames):
             self.stats.tx_full += 1
             raise DataplaneError("afxdp: no free frame to send (transmit ring full)")
-        row = frames[0] // FRAME_SIZE
+        row = int(frames[0]) // FRAME_SIZE
         umem.frames[row, : len(frame)] = np.frombuffer(frame, np.uint8)
-        if self._transmit(frames, [len(frame)]):
+        if self._transmit(frames, len(frame)):
             raise DataplaneError("afxdp: transmit ring full")
         self.stats.general_sends += 1

@@ -150,8 +150,7 @@ class BatchReflection:
         """Write T3 (Unix-epoch UTC ns, one clock reading) into every batch reply."""
         if not self._sessions:
             return
-        stamp = np.array([t3_ns], np.int64)
-        values = np.array([_timestamps(s, stamp)[0] for s in self._sessions], ">u8")
+        values = np.array([s.timestamp(t3_ns) for s in self._sessions], ">u8")
         mask = self.answered
         if mask.all():
             self.replies[:, 4:12] = values[self._sess_of].view(np.uint8).reshape(-1, 8)
@@ -251,19 +250,24 @@ class BatchReflector:
         if default is not None and default.config.key is not None:
             default = None
         sess_idx = np.full(count, -1, np.intp)
+        present: list[int] = []  # session indices of this run, first-seen order
         for k, ssid in enumerate(distinct):
             sess = refl._unauth.get(ssid) or default
             mask = inverse == k
             if sess is None:
                 _count_drop(refl, None, DropReason.NO_SESSION, int(mask.sum()))
                 continue
-            sess_idx[mask] = state.index(sess)
+            j = state.index(sess)
+            sess_idx[mask] = j
+            if j not in present:
+                present.append(j)
         found = sess_idx >= 0
         zero_mult = found & ((probes["ee"] & 0xFF) == 0)
         if zero_mult.any():
-            for j in np.unique(sess_idx[zero_mult]).tolist():
+            for j in present:
                 n_zero = int((zero_mult & (sess_idx == j)).sum())
-                _count_drop(refl, state.sessions[j], DropReason.MULTIPLIER_ZERO, n_zero)
+                if n_zero:
+                    _count_drop(refl, state.sessions[j], DropReason.MULTIPLIER_ZERO, n_zero)
         ok = found & ~zero_mult
         if not ok.any():
             state.extend(lo, sess_idx)
@@ -274,26 +278,41 @@ class BatchReflector:
         reply["sts"] = probes["ts"]
         reply["see"] = probes["ee"]
         reply["ttl"] = hop_limits[lo:hi]
-        seq = probes["seq"].astype(np.uint32)
-        t2 = np.zeros(count, np.uint64)
-        ee = np.zeros(count, np.uint16)
         answered = state.out.answered
         route_of = state.out.route_of
-        for j in np.unique(sess_idx[ok]).tolist():
-            sess = state.sessions[j]
-            mask = ok & (sess_idx == j)
-            k = int(mask.sum())
-            if not sess.stateless:
-                seq[mask] = (sess.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
+        if len(present) == 1:  # one session (the common case): whole columns
+            sess = state.sessions[present[0]]
+            k = int(ok.sum())
+            if sess.stateless:
+                reply["seq"] = probes["seq"]
+            else:
+                seq = probes["seq"].astype(np.uint32)
+                seq[ok] = (sess.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
                 sess.next_seq = (sess.next_seq + k) & 0xFFFF_FFFF
-            t2[mask] = _timestamps(sess, t2_ns[lo:hi][mask])
-            ee[mask] = sess.ee_int
+                reply["seq"] = seq
+            reply["t2"] = _timestamps(sess, t2_ns[lo:hi])
+            reply["ee"] = sess.ee_int
             sess.reflected += k
-            route_of[lo:hi][mask] = state.route_index(sess.return_path)
+            route_of[lo:hi] = state.route_index(sess.return_path)
+        else:
+            seq = probes["seq"].astype(np.uint32)
+            t2 = np.zeros(count, np.uint64)
+            ee = np.zeros(count, np.uint16)
+            for j in present:
+                sess = state.sessions[j]
+                mask = ok & (sess_idx == j)
+                k = int(mask.sum())
+                if not sess.stateless:
+                    seq[mask] = (sess.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
+                    sess.next_seq = (sess.next_seq + k) & 0xFFFF_FFFF
+                t2[mask] = _timestamps(sess, t2_ns[lo:hi][mask])
+                ee[mask] = sess.ee_int
+                sess.reflected += k
+                route_of[lo:hi][mask] = state.route_index(sess.return_path)
+            reply["seq"] = seq
+            reply["t2"] = t2
+            reply["ee"] = ee
         counters.reflected += int(ok.sum())
-        reply["seq"] = seq
-        reply["t2"] = t2
-        reply["ee"] = ee
         answered[lo:hi] = ok
         out = state.out.replies
         out[lo:hi, :_UNAUTH] = reply.view(np.uint8).reshape(count, _UNAUTH)
@@ -301,7 +320,9 @@ class BatchReflector:
             out[lo:hi, _UNAUTH:] = payloads[lo:hi, _UNAUTH:]
             for pos in pads:
                 out[lo:hi, _UNAUTH + pos] &= 0xFF ^ _U
-        out[lo:hi][~ok] = 0
+        if not ok.all():
+            out[lo:hi][~ok] = 0
+            route_of[lo:hi][~ok] = -1
         state.extend(lo, sess_idx)
 
 
