@@ -9,7 +9,10 @@ one trial at the PDR during which CPU 1's busy share is read (``CpuBusy``: idle 
 steal time from /proc/stat), giving the SUT's CPU per reflected packet, and the
 reflector process's own user and system time per reply (/proc/PID/stat: what the
 process spent, whatever else CPU 1 ran; the receive work that the kernel does outside
-the process, in softirq or on the generator's CPU, is not in it).
+the process, in softirq or on the generator's CPU, is not in it). Last, one trial flat
+out with the plane in place: what the generator still offers (on a veth an XDP program
+and the copy into an AF_XDP socket run on the sending CPU) and how many replies come
+back (the maximum receive rate, MRR).
 
 Planes: ``scapy``, ``mmap-main`` (the ``mmap`` plane of another source tree, e.g. the
 main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp``,
@@ -169,6 +172,9 @@ def main() -> None:
             with CpuBusy(1) as cpu:
                 at_pdr = runner.trial(result.pdr, args.cpu_trial)
             user, system = (b - a for a, b in zip(before, _proc_cpu(proc.pid), strict=True))
+            # Flat out with the plane in place: what the generator's CPU can still offer
+            # (on a veth, XDP programs and the copy into an AF_XDP socket run there).
+            flat = runner.trial(1e9, 2.0)
             out, _ = proc.communicate(b"", timeout=60)
             counters = json.loads(out.splitlines()[-1])
             if plane == "xdp":
@@ -190,6 +196,8 @@ def main() -> None:
                     "process_user_ns": user_ns,
                     "process_sys_ns": sys_ns,
                     "loss_at_pdr": at_pdr.loss_ratio,
+                    "flat_out_offered": flat.offered_rate,
+                    "flat_out_replies": flat.received / flat.elapsed_s if flat.elapsed_s else 0,
                     "trials": len(result.trials),
                     "reflector": counters,
                 }
@@ -199,13 +207,16 @@ def main() -> None:
     print(f"\nSRH probes, PDR at {args.loss:.1%} loss, {stamp}; load average {load[0]:.1f}; "
           f"generator ceiling {ceiling:,.0f}/s")  # fmt: skip
     base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
-    print(f"{'plane':10} {'PDR pps':>10} {'vs mmap-main':>13} {'CPU1 busy':>10} {'ns/reply':>9}"
-          f" {'proc user':>10} {'proc sys':>9}")  # fmt: skip
+    heads = ("PDR pps", "vs mmap-main", "CPU1 busy", "ns/reply", "proc user", "proc sys",
+             "flat offered", "flat replies")  # fmt: skip
+    widths = (10, 13, 10, 9, 10, 9, 13, 13)
+    print(f"{'plane':10} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
     for r in rows:
         ratio = f"{r['pdr'] / base:13.2f}" if base else f"{'-':>13}"
         print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['cpu_busy']:10.0%} "
               f"{r['ns_per_reply']:9,.0f} {r['process_user_ns']:10,.0f} "
-              f"{r['process_sys_ns']:9,.0f}")  # fmt: skip
+              f"{r['process_sys_ns']:9,.0f} {r['flat_out_offered']:13,.0f} "
+              f"{r['flat_out_replies']:13,.0f}")  # fmt: skip
     if args.json is not None:
         document = {"date": stamp, "ceiling": ceiling, "load": load, "rows": rows}
         args.json.write_text(json.dumps(document, indent=1))
