@@ -168,6 +168,7 @@ def main() -> None:
                 precision=args.precision, trial_seconds=args.trial, final_seconds=args.final,
                 log=functools.partial(_log, name),
             )  # fmt: skip
+            runner.settle()  # the search's last backlog is drained before counting CPU
             before = _proc_cpu(proc.pid)
             with CpuBusy(1) as cpu:
                 at_pdr = runner.trial(result.pdr, args.cpu_trial)
