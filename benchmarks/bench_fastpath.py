@@ -197,6 +197,14 @@ def main() -> None:
                     "process_user_ns": user_ns,
                     "process_sys_ns": sys_ns,
                     "loss_at_pdr": at_pdr.loss_ratio,
+                    # What the generator really sent when asked for the PDR: on a veth the
+                    # plane's XDP work shares its CPU, and it may fall short.
+                    "offered_at_pdr": at_pdr.offered_rate,
+                    "replies_at_pdr": at_pdr.received / at_pdr.elapsed_s if at_pdr.elapsed_s else 0,
+                    "trials_detail": [
+                        (t.rate, t.offered_rate, t.loss_ratio)
+                        for t in runner.trials[-len(result.trials) - 2 :]
+                    ],
                     "flat_out_offered": flat.offered_rate,
                     "flat_out_replies": flat.received / flat.elapsed_s if flat.elapsed_s else 0,
                     "trials": len(result.trials),
@@ -208,13 +216,14 @@ def main() -> None:
     print(f"\nSRH probes, PDR at {args.loss:.1%} loss, {stamp}; load average {load[0]:.1f}; "
           f"generator ceiling {ceiling:,.0f}/s")  # fmt: skip
     base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
-    heads = ("PDR pps", "vs mmap-main", "CPU1 busy", "ns/reply", "proc user", "proc sys",
-             "flat offered", "flat replies")  # fmt: skip
-    widths = (10, 13, 10, 9, 10, 9, 13, 13)
+    heads = ("PDR pps", "vs mmap-main", "offered@PDR", "replies@PDR", "CPU1 busy", "ns/reply",
+             "proc user", "proc sys", "flat offered", "flat replies")  # fmt: skip
+    widths = (10, 13, 12, 12, 10, 9, 10, 9, 13, 13)
     print(f"{'plane':10} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
     for r in rows:
         ratio = f"{r['pdr'] / base:13.2f}" if base else f"{'-':>13}"
-        print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['cpu_busy']:10.0%} "
+        print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['offered_at_pdr']:12,.0f} "
+              f"{r['replies_at_pdr']:12,.0f} {r['cpu_busy']:10.0%} "
               f"{r['ns_per_reply']:9,.0f} {r['process_user_ns']:10,.0f} "
               f"{r['process_sys_ns']:9,.0f} {r['flat_out_offered']:13,.0f} "
               f"{r['flat_out_replies']:13,.0f}")  # fmt: skip
