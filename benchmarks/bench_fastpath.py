@@ -19,7 +19,15 @@ main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp`
 ``xdp`` (its veth peer gets the XDP_PASS program, as ``bench_xdp_pdr.py`` does).
 
     sudo .venv/bin/python benchmarks/bench_fastpath.py --before-src /tmp/sixlab-main/src \\
-        --planes scapy,mmap-main,mmap,afxdp,xdp --json /tmp/fastpath.json
+        --planes scapy,mmap-main,mmap,afxdp,xdp [--sut-napi] --json /tmp/fastpath.json
+
+On a veth, an XDP program (the ``xdp`` plane's, and the ``afxdp`` plane's redirect with
+its copy into the UMEM) runs in the NAPI poll of the CPU that *sent* the frame: the
+generator's. The generator then offers less than it is asked for; the report gives
+what it really offered at the PDR (``offered@PDR``). ``--sut-napi`` moves that receive
+work to the SUT's CPU (GRO and threaded NAPI on the SUT's veth, the kthread pinned to
+CPU 1, as ``bench_xdp_pdr.py forward-cpu`` does), for every plane: the SUT's one core
+then pays for its whole receive path, as it would on a NIC.
 """
 
 from __future__ import annotations
@@ -83,6 +91,11 @@ def main() -> None:
     parser.add_argument("--trial", type=float, default=1.0)
     parser.add_argument("--final", type=float, default=2.0)
     parser.add_argument("--cpu-trial", type=float, default=3.0, help="seconds at the PDR")
+    parser.add_argument(
+        "--sut-napi",
+        action="store_true",
+        help="receive on the SUT's CPU: GRO + threaded NAPI on its veth, kthread on CPU 1",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--role", choices=["reflector"], help=argparse.SUPPRESS)
     parser.add_argument("--plane", help=argparse.SUPPRESS)
@@ -141,6 +154,10 @@ def main() -> None:
         prepare_bench(tb)
         for node, ifname in ((tb.gen, tb.gen_if), (tb.sut, tb.sut_if)):
             tb.testbed.exec_in(node, ["ethtool", "-K", ifname, "tx", "off"])
+        if args.sut_napi:
+            from bench_xdp_pdr import _threaded_napi  # noqa: PLC0415
+
+            print(f"threaded NAPI kthread {_threaded_napi(tb, 1)} on CPU 1")
         runner = SrhTrialRunner(tb)
         ceiling = generator_ceiling(runner)
         print(f"generator ceiling: {ceiling:,.0f} frames/s (SRH probes, nothing reflecting)")
