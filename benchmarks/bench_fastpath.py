@@ -116,8 +116,7 @@ def main() -> None:
     from sixlab.bench.ilnp_study import CpuBusy  # noqa: PLC0415
     from sixlab.bench.pdr import search_pdr  # noqa: PLC0415
     from sixlab.dataplane.xdp_plane import attach_xdp_pass  # noqa: PLC0415
-    from sixlab.testbed import two_node_bench  # noqa: PLC0415
-    from sixlab.testbed._netns import entered  # noqa: PLC0415
+    from sixlab.testbed import entered, two_node_bench  # noqa: PLC0415
     from sixlab.wire.packet import build_udp_packet  # noqa: PLC0415
 
     class SrhTrialRunner(StampTrialRunner):

@@ -31,10 +31,12 @@ def _log(plane: str, message: str) -> None:
 
 
 def _planes(requested: str) -> list[str]:
+    from sixlab.dataplane import PLANES  # noqa: PLC0415
+
     planes = requested.split(",")
     if "xdp" in planes:
         try:
-            __import__("sixlab.dataplane.xdp_plane")
+            PLANES.get("xdp")
         except ImportError as exc:
             print(f"xdp: skipped ({exc})", file=sys.stderr)
             planes.remove("xdp")

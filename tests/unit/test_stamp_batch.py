@@ -13,6 +13,7 @@ replies, NTP and PTP, a stateless and a stateful reflector.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from ipaddress import IPv6Address
 
@@ -70,6 +71,7 @@ class Probe:
     other_tlv: bool
     t2: int
     hop: int
+    flow: int  # which of FLOWS the packet belongs to
 
 
 probes = st.builds(
@@ -81,7 +83,13 @@ probes = st.builds(
     other_tlv=st.booleans(),
     t2=st.integers(1_600_000_000 * 10**9, 2_000_000_000 * 10**9),
     hop=st.integers(0, 255),
+    flow=st.integers(0, 2),
 )
+#: Flow keys as planes give them (``Received.flow``: addresses, then ports).
+FLOWS = [
+    IPv6Address(f"fd00::{n}").packed + IPv6Address("fd00::ff").packed + bytes([0x9F, n, 3, 94])
+    for n in (1, 2, 3)
+]
 
 
 def _payload(p: Probe, padding: list[int] | None, size: int) -> bytes:
@@ -101,7 +109,14 @@ def _payload(p: Probe, padding: list[int] | None, size: int) -> bytes:
 def _counters(refl: Reflector) -> object:
     c = refl.counters
     per = {s: refl.session_counters(s) for s in refl.ssids}
-    return (c.received, c.reflected, dict(c.dropped), per)
+    sessions = [*refl._unauth.values(), *refl._auth.values()]
+    if refl._default is not None:
+        sessions.append(refl._default)
+    flows = [
+        {k: (f.next_seq, f.received, f.transmitted) for k, f in sess.flows.items()}
+        for sess in sessions
+    ]
+    return (c.received, c.reflected, dict(c.dropped), per, flows)
 
 
 def _same(ref: Reflection | None, got: Reflection | None) -> None:
@@ -134,16 +149,19 @@ def test_batch_equals_reference(
         t2 = np.array([p.t2 for p in probe_list], np.int64)
         hops = np.array([p.hop for p in probe_list], np.uint8)
         expected = [
-            ref.reflect(x, p.t2, _clock, p.hop, CTX)
+            ref.reflect(x, p.t2, _clock, p.hop, CTX, flow=FLOWS[p.flow])
             for x, p in zip(payloads, probe_list, strict=True)
         ]
 
         def fallback(
             i: int, payloads: list[bytes] = payloads, probes: list[Probe] = probe_list
         ) -> Reflection | None:
-            return bat.reflect(payloads[i], probes[i].t2, _clock, probes[i].hop, CTX)
+            return bat.reflect(
+                payloads[i], probes[i].t2, _clock, probes[i].hop, CTX, flow=FLOWS[probes[i].flow]
+            )
 
-        out = batch.reflect(arr, t2, hops, fallback)
+        flows = np.frombuffer(b"".join(FLOWS[p.flow] for p in probe_list), np.uint8)
+        out = batch.reflect(arr, t2, hops, fallback, flows.reshape(len(probe_list), -1))
         out.set_t3(T3)
         for i, want in enumerate(expected):
             if i in out.fallback:
@@ -163,7 +181,7 @@ def test_batch_equals_reference(
 
 def test_batch_answers_base_packets_without_the_reference() -> None:
     refl = _reflector(default="stateless", auth=False)
-    p = Probe(9, 1 << 40, 0x0001, 2, False, 1_700_000_000 * 10**9, 61)
+    p = Probe(9, 1 << 40, 0x0001, 2, False, 1_700_000_000 * 10**9, 61, 0)
     arr = np.frombuffer(_payload(p, None, 44) * 5, np.uint8).reshape(5, 44)
 
     def fallback(i: int) -> Reflection | None:
@@ -191,7 +209,7 @@ class Reply:
 replies = st.builds(
     Reply,
     seq=st.integers(0, 12),
-    mangle=st.sampled_from(["", "", "", "ssid", "mult", "t1", "ptp-bad", "ptp", "rseq"]),
+    mangle=st.sampled_from(["", "", "", "ssid", "ssid0", "mult", "t1", "ptp-bad", "ptp", "rseq"]),
     delay_ns=st.sampled_from([1_000, 500_000, 3 * 10**9]),  # the last one: past the timeout
 )
 
@@ -199,13 +217,25 @@ T0 = 1_700_000_000 * 10**9
 INTERVAL = 1_000_000
 
 
-def _sender(fmt: TimestampFormat, *, stateful: bool) -> tuple[SenderSession, list[bytes]]:
+def _sender(
+    fmt: TimestampFormat, *, stateful: bool, strict: bool
+) -> tuple[SenderSession, list[bytes]]:
     session = SenderSession(
-        SenderConfig(ssid=9, interval_ns=INTERVAL, count=10, fmt=fmt, reflector_stateful=stateful)
+        SenderConfig(
+            ssid=9,
+            interval_ns=INTERVAL,
+            count=10,
+            fmt=fmt,
+            reflector_stateful=stateful,
+            strict_ssid=strict,
+        )
     )
     session.start(T0)
-    session.handle_timer(T0 + 9 * INTERVAL)
-    return session, session.datagrams_to_send()
+    for i in range(1, 10):  # one probe per timer, as the engine drives it
+        session.handle_timer(T0 + i * INTERVAL)
+    probes = session.datagrams_to_send()
+    assert len(probes) == 10
+    return session, probes
 
 
 def _reply(probe: bytes, r: Reply, fmt: TimestampFormat, tlv_area: bytes) -> bytes:
@@ -225,7 +255,7 @@ def _reply(probe: bytes, r: Reply, fmt: TimestampFormat, tlv_area: bytes) -> byt
         seq=(r.seq // 2) if r.mangle == "rseq" else r.seq,  # a stateful reflector's own count
         timestamp=t2 + 5,
         error_estimate=ee,
-        ssid=7 if r.mangle == "ssid" else 9,
+        ssid={"ssid": 7, "ssid0": 0}.get(r.mangle, 9),
         receive_timestamp=t2,
         sender_seq=r.seq,
         sender_timestamp=sts,
@@ -240,9 +270,7 @@ def _state(session: SenderSession) -> object:
     events = []
     while (event := session.next_event()) is not None:
         events.append(event)
-    c = session.counters
-    return (events, c.sent, c.received, c.lost, c.duplicates, c.reordered, dict(c.dropped),
-            c.forward_lost, session.state)  # fmt: skip
+    return (events, dataclasses.asdict(session.counters), session.state)
 
 
 @settings(max_examples=200, deadline=None)
@@ -251,12 +279,13 @@ def _state(session: SenderSession) -> object:
     fmt=st.sampled_from([TimestampFormat.NTP, TimestampFormat.PTP]),
     stateful=st.booleans(),
     padding=st.booleans(),
+    strict=st.booleans(),
 )
 def test_receive_batch_equals_reference(
-    batch: list[Reply], fmt: TimestampFormat, stateful: bool, padding: bool
+    batch: list[Reply], fmt: TimestampFormat, stateful: bool, padding: bool, strict: bool
 ) -> None:
-    ref, probes = _sender(fmt, stateful=stateful)
-    bat, probes_b = _sender(fmt, stateful=stateful)
+    ref, probes = _sender(fmt, stateful=stateful, strict=strict)
+    bat, probes_b = _sender(fmt, stateful=stateful, strict=strict)
     assert probes == probes_b
     area = tlv.ExtraPadding(bytes(6)).to_tlv(flags=0).encode() if padding else b""
     payloads, t4s = [], []

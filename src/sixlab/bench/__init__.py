@@ -10,6 +10,13 @@
 
 ``benchmarks/bench_pdr.py`` runs both for every data plane side by side;
 ``benchmarks/bench_ilnp.py echo`` for the ILNP daemon.
+
+Errors
+------
+::
+
+    GeneratorError (RuntimeError)   a generator, a system under test or a trial that
+                                    could not be built or run
 """
 
 from sixlab.bench.generator import (

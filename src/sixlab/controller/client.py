@@ -35,8 +35,9 @@ import grpc
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
+from sixlab.controller.errors import ControllerError
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -104,7 +105,7 @@ def default_address(*, server: bool = False) -> str:
     return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
 
 
-class NorthboundError(RpcError):
+class NorthboundError(RpcError, ControllerError):
     """The controller refused a call (or could not be reached); ``code`` is the status."""
 
 
@@ -173,6 +174,8 @@ class SessionStats:
     backward_lost: int | None
     max_error_bound_ns: int | None
     sent: int
+    unclassified_lost: int | None = None
+    ssid_zero: int = 0
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -257,6 +260,8 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         backward_lost=opt("backward_lost"),
         max_error_bound_ns=opt("max_error_bound_ns"),
         sent=reply.sent,
+        unclassified_lost=opt("unclassified_lost"),
+        ssid_zero=reply.ssid_zero,
     )
 
 
@@ -291,6 +296,7 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
         stateful=spec.stateful,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=collect,
+        strict_ssid=spec.strict_ssid,
     )
 
 

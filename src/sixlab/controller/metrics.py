@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import ipdv
 
 __all__ = ["DELAY_BUCKETS_S", "ControllerMetrics"]

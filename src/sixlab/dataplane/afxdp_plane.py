@@ -62,6 +62,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import struct
@@ -76,16 +77,23 @@ import numpy as np
 import numpy.typing as npt
 
 from sixlab.dataplane._nexthop import NextHop, resolve_next_hop
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, full_path
-from sixlab.dataplane.base import register as register_plane
-from sixlab.dataplane.mmap_plane import FastBatch
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneConfig,
+    DataplaneError,
+    FastBatch,
+    IPAddress,
+    Received,
+    full_path,
+    require_ipv6,
+)
 from sixlab.dataplane.xdp_plane import _in_netns, _plane_errors, measure_tai_offset_ns, pack_config
 from sixlab.linux import libbpf, xsk
 from sixlab.linux.bpfbuild import build_objects
 from sixlab.linux.errors import LinuxError
 from sixlab.stamp.batch import BatchReflector
 from sixlab.stamp.reflector import PacketContext, Reflection, Reflector, ReflectorSessionConfig
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
 __all__ = ["PROGRAM_NAME", "AfXdpCounters", "AfXdpDataplane"]
@@ -164,6 +172,21 @@ def _sum16(block: U8) -> npt.NDArray[np.uint64]:
     return out
 
 
+def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: int) -> Received:
+    """Row ``i`` of a classified group (``AfXdpDataplane._classify``) as a ``Received``."""
+    frame = frames[i]
+    ports = frame[udp : udp + 4].tobytes()
+    return Received(
+        frame[udp + 8 : length].tobytes(),
+        frame[_IP_SRC : _IP_SRC + 16].tobytes(),
+        frame[_IP_SRC + 16 : _IP_END].tobytes(),
+        int.from_bytes(ports[:2], "big"),
+        int.from_bytes(ports[2:], "big"),
+        int(frame[_IP_HOP]),
+        int(t4[i]),
+    )
+
+
 def _detach_ours(ifindex: int) -> None:
     """Detach a ``stamp_xsk`` a killed run left on ``ifindex``."""
     for mode in (libbpf.XDP_FLAGS_DRV_MODE, libbpf.XDP_FLAGS_SKB_MODE):
@@ -174,9 +197,10 @@ def _detach_ours(ifindex: int) -> None:
                 libbpf.xdp_detach(ifindex, mode)
 
 
-@register_plane("afxdp")
 class AfXdpDataplane(Dataplane):
     """STAMP frames through an AF_XDP socket on ``config.interface`` (module doc)."""
+
+    name = "afxdp"
 
     #: Frames per ``reflect_frames`` call; the engine takes this as its batch.
     fast_batch: int = DEFAULT_BATCH
@@ -549,11 +573,11 @@ class AfXdpDataplane(Dataplane):
 
     def collect_frames(
         self, max_batch: int = DEFAULT_BATCH
-    ) -> tuple[list[tuple[U8, npt.NDArray[np.int64]]], list[Received]]:
+    ) -> tuple[list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]], list[Received]]:
         """The sender side's fast path: up to ``max_batch`` received frames as groups of
-        (UDP payloads as an ``(n, L)`` array, T4 in UTC ns) for
-        ``sixlab.stamp.batch.receive_batch``, and the frames the classification left
-        (``_classify``) as ``Received``; the count of frames taken is the rows of both."""
+        (UDP payloads as an ``(n, L)`` array, T4 in UTC ns, row ``i`` as a ``Received``)
+        for ``sixlab.stamp.batch.receive_batch`` and the rows the engine must take one by
+        one, and the frames the classification left (``_classify``) as ``Received``."""
         umem = self._umem_()
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
@@ -561,10 +585,12 @@ class AfXdpDataplane(Dataplane):
             return [], []
         try:
             data, t_utc, groups, slow_rows = self._classify(umem, addrs, lengths)
-            out = [
-                (np.ascontiguousarray(data[rows, udp + 8 : length]), t_utc[rows])
-                for rows, udp, length in groups
-            ]
+            out: list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]] = []
+            for rows, udp, length in groups:
+                frames = data[rows]
+                payloads = np.ascontiguousarray(frames[:, udp + 8 : length])
+                t4 = t_utc[rows]
+                out.append((payloads, t4, functools.partial(_received, frames, t4, udp, length)))
             self.stats.collected += sum(len(rows) for rows, _, _ in groups)
             return out, self._decode_rows(umem, addrs, lengths, sorted(slow_rows))
         finally:
@@ -602,6 +628,8 @@ class AfXdpDataplane(Dataplane):
         payloads = np.ascontiguousarray(data[:, udp + 8 : length])
         hops = data[:, _IP_HOP].copy()
         t2 = t_utc
+        # Each packet's flow key, ``Received.flow``'s layout: addresses, then ports.
+        flows = np.concatenate([data[:, _IP_SRC:_IP_END], data[:, udp : udp + 4]], axis=1)
         batch = self._batchers.get(id(reflector))
         if batch is None or batch.reflector is not reflector:
             batch = self._batchers[id(reflector)] = BatchReflector(reflector)
@@ -615,10 +643,11 @@ class AfXdpDataplane(Dataplane):
                 int.from_bytes(ports[:2], "big"), int.from_bytes(ports[2:], "big"),
             )  # fmt: skip
             return reflector.reflect(
-                payloads[i].tobytes(), int(t2[i]), clock, int(hops[i]), context
-            )
+                payloads[i].tobytes(), int(t2[i]), clock, int(hops[i]), context,
+                flow=flows[i].tobytes(),
+            )  # fmt: skip
 
-        out = batch.reflect(payloads, t2, hops, fallback)
+        out = batch.reflect(payloads, t2, hops, fallback, flows)
         failed = 0
         for i, reply in out.fallback.items():
             if reply is not None:
@@ -627,7 +656,7 @@ class AfXdpDataplane(Dataplane):
         if not len(answered):
             return len(data), failed
         # Reply heads per (probe addresses and ports, return path).
-        peer = np.concatenate([data[answered, _IP_SRC:_IP_END], data[answered, udp : udp + 4]], 1)
+        peer = flows[answered]
         route_of = out.route_of[answered]
         now = time.monotonic()
         plans: list[tuple[npt.NDArray[np.intp], _Head | None]] = []
@@ -758,12 +787,17 @@ class AfXdpDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
+        del tclass  # not applied: ``sets_tclass`` is False
+        dst6 = require_ipv6("afxdp", dst)
+        assert dst6 is not None
+        dst, src = dst6, require_ipv6("afxdp", src)
         umem = self._umem_()
         path = full_path(dst, segments)
         first_hop = path[0] if path is not None else dst

@@ -27,9 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received
-from sixlab.stamp import _events as ev
-from sixlab.stamp._events import DropReason
+from sixlab import stamp as ev
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    FastBatch,
+    IPAddress,
+    Received,
+    ReflectFn,
+)
+from sixlab.stamp import DropReason
 from sixlab.stamp.batch import receive_batch
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
@@ -45,6 +52,7 @@ __all__ = [
 ]
 
 IPv6Address = ipaddress.IPv6Address
+ip_address = ipaddress.ip_address
 #: Records kept per session until fetched: at 1000 packets/s, about 100 s of results.
 DEFAULT_FIFO_CAPACITY = 100_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
@@ -153,13 +161,15 @@ class _Loop:
     def _send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         port: int,
         segments: tuple[IPv6Address, ...] | None,
-        src: IPv6Address | None,
+        src: IPAddress | None,
+        *,
+        tclass: int | None = None,
     ) -> None:
         try:
-            self.dataplane.send(payload, dst, port, segments=segments, src=src)
+            self.dataplane.send(payload, dst, port, segments=segments, src=src, tclass=tclass)
         except DataplaneError:
             self.counters.send_failed += 1
 
@@ -170,7 +180,7 @@ class _Loop:
 class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
-    Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
+    Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
     with no per-packet objects but the reply; a plane with ``reflect_frames`` (the
     ``afxdp`` plane) is handed the ``Reflector`` and answers whole batches with
@@ -194,7 +204,9 @@ class ReflectorEngine(_Loop):
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
         self.fast_batch = fast_batch or int(getattr(dataplane, "fast_batch", _BATCH))
-        self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        self._fast: Callable[[ReflectFn, Clock, int], FastBatch] | None = (
+            dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
+        )
         frames = getattr(dataplane, "reflect_frames", None) if fast_path else None
         if frames is not None:
             self._fast = lambda _reflect, clk, n: frames(reflector, clk, n)
@@ -257,25 +269,32 @@ class ReflectorEngine(_Loop):
     def _on_batch(self, batch: list[Received]) -> None:
         clock = self.clock
         reflect = self.reflector.reflect
+        sets_tclass = self.dataplane.sets_tclass
         self.counters.received += len(batch)
         for rx in batch:
             payload = rx.payload
             context = None
             if len(payload) > wire.UNAUTH_PACKET_SIZE:  # TLVs may ask for addresses
                 context = PacketContext(
-                    IPv6Address(rx.src), IPv6Address(rx.dst), rx.src_port, rx.dst_port
+                    ip_address(rx.src),
+                    ip_address(rx.dst),
+                    rx.src_port,
+                    rx.dst_port,
+                    rx.tclass,
+                    sets_tclass,
                 )
             with self.lock:
-                out = reflect(payload, rx.rx_ns or clock(), clock, rx.hop_limit, context)
+                out = reflect(
+                    payload, rx.rx_ns or clock(), clock, rx.hop_limit, context, flow=rx.flow
+                )
             if out is None:
                 continue
             route = out.return_path
-            dst = route.address if route.address is not None else IPv6Address(rx.src)
-            if not isinstance(dst, IPv6Address):
-                self.counters.send_failed += 1  # an IPv4 return address on an IPv6 plane
-                continue
-            src = IPv6Address(rx.dst) if rx.dst != _ZERO_ADDR else None
-            self._send(out.payload, dst, rx.src_port, route.segments, src)
+            dst = route.address if route.address is not None else ip_address(rx.src)
+            src = ip_address(rx.dst) if any(rx.dst) else None
+            if src is not None and src.version != dst.version:
+                src = None  # a Return Address of the other family: the kernel picks
+            self._send(out.payload, dst, rx.src_port, route.segments, src, tclass=out.tclass)
 
 
 # ------------------------------------------------------------------------------ sender
@@ -286,11 +305,11 @@ class SenderSessionSpec:
     """A session as the sender engine runs it: the core's config plus where to send."""
 
     config: SenderConfig
-    reflector: IPv6Address
+    reflector: IPAddress
     reflector_port: int = wire.STAMP_PORT
     #: The SRv6 path to the reflector, travel order; the reflector closes it if absent.
     segments: tuple[IPv6Address, ...] | None = None
-    source: IPv6Address | None = None
+    source: IPAddress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +364,7 @@ class SenderEngine(_Loop):
         ssid = spec.config.ssid
         with self.lock:
             if ssid in self._entries:
-                raise ev.ConfigError(f"ssid: session {ssid} already exists")
+                raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
             try:
@@ -428,7 +447,7 @@ class SenderEngine(_Loop):
         try:
             return self._entries[ssid]
         except KeyError:
-            raise ev.ConfigError(f"ssid: no session {ssid}") from None
+            raise ev.SessionConfigError(f"ssid: no session {ssid}") from None
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
         n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))
@@ -491,51 +510,54 @@ class SenderEngine(_Loop):
         with self.lock:
             self.counters.received += len(batch)
             for rx in batch:
-                self._deliver(rx.payload, rx.rx_ns or self.clock())
+                self._deliver(rx)
 
-    def _deliver(self, payload: bytes, rx_ns: int) -> None:
+    def _deliver(self, rx: Received) -> None:
         """One reflected packet to its session (lock held)."""
-        entry = self._match(payload)
+        entry = self._match(rx)
         if entry is None:
             self.counters.no_session += 1
             return
-        entry.session.receive(payload, rx_ns)
+        entry.session.receive(rx.payload, rx.rx_ns or self.clock())
         self._pump(entry)
 
     def _on_readable(self) -> None:
         """A plane with ``collect_frames`` (``afxdp``) hands over arrays of reflected
-        payloads; each session's rows go to ``sixlab.stamp.batch.receive_batch`` at once
-        (unauthenticated sessions by the SSID at bytes 14:16), the rest one by one."""
+        payloads; each unauthenticated session's rows (by the SSID at bytes 14:16) go
+        to ``sixlab.stamp.batch.receive_batch`` at once, every other row one by one as a
+        ``Received`` (authenticated sessions, SSID 0, no session)."""
         collect = getattr(self.dataplane, "collect_frames", None)
         if collect is None:
             super()._on_readable()
             return
         while True:
             groups, slow = collect(_FRAMES_BATCH)
-            taken = len(slow) + sum(len(t4) for _, t4 in groups)
+            taken = len(slow) + sum(len(t4) for _, t4, _ in groups)
             with self.lock:
-                for payloads, t4 in groups:
+                for payloads, t4, received in groups:
                     self.counters.received += len(t4)
-                    self._deliver_arrays(payloads, t4)
+                    self._deliver_arrays(payloads, t4, received)
             if slow:
                 self._on_batch(slow)
             if taken < _FRAMES_BATCH:
                 return
 
-    def _deliver_arrays(self, payloads: Any, t4: Any) -> None:
-        """Rows of reflected payloads to their sessions (lock held)."""
+    def _deliver_arrays(self, payloads: Any, t4: Any, received: Callable[[int], Received]) -> None:
+        """Rows of reflected payloads to their sessions (lock held); ``received(i)`` is
+        row ``i`` as a ``Received``, for the rows that take the per-packet path."""
         ssids = payloads[:, 14].astype(np.int64) << 8 | payloads[:, 15]
         for ssid in np.unique(ssids).tolist():
             rows = np.flatnonzero(ssids == ssid)
             entry = self._entries.get(ssid)
             if entry is None or entry.spec.config.authenticated:
                 for i in rows.tolist():
-                    self._deliver(payloads[i].tobytes(), int(t4[i]))
+                    self._deliver(received(i))
                 continue
             receive_batch(entry.session, payloads[rows], t4[rows])
             self._pump(entry)
 
-    def _match(self, payload: bytes) -> _SenderEntry | None:
+    def _match(self, rx: Received) -> _SenderEntry | None:
+        payload = rx.payload
         size = len(payload)
         if size >= wire.AUTH_PACKET_SIZE:
             entry = self._entries.get(int.from_bytes(payload[26:28]))
@@ -545,7 +567,33 @@ class SenderEngine(_Loop):
             entry = self._entries.get(int.from_bytes(payload[14:16]))
             if entry is not None and not entry.spec.config.authenticated:
                 return entry
+            return self._match_ssid_zero(rx)
         return None
+
+    def _match_ssid_zero(self, rx: Received) -> _SenderEntry | None:
+        """The session a reply with SSID 0 answers (an RFC 8762-only reflector, RFC 8972
+        §3): the one whose reflector address and port are the reply's source and that
+        sent the packet with the reply's Seq and T1 (``SenderSession.claims``). None when
+        no session, or more than one, claims it: sessions that share the reflector's
+        address and port and sent the same Seq at the same T1 cannot be told apart
+        without the SSID, and such a reply is counted ``no_session``."""
+        payload = rx.payload
+        found = None
+        for entry in self._entries.values():
+            spec = entry.spec
+            auth = spec.config.authenticated
+            at = 26 if auth else 14
+            if (
+                len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
+                and payload[at : at + 2] == b"\0\0"
+                and spec.reflector.packed == rx.src
+                and spec.reflector_port == rx.src_port
+                and entry.session.claims(payload)
+            ):
+                if found is not None:
+                    return None
+                found = entry
+        return found
 
     def _on_tick(self) -> None:
         with self.lock:

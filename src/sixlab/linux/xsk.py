@@ -43,13 +43,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sixlab.linux.errors import LinuxError
+from sixlab.linux.errors import LinuxError, XskError
 
 __all__ = [
     "DESC_DTYPE",
@@ -83,16 +82,6 @@ DESC_DTYPE = np.dtype([("addr", "<u8"), ("len", "<u4"), ("options", "<u4")])
 
 _c = ctypes
 _vp = _c.c_void_p
-
-
-class XskError(LinuxError):
-    """An AF_XDP call failed; ``errno`` is the positive error number."""
-
-    def __init__(self, op: str, err: int) -> None:
-        self.op = op
-        self.errno = err
-        name = errno.errorcode.get(err, str(err))
-        super().__init__(f"af_xdp: {op} failed: {name} ({os.strerror(err)})")
 
 
 class _RingStruct(_c.Structure):

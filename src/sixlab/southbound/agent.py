@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 One agent runs per node, in a role fixed at start (Session-Sender or Session-Reflector)
-and with a default data plane chosen by name (any plane registered with
-``sixlab.dataplane.base.register``)::
+and with a default data plane chosen by name (any plane of
+``sixlab.dataplane.base.PLANES``)::
 
     Init ──▶ data plane opened, engine thread started ──▶ sessions ──▶ Reset
               (create(name, DataplaneConfig))                 Create / Start / Stop / Destroy
@@ -15,12 +15,12 @@ the error, then calls the engine (``sixlab.dataplane.engine``). Every check happ
 before anything changes, so a refused request leaves the agent as it was. Failures
 become gRPC statuses in one place (``_status_of``):
 
-===========================  =======================================================
-``AgentError``               its own code (NOT_FOUND, ALREADY_EXISTS, …)
-``ConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
-``SessionStateError``        FAILED_PRECONDITION (e.g. starting a session twice)
-``DataplaneError``           UNAVAILABLE (cannot bind, missing system support)
-===========================  =======================================================
+=====================================  ==================================================
+``AgentError``                         its own code (NOT_FOUND, ALREADY_EXISTS, …)
+``SessionConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
+``SessionStateError``                  FAILED_PRECONDITION (e.g. starting a session twice)
+``DataplaneError``                     UNAVAILABLE (cannot bind, missing system support)
+=====================================  ==================================================
 
 Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
 Reset that must come first.
@@ -71,12 +71,13 @@ from sixlab.dataplane.engine import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, unary
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
+from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
@@ -96,6 +97,7 @@ __all__ = [
 ]
 
 IPv6Address = ipaddress.IPv6Address
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Code = grpc.StatusCode
 
 #: gRPC worker threads. Each open results stream holds one for its lifetime, so this
@@ -155,21 +157,17 @@ _MODES = {
 }
 
 
-class AgentError(Exception):
+class AgentError(RpcError):
     """A request the agent refuses, with the gRPC status code to refuse it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     """The one mapping from the agent's and the core's errors to gRPC statuses."""
     if isinstance(exc, AgentError):
-        return exc.code, str(exc)
+        return exc.code, exc.details
     if isinstance(exc, SessionStateError):
         return Code.FAILED_PRECONDITION, str(exc)
-    if isinstance(exc, ConfigError | WireError):
+    if isinstance(exc, SessionConfigError | WireError):
         return Code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DataplaneError):
         return Code.UNAVAILABLE, str(exc)
@@ -200,14 +198,15 @@ def _port(name: str, value: int) -> int:
     return value
 
 
-def _address(name: str, text: str) -> IPv6Address:
+def _address(name: str, text: str) -> IPAddress:
+    """An IPv4 or IPv6 address (STAMP runs over both; SRv6 SIDs are IPv6 only)."""
     try:
-        return IPv6Address(text)
+        return ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
-def _unicast(name: str, text: str) -> IPv6Address:
+def _unicast(name: str, text: str) -> IPAddress:
     """A destination: test packets go to one node, so not ``::`` nor a multicast group
     (STAMP is unicast, RFC 8762 §4; a SID is a unicast address, RFC 8986 §3.1)."""
     address = _address(name, text)
@@ -216,10 +215,17 @@ def _unicast(name: str, text: str) -> IPv6Address:
     return address
 
 
+def _sid(name: str, text: str) -> IPv6Address:
+    address = _unicast(name, text)
+    if not isinstance(address, IPv6Address):
+        raise _invalid(f"{name}: {text!r} is not an IPv6 address (an SRv6 SID)")
+    return address
+
+
 def _sid_list(name: str, texts: Sequence[str]) -> tuple[IPv6Address, ...]:
     if len(texts) > MAX_SIDS:
         raise _invalid(f"{name}: {len(texts)} SIDs, an SRH holds at most {MAX_SIDS}")
-    return tuple(_unicast(f"{name}[{i}]", t) for i, t in enumerate(texts))
+    return tuple(_sid(f"{name}[{i}]", t) for i, t in enumerate(texts))
 
 
 def _choice(name: str, value: int, table: Mapping[Any, _Rep]) -> _Rep:
@@ -298,7 +304,7 @@ def _dataplane_options(options: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _sender_spec(
-    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPv6Address | None
+    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPAddress | None
 ) -> tuple[SenderSessionSpec, int]:
     """The engine's session spec for a sender CreateStampSession, and its delay mode."""
     ssid = _ssid(request.ssid)
@@ -311,6 +317,10 @@ def _sender_spec(
         if request.source_address
         else init_source
     )
+    if segments and not isinstance(reflector, IPv6Address):
+        raise _invalid("sid_list: SRv6 needs an IPv6 reflector_address")
+    if source is not None and source.version != reflector.version:
+        raise _invalid("source_address: not of the reflector_address's family")
     interval = request.interval_ns or NS_PER_S
     if interval < MIN_INTERVAL_NS:
         raise _invalid(f"interval_ns: {interval}, at least {MIN_INTERVAL_NS}")
@@ -350,6 +360,7 @@ def _sender_spec(
         error_estimate=_error_estimate(request.error_estimate),
         loss_timeout_ns=request.loss_timeout_ns or DEFAULT_LOSS_TIMEOUT_NS,
         reflector_stateful=mode is ReflectorMode.STATEFUL,
+        strict_ssid=request.strict_ssid,
         **_tai_offset(request),
     )
     spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
@@ -408,7 +419,7 @@ class _Runtime:
     dataplane: Dataplane
     name: str
     port: int
-    source: IPv6Address | None
+    source: IPAddress | None
     sender: SenderEngine | None = None
     reflector: ReflectorEngine | None = None
 
@@ -432,6 +443,7 @@ class _ReflectorRecord:
     #: Counters of earlier runs (Stop removes the session from the core).
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    integrity_failed: int = 0
 
 
 class StampAgentServicer(pb_grpc.StampAgentServicer):
@@ -478,16 +490,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             raise AgentError(Code.NOT_FOUND, f"ssid: no session {ssid}")
         return ssid
 
-    def _reflector_counts(self, ssid: int, rec: _ReflectorRecord) -> tuple[int, dict[str, int]]:
-        reflected, dropped = rec.reflected, dict(rec.dropped)
+    def _reflector_counts(
+        self, ssid: int, rec: _ReflectorRecord
+    ) -> tuple[int, dict[str, int], int]:
+        """(replies, drops by reason, HMAC TLV failures) of all runs of a session."""
+        reflected, dropped, integrity = rec.reflected, dict(rec.dropped), rec.integrity_failed
         rt = self._rt
         if rec.state is State.RUNNING and rt is not None and rt.reflector is not None:
             with rt.reflector.lock:
                 live, live_dropped = rt.reflector.reflector.session_counters(ssid)
+                integrity += rt.reflector.reflector.session_integrity_failed(ssid)
             reflected += live
             for reason, n in live_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + n
-        return reflected, _drops(dropped)
+        return reflected, _drops(dropped), integrity
 
     # -- agent ------------------------------------------------------------------------
 
@@ -617,6 +633,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
 
     def _stop_reflector(self, rt: _Runtime, ssid: int, rec: _ReflectorRecord) -> None:
         assert rt.reflector is not None
+        with rt.reflector.lock:
+            rec.integrity_failed += rt.reflector.reflector.session_integrity_failed(ssid)
         reflected, dropped = rt.reflector.remove_session(ssid)
         rec.reflected += reflected
         for reason, n in dropped.items():
@@ -720,7 +738,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 lost = engine.lost(ssid)
                 snap = engine.snapshot(ssid)
                 pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
-            except ConfigError:
+            except SessionConfigError:
                 raise AgentError(
                     Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                 ) from None
@@ -802,15 +820,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost
+            if c.unclassified_lost is not None:
+                out.unclassified_lost = c.unclassified_lost
+            out.ssid_zero = c.ssid_zero
+            out.integrity_failed = c.integrity_reported
             out.dataplane.update(self._dataplane_counters(ssid))
             return out
         rec = self._reflectors[ssid]
-        reflected, dropped = self._reflector_counts(ssid, rec)
+        reflected, dropped, integrity = self._reflector_counts(ssid, rec)
         return pb.SessionCounters(
             ssid=ssid,
             state=_STATE_PB[rec.state],
             reflected=reflected,
             dropped=dropped,
+            integrity_failed=integrity,
             dataplane=self._dataplane_counters(ssid),
         )
 

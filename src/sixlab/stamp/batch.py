@@ -171,13 +171,18 @@ class BatchReflector:
         t2_ns: I64,
         hop_limits: U8,
         fallback: Callable[[int], Reflection | None],
+        flows: U8 | None = None,
     ) -> BatchReflection:
         """Answer the rows of ``payloads`` (``(n, L)`` uint8, one UDP payload each).
 
         ``t2_ns``: arrival times (UTC ns), ``hop_limits``: the Hop Limits they arrived
-        with. ``fallback(i)`` must answer row ``i`` with ``Reflector.reflect`` (and the
-        packet's context); it is called in arrival order for the rows this batch does
-        not take (module doc).
+        with, ``flows``: each packet's flow key as a row of bytes (``Received.flow``'s
+        layout: addresses, then ports; None: every packet without a flow key). Row
+        ``i``'s key is ``bytes(flows[i])``, the ``flow=`` that ``Reflector.reflect`` would
+        be given, so the two paths keep the same per-flow state (RFC 8972 §3: a session
+        is the SSID with the addresses and ports). ``fallback(i)`` must answer row ``i``
+        with ``Reflector.reflect`` (the packet's context, ``flow=bytes(flows[i])``); it
+        is called in arrival order for the rows this batch does not take (module doc).
         """
         n, size = payloads.shape
         replies = np.zeros((n, size), np.uint8)
@@ -207,16 +212,20 @@ class BatchReflector:
                 rows = same
         state = _RunState(out)
         if rows.all():
-            self._run(payloads, t2_ns, hop_limits, 0, n, pads=pads, state=state)
+            self._run(payloads, t2_ns, hop_limits, 0, n, pads=pads, state=state, flows=flows)
         else:
             start = 0
             for i in np.flatnonzero(~rows).tolist():
                 if start < i:
-                    self._run(payloads, t2_ns, hop_limits, start, i, pads=pads, state=state)
+                    self._run(
+                        payloads, t2_ns, hop_limits, start, i, pads=pads, state=state, flows=flows
+                    )
                 out.fallback[i] = fallback(i)
                 start = i + 1
             if start < n:
-                self._run(payloads, t2_ns, hop_limits, start, n, pads=pads, state=state)
+                self._run(
+                    payloads, t2_ns, hop_limits, start, n, pads=pads, state=state, flows=flows
+                )
         out._sessions = state.sessions
         out._sess_of = state.sess_of
         return out
@@ -231,6 +240,7 @@ class BatchReflector:
         *,
         pads: list[int],
         state: _RunState,
+        flows: U8 | None,
     ) -> None:
         """Answer rows ``lo:hi`` of the batch, all of them batch rows (module doc)."""
         refl = self.reflector
@@ -252,8 +262,14 @@ class BatchReflector:
         sess_idx = np.full(count, -1, np.intp)
         present: list[int] = []  # session indices of this run, first-seen order
         for k, ssid in enumerate(distinct):
-            sess = refl._unauth.get(ssid) or default
+            sess = refl._unauth.get(ssid)
             mask = inverse == k
+            if sess is None:
+                auth = refl._auth.get(ssid)
+                if auth is not None:  # an unauthenticated packet of an authenticated SSID
+                    _count_drop(refl, auth, DropReason.AUTH_REQUIRED, int(mask.sum()))
+                    continue
+                sess = default
             if sess is None:
                 _count_drop(refl, None, DropReason.NO_SESSION, int(mask.sum()))
                 continue
@@ -269,6 +285,37 @@ class BatchReflector:
                 if n_zero:
                     _count_drop(refl, state.sessions[j], DropReason.MULTIPLIER_ZERO, n_zero)
         ok = found & ~zero_mult
+        # Per flow (SSID + addresses + ports): packets received, the stateful Seq,
+        # replies sent — Reflector.reflect's FlowState, in arrival order.
+        seq = probes["seq"].astype(np.uint32)
+        keys = ssids.astype(">u2").view(np.uint8).reshape(count, 2)
+        if flows is not None:
+            keys = np.concatenate([keys, flows[lo:hi]], axis=1)
+        if found.all() and (keys == keys[0]).all():
+            groups: list[npt.NDArray[np.intp]] = [np.arange(count)]
+        else:
+            rows_found = np.flatnonzero(found)
+            if len(rows_found):
+                _, firsts, inv = np.unique(
+                    keys[rows_found], axis=0, return_index=True, return_inverse=True
+                )
+                inv = inv.ravel()
+                groups = [rows_found[inv == g] for g in np.argsort(firsts).tolist()]
+            else:
+                groups = []
+        for rows in groups:
+            head = int(rows[0])
+            sess = state.sessions[int(sess_idx[head])]
+            key = keys[head]
+            flow_key = None if flows is None else key[2:].tobytes()
+            flow = sess.flow((int(ssids[head]), flow_key))
+            flow.received += len(rows)
+            good = rows[ok[rows]]
+            k = len(good)
+            if not sess.stateless and k:
+                seq[good] = (flow.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
+                flow.next_seq = (flow.next_seq + k) & 0xFFFF_FFFF
+            flow.transmitted += k
         if not ok.any():
             state.extend(lo, sess_idx)
             return
@@ -278,38 +325,25 @@ class BatchReflector:
         reply["sts"] = probes["ts"]
         reply["see"] = probes["ee"]
         reply["ttl"] = hop_limits[lo:hi]
+        reply["seq"] = seq
         answered = state.out.answered
         route_of = state.out.route_of
         if len(present) == 1:  # one session (the common case): whole columns
             sess = state.sessions[present[0]]
-            k = int(ok.sum())
-            if sess.stateless:
-                reply["seq"] = probes["seq"]
-            else:
-                seq = probes["seq"].astype(np.uint32)
-                seq[ok] = (sess.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
-                sess.next_seq = (sess.next_seq + k) & 0xFFFF_FFFF
-                reply["seq"] = seq
             reply["t2"] = _timestamps(sess, t2_ns[lo:hi])
             reply["ee"] = sess.ee_int
-            sess.reflected += k
+            sess.reflected += int(ok.sum())
             route_of[lo:hi] = state.route_index(sess.return_path)
         else:
-            seq = probes["seq"].astype(np.uint32)
             t2 = np.zeros(count, np.uint64)
             ee = np.zeros(count, np.uint16)
             for j in present:
                 sess = state.sessions[j]
                 mask = ok & (sess_idx == j)
-                k = int(mask.sum())
-                if not sess.stateless:
-                    seq[mask] = (sess.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
-                    sess.next_seq = (sess.next_seq + k) & 0xFFFF_FFFF
                 t2[mask] = _timestamps(sess, t2_ns[lo:hi][mask])
                 ee[mask] = sess.ee_int
-                sess.reflected += k
+                sess.reflected += int(mask.sum())
                 route_of[lo:hi][mask] = state.route_index(sess.return_path)
-            reply["seq"] = seq
             reply["t2"] = t2
             reply["ee"] = ee
         counters.reflected += int(ok.sum())
@@ -456,14 +490,23 @@ def receive_batch(session: SenderSession, payloads: U8, t4_ns: I64) -> None:
             session._drop(DropReason.NOT_RUNNING)
             continue
         session._expire(now)
+        ssid_zero = False
         if ssid != cfg.ssid:
-            session._drop(DropReason.NO_SESSION)
-        elif not r_ee & 0xFF:
+            if ssid != 0:
+                session._drop(DropReason.NO_SESSION)
+                session._maybe_drained()
+                continue
+            if cfg.strict_ssid:
+                session._drop(DropReason.SSID_ZERO)
+                session._maybe_drained()
+                continue
+            ssid_zero = True  # an RFC 8762-only reflector (RFC 8972 §3)
+        if not r_ee & 0xFF:
             session._drop(DropReason.MULTIPLIER_ZERO)
         else:
             tlvs = payloads[i, _UNAUTH:].tobytes() if tlv_area else b""
             row = (now, seq, rseq, ttl, r_ee, t1_ns, t2_ns, t3_ns, bad_ts)
-            _match_fields(session, row, tlvs=tlvs, estimates=estimates)
+            _match_fields(session, row, tlvs=tlvs, estimates=estimates, ssid_zero=ssid_zero)
         session._maybe_drained()
 
 
@@ -473,6 +516,7 @@ def _match_fields(
     *,
     tlvs: bytes,
     estimates: dict[int, ErrorEstimate],
+    ssid_zero: bool,
 ) -> None:
     """The rest of ``SenderSession._match`` for one decoded reflected packet."""
     now, seq, rseq, ttl, r_ee, echoed_t1, t2, t3, bad_ts = row
@@ -494,12 +538,18 @@ def _match_fields(
     session._remember_answered(seq)
     counters = session.counters
     counters.received += 1
+    if ssid_zero:
+        counters.ssid_zero += 1
     if session._highest_seq is not None and seq < session._highest_seq:
         counters.reordered += 1
     else:
         session._highest_seq = seq
         if cfg.reflector_stateful:
             counters.forward_lost = max(0, seq - rseq)
+            above = session._lost_above
+            while above and above[0] <= seq:
+                above.popleft()
+            counters.unclassified_lost = len(above)
     estimate = estimates.get(r_ee)
     if estimate is None:
         estimate = estimates[r_ee] = ErrorEstimate.from_int(r_ee)
