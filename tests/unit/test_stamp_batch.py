@@ -217,6 +217,10 @@ T0 = 1_700_000_000 * 10**9
 INTERVAL = 1_000_000
 
 
+#: The sessions' timer clock starts here (monotonic, not the wall clock of T0).
+M0 = 10**9
+
+
 def _sender(
     fmt: TimestampFormat, *, stateful: bool, strict: bool
 ) -> tuple[SenderSession, list[bytes]]:
@@ -230,9 +234,9 @@ def _sender(
             strict_ssid=strict,
         )
     )
-    session.start(T0)
+    session.start(M0, T0)
     for i in range(1, 10):  # one probe per timer, as the engine drives it
-        session.handle_timer(T0 + i * INTERVAL)
+        session.handle_timer(M0 + i * INTERVAL, T0 + i * INTERVAL)
     probes = session.datagrams_to_send()
     assert len(probes) == 10
     return session, probes
@@ -295,9 +299,10 @@ def test_receive_batch_equals_reference(
         t4s.append(T0 + r.seq * INTERVAL + r.delay_ns)
     t4s.sort()  # arrival order: time moves forward
     for data, t4 in zip(payloads, t4s, strict=True):
-        ref.receive(data, t4)
+        ref.receive(data, M0 + t4 - T0, t4)
     arr = np.frombuffer(b"".join(payloads), np.uint8).reshape(len(payloads), -1)
-    receive_batch(bat, arr, np.array(t4s, np.int64))
+    wall = np.array(t4s, np.int64)
+    receive_batch(bat, arr, wall, wall - T0 + M0)
     assert _state(bat) == _state(ref)
 
 

@@ -455,18 +455,22 @@ def _to_utc(ts: U64, ptp: npt.NDArray[np.bool_], tai_utc_ns: int) -> tuple[I64, 
     return out, ptp & bad
 
 
-def receive_batch(session: SenderSession, payloads: U8, t4_ns: I64) -> None:
-    """``session.receive(payloads[i], t4_ns[i])`` for every row in order, with the fixed
-    fields decoded as arrays (RFC 8762 §4.3.1 layout): the same events, the same counters.
+def receive_batch(
+    session: SenderSession, payloads: U8, t4_ns: I64, now_ns: I64 | None = None
+) -> None:
+    """``session.receive(payloads[i], now_ns[i], t4_ns[i])`` for every row in order, with
+    the fixed fields decoded as arrays (RFC 8762 §4.3.1 layout): the same events, the same
+    counters. ``now_ns``: the rows' arrival on the session's timer clock (None: T4).
 
     An authenticated session, or payloads shorter than the base packet, take the
     reference per row (the HMAC is per packet anyway).
     """
     n, size = payloads.shape
     cfg = session.config
+    nows = (t4_ns if now_ns is None else now_ns).tolist()
     if cfg.authenticated or size < _UNAUTH:
         for i in range(n):
-            session.receive(payloads[i].tobytes(), int(t4_ns[i]))
+            session.receive(payloads[i].tobytes(), nows[i], int(t4_ns[i]))
         return
     fields = np.ascontiguousarray(payloads[:, :_UNAUTH]).view(REFLECTOR_DTYPE)[:, 0]
     ree = fields["ee"].astype(np.int64)
@@ -489,7 +493,7 @@ def receive_batch(session: SenderSession, payloads: U8, t4_ns: I64) -> None:
         if session.state not in (State.RUNNING, State.DRAINING):
             session._drop(DropReason.NOT_RUNNING)
             continue
-        session._expire(now)
+        session._expire(nows[i])
         ssid_zero = False
         if ssid != cfg.ssid:
             if ssid != 0:
