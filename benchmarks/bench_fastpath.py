@@ -82,7 +82,7 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
     return int(fields[11]) * tick, int(fields[12]) * tick
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the benchmark
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--planes", default="scapy,mmap-main,mmap,afxdp,xdp")
     parser.add_argument("--before-src", type=Path, help="source tree of mmap-main")

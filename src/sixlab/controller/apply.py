@@ -86,7 +86,7 @@ def _differs(a: SessionSpec, b: SessionSpec) -> list[str]:
     return [k for k in one if one[k] != two[k]]
 
 
-def plan(
+def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the steps run
     controller: Controller, nodes: list[WantedNode], sessions: list[WantedSession]
 ) -> list[Step]:
     """The steps that make the controller match; ControllerError if the list is wrong."""

@@ -230,7 +230,7 @@ class BatchReflector:
         out._sess_of = state.sess_of
         return out
 
-    def _run(
+    def _run(  # noqa: PLR0912, PLR0915 - column-wise steps over one batch, arrays kept local
         self,
         payloads: U8,
         t2_ns: I64,
