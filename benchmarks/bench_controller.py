@@ -85,10 +85,122 @@ def _pct(values: list[float], p: float) -> float:
     return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from sixlab.controller import Controller, SessionSpec  # noqa: PLC0415
-    from sixlab.controller.client import ControllerClient  # noqa: PLC0415
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (a PostgreSQL server's backends)."""
+    total = _cpu_s(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def _spawn_agents(args: argparse.Namespace, procs: list[Any]) -> list[tuple[str, str, str]]:
+    """One simulated agent process per node: (name, address, role)."""
+    nodes = []
+    for i, role in enumerate(["sender"] * args.agents + ["reflector"]):
+        p = subprocess.Popen(
+            [sys.executable, __file__, "agent", role, str(args.loss_every)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        procs.append(p)
+        assert p.stdout is not None
+        port = int(p.stdout.readline())
+        nodes.append((f"s{i}" if role == "sender" else "r", f"127.0.0.1:{port}", role))
+    return nodes
+
+
+def _create_batch(url: str, nodes: list[tuple[str, str, str]], specs: list[Any]) -> list[float]:
+    """Controller.create_sessions / start_sessions in this process (what a batch request
+    of the northbound API runs): [create s, create + start s, CPU s]. Collection then
+    moves to the serve process, which resumes every running session."""
+    from sixlab.controller import Controller  # noqa: PLC0415
     from sixlab.controller.store import open_store  # noqa: PLC0415
+
+    inproc = Controller(open_store(url), supervise_interval_s=None)
+    for name, addr, role in nodes:
+        inproc.register_node(name, addr, role)
+        inproc.init_node(name)
+    c0, t0 = time.process_time(), time.monotonic()
+    _, errors = inproc.create_sessions(specs)
+    created = time.monotonic() - t0
+    errors |= inproc.start_sessions([s.name for s in specs])
+    out = [created, time.monotonic() - t0, time.process_time() - c0]
+    assert not errors, list(errors.items())[:3]
+    inproc.close()
+    inproc.store.close()
+    return out
+
+
+def _create_api(
+    client: Any, pid: int, nodes: list[tuple[str, str, str]], specs: list[Any]
+) -> list[float]:
+    """One northbound call per session: [create s, create + start s, controller CPU s]."""
+    for name, addr, role in nodes:
+        client.register_node(name, addr, role)
+        client.init_node(name)
+    cpu0, t0 = _cpu_s(pid), time.monotonic()
+    for spec in specs:
+        client.create_session(spec)
+    created = time.monotonic() - t0
+    for spec in specs:
+        client.start_session(spec.name)
+    return [created, time.monotonic() - t0, _cpu_s(pid) - cpu0]
+
+
+def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -> dict[str, Any]:
+    """The measuring window: stored per second, CPU, RSS, lag, bytes per result."""
+    from sixlab.controller.store import open_store  # noqa: PLC0415
+
+    db = open_store(url)
+    # The benchmark reads the tables itself, on a connection of its own.
+    conn: Any
+    if args.db == "postgresql":
+        import psycopg  # noqa: PLC0415
+
+        conn, placeholder = psycopg.connect(url, autocommit=True), "%s"
+    else:
+        import sqlite3  # noqa: PLC0415
+
+        conn, placeholder = sqlite3.connect(url), "?"
+    rows = [(r.id, r.epoch) for r in db.sessions()]
+    seen = dict.fromkeys(random.Random(1).sample(rows, min(50, len(rows))), 0)
+    time.sleep(args.warmup)
+    _new_lags_ms(conn, seen, placeholder)  # what was stored before the window
+    lags: list[float] = []
+    rss = []
+    pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
+    n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
+    while time.monotonic() - t0 < args.seconds:
+        time.sleep(0.1)
+        lags += _new_lags_ms(conn, seen, placeholder)
+        rss.append(_rss_mb(pid))
+    n1, cpu1, t1 = _stored(conn), _cpu_s(pid), time.monotonic()
+    pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
+    storage = db.storage()
+    db.close()
+    conn.close()
+    return {
+        "stored_per_s": round((n1 - n0) / (t1 - t0)),
+        "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
+        "postgres_cpu": round((pg1 - pg0) / (t1 - t0), 3) if pg_pid else None,
+        "rss_mb": round(max(rss), 1),
+        "rss_mb_per_1000_sessions": round(max(rss) / args.sessions * 1000, 1),
+        "lag_ms_p50": round(statistics.median(lags), 1) if lags else None,
+        "lag_ms_p99": round(_pct(lags, 99), 1) if lags else None,
+        "bytes_per_result": (
+            round(storage.bytes_per_result, 1) if storage.bytes_per_result else None
+        ),
+        "results_stored": storage.results,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sixlab.controller import SessionSpec  # noqa: PLC0415
+    from sixlab.controller.client import ControllerClient  # noqa: PLC0415
     from sixlab.testbed import LabPostgres  # noqa: PLC0415
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
@@ -100,44 +212,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = str(tmp / "controller.db")
     procs: list[subprocess.Popen[str]] = []
     try:
-        ports = []
-        roles = ["sender"] * args.agents + ["reflector"]
-        for role in roles:
-            p = subprocess.Popen(
-                [sys.executable, __file__, "agent", role, str(args.loss_every)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            procs.append(p)
-            assert p.stdout is not None
-            ports.append(int(p.stdout.readline()))
-        interval = int(1e9 / args.rate)
+        nodes = _spawn_agents(args, procs)
         specs = [
             SessionSpec(f"p{i}", f"s{i % args.agents}", "r", "2001:db8::2",
-                        interval_ns=interval, collect="stream")
+                        interval_ns=int(1e9 / args.rate), collect="stream")
             for i in range(args.sessions)
         ]  # fmt: skip
-        nodes = [
-            (f"s{i}" if role == "sender" else "r", f"127.0.0.1:{ports[i]}", role)
-            for i, role in enumerate(roles)
-        ]
-        create_cpu = 0.0
-        if args.create == "batch":
-            # Controller.create_sessions / start_sessions, in this process (what a
-            # batch request of the northbound API runs); collection then moves to the
-            # serve process below, which resumes every running session.
-            inproc = Controller(open_store(url), supervise_interval_s=None)
-            for name, addr, role in nodes:
-                inproc.register_node(name, addr, role)
-                inproc.init_node(name)
-            c0, t0 = time.process_time(), time.monotonic()
-            _, errors = inproc.create_sessions(specs)
-            created_s = time.monotonic() - t0
-            errors |= inproc.start_sessions([s.name for s in specs])
-            started_s = time.monotonic() - t0
-            create_cpu = time.process_time() - c0
-            assert not errors, list(errors.items())[:3]
-            inproc.close()
-            inproc.store.close()
+        timing = _create_batch(url, nodes, specs) if args.create == "batch" else []
         address = f"unix:{tmp}/ctl.sock"
         ctl = subprocess.Popen(
             [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
@@ -147,70 +228,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(ctl)
         assert ctl.stdout is not None
         ctl.stdout.readline()
-        client = ControllerClient(address, timeout=60)
-        if args.create == "api":
-            for name, addr, role in nodes:
-                client.register_node(name, addr, role)
-                client.init_node(name)
-            cpu0, t0 = _cpu_s(ctl.pid), time.monotonic()
-            for spec in specs:
-                client.create_session(spec)
-            created_s = time.monotonic() - t0
-            for spec in specs:
-                client.start_session(spec.name)
-            started_s = time.monotonic() - t0
-            create_cpu = _cpu_s(ctl.pid) - cpu0
-
-        db = open_store(url)
-        # The benchmark reads the tables itself, on a connection of its own.
-        conn: Any
-        if args.db == "postgresql":
-            import psycopg  # noqa: PLC0415
-
-            conn = psycopg.connect(url, autocommit=True)
-            placeholder = "%s"
-        else:
-            import sqlite3  # noqa: PLC0415
-
-            conn = sqlite3.connect(url)
-            placeholder = "?"
-        rows = [(r.id, r.epoch) for r in db.sessions()]
-        sample = random.Random(1).sample(rows, min(50, len(rows)))
-        time.sleep(args.warmup)
-        seen = dict.fromkeys(sample, 0)
-        _new_lags_ms(conn, seen, placeholder)  # what was stored before the window
-        lags: list[float] = []
-        n0, cpu0, t0 = _stored(conn), _cpu_s(ctl.pid), time.monotonic()
-        rss = []
-        while time.monotonic() - t0 < args.seconds:
-            time.sleep(0.1)
-            lags += _new_lags_ms(conn, seen, placeholder)
-            rss.append(_rss_mb(ctl.pid))
-        n1, cpu1, t1 = _stored(conn), _cpu_s(ctl.pid), time.monotonic()
-        storage = db.storage()
-        db.close()
-        conn.close()
-        client.close()
+        with ControllerClient(address, timeout=60) as client:
+            if args.create == "api":
+                timing = _create_api(client, ctl.pid, nodes, specs)
+            pg_pid = None
+            if pg is not None:
+                pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
+            measured = _measure(args, url, ctl.pid, pg_pid)
         return {
             "db": args.db,
             "sessions": args.sessions,
             "agents": args.agents,
             "rate_per_session": args.rate,
             "offered_per_s": args.sessions * args.rate,
-            "create_s": round(created_s, 2),
-            "create_start_s": round(started_s, 2),
             "create": args.create,
-            "create_start_cpu_s": round(create_cpu, 2),
-            "stored_per_s": round((n1 - n0) / (t1 - t0)),
-            "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
-            "rss_mb": round(max(rss), 1),
-            "rss_mb_per_1000_sessions": round(max(rss) / args.sessions * 1000, 1),
-            "lag_ms_p50": round(statistics.median(lags), 1) if lags else None,
-            "lag_ms_p99": round(_pct(lags, 99), 1) if lags else None,
-            "bytes_per_result": (
-                round(storage.bytes_per_result, 1) if storage.bytes_per_result else None
-            ),
-            "results_stored": storage.results,
+            "create_s": round(timing[0], 2),
+            "create_start_s": round(timing[1], 2),
+            "create_start_cpu_s": round(timing[2], 2),
+            **measured,
             "load_average": os.getloadavg()[0],
         }
     finally:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import ipaddress
 import json
 import logging
@@ -42,7 +43,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from sixlab.cli import _argtypes as argtypes
+from sixlab.cli import _daemon
 from sixlab.controller.client import (
     ControllerClient,
     NodeInfo,
@@ -53,7 +57,9 @@ from sixlab.controller.client import (
     default_address,
 )
 from sixlab.controller.core import CollectMode, SessionSpec
+from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
+from sixlab.southbound.client import ClientTls
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
@@ -68,9 +74,15 @@ __all__ = [
 ]
 
 PROG = "sixlab controller"
+log = logging.getLogger("sixlab.controller")
 NS_PER_S = 1_000_000_000
 #: Seconds between polls of a sender's results (the controller's --poll-interval).
 DEFAULT_POLL_INTERVAL_S = 0.5
+#: The port of an agent given by its address alone (``sixlab stamp agent``'s default).
+AGENT_DEFAULT_PORT = 50051
+#: Seconds between test packets unless told: one a second, as ``sixlab stamp sender``,
+#: the agent and the northbound API take it.
+DEFAULT_INTERVAL_S = 1.0
 #: A dead replica's nodes are taken over after this long (s).
 DEFAULT_LEASE_TTL_S = 5.0
 #: Seconds between roll-up and retention passes.
@@ -91,18 +103,55 @@ def _segments(text: str) -> tuple[str, ...]:
 
 
 _port = argtypes.port
-_seconds = argtypes.seconds
-_count = argtypes.count
+_name = argtypes.name
+
+
+def _path(text: str) -> Path:
+    """A file name that can be printed (the ready line names the store)."""
+    return Path(argtypes.text(text))
+
+
+def _db(text: str) -> str:
+    """``--db``: a PostgreSQL URL as given, or a SQLite file name (printable); not a
+    ``Path``, which would fold the URL's ``//``."""
+    return argtypes.text(text)
 
 
 def _hex_key(text: str) -> str:
+    return argtypes.hex_key(text).hex()
+
+
+def agent_target(text: str) -> str:
+    """An agent's gRPC address as ``node add`` takes it.
+
+    ``[v6]:port``, ``v4:port``, ``host:port`` and ``unix:PATH`` are used as given; a bare
+    IP address (``fc00::9``, ``192.0.2.1``) means the agent's default port,
+    ``[fc00::9]:50051``. An IPv6 address with a port must be in brackets.
+    """
+    text = argtypes.text(text)
+    if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return text
     try:
-        key = bytes.fromhex(text)
+        ip = ipaddress.ip_address(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("the key must be hexadecimal") from None
-    if not key:
-        raise argparse.ArgumentTypeError("the key is empty")
-    return key.hex()
+        pass
+    else:
+        host = f"[{ip}]" if ip.version == 6 else str(ip)
+        return f"{host}:{AGENT_DEFAULT_PORT}"
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(
+            f"not an agent address: {text!r} (HOST:PORT, [IPv6]:PORT, an IP address alone "
+            f"for port {AGENT_DEFAULT_PORT}, or unix:PATH)"
+        )
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(
+            f"not an agent address: {text!r}: an IPv6 address with a port goes in brackets, "
+            f"e.g. [fc00::9]:{AGENT_DEFAULT_PORT}"
+        )
+    if not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"not an agent address: {text!r}: port {port!r}")
+    return text
 
 
 def parse_metrics_address(text: str) -> tuple[str, int]:
@@ -132,17 +181,154 @@ def add_parsers(sub: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     cmds = group.add_subparsers(dest="controller_command", required=True, metavar="COMMAND")
+    _add_serve(cmds)
 
-    serve = cmds.add_parser("serve", help="run the controller (northbound gRPC, metrics)")
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument(
+        "--controller",
+        metavar="ADDR",
+        type=argtypes.text,
+        default=None,
+        help="the controller's gRPC address (default: $SIXLAB_CONTROLLER, else the "
+        "default socket: /run/sixlab/controller.sock or $TMPDIR/sixlab-$UID/controller.sock)",
+    )
+    client.add_argument(
+        "--tls-ca", type=Path, metavar="PATH", help="CA (PEM) to verify a TLS controller"
+    )
+    client.add_argument("--tls-cert", type=Path, metavar="PATH", help="client certificate (mTLS)")
+    client.add_argument("--tls-key", type=Path, metavar="PATH", help="client key (mTLS)")
+    client.add_argument(
+        "--tls-server-name",
+        type=argtypes.text,
+        metavar="NAME",
+        help="name to check the controller's certificate against (default: the host)",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    node = cmds.add_parser("node", help="register, initialise and list nodes (agents)")
+    node_cmds = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    add = node_cmds.add_parser("add", parents=[client], help="register a node's agent")
+    add.add_argument("name", type=_name)
+    add.add_argument(
+        "address",
+        type=agent_target,
+        help=f"the agent's gRPC address: [IPv6]:PORT, HOST:PORT, unix:PATH, or an IP "
+        f"address alone for port {AGENT_DEFAULT_PORT}",
+    )
+    add.add_argument("--role", choices=("sender", "reflector"), required=True)
+    add.set_defaults(handler=_client_handler(_node_add))
+    init = node_cmds.add_parser(
+        "init", parents=[client, as_json], help="initialise a node's agent (open its data plane)"
+    )
+    init.add_argument("name", type=_name)
+    _add_init_options(init)
+    init.set_defaults(handler=_client_handler(_node_init))
+    ls = node_cmds.add_parser(
+        "list",
+        parents=[client, as_json],
+        help="nodes, with their health checked now (each agent is asked)",
+    )
+    ls.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not ask the agents: show the health the controller last recorded",
+    )
+    ls.set_defaults(handler=_client_handler(_node_list))
+
+    session = cmds.add_parser("session", help="create, start, stop, destroy and list sessions")
+    s_cmds = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
+    create = s_cmds.add_parser(
+        "create", parents=[client, as_json], help="create a session on a sender/reflector pair"
+    )
+    create.add_argument("name", type=_name)
+    _add_session_options(create)
+    create.set_defaults(handler=_client_handler(_session_create))
+    for action, help_text in (
+        ("start", "start a session"),
+        ("stop", "stop sending (in-flight results are still collected)"),
+        ("destroy", "remove a session from its agents (its results stay)"),
+    ):
+        p = s_cmds.add_parser(action, parents=[client], help=help_text)
+        p.add_argument("name", type=_name)
+        p.set_defaults(handler=_client_handler(_session_action(action)))
+    wait = s_cmds.add_parser(
+        "wait", parents=[client, as_json], help="wait until a session has finished"
+    )
+    wait.add_argument("name", type=_name)
+    wait.add_argument(
+        "--timeout",
+        type=argtypes.timeout,
+        default=60.0,
+        help="give up after this long (default 60 s)",
+    )
+    wait.set_defaults(handler=_client_handler(_session_wait))
+    s_ls = s_cmds.add_parser("list", parents=[client, as_json], help="sessions and counters")
+    s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
+    s_ls.set_defaults(handler=_client_handler(_session_list))
+
+    results = cmds.add_parser("results", parents=[client, as_json], help="stored results")
+    results.add_argument("name", type=_name)
+    results.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only T1 >= this (Unix ns)"
+    )
+    results.add_argument(
+        "--limit",
+        type=argtypes.integer(0, MAX_RESULTS, "a number of results"),
+        default=0,
+        help=f"at most this many (0: {DEFAULT_RESULTS_LIMIT}; at most {MAX_RESULTS})",
+    )
+    results.set_defaults(handler=_client_handler(_results))
+
+    apply = cmds.add_parser(
+        "apply",
+        parents=[client, as_json],
+        help="make the nodes and sessions those of a TOML file (creates, updates, destroys)",
+        description="Make the controller's nodes and sessions those of FILE, in one call: "
+        "what is missing is created, what differs is replaced, what the file does not list "
+        "is destroyed. Prints the changes; applying the same file again changes nothing.",
+    )
+    apply.add_argument("file", type=Path, help="TOML configuration (see `export`)")
+    apply.add_argument(
+        "--dry-run", action="store_true", help="print the changes without making them"
+    )
+    apply.set_defaults(handler=_client_handler(_apply))
+    export = cmds.add_parser(
+        "export",
+        parents=[client],
+        help="write the nodes and sessions as a TOML file that `apply` takes",
+    )
+    export.add_argument(
+        "--output", "-o", type=Path, default=None, help="write here instead of stdout"
+    )
+    export.set_defaults(handler=_client_handler(_export))
+
+    stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
+    stats.add_argument("name", type=_name)
+    stats.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only T1 >= this (Unix ns)"
+    )
+    stats.set_defaults(handler=_client_handler(_stats))
+
+
+def _add_serve(cmds: Any) -> None:
+    serve = cmds.add_parser(
+        "serve",
+        help="run the controller (northbound gRPC, metrics)",
+        description="Run the controller until SIGTERM/SIGINT. Flags may also come from "
+        "--config FILE (TOML, keys = long flag names); flags given here win.",
+    )
     serve.add_argument(
         "--db",
+        type=_db,
         required=True,
-        help="the store: a SQLite file (created if missing) or a postgresql://… URL (a database"
-        " several replicas may share)",
+        help="the store: a SQLite file (created if missing) or a postgresql://… URL (a"
+        " database several replicas may share)",
     )
     serve.add_argument(
         "--replica",
         metavar="NAME",
+        type=argtypes.text,
         help="run as one of several replicas on one PostgreSQL database, under this unique"
         " name: each takes a fair share of the nodes by lease, and takes over those of a"
         " replica that dies",
@@ -150,7 +336,7 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument(
         "--lease-ttl",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         default=DEFAULT_LEASE_TTL_S,
         help=f"with --replica: a dead replica's nodes are taken over after this long"
         f" (default {DEFAULT_LEASE_TTL_S:g})",
@@ -158,29 +344,50 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument(
         "--retention",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         help="keep raw results this long (default: for ever); per-minute rollups stay",
     )
     serve.add_argument(
         "--rollup-retention",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         help="keep per-minute rollups this long (default: for ever)",
     )
     serve.add_argument(
         "--housekeeping-interval",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         default=DEFAULT_HOUSEKEEPING_S,
         help=f"seconds between roll-up and retention passes (default {DEFAULT_HOUSEKEEPING_S:g})",
     )
     serve.add_argument(
         "--grpc",
         metavar="ADDR",
+        type=argtypes.text,
         default=None,
         help="northbound gRPC address, e.g. 'unix:/run/sixlab/controller.sock' or '[::1]:50050' "
         "(default: $SIXLAB_CONTROLLER, else /run/sixlab/controller.sock if /run is writable, "
         "else $TMPDIR/sixlab-$UID/controller.sock)",
+    )
+    _daemon.add_server_tls_arguments(serve, "northbound API")
+    serve.add_argument(
+        "--agent-tls-ca",
+        type=Path,
+        metavar="PATH",
+        help="dial every agent with TLS, verifying its certificate with this CA (PEM)",
+    )
+    serve.add_argument(
+        "--agent-tls-cert",
+        type=Path,
+        metavar="PATH",
+        help="the controller's client certificate for the agents (mTLS)",
+    )
+    serve.add_argument("--agent-tls-key", type=Path, metavar="PATH", help="its private key (PEM)")
+    serve.add_argument(
+        "--agent-tls-server-name",
+        type=argtypes.text,
+        metavar="NAME",
+        help="check every agent's certificate against this name instead of its host",
     )
     serve.add_argument(
         "--metrics",
@@ -191,53 +398,40 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument(
         "--poll-interval",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         default=DEFAULT_POLL_INTERVAL_S,
         help=f"seconds between result polls (default {DEFAULT_POLL_INTERVAL_S})",
     )
-    serve.add_argument("--verbose", "-v", action="store_true", help="log collection events")
+    serve.add_argument(
+        "--max-workers",
+        type=argtypes.workers,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"northbound gRPC worker threads (default {DEFAULT_MAX_WORKERS})",
+    )
+    serve.add_argument(
+        "--verbose", "-v", action="store_true", help="log everything (--log-level debug)"
+    )
+    _daemon.add_logging_arguments(serve, default_level="info")
+    serve.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     serve.set_defaults(handler=run_serve)
 
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument(
-        "--controller",
-        metavar="ADDR",
-        default=None,
-        help="the controller's gRPC address (default: $SIXLAB_CONTROLLER, else the "
-        "default socket: /run/sixlab/controller.sock or $TMPDIR/sixlab-$UID/controller.sock)",
-    )
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    node = cmds.add_parser("node", help="register, initialise and list nodes (agents)")
-    node_cmds = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
-    add = node_cmds.add_parser("add", parents=[client], help="register a node's agent")
-    add.add_argument("name")
-    add.add_argument("address", help="the agent's gRPC address, e.g. '[::1]:50051'")
-    add.add_argument("--role", choices=("sender", "reflector"), required=True)
-    add.set_defaults(handler=_client_handler(_node_add))
-    init = node_cmds.add_parser(
-        "init", parents=[client, as_json], help="initialise a node's agent (open its data plane)"
+def _add_init_options(init: argparse.ArgumentParser) -> None:
+    init.add_argument(
+        "--dataplane", type=argtypes.text, default="", help="data plane (default: the agent's)"
     )
-    init.add_argument("name")
-    init.add_argument("--dataplane", default="", help="data plane (default: the agent's)")
     init.add_argument(
         "--port", type=_port, help="STAMP UDP port (default: 862 on a reflector, any on a sender)"
     )
-    init.add_argument("--interface", default="", help="interface, for capture data planes")
-    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
-    init.set_defaults(handler=_client_handler(_node_init))
-    ls = node_cmds.add_parser("list", parents=[client, as_json], help="nodes and their health")
-    ls.set_defaults(handler=_client_handler(_node_list))
-
-    session = cmds.add_parser("session", help="create, start, stop, destroy and list sessions")
-    s_cmds = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
-    create = s_cmds.add_parser(
-        "create", parents=[client, as_json], help="create a session on a sender/reflector pair"
+    init.add_argument(
+        "--interface", type=argtypes.text, default="", help="interface, for capture data planes"
     )
-    create.add_argument("name")
-    create.add_argument("--sender", required=True, help="sender node")
-    create.add_argument("--reflector", required=True, help="reflector node")
+    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
+
+
+def _add_session_options(create: argparse.ArgumentParser) -> None:
+    create.add_argument("--sender", type=_name, required=True, help="sender node")
+    create.add_argument("--reflector", type=_name, required=True, help="reflector node")
     create.add_argument(
         "--reflector-address", type=_address, required=True, help="where test packets go"
     )
@@ -255,14 +449,25 @@ def add_parsers(sub: Any) -> None:
     create.add_argument("--port", type=_port, default=862, help="the reflector's UDP port")
     create.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     create.add_argument(
-        "--interval", type=_seconds, default=0.1, help="seconds between packets (default 0.1)"
+        "--interval",
+        type=argtypes.interval,
+        default=DEFAULT_INTERVAL_S,
+        help=f"seconds between packets (default {DEFAULT_INTERVAL_S:g})",
     )
-    create.add_argument("--count", type=_count, default=0, help="packets to send (0: no limit)")
     create.add_argument(
-        "--duration", type=_seconds, default=None, help="seconds to send (default: no limit)"
+        "--count", type=argtypes.count, default=0, help="packets to send (0: no limit)"
     )
     create.add_argument(
-        "--loss-timeout", type=_seconds, default=2.0, help="seconds until a packet is lost"
+        "--duration",
+        type=argtypes.duration,
+        default=None,
+        help="seconds to send (default: no limit)",
+    )
+    create.add_argument(
+        "--loss-timeout",
+        type=argtypes.timeout,
+        default=2.0,
+        help="seconds until a packet is lost (default 2)",
     )
     create.add_argument("--ptp", action="store_true", help="PTPv2 timestamps")
     create.add_argument("--auth-key", type=_hex_key, help="HMAC key (hex)")
@@ -276,43 +481,16 @@ def add_parsers(sub: Any) -> None:
         "are accepted when address, port, Seq and T1 match)",
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
-    create.set_defaults(handler=_client_handler(_session_create))
-    for action, help_text in (
-        ("start", "start a session"),
-        ("stop", "stop sending (in-flight results are still collected)"),
-        ("destroy", "remove a session from its agents (its results stay)"),
-    ):
-        p = s_cmds.add_parser(action, parents=[client], help=help_text)
-        p.add_argument("name")
-        p.set_defaults(handler=_client_handler(_session_action(action)))
-    wait = s_cmds.add_parser(
-        "wait", parents=[client, as_json], help="wait until a session has finished"
-    )
-    wait.add_argument("name")
-    wait.add_argument(
-        "--timeout", type=_seconds, default=60.0, help="give up after this long (default 60 s)"
-    )
-    wait.set_defaults(handler=_client_handler(_session_wait))
-    s_ls = s_cmds.add_parser("list", parents=[client, as_json], help="sessions and counters")
-    s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
-    s_ls.set_defaults(handler=_client_handler(_session_list))
-
-    results = cmds.add_parser("results", parents=[client, as_json], help="stored results")
-    results.add_argument("name")
-    results.add_argument("--since-ns", type=_count, default=None, help="only T1 >= this (Unix ns)")
-    results.add_argument("--limit", type=_count, default=0, help="at most this many (0: 10000)")
-    results.set_defaults(handler=_client_handler(_results))
-
-    stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
-    stats.add_argument("name")
-    stats.add_argument("--since-ns", type=_count, default=None, help="only T1 >= this (Unix ns)")
-    stats.set_defaults(handler=_client_handler(_stats))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``sixlab controller`` alone (``python -m`` style), for tests and for scripts."""
+    from sixlab.cli._config import apply_config_file  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(prog="sixlab")
     add_parsers(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     try:
         rc: int = args.handler(args)
@@ -326,31 +504,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad store or address."""
+    level = "debug" if args.verbose else args.log_level
+    with _daemon.daemon_logging(args.log_format, level):
+        return _run_serve(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.core import Controller  # noqa: PLC0415 - clients skip these
-    from sixlab.controller.housekeeping import Housekeeper, Retention  # noqa: PLC0415
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
     from sixlab.controller.northbound import serve_controller  # noqa: PLC0415
-    from sixlab.controller.replica import ReplicaManager  # noqa: PLC0415
     from sixlab.controller.store import StoreError, open_store  # noqa: PLC0415
 
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     address: str = args.grpc or default_address(server=True)
-    socket_path = Path(address.removeprefix("unix:")) if address.startswith("unix:") else None
-    if socket_path is not None:
-        # /run/sixlab is 0755 (root's; the socket's own mode guards it); a private
-        # fallback under /tmp is 0700.
-        mode = 0o755 if socket_path.parent.parent == Path("/run") else 0o700
-        try:
-            socket_path.parent.mkdir(mode=mode, parents=True, exist_ok=True)
-        except OSError as exc:
-            print(f"{PROG}: cannot create {socket_path.parent}: {exc.strerror}", file=sys.stderr)
-            return 2
-    retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
     try:
-        retention.validate()
+        files = _daemon.server_tls_files(args)
+        warning = _daemon.exposure_warning(
+            address, files, insecure=args.insecure, api="northbound API"
+        )
+        agent_factory = _agent_client_factory(args)
+        retention = _retention(args)
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    if warning is not None:
+        log.warning("%s", warning)
+    try:
+        socket_path = _socket_dir(address)
+    except OSError as exc:
+        print(f"{PROG}: cannot create {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
         store = open_store(args.db)
@@ -358,28 +539,26 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)
         return 2
     metrics = ControllerMetrics()
-    controller = Controller(store, metrics, poll_interval_s=args.poll_interval)
-    replicas = None
-    if args.replica:
-        try:
-            replicas = ReplicaManager(
-                controller, args.replica, ttl_s=args.lease_ttl, address=address
-            )
-        except ValueError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            controller.close()
-            store.close()
-            return 2
-    housekeeper = Housekeeper(
-        store, retention, owns=replicas.owns if replicas is not None else lambda _n: True
-    )
+    controller = Controller(store, metrics, poll_interval_s=args.poll_interval, **agent_factory)
+    try:
+        replicas, housekeeper = _replicas(args, controller, address, retention)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        controller.close()
+        store.close()
+        return 2
     server = None
     try:
-        server = serve_controller(address, controller)
+        server = serve_controller(
+            address,
+            controller,
+            max_workers=args.max_workers,
+            tls=files,
+        )
         if args.metrics is not None:
             host, port = args.metrics
             metrics.serve(port, host)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         if server is not None:
             server.stop(0)
@@ -393,13 +572,15 @@ def run_serve(args: argparse.Namespace) -> int:
             housekeeper.start()
             resumed = controller.resume()
             extra = "" if args.metrics is None else f" metrics={args.metrics[0]}:{args.metrics[1]}"
+            extra += "" if replicas is None else f" replica={replicas.id}"
             print(
-                f"controller: grpc={address} db={store.path} resumed={len(resumed)}{extra}"
-                + ("" if replicas is None else f" replica={replicas.id}"),
+                f"controller: grpc={address} db={store.path} resumed={len(resumed)}{extra}",
                 flush=True,
             )
+            log.info("serving on %s, %d sessions resumed", address, len(resumed))
             stop.wait()
         finally:
+            log.info("stopping")
             server.stop(1.0)
             housekeeper.close()
             if replicas is not None:
@@ -412,6 +593,64 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _socket_dir(address: str) -> Path | None:
+    """The unix socket's path (None: TCP), its directory made if missing: /run/sixlab
+    is 0755 (root's; the socket's own mode guards it), a private fallback under /tmp is
+    0700."""
+    if not address.startswith("unix:"):
+        return None
+    path = Path(address.removeprefix("unix:"))
+    mode = 0o755 if path.parent.parent == Path("/run") else 0o700
+    path.parent.mkdir(mode=mode, parents=True, exist_ok=True)
+    return path
+
+
+def _retention(args: argparse.Namespace) -> Any:
+    """--retention, --rollup-retention, --housekeeping-interval, checked."""
+    from sixlab.controller.housekeeping import Retention  # noqa: PLC0415
+
+    retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
+    retention.validate()
+    return retention
+
+
+def _replicas(
+    args: argparse.Namespace, controller: Any, address: str, retention: Any
+) -> tuple[Any, Any]:
+    """The replica's lease holder (None without --replica) and the housekeeper."""
+    from sixlab.controller.housekeeping import Housekeeper  # noqa: PLC0415
+    from sixlab.controller.replica import ReplicaManager  # noqa: PLC0415
+
+    if not args.replica:
+        return None, Housekeeper(controller.store, retention)
+    replicas = ReplicaManager(controller, args.replica, ttl_s=args.lease_ttl, address=address)
+    return replicas, Housekeeper(controller.store, retention, owns=replicas.owns)
+
+
+def _agent_client_factory(args: argparse.Namespace) -> dict[str, Any]:
+    """``client_factory`` for the Controller: agents dialled with TLS if asked."""
+    from sixlab.southbound.client import AgentClient, ClientTls  # noqa: PLC0415
+
+    if args.agent_tls_ca is None:
+        if args.agent_tls_cert is not None or args.agent_tls_key is not None:
+            raise ValueError("--agent-tls-cert and --agent-tls-key need --agent-tls-ca")
+        return {}
+    if (args.agent_tls_cert is None) != (args.agent_tls_key is None):
+        raise ValueError("--agent-tls-cert and --agent-tls-key go together")
+    tls = ClientTls(
+        args.agent_tls_ca, args.agent_tls_cert, args.agent_tls_key, args.agent_tls_server_name
+    )
+    try:  # read the files now: a missing one is an error at start, not at the first call
+        tls.credentials()
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
+
+    def factory(address: str) -> AgentClient:
+        return AgentClient(address, tls=tls)
+
+    return {"client_factory": factory}
+
+
 # --------------------------------------------------------------------------- clients
 
 
@@ -421,7 +660,14 @@ def _client_handler(
     """A subcommand as a call on a client: one clear stderr line and exit 1 if refused."""
 
     def handler(args: argparse.Namespace) -> int:
-        client = ControllerClient(args.controller or default_address())
+        try:
+            client = ControllerClient(args.controller or default_address(), tls=_client_tls(args))
+        except OSError as exc:
+            print(f"{PROG}: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
         try:
             fn(client, args)
         except NorthboundError as exc:
@@ -432,6 +678,16 @@ def _client_handler(
         return 0
 
     return handler
+
+
+def _client_tls(args: argparse.Namespace) -> ClientTls | None:
+    if args.tls_ca is None:
+        if args.tls_cert is not None or args.tls_key is not None:
+            raise ValueError("--tls-cert and --tls-key need --tls-ca")
+        return None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    return ClientTls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
 def _print_json(value: Any) -> None:
@@ -446,18 +702,44 @@ def _console() -> Any:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A rich table; cells are plain text (``[fc00::2]:50052`` is not markup)."""
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for col in columns:
         table.add_column(col, justify="left" if col in _LEFT else "right")
     for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
+        table.add_row(*("-" if v is None else escape(str(v)) for v in row))
     _console().print(table)
 
 
+def utc_time(ns: int | None) -> str | None:
+    """A Unix time in ns as ISO 8601 UTC with µs: ``2026-05-09T15:20:01.123456Z``."""
+    if ns is None:
+        return None
+    seconds, rest = divmod(ns, NS_PER_S)
+    try:
+        t = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    except (OverflowError, ValueError, OSError):  # a timestamp past year 9999
+        return f"{ns} ns"
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{rest // 1000:06d}Z"
+
+
 _LEFT = frozenset(
-    {"name", "address", "role", "state", "sender", "reflector", "path", "error", "delay"}
+    {
+        "name",
+        "address",
+        "role",
+        "state",
+        "sender",
+        "reflector",
+        "path",
+        "error",
+        "delay",
+        "t1 (UTC)",
+        "last seen (UTC)",
+    }
 )
 
 
@@ -529,15 +811,23 @@ def _node_init(c: ControllerClient, args: argparse.Namespace) -> None:
 
 
 def _node_list(c: ControllerClient, args: argparse.Namespace) -> None:
-    nodes = c.nodes()
+    nodes = c.nodes(check=not args.no_check)
     if args.json:
         _print_json([node_json(n) for n in nodes])
         return
     _table(
-        "nodes",
-        ("name", "role", "address", "healthy", "initialised", "error"),
+        "nodes (health: asked now)" if not args.no_check else "nodes (health: last recorded)",
+        ("name", "role", "address", "healthy", "initialised", "last seen (UTC)", "error"),
         [
-            (n.name, n.role, n.address, n.healthy, n.initialized, n.last_error or None)
+            (
+                n.name,
+                n.role,
+                n.address,
+                n.healthy,
+                n.initialized,
+                utc_time(n.last_seen_ns),
+                n.last_error or None,
+            )
             for n in nodes
         ],
     )
@@ -633,11 +923,11 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
         return
     _table(
         f"results of {args.name}" + (" (more: use --since-ns or --limit)" if page.more else ""),
-        ("seq", "t1_ns", "direct ms", "return ms", "rtt ms", "ttl", "error ms"),
+        ("seq", "t1 (UTC)", "direct ms", "return ms", "rtt ms", "ttl", "error ms"),
         [
             (
                 r.seq,
-                r.t1_ns,
+                utc_time(r.t1_ns),
                 _ms(r.direct_ns),
                 _ms(r.return_ns),
                 _ms(r.rtt_ns),
@@ -647,6 +937,69 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
             for r in page.records
         ],
     )
+
+
+_SIGNS = {
+    "add": "+",
+    "create": "+",
+    "remove": "-",
+    "destroy": "-",
+    "replace": "~",
+    "recreate": "~",
+    "init": "~",
+    "start": ">",
+    "stop": "|",
+}
+
+
+def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import _ConfigFileError, load  # noqa: PLC0415
+
+    try:
+        config = load(args.file)
+    except _ConfigFileError as exc:
+        raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
+    reply = c.apply(config, dry_run=args.dry_run)
+    if args.json:
+        _print_json(
+            {
+                "dry_run": args.dry_run,
+                "changes": [
+                    {"action": ch.action, "kind": ch.kind, "name": ch.name, "detail": ch.detail}
+                    for ch in reply.changes
+                ],
+                "error": reply.error or None,
+            }
+        )
+    else:
+        for ch in reply.changes:
+            print(f"{_SIGNS.get(ch.action, '*')} {ch.kind} {ch.name}: {ch.action} ({ch.detail})")
+        verb = "would make" if args.dry_run else "made"
+        if not reply.changes:
+            print("no changes: the controller matches the file")
+        else:
+            print(f"{verb} {len(reply.changes)} change{'s' if len(reply.changes) != 1 else ''}")
+    if reply.error:
+        code, _, message = reply.error.partition(": ")
+        raise NorthboundError(
+            getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN),
+            f"apply stopped: {message} (the changes above were made)",
+        )
+
+
+def _export(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import dump  # noqa: PLC0415
+
+    text = dump(c.export())
+    if args.output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        args.output.write_text(text)
+    except OSError as exc:
+        raise NorthboundError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot write {args.output}: {exc.strerror}"
+        ) from None
 
 
 def _stats(c: ControllerClient, args: argparse.Namespace) -> None:

@@ -41,7 +41,9 @@ def add_parsers(stamp: Any) -> None:
     )
     r.add_argument("--port", type=at.port, default=STAMP_PORT)
     r.add_argument("--dataplane", choices=planes, default="socket")
-    r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    r.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     r.add_argument("--stateful", action="store_true", help="own Seq counter (RFC 8762 §4.3.1)")
     r.add_argument(
         "--auth-key", type=at.hex_key, default=None, help="HMAC key, hex (authenticated)"
@@ -63,9 +65,18 @@ def add_parsers(stamp: Any) -> None:
         default=None,
         help="ask the reflector to answer along this SID list (RFC 9503 Return Path TLV)",
     )
-    s.add_argument("--count", type=int, default=10)
-    s.add_argument("--interval", type=at.seconds, default=1.0, help="seconds between packets")
-    s.add_argument("--timeout", type=at.seconds, default=2.0, help="loss timeout, seconds")
+    s.add_argument(
+        "--count",
+        type=at.integer(1, at.MAX_COUNT, "a packet count"),
+        default=10,
+        help="packets to send (default 10)",
+    )
+    s.add_argument(
+        "--interval", type=at.interval, default=1.0, help="seconds between packets (default 1)"
+    )
+    s.add_argument(
+        "--timeout", type=at.timeout, default=2.0, help="loss timeout, seconds (default 2)"
+    )
     s.add_argument("--ssid", type=at.ssid, default=1)
     s.add_argument("--auth-key", type=at.hex_key, default=None)
     s.add_argument(
@@ -82,7 +93,9 @@ def add_parsers(stamp: Any) -> None:
     )
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
-    s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    s.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     s.add_argument("--json", action="store_true", help="one JSON document at the end")
     s.set_defaults(handler=_run_sender)
 
@@ -194,9 +207,6 @@ def _notes(c: SenderCounters) -> list[str]:
 
 
 def _run_sender(args: argparse.Namespace) -> int:
-    if args.count <= 0:
-        print("sixlab stamp sender: --count must be positive", file=sys.stderr)
-        return 2
     ipv4 = [a for a in (args.reflector, args.source) if isinstance(a, ipaddress.IPv4Address)]
     if ipv4 and (args.segments or args.return_segments):
         print("sixlab stamp sender: SRv6 segments need IPv6 addresses", file=sys.stderr)

@@ -171,7 +171,7 @@ class SessionSpec:
     return_path_tlv: bool = False
     reflector_port: int = 862
     source_address: str = ""
-    interval_ns: int = 100_000_000
+    interval_ns: int = 1_000_000_000  # one packet a second, as the agent and the CLIs
     count: int = 0
     duration_ns: int = 0
     ptp: bool = False
@@ -485,6 +485,23 @@ class Controller:
         self.store.add_node(name, address, role)
         self.check_node(name)
 
+    def remove_node(self, name: str) -> None:
+        """Forget a node that carries no session (and close its agent client)."""
+        self.store.remove_node(name)
+        self._forget_client(name)
+
+    def replace_node(self, name: str, address: str, role: str) -> None:
+        """Point a node (that carries no live session) at another agent or role."""
+        self.store.update_node(name, address, role)
+        self._forget_client(name)
+        self.check_node(name)
+
+    def _forget_client(self, name: str) -> None:
+        with self._lock:
+            client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
+
     def init_node(
         self,
         name: str,
@@ -552,9 +569,13 @@ class Controller:
 
     def reconcile_node(self, name: str) -> None:
         """Make the node's agent carry what the store says it carries (module doc)."""
-        # Asked outside the lock: a node that does not answer must not hold up requests.
+        # Asked outside the lock first: a node that does not answer must not hold up
+        # requests. A session created meanwhile is not in this answer, so whatever looks
+        # amiss is asked again under the lock before anything is repaired.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
         with self._ops:
+            if self._amiss(name, info):
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
             restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
             node = self.store.node(name)
             if restarted:
@@ -563,18 +584,12 @@ class Controller:
                     name,
                     info.epoch,
                 )
-            # The node's sessions only, and their SSIDs first: every node is checked
-            # every second, and reading whole rows for all sessions each time would cost
-            # nodes x sessions rows a second.
-            on = _ON_SENDER if node.role == "sender" else _ON_REFLECTOR
-            wanted = {ssid for ssid, state in self.store.ssids_of(name, role=node.role)
-                      if state in on}  # fmt: skip
+            wanted = self._wanted_ssids(node)
             if not wanted:
                 return
             if info.initialized and not restarted and wanted <= set(info.ssids):
                 return  # the agent carries every one of them
-            rows = self.store.sessions_of(name, role=node.role)
-            expected = [r for r in rows if r.state in on]
+            expected = self._expected(node)
             if not info.initialized:
                 self._replay_init(node)
                 info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -585,6 +600,28 @@ class Controller:
                         self._repair_sender_half(row)
                     else:
                         self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _expected(self, node: NodeRow) -> list[SessionRow]:
+        """The sessions the node's agent should carry (the node's only: every node is
+        checked every second, and reading every session for each would cost nodes x
+        sessions rows a second)."""
+        on = _ON_SENDER if node.role == "sender" else _ON_REFLECTOR
+        return [r for r in self.store.sessions_of(node.name, role=node.role) if r.state in on]
+
+    def _wanted_ssids(self, node: NodeRow) -> set[int]:
+        """The SSIDs of ``_expected``, without reading whole rows (the common check)."""
+        on = _ON_SENDER if node.role == "sender" else _ON_REFLECTOR
+        return {ssid for ssid, state in self.store.ssids_of(node.name, role=node.role)
+                if state in on}  # fmt: skip
+
+    def _amiss(self, name: str, info: pb.GetAgentInfoReply) -> bool:
+        """Whether the agent's answer calls for a repair (a new run, no Init, a session
+        missing)."""
+        node = self.store.node(name)
+        if node.agent_epoch is not None and node.agent_epoch != f"{info.epoch:016x}":
+            return True
+        wanted = self._wanted_ssids(node)
+        return bool(wanted) and (not info.initialized or not wanted <= set(info.ssids))
 
     def _repair_reflector_half(self, row: SessionRow, *, present: bool) -> None:
         """The reflector lost the session: create it again, started if it was."""

@@ -31,10 +31,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from sixlab import stamp as ev
-from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    FastBatch,
+    IPAddress,
+    Received,
+    ReflectFn,
+)
 from sixlab.stamp import DropReason
+from sixlab.stamp.batch import receive_batch
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -58,6 +69,8 @@ _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
 #: Packets taken from a data plane per call (the planes' ``receive`` default).
 _BATCH = 64
+#: Reflected frames per ``collect_frames`` call.
+_FRAMES_BATCH = 256
 
 Clock = Callable[[], int]
 
@@ -178,8 +191,11 @@ class ReflectorEngine(_Loop):
 
     Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
-    with no per-packet objects but the reply; what it cannot answer comes back as
-    ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
+    with no per-packet objects but the reply; a plane with ``reflect_frames`` (the
+    ``afxdp`` plane) is handed the ``Reflector`` and answers whole batches with
+    ``sixlab.stamp.batch``. What they cannot answer comes back as ``Received`` for the
+    general path below. ``fast_batch`` (default: the plane's ``fast_batch``, else 64)
+    bounds the packets per call,
     and so how long the lock is held and (the plane kicks its TX ring at least once per
     call) how far a reply's departure may trail its T3 under load. ``fast_path=False``
     keeps the general path for every packet.
@@ -192,12 +208,17 @@ class ReflectorEngine(_Loop):
         clock: Clock = time.time_ns,
         *,
         fast_path: bool = True,
-        fast_batch: int = _BATCH,
+        fast_batch: int | None = None,
     ) -> None:
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
-        self.fast_batch = fast_batch
-        self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
+        self.fast_batch = fast_batch or int(getattr(dataplane, "fast_batch", _BATCH))
+        self._fast: Callable[[ReflectFn, Clock, int], FastBatch] | None = (
+            dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
+        )
+        frames = getattr(dataplane, "reflect_frames", None) if fast_path else None
+        if frames is not None:
+            self._fast = lambda _reflect, clk, n: frames(reflector, clk, n)
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------
@@ -572,18 +593,64 @@ class SenderEngine(_Loop):
             mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
             for rx in batch:
-                entry = self._match(rx)
-                if entry is None:
-                    self.counters.no_session += 1
-                    continue
-                # A reply is late by when it arrived, not by when the loop got to it:
-                # its age (a short difference of wall times, T4 from the kernel) moves
-                # the monotonic time back to its arrival.
-                t4 = rx.rx_ns or wall
-                arrived = mono - max(0, wall - t4)
-                entry.session.receive(rx.payload, arrived, t4)
-                self._pump(entry)
-                self._arm(entry)
+                self._deliver(rx, mono, wall)
+
+    def _deliver(self, rx: Received, mono: int, wall: int) -> None:
+        """One reflected packet to its session (lock held); ``mono``/``wall``: the
+        monotonic and wall clocks read once for the batch it came in."""
+        entry = self._match(rx)
+        if entry is None:
+            self.counters.no_session += 1
+            return
+        # A reply is late by when it arrived, not by when the loop got to it:
+        # its age (a short difference of wall times, T4 from the kernel) moves
+        # the monotonic time back to its arrival.
+        t4 = rx.rx_ns or wall
+        arrived = mono - max(0, wall - t4)
+        entry.session.receive(rx.payload, arrived, t4)
+        self._pump(entry)
+        self._arm(entry)
+
+    def _on_readable(self) -> None:
+        """A plane with ``collect_frames`` (``afxdp``) hands over arrays of reflected
+        payloads; each unauthenticated session's rows (by the SSID at bytes 14:16) go
+        to ``sixlab.stamp.batch.receive_batch`` at once, every other row one by one as a
+        ``Received`` (authenticated sessions, SSID 0, no session)."""
+        collect = getattr(self.dataplane, "collect_frames", None)
+        if collect is None:
+            super()._on_readable()
+            return
+        while True:
+            groups, slow = collect(_FRAMES_BATCH)
+            taken = len(slow) + sum(len(t4) for _, t4, _ in groups)
+            with self.lock:
+                mono, wall = self.monotonic(), self.clock()
+                for payloads, t4, received in groups:
+                    self.counters.received += len(t4)
+                    self._deliver_arrays(payloads, t4, received, mono, wall)
+            if slow:
+                self._on_batch(slow)
+            if taken < _FRAMES_BATCH:
+                return
+
+    def _deliver_arrays(
+        self, payloads: Any, t4: Any, received: Callable[[int], Received], mono: int, wall: int
+    ) -> None:
+        """Rows of reflected payloads to their sessions (lock held); ``received(i)`` is
+        row ``i`` as a ``Received``, for the rows that take the per-packet path."""
+        ssids = payloads[:, 14].astype(np.int64) << 8 | payloads[:, 15]
+        # Each row's arrival on the monotonic clock, as ``_deliver`` computes it.
+        arrived = mono - np.maximum(0, wall - t4)
+        for ssid in np.unique(ssids).tolist():
+            rows = np.flatnonzero(ssids == ssid)
+            entry = self._entries.get(ssid)
+            if entry is None or entry.spec.config.authenticated:
+                for i in rows.tolist():
+                    self._deliver(received(i), mono, wall)
+                continue
+            receive_batch(entry.session, payloads[rows], t4[rows], arrived[rows])
+            self._pump(entry)
+            self._arm(entry)
 
     def _match(self, rx: Received) -> _SenderEntry | None:
         payload = rx.payload

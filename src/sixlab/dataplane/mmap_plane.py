@@ -18,9 +18,13 @@ header removed, so offsets are the same on every link type) with:
   ``tpacket3_hdr``: ``tp_next_offset``, the RX time ``tp_sec``/``tp_nsec``, lengths,
   ``tp_net`` offset, then a ``sockaddr_ll``) and hand the block back by writing
   ``TP_STATUS_KERNEL``. No system call per packet; ``poll`` (the engine's ``select`` on
-  ``fileno()``) wakes when a block is retired. ``retire_blk_tov`` = 1 ms bounds how long
-  a lone packet waits in a half-filled block (the default grows with link speed and can
-  reach 8+ ms, which at 1 probe/s would be pure added turnaround).
+  ``fileno()``) wakes when a block is retired. The ring is the shared
+  :class:`sixlab.linux.packetring.PacketRing`, walked through its cursor (no object per
+  packet); a call that finds no block clears the socket's error, which the kernel sets
+  when the link goes down and which would otherwise keep ``select`` waking.
+  ``retire_blk_tov`` = 1 ms bounds how long a lone packet waits in a half-filled block
+  (the default grows with link speed and can reach 8+ ms, which at 1 probe/s would be
+  pure added turnaround).
 
 The RX timestamp is the kernel's software receive time (``PACKET_TIMESTAMP`` unset:
 ``CLOCK_REALTIME`` when the packet entered the stack), i.e. T2 taken before any user
@@ -57,17 +61,25 @@ after T3 is read (RFC 8762 §4.3: as late as possible before transmission).
 Fast path (reflector)
 ---------------------
 ``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
-the RX ring and, for plain IPv6/UDP probes of at most ``FAST_MAX_PAYLOAD`` bytes (the
-unauthenticated base packet, no TLVs) whose reply goes straight back to the source,
-hands the UDP payload to the reflector core and writes the reply frame into a
-``PACKET_TX_RING`` (TPACKET_V2, qdisc bypassed, bound to ``config.interface``) with no
-per-packet objects but the frame: its head (Ethernet + IPv6 + UDP up to the checksum)
-is cached per (source, destination, ports) with the one's-complement sum of its
-pseudo-header and header, so the checksum is one big-integer sum of the payload. The
-UDP checksum of the probe is checked the same way (the whole packet from the addresses
-on, mod 0xFFFF) when the kernel has not vouched for it. Everything else (SRH, TLVs,
-authentication, a configured return path, an unresolved neighbour, capture on every
-interface) comes back to the engine as ``Received`` and takes the general path.
+the RX ring and answers from them, into a ``PACKET_TX_RING`` (TPACKET_V2, qdisc
+bypassed, bound to ``config.interface``), the probes of an SRv6 network as well as plain
+ones: IPv6/UDP directly or behind a Segment Routing Header at Segments Left 0 (any
+number of segments, RFC 8754), a UDP payload of at most ``FAST_MAX_PAYLOAD`` bytes whose
+TLVs, if any, are Extra Padding (RFC 8972 §4.1), a UDP checksum that verifies when the
+kernel has not vouched for it (the pseudo-header's words plus the datagram's, mod
+0xFFFF, in one big-integer sum). The reflector core answers the payload; the reply goes
+back to the probe's source along the session's return SID list (the STAMP paper's
+configured return path, a new SRH) or straight back. There are no per-packet objects
+but the frame: its head (Ethernet + IPv6 [+ SRH] + UDP up to the checksum) is cached
+per (probe addresses and ports, session return path) with the one's-complement sum of
+its pseudo-header and header, so the checksum is one big-integer sum of the payload
+(RFC 1624's incremental update from an all-zero payload).
+
+Everything else (authentication, TLVs other than Extra Padding, a Return Path TLV that
+names another address, an SRH with segments left, a bad or unfinished checksum, an
+unresolved neighbour, a return path that leaves by another interface, capture on every
+interface) comes back to the engine as ``Received`` and takes the general path; the
+``fast_replies`` counter tells how many replies took the ring.
 
 The ring is kicked (one ``send`` system call) every ``tx_batch`` frames and at the end
 of every ``reflect_batch`` call. Why a ring and not one ``send`` per reply: on a veth
@@ -110,6 +122,8 @@ from pathlib import Path
 from typing import Any
 
 from sixlab.dataplane import _filters
+from sixlab.dataplane._nexthop import NextHop as _NextHop
+from sixlab.dataplane._nexthop import resolve_next_hop
 from sixlab.dataplane.base import (
     Dataplane,
     DataplaneError,
@@ -121,25 +135,25 @@ from sixlab.dataplane.base import (
     full_path,
     require_ipv6,
 )
+from sixlab.linux.packetring import (
+    ETH_P_IPV6,
+    PKT_HEADER,
+    SLL_OFFSET,
+    SLL_PKTTYPE,
+    TP_STATUS_CSUM_VALID,
+    TP_STATUS_CSUMNOTREADY,
+    PacketRing,
+    RingGeometry,
+)
 from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
 __all__ = ["MmapCounters", "MmapDataplane"]
 
-# <linux/if_packet.h>, <linux/if_ether.h>
 SOL_PACKET = 263
-PACKET_RX_RING = 5
-PACKET_STATISTICS = 6
 PACKET_VERSION = 10
-PACKET_IGNORE_OUTGOING = 23
-TPACKET_V3 = 2
-TP_STATUS_KERNEL = 0
-TP_STATUS_USER = 1
-TP_STATUS_CSUMNOTREADY = 1 << 3
-TP_STATUS_CSUM_VALID = 1 << 7
 PACKET_HOST = 0
-ETH_P_IPV6 = 0x86DD
 
 #: Ring geometry: 256 blocks of 64 KiB (16 MiB). A block is handed over when full or
 #: after RETIRE_BLOCK_TOV_MS, so at low rates each block holds a few packets and the
@@ -153,28 +167,9 @@ BLOCK_COUNT = 256
 FRAME_SIZE = 2048
 #: Milliseconds before a partly filled block is handed to user space (module doc).
 RETIRE_BLOCK_TOV_MS = 1
-
-_REQ3 = struct.Struct("=7I")  # struct tpacket_req3
-# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1 whose
-# block_status, num_pkts and offset_to_first_pkt follow at 8, 12 and 16.
-_BLOCK_STATUS = struct.Struct("=I")
-_BLOCK_STATUS_OFFSET = 8
-_BLOCK_PKTS = struct.Struct("=II")
-_BLOCK_PKTS_OFFSET = 12
-# struct tpacket3_hdr up to tp_net: next_offset, sec, nsec, snaplen, len, status, mac, net
-_PKT = struct.Struct("=6I2H")
-#: TPACKET_ALIGN(sizeof(struct tpacket3_hdr)): where the sockaddr_ll follows.
-_SLL_OFFSET = 48
-_SLL_PKTTYPE = 10  # sll_family(2) sll_protocol(2) sll_ifindex(4) sll_hatype(2) pkttype
-_STATS = struct.Struct("=III")  # struct tpacket_stats_v3
-#: Per-first-hop link-layer answers are trusted this long (module doc).
-_NEXT_HOP_TTL_S = 1.0
+_GEOMETRY = RingGeometry(BLOCK_SIZE, BLOCK_COUNT, FRAME_SIZE, RETIRE_BLOCK_TOV_MS)
 #: Bound on cached reply templates; a sweep of many peers rebuilds rather than grows.
 _MAX_TEMPLATES = 4096
-_ETHERTYPE_IPV6 = ETH_P_IPV6.to_bytes(2, "big")
-#: <linux/neighbour.h> states whose MAC can be used now.
-_NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
-_RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
 PACKET_QDISC_BYPASS = 20  # <linux/if_packet.h>
@@ -195,18 +190,25 @@ _TX_DATA_OFFSET = 32
 DEFAULT_TX_BATCH = 64
 
 
-# Fast path: offsets in a plain IPv6 + UDP packet (RFC 8200 §3, RFC 768).
+# Fast path: offsets in an IPv6 packet (RFC 8200 §3), its SRH (RFC 8754 §2), UDP (RFC 768).
 _HOP_LIMIT = 7
 _NEXT_HEADER = 6
-_ADDRS = 8  # source, destination, then the UDP ports at 40
-_UDP_LENGTH = 44  # addresses and ports end here: a reply template's key
-_UDP_CHECKSUM = 46
-_UDP_PAYLOAD = 48
-_IPPROTO_UDP = 17
+_ADDRS = 8  # source, then destination; they end at 40
 _IPV6_HEADER = 40
-#: Larger packets (authenticated, TLVs) may need the Location TLV's addresses: general path.
-FAST_MAX_PAYLOAD = 44  # RFC 8762 §4.2.1 unauthenticated base packet
-_FAST_MAX_PACKET = _UDP_PAYLOAD + FAST_MAX_PAYLOAD
+_IPPROTO_UDP = 17
+_IPPROTO_ROUTING = 43
+_SRH_TYPE = 4  # RFC 8754 §2: Routing Type 4
+# Inside a Routing header at 40: Next Header, Hdr Ext Len, Routing Type, Segments Left.
+_RH_NEXT_HEADER = 40
+_RH_LENGTH = 41
+_RH_TYPE = 42
+_RH_SEGMENTS_LEFT = 43
+_UDP_HEADER = 8
+_STAMP_BASE = 44  # RFC 8762 §4.2.1 unauthenticated base packet
+_TLV_EXTRA_PADDING = 1  # RFC 8972 §4.1
+#: Largest probe the fast path takes: the reply frame (Ethernet + IPv6 + return SRH + UDP
+#: + the same payload) must fit a TX ring frame; larger ones take the general path.
+FAST_MAX_PAYLOAD = 1400
 _CSUM_TRUSTED = TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY
 
 
@@ -221,6 +223,8 @@ class MmapCounters:
     fallback_sends: int = 0
     tx_errors: int = 0
     tx_ring_resets: int = 0
+    #: Replies the fast path wrote into the TX ring (module doc, "Fast path").
+    fast_replies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,14 +233,7 @@ class _FastTemplate:
     header_sum: int  # one's-complement sum (mod 0xFFFF) of pseudo-header and UDP header
     size: int  # the payload size it was built for (the UDP length is in it)
     expires: float  # the next hop's answer is trusted until then
-
-
-@dataclass(frozen=True, slots=True)
-class _NextHop:
-    ifname: str
-    ethernet: bytes  # destination MAC + our MAC + EtherType, or b"" for the L3 path
-    source: bytes | None  # the route's preferred source
-    expires: float
+    route: FastRoute  # the return path it follows (the session's, compared by identity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +245,61 @@ class _Template:
 
 #: (source, final destination, destination port, SRv6 path in travel order, payload size)
 _TemplateKey = tuple[bytes, bytes, int, tuple[IPv6Address, ...] | None, int]
+
+
+def _fast_udp(data: bytes, snaplen: int, verify: bool) -> int:
+    """Offset of the UDP header of a probe the fast path answers, or 0 (general path).
+
+    Fast: IPv6 whose Next Header is UDP, or a Segment Routing Header at Segments Left 0
+    (RFC 8754 §4.3.1: the packet has reached its last segment, which is the Destination
+    Address) followed by UDP; Payload Length and UDP Length agree with the packet; a UDP
+    payload of at most ``FAST_MAX_PAYLOAD`` bytes whose TLVs, if any, are all Extra
+    Padding (RFC 8972 §4.1: the others may need the packet's addresses or choose another
+    return path); and, if ``verify``, a UDP checksum that verifies (RFC 8200 §8.1: over
+    the pseudo-header of the final destination, which here is the Destination Address).
+    """
+    if snaplen < _IPV6_HEADER + _UDP_HEADER:
+        return 0
+    nh = data[_NEXT_HEADER]
+    if nh == _IPPROTO_UDP:
+        udp = _IPV6_HEADER
+    elif (
+        nh == _IPPROTO_ROUTING
+        and data[_RH_TYPE] == _SRH_TYPE
+        and data[_RH_SEGMENTS_LEFT] == 0
+        and data[_RH_NEXT_HEADER] == _IPPROTO_UDP
+    ):
+        udp = _IPV6_HEADER + (data[_RH_LENGTH] + 1) * 8
+    else:
+        return 0
+    ulen = snaplen - udp
+    if not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD:
+        return 0
+    if (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER or (
+        data[udp + 4] << 8 | data[udp + 5]
+    ) != ulen:
+        return 0
+    pos = udp + _UDP_HEADER + _STAMP_BASE
+    while pos < snaplen:  # the TLV area: Flags, Type, Length (2), Value (RFC 8972 §4)
+        if pos + 4 > snaplen or data[pos + 1] != _TLV_EXTRA_PADDING:
+            return 0
+        pos += 4 + (data[pos + 2] << 8 | data[pos + 3])
+    if pos > snaplen > udp + _UDP_HEADER + _STAMP_BASE:
+        return 0  # the last TLV runs past the end: the core marks it (M), general path
+    if verify:
+        if data[udp + 6] == data[udp + 7] == 0:
+            return 0  # a zero checksum is invalid over IPv6 (RFC 8200 §8.1)
+        # The words of the pseudo-header and the datagram must sum to -0; mod 0xFFFF
+        # (2**16 = 1) that is 0. An odd datagram is summed padded with a zero byte.
+        area = data[udp:] if not ulen & 1 else data[udp:] + b"\0"
+        if (
+            int.from_bytes(data[_ADDRS:_IPV6_HEADER], "big")
+            + int.from_bytes(area, "big")
+            + ulen
+            + _IPPROTO_UDP
+        ) % 0xFFFF:
+            return 0
+    return udp
 
 
 def _default_hop_limit() -> int:
@@ -264,6 +316,9 @@ class MmapDataplane(Dataplane):
     _tx: socket.socket | None = None
     _l3: socket.socket | None = None
     _ring: mmap.mmap | None = None
+    _rxring: PacketRing | None = None
+    #: The ring's cumulated (packets, drops) at the last ``kernel_stats`` call.
+    _stats_seen: tuple[int, int] = (0, 0)
     _txs: socket.socket | None = None
     _txr: mmap.mmap | None = None
     #: Frames written to the TX ring between two kicks (module doc, "Fast path").
@@ -288,9 +343,6 @@ class MmapDataplane(Dataplane):
         # Import netlink now, not on the first packet (a ~100 ms stall under load).
         import pyroute2  # noqa: F401, PLC0415
 
-        self._block = 0
-        self._left = 0
-        self._offset = 0
         try:
             self._open_rx()
             self._open_tx_ring()
@@ -307,29 +359,22 @@ class MmapDataplane(Dataplane):
         return f"{name}, UDP port {self.config.port}"
 
     def _open_rx(self) -> None:
-        # Protocol 0 receives nothing until bind(): the filter and the ring are in place
-        # before the first packet. Capturing everywhere has no bind with ifindex 0 in
-        # Python's AF_PACKET addresses, so that socket listens from creation on (the few
-        # packets queued before the ring exists stay in a queue nobody reads).
-        interface = self.config.interface
-        proto = 0 if interface else socket.htons(ETH_P_IPV6)
-        rx = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, proto)
-        self._rx = rx
+        # Bound to an interface, the ring's socket receives nothing until its filter
+        # and ring are in place. Capturing everywhere has no bind with ifindex 0 in
+        # Python's AF_PACKET addresses, so that socket listens from creation on (the
+        # few packets queued before the ring exists stay in a queue nobody reads).
         program = _filters.stamp_filter(
             self._ports, destination=require_ipv6("mmap", self.config.source)
         )
-        _filters.attach_filter(rx, program)
-        rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        rx.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
-        frames = BLOCK_SIZE * BLOCK_COUNT // FRAME_SIZE
-        req = _REQ3.pack(BLOCK_SIZE, BLOCK_COUNT, FRAME_SIZE, frames, RETIRE_BLOCK_TOV_MS, 0, 0)
-        rx.setsockopt(SOL_PACKET, PACKET_RX_RING, req)
-        self._ring = mmap.mmap(
-            rx.fileno(), BLOCK_SIZE * BLOCK_COUNT, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        ring = PacketRing(
+            self.config.interface or None,
+            protocol=ETH_P_IPV6,
+            program=program,
+            geometry=_GEOMETRY,
+            cooked=True,
         )
-        if interface:
-            rx.bind((interface, ETH_P_IPV6))
-        rx.setblocking(False)
+        self._rxring, self._rx, self._ring = ring, ring.sock, ring.map
+        self._stats_seen = (0, 0)
 
     def _open_tx_ring(self) -> None:
         """A TPACKET_V2 TX ring on the capture interface (none when capturing everywhere).
@@ -368,9 +413,9 @@ class MmapDataplane(Dataplane):
             with contextlib.suppress(_filters.KernelDropError):
                 self._drop.remove()
             self._drop = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        if self._rxring is not None:
+            self._rxring.close()
+            self._rxring = self._ring = self._rx = None
         self._close_tx_ring()
         for name in ("_rx", "_tx", "_l3"):
             sock = getattr(self, name)
@@ -394,33 +439,39 @@ class MmapDataplane(Dataplane):
 
     def kernel_stats(self) -> tuple[int, int]:
         """(packets, drops) the kernel counted for the ring since the last call."""
-        if self._rx is None:
+        if self._rxring is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
-        packets, drops, _freeze = _STATS.unpack(
-            self._rx.getsockopt(SOL_PACKET, PACKET_STATISTICS, _STATS.size)
-        )
-        return packets, drops
+        packets, drops = self._rxring.statistics()
+        seen_packets, seen_drops = self._stats_seen
+        self._stats_seen = (packets, drops)
+        return packets - seen_packets, drops - seen_drops
 
     # -- receive --------------------------------------------------------------------------
 
     def receive(self, max_batch: int = 64) -> list[Received]:
-        ring = self._ring
-        if ring is None:
+        rxr = self._rxring
+        if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
+        ring = rxr.map
+        unpack = PKT_HEADER.unpack_from
         out: list[Received] = []
+        taken = 0
         while len(out) < max_batch:
-            if self._left == 0:
-                if not self._next_block(ring):
+            if rxr.left == 0:
+                if not rxr.next_block():
+                    if taken == 0:  # woken for nothing: a socket error (ring doc)
+                        rxr.clear_error()
                     break
                 continue
-            off = self._offset
-            next_offset, sec, nsec, snaplen, length, status, _mac, net = _PKT.unpack_from(ring, off)
-            pkttype = ring[off + _SLL_OFFSET + _SLL_PKTTYPE]
+            off = rxr.offset
+            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, off)
+            pkttype = ring[off + SLL_OFFSET + SLL_PKTTYPE]
             data = ring[off + net : off + net + snaplen]
-            self._offset = off + next_offset
-            self._left -= 1
-            if self._left == 0:
-                self._release()
+            rxr.offset = off + next_offset
+            rxr.left -= 1
+            if rxr.left == 0:
+                rxr.release()
+            taken += 1
             rx = self._decode(
                 data, sec * 1_000_000_000 + nsec,
                 snaplen=snaplen, length=length, status=status, pkttype=pkttype,
@@ -428,18 +479,6 @@ class MmapDataplane(Dataplane):
             if rx is not None:
                 out.append(rx)
         return out
-
-    def _next_block(self, ring: mmap.mmap) -> bool:
-        """Enter the next block if the kernel has handed it over; False if not yet."""
-        base = self._block * BLOCK_SIZE
-        (status,) = _BLOCK_STATUS.unpack_from(ring, base + _BLOCK_STATUS_OFFSET)
-        if not status & TP_STATUS_USER:
-            return False
-        self._left, first = _BLOCK_PKTS.unpack_from(ring, base + _BLOCK_PKTS_OFFSET)
-        self._offset = base + first
-        if self._left == 0:
-            self._release()
-        return True
 
     def _decode(
         self, data: bytes, rx_ns: int, *, snaplen: int, length: int, status: int, pkttype: int
@@ -472,79 +511,61 @@ class MmapDataplane(Dataplane):
             rx_ns,
         )
 
-    def _release(self) -> None:
-        """Hand the current block back to the kernel and move to the next one."""
-        assert self._ring is not None
-        _BLOCK_STATUS.pack_into(
-            self._ring, self._block * BLOCK_SIZE + _BLOCK_STATUS_OFFSET, TP_STATUS_KERNEL
-        )
-        self._block = (self._block + 1) % BLOCK_COUNT
-
     # -- reflector fast path ----------------------------------------------------------------
 
-    def reflect_batch(
+    def reflect_batch(  # noqa: PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
         self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
     ) -> FastBatch:
         """Answer up to ``max_batch`` ring packets with ``reflect`` (module doc, "Fast path").
 
-        ``reflect(payload, rx_ns, clock, hop_limit)`` is the reflector core. Plain
-        IPv6/UDP packets of at most ``FAST_MAX_PAYLOAD`` bytes whose reply goes straight
-        back to their source are answered here; every other packet is returned in
-        ``FastBatch.slow`` for the caller's general path, in arrival order among them.
+        ``reflect(payload, rx_ns, clock, hop_limit, flow=...)`` is the reflector core.
+        Probes that ``_fast_udp`` accepts (plain or behind an SRH at Segments Left 0, a
+        verified UDP checksum, no TLV but Extra Padding) are answered here when the
+        reply goes back to their source, along the session's return SID list or none;
+        every other packet is returned in ``FastBatch.slow`` for the caller's general
+        path, in arrival order among them.
         """
-        ring = self._ring
-        if ring is None:
+        rxr = self._rxring
+        if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
+        ring = rxr.map
         slow: list[Received] = []
         consumed = handled = failed = pending = 0
         now = time.monotonic()
         templates = self._fast_templates
         txr = self._txr
-        unpack = _PKT.unpack_from
+        unpack = PKT_HEADER.unpack_from
         tx_header = _TX_HEADER.pack_into
         tx_batch = self.tx_batch
+        fast_udp = _fast_udp
+        stats = self.stats
         # The ring and TX cursors live in locals for the loop (attribute writes per
         # packet cost a tenth of it) and go back to the object when it ends.
-        left, offset, tx_slot = self._left, self._offset, self._tx_slot
+        left, offset, tx_slot = rxr.left, rxr.offset, self._tx_slot
         while consumed < max_batch:
             if left == 0:
-                self._left = 0
-                if not self._next_block(ring):
+                rxr.left = 0
+                if not rxr.next_block():
+                    if consumed == 0:  # woken for nothing: a socket error (ring doc)
+                        rxr.clear_error()
                     break
-                left, offset = self._left, self._offset
+                left, offset = rxr.left, rxr.offset
                 continue
             next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, offset)
-            pkttype = ring[offset + _SLL_OFFSET + _SLL_PKTTYPE]
+            pkttype = ring[offset + SLL_OFFSET + SLL_PKTTYPE]
             data = ring[offset + net : offset + net + snaplen]
             offset += next_offset
             left -= 1
             if left == 0:
-                self._release()
+                rxr.release()
             consumed += 1
             rx_ns = sec * 1_000_000_000 + nsec
-            if (
-                snaplen > _FAST_MAX_PACKET
-                or snaplen & 1
-                or data[_NEXT_HEADER] != _IPPROTO_UDP
-                or pkttype != PACKET_HOST
-                or snaplen != length
-                or (
-                    not status & _CSUM_TRUSTED
-                    # RFC 768/8200 check over pseudo-header + UDP: the words from the
-                    # addresses on, plus the length once more and Next Header, must sum
-                    # to -0; mod 0xFFFF that is 0. A zero field is invalid in IPv6.
-                    and (
-                        (
-                            int.from_bytes(data[_ADDRS:], "big")
-                            + snaplen
-                            - _IPV6_HEADER
-                            + _IPPROTO_UDP
-                        )
-                        % 0xFFFF
-                        or data[_UDP_CHECKSUM] == data[_UDP_CHECKSUM + 1] == 0
-                    )
-                )
-            ):
+            udp = (
+                fast_udp(data, snaplen, not status & _CSUM_TRUSTED)
+                if pkttype == PACKET_HOST and snaplen == length
+                else 0
+            )
+            if not udp:
                 rx = self._decode(
                     data, rx_ns, snaplen=snaplen, length=length, status=status, pkttype=pkttype
                 )
@@ -554,21 +575,26 @@ class MmapDataplane(Dataplane):
             handled += 1
             # The addresses and ports: the reflector's flow key (Received.flow's layout)
             # and the reply template's.
-            key = data[_ADDRS:_UDP_LENGTH]
-            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT], flow=key)
+            key = data[_ADDRS:_IPV6_HEADER] + data[udp : udp + 4]
+            out = reflect(data[udp + _UDP_HEADER :], rx_ns, clock, data[_HOP_LIMIT], flow=key)
             if out is None:
                 continue
             payload = out.payload
             route = out.return_path
-            if txr is None or route.segments is not None or route.address is not None:
-                failed += self._send_general(data, payload, route)
+            if txr is None or route.address is not None:
+                failed += self._send_general(data, udp, payload, route)
                 continue
             size = len(payload)
             template = templates.get(key)
-            if template is None or template.expires < now or template.size != size:
-                template = self._fast_template(key, size, now)
+            if (
+                template is None
+                or template.expires < now
+                or template.size != size
+                or template.route is not route
+            ):
+                template = self._fast_template(key, size, now, route)
                 if template is None:
-                    failed += self._send_general(data, payload, route)
+                    failed += self._send_general(data, udp, payload, route)
                     continue
             total = template.header_sum + int.from_bytes(
                 payload + b"\0" if size & 1 else payload, "big"
@@ -585,7 +611,7 @@ class MmapDataplane(Dataplane):
                     tx_slot, txr = self._tx_slot, self._txr
                     slot = tx_slot * TX_FRAME_SIZE
                 if txr is None or txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
-                    failed += self._send_general(data, payload, route)
+                    failed += self._send_general(data, udp, payload, route)
                     continue
             flen = len(frame)
             txr[slot + _TX_DATA_OFFSET : slot + _TX_DATA_OFFSET + flen] = frame
@@ -594,35 +620,41 @@ class MmapDataplane(Dataplane):
             tx_header(txr, slot, TP_STATUS_SEND_REQUEST, flen, flen)
             tx_slot = (tx_slot + 1) % TX_FRAME_COUNT
             pending += 1
+            stats.fast_replies += 1
             if pending >= tx_batch:
                 self._tx_slot = tx_slot
                 self._kick()
                 pending = 0
                 tx_slot, txr = self._tx_slot, self._txr
-        self._left, self._offset, self._tx_slot = left, offset, tx_slot
+        rxr.left, rxr.offset, self._tx_slot = left, offset, tx_slot
         if pending:
             self._kick()
         return FastBatch(consumed, handled, failed, slow)
 
-    def _send_general(self, data: bytes, payload: bytes, route: FastRoute) -> int:
+    def _send_general(self, data: bytes, udp: int, payload: bytes, route: FastRoute) -> int:
         """The reply by ``send`` (addresses from the probe); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else IPv6Address(data[8:24])
         if not isinstance(dst, IPv6Address):
             return 1  # an IPv4 return address on an IPv6 plane
         src = data[24:40]
-        port = int.from_bytes(data[40:42], "big")
+        port = int.from_bytes(data[udp : udp + 2], "big")
         try:
             self.send(payload, dst, port, segments=route.segments, src=IPv6Address(src))
         except DataplaneError:
             return 1
         return 0
 
-    def _fast_template(self, key: bytes, size: int, now: float) -> _FastTemplate | None:
-        """The frame head of replies to the probe addresses in ``key`` (src, dst, ports)."""
+    def _fast_template(
+        self, key: bytes, size: int, now: float, route: FastRoute
+    ) -> _FastTemplate | None:
+        """The frame head of replies to the probe addresses and ports in ``key``, along
+        ``route``'s SID list (None: straight back)."""
         peer = IPv6Address(key[:16])
-        hop = self._next_hops.get(peer)
+        path = full_path(peer, route.segments)
+        first_hop = path[0] if path is not None else peer
+        hop = self._next_hops.get(first_hop)
         if hop is None or hop.expires < now:
-            hop = self._resolve(peer)
+            hop = self._resolve(first_hop)
         if not hop.ethernet or hop.ifname != self.config.interface:
             return None  # not resolved yet, or leaves by another interface: general path
         # From the address the probe was sent to, as the engine's general path does.
@@ -633,10 +665,13 @@ class MmapDataplane(Dataplane):
             int.from_bytes(key[32:34], "big"),
             bytes(size),
             hop_limit=self._hop_limit,
+            segments=list(path) if path is not None else None,
         )
         cut = len(packet) - size - _UDP_CHECKSUM_FROM_END
+        if len(hop.ethernet) + len(packet) > TX_FRAME_SIZE - _TX_DATA_OFFSET:
+            return None  # larger than a TX ring frame
         zero_sum = 0xFFFF - int.from_bytes(packet[cut : cut + _UDP_CHECKSUM_FROM_END], "big")
-        template = _FastTemplate(hop.ethernet + packet[:cut], zero_sum, size, hop.expires)
+        template = _FastTemplate(hop.ethernet + packet[:cut], zero_sum, size, hop.expires, route)
         if len(self._fast_templates) >= _MAX_TEMPLATES:
             self._fast_templates.clear()
         self._fast_templates[key] = template
@@ -741,41 +776,10 @@ class MmapDataplane(Dataplane):
 
     def _resolve(self, first_hop: IPv6Address) -> _NextHop:
         """Output interface, Ethernet header and source for ``first_hop`` (module doc)."""
-        from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
-        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
-
         if self._ipr is None:
+            from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
+
             self._ipr = IPRoute()
-        ipr = self._ipr
-        now = time.monotonic()
-        try:
-            route = ipr.route("get", dst=str(first_hop))[0]
-        except NetlinkError as exc:
-            raise DataplaneError(f"mmap: no route to {first_hop}: {exc}") from exc
-        oif = route.get_attr("RTA_OIF")
-        prefsrc = route.get_attr("RTA_PREFSRC")
-        source = IPv6Address(prefsrc).packed if prefsrc else None
-        ethernet = b""
-        ifname = ""
-        if route["type"] != _RTN_LOCAL and oif:
-            ifname = socket.if_indextoname(oif)
-            neighbour = route.get_attr("RTA_GATEWAY") or str(first_hop)
-            try:
-                entries = ipr.neigh("get", dst=neighbour, ifindex=oif)
-            except NetlinkError:
-                entries = []
-            link = ipr.get_links(oif)[0].get_attr("IFLA_ADDRESS")
-            for entry in entries:
-                lladdr = entry.get_attr("NDA_LLADDR")
-                if lladdr and entry["state"] & _NUD_USABLE and link:
-                    ethernet = (
-                        bytes.fromhex(lladdr.replace(":", ""))
-                        + bytes.fromhex(link.replace(":", ""))
-                        + _ETHERTYPE_IPV6
-                    )
-                    break
-        # An unresolved neighbour is retried on the next packet (the L3 send resolves it).
-        expires = now + _NEXT_HOP_TTL_S if ethernet or route["type"] == _RTN_LOCAL else now
-        hop = _NextHop(ifname, ethernet, source, expires)
+        hop = resolve_next_hop(self._ipr, first_hop)
         self._next_hops[first_hop] = hop
         return hop

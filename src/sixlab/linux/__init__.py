@@ -9,9 +9,12 @@ from sixlab.
 - :mod:`sixlab.linux.bpfbuild`: compiles the BPF C sources of ``bpf/`` (CO-RE, clang)
   on first use and caches the objects per kernel, sources and compiler.
 - :mod:`sixlab.linux.cbpf`: classic BPF instructions, an assembler, ``SO_ATTACH_FILTER``.
+- :mod:`sixlab.linux.packetring`: the TPACKET_V3 receive ring of every capture.
 - :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
   handling packets user space answers.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
+- :mod:`sixlab.linux.xsk`: AF_XDP sockets over the system libxdp, with NumPy views of
+  the rings and the UMEM (imported on demand: it loads NumPy).
 
 Errors
 ------
@@ -20,11 +23,12 @@ Errors
     LinuxError (RuntimeError)
     ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
     ├── LibbpfError         a libbpf call failed (``errno`` set)
-    └── KernelDropError     nftables is missing or refused the table
+    ├── KernelDropError     nftables is missing or refused the table
+    └── XskError            an AF_XDP call failed (``errno`` set)
 """
 
 from sixlab.linux.bpfbuild import BuildError
-from sixlab.linux.errors import LinuxError
+from sixlab.linux.errors import LinuxError, XskError
 from sixlab.linux.libbpf import LibbpfError
 from sixlab.linux.nftdrop import KernelDrop, KernelDropError
 from sixlab.linux.signals import StopOnSignal
@@ -36,4 +40,5 @@ __all__ = [
     "LibbpfError",
     "LinuxError",
     "StopOnSignal",
+    "XskError",
 ]
