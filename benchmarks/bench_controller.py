@@ -151,6 +151,27 @@ def _create_api(
     return [created, time.monotonic() - t0, _cpu_s(pid) - cpu0]
 
 
+def _create_apply(
+    client: Any, pid: int, nodes: list[tuple[str, str, str]], specs: list[Any]
+) -> list[float]:
+    """One northbound Apply of every node and session, running: [Apply s (create and
+    start), the same, controller CPU s]."""
+    from sixlab.controller.client import messages as cpb  # noqa: PLC0415
+    from sixlab.controller.client import spec_to_proto  # noqa: PLC0415
+
+    roles = {"sender": cpb.NODE_ROLE_SENDER, "reflector": cpb.NODE_ROLE_REFLECTOR}
+    request = cpb.ApplyRequest(
+        nodes=[cpb.NodeConfig(name=n, address=a, role=roles[r], init=cpb.NodeInit())
+               for n, a, r in nodes],
+        sessions=[cpb.SessionConfig(spec=spec_to_proto(s), running=True) for s in specs],
+    )  # fmt: skip
+    cpu0, t0 = _cpu_s(pid), time.monotonic()
+    reply = client.apply(request)
+    took = time.monotonic() - t0
+    assert not reply.error, reply.error
+    return [took, took, _cpu_s(pid) - cpu0]
+
+
 def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -> dict[str, Any]:
     """The measuring window: stored per second, CPU, RSS, lag, bytes per result."""
     from sixlab.controller.store import open_store  # noqa: PLC0415
@@ -231,6 +252,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with ControllerClient(address, timeout=60) as client:
             if args.create == "api":
                 timing = _create_api(client, ctl.pid, nodes, specs)
+            elif args.create == "apply":
+                timing = _create_apply(client, ctl.pid, nodes, specs)
             pg_pid = None
             if pg is not None:
                 pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
@@ -276,10 +299,11 @@ def main() -> None:
     parser.add_argument("--loss-every", type=int, default=0)
     parser.add_argument(
         "--create",
-        choices=("batch", "api"),
-        default="batch",
-        help="create and start the sessions in batches (Controller.create_sessions and"
-        " start_sessions), or one northbound call each",
+        choices=("apply", "batch", "api"),
+        default="apply",
+        help="create and start the sessions with one northbound Apply, with"
+        " Controller.create_sessions/start_sessions in the benchmark's process, or with one"
+        " northbound call each",
     )
     print(json.dumps(run(parser.parse_args())), flush=True)
 

@@ -66,6 +66,8 @@ class Step:
     name: str
     detail: str
     run: Callable[[], object]
+    #: A session (re)create step's spec: ``execute`` creates runs of them in one batch.
+    spec: SessionSpec | None = None
 
 
 def key_sha256(key_hex: str) -> str:
@@ -161,7 +163,7 @@ def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the
         steps.append(Step("init", "node", name, why, _init(controller, name, init)))
     for name, (spec, detail) in create.items():
         action = "create" if name not in current else "recreate"
-        steps.append(Step(action, "session", name, detail, _create(controller, spec)))
+        steps.append(Step(action, "session", name, detail, _create(controller, spec), spec))
 
     for name, want_s in wanted.items():
         state = "created" if name in create else current[name].state
@@ -172,19 +174,60 @@ def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the
     return steps
 
 
-def execute(steps: list[Step]) -> list[Step]:
+def execute(steps: list[Step], controller: Controller | None = None) -> list[Step]:
     """Run the steps in order; returns those done. The first failure propagates with
-    ``done`` (the steps made before it) attached."""
+    ``done`` (the steps made before it) attached.
+
+    With ``controller``, a run of consecutive session creations is one
+    ``Controller.create_sessions`` call and a run of starts one ``start_sessions`` (their
+    agent calls pipelined): the steps of a run that succeed are done even when another
+    of the run failed, and ``done`` says so."""
     done: list[Step] = []
-    for step in steps:
+    i = 0
+    while i < len(steps):
+        run = _batchable(steps, i) if controller is not None else 1
         try:
-            step.run()
+            if run > 1:
+                assert controller is not None
+                _run_batch(controller, steps[i : i + run], done)
+            else:
+                steps[i].run()
+                done.append(steps[i])
         except Exception as exc:
             exc.add_note(f"after {len(done)} of {len(steps)} changes")
             exc.done = done  # type: ignore[attr-defined]
             raise
-        done.append(step)
+        i += run
     return done
+
+
+def _batchable(steps: list[Step], i: int) -> int:
+    """How many steps from ``i`` on make one batch (1: none)."""
+
+    def kind(step: Step) -> str:
+        if step.kind == "session" and step.action in ("create", "recreate") and step.spec:
+            return "create"
+        return "start" if step.kind == "session" and step.action == "start" else ""
+
+    first = kind(steps[i])
+    if not first:
+        return 1
+    n = 1
+    while i + n < len(steps) and kind(steps[i + n]) == first:
+        n += 1
+    return n
+
+
+def _run_batch(controller: Controller, steps: list[Step], done: list[Step]) -> None:
+    """Create or start the sessions of a run of steps at once (see ``execute``)."""
+    if steps[0].action == "start":
+        errors = controller.start_sessions([s.name for s in steps])
+    else:
+        _, errors = controller.create_sessions([s.spec for s in steps if s.spec is not None])
+    done.extend(s for s in steps if s.name not in errors)
+    for step in steps:
+        if step.name in errors:
+            raise errors[step.name]
 
 
 # --------------------------------------------------------------------------- helpers

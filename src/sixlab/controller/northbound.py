@@ -566,7 +566,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             reply.changes.extend(_change(s) for s in steps)
             return reply
         try:
-            done = apply.execute(steps)
+            done = apply.execute(steps, self.controller)
         except Exception as exc:
             status = _status_of(exc)
             if status is None:
