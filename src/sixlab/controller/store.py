@@ -829,15 +829,13 @@ class Store(ABC):
         # threads then lock them in one order (no deadlock).
         fresh.sort(key=lambda b: (b.session_id, b.epoch))
         cursors = [
-            (top, b.session_id, b.epoch, top)
+            (b.session_id, b.epoch, top)
             for b in fresh
             if b.records
             for top in [max(rid for rid, _ in b.records)]
         ]
         if cursors:
-            db.executemany(
-                "UPDATE sessions SET cursor=? WHERE id=? AND epoch=? AND cursor<?", cursors
-            )
+            self._set_cursors(db, cursors)
         tops: dict[tuple[int, int], int] = {}
         for row in rows:
             key = (row[0], row[1])
@@ -846,14 +844,7 @@ class Store(ABC):
             (sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in sorted(new.items()) if n
         ]
         if received:
-            db.executemany(
-                "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
-                " VALUES (?, ?, COALESCE(?, 0), ?, ?) ON CONFLICT(session_id, epoch)"
-                " DO UPDATE SET received = epochs.received + excluded.received,"
-                " top = CASE WHEN epochs.top > excluded.top THEN epochs.top"
-                " ELSE excluded.top END",
-                received,
-            )
+            self._add_received(db, received)
         counted = [b for b in fresh if b.counters is not None]
         if counted:
             db.executemany(
@@ -881,6 +872,24 @@ class Store(ABC):
             None if i in stale else new.get((b.session_id, b.epoch), 0)
             for i, b in enumerate(batches)
         ]
+
+    def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
+        """Advance the cursors, (session id, epoch, highest record id stored)."""
+        db.executemany(
+            "UPDATE sessions SET cursor=? WHERE id=? AND epoch=? AND cursor<?",
+            [(top, sid, ep, top) for sid, ep, top in cursors],
+        )
+
+    def _add_received(self, db: _Db, rows: list[tuple[int, int, int | None, int, int]]) -> None:
+        """Count stored results per epoch: (session id, epoch, now, new rows, top id)."""
+        db.executemany(
+            "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
+            " VALUES (?, ?, COALESCE(?, 0), ?, ?) ON CONFLICT(session_id, epoch)"
+            " DO UPDATE SET received = epochs.received + excluded.received,"
+            " top = CASE WHEN epochs.top > excluded.top THEN epochs.top"
+            " ELSE excluded.top END",
+            rows,
+        )
 
     def results(
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
