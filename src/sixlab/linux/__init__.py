@@ -11,6 +11,9 @@ from sixlab.
 - :mod:`sixlab.linux.cbpf`: classic BPF instructions, an assembler, ``SO_ATTACH_FILTER``.
 - :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
   handling packets user space answers.
+- :mod:`sixlab.linux.nftcount`: an owned nftables table counting one data flow sent and
+  received (the kernel's counts behind RFC 8972 §4.5 direct-mode loss); read with
+  pyroute2's nftables netlink dump.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
 
 Errors
@@ -20,17 +23,22 @@ Errors
     LinuxError (RuntimeError)
     ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
     ├── LibbpfError         a libbpf call failed (``errno`` set)
-    └── KernelDropError     nftables is missing or refused the table
+    ├── KernelDropError     nftables is missing or refused the table
+    └── FlowCountersError   nftables is missing, refused the counters, or cannot be read
 """
 
 from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.libbpf import LibbpfError
+from sixlab.linux.nftcount import FlowCounters, FlowCountersError, FlowMatch
 from sixlab.linux.nftdrop import KernelDrop, KernelDropError
 from sixlab.linux.signals import StopOnSignal
 
 __all__ = [
     "BuildError",
+    "FlowCounters",
+    "FlowCountersError",
+    "FlowMatch",
     "KernelDrop",
     "KernelDropError",
     "LibbpfError",
