@@ -22,8 +22,12 @@ from sixlab.stamp import (
     per_flow_stats,
     spread_labels,
 )
+from sixlab.stamp import _events as ev
+from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
+from sixlab.stamp.sender import SenderConfig, SenderSession
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
+from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, encode_timestamp
 
 EE = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.NTP)
@@ -31,8 +35,8 @@ MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000
 
 
-def _sender_packet(seq: int = 7, ssid: int = 5, key: bytes | None = None) -> bytes:
-    pkt = wire.SenderPacket(seq, encode_timestamp(T0, TimestampFormat.NTP), EE, ssid, b"")
+def _sender_packet(seq: int = 7, ssid: int = 5, key: bytes | None = None, t1: int = T0) -> bytes:
+    pkt = wire.SenderPacket(seq, encode_timestamp(t1, TimestampFormat.NTP), EE, ssid, b"")
     data = wire.encode_sender(pkt, authenticated=key is not None)
     return stamp_auth.sign(data, key) if key is not None else data
 
@@ -163,3 +167,108 @@ def test_data_loss_survives_32_bit_wrap_and_reports_in_flight_as_negative() -> N
     assert only.backward_lost is None  # the sender counts no reverse flow
     assert only.backward_ratio is None
     assert data_loss_total(samples[:1]) is None
+
+
+# -- the Session-Sender in loopback, ECMP and direct-measurement sessions ------------
+
+
+def _session(**kwargs: object) -> SenderSession:
+    session = SenderSession(SenderConfig(ssid=9, interval_ns=10 * MS, **kwargs))  # type: ignore[arg-type]
+    session.start(T0)
+    return session
+
+
+def _events(session: SenderSession) -> list[ev.Event]:
+    return list(iter(session.next_event, None))
+
+
+@pytest.mark.parametrize("key", [None, b"loop-key"])
+def test_a_loopback_session_measures_its_own_packets(key: bytes | None) -> None:
+    session = _session(loopback=True, key=key, count=3)
+    first = session.datagrams_to_send()
+    session.handle_timer(T0 + 10 * MS)
+    second = session.datagrams_to_send()
+    # Packets come back untouched (End/End.X do not write into the payload), any order.
+    session.receive(second[0], T0 + 27 * MS)
+    session.receive(first[0], T0 + 29 * MS)
+    results = [e for e in _events(session) if isinstance(e, StampResult)]
+    assert [(r.seq, r.rtt_ns, r.loopback) for r in results] == [
+        (1, 17 * MS, True),
+        (0, 29 * MS, True),
+    ]
+    assert (results[0].t2_ns, results[0].t3_ns) == (0, 0)
+    assert session.counters.reordered == 1
+    session.receive(first[0], T0 + 30 * MS)  # came back twice
+    assert session.counters.duplicates == 1
+
+
+def test_a_loopback_session_drops_what_is_not_its_own_packet() -> None:
+    session = _session(loopback=True)
+    (sent,) = session.datagrams_to_send()
+    r = Reflector()
+    r.add_session(ReflectorSessionConfig(ssid=9))
+    reply = r.reflect(sent, T0 + MS, lambda: T0 + 2 * MS, 64)
+    assert reply is not None
+    session.receive(reply.payload, T0 + 3 * MS)  # a reflector's reply: T3 where T1 is
+    session.receive(_sender_packet(seq=0, ssid=9, t1=T0 + MS), T0 + 3 * MS)  # wrong T1
+    session.receive(_sender_packet(seq=7, ssid=9), T0 + 3 * MS)  # a Seq never sent
+    assert session.counters.dropped == {
+        DropReason.BAD_TIMESTAMP: 2,
+        DropReason.UNKNOWN_SEQ: 1,
+    }
+    assert session.counters.received == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loopback": True, "reflector_stateful": True},
+        {"loopback": True, "direct_measurement": True},
+    ],
+)
+def test_loopback_refuses_what_needs_a_reflector(kwargs: dict[str, bool]) -> None:
+    with pytest.raises(SessionConfigError):
+        SenderConfig(ssid=1, **kwargs)  # type: ignore[arg-type]
+
+
+def test_records_carry_the_flow_label_their_seq_had() -> None:
+    session = _session(flow_labels=(0x11, 0x22, 0x33), count=4)
+    sent = session.datagrams_to_send()
+    for k in range(1, 4):
+        session.handle_timer(T0 + k * 10 * MS)
+        sent += session.datagrams_to_send()
+    r = Reflector()
+    r.add_session(ReflectorSessionConfig(ssid=9))
+    for i, payload in enumerate(sent):
+        out = r.reflect(payload, T0 + (i * 10 + 1) * MS, lambda: T0 + 50 * MS, 64)
+        assert out is not None
+        session.receive(out.payload, T0 + 60 * MS)
+    results = [e for e in _events(session) if isinstance(e, StampResult)]
+    assert [r.flow_label for r in results] == [0x11, 0x22, 0x33, 0x11]
+    assert [flow_label_for((0x11, 0x22, 0x33), int.from_bytes(p[:4])) for p in sent] == [
+        0x11,
+        0x22,
+        0x33,
+        0x11,
+    ]
+
+
+def test_direct_measurement_carries_data_counters_both_ways() -> None:
+    session = _session(direct_measurement=True)
+    (probe_count,) = session.datagrams_to_send()  # no data counts yet: the packet count
+    assert tlv.DirectMeasurement.from_tlv(tlv.decode_tlvs(probe_count[44:])[0]).s_txc == 1
+    session.set_data_counters(1000, 40)
+    session.handle_timer(T0 + 10 * MS)
+    (sent,) = session.datagrams_to_send()
+    assert tlv.DirectMeasurement.from_tlv(tlv.decode_tlvs(sent[44:])[0]).s_txc == 1000
+    r = Reflector()
+    r.add_session(ReflectorSessionConfig(ssid=9))
+    r.set_data_counters(9, received=990, sent=45)
+    out = r.reflect(sent, T0 + 11 * MS, lambda: T0 + 12 * MS, 64)
+    assert out is not None
+    session.set_data_counters(1003, 44)
+    session.receive(out.payload, T0 + 13 * MS)
+    (result,) = [e for e in _events(session) if isinstance(e, StampResult)]
+    assert result.data == DataCounters(s_txc=1000, r_rxc=990, r_txc=45, s_rxc=44)
+    with pytest.raises(SessionConfigError, match="ssid"):
+        r.set_data_counters(10, received=0, sent=0)

@@ -248,7 +248,7 @@ def _error_estimate(value: int) -> ErrorEstimate | None:
     return ErrorEstimate.from_int(value)
 
 
-def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, int]:
+def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, Any]:
     if not request.HasField("tai_utc_offset_ns"):
         return {}
     offset = request.tai_utc_offset_ns

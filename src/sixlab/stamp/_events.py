@@ -85,8 +85,7 @@ class StampResult:
     flow_label: int | None = None
     #: Loopback mode (draft-ietf-spring-stamp-srpm, docs/srpm.md): the packet came back
     #: to the Session-Sender without a Session-Reflector. T2 and T3 are then 0 (never
-    #: taken): only the round trip T4 − T1 is a measurement; ``ses_sender_ttl`` is the Hop
-    #: Limit the packet came back with.
+    #: taken), and so is ``ses_sender_ttl``: only the round trip T4 − T1 is a measurement.
     loopback: bool = False
     #: The data-flow counters of direct-mode loss (RFC 8972 §4.5), when the session
     #: carries a Direct Measurement TLV and counts its data traffic.

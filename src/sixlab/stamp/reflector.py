@@ -145,6 +145,10 @@ class _Session:
     next_seq: int = 0
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    #: Data-flow counts for the Direct Measurement TLV (RFC 8972 §4.5), when the adapter
+    #: counts the session's data traffic (``Reflector.set_data_counters``).
+    data_rx: int | None = None
+    data_tx: int | None = None
 
     @classmethod
     def from_config(cls, config: ReflectorSessionConfig) -> _Session:
@@ -232,6 +236,17 @@ class Reflector:
         if config is not None and config.ssid is not None:
             raise SessionConfigError("ssid: the default session has no SSID (None)")
         self._default = None if config is None else _Session.from_config(config)
+
+    def set_data_counters(self, ssid: int | None, received: int, sent: int) -> None:
+        """The data flow of session ``ssid`` (None: the default one), as the adapter
+        counts it: packets received and sent so far. From now on a Direct Measurement
+        TLV gets these as R_RxC and R_TxC instead of the session's test packet counts
+        (docs/srpm.md, "Direct-mode loss"). Call before ``reflect``."""
+        sess = self._default if ssid is None else self._unauth.get(ssid) or self._auth.get(ssid)
+        if sess is None:
+            raise SessionConfigError(f"ssid: no session {ssid}")
+        sess.data_rx = received
+        sess.data_tx = sent
 
     def session_counters(self, ssid: int | None) -> tuple[int, dict[DropReason, int]]:
         """(replies sent, drops by reason) of one session; None names the default."""
@@ -398,8 +413,12 @@ class Reflector:
                 timestamp_method=cfg.timestamp_method,
                 key=cfg.key,
                 seq_field=data[:4],
-                received=sess.reflected + sum(sess.dropped.values()) + 1,
-                transmitted=sess.reflected,
+                received=(
+                    sess.data_rx
+                    if sess.data_rx is not None
+                    else sess.reflected + sum(sess.dropped.values()) + 1
+                ),
+                transmitted=sess.data_tx if sess.data_tx is not None else sess.reflected,
             ),
         )
         if not out.reply_requested:

@@ -29,6 +29,17 @@ whose Seq is lower than the highest seen is reordered; one for a Seq already dec
 lost is counted late and dropped. With a stateful reflector (RFC 8762 §4.3.1), whose
 Seq counts what it received, ``sender_seq - reflector_seq`` is the forward loss so far,
 which splits the total loss into forward and backward.
+
+SR performance measurement (docs/srpm.md). ``loopback``: the session's packets come
+back to it without a Session-Reflector (draft-ietf-spring-stamp-srpm's loopback mode);
+replies are the session's own Session-Sender packets, decoded by
+``sixlab.stamp.loopback``, and records have ``loopback`` set and T2 = T3 = 0.
+``flow_labels``: packet Seq n goes with label ``flow_labels[n mod N]`` (ECMP coverage,
+``sixlab.stamp.flows``); the adapter reads a packet's label from its Seq, and every
+record carries it. ``direct_measurement``: every packet carries a Direct Measurement
+TLV (RFC 8972 §4.5) whose S_TxC is the data-flow count the adapter last reported with
+``set_data_counters`` (the session's packet count while it reports none); records
+carry the reply's counters with the adapter's S_RxC (``sixlab.stamp.direct``).
 """
 
 from __future__ import annotations
@@ -49,8 +60,12 @@ from sixlab.stamp._events import (
     SessionStateError,
     StampResult,
 )
+from sixlab.stamp.direct import DataCounters
+from sixlab.stamp.flows import check_flow_labels, flow_label_for
+from sixlab.stamp.loopback import decode_looped
 from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
+from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp, encode_timestamp
 
 __all__ = ["DEFAULT_TAI_UTC_OFFSET_NS", "SenderConfig", "SenderCounters", "SenderSession", "State"]
@@ -110,6 +125,12 @@ class SenderConfig:
     loss_timeout_ns: int = DEFAULT_LOSS_TIMEOUT_NS
     tai_utc_offset_ns: int = DEFAULT_TAI_UTC_OFFSET_NS
     reflector_stateful: bool = False
+    #: Loopback measurement mode: no Session-Reflector (module docstring, docs/srpm.md).
+    loopback: bool = False
+    #: IPv6 Flow Labels the packets take in turn (ECMP coverage); empty: none set.
+    flow_labels: tuple[int, ...] = ()
+    #: Carry a Direct Measurement TLV (RFC 8972 §4.5) first in the TLV area.
+    direct_measurement: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.ssid <= 0xFFFF:
@@ -130,6 +151,13 @@ class SenderConfig:
             raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
             raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+        object.__setattr__(self, "flow_labels", check_flow_labels(self.flow_labels))
+        if self.loopback and self.reflector_stateful:
+            raise SessionConfigError("reflector_stateful: a loopback session has no reflector")
+        if self.loopback and self.direct_measurement:
+            raise SessionConfigError(
+                "direct_measurement: needs a reflector's counters, a loopback session has none"
+            )
 
     @property
     def authenticated(self) -> bool:
@@ -186,6 +214,15 @@ class SenderSession:
         self._highest_seq: int | None = None
         self._tx: list[bytes] = []
         self._events: deque[Event] = deque()
+        # Direct measurement: the TLV area with a Direct Measurement TLV first (S_TxC at
+        # offset 4 is filled per packet), and the data-flow counts the adapter reported.
+        self._tlvs = (
+            tlv.DirectMeasurement().to_tlv().encode() + config.tlvs
+            if config.direct_measurement
+            else config.tlvs
+        )
+        self._data_tx: int | None = None
+        self._data_rx: int | None = None
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -213,6 +250,13 @@ class SenderSession:
         self._expire(now)
         self._maybe_drained()
 
+    def set_data_counters(self, sent: int | None, received: int | None) -> None:
+        """The data flow's packets sent and received so far, as the adapter counts them
+        (direct measurement): ``sent`` goes into the next packets' S_TxC, ``received``
+        into the next records' S_RxC. Call before ``handle_timer`` and ``receive``."""
+        self._data_tx = sent
+        self._data_rx = received
+
     def receive(self, data: bytes, now: int) -> None:
         """A reflected packet arrived at ``now`` (T4, UTC ns)."""
         if self.state not in (State.RUNNING, State.DRAINING):
@@ -226,6 +270,9 @@ class SenderSession:
 
     def _match(self, data: bytes, now: int) -> None:
         cfg = self.config
+        if cfg.loopback:
+            self._match_looped(data, now)
+            return
         if cfg.key is not None and not stamp_auth.verify(data, cfg.key):
             self._drop(DropReason.HMAC_FAILED)
             return
@@ -283,8 +330,74 @@ class SenderSession:
                 ses_sender_ttl=pkt.ses_sender_ttl,
                 reflector_seq=pkt.seq,
                 tlvs=pkt.tlvs,
+                flow_label=flow_label_for(cfg.flow_labels, seq),
+                data=self._data_of(pkt.tlvs),
             )
         )
+
+    def _match_looped(self, data: bytes, now: int) -> None:
+        """A loopback session's own packet came back (``sixlab.stamp.loopback``)."""
+        cfg = self.config
+        pkt = decode_looped(data, ssid=cfg.ssid, key=cfg.key)
+        if isinstance(pkt, DropReason):
+            self._drop(pkt)
+            return
+        seq = pkt.seq
+        t1 = self._outstanding.get(seq)
+        if t1 is None:
+            if seq in self._answered:
+                self.counters.duplicates += 1
+                self._events.append(DuplicateReceived(cfg.ssid, seq))
+            elif seq < self._next_seq:
+                self._drop(DropReason.LATE)
+            else:
+                self._drop(DropReason.UNKNOWN_SEQ)
+            return
+        try:
+            echoed_t1 = self._to_utc(pkt.timestamp, pkt.error_estimate.fmt)
+        except WireError:
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return
+        if echoed_t1 != t1:
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return
+        del self._outstanding[seq]
+        self._remember_answered(seq)
+        self.counters.received += 1
+        if self._highest_seq is not None and seq < self._highest_seq:
+            self.counters.reordered += 1
+        else:
+            self._highest_seq = seq
+        self._events.append(
+            StampResult(
+                ssid=cfg.ssid,
+                seq=seq,
+                t1_ns=t1,
+                t2_ns=0,
+                t3_ns=0,
+                t4_ns=now,
+                sender_error=self._ee,
+                reflector_error=pkt.error_estimate,
+                ses_sender_ttl=0,  # no reflector read a Hop Limit
+                reflector_seq=seq,
+                tlvs=pkt.tlvs,
+                flow_label=flow_label_for(cfg.flow_labels, seq),
+                loopback=True,
+            )
+        )
+
+    def _data_of(self, tlvs: bytes) -> DataCounters | None:
+        """The reply's Direct Measurement counters with our S_RxC (direct measurement)."""
+        if not self.config.direct_measurement or not tlvs:
+            return None
+        for item in tlv.scan_tlvs(tlvs).tlvs:
+            if item.type == tlv.TlvType.DIRECT_MEASUREMENT:
+                try:
+                    dm = tlv.DirectMeasurement.from_tlv(item)
+                except WireError:
+                    return None
+                return DataCounters(dm.s_txc, dm.r_rxc, dm.r_txc, self._data_rx)
+        return None
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -336,9 +449,11 @@ class SenderSession:
         seq = self._next_seq
         self._next_seq = (seq + 1) & 0xFFFF_FFFF
         wire_now = now + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else now
-        pkt = wire.SenderPacket(
-            seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, cfg.tlvs
-        )
+        tlvs = self._tlvs
+        if cfg.direct_measurement:
+            count = self._data_tx if self._data_tx is not None else self.counters.sent + 1
+            tlvs = tlvs[:4] + (count & 0xFFFF_FFFF).to_bytes(4) + tlvs[8:]
+        pkt = wire.SenderPacket(seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, tlvs)
         data = wire.encode_sender(pkt, authenticated=cfg.authenticated)
         if cfg.key is not None:
             data = stamp_auth.sign(data, cfg.key)
