@@ -122,6 +122,8 @@ class Dataplane(abc.ABC):
     name: ClassVar[str]
     #: True for a plane that implements :meth:`reflect_batch`.
     has_fast_path: ClassVar[bool] = False
+    #: True for a plane that implements :meth:`send_labelled` (ECMP coverage).
+    sets_flow_label: ClassVar[bool] = False
 
     def __init__(self, config: DataplaneConfig) -> None:
         self.config = config
@@ -153,6 +155,21 @@ class Dataplane(abc.ABC):
         src: IPv6Address | None = None,
     ) -> None:
         """Send ``payload`` from the local port; ``segments`` in travel order, last = dst."""
+
+    def send_labelled(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        flow_label: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        """``send`` with the IPv6 Flow Label ``flow_label`` (1..0x7FFFF, docs/srpm.md), on a
+        plane that ``sets_flow_label``; the others refuse."""
+        del payload, dst, dst_port, flow_label, segments, src
+        raise DataplaneError(f"{self.name}: this data plane cannot set the IPv6 flow label")
 
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Push out sends a batching plane has queued."""

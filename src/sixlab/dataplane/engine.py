@@ -6,6 +6,15 @@ what the core produced (receive → core → transmit → re-arm timer: docs/arc
 public methods are thread-safe: the gRPC agent and the standalone tools call them from
 other threads.
 
+SR performance measurement (docs/srpm.md). A packet of a session with flow labels is
+sent with the label its Seq (the payload's first four bytes) gives
+(``stamp.flows.flow_label_for``) through the plane's ``send_labelled``. A session with
+a ``data_counters`` source (direct-mode loss) has it read just before its timer runs
+and before each of its replies is handed over (sender), or before each of its TLV
+packets is reflected (reflector): the core gets the data flow's counts as they are at
+T1, T4 and T2. A source that fails leaves the core without counts for that packet (it
+falls back to its test packet counts) and is counted in ``data_counter_failed``.
+
 Results of a Session-Sender go into a bounded FIFO per session, drained by
 ``SenderEngine.results`` (polling) or ``wait_results`` (push/streaming). When a FIFO is
 full the oldest record is dropped and ``overflow`` counts it: never silent.
@@ -27,6 +36,7 @@ from dataclasses import dataclass, field
 from sixlab import stamp as ev
 from sixlab.dataplane.base import Dataplane, DataplaneError, Received
 from sixlab.stamp import DropReason
+from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -50,6 +60,8 @@ _ZERO_ADDR = bytes(16)
 _BATCH = 64
 
 Clock = Callable[[], int]
+#: Reads a data flow's (packets sent, packets received) so far (direct-mode loss).
+DataCounterSource = Callable[[], tuple[int, int]]
 
 
 class _Waker:
@@ -81,6 +93,8 @@ class EngineCounters:
     received: int = 0
     no_session: int = 0
     send_failed: int = 0
+    #: Reads of a session's data counters that failed (docs/srpm.md, direct-mode loss).
+    data_counter_failed: int = 0
 
 
 class _Loop:
@@ -151,11 +165,26 @@ class _Loop:
         port: int,
         segments: tuple[IPv6Address, ...] | None,
         src: IPv6Address | None,
+        *,
+        flow_label: int | None = None,
     ) -> None:
         try:
-            self.dataplane.send(payload, dst, port, segments=segments, src=src)
+            if flow_label is None:
+                self.dataplane.send(payload, dst, port, segments=segments, src=src)
+            else:
+                self.dataplane.send_labelled(
+                    payload, dst, port, flow_label, segments=segments, src=src
+                )
         except DataplaneError:
             self.counters.send_failed += 1
+
+    def _read_data(self, source: DataCounterSource) -> tuple[int, int] | None:
+        """A data counter source's reading, or None (counted) when it fails."""
+        try:
+            return source()
+        except (OSError, RuntimeError):
+            self.counters.data_counter_failed += 1
+            return None
 
 
 # --------------------------------------------------------------------------- reflector
@@ -187,14 +216,19 @@ class ReflectorEngine(_Loop):
         self.fast_batch = fast_batch
         self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
+        #: Data counter sources of sessions with direct-mode loss, by SSID.
+        self._data: dict[int, DataCounterSource] = {}
 
     # -- control (any thread) ----------------------------------------------------------
     # The one place sessions change on a reflector: the core under the engine lock, then
     # the data plane's hook (a plane that answers in the kernel needs the session too).
     # A plane that refuses leaves the core as it was.
 
-    def add_session(self, config: ReflectorSessionConfig) -> None:
-        """Answer the SSID of ``config`` (use ``set_default`` for the SSID-agnostic one)."""
+    def add_session(
+        self, config: ReflectorSessionConfig, data_counters: DataCounterSource | None = None
+    ) -> None:
+        """Answer the SSID of ``config`` (use ``set_default`` for the SSID-agnostic one);
+        ``data_counters`` fills Direct Measurement TLVs with the data flow's counts."""
         with self.lock:
             self.reflector.add_session(config)
             try:
@@ -203,12 +237,16 @@ class ReflectorEngine(_Loop):
                 assert config.ssid is not None  # add_session refused None
                 self.reflector.remove_session(config.ssid)
                 raise
+            if data_counters is not None:
+                assert config.ssid is not None
+                self._data[config.ssid] = data_counters
 
     def remove_session(self, ssid: int) -> tuple[int, dict[DropReason, int]]:
         """Stop answering ``ssid``; the core's (replies, drops by reason) of the session."""
         with self.lock:
             counts = self.reflector.session_counters(ssid)
             self.reflector.remove_session(ssid)
+            self._data.pop(ssid, None)
             self.dataplane.reflector_session_removed(ssid)
             return counts
 
@@ -254,6 +292,8 @@ class ReflectorEngine(_Loop):
                     IPv6Address(rx.src), IPv6Address(rx.dst), rx.src_port, rx.dst_port
                 )
             with self.lock:
+                if context is not None and self._data:
+                    self._set_data(payload)
                 out = reflect(payload, rx.rx_ns or clock(), clock, rx.hop_limit, context)
             if out is None:
                 continue
@@ -264,6 +304,19 @@ class ReflectorEngine(_Loop):
                 continue
             src = IPv6Address(rx.dst) if rx.dst != _ZERO_ADDR else None
             self._send(out.payload, dst, rx.src_port, route.segments, src)
+
+    def _set_data(self, payload: bytes) -> None:
+        """Hand the core the data counts of the packet's session, if it has a source
+        (lock held). The SSID sits at 14:16, or 26:28 in authenticated packets."""
+        for at in (14, 26):
+            ssid = int.from_bytes(payload[at : at + 2])
+            source = self._data.get(ssid)
+            if source is not None:
+                reading = self._read_data(source)
+                if reading is not None:
+                    sent, received = reading
+                    self.reflector.set_data_counters(ssid, received=received, sent=sent)
+                return
 
 
 # ------------------------------------------------------------------------------ sender
@@ -279,6 +332,8 @@ class SenderSessionSpec:
     #: The SRv6 path to the reflector, travel order; the reflector closes it if absent.
     segments: tuple[IPv6Address, ...] | None = None
     source: IPv6Address | None = None
+    #: The data flow's counts, for a session with direct-mode loss (docs/srpm.md).
+    data_counters: DataCounterSource | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +389,11 @@ class SenderEngine(_Loop):
         with self.lock:
             if ssid in self._entries:
                 raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
+            if spec.config.flow_labels and not self.dataplane.sets_flow_label:
+                raise ev.SessionConfigError(
+                    f"flow_labels: the {self.dataplane.name} data plane cannot set flow "
+                    "labels (the socket plane can)"
+                )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
             try:
@@ -483,6 +543,7 @@ class SenderEngine(_Loop):
                 if entry is None:
                     self.counters.no_session += 1
                     continue
+                self._feed_data(entry)
                 entry.session.receive(rx.payload, rx.rx_ns or self.clock())
                 self._pump(entry)
 
@@ -504,14 +565,31 @@ class SenderEngine(_Loop):
             for entry in self._entries.values():
                 timer = entry.session.get_timer()
                 if timer is not None and timer <= now:
+                    self._feed_data(entry)
                     entry.session.handle_timer(now)
                     self._pump(entry)
+
+    def _feed_data(self, entry: _SenderEntry) -> None:
+        """Hand the session its data flow's counts, if it has a source (lock held)."""
+        source = entry.spec.data_counters
+        if source is not None:
+            reading = self._read_data(source)
+            entry.session.set_data_counters(*(reading or (None, None)))
 
     def _pump(self, entry: _SenderEntry) -> None:
         """Send what the session produced and file its events (lock held)."""
         spec = entry.spec
+        labels = spec.config.flow_labels
         for payload in entry.session.datagrams_to_send():
-            self._send(payload, spec.reflector, spec.reflector_port, spec.segments, spec.source)
+            label = flow_label_for(labels, int.from_bytes(payload[:4])) if labels else None
+            self._send(
+                payload,
+                spec.reflector,
+                spec.reflector_port,
+                spec.segments,
+                spec.source,
+                flow_label=label,
+            )
         notify = False
         while (event := entry.session.next_event()) is not None:
             if isinstance(event, ev.StampResult):

@@ -15,6 +15,11 @@ kernel, so the sticky option is set whenever the path changes from the last send
 Receiving a packet with an SRH needs ``seg6_enabled`` on the receiving interface; the
 testbed sets it.
 
+Flow labels (ECMP coverage, docs/srpm.md): ``send_labelled`` leases the label for the
+socket once (``IPV6_FLOWLABEL_MGR``, shared with any socket: several agents of one node
+may send the same label), turns on ``IPV6_FLOWINFO_SEND`` and puts the label in the
+destination's ``sin6_flowinfo``. Linux refuses a label the socket did not lease.
+
 This plane needs no capture and no filter: the kernel delivers STAMP packets to the
 socket, so it never answers them with ICMP port unreachable. It is the default of the
 standalone tools and works with any RFC 8762 peer.
@@ -41,6 +46,12 @@ IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
 IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
 IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
 IPV6_RTHDR = getattr(socket, "IPV6_RTHDR", 57)
+#: <linux/in6.h>: flow label manager and "send the flow label of sin6_flowinfo".
+IPV6_FLOWLABEL_MGR = 32
+IPV6_FLOWINFO_SEND = 33
+_IPV6_FL_A_GET = 0
+_IPV6_FL_F_CREATE = 1
+_IPV6_FL_S_ANY = 255
 
 _TIMESPEC = struct.Struct("@qq")
 _INT = struct.Struct("@i")
@@ -55,9 +66,20 @@ _CMSG_SPACE = (
 _MAX_PAYLOAD = 9000
 
 
+def _flowlabel_request(label: int) -> bytes:
+    """struct in6_flowlabel_req: lease ``label`` to any destination, shared with anyone."""
+    return (
+        bytes(16)  # flr_dst: ::
+        + label.to_bytes(4, "big")  # flr_label (__be32)
+        + struct.pack("=BBHHHI", _IPV6_FL_A_GET, _IPV6_FL_S_ANY, _IPV6_FL_F_CREATE, 0, 0, 0)
+    )
+
+
 class SocketDataplane(Dataplane):
     name = "socket"
+    sets_flow_label = True
     _sock: socket.socket | None = None
+    _leased: set[int]
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
     _rthdr: bytes = b""  # the sticky routing header currently set on the socket
 
@@ -66,6 +88,7 @@ class SocketDataplane(Dataplane):
             return
         self._srh_cache = {}
         self._rthdr = b""
+        self._leased = set()
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         try:
             # No SO_REUSEADDR: on UDP it lets a second reflector bind the same port and
@@ -143,6 +166,33 @@ class SocketDataplane(Dataplane):
             )
         return out
 
+    def send_labelled(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        flow_label: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        if not 1 <= flow_label <= 0x7FFFF:
+            raise DataplaneError(f"socket: flow label {flow_label:#x} is not in 0x1..0x7ffff")
+        sock = self._socket()
+        if flow_label not in self._leased:
+            try:
+                if not self._leased:
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO_SEND, 1)
+                sock.setsockopt(
+                    socket.IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, _flowlabel_request(flow_label)
+                )
+            except OSError as exc:
+                raise DataplaneError(
+                    f"socket: the kernel refused flow label {flow_label:#x}: {exc.strerror}"
+                ) from exc
+            self._leased.add(flow_label)
+        self.send(payload, dst, dst_port, segments=segments, src=src, flowinfo=flow_label)
+
     def send(
         self,
         payload: bytes,
@@ -151,6 +201,7 @@ class SocketDataplane(Dataplane):
         *,
         segments: Sequence[IPv6Address] | None = None,
         src: IPv6Address | None = None,
+        flowinfo: int = 0,
     ) -> None:
         sock = self._socket()
         rthdr = self._srh(dst, segments) if segments else b""
@@ -164,7 +215,7 @@ class SocketDataplane(Dataplane):
         if src is not None:
             cmsgs.append((socket.IPPROTO_IPV6, IPV6_PKTINFO, _PKTINFO.pack(src.packed, 0)))
         try:
-            sock.sendmsg([payload], cmsgs, 0, (str(dst), dst_port))
+            sock.sendmsg([payload], cmsgs, 0, (str(dst), dst_port, flowinfo, 0))
         except BlockingIOError:
             raise DataplaneError("socket: send buffer full") from None
         except OSError as exc:

@@ -17,19 +17,27 @@ destination port (``udp dport 9000``): a prefix alone counts everything to it, S
 test packets included.
 
 Installing runs ``nft -f`` once (milliseconds). Reading dumps the table's rules over
-netlink with pyroute2 (well under a millisecond per read once the socket is open): fast
-enough to read at every test packet. Ownership follows :mod:`sixlab.linux.nftdrop`: the
-table's comment names the owner pid; a dead owner's leftover is replaced, a live
-owner's refused.
+netlink with pyroute2 (about a millisecond per read once the socket is open): fast
+enough to read at every test packet. pyroute2's nftables socket keeps per-thread state,
+so each reading thread opens its own; the table lives in the network namespace of the
+thread that installed it, and every socket and ``nft`` run of the object enters that
+namespace first (``setns(2)``), whichever thread reads or removes. Ownership follows
+:mod:`sixlab.linux.nftdrop`: the table's comment names the owner pid; a dead owner's
+leftover is replaced, a live owner's refused.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import ctypes.util
 import ipaddress
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sixlab.linux.errors import LinuxError
@@ -40,6 +48,33 @@ __all__ = ["FlowCounters", "FlowCountersError", "FlowMatch"]
 #: NFPROTO_IPV6 (<linux/netfilter.h>): the family of ``ip6`` tables.
 _NFPROTO_IPV6 = 10
 _PROTOCOLS = ("udp", "tcp")
+#: <sched.h>
+_CLONE_NEWNET = 0x40000000
+_THREAD_NS = "/proc/thread-self/ns/net"
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise FlowCountersError(f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def _in_netns(fd: int | None) -> Iterator[None]:
+    """The calling thread inside the namespace of ``fd`` for the body (None: stay)."""
+    if fd is None or os.fstat(fd).st_ino == Path(_THREAD_NS).stat().st_ino:
+        yield
+        return
+    home = os.open(_THREAD_NS, os.O_RDONLY)
+    try:
+        _setns(fd)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(home)
 
 
 class FlowCountersError(LinuxError):
@@ -95,6 +130,7 @@ class FlowCounters:
         self.rx = rx
         self.installed = False
         self._local = threading.local()
+        self._ns: int | None = None  # the namespace the table lives in (an fd)
 
     def ruleset(self) -> str:
         """The ``nft -f`` script that creates the table."""
@@ -123,6 +159,14 @@ class FlowCounters:
         """Create the table (counters from 0); replace a dead owner's, refuse a live one's."""
         if self.installed:
             return
+        if self._ns is None:
+            self._ns = os.open(_THREAD_NS, os.O_RDONLY)
+        with _in_netns(self._ns):
+            self._install()
+        self.installed = True
+        atexit.register(self.remove)
+
+    def _install(self) -> None:
         try:
             owner = self._owner()
         except LinuxError as exc:
@@ -135,8 +179,6 @@ class FlowCounters:
             _nft("-f", "-", stdin=self.ruleset())
         except LinuxError as exc:
             raise FlowCountersError(str(exc)) from exc
-        self.installed = True
-        atexit.register(self.remove)
 
     def remove(self) -> None:
         """Delete the table if this object installed it; safe to call twice."""
@@ -148,8 +190,12 @@ class FlowCounters:
         if sock is not None:
             sock.close()
             self._local.nft = None
-        if self._owner() == os.getpid():
-            _nft("delete", "table", "ip6", self.table, check=False)
+        with _in_netns(self._ns):
+            if self._owner() == os.getpid():
+                _nft("delete", "table", "ip6", self.table, check=False)
+        if self._ns is not None:
+            os.close(self._ns)
+            self._ns = None
 
     def read(self) -> tuple[int, int]:
         """(packets sent, packets received) so far; 0 for a direction not counted."""
@@ -172,7 +218,8 @@ class FlowCounters:
                 # pyroute2 keeps an event loop per socket: one socket per reading thread.
                 from pyroute2.nftables.main import NFTables  # noqa: PLC0415
 
-                sock = NFTables(nfgen_family=_NFPROTO_IPV6)
+                with _in_netns(self._ns):
+                    sock = NFTables(nfgen_family=_NFPROTO_IPV6)
                 self._local.nft = sock
             return list(sock.get_rules())
         except OSError as exc:
