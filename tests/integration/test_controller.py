@@ -214,7 +214,7 @@ def test_agent_restart_is_reported_and_the_session_resumes(agents: Agents, tmp_p
     ("change", "field"),
     [
         ({"name": ""}, "name"),
-        ({"reflector_address": "10.0.0.1"}, "reflector_address"),
+        ({"reflector_address": "10.0.0.300"}, "reflector_address"),
         ({"segments": ("nope",)}, "segments"),
         ({"interval_ns": 0}, "interval_ns"),
         ({"collect": "push"}, "collect"),

@@ -135,3 +135,38 @@ def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     assert store.record_ids(sid) == []
     assert store.count_results(sid) == 0
     assert store.session("p").cursor == 0
+
+
+def test_unclassified_loss_and_ssid_zero_are_stored(store: Store) -> None:
+    row = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=1)
+    assert (row.unclassified_lost, row.ssid_zero) == (None, 0)
+    store.store_results(row.id, [(1, _r(0))], (10, 4, 1, 0), unclassified_lost=2, ssid_zero=7)
+    row = store.session("p")
+    assert (row.lost, row.forward_lost, row.unclassified_lost, row.ssid_zero) == (4, 1, 2, 7)
+
+
+def test_a_database_made_before_the_new_columns_gets_them(tmp_path: Path) -> None:
+    from sixlab.controller import store as store_module  # noqa: PLC0415
+
+    old = store_module.SCHEMA.replace(
+        ",\n    unclassified_lost INTEGER,          -- this epoch: lost after the last reply,"
+        " not yet placed\n    ssid_zero   INTEGER NOT NULL DEFAULT 0  -- this epoch: replies"
+        " with SSID 0 (RFC 8762-only)",
+        "",
+    )
+    assert "ssid_zero" not in old
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(old)
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('s', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('r', 'h:2', 'reflector')")
+        db.execute(
+            "INSERT INTO sessions (name, ssid, sender, reflector, params, state, created_ns)"
+            " VALUES ('p', 1, 's', 'r', '{}', 'created', 5)"
+        )
+    s = Store(path)
+    row = s.session("p")
+    assert (row.name, row.unclassified_lost, row.ssid_zero) == ("p", None, 0)
+    s.store_results(row.id, [], (3, 1, 0, 0), unclassified_lost=1, ssid_zero=2)
+    assert (s.session("p").unclassified_lost, s.session("p").ssid_zero) == (1, 2)
+    s.close()

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from ipaddress import IPv6Address
+from typing import Any
 
 import pytest
 
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
-from sixlab.stamp._events import SessionConfigError, StampResult
-from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.stamp._events import DropReason, SessionConfigError, StampResult
+from sixlab.stamp.reflector import Reflection, Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, State
+from sixlab.wire import stamp_auth
+from sixlab.wire import stamp_tlv as t
 
 R_ADDR = IPv6Address("fd00::2")
 S_ADDR = IPv6Address("fd00::1")
@@ -267,3 +270,187 @@ def test_full_path_closes_the_sid_list_with_the_destination() -> None:
     assert full_path(R_ADDR, ()) is None
     assert full_path(R_ADDR, (seg,)) == (seg, R_ADDR)
     assert full_path(R_ADDR, (seg, R_ADDR)) == (seg, R_ADDR)  # already closed: unchanged
+
+
+class Rfc8762Reflector(Reflector):
+    """A reflector that implements RFC 8762 but not RFC 8972: the SSID field of its
+    replies is MBZ, so it comes back as zero (and the HMAC covers the zeros)."""
+
+    key = b"k"
+
+    def reflect(self, *args: Any, **kwargs: Any) -> Reflection | None:
+        out = super().reflect(*args, **kwargs)
+        if out is None:
+            return None
+        payload = out.payload
+        if stamp_auth.verify(payload, self.key):
+            return out._replace(
+                payload=stamp_auth.sign(payload[:26] + b"\0\0" + payload[28:], self.key)
+            )
+        return out._replace(payload=payload[:14] + b"\0\0" + payload[16:])
+
+
+def _engines(
+    reflector: Reflector, *sources: IPv6Address
+) -> tuple[MemoryNetwork, list[SenderEngine], ReflectorEngine]:
+    network = MemoryNetwork(hop_limit=60)
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    rplane.open()
+    rengine = ReflectorEngine(rplane, reflector)
+    rengine.start()
+    senders = []
+    for source in sources:
+        plane = network.plane(DataplaneConfig(port=0, source=source))
+        plane.open()
+        engine = SenderEngine(plane, fifo_capacity=1000)
+        engine.start()
+        senders.append(engine)
+    return network, senders, rengine
+
+
+def _stop(senders: list[SenderEngine], rengine: ReflectorEngine) -> None:
+    for engine in senders:
+        engine.shutdown()
+        engine.dataplane.close()
+        assert engine.error is None
+    rengine.shutdown()
+    rengine.dataplane.close()
+    assert rengine.error is None
+
+
+def test_ssid_zero_replies_reach_their_sessions_by_address_port_and_seq() -> None:
+    reflector = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    _, (sender,), rengine = _engines(reflector, S_ADDR)
+    try:
+        sender.add_session(_spec(1, 10))
+        sender.add_session(
+            SenderSessionSpec(
+                SenderConfig(ssid=3, interval_ns=MS, count=10, loss_timeout_ns=200 * MS, key=b"k"),
+                R_ADDR,
+                862,
+            )
+        )
+        reflector.add_session(ReflectorSessionConfig(ssid=3, key=b"k"))
+        for ssid in (1, 3):
+            sender.start_session(ssid)
+        for ssid in (1, 3):
+            assert sender.wait_finished(ssid, 10)
+            c = sender.snapshot(ssid).counters
+            assert (c.received, c.ssid_zero, c.lost) == (10, 10, 0)
+            assert c.reflector_ssid_zero
+            assert sorted(r.seq for r in sender.results(ssid)) == list(range(10))
+        assert sender.counters.no_session == 0
+    finally:
+        _stop([sender], rengine)
+
+
+def test_ssid_zero_replies_are_refused_by_strict_ssid() -> None:
+    _, (sender,), rengine = _engines(Rfc8762Reflector(ReflectorSessionConfig(ssid=None)), S_ADDR)
+    try:
+        cfg = SenderConfig(
+            ssid=1, interval_ns=MS, count=5, loss_timeout_ns=50 * MS, strict_ssid=True
+        )
+        sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        sender.start_session(1)
+        assert sender.wait_finished(1, 10)
+        c = sender.snapshot(1).counters
+        assert (c.received, c.lost, c.dropped) == (0, 5, {DropReason.SSID_ZERO: 5})
+    finally:
+        _stop([sender], rengine)
+
+
+def test_ssid_zero_reply_from_another_address_or_port_is_not_taken() -> None:
+    # A hand-driven RFC 8762 reflector: the sender's packet is caught on a plain plane at
+    # the reflector's address, and the replies go back from three places.
+    network = MemoryNetwork(hop_limit=60)
+    catcher = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    other_port = network.plane(DataplaneConfig(port=863, source=R_ADDR))
+    other_addr = network.plane(DataplaneConfig(port=862, source=IPv6Address("fd00::99")))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    for plane in (catcher, other_port, other_addr, splane):
+        plane.open()
+    sender = SenderEngine(splane, fifo_capacity=1000)
+    core = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    try:
+        sender.add_session(_spec(1, 1))
+        sender.start_session(1)
+        (packet,) = catcher.receive()
+        out = core.reflect(packet.payload, time.time_ns(), time.time_ns, 64)
+        assert out is not None
+        for plane in (other_port, other_addr, catcher):
+            plane.send(out.payload, S_ADDR, splane.port)
+        sender.start()
+        assert sender.wait_finished(1, 10)
+        assert sender.snapshot(1).counters.received == 1
+        assert sender.counters.no_session == 2  # the two from elsewhere
+    finally:
+        sender.shutdown()
+        for plane in (catcher, other_port, other_addr, splane):
+            plane.close()
+
+
+def test_ssid_zero_reply_claimed_by_two_sessions_is_not_guessed() -> None:
+    # Two sessions to one reflector address and port, the same Seq at the same T1: with
+    # SSID 0 nothing tells their replies apart.
+    network = MemoryNetwork(hop_limit=60)
+    catcher = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    catcher.open()
+    splane.open()
+    now = 1_800_000_000 * 1_000_000_000
+    sender = SenderEngine(splane, clock=lambda: now)
+    core = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    try:
+        for ssid in (1, 2):
+            sender.add_session(_spec(ssid, 1))
+            sender.start_session(ssid)
+        first, _second = catcher.receive()
+        out = core.reflect(first.payload, now, lambda: now, 64)
+        assert out is not None
+        catcher.send(out.payload, S_ADDR, splane.port)
+        sender._on_batch(splane.receive())
+        assert sender.counters.no_session == 1
+        assert [sender.snapshot(s).counters.received for s in (1, 2)] == [0, 0]
+    finally:
+        for plane in (catcher, splane):
+            plane.close()
+
+
+def test_two_senders_with_one_ssid_get_their_own_stateful_counts() -> None:
+    # RFC 8972 §3: a session is the SSID with the addresses and ports.
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=7, mode=ReflectorMode.STATEFUL))
+    s2 = IPv6Address("fd00::3")
+    _, senders, rengine = _engines(reflector, S_ADDR, s2)
+    try:
+        for engine in senders:
+            cfg = SenderConfig(
+                ssid=7, interval_ns=MS, count=20, loss_timeout_ns=200 * MS, reflector_stateful=True
+            )
+            engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        for engine in senders:
+            engine.start_session(7)
+        for engine in senders:
+            assert engine.wait_finished(7, 10)
+            records = engine.results(7)
+            assert [(r.seq, r.reflector_seq) for r in records] == [(i, i) for i in range(20)]
+            assert engine.snapshot(7).counters.forward_lost == 0
+    finally:
+        _stop(senders, rengine)
+
+
+def test_class_of_service_through_the_engines() -> None:
+    reflector = Reflector(ReflectorSessionConfig(ssid=None))
+    _, (sender,), rengine = _engines(reflector, S_ADDR)
+    try:
+        cos = t.ClassOfService(dscp1=46).to_tlv().encode()
+        cfg = SenderConfig(ssid=1, interval_ns=MS, count=2, loss_timeout_ns=200 * MS, tlvs=cos)
+        sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        sender.start_session(1)
+        assert sender.wait_finished(1, 10)
+        for record in sender.results(1):
+            (tlv,) = t.decode_tlvs(record.tlvs)
+            got = t.ClassOfService.from_tlv(tlv)
+            assert (tlv.flags, got.dscp1, got.dscp2, got.ecn2, got.rp) == (0, 46, 0, 0, 0)
+    finally:
+        _stop([sender], rengine)

@@ -231,4 +231,4 @@ def test_a_plane_without_a_fast_path_says_so() -> None:
     plane = MemoryNetwork().plane(DataplaneConfig(port=0))
     assert plane.has_fast_path is False
     with pytest.raises(NotImplementedError, match="no reflector fast path"):
-        plane.reflect_batch(lambda *_: None, lambda: 0)
+        plane.reflect_batch(lambda *_, **__: None, lambda: 0)

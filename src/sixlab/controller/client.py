@@ -174,6 +174,8 @@ class SessionStats:
     backward_lost: int | None
     max_error_bound_ns: int | None
     sent: int
+    unclassified_lost: int | None = None
+    ssid_zero: int = 0
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -258,6 +260,8 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         backward_lost=opt("backward_lost"),
         max_error_bound_ns=opt("max_error_bound_ns"),
         sent=reply.sent,
+        unclassified_lost=opt("unclassified_lost"),
+        ssid_zero=reply.ssid_zero,
     )
 
 
@@ -292,6 +296,7 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
         stateful=spec.stateful,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=collect,
+        strict_ssid=spec.strict_ssid,
     )
 
 

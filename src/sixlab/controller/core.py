@@ -105,13 +105,17 @@ class SessionSpec:
     stateful: bool = False
     loss_timeout_ns: int = 2_000_000_000
     collect: str = CollectMode.POLL
+    #: Refuse replies with SSID 0 (an RFC 8762-only reflector); accepted by default.
+    strict_ssid: bool = False
 
     def validate(self) -> None:
         if not self.name:
             raise ControllerError("name: a session needs a name")
-        _v6("reflector_address", self.reflector_address)
-        if self.source_address:
-            _v6("source_address", self.source_address)
+        family = _ip("reflector_address", self.reflector_address)
+        if self.source_address and _ip("source_address", self.source_address) != family:
+            raise ControllerError("source_address: not of the reflector_address's family")
+        if family == 4 and (self.segments or self.return_segments):
+            raise ControllerError("segments: SRv6 needs an IPv6 reflector_address")
         for sid in self.segments:
             _v6("segments", sid)
         for sid in self.return_segments:
@@ -130,6 +134,14 @@ class SessionSpec:
             bytes.fromhex(self.key_hex)
         except ValueError:
             raise ControllerError("key_hex: not hexadecimal") from None
+
+
+def _ip(label: str, text: str) -> int:
+    """The IP version of an IPv4 or IPv6 address (STAMP runs over both)."""
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        raise ControllerError(f"{label}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def _v6(label: str, text: str) -> None:
@@ -296,6 +308,7 @@ class Controller:
                     stateful_reflector=spec.stateful,
                     return_sid_list=spec.return_segments if spec.return_path_tlv else (),
                     loss_timeout_ns=spec.loss_timeout_ns,
+                    strict_ssid=spec.strict_ssid,
                 ),
             )
         except SouthboundError:
@@ -462,7 +475,16 @@ class Controller:
             counters.forward_lost if counters.HasField("forward_lost") else None,
             counters.overflow,
         )
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch)
+        self.store.store_results(
+            row.id,
+            records,
+            snapshot,
+            epoch=row.epoch,
+            unclassified_lost=(
+                counters.unclassified_lost if counters.HasField("unclassified_lost") else None
+            ),
+            ssid_zero=counters.ssid_zero,
+        )
         self.metrics.observe(row.name, [r for _, r in records])
         self.metrics.set_lost(row.name, self.store.session(row.name).lost)
         return records[-1][0] if records else row.cursor

@@ -203,11 +203,12 @@ def _agent_address(text: str) -> str:
     return text
 
 
-def _v6(name: str, text: str) -> None:
+def _ip(name: str, text: str) -> None:
+    """An IPv4 or IPv6 address (STAMP runs over both)."""
     try:
-        ipaddress.IPv6Address(text)
+        ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def node_to_proto(row: NodeRow) -> pb.Node:
@@ -244,6 +245,7 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
         ptp=p["ptp"],
         authenticated=bool(p["key_hex"]),
         stateful=p["stateful"],
+        strict_ssid=p.get("strict_ssid", False),
         loss_timeout_ns=p["loss_timeout_ns"],
         collect=_COLLECT_PB.get(p["collect"], pb.COLLECT_MODE_POLL),
         created_ns=row.created_ns,
@@ -335,6 +337,7 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
         stateful=request.stateful,
         loss_timeout_ns=loss_timeout,
         collect=collect,
+        strict_ssid=request.strict_ssid,
     )
 
 
@@ -368,7 +371,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         if port is not None and port > 0xFFFF:
             raise _invalid(f"port: {port} is not a UDP port (0..65535)")
         if request.source:
-            _v6("source", request.source)
+            _ip("source", request.source)
         bound = self.controller.init_node(
             request.name,
             dataplane=request.dataplane,
@@ -451,9 +454,13 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             out.max_error_bound_ns = _u64(stats.max_error_bound_ns)
         if since is None and row.forward_lost is not None:
             # A stateful reflector numbers what it received (RFC 8762 §4.3): the sender
-            # splits its losses; what was not lost forward was lost on the way back.
+            # splits its losses; what was not lost forward was lost on the way back,
+            # except the losses after the last reply, which nothing places yet.
+            unclassified = row.unclassified_lost or 0
             out.forward_lost = row.forward_lost
-            out.backward_lost = max(row.lost - row.forward_lost, 0)
+            out.backward_lost = max(row.lost - row.forward_lost - unclassified, 0)
+            out.unclassified_lost = unclassified
+        out.ssid_zero = row.ssid_zero
         return out
 
 

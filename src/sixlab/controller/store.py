@@ -68,7 +68,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     lost_base   INTEGER NOT NULL DEFAULT 0,
     forward_lost_base INTEGER NOT NULL DEFAULT 0,
     overflow    INTEGER NOT NULL DEFAULT 0,
-    created_ns  INTEGER NOT NULL
+    created_ns  INTEGER NOT NULL,
+    unclassified_lost INTEGER,          -- this epoch: lost after the last reply, not yet placed
+    ssid_zero   INTEGER NOT NULL DEFAULT 0  -- this epoch: replies with SSID 0 (RFC 8762-only)
 );
 CREATE TABLE IF NOT EXISTS results (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
@@ -91,7 +93,13 @@ CREATE TABLE IF NOT EXISTS results (
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
     "SELECT id, name, ssid, sender, reflector, params, state, epoch, cursor, sent, lost,"
-    " forward_lost, overflow, created_ns FROM sessions"
+    " forward_lost, overflow, created_ns, unclassified_lost, ssid_zero FROM sessions"
+)
+#: Columns added to ``sessions`` after its first release: (name, declaration), added to a
+#: database made before them.
+_ADDED_SESSION_COLUMNS = (
+    ("unclassified_lost", "INTEGER"),
+    ("ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
 )
 _SELECT_NODES = "SELECT name, address, role, healthy, last_seen, last_error, init FROM nodes"
 
@@ -139,6 +147,11 @@ class SessionRow:
     forward_lost: int | None
     overflow: int
     created_ns: int
+    #: Losses after the last reply, not yet placed forward or backward (stateful
+    #: reflector; this epoch's agent snapshot).
+    unclassified_lost: int | None = None
+    #: Replies with SSID 0 this epoch: the reflector implements RFC 8762 only.
+    ssid_zero: int = 0
 
 
 class Store:
@@ -153,6 +166,10 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at commit
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
+            for name, decl in _ADDED_SESSION_COLUMNS:
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE sessions ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -298,12 +315,14 @@ class Store:
         counters: tuple[int, int, int | None, int] | None = None,
         *,
         epoch: int = 0,
+        unclassified_lost: int | None = None,
+        ssid_zero: int = 0,
     ) -> int:
         """Insert records (agent id, result) and advance the cursor, atomically.
 
         ``counters`` is the agent's (sent, lost, forward_lost, overflow) snapshot for this
-        epoch; the stored totals add the earlier epochs' base. Returns how many rows
-        were new.
+        epoch; the stored totals add the earlier epochs' base. ``unclassified_lost`` and
+        ``ssid_zero`` are stored with it as this epoch's. Returns how many rows were new.
         """
         rows = [
             (
@@ -344,8 +363,19 @@ class Store:
                     self._db.execute(
                         "UPDATE sessions SET sent=sent_base+?, lost=lost_base+?,"
                         " forward_lost=CASE WHEN ? IS NULL THEN NULL"
-                        " ELSE forward_lost_base+? END, overflow=? WHERE id=? AND epoch=?",
-                        (sent, lost, forward_lost, forward_lost, overflow, session_id, epoch),
+                        " ELSE forward_lost_base+? END, overflow=?, unclassified_lost=?,"
+                        " ssid_zero=? WHERE id=? AND epoch=?",
+                        (
+                            sent,
+                            lost,
+                            forward_lost,
+                            forward_lost,
+                            overflow,
+                            unclassified_lost,
+                            ssid_zero,
+                            session_id,
+                            epoch,
+                        ),
                     )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -405,6 +435,8 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         forward_lost=r[11],
         overflow=r[12],
         created_ns=r[13],
+        unclassified_lost=r[14],
+        ssid_zero=r[15],
     )
 
 

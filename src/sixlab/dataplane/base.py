@@ -38,14 +38,17 @@ __all__ = [
     "FastBatch",
     "FastReply",
     "FastRoute",
+    "IPAddress",
     "Received",
     "ReflectFn",
     "available",
     "create",
     "full_path",
+    "require_ipv6",
 ]
 
 IPv6Address = ipaddress.IPv6Address
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class DataplaneError(RuntimeError):
@@ -58,19 +61,23 @@ class DataplaneConfig:
 
     ``port`` is the local STAMP UDP port (862 on a reflector, RFC 8762 §4.1);
     ``interface`` the one to capture on (needed by capture-based planes); ``source`` the
-    address to send from and listen on (None: any).
+    address to send from and listen on (None: any). An IPv4 ``source`` (or IPv4 peers)
+    only on a plane that does IPv4 (``socket``); the others refuse it.
     """
 
     port: int
     interface: str | None = None
-    source: IPv6Address | None = None
+    source: IPAddress | None = None
     #: Destination ports of sessions this plane must also capture (sender side).
     peer_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """One datagram, as the core needs it. Addresses are 16-byte packed IPv6."""
+    """One datagram, as the core needs it. Addresses are packed: 16 bytes for IPv6, 4 for
+    IPv4 (``ipaddress.ip_address`` reads either). ``hop_limit`` is the IPv6 Hop Limit or
+    the IPv4 TTL; ``tclass`` the IPv6 Traffic Class or IPv4 TOS byte, None where the
+    plane cannot read it."""
 
     payload: bytes
     src: bytes
@@ -79,6 +86,13 @@ class Received:
     dst_port: int
     hop_limit: int
     rx_ns: int  # Unix-epoch UTC ns; a kernel timestamp where the plane has one
+    tclass: int | None = None
+
+    @property
+    def flow(self) -> bytes:
+        """The flow key of the datagram: source and destination address, then the ports
+        (for IPv6 the bytes of the IPv6 header from offset 8 and the UDP ports)."""
+        return self.src + self.dst + self.src_port.to_bytes(2) + self.dst_port.to_bytes(2)
 
 
 class FastRoute(Protocol):
@@ -101,8 +115,13 @@ class FastReply(Protocol):
     def return_path(self) -> FastRoute: ...
 
 
-#: ``Reflector.reflect`` as a fast path calls it: (payload, T2 ns, clock, hop limit).
-ReflectFn = Callable[[bytes, int, Callable[[], int], int], FastReply | None]
+class ReflectFn(Protocol):
+    """``Reflector.reflect`` as a fast path calls it: (payload, T2 ns, clock, hop limit)
+    and the flow key (``Received.flow``'s bytes: addresses, then ports)."""
+
+    def __call__(
+        self, data: bytes, t2_ns: int, clock: Callable[[], int], hop_limit: int, /, *, flow: object
+    ) -> FastReply | None: ...
 
 
 class FastBatch(NamedTuple):
@@ -122,6 +141,8 @@ class Dataplane(abc.ABC):
     name: ClassVar[str]
     #: True for a plane that implements :meth:`reflect_batch`.
     has_fast_path: ClassVar[bool] = False
+    #: ``send`` applies its ``tclass`` (Traffic Class / TOS byte) to the packet.
+    sets_tclass: ClassVar[bool] = False
     #: True for a plane that implements :meth:`send_labelled` (ECMP coverage).
     sets_flow_label: ClassVar[bool] = False
 
@@ -148,13 +169,18 @@ class Dataplane(abc.ABC):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
-        """Send ``payload`` from the local port; ``segments`` in travel order, last = dst."""
+        """Send ``payload`` from the local port; ``segments`` in travel order, last = dst.
+
+        ``tclass``: the Traffic Class / TOS byte, where the plane ``sets_tclass`` (the
+        others ignore it). An IPv4 ``dst`` on a plane without IPv4 raises DataplaneError.
+        """
 
     def send_labelled(
         self,
@@ -220,6 +246,15 @@ class Dataplane(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def require_ipv6(plane: str, address: IPAddress | None) -> IPv6Address | None:
+    """``address`` on a plane that only does IPv6: an IPv4 one is a clear error."""
+    if address is None or isinstance(address, IPv6Address):
+        return address
+    raise DataplaneError(
+        f"{plane}: this data plane is IPv6 only ({address}); use the socket data plane for IPv4"
+    )
 
 
 def full_path(

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sixlab import stamp as ev
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received
+from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received
 from sixlab.stamp import DropReason
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 IPv6Address = ipaddress.IPv6Address
+ip_address = ipaddress.ip_address
 #: Records kept per session until fetched: at 1000 packets/s, about 100 s of results.
 DEFAULT_FIFO_CAPACITY = 100_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
@@ -161,20 +162,23 @@ class _Loop:
     def _send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         port: int,
         segments: tuple[IPv6Address, ...] | None,
-        src: IPv6Address | None,
+        src: IPAddress | None,
         *,
+        tclass: int | None = None,
         flow_label: int | None = None,
     ) -> None:
         try:
             if flow_label is None:
-                self.dataplane.send(payload, dst, port, segments=segments, src=src)
-            else:
+                self.dataplane.send(payload, dst, port, segments=segments, src=src, tclass=tclass)
+            elif isinstance(dst, IPv6Address) and (src is None or isinstance(src, IPv6Address)):
                 self.dataplane.send_labelled(
                     payload, dst, port, flow_label, segments=segments, src=src
                 )
+            else:
+                raise DataplaneError("a flow label needs IPv6")  # noqa: TRY301 - counted below
         except DataplaneError:
             self.counters.send_failed += 1
 
@@ -283,27 +287,34 @@ class ReflectorEngine(_Loop):
     def _on_batch(self, batch: list[Received]) -> None:
         clock = self.clock
         reflect = self.reflector.reflect
+        sets_tclass = self.dataplane.sets_tclass
         self.counters.received += len(batch)
         for rx in batch:
             payload = rx.payload
             context = None
             if len(payload) > wire.UNAUTH_PACKET_SIZE:  # TLVs may ask for addresses
                 context = PacketContext(
-                    IPv6Address(rx.src), IPv6Address(rx.dst), rx.src_port, rx.dst_port
+                    ip_address(rx.src),
+                    ip_address(rx.dst),
+                    rx.src_port,
+                    rx.dst_port,
+                    rx.tclass,
+                    sets_tclass,
                 )
             with self.lock:
                 if context is not None and self._data:
                     self._set_data(payload)
-                out = reflect(payload, rx.rx_ns or clock(), clock, rx.hop_limit, context)
+                out = reflect(
+                    payload, rx.rx_ns or clock(), clock, rx.hop_limit, context, flow=rx.flow
+                )
             if out is None:
                 continue
             route = out.return_path
-            dst = route.address if route.address is not None else IPv6Address(rx.src)
-            if not isinstance(dst, IPv6Address):
-                self.counters.send_failed += 1  # an IPv4 return address on an IPv6 plane
-                continue
-            src = IPv6Address(rx.dst) if rx.dst != _ZERO_ADDR else None
-            self._send(out.payload, dst, rx.src_port, route.segments, src)
+            dst = route.address if route.address is not None else ip_address(rx.src)
+            src = ip_address(rx.dst) if any(rx.dst) else None
+            if src is not None and src.version != dst.version:
+                src = None  # a Return Address of the other family: the kernel picks
+            self._send(out.payload, dst, rx.src_port, route.segments, src, tclass=out.tclass)
 
     def _set_data(self, payload: bytes) -> None:
         """Hand the core the data counts of the packet's session, if it has a source
@@ -327,11 +338,11 @@ class SenderSessionSpec:
     """A session as the sender engine runs it: the core's config plus where to send."""
 
     config: SenderConfig
-    reflector: IPv6Address
+    reflector: IPAddress
     reflector_port: int = wire.STAMP_PORT
     #: The SRv6 path to the reflector, travel order; the reflector closes it if absent.
     segments: tuple[IPv6Address, ...] | None = None
-    source: IPv6Address | None = None
+    source: IPAddress | None = None
     #: The data flow's counts, for a session with direct-mode loss (docs/srpm.md).
     data_counters: DataCounterSource | None = None
 
@@ -539,7 +550,7 @@ class SenderEngine(_Loop):
         with self.lock:
             self.counters.received += len(batch)
             for rx in batch:
-                entry = self._match(rx.payload)
+                entry = self._match(rx)
                 if entry is None:
                     self.counters.no_session += 1
                     continue
@@ -547,7 +558,8 @@ class SenderEngine(_Loop):
                 entry.session.receive(rx.payload, rx.rx_ns or self.clock())
                 self._pump(entry)
 
-    def _match(self, payload: bytes) -> _SenderEntry | None:
+    def _match(self, rx: Received) -> _SenderEntry | None:
+        payload = rx.payload
         size = len(payload)
         if size >= wire.AUTH_PACKET_SIZE:
             entry = self._entries.get(int.from_bytes(payload[26:28]))
@@ -557,7 +569,33 @@ class SenderEngine(_Loop):
             entry = self._entries.get(int.from_bytes(payload[14:16]))
             if entry is not None and not entry.spec.config.authenticated:
                 return entry
+            return self._match_ssid_zero(rx)
         return None
+
+    def _match_ssid_zero(self, rx: Received) -> _SenderEntry | None:
+        """The session a reply with SSID 0 answers (an RFC 8762-only reflector, RFC 8972
+        §3): the one whose reflector address and port are the reply's source and that
+        sent the packet with the reply's Seq and T1 (``SenderSession.claims``). None when
+        no session, or more than one, claims it: sessions that share the reflector's
+        address and port and sent the same Seq at the same T1 cannot be told apart
+        without the SSID, and such a reply is counted ``no_session``."""
+        payload = rx.payload
+        found = None
+        for entry in self._entries.values():
+            spec = entry.spec
+            auth = spec.config.authenticated
+            at = 26 if auth else 14
+            if (
+                len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
+                and payload[at : at + 2] == b"\0\0"
+                and spec.reflector.packed == rx.src
+                and spec.reflector_port == rx.src_port
+                and entry.session.claims(payload)
+            ):
+                if found is not None:
+                    return None
+                found = entry
+        return found
 
     def _on_tick(self) -> None:
         with self.lock:

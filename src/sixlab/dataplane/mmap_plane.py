@@ -115,9 +115,11 @@ from sixlab.dataplane.base import (
     DataplaneError,
     FastBatch,
     FastRoute,
+    IPAddress,
     Received,
     ReflectFn,
     full_path,
+    require_ipv6,
 )
 from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
@@ -273,6 +275,7 @@ class MmapDataplane(Dataplane):
         if self._rx is not None:
             return
         config = self.config
+        source = require_ipv6("mmap", config.source)
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"mmap: needs a fixed UDP port, got {config.port}")
         self.stats = MmapCounters()
@@ -293,7 +296,7 @@ class MmapDataplane(Dataplane):
             self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._drop = _filters.stamp_drop(config.port, self._ports, destination=config.source)
+            self._drop = _filters.stamp_drop(config.port, self._ports, destination=source)
             self._drop.install()
         except (OSError, _filters.KernelDropError) as exc:
             self.close()
@@ -312,7 +315,9 @@ class MmapDataplane(Dataplane):
         proto = 0 if interface else socket.htons(ETH_P_IPV6)
         rx = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, proto)
         self._rx = rx
-        program = _filters.stamp_filter(self._ports, destination=self.config.source)
+        program = _filters.stamp_filter(
+            self._ports, destination=require_ipv6("mmap", self.config.source)
+        )
         _filters.attach_filter(rx, program)
         rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
         rx.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
@@ -547,7 +552,10 @@ class MmapDataplane(Dataplane):
                     slow.append(rx)
                 continue
             handled += 1
-            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT])
+            # The addresses and ports: the reflector's flow key (Received.flow's layout)
+            # and the reply template's.
+            key = data[_ADDRS:_UDP_LENGTH]
+            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT], flow=key)
             if out is None:
                 continue
             payload = out.payload
@@ -556,7 +564,6 @@ class MmapDataplane(Dataplane):
                 failed += self._send_general(data, payload, route)
                 continue
             size = len(payload)
-            key = data[_ADDRS:_UDP_LENGTH]
             template = templates.get(key)
             if template is None or template.expires < now or template.size != size:
                 template = self._fast_template(key, size, now)
@@ -664,12 +671,17 @@ class MmapDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
+        del tclass  # not applied: ``sets_tclass`` is False
+        dst6 = require_ipv6("mmap", dst)
+        assert dst6 is not None
+        dst, src = dst6, require_ipv6("mmap", src)
         tx, l3 = self._tx, self._l3
         if tx is None or l3 is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")

@@ -74,7 +74,14 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneConfig,
+    DataplaneError,
+    IPAddress,
+    Received,
+    require_ipv6,
+)
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.linux import libbpf
 from sixlab.linux.bpfbuild import build_objects
@@ -134,6 +141,7 @@ class Reason(enum.IntEnum):
     PASS_RINGBUF_FULL = 11
     PASS_CHECKSUM_ZERO = 12
     PASS_BAD_CHECKSUM = 13
+    PASS_FLOW_TABLE = 14
 
     @property
     def label(self) -> str:
@@ -204,12 +212,13 @@ def session_key(ssid: int | None) -> bytes:
     return _U32.pack(_DEFAULT_KEY if ssid is None else ssid)
 
 
-def pack_session(config: ReflectorSessionConfig) -> bytes:
+def pack_session(config: ReflectorSessionConfig, generation: int = 0) -> bytes:
     """``struct stamp_session`` for a reflector session, as the Python core would run it.
 
     The Error Estimate defaults like the core's (1 µs, unsynchronised, in the session's
     format). An authenticated session, or one whose return SID list is longer than
-    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path.
+    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path. ``generation`` keys the
+    session's per-flow stateful counters: a new one starts them from 0.
     """
     segs = config.return_segments or ()
     user = config.authenticated or len(segs) > MAX_RETURN_SEGMENTS
@@ -223,7 +232,7 @@ def pack_session(config: ReflectorSessionConfig) -> bytes:
         ee.to_int(),
         0,
         0,
-        0,
+        generation & 0xFFFF_FFFF,
         config.tai_utc_offset_ns,
         wire_order,
     )
@@ -296,6 +305,8 @@ class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
 
     name = "xdp"
+    #: Replies of the user-space path leave by the socket plane, which sets it.
+    sets_tclass = True
 
     def __init__(
         self,
@@ -322,6 +333,7 @@ class XdpDataplane(Dataplane):
         self._pending: list[Received] = []
         self._senders: set[int] = set()
         self._reflector_keys: set[int] = set()
+        self._generation = 0
         #: SSIDs of the reflector sessions in the kernel other than the default one.
         self._ssid_sessions: set[int] = set()
 
@@ -334,6 +346,7 @@ class XdpDataplane(Dataplane):
         ifname = self.config.interface
         if not ifname:
             raise DataplaneError("xdp: the xdp data plane needs an interface (--interface)")
+        require_ipv6("xdp", self.config.source)
         try:
             self.ifindex = socket.if_nametoindex(ifname)
         except OSError as exc:
@@ -443,7 +456,8 @@ class XdpDataplane(Dataplane):
         user-space path: the kernel passes its packets on to the socket.
         """
         sessions = self._object("stamp_reflector").map("stamp_sessions")
-        value = pack_session(config)
+        self._generation += 1  # a session written again counts its flows from 0
+        value = pack_session(config, self._generation)
         self._attach("reflector")
         key = session_key(config.ssid)
         index = _U32.unpack(key)[0]
@@ -579,10 +593,11 @@ class XdpDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
-        self._sock().send(payload, dst, dst_port, segments=segments, src=src)
+        self._sock().send(payload, dst, dst_port, segments=segments, src=src, tclass=tclass)

@@ -97,6 +97,7 @@ __all__ = [
 ]
 
 IPv6Address = ipaddress.IPv6Address
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Code = grpc.StatusCode
 
 #: gRPC worker threads. Each open results stream holds one for its lifetime, so this
@@ -197,14 +198,15 @@ def _port(name: str, value: int) -> int:
     return value
 
 
-def _address(name: str, text: str) -> IPv6Address:
+def _address(name: str, text: str) -> IPAddress:
+    """An IPv4 or IPv6 address (STAMP runs over both; SRv6 SIDs are IPv6 only)."""
     try:
-        return IPv6Address(text)
+        return ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
-def _unicast(name: str, text: str) -> IPv6Address:
+def _unicast(name: str, text: str) -> IPAddress:
     """A destination: test packets go to one node, so not ``::`` nor a multicast group
     (STAMP is unicast, RFC 8762 §4; a SID is a unicast address, RFC 8986 §3.1)."""
     address = _address(name, text)
@@ -213,10 +215,17 @@ def _unicast(name: str, text: str) -> IPv6Address:
     return address
 
 
+def _sid(name: str, text: str) -> IPv6Address:
+    address = _unicast(name, text)
+    if not isinstance(address, IPv6Address):
+        raise _invalid(f"{name}: {text!r} is not an IPv6 address (an SRv6 SID)")
+    return address
+
+
 def _sid_list(name: str, texts: Sequence[str]) -> tuple[IPv6Address, ...]:
     if len(texts) > MAX_SIDS:
         raise _invalid(f"{name}: {len(texts)} SIDs, an SRH holds at most {MAX_SIDS}")
-    return tuple(_unicast(f"{name}[{i}]", t) for i, t in enumerate(texts))
+    return tuple(_sid(f"{name}[{i}]", t) for i, t in enumerate(texts))
 
 
 def _choice(name: str, value: int, table: Mapping[Any, _Rep]) -> _Rep:
@@ -295,7 +304,7 @@ def _dataplane_options(options: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _sender_spec(
-    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPv6Address | None
+    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPAddress | None
 ) -> tuple[SenderSessionSpec, int]:
     """The engine's session spec for a sender CreateStampSession, and its delay mode."""
     ssid = _ssid(request.ssid)
@@ -308,6 +317,10 @@ def _sender_spec(
         if request.source_address
         else init_source
     )
+    if segments and not isinstance(reflector, IPv6Address):
+        raise _invalid("sid_list: SRv6 needs an IPv6 reflector_address")
+    if source is not None and source.version != reflector.version:
+        raise _invalid("source_address: not of the reflector_address's family")
     interval = request.interval_ns or NS_PER_S
     if interval < MIN_INTERVAL_NS:
         raise _invalid(f"interval_ns: {interval}, at least {MIN_INTERVAL_NS}")
@@ -347,6 +360,7 @@ def _sender_spec(
         error_estimate=_error_estimate(request.error_estimate),
         loss_timeout_ns=request.loss_timeout_ns or DEFAULT_LOSS_TIMEOUT_NS,
         reflector_stateful=mode is ReflectorMode.STATEFUL,
+        strict_ssid=request.strict_ssid,
         **_tai_offset(request),
     )
     spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
@@ -405,7 +419,7 @@ class _Runtime:
     dataplane: Dataplane
     name: str
     port: int
-    source: IPv6Address | None
+    source: IPAddress | None
     sender: SenderEngine | None = None
     reflector: ReflectorEngine | None = None
 
@@ -429,6 +443,7 @@ class _ReflectorRecord:
     #: Counters of earlier runs (Stop removes the session from the core).
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    integrity_failed: int = 0
 
 
 class StampAgentServicer(pb_grpc.StampAgentServicer):
@@ -475,16 +490,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             raise AgentError(Code.NOT_FOUND, f"ssid: no session {ssid}")
         return ssid
 
-    def _reflector_counts(self, ssid: int, rec: _ReflectorRecord) -> tuple[int, dict[str, int]]:
-        reflected, dropped = rec.reflected, dict(rec.dropped)
+    def _reflector_counts(
+        self, ssid: int, rec: _ReflectorRecord
+    ) -> tuple[int, dict[str, int], int]:
+        """(replies, drops by reason, HMAC TLV failures) of all runs of a session."""
+        reflected, dropped, integrity = rec.reflected, dict(rec.dropped), rec.integrity_failed
         rt = self._rt
         if rec.state is State.RUNNING and rt is not None and rt.reflector is not None:
             with rt.reflector.lock:
                 live, live_dropped = rt.reflector.reflector.session_counters(ssid)
+                integrity += rt.reflector.reflector.session_integrity_failed(ssid)
             reflected += live
             for reason, n in live_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + n
-        return reflected, _drops(dropped)
+        return reflected, _drops(dropped), integrity
 
     # -- agent ------------------------------------------------------------------------
 
@@ -614,6 +633,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
 
     def _stop_reflector(self, rt: _Runtime, ssid: int, rec: _ReflectorRecord) -> None:
         assert rt.reflector is not None
+        with rt.reflector.lock:
+            rec.integrity_failed += rt.reflector.reflector.session_integrity_failed(ssid)
         reflected, dropped = rt.reflector.remove_session(ssid)
         rec.reflected += reflected
         for reason, n in dropped.items():
@@ -799,15 +820,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost
+            if c.unclassified_lost is not None:
+                out.unclassified_lost = c.unclassified_lost
+            out.ssid_zero = c.ssid_zero
+            out.integrity_failed = c.integrity_reported
             out.dataplane.update(self._dataplane_counters(ssid))
             return out
         rec = self._reflectors[ssid]
-        reflected, dropped = self._reflector_counts(ssid, rec)
+        reflected, dropped, integrity = self._reflector_counts(ssid, rec)
         return pb.SessionCounters(
             ssid=ssid,
             state=_STATE_PB[rec.state],
             reflected=reflected,
             dropped=dropped,
+            integrity_failed=integrity,
             dataplane=self._dataplane_counters(ssid),
         )
 

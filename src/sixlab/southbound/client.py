@@ -190,6 +190,7 @@ class AgentClient(GrpcClient):
         loss_timeout_ns: int = 0,
         error_estimate: int = 0,
         tai_utc_offset_ns: int | None = None,
+        strict_ssid: bool = False,
     ) -> None:
         """Create a Session-Sender session (``key`` set: authenticated mode).
 
@@ -221,6 +222,7 @@ class AgentClient(GrpcClient):
             request_return_path=bool(returns),
             loss_timeout_ns=loss_timeout_ns,
             error_estimate=error_estimate,
+            strict_ssid=strict_ssid,
         )
         if tai_utc_offset_ns is not None:
             request.tai_utc_offset_ns = tai_utc_offset_ns

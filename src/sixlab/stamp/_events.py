@@ -51,7 +51,13 @@ class DropReason(StrEnum):
     TOO_SHORT = "too-short"  # cannot hold Seq, Timestamp and Error Estimate (RFC 8762 §4.6)
     MULTIPLIER_ZERO = "multiplier-zero"  # invalid Error Estimate (RFC 4656 §4.1.2)
     HMAC_FAILED = "hmac-failed"  # RFC 8762 §4.4
+    #: A reply whose HMAC TLV is missing, misplaced or wrong (RFC 8972 §4.8).
+    HMAC_TLV_FAILED = "hmac-tlv-failed"
     NO_SESSION = "no-session"  # SSID of no session and no default session
+    #: A reply with SSID 0 (an RFC 8762-only reflector) refused by strict SSID matching.
+    SSID_ZERO = "ssid-zero"
+    #: An unauthenticated packet whose SSID names an authenticated session.
+    AUTH_REQUIRED = "auth-required"
     BAD_TIMESTAMP = "bad-timestamp"  # PTP nanoseconds >= 10^9, or a T1 we never sent
     UNKNOWN_SEQ = "unknown-seq"  # a reflected Seq the sender never sent
     LATE = "late"  # arrived after its loss timeout had declared it lost

@@ -27,8 +27,26 @@ RFC 8762 §4.2.1 leaves the timeout to configuration; the default of 2 s is RFC 
 TWAMP default). A reflected packet whose Seq was answered before is a duplicate; one
 whose Seq is lower than the highest seen is reordered; one for a Seq already declared
 lost is counted late and dropped. With a stateful reflector (RFC 8762 §4.3.1), whose
-Seq counts what it received, ``sender_seq - reflector_seq`` is the forward loss so far,
-which splits the total loss into forward and backward.
+Seq counts what it received, ``sender_seq - reflector_seq`` at the highest answered Seq
+is the forward loss among the packets sent before it, which splits the loss into
+forward and backward. A packet lost after the highest answered one cannot be placed
+until a later reply arrives: it is counted ``unclassified_lost`` meanwhile.
+
+SSID. A reply must carry the session's SSID (RFC 8972 §3), with one exception: a
+Session-Reflector that implements RFC 8762 but not RFC 8972 returns the field as zero
+(to it the field is MBZ). By default such a reply is accepted when its Seq and T1 are
+those of a packet this session sent (the adapter has already matched the addresses and
+ports), and counted in ``ssid_zero`` so that the results can say the reflector is
+RFC 8762-only; ``strict_ssid`` refuses it (counted ``ssid-zero``).
+
+Authenticated mode with TLVs (RFC 8972 §4.8). Every packet carries an HMAC TLV over its
+Sequence Number and the TLVs before it, computed per packet, placed after every TLV but
+trailing Extra Padding (not needed when all the TLVs are Extra Padding). A Direct
+Measurement TLV gets its S_TxC filled in per packet first (RFC 8972 §4.5: packets sent
+in the session, this one included, unless the adapter counts a data flow: see below). A
+reply's HMAC TLV is verified the same way before anything else in its TLVs is used; a
+failure drops the reply (``hmac-tlv-failed``); a reply whose TLVs carry the I flag (the
+reflector could not verify ours) is counted in ``integrity_reported``.
 
 SR performance measurement (docs/srpm.md). ``loopback``: the session's packets come
 back to it without a Session-Reflector (draft-ietf-spring-stamp-srpm's loopback mode);
@@ -37,13 +55,15 @@ replies are the session's own Session-Sender packets, decoded by
 ``flow_labels``: packet Seq n goes with label ``flow_labels[n mod N]`` (ECMP coverage,
 ``sixlab.stamp.flows``); the adapter reads a packet's label from its Seq, and every
 record carries it. ``direct_measurement``: every packet carries a Direct Measurement
-TLV (RFC 8972 §4.5) whose S_TxC is the data-flow count the adapter last reported with
-``set_data_counters`` (the session's packet count while it reports none); records
-carry the reply's counters with the adapter's S_RxC (``sixlab.stamp.direct``).
+TLV (RFC 8972 §4.5), first in the TLV area, whose S_TxC is the data-flow count the
+adapter last reported with ``set_data_counters`` (the session's packet count while it
+reports none); records carry the reply's counters with the adapter's S_RxC
+(``sixlab.stamp.direct``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -125,6 +145,8 @@ class SenderConfig:
     loss_timeout_ns: int = DEFAULT_LOSS_TIMEOUT_NS
     tai_utc_offset_ns: int = DEFAULT_TAI_UTC_OFFSET_NS
     reflector_stateful: bool = False
+    #: Refuse replies whose SSID is 0 (an RFC 8762-only reflector); see the module doc.
+    strict_ssid: bool = False
     #: Loopback measurement mode: no Session-Reflector (module docstring, docs/srpm.md).
     loopback: bool = False
     #: IPv6 Flow Labels the packets take in turn (ECMP coverage); empty: none set.
@@ -151,6 +173,13 @@ class SenderConfig:
             raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
             raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+        if self.key is not None and self.tlvs:
+            try:
+                tlv.decode_tlvs(self.tlvs)
+            except WireError as exc:
+                raise SessionConfigError(
+                    f"tlvs: authenticated mode needs well-formed TLVs: {exc}"
+                ) from exc
         object.__setattr__(self, "flow_labels", check_flow_labels(self.flow_labels))
         if self.loopback and self.reflector_stateful:
             raise SessionConfigError("reflector_stateful: a loopback session has no reflector")
@@ -181,6 +210,18 @@ class SenderCounters:
     dropped: dict[DropReason, int] = field(default_factory=dict)
     #: Forward loss known from a stateful reflector's Seq (None: reflector stateless).
     forward_lost: int | None = None
+    #: Losses after the highest answered Seq, not yet placed forward or backward
+    #: (None: reflector stateless).
+    unclassified_lost: int | None = None
+    #: Replies accepted with SSID 0: the reflector implements RFC 8762 but not RFC 8972.
+    ssid_zero: int = 0
+    #: Replies whose TLVs carry the I flag: the reflector's check of our HMAC TLV failed.
+    integrity_reported: int = 0
+
+    @property
+    def reflector_ssid_zero(self) -> bool:
+        """The reflector returned SSID 0: it implements RFC 8762 only (RFC 8972 §3)."""
+        return self.ssid_zero > 0
 
     @property
     def late(self) -> int:
@@ -192,7 +233,7 @@ class SenderCounters:
         """Losses on the way back, where the forward/backward split is known."""
         if self.forward_lost is None:
             return None
-        return max(0, self.lost - self.forward_lost)
+        return max(0, self.lost - self.forward_lost - (self.unclassified_lost or 0))
 
 
 class SenderSession:
@@ -212,15 +253,18 @@ class SenderSession:
         self._answered: set[int] = set()
         self._answered_order: deque[int] = deque()
         self._highest_seq: int | None = None
+        self._lost_above: deque[int] = deque()  # lost Seqs above the highest answered
         self._tx: list[bytes] = []
         self._events: deque[Event] = deque()
-        # Direct measurement: the TLV area with a Direct Measurement TLV first (S_TxC at
-        # offset 4 is filled per packet), and the data-flow counts the adapter reported.
-        self._tlvs = (
-            tlv.DirectMeasurement().to_tlv().encode() + config.tlvs
-            if config.direct_measurement
-            else config.tlvs
-        )
+        # Direct measurement: a Direct Measurement TLV first in the area (its S_TxC is
+        # filled per packet, ``_tlvs_for``), and the data-flow counts the adapter reported.
+        split = config
+        if config.direct_measurement:
+            dm = tlv.DirectMeasurement().to_tlv().encode()
+            split = dataclasses.replace(config, tlvs=dm + config.tlvs)
+        self._covered, self._trailing, self._dm_at = _split_tlvs(split)
+        if config.reflector_stateful:
+            self.counters.unclassified_lost = 0
         self._data_tx: int | None = None
         self._data_rx: int | None = None
 
@@ -281,9 +325,15 @@ class SenderSession:
         except WireError:
             self._drop(DropReason.TOO_SHORT)
             return
+        ssid_zero = False
         if pkt.ssid != cfg.ssid:
-            self._drop(DropReason.NO_SESSION)
-            return
+            if pkt.ssid != 0:
+                self._drop(DropReason.NO_SESSION)
+                return
+            if cfg.strict_ssid:
+                self._drop(DropReason.SSID_ZERO)
+                return
+            ssid_zero = True
         if not pkt.error_estimate.is_valid:
             self._drop(DropReason.MULTIPLIER_ZERO)
             return
@@ -308,15 +358,31 @@ class SenderSession:
         if echoed_t1 != t1:  # exact: NTP rounds to nearest both ways (wire.timestamp)
             self._drop(DropReason.BAD_TIMESTAMP)
             return
+        if cfg.key is not None and pkt.tlvs:
+            scan = tlv.scan_tlvs(pkt.tlvs)
+            padding_only = scan.well_formed and all(
+                x.type == tlv.TlvType.EXTRA_PADDING for x in scan.tlvs
+            )
+            if not padding_only and not tlv.verify_hmac_tlv(data[:4], pkt.tlvs, cfg.key):
+                self._drop(DropReason.HMAC_TLV_FAILED)
+                return
+            if any(x.flags & tlv.TlvFlag.I for x in scan.tlvs):
+                self.counters.integrity_reported += 1
         del self._outstanding[seq]
         self._remember_answered(seq)
         self.counters.received += 1
+        if ssid_zero:
+            self.counters.ssid_zero += 1
         if self._highest_seq is not None and seq < self._highest_seq:
             self.counters.reordered += 1
         else:
             self._highest_seq = seq
             if cfg.reflector_stateful:
                 self.counters.forward_lost = max(0, seq - pkt.seq)
+                above = self._lost_above
+                while above and above[0] <= seq:
+                    above.popleft()
+                self.counters.unclassified_lost = len(above)
         self._events.append(
             StampResult(
                 ssid=cfg.ssid,
@@ -399,6 +465,21 @@ class SenderSession:
                 return DataCounters(dm.s_txc, dm.r_rxc, dm.r_txc, self._data_rx)
         return None
 
+    def claims(self, data: bytes) -> bool:
+        """Whether reply ``data`` answers a packet of this session still waiting for its
+        reply, by its Seq and T1 alone (for an adapter that must place a reply whose SSID
+        is 0). A repeat of a reply already matched is not claimed: without the SSID and
+        with T1 no longer kept, another session that sent the same Seq could own it."""
+        try:
+            pkt = wire.decode_reflector(data, authenticated=self.config.authenticated)
+            t1 = self._outstanding.get(pkt.sender_seq)
+            if t1 is None:
+                return False
+            echoed = self._to_utc(pkt.sender_timestamp, pkt.sender_error_estimate.fmt)
+        except WireError:
+            return False
+        return echoed == t1
+
     # -- outputs ----------------------------------------------------------------------
 
     def datagrams_to_send(self) -> list[bytes]:
@@ -449,11 +530,9 @@ class SenderSession:
         seq = self._next_seq
         self._next_seq = (seq + 1) & 0xFFFF_FFFF
         wire_now = now + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else now
-        tlvs = self._tlvs
-        if cfg.direct_measurement:
-            count = self._data_tx if self._data_tx is not None else self.counters.sent + 1
-            tlvs = tlvs[:4] + (count & 0xFFFF_FFFF).to_bytes(4) + tlvs[8:]
-        pkt = wire.SenderPacket(seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, tlvs)
+        pkt = wire.SenderPacket(
+            seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, self._tlvs_for(seq)
+        )
         data = wire.encode_sender(pkt, authenticated=cfg.authenticated)
         if cfg.key is not None:
             data = stamp_auth.sign(data, cfg.key)
@@ -463,12 +542,32 @@ class SenderSession:
         self.counters.sent += 1
         self._events.append(PacketSent(cfg.ssid, seq, now))
 
+    def _tlvs_for(self, seq: int) -> bytes:
+        """The TLV area of packet ``seq``: S_TxC filled in, HMAC TLV computed (module doc)."""
+        cfg = self.config
+        covered = self._covered
+        if self._dm_at is not None:
+            at = self._dm_at
+            area = bytearray(covered)
+            count = self._data_tx if self._data_tx is not None else self.counters.sent + 1
+            area[at : at + 4] = (count & 0xFFFF_FFFF).to_bytes(4)
+            covered = bytes(area)
+        if cfg.key is None or not covered:
+            return covered + self._trailing
+        signed = tlv.append_hmac_tlv(seq.to_bytes(4), covered, cfg.key)
+        return signed + self._trailing
+
     def _expire(self, now: int) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, seq = self._deadlines.popleft()
             t1 = self._outstanding.pop(seq, None)
             if t1 is not None:
                 self.counters.lost += 1
+                if self.config.reflector_stateful and (
+                    self._highest_seq is None or seq > self._highest_seq
+                ):
+                    self._lost_above.append(seq)
+                    self.counters.unclassified_lost = len(self._lost_above)
                 self._events.append(PacketLost(self.config.ssid, seq, t1))
 
     def _maybe_drained(self) -> None:
@@ -490,3 +589,34 @@ class SenderSession:
     def _drop(self, reason: DropReason) -> None:
         self.counters.dropped[reason] = self.counters.dropped.get(reason, 0) + 1
         self._events.append(PacketDropped(self.config.ssid, reason))
+
+
+def _split_tlvs(config: SenderConfig) -> tuple[bytes, bytes, int | None]:
+    """The configured TLV area split for per-packet work: (the TLVs an HMAC TLV covers,
+    the trailing Extra Padding it may not cover, the offset of a Direct Measurement
+    TLV's S_TxC in the first part or None).
+
+    Unauthenticated, or TLVs that do not decode: all of it in the first part, as given.
+    An HMAC TLV in the configuration is dropped: the session computes its own.
+    """
+    try:
+        tlvs = list(tlv.decode_tlvs(config.tlvs))
+    except WireError:
+        return config.tlvs, b"", None
+    if config.key is not None:
+        tlvs = [x for x in tlvs if x.type != tlv.TlvType.HMAC]
+        end = len(tlvs)
+        while end and tlvs[end - 1].type == tlv.TlvType.EXTRA_PADDING:
+            end -= 1
+        covered, trailing = tlv.encode_tlvs(tlvs[:end]), tlv.encode_tlvs(tlvs[end:])
+    else:
+        covered, trailing = config.tlvs, b""
+        end = len(tlvs)
+    dm_at = None
+    offset = 0
+    for x in tlvs[:end]:
+        if x.type == tlv.TlvType.DIRECT_MEASUREMENT and len(x.value) == 12:
+            dm_at = offset + tlv.TLV_HEADER_SIZE
+            break
+        offset += x.size
+    return covered, trailing, dm_at

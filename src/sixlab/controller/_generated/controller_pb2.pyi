@@ -334,6 +334,7 @@ class CreateSessionRequest(_message.Message):
     STATEFUL_FIELD_NUMBER: _builtins.int
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     COLLECT_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name of the session (usually the path's), e.g. "path-a": 1 to 64 printable
     characters, no blanks.
@@ -363,6 +364,10 @@ class CreateSessionRequest(_message.Message):
     loss_timeout_ns: _builtins.int
     """A packet without a reflection after this long is lost (absent: 2 s)."""
     collect: Global___CollectMode.ValueType
+    strict_ssid: _builtins.bool
+    """Refuse replies whose SSID is 0. By default they are accepted when address, port,
+    Seq and T1 match: an RFC 8762-only reflector returns the SSID as 0 (RFC 8972 §3).
+    """
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Forward SID list, travel order (empty: plain IPv6)."""
@@ -393,10 +398,11 @@ class CreateSessionRequest(_message.Message):
         stateful: _builtins.bool = ...,
         loss_timeout_ns: _builtins.int | None = ...,
         collect: Global___CollectMode.ValueType = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "reflector_port", b"reflector_port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__interval_ns: _TypeAlias = _typing.Literal["interval_ns"]  # noqa: Y015
     _WhichOneofArgType__interval_ns: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns"]  # noqa: Y015
@@ -605,6 +611,7 @@ class Session(_message.Message):
     FORWARD_LOST_FIELD_NUMBER: _builtins.int
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STORED_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     ssid: _builtins.int
     """The STAMP Session Identifier on both agents (RFC 8972 §3)."""
@@ -637,6 +644,7 @@ class Session(_message.Message):
     """Results the sender's FIFO had to drop (the controller read too slowly)."""
     stored: _builtins.int
     """Results in the controller's store."""
+    strict_ssid: _builtins.bool
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -670,10 +678,11 @@ class Session(_message.Message):
         forward_lost: _builtins.int | None = ...,
         overflow: _builtins.int = ...,
         stored: _builtins.int = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
@@ -886,6 +895,8 @@ class GetPathStatsReply(_message.Message):
     BACKWARD_LOST_FIELD_NUMBER: _builtins.int
     MAX_ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
+    UNCLASSIFIED_LOST_FIELD_NUMBER: _builtins.int
+    SSID_ZERO_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -894,11 +905,18 @@ class GetPathStatsReply(_message.Message):
     loss_ratio: _builtins.float
     """lost / (received + lost); 0 when nothing is known."""
     forward_lost: _builtins.int
-    """With a stateful reflector: lost on the way there and on the way back."""
+    """With a stateful reflector: lost on the way there and on the way back, and lost
+    after the last reply (not placed until a later reply arrives).
+    """
     backward_lost: _builtins.int
     max_error_bound_ns: _builtins.int
     """Largest error bound of any stored result (absent: none stored)."""
     sent: _builtins.int
+    unclassified_lost: _builtins.int
+    ssid_zero: _builtins.int
+    """Replies with SSID 0 (the reflector implements RFC 8762 but not RFC 8972), this
+    epoch; accepted unless the session is strict_ssid.
+    """
     @_builtins.property
     def direct_delay(self) -> Global___DelaySummary:
         """Absent while no result is stored."""
@@ -922,10 +940,12 @@ class GetPathStatsReply(_message.Message):
         backward_lost: _builtins.int | None = ...,
         max_error_bound_ns: _builtins.int | None = ...,
         sent: _builtins.int = ...,
+        unclassified_lost: _builtins.int | None = ...,
+        ssid_zero: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent", "ssid_zero", b"ssid_zero", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
@@ -937,6 +957,8 @@ class GetPathStatsReply(_message.Message):
     _WhichOneofArgType__max_error_bound_ns: _TypeAlias = _typing.Literal["_max_error_bound_ns", b"_max_error_bound_ns"]  # noqa: Y015
     _WhichOneofReturnType__return_jitter_ns: _TypeAlias = _typing.Literal["return_jitter_ns"]  # noqa: Y015
     _WhichOneofArgType__return_jitter_ns: _TypeAlias = _typing.Literal["_return_jitter_ns", b"_return_jitter_ns"]  # noqa: Y015
+    _WhichOneofReturnType__unclassified_lost: _TypeAlias = _typing.Literal["unclassified_lost"]  # noqa: Y015
+    _WhichOneofArgType__unclassified_lost: _TypeAlias = _typing.Literal["_unclassified_lost", b"_unclassified_lost"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
     @_typing.overload
@@ -947,5 +969,7 @@ class GetPathStatsReply(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_error_bound_ns) -> _WhichOneofReturnType__max_error_bound_ns | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__return_jitter_ns) -> _WhichOneofReturnType__return_jitter_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___GetPathStatsReply: _TypeAlias = GetPathStatsReply  # noqa: Y015

@@ -407,6 +407,7 @@ class CreateStampSessionRequest(_message.Message):
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     ERROR_ESTIMATE_FIELD_NUMBER: _builtins.int
     TAI_UTC_OFFSET_NS_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier (RFC 8972 §3), 0..65535; unique per agent."""
     interval_ns: _builtins.int
@@ -462,6 +463,11 @@ class CreateStampSessionRequest(_message.Message):
     """
     tai_utc_offset_ns: _builtins.int
     """TAI - UTC in ns, used to convert PTP timestamps. Absent: 37 s."""
+    strict_ssid: _builtins.bool
+    """Sender: refuse replies whose SSID is 0. By default such a reply (an RFC 8762-only
+    reflector returns the field as zero, RFC 8972 §3) is accepted when its source address
+    and port, Seq and T1 are those of this session, and counted in ssid_zero.
+    """
     @_builtins.property
     def sid_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sender: the SRv6 path to the reflector, travel order. Empty: plain IPv6 routing."""
@@ -497,10 +503,11 @@ class CreateStampSessionRequest(_message.Message):
         loss_timeout_ns: _builtins.int = ...,
         error_estimate: _builtins.int = ...,
         tai_utc_offset_ns: _builtins.int | None = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "tai_utc_offset_ns", b"tai_utc_offset_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "strict_ssid", b"strict_ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["tai_utc_offset_ns"]  # noqa: Y015
     _WhichOneofArgType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns"]  # noqa: Y015
@@ -1101,6 +1108,9 @@ class SessionCounters(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     FETCHED_FIELD_NUMBER: _builtins.int
     DATAPLANE_FIELD_NUMBER: _builtins.int
+    SSID_ZERO_FIELD_NUMBER: _builtins.int
+    UNCLASSIFIED_LOST_FIELD_NUMBER: _builtins.int
+    INTEGRITY_FAILED_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     state: Global___SessionState.ValueType
@@ -1127,6 +1137,16 @@ class SessionCounters(_message.Message):
     """Sender: records dropped on FIFO overflow."""
     fetched: _builtins.int
     """Sender: records fetched by GetStampSessionResults or the stream."""
+    ssid_zero: _builtins.int
+    """Sender: replies accepted with SSID 0 (the reflector implements RFC 8762 only)."""
+    unclassified_lost: _builtins.int
+    """Sender, stateful reflector: losses after the last answered packet, not yet placed
+    forward or backward (a later reply places them).
+    """
+    integrity_failed: _builtins.int
+    """Sender: replies whose TLVs carry the I flag (the reflector could not verify our HMAC
+    TLV, RFC 8972 §4.8). Reflector: packets answered whose HMAC TLV failed.
+    """
     @_builtins.property
     def dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Packets dropped by reason (e.g. "hmac-failed", "late", "too-short")."""
@@ -1155,14 +1175,22 @@ class SessionCounters(_message.Message):
         overflow: _builtins.int = ...,
         fetched: _builtins.int = ...,
         dataplane: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        ssid_zero: _builtins.int = ...,
+        unclassified_lost: _builtins.int | None = ...,
+        integrity_failed: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "_unclassified_lost", b"_unclassified_lost", "forward_lost", b"forward_lost", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "_unclassified_lost", b"_unclassified_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "integrity_failed", b"integrity_failed", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "ssid_zero", b"ssid_zero", "state", b"state", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
+    _WhichOneofReturnType__unclassified_lost: _TypeAlias = _typing.Literal["unclassified_lost"]  # noqa: Y015
+    _WhichOneofArgType__unclassified_lost: _TypeAlias = _typing.Literal["_unclassified_lost", b"_unclassified_lost"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__forward_lost) -> _WhichOneofReturnType__forward_lost | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___SessionCounters: _TypeAlias = SessionCounters  # noqa: Y015
 
