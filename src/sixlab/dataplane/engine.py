@@ -12,8 +12,8 @@ sent with the label its Seq (the payload's first four bytes) gives
 a ``data_counters`` source (direct-mode loss) has it read just before its timer runs
 and before each of its replies is handed over (sender), or before each of its TLV
 packets is reflected (reflector): the core gets the data flow's counts as they are at
-T1, T4 and T2. A source that fails leaves the core without counts for that packet (it
-falls back to its test packet counts) and is counted in ``data_counter_failed``.
+T1, T4 and T2. A read that fails is counted in ``data_counter_failed`` and leaves the
+core with the counts of the last read that worked.
 
 Results of a Session-Sender go into a bounded FIFO per session, drained by
 ``SenderEngine.results`` (polling) or ``wait_results`` (push/streaming). When a FIFO is
@@ -415,6 +415,7 @@ class SenderEngine(_Loop):
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
+            self._feed_data(self._entry(ssid))
             self._entry(ssid).session.start(self.clock())
             self._pump(self._entry(ssid))
         self.wake()
@@ -612,7 +613,8 @@ class SenderEngine(_Loop):
         source = entry.spec.data_counters
         if source is not None:
             reading = self._read_data(source)
-            entry.session.set_data_counters(*(reading or (None, None)))
+            if reading is not None:  # a failed read keeps the last counts, not a jump
+                entry.session.set_data_counters(*reading)
 
     def _pump(self, entry: _SenderEntry) -> None:
         """Send what the session produced and file its events (lock held)."""

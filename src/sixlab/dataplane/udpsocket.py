@@ -24,9 +24,10 @@ Receiving a packet with an SRH needs ``seg6_enabled`` on the receiving interface
 testbed sets it.
 
 Flow labels (ECMP coverage, docs/srpm.md): ``send_labelled`` leases the label for the
-socket once (``IPV6_FLOWLABEL_MGR``, shared with any socket: several agents of one node
-may send the same label), turns on ``IPV6_FLOWINFO_SEND`` and puts the label in the
-destination's ``sin6_flowinfo``. Linux refuses a label the socket did not lease.
+socket once (``IPV6_FLOWLABEL_MGR``, shared with any socket that leases it toward the
+same destination; Linux wants a destination in the lease, the first packet's), turns on
+``IPV6_FLOWINFO_SEND`` and puts the label in the destination's ``sin6_flowinfo``. Linux
+refuses to send a label the socket did not lease.
 
 This plane needs no capture and no filter: the kernel delivers STAMP packets to the
 socket, so it never answers them with ICMP port unreachable. It is the default of the
@@ -90,10 +91,11 @@ def _unmap(packed: bytes) -> bytes:
     return packed[12:] if len(packed) == 16 and packed[:12] == _V4_MAPPED else packed
 
 
-def _flowlabel_request(label: int) -> bytes:
-    """struct in6_flowlabel_req: lease ``label`` to any destination, shared with anyone."""
+def _flowlabel_request(label: int, dst: IPv6Address) -> bytes:
+    """struct in6_flowlabel_req: lease ``label`` (toward ``dst``: Linux wants one, though it
+    checks only the label when sending), shared with any socket."""
     return (
-        bytes(16)  # flr_dst: ::
+        dst.packed  # flr_dst
         + label.to_bytes(4, "big")  # flr_label (__be32)
         + struct.pack("=BBHHHI", _IPV6_FL_A_GET, _IPV6_FL_S_ANY, _IPV6_FL_F_CREATE, 0, 0, 0)
     )
@@ -234,7 +236,7 @@ class SocketDataplane(Dataplane):
                 if not self._leased:
                     sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO_SEND, 1)
                 sock.setsockopt(
-                    socket.IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, _flowlabel_request(flow_label)
+                    socket.IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, _flowlabel_request(flow_label, dst)
                 )
             except OSError as exc:
                 raise DataplaneError(

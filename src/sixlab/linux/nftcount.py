@@ -16,14 +16,15 @@ A match is a destination prefix, optionally narrowed to one transport protocol a
 destination port (``udp dport 9000``): a prefix alone counts everything to it, STAMP
 test packets included.
 
-Installing runs ``nft -f`` once (milliseconds). Reading dumps the table's rules over
-netlink with pyroute2 (about a millisecond per read once the socket is open): fast
-enough to read at every test packet. pyroute2's nftables socket keeps per-thread state,
-so each reading thread opens its own; the table lives in the network namespace of the
-thread that installed it, and every socket and ``nft`` run of the object enters that
-namespace first (``setns(2)``), whichever thread reads or removes. Ownership follows
-:mod:`sixlab.linux.nftdrop`: the table's comment names the owner pid; a dead owner's
-leftover is replaced, a live owner's refused.
+Installing runs ``nft -f`` once (milliseconds). Reading asks the kernel for the table's
+rules over one netlink socket (``NETLINK_NETFILTER``, an ``NFT_MSG_GETRULE`` dump
+limited to the table) and decodes them with pyroute2's ``nft_rule_msg``: tens of
+microseconds, fast enough to read at every test packet. The socket is opened in the
+network namespace of the thread that installed the table and used under a lock from any
+thread; ``nft`` runs of the object (install, remove) enter that namespace first
+(``setns(2)``), whichever thread calls. Ownership follows :mod:`sixlab.linux.nftdrop`:
+the table's comment names the owner pid; a dead owner's leftover is replaced, a live
+owner's refused.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import ipaddress
+import itertools
 import os
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +51,17 @@ __all__ = ["FlowCounters", "FlowCountersError", "FlowMatch"]
 
 #: NFPROTO_IPV6 (<linux/netfilter.h>): the family of ``ip6`` tables.
 _NFPROTO_IPV6 = 10
+#: <linux/netlink.h>, <linux/netfilter/nfnetlink.h>, <linux/netfilter/nf_tables.h>.
+_NETLINK_NETFILTER = 12
+_NLM_F_REQUEST = 0x1
+_NLM_F_DUMP = 0x300
+_NLMSG_ERROR = 2
+_NLMSG_DONE = 3
+_NFNL_SUBSYS_NFTABLES = 10
+_NFT_MSG_GETRULE = 7
+_NFTA_RULE_TABLE = 1
+_NLMSG = struct.Struct("=IHHII")
+_NFGEN = struct.Struct("=BBH")
 _PROTOCOLS = ("udp", "tcp")
 #: <sched.h>
 _CLONE_NEWNET = 0x40000000
@@ -129,8 +144,10 @@ class FlowCounters:
         self.tx = tx
         self.rx = rx
         self.installed = False
-        self._local = threading.local()
         self._ns: int | None = None  # the namespace the table lives in (an fd)
+        self._nl: socket.socket | None = None  # netlink socket in that namespace
+        self._nl_lock = threading.Lock()
+        self._seq = itertools.count(1)
 
     def ruleset(self) -> str:
         """The ``nft -f`` script that creates the table."""
@@ -163,6 +180,10 @@ class FlowCounters:
             self._ns = os.open(_THREAD_NS, os.O_RDONLY)
         with _in_netns(self._ns):
             self._install()
+            if self._nl is None:
+                nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER)
+                nl.bind((0, 0))
+                self._nl = nl
         self.installed = True
         atexit.register(self.remove)
 
@@ -186,10 +207,10 @@ class FlowCounters:
             return
         self.installed = False
         atexit.unregister(self.remove)
-        sock = getattr(self._local, "nft", None)
-        if sock is not None:
-            sock.close()
-            self._local.nft = None
+        with self._nl_lock:
+            if self._nl is not None:
+                self._nl.close()
+                self._nl = None
         with _in_netns(self._ns):
             if self._owner() == os.getpid():
                 _nft("delete", "table", "ip6", self.table, check=False)
@@ -212,19 +233,44 @@ class FlowCounters:
         return sums["tx"], sums["rx"]
 
     def _rules(self) -> list[Any]:
-        sock = getattr(self._local, "nft", None)
-        try:
-            if sock is None:
-                # pyroute2 keeps an event loop per socket: one socket per reading thread.
-                from pyroute2.nftables.main import NFTables  # noqa: PLC0415
+        """The table's rules, decoded (an ``NFT_MSG_GETRULE`` dump of this table)."""
+        from pyroute2.netlink.nfnetlink.nftsocket import nft_rule_msg  # noqa: PLC0415
 
-                with _in_netns(self._ns):
-                    sock = NFTables(nfgen_family=_NFPROTO_IPV6)
-                self._local.nft = sock
-            return list(sock.get_rules())
-        except OSError as exc:
-            self._local.nft = None
-            raise FlowCountersError(f"nft table ip6 {self.table}: cannot read: {exc}") from exc
+        name = self.table.encode() + b"\0"
+        attr = struct.pack("=HH", 4 + len(name), _NFTA_RULE_TABLE) + name
+        attr += bytes(-len(attr) % 4)
+        body = _NFGEN.pack(_NFPROTO_IPV6, 0, 0) + attr
+        kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETRULE
+        rules: list[Any] = []
+        with self._nl_lock:
+            nl = self._nl
+            if nl is None:
+                raise FlowCountersError(f"nft table ip6 {self.table}: not installed")
+            seq = next(self._seq)
+            try:
+                nl.send(_NLMSG.pack(_NLMSG.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP,
+                                    seq, 0) + body)  # fmt: skip
+                while True:
+                    data = nl.recv(1 << 16)
+                    offset = 0
+                    while offset + _NLMSG.size <= len(data):
+                        length, mtype, _flags, mseq, _pid = _NLMSG.unpack_from(data, offset)
+                        if length < _NLMSG.size:
+                            raise FlowCountersError(f"nft table ip6 {self.table}: bad reply")
+                        if mseq == seq:
+                            if mtype == _NLMSG_DONE:
+                                return rules
+                            if mtype == _NLMSG_ERROR:
+                                errno = -struct.unpack_from("=i", data, offset + _NLMSG.size)[0]
+                                raise FlowCountersError(
+                                    f"nft table ip6 {self.table}: cannot read: {os.strerror(errno)}"
+                                )
+                            msg = nft_rule_msg(data[offset : offset + length])
+                            msg.decode()
+                            rules.append(msg)
+                        offset += (length + 3) & ~3
+            except OSError as exc:
+                raise FlowCountersError(f"nft table ip6 {self.table}: cannot read: {exc}") from exc
 
 
 def _counter_packets(rule: Any) -> int | None:
