@@ -31,8 +31,8 @@ __all__ = ["add_parsers", "main"]
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
     from sixlab.ilnp import POLICIES, STORES  # noqa: PLC0415 - keeps `--help` light
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415
 
+    control_help = "control socket path (default: /run/sixlab-ilnp-NETNS.sock, per namespace)"
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
 
@@ -52,7 +52,7 @@ def add_parsers(sub: Any) -> None:
     )
     host.add_argument("--policy", choices=POLICIES.names(), default="socket")
     host.add_argument("--store", choices=STORES.names(), default="hash")
-    host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    host.add_argument("--control", help=control_help)
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
     host.add_argument(
         "--names",
@@ -81,7 +81,7 @@ def add_parsers(sub: Any) -> None:
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
         tool = tools.add_parser(name, help=text)
-        tool.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+        tool.add_argument("--control", help=control_help)
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
 
@@ -95,13 +95,13 @@ def add_parsers(sub: Any) -> None:
         metavar="L64[,PREF[,LIFETIME]]",
         help="the new set; each must be held by one of the daemon's links",
     )
-    move.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    move.add_argument("--control", help=control_help)
     move.add_argument("--json", action="store_true", help="print the JSON reply")
     move.set_defaults(handler=_query, query="set-locators")
 
     peer = tools.add_parser("add-peer", help="resolve a name and start an ILCC entry for it")
     peer.add_argument("name", help="a name in the daemon's hosts file, or in DNS (NID, L64)")
-    peer.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    peer.add_argument("--control", help=control_help)
     peer.add_argument("--json", action="store_true", help="print the JSON reply")
     peer.set_defaults(handler=_query, query="add-peer")
 
@@ -140,7 +140,7 @@ def _positive(text: str) -> int:
 
 def _host(args: argparse.Namespace) -> int:
     from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
+    from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
 
     try:
@@ -154,7 +154,7 @@ def _host(args: argparse.Namespace) -> int:
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
-        control=args.control,
+        control=args.control or default_control(),
         hosts=args.hosts,
         names=args.names,
         tun_name=args.tun,
@@ -178,17 +178,18 @@ def _host(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from sixlab.ilnp import IlnpError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
+    from sixlab.ilnp.daemon import control_request, default_control  # noqa: PLC0415
 
     request: dict[str, Any] = {"cmd": args.query}
     if args.query == "set-locators":
         request["locators"] = [_format_spec(entry) for entry in args.locators]
     elif args.query == "add-peer":
         request["name"] = args.name
+    path = args.control or default_control()
     try:
-        reply = control_request(args.control, request)
+        reply = control_request(path, request)
     except OSError as exc:
-        print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        print(f"sixlab ilnp {args.query}: {path}: {exc}", file=sys.stderr)
         return 1
     except IlnpError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)

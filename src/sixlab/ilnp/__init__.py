@@ -8,9 +8,11 @@ Sans-I/O host logic (exported here):
 * :mod:`sixlab.ilnp.resolve` — names and NIDs to locators (hosts file, DNS).
 
 The daemon on Linux (``sixlab ilnp host``), built on :mod:`sixlab.linux`:
-:mod:`sixlab.ilnp.daemon` (TUN device, capture rings, raw socket, control socket),
-:mod:`sixlab.ilnp.fastpath` (the tc/eBPF fast path), :mod:`sixlab.ilnp.socktable`
-(the kernel's sockets for the ``socket`` policy).
+:mod:`sixlab.ilnp.daemon` (TUN device, capture rings, control socket),
+:mod:`sixlab.ilnp.links` (which links are usable and hold which locators),
+:mod:`sixlab.ilnp.egress` (sending out of the locator's link, packets for unresolved
+neighbours held in the daemon), :mod:`sixlab.ilnp.fastpath` (the tc/eBPF fast path),
+:mod:`sixlab.ilnp.socktable` (the kernel's sockets for the ``socket`` policy).
 
 Wire formats live in :mod:`sixlab.wire.ilnp`.
 

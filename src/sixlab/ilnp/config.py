@@ -8,7 +8,7 @@ neither accepts it in a move (:func:`check_held`) nor keeps using it once its ad
 is gone (the daemon's link poll withdraws it).
 
 Link state comes in as a plain mapping, interface name to ``(up, prefixes)`` with the
-prefixes as 64-bit integers (what :func:`sixlab.ilnp.daemon._link_states` reads over
+prefixes as 64-bit integers (what :func:`sixlab.ilnp.links.link_states` reads over
 netlink), so everything here is pure and tested without a kernel.
 """
 
