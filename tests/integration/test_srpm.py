@@ -14,7 +14,9 @@ All namespaces share the host clock, so one-way delays are measurements too.
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +42,7 @@ from sixlab.testbed import (
 from sixlab.testbed._netns import namespace_pids
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
+from tests.integration._stamp_helpers import SIXLAB
 from tests.integration.conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.root
@@ -264,3 +267,71 @@ def test_direct_mode_counts_the_data_the_link_lost() -> None:
         assert total.forward_lost == sent - got  # what the application did not get
         assert 0.1 < total.forward_lost / sent < 0.3  # the emulator's 20 %
         assert (total.backward_sent, total.backward_lost) == (0, 0)  # no reverse data flow
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def test_the_sender_command_runs_loopback_and_flow_label_sessions(
+    far_testbed: SRv6TwoPaths,
+) -> None:
+    tb = far_testbed
+    loop = tb.loopback_paths["F"]
+    argv = [*SIXLAB, "sender", "--loopback", "--source", tb.sender_addr, "--segments",
+            ",".join(loop.segments), "--interval", "0.02", "--timeout", "1", "--json"]  # fmt: skip
+    tb.testbed.exec_in(tb.sender, [*argv, "--count", "2"], timeout=60)  # neighbours
+    out = tb.testbed.exec_in(tb.sender, [*argv, "--count", "20", "--flow-labels", "4"], timeout=60)
+    doc = json.loads(out.stdout)
+    assert (doc["loopback"], doc["received"], doc["lost"]) == (True, 20, 0)
+    assert doc["summary"]["direct"] is None
+    p50 = doc["summary"]["rtt"]["p50"] / MS
+    assert abs(p50 - loop.round_trip_delay_ms) <= TOLERANCE_MS
+    assert sorted(doc["flows"]) == ["1", "2", "3", "4"]
+    assert all(f["received"] == 5 for f in doc["flows"].values())
+    assert {r["flow_label"] for r in doc["records"]} == {1, 2, 3, 4}
+    bad = tb.testbed.exec_in(tb.sender, [*SIXLAB, "sender", "--loopback"], check=False)
+    assert bad.returncode == 2
+    assert "--source" in bad.stderr
+
+
+def test_the_commands_count_direct_mode_data(srv6_testbed: SRv6TwoPaths) -> None:
+    tb = srv6_testbed
+    path = tb.paths["A"]
+    reflector = tb.testbed.run_in(
+        tb.reflector,
+        [*SIXLAB, "reflector", "--ssid", "1", "--return-segments",
+         ",".join(path.return_segments), "--dm-received", f"{tb.reflector_addr},udp,{DATA_PORT}"],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert reflector.stderr is not None
+    assert "reflecting on" in reflector.stderr.readline().decode()
+    sender = tb.testbed.run_in(
+        tb.sender,
+        [*SIXLAB, "sender", tb.reflector_addr, "--ssid", "1", "--segments",
+         ",".join(path.forward_segments), "--count", "30", "--interval", "0.05", "--json",
+         "--dm-sent", f"{path.forward_segments[0]},udp,{DATA_PORT}"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    source = tb.sender.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        srh = SegmentRoutingHeader.from_path(_v6(path.forward_segments), NextHeader.UDP).encode()
+        source.setsockopt(socket.IPPROTO_IPV6, 57, srh)  # IPV6_RTHDR
+        # Data only once the sender probes: its counters exist, then a few probes pass.
+        deadline = time.monotonic() + 20
+        while "sixlab_dm_cli_sender" not in tb.sender.exec(["nft", "list", "tables"]).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        for _ in range(100):
+            source.sendto(b"data", (tb.reflector_addr, DATA_PORT))
+        out, _ = sender.communicate(timeout=60)
+    finally:
+        source.close()
+        reflector.terminate()
+        reflector.wait(10)
+        reflector.stderr.close()
+    doc = json.loads(out)
+    assert doc["received"] == 30
+    assert doc["data_loss"]["forward_sent"] == 100
+    assert doc["data_loss"]["forward_lost"] == 0
+    assert "sixlab_dm" not in tb.sender.exec(["nft", "list", "tables"]).stdout

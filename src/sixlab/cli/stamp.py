@@ -19,7 +19,9 @@ from sixlab import stamp as ev
 from sixlab.cli import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.linux import FlowCounters, LinuxError
 from sixlab.linux.signals import StopOnSignal
+from sixlab.stamp import data_loss_total, per_flow_stats
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters
 from sixlab.stamp.stats import DelaySummary, summarize
@@ -49,10 +51,17 @@ def add_parsers(stamp: Any) -> None:
     r.add_argument("--ptp", action="store_true", help="PTPv2 timestamps (default NTP)")
     r.add_argument("--return-segments", type=at.sid_list, default=None, help="return SID list")
     r.add_argument("--ssid", type=at.ssid, default=None, help="answer only this SSID")
+    _dm_arguments(r, "reflector")
     r.set_defaults(handler=_run_reflector)
 
     s = stamp.add_parser("sender", help="run one STAMP session and print the delays")
-    s.add_argument("reflector", type=at.ip, help="the reflector's IPv4 or IPv6 address")
+    s.add_argument(
+        "reflector",
+        type=at.ip,
+        nargs="?",
+        default=None,
+        help="the reflector's IPv4 or IPv6 address (none with --loopback)",
+    )
     s.add_argument("--port", type=at.port, default=STAMP_PORT, help="the reflector's port")
     s.add_argument("--source", type=at.ip, default=None)
     s.add_argument("--source-port", type=at.port, default=0)
@@ -84,7 +93,50 @@ def add_parsers(stamp: Any) -> None:
     s.add_argument("--dataplane", choices=planes, default="socket")
     s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
     s.add_argument("--json", action="store_true", help="one JSON document at the end")
+    s.add_argument(
+        "--loopback",
+        action="store_true",
+        help="loopback mode (docs/srpm.md): --segments lead the packets back to --source, "
+        "no reflector; only the round trip is measured",
+    )
+    s.add_argument(
+        "--flow-labels",
+        type=at.flow_labels,
+        default=(),
+        metavar="N|L1,L2,...",
+        help="spread the packets over IPv6 flow labels (N: labels 1..N) and report each "
+        "label apart (ECMP coverage)",
+    )
+    _dm_arguments(s, "sender")
     s.set_defaults(handler=_run_sender)
+
+
+def _dm_arguments(parser: Any, role: str) -> None:
+    """Direct-mode loss (RFC 8972 §4.5, docs/srpm.md): the data flow this side counts."""
+    parser.add_argument(
+        "--dm-sent",
+        type=at.flow_match,
+        default=None,
+        metavar="PREFIX[,udp|tcp[,PORT]]",
+        help=f"direct-mode loss: data packets this {role} sends to PREFIX (nftables counts "
+        "them; needs root)",
+    )
+    parser.add_argument(
+        "--dm-received",
+        type=at.flow_match,
+        default=None,
+        metavar="PREFIX[,udp|tcp[,PORT]]",
+        help=f"direct-mode loss: data packets this {role} receives for PREFIX",
+    )
+
+
+def _counters(args: argparse.Namespace, role: str) -> FlowCounters | None:
+    """The data-flow counters the arguments ask for, installed (or None)."""
+    if args.dm_sent is None and args.dm_received is None:
+        return None
+    counters = FlowCounters(f"sixlab_dm_cli_{role}", tx=args.dm_sent, rx=args.dm_received)
+    counters.install()
+    return counters
 
 
 def _fmt(ptp: bool) -> TimestampFormat:
@@ -110,13 +162,26 @@ def _run_reflector(args: argparse.Namespace) -> int:
         return 1
     reflector = Reflector()
     engine = ReflectorEngine(plane, reflector)
+    try:
+        counters = _counters(args, "reflector")
+    except LinuxError as exc:
+        plane.close()
+        print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
+        return 1
+    if counters is not None and args.ssid is None:
+        plane.close()
+        counters.remove()
+        print("sixlab stamp reflector: --dm-sent/--dm-received need --ssid", file=sys.stderr)
+        return 2
     try:  # through the engine: a plane that answers in the kernel needs the session too
         if args.ssid is None:
             engine.set_default(config)
         else:
-            engine.add_session(config)
+            engine.add_session(config, data_counters=counters.read if counters else None)
     except DataplaneError as exc:
         plane.close()
+        if counters is not None:
+            counters.remove()
         print(f"sixlab stamp reflector: {exc}", file=sys.stderr)
         return 1
     kernel: dict[str, int] = {}
@@ -134,6 +199,8 @@ def _run_reflector(args: argparse.Namespace) -> int:
             with contextlib.suppress(DataplaneError):
                 kernel = plane.counters()
             plane.close()
+            if counters is not None:
+                counters.remove()
     c = reflector.counters
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
@@ -193,9 +260,38 @@ def _notes(c: SenderCounters) -> list[str]:
     return out
 
 
+def _sender_config(args: argparse.Namespace, tlvs: bytes) -> SenderConfig:
+    return SenderConfig(
+        ssid=args.ssid,
+        interval_ns=round(args.interval * NS_PER_S),
+        count=args.count,
+        fmt=_fmt(args.ptp),
+        key=args.auth_key,
+        tlvs=tlvs,
+        loss_timeout_ns=round(args.timeout * NS_PER_S),
+        reflector_stateful=args.stateful_reflector,
+        strict_ssid=args.strict_ssid,
+        loopback=args.loopback,
+        flow_labels=args.flow_labels,
+        direct_measurement=args.dm_sent is not None or args.dm_received is not None,
+    )
+
+
 def _run_sender(args: argparse.Namespace) -> int:
     if args.count <= 0:
         print("sixlab stamp sender: --count must be positive", file=sys.stderr)
+        return 2
+    if args.loopback:
+        if args.reflector is not None or args.source is None or not args.segments:
+            print(
+                "sixlab stamp sender: --loopback takes no REFLECTOR; it needs --source (this "
+                "host's address, where the packets come back) and --segments (the loop)",
+                file=sys.stderr,
+            )
+            return 2
+        args.reflector = args.source
+    elif args.reflector is None:
+        print("sixlab stamp sender: REFLECTOR is required (or --loopback)", file=sys.stderr)
         return 2
     ipv4 = [a for a in (args.reflector, args.source) if isinstance(a, ipaddress.IPv4Address)]
     if ipv4 and (args.segments or args.return_segments):
@@ -209,17 +305,11 @@ def _run_sender(args: argparse.Namespace) -> int:
     tlvs = b""
     if args.return_segments:
         tlvs = tlv.ReturnPath((tlv.Srv6SegmentList(args.return_segments),)).to_tlv().encode()
-    config = SenderConfig(
-        ssid=args.ssid,
-        interval_ns=round(args.interval * NS_PER_S),
-        count=args.count,
-        fmt=_fmt(args.ptp),
-        key=args.auth_key,
-        tlvs=tlvs,
-        loss_timeout_ns=round(args.timeout * NS_PER_S),
-        reflector_stateful=args.stateful_reflector,
-        strict_ssid=args.strict_ssid,
-    )
+    try:
+        config = _sender_config(args, tlvs)
+    except ev.SessionConfigError as exc:
+        print(f"sixlab stamp sender: {exc}", file=sys.stderr)
+        return 2
     plane = create(
         args.dataplane,
         DataplaneConfig(port=args.source_port, interface=args.interface, source=args.source),
@@ -234,18 +324,43 @@ def _run_sender(args: argparse.Namespace) -> int:
         if args.json:
             return
         if isinstance(event, ev.StampResult):
+            label = "" if event.flow_label is None else f" flow_label={event.flow_label:#x}"
+            if event.loopback:
+                print(f"seq={event.seq} rtt={_ms(event.rtt_ns)} ms{label}", flush=True)
+                return
             print(
                 f"seq={event.seq} direct={_ms(event.direct_ns)} ms "
                 f"return={_ms(event.return_ns)} ms rtt={_ms(event.rtt_ns)} ms "
-                f"ttl={event.ses_sender_ttl}",
+                f"ttl={event.ses_sender_ttl}{label}",
                 flush=True,
             )
         elif isinstance(event, ev.PacketLost):
             print(f"seq={event.seq} lost", flush=True)
 
+    try:
+        counters = _counters(args, "sender")
+    except LinuxError as exc:
+        plane.close()
+        print(f"sixlab stamp sender: {exc}", file=sys.stderr)
+        return 1
     engine = SenderEngine(plane, on_event=show)
-    spec = SenderSessionSpec(config, args.reflector, args.port, args.segments, args.source)
-    engine.add_session(spec)
+    port = int(getattr(plane, "local_port", 0)) if args.loopback else args.port
+    spec = SenderSessionSpec(
+        config,
+        args.reflector,
+        port,
+        args.segments,
+        args.source,
+        data_counters=counters.read if counters else None,
+    )
+    try:
+        engine.add_session(spec)
+    except ev.SessionConfigError as exc:
+        plane.close()
+        if counters is not None:
+            counters.remove()
+        print(f"sixlab stamp sender: {exc}", file=sys.stderr)
+        return 2
     engine.start()
     try:
         engine.start_session(args.ssid)
@@ -259,14 +374,21 @@ def _run_sender(args: argparse.Namespace) -> int:
     finally:
         records = engine.results(args.ssid)
         snap = engine.snapshot(args.ssid)
+        lost_seqs = [p.seq for p in engine.lost(args.ssid)]
         engine.shutdown()
         kernel: dict[str, int] = {}
         with contextlib.suppress(DataplaneError):
             kernel = plane.counters()
         plane.close()
+        if counters is not None:
+            counters.remove()
     c = snap.counters
-    direct = summarize(r.direct_ns for r in records)
-    back = summarize(r.return_ns for r in records)
+    flows = per_flow_stats(records, args.flow_labels, lost_seqs) if args.flow_labels else {}
+    data = data_loss_total((r.seq, r.t1_ns, r.data) for r in records if r.data is not None)
+    if args.loopback:
+        records = [r for r in records if r.loopback]
+    direct = None if args.loopback else summarize(r.direct_ns for r in records)
+    back = None if args.loopback else summarize(r.return_ns for r in records)
     rtt = summarize(r.rtt_ns for r in records)
     if args.json:
         doc = {
@@ -289,6 +411,24 @@ def _run_sender(args: argparse.Namespace) -> int:
                 "return": _summary_json(back),
                 "rtt": _summary_json(rtt),
             },
+            "loopback": args.loopback,
+            "flows": {
+                str(label): {
+                    "received": st.received,
+                    "lost": st.lost,
+                    "direct": _summary_json(st.direct),
+                    "rtt": _summary_json(st.rtt),
+                }
+                for label, st in flows.items()
+            },
+            "data_loss": None
+            if data is None
+            else {
+                "forward_sent": data.forward_sent,
+                "forward_lost": data.forward_lost,
+                "backward_sent": data.backward_sent,
+                "backward_lost": data.backward_lost,
+            },
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
@@ -307,6 +447,19 @@ def _run_sender(args: argparse.Namespace) -> int:
                     f"{name}: min/mean/p50/p99/max = {_ms(s.min_ns)}/{_ms(s.mean_ns)}/"
                     f"{_ms(s.p50_ns)}/{_ms(s.p99_ns)}/{_ms(s.max_ns)} ms"
                 )
+        for label, st in flows.items():
+            one_way = "" if st.direct is None else f" direct mean {_ms(st.direct.mean_ns)} ms,"
+            trip = "—" if st.rtt is None else f"{_ms(st.rtt.mean_ns)} ms"
+            print(
+                f"flow label {label:#x}:{one_way} round trip mean {trip}, "
+                f"{st.received} received, {st.lost} lost"
+            )
+        if data is not None:
+            back_lost = "?" if data.backward_lost is None else data.backward_lost
+            print(
+                f"data loss: forward {data.forward_lost} of {data.forward_sent}, "
+                f"backward {back_lost} of {data.backward_sent} (Direct Measurement, RFC 8972 §4.5)"
+            )
     if engine.error is not None:
         print(f"sixlab stamp sender: {engine.error}", file=sys.stderr)
         return 1
