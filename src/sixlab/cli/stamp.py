@@ -433,8 +433,8 @@ def _run_sender(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
     else:
-        where = _hostport(args.reflector, args.port)
-        print(f"--- {where} STAMP statistics ---")
+        where = _hostport(args.reflector, port)
+        print(f"--- {'loopback to ' if args.loopback else ''}{where} STAMP statistics ---")
         print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
         for line in _notes(c):
             print(line)
