@@ -8,10 +8,14 @@ from sixlab.controller import ControllerError
 from sixlab.controller.events import (
     EventKind,
     EventState,
+    LossWindow,
     ThresholdMonitor,
     Thresholds,
     WindowSample,
+    window_sample,
 )
+from sixlab.stamp import StampResult
+from sixlab.wire.timestamp import ErrorEstimate
 
 
 def _sample(delay: float | None = 10.0, jitter: float | None = 1.0, lost: int = 0) -> WindowSample:
@@ -77,3 +81,34 @@ def test_a_restored_event_clears_without_being_raised_again() -> None:
 def test_impossible_thresholds_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ControllerError, match="thresholds"):
         Thresholds(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_loss_window_counts_the_change_across_the_window() -> None:
+    win = LossWindow(10)
+    assert win.over(100) == (0, 0)
+    win.observe(0, 10, 0)
+    assert win.over(5) == (10, 0)  # one report: all of it is in the window
+    win.observe(10, 20, 2)
+    win.observe(20, 30, 5)
+    assert win.over(20) == (10, 3)
+    assert win.over(15) == (20, 2)  # a window ending earlier reaches the first report
+    win.observe(25, 3, 0)  # the totals went down: the session started over
+    assert win.over(25) == (3, 0)
+    win.observe(40, 13, 1)
+    win.observe(50, 23, 1)
+    assert win.over(50) == (10, 0)
+    assert len(win._points) == 2  # what the window no longer needs is gone
+
+
+def test_a_window_sample_takes_the_round_trip_and_its_jitter() -> None:
+    ee = ErrorEstimate(multiplier=1)
+    ms = 1_000_000
+    records = [
+        StampResult(1, seq, 0, 0, 0, (10 + seq) * ms, ee, ee, 0, seq, loopback=True)
+        for seq in (2, 0, 1)
+    ]
+    sample = window_sample(records, lost=1)
+    assert (sample.received, sample.lost) == (3, 1)
+    assert sample.delay_ms == pytest.approx(11.0)
+    assert sample.jitter_ms == pytest.approx(1.0)
+    assert sample.value(EventKind.LOSS) == pytest.approx(0.25)

@@ -25,10 +25,13 @@ them as metrics and shows them (``sixlab controller events``).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from sixlab.controller.errors import ControllerError
+from sixlab.stamp import StampResult, path_stats
 
 __all__ = [
     "DEFAULT_CLEAR_RATIO",
@@ -36,10 +39,12 @@ __all__ = [
     "DEFAULT_WINDOW_S",
     "EventKind",
     "EventState",
+    "LossWindow",
     "SessionEvent",
     "ThresholdMonitor",
     "Thresholds",
     "WindowSample",
+    "window_sample",
 ]
 
 #: Seconds of results each judgement looks at.
@@ -176,3 +181,50 @@ class ThresholdMonitor:
                 self._raised.discard(key)
                 out.append(SessionEvent(session, kind, EventState.CLEARED, value, limit, now_ns))
         return out
+
+
+def window_sample(records: Sequence[StampResult], lost: int) -> WindowSample:
+    """The window's measures from its records (any order) and its lost packets."""
+    st = path_stats(sorted(records, key=lambda r: r.seq), lost)
+    return WindowSample(
+        received=len(records),
+        lost=lost,
+        delay_ms=None if st.rtt is None else st.rtt.mean_ns / 1e6,
+        jitter_ms=None if st.direct_jitter_ns is None else st.direct_jitter_ns / 1e6,
+    )
+
+
+class LossWindow:
+    """Test packets received and lost over the last ``window_ns``, from running totals.
+
+    The sender agent reports totals since the session began (totals that go down mean
+    the session started over, and the history restarts). ``observe`` keeps one point
+    per report, and forgets those older than the window needs; ``over`` answers the
+    change across the window.
+    """
+
+    def __init__(self, window_ns: int) -> None:
+        self.window_ns = window_ns
+        self._points: deque[tuple[int, int, int]] = deque()  # (at_ns, received, lost)
+
+    def observe(self, at_ns: int, received: int, lost: int) -> None:
+        points = self._points
+        if points and (received < points[-1][1] or lost < points[-1][2]):
+            points.clear()
+        points.append((at_ns, received, lost))
+        # Keep one point at or before the window's start: the base of the difference.
+        while len(points) > 1 and points[1][0] <= at_ns - self.window_ns:
+            points.popleft()
+
+    def over(self, now_ns: int) -> tuple[int, int]:
+        """(received, lost) in the window that ends at ``now_ns``."""
+        points = [p for p in self._points if p[0] <= now_ns]
+        if not points:
+            return 0, 0
+        start = now_ns - self.window_ns
+        base = [p for p in points if p[0] <= start]
+        _, r1, l1 = points[-1]
+        if not base:
+            return r1, l1  # the whole session falls in the window
+        _, r0, l0 = base[-1]
+        return r1 - r0, l1 - l0
