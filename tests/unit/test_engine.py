@@ -515,3 +515,40 @@ def test_the_first_packet_carries_the_data_count_and_a_failed_read_keeps_the_las
     assert all(r.data and (r.data.r_rxc, r.data.r_txc) == (400, 90) for r in records)
     assert sender.counters.data_counter_failed == 1
     assert reflector.counters.reflected == 3
+
+
+class _Hooks(MemoryDataplane):
+    """A memory plane that records the session hooks the engine calls."""
+
+    def __init__(self, config: DataplaneConfig, network: MemoryNetwork) -> None:
+        super().__init__(config, network)
+        self.hooks: list[tuple[str, int]] = []
+
+    def sender_session_added(self, ssid: int) -> None:
+        self.hooks.append(("added", ssid))
+
+    def sender_session_removed(self, ssid: int) -> None:
+        self.hooks.append(("removed", ssid))
+
+
+def test_a_plane_never_hears_of_a_loopback_session() -> None:
+    """A plane that collects replies itself (xdp) would take the looped Session-Sender
+    packets for reflector packets: loopback sessions stay on the ordinary path."""
+    network = MemoryNetwork()
+    plane = _Hooks(DataplaneConfig(port=0, source=S_ADDR), network)
+    plane.open()
+    engine = SenderEngine(plane)
+    engine.start()
+    try:
+        looped = SenderConfig(ssid=1, interval_ns=MS, count=3, loopback=True)
+        engine.add_session(SenderSessionSpec(looped, S_ADDR, plane.local_port, (R_ADDR,)))
+        engine.add_session(SenderSessionSpec(SenderConfig(ssid=2), R_ADDR, 862))
+        engine.start_session(1)
+        assert engine.wait_finished(1, 10)
+        assert [r.rtt_ns >= 0 and r.loopback for r in engine.results(1)] == [True] * 3
+        engine.remove_session(1)
+        engine.remove_session(2)
+    finally:
+        engine.shutdown()
+        plane.close()
+    assert plane.hooks == [("added", 2), ("removed", 2)]

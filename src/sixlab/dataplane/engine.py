@@ -407,6 +407,11 @@ class SenderEngine(_Loop):
                 )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
+            if spec.config.loopback:
+                # A plane that collects replies itself (xdp) would read the looped
+                # Session-Sender packets as reflector packets: the plane never hears of
+                # a loopback session, and its packets take the plane's ordinary path.
+                return
             try:
                 self.dataplane.sender_session_added(ssid)
             except BaseException:
@@ -433,7 +438,8 @@ class SenderEngine(_Loop):
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
-            self.dataplane.sender_session_removed(ssid)
+            if not entry.spec.config.loopback:
+                self.dataplane.sender_session_removed(ssid)
             self._cond.notify_all()
 
     def sessions(self) -> list[int]:
