@@ -10,15 +10,24 @@ from typing import Any
 import pytest
 
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, create
-from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.dataplane.engine import (
+    ReflectorEngine,
+    ScheduleStats,
+    SenderEngine,
+    SenderSessionSpec,
+)
 from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
 from sixlab.stamp._events import DropReason, SessionConfigError, StampResult
 from sixlab.stamp.reflector import Reflection, Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, State
+from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
 from sixlab.wire import stamp_tlv as t
+from sixlab.wire.timestamp import ns_from_ntp
 
 R_ADDR = IPv6Address("fd00::2")
+S = 1_000_000_000
+T0 = 1_800_000_000 * S  # Unix ns
 S_ADDR = IPv6Address("fd00::1")
 MS = 1_000_000
 
@@ -270,6 +279,130 @@ def test_full_path_closes_the_sid_list_with_the_destination() -> None:
     assert full_path(R_ADDR, ()) is None
     assert full_path(R_ADDR, (seg,)) == (seg, R_ADDR)
     assert full_path(R_ADDR, (seg, R_ADDR)) == (seg, R_ADDR)  # already closed: unchanged
+
+
+class SteppedClocks:
+    """A monotonic clock the test advances, and a wall clock it can also step."""
+
+    def __init__(self) -> None:
+        self.mono_ns = 1000 * S
+        self.wall_ns = T0
+
+    def mono(self) -> int:
+        return self.mono_ns
+
+    def wall(self) -> int:
+        return self.wall_ns
+
+    def advance(self, ns: int) -> None:
+        self.mono_ns += ns
+        self.wall_ns += ns
+
+
+def test_a_stepped_wall_clock_does_not_move_the_send_schedule() -> None:
+    """The engine schedules on its monotonic clock and stamps T1 from the wall clock: the
+    wall clock stepping back an hour, then forward two, neither stalls nor bursts the
+    sends (the engine's loop is driven by hand, tick by tick)."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))  # receives, never answers
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=3, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(3)
+    stamped = [clocks.wall()]
+    for k in range(1, 40):
+        clocks.advance(10 * MS)
+        if k == 10:
+            clocks.wall_ns -= 3600 * S
+        if k == 25:
+            clocks.wall_ns += 7200 * S
+        engine._on_tick()
+        stamped.append(clocks.wall())
+        assert engine._timeout() == pytest.approx(0.010)  # the next slot, 10 ms ahead
+    sent = sink.receive(1000)
+    assert len(sent) == 40  # one per slot: no stall after the step back, no burst after
+    t1 = [ns_from_ntp(wire.decode_sender(rx.payload).timestamp) for rx in sent]
+    assert t1 == pytest.approx(stamped, abs=1000)  # T1 is the wall clock (NTP: ~ns)
+    assert engine.snapshot(3).counters.lost == 0  # nothing expired by the forward step
+    splane.close()
+    sink.close()
+
+
+def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
+    """500 sessions, one timer heap: driven tick by tick each session sends on its own
+    grid (start + k × interval), never drifting; after a stall the engine sends one
+    packet per session for the latest slot and reports the slots it skipped and how
+    late it was."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    interval = 100 * MS
+    starts: dict[int, int] = {}
+    for ssid in range(1, 501):
+        cfg = SenderConfig(ssid=ssid, interval_ns=interval, loss_timeout_ns=100 * S)
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    for ssid in range(1, 501):
+        if ssid % 50 == 0:
+            clocks.advance(MS)  # phases 0..9 ms: whole ms, all before the first slot
+        starts[ssid] = clocks.mono()
+        engine.start_session(ssid)
+    for _ in range(1000):  # one second of 1 ms ticks: every slot met on time
+        clocks.advance(MS)
+        engine._on_tick()
+    end = clocks.mono()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        assert snap.counters.sent == (end - start) // interval + 1  # no drift, no loss
+        assert snap.schedule == ScheduleStats(sent=snap.counters.sent)  # nothing late
+    clocks.advance(350 * MS)  # the engine stalls for 350 ms
+    engine._on_tick()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        before, after = (end - start) // interval, (clocks.mono() - start) // interval
+        assert snap.counters.sent == before + 2  # one packet for the latest slot, no burst
+        assert snap.schedule.skipped == after - before - 1
+        late = (clocks.mono() - start) % interval
+        assert (snap.schedule.late_ns_total, snap.schedule.late_ns_max) == (late, late)
+    assert engine._timeout() <= 0.1
+    splane.close()
+    sink.close()
+
+
+def test_a_reply_is_late_by_its_arrival_not_by_when_the_loop_reads_it() -> None:
+    """The reply came back in time but the engine read it only after the loss timeout
+    (a stalled process): its kernel receive time (T4) says it arrived in time."""
+    clocks = SteppedClocks()
+    network = MemoryNetwork(clock=clocks.wall)  # stamps rx_ns, like a kernel timestamp
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    rplane.open()
+    splane.open()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=4, interval_ns=10 * S, loss_timeout_ns=100 * MS)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(4)
+    (request,) = rplane.receive()
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=4))
+    clocks.advance(MS)
+    reply = reflector.reflect(request.payload, clocks.wall(), clocks.wall, 64)
+    assert reply is not None
+    rplane.send(reply.payload, S_ADDR, splane.local_port)  # arrives 1 ms after sending
+    clocks.advance(500 * MS)  # the engine stalls past the loss timeout
+    engine._on_readable()
+    engine._on_tick()
+    counters = engine.snapshot(4).counters
+    assert (counters.received, counters.lost, counters.late) == (1, 0, 0)
+    splane.close()
+    rplane.close()
 
 
 class Rfc8762Reflector(Reflector):

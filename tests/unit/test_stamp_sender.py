@@ -217,6 +217,33 @@ def test_timer_after_a_stall_sends_once_and_returns_to_the_grid() -> None:
     assert session.datagrams_to_send() == []
 
 
+def test_schedule_runs_on_now_and_timestamps_on_wall() -> None:
+    """With ``wall`` given, the schedule and loss timeouts follow ``now`` alone: the wall
+    clock stepping back an hour and forward a day changes T1 and T4, never when packets
+    are sent or declared lost."""
+    cfg = SenderConfig(ssid=1, interval_ns=100 * MS, loss_timeout_ns=250 * MS)
+    session = SenderSession(cfg)
+    mono = 5 * S  # a monotonic clock: any origin
+    session.start(mono, wall=T0)
+    (first,) = session.datagrams_to_send()
+    assert ns_from_ntp(wire.decode_sender(first).timestamp) == T0
+    assert session.get_timer() == mono + 100 * MS
+    back = T0 - 3600 * S
+    session.handle_timer(mono + 100 * MS, wall=back)
+    (second,) = session.datagrams_to_send()
+    assert ns_from_ntp(wire.decode_sender(second).timestamp) == back
+    assert session.get_timer() == mono + 200 * MS  # on the grid, whatever the wall clock
+    ahead = T0 + 86400 * S
+    reply = reply_by_hand(second, t2=back + MS, t3=back + 2 * MS)
+    session.receive(reply, mono + 150 * MS, wall=ahead)  # not late: 50 ms after sending
+    (result,) = [e for e in events(session) if isinstance(e, ev.StampResult)]
+    assert (result.seq, result.t1_ns, result.t4_ns) == (1, back, ahead)
+    session.handle_timer(mono + 250 * MS, wall=ahead)  # seq 0's deadline: 250 ms
+    lost = [e for e in events(session) if isinstance(e, ev.PacketLost)]
+    assert lost == [ev.PacketLost(1, 0, T0)]  # lost on time, with its own T1
+    assert len(session.datagrams_to_send()) == 1  # the 200 ms slot, sent late at 250
+
+
 def test_timer_covers_loss_deadlines() -> None:
     cfg = SenderConfig(ssid=1, interval_ns=10 * S, loss_timeout_ns=2 * S)
     session, _ = started(cfg)

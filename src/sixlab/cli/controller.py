@@ -428,6 +428,11 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "unclassified_lost": s.unclassified_lost,
         "reflector_ssid_zero": s.ssid_zero > 0,
         "max_error_bound_ns": s.max_error_bound_ns,
+        "unknown": s.unknown,
+        "epochs": [asdict(e) for e in s.epochs],
+        "schedule_skipped": s.schedule_skipped,
+        "schedule_late_mean_ns": s.schedule_late_mean_ns,
+        "schedule_late_max_ns": s.schedule_late_max_ns,
     }
 
 
@@ -546,7 +551,10 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
         _print_json(
             {
                 "session": args.name,
-                "records": [record_json(r) for r in page.records],
+                "records": [
+                    {"epoch": epoch, **record_json(r)}
+                    for r, epoch in zip(page.records, page.epochs, strict=True)
+                ],
                 "more": page.more,
             }
         )
@@ -608,8 +616,9 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
     bound = (
         "" if s.max_error_bound_ns is None else f"; error bound <= {_ms(s.max_error_bound_ns)} ms"
     )
+    unknown = f", unknown {s.unknown} (agent outages)" if s.unknown else ""
     print(
-        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}, "
+        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}{unknown}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
     if s.ssid_zero:
@@ -617,3 +626,14 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
             f"reflector_ssid_zero: {s.ssid_zero} replies had SSID 0: the reflector implements "
             "RFC 8762 but not RFC 8972"
         )
+    if s.schedule_skipped:
+        print(
+            f"sender behind schedule: {s.schedule_skipped} slots skipped, packets late by "
+            f"{_ms(s.schedule_late_mean_ns)} ms on average, {_ms(s.schedule_late_max_ns)} at most"
+        )
+    for e in s.epochs:
+        if e.unknown:
+            print(
+                f"epoch {e.epoch} ({e.end_reason}): sent {e.sent}, received {e.received}, "
+                f"lost {e.lost}, unknown {e.unknown}"
+            )

@@ -20,7 +20,8 @@ Errors
      ├── StoreError                 the store refuses a node or session
      │    ├── NotFoundError         no node or session of that name
      │    ├── AlreadyExistsError    a node or session of that name exists already
-     │    └── InUseError            the node still carries a live session
+     │    ├── InUseError            the node still carries a live session
+     │    └── StaleEpochError       results of an epoch the session has left
      ├── RequestRefusedError        the northbound server refuses a request (with a code)
      └── NorthboundError            a controller refused our call, or could not be
                                     reached (client side; also a southbound ``RpcError``)
@@ -42,6 +43,7 @@ from sixlab.controller.store import (
     AlreadyExistsError,
     InUseError,
     NotFoundError,
+    StaleEpochError,
     Store,
     StoreError,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "RequestRefusedError",
     "SessionExistsError",
     "SessionSpec",
+    "StaleEpochError",
     "Store",
     "StoreError",
     "WrongStateError",

@@ -14,6 +14,11 @@ and before each of its replies is handed over (sender), or before each of its TL
 packets is reflected (reflector): the core gets the data flow's counts as they are at
 T1, T4 and T2. A read that fails is counted in ``data_counter_failed`` and leaves the
 core with the counts of the last read that worked.
+Two clocks. ``clock`` is the wall clock (Unix-epoch UTC ns): T1–T4 come from it (or
+from the data plane's receive timestamps). ``monotonic`` is what schedules and timeouts
+run on (``time.monotonic_ns``): the sender core gets it as ``now`` and the wall clock as
+``wall``, so a step of the wall clock (NTP, an operator) neither stalls nor bursts the
+send schedule nor expires the packets in flight (``docs/architecture.md``, "Time").
 
 Results of a Session-Sender go into a bounded FIFO per session, drained by
 ``SenderEngine.results`` (polling) or ``wait_results`` (push/streaming). When a FIFO is
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import ipaddress
+import itertools
 import os
 import select
 import threading
@@ -45,6 +52,7 @@ __all__ = [
     "DEFAULT_FIFO_CAPACITY",
     "EngineCounters",
     "ReflectorEngine",
+    "ScheduleStats",
     "SenderEngine",
     "SenderSessionSpec",
     "SessionSnapshot",
@@ -348,12 +356,27 @@ class SenderSessionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleStats:
+    """How well the engine kept a session's send schedule, start + k × interval (the
+    core sends one packet for the latest slot due when its timer runs late, and skips
+    the slots before it rather than bursting)."""
+
+    #: Slots passed over: the engine came too late for them and sent no packet.
+    skipped: int = 0
+    #: Packets sent, and how late they left after their slots (ns): in total and the most.
+    sent: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSnapshot:
     ssid: int
     state: State
     counters: SenderCounters
     fifo_len: int
     overflow: int
+    schedule: ScheduleStats = ScheduleStats()
 
 
 @dataclass(slots=True)
@@ -367,6 +390,13 @@ class _SenderEntry:
     #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
     #: that stored everything up to id N asks for "after N" and never sees one twice.
     first_id: int = 1
+    #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
+    timer: int | None = None
+    #: The schedule's origin (monotonic ns; None until started), the slot of the last
+    #: packet sent, and the schedule's statistics.
+    start: int | None = None
+    last_slot: int = -1
+    schedule: ScheduleStats = ScheduleStats()
 
     def index_after(self, record_id: int) -> int:
         """Index in ``fifo`` of the first record with an id above ``record_id``."""
@@ -386,12 +416,23 @@ class SenderEngine(_Loop):
         clock: Clock = time.time_ns,
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         on_event: Callable[[ev.Event], None] | None = None,
+        *,
+        monotonic: Clock = time.monotonic_ns,
     ) -> None:
+        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock."""
         super().__init__(dataplane, clock, "stamp-sender")
+        self.monotonic = monotonic
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
+        #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
+        #: instead of asking every session. An entry whose ``timer`` differs is stale.
+        self._heap: list[tuple[int, int, int]] = []
+        self._pushes = itertools.count()
         self._cond = threading.Condition(self.lock)
+        #: Bumped whenever a waiter may have something new: a record, a session
+        #: finished or removed (see ``wait_change``).
+        self._version = 0
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -420,9 +461,13 @@ class SenderEngine(_Loop):
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
-            self._feed_data(self._entry(ssid))
-            self._entry(ssid).session.start(self.clock())
-            self._pump(self._entry(ssid))
+            entry = self._entry(ssid)
+            now = self.monotonic()
+            self._feed_data(entry)
+            entry.session.start(now, self.clock())
+            entry.start = now
+            self._pump(entry, now)
+            self._arm(entry)
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -430,6 +475,7 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             entry.session.stop()
             self._pump(entry)
+            self._arm(entry)
         self.wake()
 
     def remove_session(self, ssid: int) -> None:
@@ -440,7 +486,7 @@ class SenderEngine(_Loop):
             del self._entries[ssid]
             if not entry.spec.config.loopback:
                 self.dataplane.sender_session_removed(ssid)
-            self._cond.notify_all()
+            self._notify()
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -451,7 +497,7 @@ class SenderEngine(_Loop):
             e = self._entry(ssid)
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
-            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow)
+            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, e.schedule)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
         """Drain up to ``max_items`` queued records of a session (polling mode)."""
@@ -474,6 +520,21 @@ class SenderEngine(_Loop):
             if not self._cond.wait_for(ready, timeout):
                 return []
             return self._drain(self._entry(ssid), max_items)
+
+    def wait_change(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s for a change after ``seen`` (a value this returned
+        before; -1 at first): a record queued, a session finished or removed, in any
+        session. Returns the current value, for the next call."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen, timeout)
+            return self._version
+
+    def last_id(self, ssid: int) -> int:
+        """The id of the newest record of the session (queued or not): records with
+        higher ids are yet to come; 0 before the first."""
+        with self.lock:
+            entry = self._entry(ssid)
+            return entry.first_id + len(entry.fifo) - 1
 
     def lost(self, ssid: int) -> list[ev.PacketLost]:
         """Drain the loss events of a session (each lost Seq once)."""
@@ -546,24 +607,51 @@ class SenderEngine(_Loop):
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
+    def _arm(self, entry: _SenderEntry) -> None:
+        """Put the session's next timer in the heap if it changed (lock held)."""
+        timer = entry.session.get_timer()
+        if timer != entry.timer:
+            entry.timer = timer
+            if timer is not None:
+                heapq.heappush(self._heap, (timer, next(self._pushes), entry.spec.config.ssid))
+
+    def _due(self) -> _SenderEntry | None:
+        """The heap's earliest live timer's session, dropping stale ones (lock held)."""
+        heap = self._heap
+        while heap:
+            when, _, ssid = heap[0]
+            entry = self._entries.get(ssid)
+            if entry is not None and entry.timer == when:
+                return entry
+            heapq.heappop(heap)
+        return None
+
     def _timeout(self) -> float:
         with self.lock:
-            timers = [t for e in self._entries.values() if (t := e.session.get_timer()) is not None]
-        if not timers:
-            return _IDLE_WAKE_S
-        return min(_IDLE_WAKE_S, max(0.0, (min(timers) - self.clock()) / 1e9))
+            entry = self._due()
+            if entry is None or entry.timer is None:
+                return _IDLE_WAKE_S
+            wait = (entry.timer - self.monotonic()) / 1e9
+        return min(_IDLE_WAKE_S, max(0.0, wait))
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
+            mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
             for rx in batch:
                 entry = self._match(rx)
                 if entry is None:
                     self.counters.no_session += 1
                     continue
+                # A reply is late by when it arrived, not by when the loop got to it:
+                # its age (a short difference of wall times, T4 from the kernel) moves
+                # the monotonic time back to its arrival.
+                t4 = rx.rx_ns or wall
+                arrived = mono - max(0, wall - t4)
                 self._feed_data(entry)
-                entry.session.receive(rx.payload, rx.rx_ns or self.clock())
+                entry.session.receive(rx.payload, arrived, t4)
                 self._pump(entry)
+                self._arm(entry)
 
     def _match(self, rx: Received) -> _SenderEntry | None:
         payload = rx.payload
@@ -605,14 +693,19 @@ class SenderEngine(_Loop):
         return found
 
     def _on_tick(self) -> None:
+        """Run every timer that is due, earliest first, from the heap."""
         with self.lock:
-            now = self.clock()
-            for entry in self._entries.values():
-                timer = entry.session.get_timer()
-                if timer is not None and timer <= now:
-                    self._feed_data(entry)
-                    entry.session.handle_timer(now)
-                    self._pump(entry)
+            now = self.monotonic()
+            wall = self.clock()
+            while (entry := self._due()) is not None and entry.timer is not None:
+                if entry.timer > now:
+                    break
+                heapq.heappop(self._heap)
+                entry.timer = None
+                self._feed_data(entry)
+                entry.session.handle_timer(now, wall)
+                self._pump(entry, now)
+                self._arm(entry)
 
     def _feed_data(self, entry: _SenderEntry) -> None:
         """Hand the session its data flow's counts, if it has a source (lock held)."""
@@ -622,8 +715,9 @@ class SenderEngine(_Loop):
             if reading is not None:  # a failed read keeps the last counts, not a jump
                 entry.session.set_data_counters(*reading)
 
-    def _pump(self, entry: _SenderEntry) -> None:
-        """Send what the session produced and file its events (lock held)."""
+    def _pump(self, entry: _SenderEntry, now: int | None = None) -> None:
+        """Send what the session produced and file its events (lock held). ``now``: the
+        monotonic time of the timer that made them, to measure the schedule's slip."""
         spec = entry.spec
         labels = spec.config.flow_labels
         for payload in entry.session.datagrams_to_send():
@@ -638,6 +732,8 @@ class SenderEngine(_Loop):
             )
         notify = False
         while (event := entry.session.next_event()) is not None:
+            if isinstance(event, ev.PacketSent) and now is not None and entry.start is not None:
+                self._slip(entry, now)
             if isinstance(event, ev.StampResult):
                 if len(entry.fifo) >= self.fifo_capacity:
                     entry.pop_oldest()
@@ -654,4 +750,24 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 self.on_event(event)
         if notify:
-            self._cond.notify_all()
+            self._notify()
+
+    @staticmethod
+    def _slip(entry: _SenderEntry, now: int) -> None:
+        """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
+        assert entry.start is not None
+        interval = entry.spec.config.interval_ns
+        slot = (now - entry.start) // interval
+        late = now - entry.start - slot * interval
+        s = entry.schedule
+        entry.schedule = ScheduleStats(
+            skipped=s.skipped + max(0, slot - entry.last_slot - 1),
+            sent=s.sent + 1,
+            late_ns_total=s.late_ns_total + late,
+            late_ns_max=max(s.late_ns_max, late),
+        )
+        entry.last_slot = slot
+
+    def _notify(self) -> None:
+        self._version += 1
+        self._cond.notify_all()

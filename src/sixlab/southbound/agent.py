@@ -48,17 +48,25 @@ for SRv6 Based SD-WANs", docs/papers.md); StreamStampSessionResults waits on it 
 pushes batches (the "notification mode" that paper describes but did not build). The
 stream ends after the batch with ``final`` set (the session finished and its FIFO is
 empty), when the client cancels, and with ABORTED when the session is destroyed or the
-agent reset under it.
+agent reset under it. StreamResults does the same for any number of sessions on one
+stream: it waits for any change in the engine (``SenderEngine.wait_change``), then cuts
+one message with a batch for each session that has records, has finished, or is due
+its counters.
 
 Concurrency. gRPC calls run on a thread pool. One lock serialises every unary call, so
 a check and the change it guards cannot be split by another call; streams take it
-only to look the session up and wait on the engine's condition without it.
+only to look the session up and wait on the engine's condition without it. Every open
+stream holds a worker thread for its lifetime, so at most ``max_streams`` are open at
+once (the pool less ``RESERVED_WORKERS``): one more is refused, RESOURCE_EXHAUSTED,
+instead of queueing the unary calls behind it until their deadlines pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -96,6 +104,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_SIDS",
     "MAX_TLV_BYTES",
+    "RESERVED_WORKERS",
     "AgentError",
     "AgentServer",
     "Role",
@@ -112,6 +121,10 @@ Code = grpc.StatusCode
 #: gRPC worker threads. Each open results stream holds one for its lifetime, so this
 #: bounds concurrent streams plus unary calls (a controller needs a handful).
 DEFAULT_MAX_WORKERS = 16
+#: Worker threads no results stream may take: streams beyond ``max_workers`` less these
+#: are refused (RESOURCE_EXHAUSTED), so that unary calls (Create, Start, Acknowledge...)
+#: always find a thread. One StreamResults carries any number of sessions.
+RESERVED_WORKERS = 4
 #: Largest request accepted (bytes). The biggest legitimate one is a CreateStampSession
 #: with a full TLV area and SID lists: well under 64 KiB; 1 MiB leaves room and keeps a
 #: hostile client from making the agent buffer gRPC's default 4 MiB per call.
@@ -137,6 +150,9 @@ DEFAULT_BATCH_WINDOW_NS = 100_000_000
 MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
 #: How often a waiting stream looks at its client and its session (s).
 _STREAM_POLL_S = 0.25
+#: StreamResults: counters of each session at least this often, by default and at most.
+DEFAULT_COUNTERS_INTERVAL_NS = NS_PER_S
+MAX_COUNTERS_INTERVAL_NS = 60 * NS_PER_S
 #: An Error Estimate can claim up to 255 × 2^31 s (RFC 4656 §4.1.2), more ns than a
 #: uint64 holds: such errors are reported saturated.
 _U64_MAX = 2**64 - 1
@@ -514,6 +530,16 @@ class _SenderRecord:
 
 
 @dataclass(slots=True)
+class _Subscription:
+    """One session of a StreamResults: the session it began with, and how far it got."""
+
+    record: _SenderRecord | None
+    cursor: int
+    #: When its counters are due next (monotonic ns); 0: at once.
+    counters_due: int = 0
+
+
+@dataclass(slots=True)
 class _ReflectorRecord:
     config: ReflectorSessionConfig
     state: State = State.IDLE
@@ -534,11 +560,19 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         *,
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         clock: Callable[[], int] = time.time_ns,
+        max_streams: int = DEFAULT_MAX_WORKERS - RESERVED_WORKERS,
     ) -> None:
         self.role = Role(role)
+        #: Results streams open at once, at most (see RESERVED_WORKERS).
+        self.max_streams = max_streams
+        self._streams = 0
         self.default_dataplane = dataplane
         self._fifo_capacity = fifo_capacity
         self._clock = clock
+        #: This run of the agent (GetAgentInfo.epoch): a controller that sees it change
+        #: knows the agent restarted and lost its sessions, even if no call failed.
+        self.epoch = secrets.randbits(64) or 1
+        self.started_ns = clock()
         self._lock = threading.RLock()
         self._rt: _Runtime | None = None
         self._senders: dict[int, _SenderRecord] = {}
@@ -599,6 +633,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             port=0 if rt is None else rt.port,
             ssids=sorted([*self._senders, *self._reflectors]),
             engine_error="" if error is None else repr(error),
+            epoch=self.epoch,
+            started_ns=self.started_ns,
         )
 
     @_unary
@@ -789,6 +825,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             overflow=snap.overflow,
             state=_STATE_PB[snap.state],
             remaining=snap.fifo_len,
+            counters=self._session_counters(ssid),
         )
 
     @_unary
@@ -804,10 +841,28 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         self, request: pb.StreamStampSessionResultsRequest, context: Any
     ) -> Iterator[pb.ResultBatch]:
         try:
-            yield from self._stream(request, context)
+            with self._stream_slot():
+                yield from self._stream(request, context)
         except Exception as exc:
             abort_for(exc, context, _status_of)
             raise
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        """Count an open results stream; refuse one beyond ``max_streams``."""
+        with self._lock:
+            if self._streams >= self.max_streams:
+                raise AgentError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"stream: {self._streams} results streams open, at most {self.max_streams}"
+                    " (StreamResults carries many sessions on one)",
+                )
+            self._streams += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._streams -= 1
 
     def _stream(
         self, request: pb.StreamStampSessionResultsRequest, context: Any
@@ -858,6 +913,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                         Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                     )
                 record.fetched += len(batch)
+                counters = self._session_counters(ssid)
             final = snap.state is State.FINISHED and pending == 0
             if batch or lost or final:
                 yield pb.ResultBatch(
@@ -867,9 +923,108 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     overflow=snap.overflow,
                     state=_STATE_PB[snap.state],
                     final=final,
+                    counters=counters,
                 )
             if final:
                 return
+
+    def StreamResults(  # noqa: N802
+        self, request: pb.StreamResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatches]:
+        try:
+            with self._stream_slot():
+                yield from self._stream_many(request, context)
+        except Exception as exc:
+            abort_for(exc, context, _status_of)
+            raise
+
+    def _stream_many(
+        self, request: pb.StreamResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatches]:
+        with self._lock:
+            engine = self._sender_only("StreamResults")
+            subs = {
+                _ssid(ssid): _Subscription(self._senders.get(ssid), after)
+                for ssid, after in request.after_ids.items()
+            }
+        max_batch = request.max_batch or DEFAULT_BATCH
+        if max_batch > MAX_BATCH:
+            raise _invalid(f"max_batch: {max_batch}, at most {MAX_BATCH}")
+        window_ns = request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS
+        if window_ns > MAX_BATCH_WINDOW_NS:
+            raise _invalid(f"batch_window_ns: {window_ns}, at most {MAX_BATCH_WINDOW_NS}")
+        every_ns = request.counters_interval_ns or DEFAULT_COUNTERS_INTERVAL_NS
+        if every_ns > MAX_COUNTERS_INTERVAL_NS:
+            raise _invalid(f"counters_interval_ns: {every_ns}, at most {MAX_COUNTERS_INTERVAL_NS}")
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        version, more = -1, True
+        while subs and context.is_active():
+            if not more:
+                # Sleep until a record comes (or the next counters are due), then let
+                # the batch window gather more.
+                due = min(sub.counters_due for sub in subs.values())
+                wait = min(_STREAM_POLL_S, max(0.0, (due - time.monotonic_ns()) / NS_PER_S))
+                seen, version = version, engine.wait_change(version, wait)
+                if seen != version and ended.wait(window_ns / NS_PER_S):
+                    return
+            batches, more = self._cut(engine, subs, max_batch, every_ns)
+            if batches:
+                yield pb.ResultBatches(batches=batches)
+
+    def _cut(
+        self, engine: SenderEngine, subs: dict[int, _Subscription], max_batch: int, every_ns: int
+    ) -> tuple[list[pb.ResultBatch], bool]:
+        """One message of StreamResults: a batch for each session with news or counters
+        due; whether records are still waiting (the next message need not wait)."""
+        now = time.monotonic_ns()
+        batches: list[pb.ResultBatch] = []
+        more = False
+        with self._lock:
+            for ssid, sub in list(subs.items()):
+                record = self._senders.get(ssid)
+                if record is None or record is not sub.record:
+                    batches.append(pb.ResultBatch(ssid=ssid, gone=True))
+                    del subs[ssid]
+                    continue
+                snap = engine.snapshot(ssid)
+                last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
+                due = now >= sub.counters_due
+                if last <= sub.cursor and not due and snap.state is not State.FINISHED:
+                    continue
+                items = engine.peek(ssid, sub.cursor, max_batch)
+                if items:
+                    sub.cursor = items[-1][0]
+                    record.fetched += len(items)
+                pending = last > sub.cursor
+                more = more or pending
+                final = snap.state is State.FINISHED and not pending
+                batch = pb.ResultBatch(
+                    ssid=ssid,
+                    results=[result_to_proto(r, i) for i, r in items],
+                    overflow=snap.overflow,
+                    state=_STATE_PB[snap.state],
+                    final=final,
+                )
+                if due or final:
+                    batch.counters.CopyFrom(self._session_counters(ssid))
+                    sub.counters_due = now + every_ns
+                batches.append(batch)
+                if final:
+                    del subs[ssid]
+        return batches, more
+
+    @_unary
+    def AcknowledgeResults(  # noqa: N802
+        self, request: pb.AcknowledgeResultsRequest
+    ) -> pb.AcknowledgeResultsReply:
+        engine = self._sender_only("AcknowledgeResults")
+        done = {
+            ssid: engine.acknowledge(ssid, through)
+            for ssid, through in request.through_ids.items()
+            if _ssid(ssid) in self._senders
+        }
+        return pb.AcknowledgeResultsReply(acknowledged=done)
 
     # -- counters ---------------------------------------------------------------------
 
@@ -930,6 +1085,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 queued=snap.fifo_len,
                 overflow=snap.overflow,
                 fetched=self._senders[ssid].fetched,
+                schedule_skipped=snap.schedule.skipped,
+                schedule_late_ns_total=snap.schedule.late_ns_total,
+                schedule_late_ns_max=snap.schedule.late_ns_max,
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost
@@ -1019,7 +1177,12 @@ def serve(
         raise ValueError(
             f"dataplane: unknown data plane {dataplane!r} (available: {', '.join(available())})"
         )
-    servicer = StampAgentServicer(role, dataplane, fifo_capacity=fifo_capacity)
+    servicer = StampAgentServicer(
+        role,
+        dataplane,
+        fifo_capacity=fifo_capacity,
+        max_streams=max(1, max_workers - RESERVED_WORKERS),
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stamp-agent"),
         options=[

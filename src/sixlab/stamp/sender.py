@@ -12,9 +12,14 @@ A ``SenderSession`` is driven by its adapter, which owns the socket and the cloc
         on datagram: session.receive(payload, now)      # now = T4, the receive time
         for event in iter(session.next_event, None): handle it
 
-``now`` is always Unix-epoch UTC nanoseconds; the session never reads a clock. Test
-packets carry Seq from 0 and T1 = ``now`` of the timer that sent them (PTP sessions add
-the configured TAI−UTC offset on the wire and remove it from what comes back).
+The session never reads a clock. ``now`` is the time its schedule and loss timeouts
+run on, and ``wall`` (optional on every input) the Unix-epoch UTC time that goes on the
+wire and into results: T1 of the packets a timer sends, T4 of a received reply. An
+adapter gives a monotonic ``now`` (so that a step of the wall clock neither stalls nor
+bursts the schedule, nor expires every packet in flight) and the wall clock as ``wall``;
+without ``wall``, ``now`` serves both (UTC ns), as in the tests. Test packets carry Seq
+from 0 (PTP sessions add the configured TAI−UTC offset on the wire and remove it from
+what comes back).
 
 Lifecycle, as a table (docs/architecture.md, "State machines")::
 
@@ -270,12 +275,12 @@ class SenderSession:
 
     # -- inputs -----------------------------------------------------------------------
 
-    def start(self, now: int) -> None:
+    def start(self, now: int, wall: int | None = None) -> None:
         self._transition(_Input.START)
         self._next_send_ns = now
         if self.config.duration_ns is not None:
             self._end_ns = now + self.config.duration_ns
-        self.handle_timer(now)
+        self.handle_timer(now, wall)
 
     def stop(self) -> None:
         """Send no more; results still outstanding keep their loss timeouts."""
@@ -288,9 +293,10 @@ class SenderSession:
             self._events.append(SessionFinished(self.config.ssid))
         self._maybe_drained()
 
-    def handle_timer(self, now: int) -> None:
+    def handle_timer(self, now: int, wall: int | None = None) -> None:
+        """The timer fired: send what is due (T1 = ``wall``, else ``now``), expire."""
         if self.state is State.RUNNING:
-            self._send_due(now)
+            self._send_due(now, now if wall is None else wall)
         self._expire(now)
         self._maybe_drained()
 
@@ -301,15 +307,15 @@ class SenderSession:
         self._data_tx = sent
         self._data_rx = received
 
-    def receive(self, data: bytes, now: int) -> None:
-        """A reflected packet arrived at ``now`` (T4, UTC ns)."""
+    def receive(self, data: bytes, now: int, wall: int | None = None) -> None:
+        """A reflected packet arrived at ``now``; T4 is ``wall`` (UTC ns), else ``now``."""
         if self.state not in (State.RUNNING, State.DRAINING):
             self._drop(DropReason.NOT_RUNNING)
             return
         # Deadlines first: a reply past its loss timeout is late even when the adapter
         # hands it over before running the overdue timer.
         self._expire(now)
-        self._match(data, now)
+        self._match(data, now if wall is None else wall)
         self._maybe_drained()
 
     def _match(self, data: bytes, now: int) -> None:
@@ -488,7 +494,7 @@ class SenderSession:
         return out
 
     def get_timer(self) -> int | None:
-        """When ``handle_timer`` must next be called (UTC ns), or None."""
+        """When ``handle_timer`` must next be called (on ``now``'s clock), or None."""
         candidates = []
         if self.state is State.RUNNING and self._next_send_ns is not None:
             candidates.append(self._next_send_ns)
@@ -510,7 +516,7 @@ class SenderSession:
                 f"{event.name.lower()} is not valid in {self.state.name}"
             ) from None
 
-    def _send_due(self, now: int) -> None:
+    def _send_due(self, now: int, wall: int) -> None:
         cfg = self.config
         while self._next_send_ns is not None and self._next_send_ns <= now:
             if (cfg.count is not None and self._next_seq >= cfg.count) or (
@@ -519,17 +525,17 @@ class SenderSession:
                 self._next_send_ns = None
                 self._transition(_Input.STOP)
                 return
-            self._send_one(now)
+            self._send_one(now, wall)
             # Keep the schedule (no drift) but never burst to catch up after a stall:
             # the slots missed are skipped, the next send is the grid's first after now.
             missed = (now - self._next_send_ns) // cfg.interval_ns
             self._next_send_ns += (missed + 1) * cfg.interval_ns
 
-    def _send_one(self, now: int) -> None:
+    def _send_one(self, now: int, wall: int) -> None:
         cfg = self.config
         seq = self._next_seq
         self._next_seq = (seq + 1) & 0xFFFF_FFFF
-        wire_now = now + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else now
+        wire_now = wall + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else wall
         pkt = wire.SenderPacket(
             seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, self._tlvs_for(seq)
         )
@@ -537,10 +543,10 @@ class SenderSession:
         if cfg.key is not None:
             data = stamp_auth.sign(data, cfg.key)
         self._tx.append(data)
-        self._outstanding[seq] = now
+        self._outstanding[seq] = wall  # T1, to match the echo and go into the result
         self._deadlines.append((now + cfg.loss_timeout_ns, seq))
         self.counters.sent += 1
-        self._events.append(PacketSent(cfg.ssid, seq, now))
+        self._events.append(PacketSent(cfg.ssid, seq, wall))
 
     def _tlvs_for(self, seq: int) -> bytes:
         """The TLV area of packet ``seq``: S_TxC filled in, HMAC TLV computed (module doc)."""
