@@ -17,6 +17,12 @@ run, and the sender's last counters of that epoch; a session's totals are their 
 What the store cannot say is what happened to the packets of an epoch whose agent died:
 ``EpochRow`` keeps what is needed to count them (``Controller.epochs``).
 
+SR performance measurement (docs/srpm.md). A result row also keeps its flow label,
+whether it came back in loopback mode, and its direct-measurement counters. A loopback
+session has no reflector node: its ``reflector`` column names its sender (the column
+must name a node), and its ``params`` say ``loopback``. ``events`` holds every
+threshold event raised or cleared (``sixlab.controller.events``).
+
 Schema (``SCHEMA``) is created on open; the file may be shared by a CLI reading it while
 a controller writes (WAL lets readers run beside one writer).
 """
@@ -33,7 +39,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sixlab.controller.errors import ControllerError
-from sixlab.stamp import StampResult
+from sixlab.controller.events import SessionEvent
+from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "AlreadyExistsError",
     "Counters",
     "EpochRow",
+    "EventRow",
     "InUseError",
     "NodeRow",
     "NotFoundError",
@@ -97,8 +105,23 @@ CREATE TABLE IF NOT EXISTS results (
     reflector_ee INTEGER NOT NULL,
     ttl         INTEGER NOT NULL,
     reflector_seq INTEGER NOT NULL,
+    flow_label  INTEGER,                -- the IPv6 flow label it was sent with (ECMP)
+    loopback    INTEGER NOT NULL DEFAULT 0,  -- came back with no reflector: T2, T3 are 0
+    s_txc       INTEGER,                -- direct measurement (RFC 8972 §4.5): data counters
+    r_rxc       INTEGER,
+    r_txc       INTEGER,
+    s_rxc       INTEGER,
     PRIMARY KEY (session_id, epoch, record_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    kind        TEXT NOT NULL,          -- delay, jitter, loss
+    state       TEXT NOT NULL CHECK (state IN ('raised', 'cleared')),
+    value       REAL NOT NULL,          -- the measure over the window (ms, or a ratio)
+    threshold   REAL NOT NULL,
+    at_ns       INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS epochs (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
     epoch       INTEGER NOT NULL,
@@ -137,7 +160,12 @@ _SELECT_NODES = (
 )
 #: The schema version this code writes (``PRAGMA user_version``); older files are
 #: migrated on open (``_migrate``).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: The results columns, in order (an INSERT names them: older files gain columns).
+_RESULT_COLUMNS = (
+    "session_id, epoch, record_id, seq, t1_ns, t2_ns, t3_ns, t4_ns, sender_ee, reflector_ee,"
+    " ttl, reflector_seq, flow_label, loopback, s_txc, r_rxc, r_txc, s_rxc"
+)
 
 
 class StoreError(ControllerError):
@@ -249,6 +277,19 @@ class EpochRow:
     late_ns_max: int
     #: Results stored for this epoch.
     received: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """A threshold event of a session (``sixlab.controller.events``)."""
+
+    id: int
+    session: str
+    kind: str
+    state: str
+    value: float
+    threshold: float
+    at_ns: int
 
 
 class Store:
@@ -541,7 +582,7 @@ class Store:
     def results(
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
     ) -> list[StampResult]:
-        query = "SELECT * FROM results WHERE session_id=?"
+        query = f"SELECT {_RESULT_COLUMNS} FROM results WHERE session_id=?"  # noqa: S608
         args: list[Any] = [session_id]
         if since_ns is not None:
             query += " AND t1_ns >= ?"
@@ -558,7 +599,7 @@ class Store:
         self, session_id: int, *, since_ns: int | None = None, limit: int | None = None
     ) -> list[tuple[int, StampResult]]:
         """Like ``results``, each with its epoch: (epoch, result)."""
-        query = "SELECT * FROM results WHERE session_id=?"
+        query = f"SELECT {_RESULT_COLUMNS} FROM results WHERE session_id=?"  # noqa: S608
         args: list[Any] = [session_id]
         if since_ns is not None:
             query += " AND t1_ns >= ?"
@@ -570,6 +611,63 @@ class Store:
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
         return [(r[1], _result(session_id, r)) for r in rows]
+
+    # -- events -------------------------------------------------------------------------
+
+    def add_event(self, session_id: int, event: SessionEvent) -> None:
+        """Keep a threshold event of the session."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO events(session_id, kind, state, value, threshold, at_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    str(event.kind),
+                    str(event.state),
+                    event.value,
+                    event.threshold,
+                    event.at_ns,
+                ),
+            )
+
+    def events(
+        self, session: str | None = None, *, since_ns: int | None = None, limit: int = 1000
+    ) -> list[EventRow]:
+        """Events, oldest first (of one live session's name, or of every session)."""
+        query = (
+            "SELECT e.id, s.name, e.kind, e.state, e.value, e.threshold, e.at_ns FROM events e"
+            " JOIN sessions s ON s.id = e.session_id WHERE 1=1"
+        )
+        args: list[Any] = []
+        if session is not None:
+            query += " AND e.session_id = ?"
+            args.append(self.session(session).id)
+        if since_ns is not None:
+            query += " AND e.at_ns >= ?"
+            args.append(since_ns)
+        query += " ORDER BY e.id DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [EventRow(*r) for r in reversed(rows)]
+
+    def raised(self, session_id: int) -> list[str]:
+        """The kinds of the session's events raised and not cleared since."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, state FROM events WHERE session_id=? ORDER BY id", (session_id,)
+            ).fetchall()
+        state: dict[str, str] = dict(rows)  # the last state of each kind wins
+        return sorted(k for k, st in state.items() if st == "raised")
+
+    def event_counts(self, session_id: int) -> dict[tuple[str, str], int]:
+        """How many events of each (kind, state) the session had."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, state, COUNT(*) FROM events WHERE session_id=? GROUP BY kind, state",
+                (session_id,),
+            ).fetchall()
+        return {(k, st): n for k, st, n in rows}
 
     def count_results(self, session_id: int) -> int:
         """How many records are stored for the session (all epochs)."""
@@ -639,6 +737,13 @@ def _store(db: sqlite3.Connection, batch: ResultBatch, now_ns: int | None) -> in
             r.reflector_error.to_int(),
             r.ses_sender_ttl,
             r.reflector_seq,
+            r.flow_label,
+            int(r.loopback),
+            *(
+                (None, None, None, None)
+                if r.data is None
+                else (r.data.s_txc, r.data.r_rxc, r.data.r_txc, r.data.s_rxc)
+            ),
         )
         for rid, r in records
     ]
@@ -646,7 +751,8 @@ def _store(db: sqlite3.Connection, batch: ResultBatch, now_ns: int | None) -> in
     db.executemany(
         # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
         # skipped: OR IGNORE would also swallow a NOT NULL violation.
-        "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+        f"INSERT INTO results({_RESULT_COLUMNS}) VALUES ({','.join('?' * 18)})"  # noqa: S608
+        " ON CONFLICT DO NOTHING",
         rows,
     )
     new: int = db.total_changes - before
@@ -740,6 +846,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     try:
         if existing is not None and version < 1:
             _migrate_0_to_1(db)
+        if existing is not None and version < 2:
+            _migrate_1_to_2(db)
         # One statement at a time: executescript would commit the transaction first.
         for statement in _statements(SCHEMA):
             db.execute(statement)
@@ -796,8 +904,27 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
 
 
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """Version 1: results without flow label, loopback and direct-measurement counters
+    (the events table is created with the rest of the schema)."""
+    have = _columns(db, "results")
+    for column, kind in (
+        ("flow_label", "INTEGER"),
+        ("loopback", "INTEGER NOT NULL DEFAULT 0"),
+        ("s_txc", "INTEGER"),
+        ("r_rxc", "INTEGER"),
+        ("r_txc", "INTEGER"),
+        ("s_rxc", "INTEGER"),
+    ):
+        if column not in have:
+            db.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
+
+
 def _result(session_id: int, r: Sequence[Any]) -> StampResult:
     del session_id
+    data = None
+    if r[14] is not None:
+        data = DataCounters(r[14], r[15], r[16], r[17])
     return StampResult(
         ssid=0,
         seq=r[3],
@@ -809,4 +936,7 @@ def _result(session_id: int, r: Sequence[Any]) -> StampResult:
         reflector_error=ErrorEstimate.from_int(r[9]),
         ses_sender_ttl=r[10],
         reflector_seq=r[11],
+        flow_label=r[12],
+        loopback=bool(r[13]),
+        data=data,
     )
