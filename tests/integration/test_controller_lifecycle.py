@@ -544,7 +544,8 @@ def test_metrics_are_the_stored_totals_and_follow_the_sessions(lab: Lab, tmp_pat
                 assert before[key] == 0
             assert before['sixlab_stamp_delay_seconds_count{direction="rtt",path="keep"}'] == 30
             assert before['sixlab_collection_lag_seconds{path="keep"}'] >= 0
-            assert before['sixlab_sender_schedule_skipped_total{path="keep"}'] == 0
+            # A loaded machine may skip a 10 ms slot: the series must exist, with a count.
+            assert before['sixlab_sender_schedule_skipped_total{path="keep"}'] >= 0
             assert before['sixlab_agent_restarts_total{node="s"}'] == 0
             assert before['sixlab_agent_start_time_seconds{node="r"}'] > 0
             assert not [k for k in before if "_created" in k]
@@ -560,6 +561,8 @@ def test_metrics_are_the_stored_totals_and_follow_the_sessions(lab: Lab, tmp_pat
         after = _scrape(port)  # at once: nothing collected by this process yet
         assert after['sixlab_stamp_packets_total{outcome="sent",path="keep"}'] == 30
         assert after['sixlab_stamp_packets_total{outcome="received",path="keep"}'] == 30
+        skipped = 'sixlab_sender_schedule_skipped_total{path="keep"}'
+        assert after[skipped] == before[skipped]
         assert not [k for k in after if 'path="drop"' in k]
     finally:
         proc.send_signal(signal.SIGTERM)
