@@ -209,6 +209,10 @@ class SessionSpec:
     max_loss_ratio: float | None = None
     event_window_s: float = DEFAULT_WINDOW_S
 
+    def __post_init__(self) -> None:
+        # Labels stored as JSON come back as a list; a spec compares equal either way.
+        object.__setattr__(self, "flow_labels", tuple(self.flow_labels))
+
     @property
     def direct_measurement(self) -> bool:
         return any(
