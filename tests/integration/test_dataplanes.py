@@ -41,6 +41,7 @@ REFLECTOR_PORT = 862
 SENDER_PORT = 40862
 COUNT = 50
 ETH_P_IPV6 = 0x86DD
+ETH_P_ALL = 0x0003
 #: Generous: a scapy process takes ~1-2 s to import on a loaded 2-core machine.
 READY_TIMEOUT_S = 30.0
 
@@ -57,7 +58,9 @@ def _reflector_main(args: argparse.Namespace) -> None:
     ret = tuple(IPv6Address(s) for s in args.return_segment) or None
     plane = create(args.plane, DataplaneConfig(port=args.port, interface=args.interface))
     plane.open()
-    engine = ReflectorEngine(plane, Reflector(ReflectorSessionConfig(None, return_segments=ret)))
+    engine = ReflectorEngine(plane, Reflector())
+    # Through the engine: a plane that steers sessions (afxdp, xdp) needs the session too.
+    engine.set_default(ReflectorSessionConfig(None, return_segments=ret))
     engine.start()
     print("ready", flush=True)
     select.select([sys.stdin], [], [], args.seconds)
@@ -71,6 +74,7 @@ def _reflector_main(args: argparse.Namespace) -> None:
                 "send_failed": counters.send_failed,
                 "reflected": engine.reflector.counters.reflected,
                 "fallback_sends": plane.counters().get("fallback_sends", 0),
+                "fast_replies": plane.counters().get("fast_replies", 0),
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
@@ -82,6 +86,7 @@ def _sender_main(args: argparse.Namespace) -> None:
     from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec  # noqa: PLC0415
     from sixlab.stamp.sender import SenderConfig  # noqa: PLC0415
     from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
+    from sixlab.wire.stamp_tlv import ExtraPadding  # noqa: PLC0415
 
     capture = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IPV6))
     capture.bind((args.interface, ETH_P_IPV6))
@@ -91,15 +96,20 @@ def _sender_main(args: argparse.Namespace) -> None:
     engine = SenderEngine(plane)
     engine.start()
     segments = tuple(IPv6Address(s) for s in args.segment) or None
-    config = SenderConfig(ssid=7, interval_ns=args.interval_ms * 1_000_000, count=args.count)
+    tlvs = ExtraPadding(bytes(args.padding)).to_tlv().encode() if args.padding else b""
+    config = SenderConfig(
+        ssid=7, interval_ns=args.interval_ms * 1_000_000, count=args.count, tlvs=tlvs
+    )
     engine.add_session(SenderSessionSpec(config, IPv6Address(args.reflector), args.rport, segments))
     engine.start_session(7)
     finished = engine.wait_finished(7, 60.0)
     results = engine.results(7)
     snapshot = engine.snapshot(7)
     engine.shutdown()
+    plane_counters = plane.counters()
     plane.close()
     replies: list[list[str] | None] = []
+    sizes: list[int] = []
     while True:
         try:
             data = capture.recv(65535)
@@ -114,6 +124,7 @@ def _sender_main(args: argparse.Namespace) -> None:
         if packet.udp.dst_port == args.port:
             srh = packet.srh
             replies.append(None if srh is None else [str(a) for a in srh.travel_order])
+            sizes.append(len(packet.payload))
     print(
         json.dumps(
             {
@@ -125,6 +136,8 @@ def _sender_main(args: argparse.Namespace) -> None:
                     [r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns, r.ses_sender_ttl] for r in results
                 ],
                 "replies": replies,
+                "sizes": sizes,
+                "plane": plane_counters,
                 "error": repr(engine.error) if engine.error else None,
             }
         ),
@@ -150,6 +163,7 @@ def _main() -> None:
     send.add_argument("--segment", action="append", default=[])
     send.add_argument("--count", type=int, default=COUNT)
     send.add_argument("--interval-ms", type=int, default=10)
+    send.add_argument("--padding", type=int, default=0, help="Extra Padding TLV bytes")
     args = parser.parse_args()
     if args.role == "reflector":
         _reflector_main(args)
@@ -191,13 +205,25 @@ def _start(tb: BenchTestbed, node: Node, role: str, *args: str, stdin: bool = Tr
     return Side(proc)
 
 
+def _checksums_complete(tb: BenchTestbed) -> None:
+    """Frames that kernel sockets send through a veth keep an unfinished UDP checksum
+    while tx checksum offload is on; a plane that reads frames before the kernel's IPv6
+    input (afxdp) would count them as damaged (``sixlab.dataplane.afxdp_plane``)."""
+    tb.testbed.exec_in(tb.gen, ["ethtool", "-K", tb.gen_if, "tx", "off"])
+    tb.testbed.exec_in(tb.sut, ["ethtool", "-K", tb.sut_if, "tx", "off"])
+
+
 def reflector(tb: BenchTestbed, plane: str, *extra: str) -> Side:
+    if plane == "afxdp":
+        _checksums_complete(tb)
     side = _start(tb, tb.sut, "reflector", "--plane", plane, "--interface", tb.sut_if, *extra)
     side.wait_ready()
     return side
 
 
 def sender(tb: BenchTestbed, plane: str, *extra: str) -> dict[str, Any]:
+    if plane == "afxdp":
+        _checksums_complete(tb)
     side = _start(
         tb, tb.gen, "sender", "--plane", plane, "--interface", tb.gen_if,
         "--reflector", tb.sut_addr, *extra, stdin=False,
@@ -242,7 +268,9 @@ def nft_table(tb: BenchTestbed, port: int = REFLECTOR_PORT) -> str | None:
 
 # ---------------------------------------------------------------------------- tests
 
-PLANES = ["scapy", "mmap"]
+PLANES = ["scapy", "mmap", "afxdp"]
+#: Planes that tap packets the kernel also receives, and so keep it from answering them.
+TAP_PLANES = ["scapy", "mmap"]
 
 
 @pytest.mark.parametrize("path", ["plain", "srh"])
@@ -272,9 +300,40 @@ def test_capture_plane_as_sender(bench_testbed: BenchTestbed, plane: str, path: 
     tb = bench_testbed
     srh = path == "srh"
     refl = reflector(tb, "socket", *(["--return-segment", tb.gen_addr] if srh else []))
+    # An AF_XDP socket takes the replies before any packet tap on the sender's interface
+    # sees them: capture them where they leave the reflector instead (only an ETH_P_ALL
+    # tap sees outgoing frames).
+    tap = tb.sut.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+    tap.bind((tb.sut_if, ETH_P_ALL))
+    tap.setblocking(False)
     report = sender(tb, plane, *(["--segment", tb.sut_addr] if srh else []))
+    if plane == "afxdp":
+        report["replies"] = _replies(tap, SENDER_PORT)
+        assert report["plane"]["collected"] == COUNT  # all through collect_frames
+    tap.close()
     check_session(report, srh=[tb.gen_addr] if srh else None)
     assert refl.finish()["reflected"] == COUNT
+
+
+def _replies(tap: socket.socket, port: int) -> list[list[str] | None]:
+    """The SRv6 paths (travel order, None: no SRH) of the STAMP replies ``tap`` saw."""
+    from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
+
+    out: list[list[str] | None] = []
+    while True:
+        try:
+            data, addr = tap.recvfrom(65535)
+        except BlockingIOError:
+            return out
+        if addr[2] != socket.PACKET_OUTGOING or addr[1] != ETH_P_IPV6:
+            continue
+        try:
+            packet = parse_udp_packet(data)
+        except ValueError:
+            continue  # not UDP (Neighbour Discovery)
+        if packet.udp.dst_port == port:
+            srh = packet.srh
+            out.append(None if srh is None else [str(a) for a in srh.travel_order])
 
 
 def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:
@@ -282,6 +341,29 @@ def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:
     refl = reflector(tb, "mmap", "--return-segment", tb.gen_addr)
     check_session(sender(tb, "mmap", "--segment", tb.sut_addr), srh=[tb.gen_addr])
     assert refl.finish()["reflected"] == COUNT
+
+
+@pytest.mark.parametrize("padding", [0, 20, 33])
+@pytest.mark.parametrize("path", ["plain", "srh"])
+@pytest.mark.parametrize("plane", ["mmap", "afxdp"])
+def test_fast_path_takes_srh_and_padding(
+    bench_testbed: BenchTestbed, plane: str, path: str, padding: int
+) -> None:
+    """Probes with an SRH (Segments Left 0) and Extra Padding TLVs (even and odd sizes)
+    are answered by the fast path, replies of the probe's size on the configured return
+    path."""
+    tb = bench_testbed
+    srh = path == "srh"
+    refl = reflector(tb, plane, *(["--return-segment", tb.gen_addr] if srh else []))
+    report = sender(
+        tb, "socket", "--padding", str(padding), *(["--segment", tb.sut_addr] if srh else [])
+    )
+    stats = refl.finish()
+    check_session(report, srh=[tb.gen_addr] if srh else None)
+    size = 44 + (4 + padding if padding else 0)
+    assert report["sizes"] == [size] * COUNT
+    assert stats["received"] == stats["reflected"] == COUNT
+    assert stats["fast_replies"] >= COUNT - 1  # the first may wait for the neighbour
 
 
 def _probe(tb: BenchTestbed) -> None:
@@ -299,7 +381,7 @@ def _wait_for(predicate: Any, timeout: float = 5.0) -> bool:
     return bool(predicate())
 
 
-@pytest.mark.parametrize("plane", PLANES)
+@pytest.mark.parametrize("plane", TAP_PLANES)
 def test_kernel_drop_lifecycle(bench_testbed: BenchTestbed, plane: str) -> None:
     """The table exists while open, is gone after close; the kernel answers only then."""
     tb = bench_testbed
@@ -335,6 +417,59 @@ def test_mmap_leftover_of_killed_run_is_replaced(bench_testbed: BenchTestbed) ->
     assert report["received"] == 5
     second.finish()
     assert nft_table(tb) is None
+
+
+def _xdp_attached(tb: BenchTestbed) -> bool:
+    out = tb.testbed.exec_in(tb.sut, ["ip", "-j", "link", "show", tb.sut_if]).stdout
+    return "xdp" in json.loads(out)[0]
+
+
+def test_afxdp_detaches_on_exit_and_after_a_crash(bench_testbed: BenchTestbed) -> None:
+    """A SIGKILLed afxdp plane leaves its program on the interface; the next open
+    replaces it and answers, and a clean exit leaves no program behind."""
+    tb = bench_testbed
+    first = reflector(tb, "afxdp")
+    assert _xdp_attached(tb)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(10)
+    assert _xdp_attached(tb)  # SIGKILL runs no atexit: the program stays
+    second = reflector(tb, "afxdp")
+    report = sender(tb, "socket", "--count", "5")
+    assert report["received"] == 5
+    assert second.finish()["reflected"] == 5
+    assert not _xdp_attached(tb)
+
+
+def _snmp6(tb: BenchTestbed, name: str) -> int:
+    out = tb.testbed.exec_in(tb.sut, ["cat", "/proc/net/snmp6"]).stdout
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    raise AssertionError(f"no {name} in /proc/net/snmp6")
+
+
+def test_afxdp_leaves_a_damaged_probe_to_the_kernel(bench_testbed: BenchTestbed) -> None:
+    """A probe whose UDP checksum fails never reaches the socket: the kernel's UDP layer
+    counts and drops it; the good probe right after it is answered."""
+    from sixlab.bench.generator import interface_mac, stamp_frame  # noqa: PLC0415
+
+    tb = bench_testbed
+    refl = reflector(tb, "afxdp")
+    frame = stamp_frame(
+        interface_mac(tb, tb.gen, tb.gen_if), interface_mac(tb, tb.sut, tb.sut_if),
+        tb.gen_addr, tb.sut_addr, ssid=3,
+    )  # fmt: skip
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01  # one payload bit: the checksum no longer verifies
+    before = _snmp6(tb, "Udp6InCsumErrors")
+    with tb.gen.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+        raw.bind((tb.gen_if, 0))
+        raw.send(bytes(damaged))
+        raw.send(frame)
+    assert _wait_for(lambda: _snmp6(tb, "Udp6InCsumErrors") == before + 1)
+    stats = refl.finish()
+    assert stats["received"] == stats["reflected"] == 1
 
 
 def test_mmap_refuses_port_of_live_owner(bench_testbed: BenchTestbed) -> None:

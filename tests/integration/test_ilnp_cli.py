@@ -98,9 +98,9 @@ HOST_OK = [*HOST, "--locator", "2001:db8:a:0"]
         ([*HOST, "--locator", "2001:db8:a:0,-1"], "Preference -1 does not fit"),
         ([*HOST, "--locator", "2001:db8:a:0,x"], "bad locator"),
         ([*HOST, "--locator", "2001:db8:a:0,1,2,3"], "is not L64[,PREF[,LIFETIME]]"),
-        ([*HOST_OK, "--capacity", "0"], "must be positive"),
-        ([*HOST_OK, "--capacity", "-5"], "must not be negative"),
-        ([*HOST_OK, "--idle", "nan"], "must be positive"),
+        ([*HOST_OK, "--capacity", "0"], "0 is not in 1..16777216"),
+        ([*HOST_OK, "--capacity", "-5"], "-5 is not in 1..16777216"),
+        ([*HOST_OK, "--idle", "nan"], "must be a positive number"),
         ([*HOST_OK, "--idle", "soon"], "not a number of seconds"),
     ],
 )

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 
+from sixlab.cli.controller import utc_time
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.client import ControllerClient, NorthboundError
@@ -342,6 +343,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("CreateSession", _create(reflector_port=70000), INVALID, "reflector_port", False),
     ("CreateSession", _create(reflector_port=0), INVALID, "reflector_port", False),
     ("CreateSession", _create(loss_timeout_ns=0), INVALID, "loss_timeout_ns", False),
+    ("CreateSession", _create(count=2**32), INVALID, "count: 4294967296, at most", False),
     ("CreateSession", _create(collect=pb.CollectMode.ValueType(9)), INVALID, "collect", False),
     ("CreateSession", _create(sender="x"), NOT_FOUND, "no node named 'x'", False),
     ("CreateSession", _create(reflector="x"), NOT_FOUND, "no node named 'x'", False),
@@ -495,7 +497,12 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
         table = _ok(address, "stats", "p")
         assert "rtt" in table
         assert "sent 30, received 30, lost 0 (forward 0, backward 0)" in table
-        assert "29" in _ok(address, "results", "p", "--limit", "30")
+        table = _ok(address, "results", "p", "--limit", "30")
+        assert "29" in table
+        first = utc_time(results["records"][0]["t1_ns"])
+        assert first is not None
+        assert first[:19] in table  # T1 as a UTC time, not raw ns
+        assert str(results["records"][0]["t1_ns"]) not in table
         assert "finished" in _ok(address, "session", "list")
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
@@ -514,6 +521,23 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
         assert dup.returncode == 1
         assert "ALREADY_EXISTS" in dup.stderr
         assert len(dup.stderr.splitlines()) == 1
+        # An address alone means the agent's default port; the table shows it whole
+        # (brackets are not markup), and the health column is asked now.
+        added = _ok(address, "node", "add", "x", "::1", "--role", "sender")
+        assert "[::1]:50051" in added
+        listed = _ok(address, "node", "list")
+        assert "[::1]:50051" in listed
+        assert "asked now" in listed
+        nodes = {n["name"]: n for n in json.loads(_ok(address, "node", "list", "--json"))}
+        assert nodes["x"]["address"] == "[::1]:50051"
+        assert nodes["x"]["healthy"] is False
+        assert nodes["s"]["healthy"] is True
+        # Stop the sender agent: a live check sees it at once (the controller's own
+        # supervision records it within its period; --no-check shows that record).
+        agents.sender.stop(0)
+        live = {n["name"]: n for n in json.loads(_ok(address, "node", "list", "--json"))}
+        assert live["s"]["healthy"] is False
+        assert "last recorded" in _ok(address, "node", "list", "--no-check")
         assert _ok(address, "session", "destroy", "p").strip() == "session p destroyed"
         assert json.loads(_ok(address, "session", "list", "--json")) == []
     finally:
@@ -527,8 +551,17 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
 def test_cli_cannot_reach_controller(tmp_path: Path) -> None:
     out = _cli(f"unix:{tmp_path}/none.sock", "node", "list")
     assert out.returncode == 1
-    assert out.stderr.startswith("sixlab controller: UNAVAILABLE: ")
-    assert len(out.stderr.splitlines()) == 1
+    assert out.stderr == (
+        f"sixlab controller: UNAVAILABLE: cannot reach the controller at "
+        f"unix:{tmp_path}/none.sock: No such file or directory\n"
+    )
+    port = _free_tcp_port()
+    out = _cli(f"127.0.0.1:{port}", "session", "list")
+    assert out.returncode == 1
+    assert out.stderr == (
+        f"sixlab controller: UNAVAILABLE: cannot reach the controller at "
+        f"127.0.0.1:{port}: Connection refused\n"
+    )
 
 
 def test_sigkill_mid_session_resumes_without_gap_or_duplicate(

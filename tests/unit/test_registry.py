@@ -85,7 +85,7 @@ def test_a_lazy_entry_is_imported_on_first_use(
 @pytest.mark.parametrize(
     ("registry", "names"),
     [
-        (PLANES, ["mmap", "scapy", "socket", "xdp"]),
+        (PLANES, ["afxdp", "mmap", "scapy", "socket", "xdp"]),
         (POLICIES, ["bounded", "none", "socket"]),
         (STORES, ["hash", "linear"]),
     ],
@@ -106,7 +106,7 @@ def test_naming_the_planes_imports_none_of_them() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.startswith("['mmap', 'scapy', 'socket', 'xdp']")
+    assert out.startswith("['afxdp', 'mmap', 'scapy', 'socket', 'xdp']")
     assert "udpsocket" not in out
     assert "_plane" not in out
     assert available() == PLANES.names()

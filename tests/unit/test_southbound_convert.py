@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sixlab.cli import agent as _cli
+from sixlab.cli._daemon import server_tls_files
 from sixlab.southbound import AgentError, result_from_proto
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import _dataplane_options, _sender_spec, result_to_proto
@@ -80,18 +81,16 @@ def test_cli_defaults() -> None:
     args = _parse("--role", "sender")
     assert args.handler is _cli.run_agent
     assert (args.grpc, args.dataplane) == (_cli.DEFAULT_GRPC, "socket")
-    assert _cli._tls(args) is None
+    assert server_tls_files(args) is None
 
 
 def test_cli_tls_flags() -> None:
     args = _parse("--role", "reflector", "--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a")
-    tls = _cli._tls(args)
-    assert tls is not None
-    assert (tls.cert, tls.key, tls.ca) == (Path("c"), Path("k"), Path("a"))
+    assert server_tls_files(args) == (Path("c"), Path("k"), Path("a"))
     with pytest.raises(ValueError, match="go together"):
-        _cli._tls(_parse("--role", "sender", "--tls-cert", "c"))
+        server_tls_files(_parse("--role", "sender", "--tls-cert", "c"))
     with pytest.raises(ValueError, match="--tls-ca needs"):
-        _cli._tls(_parse("--role", "sender", "--tls-ca", "a"))
+        server_tls_files(_parse("--role", "sender", "--tls-ca", "a"))
 
 
 def test_cli_refuses_bad_role() -> None:

@@ -1,8 +1,9 @@
 """The ``sixlab`` command.
 
 One module per command group (``demo``, ``stamp`` with ``agent``, ``controller``,
-``ilnp``), each thin over the library: it exposes ``add_parsers`` and sets a ``handler``
-on its parser, so this file stays a dispatcher.
+``ilnp``, ``install-units``), each thin over the library: it exposes ``add_parsers`` and
+sets a ``handler`` on its parser, so this file stays a dispatcher. The daemons also take
+their flags from ``--config FILE`` (``sixlab.cli._config``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sixlab.cli import agent, controller, demo, ilnp, stamp  # noqa: PLC0415 - keeps `--version` instant
+    from sixlab.cli import agent, controller, demo, ilnp, install, stamp  # noqa: PLC0415 - keeps `--version` instant
 
     parser = argparse.ArgumentParser(
         prog="sixlab",
@@ -33,11 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_parsers(tools)
     controller.add_parsers(sub)
     ilnp.add_parsers(sub)
+    install.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from sixlab.cli._config import apply_config_file  # noqa: PLC0415
+
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     try:
         rc: int = args.handler(args)

@@ -5,6 +5,12 @@
     sixlab stamp agent --role reflector --grpc '[::1]:50052' --dataplane socket
     sixlab stamp agent --role sender --grpc '[::]:50051' \\
         --tls-cert agent.pem --tls-key agent.key --tls-ca ca.pem     # mTLS
+    sixlab stamp agent --config /etc/sixlab/agent.toml
+
+On a network address (anything but a unix socket or loopback) the agent serves only
+with mutual TLS (``--tls-ca``: the CA that signs the controller's certificate), or with
+``--insecure`` and a warning (``sixlab.cli._daemon``): whoever can call it can make the
+node send packets anywhere.
 
 When it listens it prints one line to stdout,
 ``stamp agent: role=ROLE grpc=ADDR port=PORT dataplane=NAME``, so a supervisor (or a
@@ -15,15 +21,19 @@ first, then the agent is Reset (no socket left behind).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from sixlab.cli import _argtypes as argtypes
+from sixlab.cli import _daemon
 from sixlab.dataplane.base import available
 from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.agent import DEFAULT_MAX_WORKERS, Role, TlsFiles, serve
 
 __all__ = ["add_parsers", "run_agent"]
+
+log = logging.getLogger("sixlab.agent")
 
 #: Default gRPC address: loopback only, so an agent started by hand is not reachable
 #: from the network until asked to be.
@@ -53,36 +63,35 @@ def add_parsers(stamp_subparsers: Any) -> None:
         default="socket",
         help="default data plane for Init (registered: " + ", ".join(available()) + ")",
     )
-    parser.add_argument("--tls-cert", type=Path, metavar="PATH", help="server certificate (PEM)")
-    parser.add_argument("--tls-key", type=Path, metavar="PATH", help="server private key (PEM)")
+    _daemon.add_server_tls_arguments(parser, "southbound API")
     parser.add_argument(
-        "--tls-ca",
-        type=Path,
-        metavar="PATH",
-        help="CA certificate (PEM): require client certificates signed by it (mTLS)",
+        "--max-workers",
+        type=argtypes.workers,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"gRPC worker threads, each open result stream holds one "
+        f"(default {DEFAULT_MAX_WORKERS})",
     )
-    parser.add_argument(
-        "--max-workers", type=int, default=DEFAULT_MAX_WORKERS, help="gRPC worker threads"
-    )
+    _daemon.add_logging_arguments(parser, default_level="info")
+    parser.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     parser.set_defaults(handler=run_agent)
-
-
-def _tls(args: argparse.Namespace) -> TlsFiles | None:
-    if args.tls_cert is None and args.tls_key is None:
-        if args.tls_ca is not None:
-            raise ValueError("--tls-ca needs --tls-cert and --tls-key")
-        return None
-    if args.tls_cert is None or args.tls_key is None:
-        raise ValueError("--tls-cert and --tls-key go together")
-    return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
 
 
 def run_agent(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad options or address."""
+    with _daemon.daemon_logging(args.log_format, args.log_level):
+        return _run_agent(args)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
     try:
-        server = serve(
-            args.grpc, args.role, args.dataplane, tls=_tls(args), max_workers=args.max_workers
+        files = _daemon.server_tls_files(args)
+        warning = _daemon.exposure_warning(
+            args.grpc, files, insecure=args.insecure, api="southbound API"
         )
+        tls = None if files is None else TlsFiles(*files)
+        if warning is not None:
+            log.warning("%s", warning)
+        server = serve(args.grpc, args.role, args.dataplane, tls=tls, max_workers=args.max_workers)
     except (ValueError, OSError) as exc:
         print(f"sixlab stamp agent: {exc}", file=sys.stderr)
         return 2
@@ -93,7 +102,15 @@ def run_agent(args: argparse.Namespace) -> int:
                 f"dataplane={args.dataplane}",
                 flush=True,
             )
+            log.info(
+                "serving the southbound API on %s (port %d), role %s, data plane %s",
+                args.grpc,
+                server.port,
+                args.role,
+                args.dataplane,
+            )
             stop.wait()
         finally:
+            log.info("stopping")
             server.stop()
     return 0

@@ -43,7 +43,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from sixlab.cli import _argtypes as argtypes
+from sixlab.cli import _daemon
 from sixlab.controller.client import (
     ControllerClient,
     NodeInfo,
@@ -54,7 +57,9 @@ from sixlab.controller.client import (
     default_address,
 )
 from sixlab.controller.core import CollectMode, SessionSpec
+from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
+from sixlab.southbound.client import ClientTls
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
@@ -69,9 +74,15 @@ __all__ = [
 ]
 
 PROG = "sixlab controller"
+log = logging.getLogger("sixlab.controller")
 NS_PER_S = 1_000_000_000
 #: Seconds between polls of a sender's results (the controller's --poll-interval).
 DEFAULT_POLL_INTERVAL_S = 0.5
+#: The port of an agent given by its address alone (``sixlab stamp agent``'s default).
+AGENT_DEFAULT_PORT = 50051
+#: Seconds between test packets unless told: one a second, as ``sixlab stamp sender``,
+#: the agent and the northbound API take it.
+DEFAULT_INTERVAL_S = 1.0
 #: Prometheus exporters listen on loopback unless told otherwise.
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -88,18 +99,49 @@ def _segments(text: str) -> tuple[str, ...]:
 
 
 _port = argtypes.port
-_seconds = argtypes.seconds
-_count = argtypes.count
+_name = argtypes.name
+
+
+def _path(text: str) -> Path:
+    """A file name that can be printed (the ready line names the store)."""
+    return Path(argtypes.text(text))
 
 
 def _hex_key(text: str) -> str:
+    return argtypes.hex_key(text).hex()
+
+
+def agent_target(text: str) -> str:
+    """An agent's gRPC address as ``node add`` takes it.
+
+    ``[v6]:port``, ``v4:port``, ``host:port`` and ``unix:PATH`` are used as given; a bare
+    IP address (``fc00::9``, ``192.0.2.1``) means the agent's default port,
+    ``[fc00::9]:50051``. An IPv6 address with a port must be in brackets.
+    """
+    text = argtypes.text(text)
+    if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return text
     try:
-        key = bytes.fromhex(text)
+        ip = ipaddress.ip_address(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("the key must be hexadecimal") from None
-    if not key:
-        raise argparse.ArgumentTypeError("the key is empty")
-    return key.hex()
+        pass
+    else:
+        host = f"[{ip}]" if ip.version == 6 else str(ip)
+        return f"{host}:{AGENT_DEFAULT_PORT}"
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(
+            f"not an agent address: {text!r} (HOST:PORT, [IPv6]:PORT, an IP address alone "
+            f"for port {AGENT_DEFAULT_PORT}, or unix:PATH)"
+        )
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(
+            f"not an agent address: {text!r}: an IPv6 address with a port goes in brackets, "
+            f"e.g. [fc00::9]:{AGENT_DEFAULT_PORT}"
+        )
+    if not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"not an agent address: {text!r}: port {port!r}")
+    return text
 
 
 def parse_metrics_address(text: str) -> tuple[str, int]:
@@ -129,16 +171,182 @@ def add_parsers(sub: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     cmds = group.add_subparsers(dest="controller_command", required=True, metavar="COMMAND")
+    _add_serve(cmds)
 
-    serve = cmds.add_parser("serve", help="run the controller (northbound gRPC, metrics)")
-    serve.add_argument("--db", type=Path, required=True, help="SQLite store (created if missing)")
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument(
+        "--controller",
+        metavar="ADDR",
+        type=argtypes.text,
+        default=None,
+        help="the controller's gRPC address (default: $SIXLAB_CONTROLLER, else the "
+        "default socket: /run/sixlab/controller.sock or $TMPDIR/sixlab-$UID/controller.sock)",
+    )
+    client.add_argument(
+        "--tls-ca", type=Path, metavar="PATH", help="CA (PEM) to verify a TLS controller"
+    )
+    client.add_argument("--tls-cert", type=Path, metavar="PATH", help="client certificate (mTLS)")
+    client.add_argument("--tls-key", type=Path, metavar="PATH", help="client key (mTLS)")
+    client.add_argument(
+        "--tls-server-name",
+        type=argtypes.text,
+        metavar="NAME",
+        help="name to check the controller's certificate against (default: the host)",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    node = cmds.add_parser("node", help="register, initialise and list nodes (agents)")
+    node_cmds = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    add = node_cmds.add_parser("add", parents=[client], help="register a node's agent")
+    add.add_argument("name", type=_name)
+    add.add_argument(
+        "address",
+        type=agent_target,
+        help=f"the agent's gRPC address: [IPv6]:PORT, HOST:PORT, unix:PATH, or an IP "
+        f"address alone for port {AGENT_DEFAULT_PORT}",
+    )
+    add.add_argument("--role", choices=("sender", "reflector"), required=True)
+    add.set_defaults(handler=_client_handler(_node_add))
+    init = node_cmds.add_parser(
+        "init", parents=[client, as_json], help="initialise a node's agent (open its data plane)"
+    )
+    init.add_argument("name", type=_name)
+    _add_init_options(init)
+    init.set_defaults(handler=_client_handler(_node_init))
+    ls = node_cmds.add_parser(
+        "list",
+        parents=[client, as_json],
+        help="nodes, with their health checked now (each agent is asked)",
+    )
+    ls.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not ask the agents: show the health the controller last recorded",
+    )
+    ls.set_defaults(handler=_client_handler(_node_list))
+
+    session = cmds.add_parser("session", help="create, start, stop, destroy and list sessions")
+    s_cmds = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
+    create = s_cmds.add_parser(
+        "create", parents=[client, as_json], help="create a session on a sender/reflector pair"
+    )
+    create.add_argument("name", type=_name)
+    _add_session_options(create)
+    create.set_defaults(handler=_client_handler(_session_create))
+    for action, help_text in (
+        ("start", "start a session"),
+        ("stop", "stop sending (in-flight results are still collected)"),
+        ("destroy", "remove a session from its agents (its results stay)"),
+    ):
+        p = s_cmds.add_parser(action, parents=[client], help=help_text)
+        p.add_argument("name", type=_name)
+        p.set_defaults(handler=_client_handler(_session_action(action)))
+    wait = s_cmds.add_parser(
+        "wait", parents=[client, as_json], help="wait until a session has finished"
+    )
+    wait.add_argument("name", type=_name)
+    wait.add_argument(
+        "--timeout",
+        type=argtypes.timeout,
+        default=60.0,
+        help="give up after this long (default 60 s)",
+    )
+    wait.set_defaults(handler=_client_handler(_session_wait))
+    s_ls = s_cmds.add_parser("list", parents=[client, as_json], help="sessions and counters")
+    s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
+    s_ls.set_defaults(handler=_client_handler(_session_list))
+
+    results = cmds.add_parser("results", parents=[client, as_json], help="stored results")
+    results.add_argument("name", type=_name)
+    results.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only T1 >= this (Unix ns)"
+    )
+    results.add_argument(
+        "--limit",
+        type=argtypes.integer(0, MAX_RESULTS, "a number of results"),
+        default=0,
+        help=f"at most this many (0: {DEFAULT_RESULTS_LIMIT}; at most {MAX_RESULTS})",
+    )
+    results.set_defaults(handler=_client_handler(_results))
+
+    apply = cmds.add_parser(
+        "apply",
+        parents=[client, as_json],
+        help="make the nodes and sessions those of a TOML file (creates, updates, destroys)",
+        description="Make the controller's nodes and sessions those of FILE, in one call: "
+        "what is missing is created, what differs is replaced, what the file does not list "
+        "is destroyed. Prints the changes; applying the same file again changes nothing.",
+    )
+    apply.add_argument("file", type=Path, help="TOML configuration (see `export`)")
+    apply.add_argument(
+        "--dry-run", action="store_true", help="print the changes without making them"
+    )
+    apply.set_defaults(handler=_client_handler(_apply))
+    export = cmds.add_parser(
+        "export",
+        parents=[client],
+        help="write the nodes and sessions as a TOML file that `apply` takes",
+    )
+    export.add_argument(
+        "--output", "-o", type=Path, default=None, help="write here instead of stdout"
+    )
+    export.set_defaults(handler=_client_handler(_export))
+
+    stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
+    stats.add_argument("name", type=_name)
+    stats.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only T1 >= this (Unix ns)"
+    )
+    stats.set_defaults(handler=_client_handler(_stats))
+
+    events = cmds.add_parser(
+        "events", parents=[client, as_json], help="threshold events raised and cleared"
+    )
+    events.add_argument("name", nargs="?", default="", help="only this session's")
+    events.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only from then (Unix ns)"
+    )
+    events.add_argument("--limit", type=argtypes.count, default=0, help="the newest N (0: 1000)")
+    events.set_defaults(handler=_client_handler(_events))
+
+
+def _add_serve(cmds: Any) -> None:
+    serve = cmds.add_parser(
+        "serve",
+        help="run the controller (northbound gRPC, metrics)",
+        description="Run the controller until SIGTERM/SIGINT. Flags may also come from "
+        "--config FILE (TOML, keys = long flag names); flags given here win.",
+    )
+    serve.add_argument("--db", type=_path, required=True, help="SQLite store (created if missing)")
     serve.add_argument(
         "--grpc",
         metavar="ADDR",
+        type=argtypes.text,
         default=None,
         help="northbound gRPC address, e.g. 'unix:/run/sixlab/controller.sock' or '[::1]:50050' "
         "(default: $SIXLAB_CONTROLLER, else /run/sixlab/controller.sock if /run is writable, "
         "else $TMPDIR/sixlab-$UID/controller.sock)",
+    )
+    _daemon.add_server_tls_arguments(serve, "northbound API")
+    serve.add_argument(
+        "--agent-tls-ca",
+        type=Path,
+        metavar="PATH",
+        help="dial every agent with TLS, verifying its certificate with this CA (PEM)",
+    )
+    serve.add_argument(
+        "--agent-tls-cert",
+        type=Path,
+        metavar="PATH",
+        help="the controller's client certificate for the agents (mTLS)",
+    )
+    serve.add_argument("--agent-tls-key", type=Path, metavar="PATH", help="its private key (PEM)")
+    serve.add_argument(
+        "--agent-tls-server-name",
+        type=argtypes.text,
+        metavar="NAME",
+        help="check every agent's certificate against this name instead of its host",
     )
     serve.add_argument(
         "--metrics",
@@ -149,53 +357,42 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument(
         "--poll-interval",
         metavar="S",
-        type=_seconds,
+        type=argtypes.timeout,
         default=DEFAULT_POLL_INTERVAL_S,
         help=f"seconds between result polls (default {DEFAULT_POLL_INTERVAL_S})",
     )
-    serve.add_argument("--verbose", "-v", action="store_true", help="log collection events")
+    serve.add_argument(
+        "--max-workers",
+        type=argtypes.workers,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"northbound gRPC worker threads (default {DEFAULT_MAX_WORKERS})",
+    )
+    serve.add_argument(
+        "--verbose", "-v", action="store_true", help="log everything (--log-level debug)"
+    )
+    _daemon.add_logging_arguments(serve, default_level="info")
+    serve.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     serve.set_defaults(handler=run_serve)
 
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument(
-        "--controller",
-        metavar="ADDR",
-        default=None,
-        help="the controller's gRPC address (default: $SIXLAB_CONTROLLER, else the "
-        "default socket: /run/sixlab/controller.sock or $TMPDIR/sixlab-$UID/controller.sock)",
-    )
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    node = cmds.add_parser("node", help="register, initialise and list nodes (agents)")
-    node_cmds = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
-    add = node_cmds.add_parser("add", parents=[client], help="register a node's agent")
-    add.add_argument("name")
-    add.add_argument("address", help="the agent's gRPC address, e.g. '[::1]:50051'")
-    add.add_argument("--role", choices=("sender", "reflector"), required=True)
-    add.set_defaults(handler=_client_handler(_node_add))
-    init = node_cmds.add_parser(
-        "init", parents=[client, as_json], help="initialise a node's agent (open its data plane)"
+def _add_init_options(init: argparse.ArgumentParser) -> None:
+    init.add_argument(
+        "--dataplane", type=argtypes.text, default="", help="data plane (default: the agent's)"
     )
-    init.add_argument("name")
-    init.add_argument("--dataplane", default="", help="data plane (default: the agent's)")
     init.add_argument(
         "--port", type=_port, help="STAMP UDP port (default: 862 on a reflector, any on a sender)"
     )
-    init.add_argument("--interface", default="", help="interface, for capture data planes")
-    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
-    init.set_defaults(handler=_client_handler(_node_init))
-    ls = node_cmds.add_parser("list", parents=[client, as_json], help="nodes and their health")
-    ls.set_defaults(handler=_client_handler(_node_list))
-
-    session = cmds.add_parser("session", help="create, start, stop, destroy and list sessions")
-    s_cmds = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
-    create = s_cmds.add_parser(
-        "create", parents=[client, as_json], help="create a session on a sender/reflector pair"
+    init.add_argument(
+        "--interface", type=argtypes.text, default="", help="interface, for capture data planes"
     )
-    create.add_argument("name")
-    create.add_argument("--sender", required=True, help="sender node")
-    create.add_argument("--reflector", default="", help="reflector node (none with --loopback)")
+    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
+
+
+def _add_session_options(create: argparse.ArgumentParser) -> None:
+    create.add_argument("--sender", type=_name, required=True, help="sender node")
+    create.add_argument(
+        "--reflector", type=_name, default="", help="reflector node (none with --loopback)"
+    )
     create.add_argument(
         "--reflector-address",
         type=_address,
@@ -216,14 +413,25 @@ def add_parsers(sub: Any) -> None:
     create.add_argument("--port", type=_port, default=862, help="the reflector's UDP port")
     create.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     create.add_argument(
-        "--interval", type=_seconds, default=0.1, help="seconds between packets (default 0.1)"
+        "--interval",
+        type=argtypes.interval,
+        default=DEFAULT_INTERVAL_S,
+        help=f"seconds between packets (default {DEFAULT_INTERVAL_S:g})",
     )
-    create.add_argument("--count", type=_count, default=0, help="packets to send (0: no limit)")
     create.add_argument(
-        "--duration", type=_seconds, default=None, help="seconds to send (default: no limit)"
+        "--count", type=argtypes.count, default=0, help="packets to send (0: no limit)"
     )
     create.add_argument(
-        "--loss-timeout", type=_seconds, default=2.0, help="seconds until a packet is lost"
+        "--duration",
+        type=argtypes.duration,
+        default=None,
+        help="seconds to send (default: no limit)",
+    )
+    create.add_argument(
+        "--loss-timeout",
+        type=argtypes.timeout,
+        default=2.0,
+        help="seconds until a packet is lost (default 2)",
     )
     create.add_argument("--ptp", action="store_true", help="PTPv2 timestamps")
     create.add_argument("--auth-key", type=_hex_key, help="HMAC key (hex)")
@@ -238,45 +446,6 @@ def add_parsers(sub: Any) -> None:
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
     _srpm_arguments(create)
-    create.set_defaults(handler=_client_handler(_session_create))
-    for action, help_text in (
-        ("start", "start a session"),
-        ("stop", "stop sending (in-flight results are still collected)"),
-        ("destroy", "remove a session from its agents (its results stay)"),
-    ):
-        p = s_cmds.add_parser(action, parents=[client], help=help_text)
-        p.add_argument("name")
-        p.set_defaults(handler=_client_handler(_session_action(action)))
-    wait = s_cmds.add_parser(
-        "wait", parents=[client, as_json], help="wait until a session has finished"
-    )
-    wait.add_argument("name")
-    wait.add_argument(
-        "--timeout", type=_seconds, default=60.0, help="give up after this long (default 60 s)"
-    )
-    wait.set_defaults(handler=_client_handler(_session_wait))
-    s_ls = s_cmds.add_parser("list", parents=[client, as_json], help="sessions and counters")
-    s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
-    s_ls.set_defaults(handler=_client_handler(_session_list))
-
-    results = cmds.add_parser("results", parents=[client, as_json], help="stored results")
-    results.add_argument("name")
-    results.add_argument("--since-ns", type=_count, default=None, help="only T1 >= this (Unix ns)")
-    results.add_argument("--limit", type=_count, default=0, help="at most this many (0: 10000)")
-    results.set_defaults(handler=_client_handler(_results))
-
-    stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
-    stats.add_argument("name")
-    stats.add_argument("--since-ns", type=_count, default=None, help="only T1 >= this (Unix ns)")
-    stats.set_defaults(handler=_client_handler(_stats))
-
-    events = cmds.add_parser(
-        "events", parents=[client, as_json], help="threshold events raised and cleared"
-    )
-    events.add_argument("name", nargs="?", default="", help="only this session's")
-    events.add_argument("--since-ns", type=_count, default=None, help="only from then (Unix ns)")
-    events.add_argument("--limit", type=_count, default=0, help="the newest N (0: 1000)")
-    events.set_defaults(handler=_client_handler(_events))
 
 
 def _srpm_arguments(create: Any) -> None:
@@ -307,14 +476,21 @@ def _srpm_arguments(create: Any) -> None:
         "--max-loss", type=float, default=None, help="loss-ratio threshold, e.g. 0.01"
     )
     create.add_argument(
-        "--event-window", type=_seconds, default=10.0, help="seconds each judgement looks at"
+        "--event-window",
+        type=argtypes.timeout,
+        default=10.0,
+        help="seconds each judgement looks at",
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``sixlab controller`` alone (``python -m`` style), for tests and for scripts."""
+    from sixlab.cli._config import apply_config_file  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(prog="sixlab")
     add_parsers(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     try:
         rc: int = args.handler(args)
@@ -328,14 +504,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad store or address."""
+    level = "debug" if args.verbose else args.log_level
+    with _daemon.daemon_logging(args.log_format, level):
+        return _run_serve(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.core import Controller  # noqa: PLC0415 - clients skip these
     from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
     from sixlab.controller.northbound import serve_controller  # noqa: PLC0415
     from sixlab.controller.store import Store  # noqa: PLC0415
 
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     address: str = args.grpc or default_address(server=True)
+    try:
+        files = _daemon.server_tls_files(args)
+        warning = _daemon.exposure_warning(
+            address, files, insecure=args.insecure, api="northbound API"
+        )
+        agent_factory = _agent_client_factory(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    if warning is not None:
+        log.warning("%s", warning)
     socket_path = Path(address.removeprefix("unix:")) if address.startswith("unix:") else None
     if socket_path is not None:
         # /run/sixlab is 0755 (root's; the socket's own mode guards it); a private
@@ -352,14 +543,19 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)
         return 2
     metrics = ControllerMetrics()
-    controller = Controller(store, metrics, poll_interval_s=args.poll_interval)
+    controller = Controller(store, metrics, poll_interval_s=args.poll_interval, **agent_factory)
     server = None
     try:
-        server = serve_controller(address, controller)
+        server = serve_controller(
+            address,
+            controller,
+            max_workers=args.max_workers,
+            tls=files,
+        )
         if args.metrics is not None:
             host, port = args.metrics
             metrics.serve(port, host)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         if server is not None:
             server.stop(0)
@@ -374,8 +570,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 f"controller: grpc={address} db={args.db} resumed={len(resumed)}{extra}",
                 flush=True,
             )
+            log.info("serving on %s, %d sessions resumed", address, len(resumed))
             stop.wait()
         finally:
+            log.info("stopping")
             server.stop(1.0)
             controller.close()
             store.close()
@@ -383,6 +581,30 @@ def run_serve(args: argparse.Namespace) -> int:
                 with contextlib.suppress(OSError):
                     socket_path.unlink()
     return 0
+
+
+def _agent_client_factory(args: argparse.Namespace) -> dict[str, Any]:
+    """``client_factory`` for the Controller: agents dialled with TLS if asked."""
+    from sixlab.southbound.client import AgentClient, ClientTls  # noqa: PLC0415
+
+    if args.agent_tls_ca is None:
+        if args.agent_tls_cert is not None or args.agent_tls_key is not None:
+            raise ValueError("--agent-tls-cert and --agent-tls-key need --agent-tls-ca")
+        return {}
+    if (args.agent_tls_cert is None) != (args.agent_tls_key is None):
+        raise ValueError("--agent-tls-cert and --agent-tls-key go together")
+    tls = ClientTls(
+        args.agent_tls_ca, args.agent_tls_cert, args.agent_tls_key, args.agent_tls_server_name
+    )
+    try:  # read the files now: a missing one is an error at start, not at the first call
+        tls.credentials()
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
+
+    def factory(address: str) -> AgentClient:
+        return AgentClient(address, tls=tls)
+
+    return {"client_factory": factory}
 
 
 # --------------------------------------------------------------------------- clients
@@ -394,7 +616,14 @@ def _client_handler(
     """A subcommand as a call on a client: one clear stderr line and exit 1 if refused."""
 
     def handler(args: argparse.Namespace) -> int:
-        client = ControllerClient(args.controller or default_address())
+        try:
+            client = ControllerClient(args.controller or default_address(), tls=_client_tls(args))
+        except OSError as exc:
+            print(f"{PROG}: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
         try:
             fn(client, args)
         except NorthboundError as exc:
@@ -405,6 +634,16 @@ def _client_handler(
         return 0
 
     return handler
+
+
+def _client_tls(args: argparse.Namespace) -> ClientTls | None:
+    if args.tls_ca is None:
+        if args.tls_cert is not None or args.tls_key is not None:
+            raise ValueError("--tls-cert and --tls-key need --tls-ca")
+        return None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    return ClientTls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
 def _print_json(value: Any) -> None:
@@ -419,18 +658,44 @@ def _console() -> Any:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A rich table; cells are plain text (``[fc00::2]:50052`` is not markup)."""
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for col in columns:
         table.add_column(col, justify="left" if col in _LEFT else "right")
     for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
+        table.add_row(*("-" if v is None else escape(str(v)) for v in row))
     _console().print(table)
 
 
+def utc_time(ns: int | None) -> str | None:
+    """A Unix time in ns as ISO 8601 UTC with µs: ``2026-05-09T15:20:01.123456Z``."""
+    if ns is None:
+        return None
+    seconds, rest = divmod(ns, NS_PER_S)
+    try:
+        t = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    except (OverflowError, ValueError, OSError):  # a timestamp past year 9999
+        return f"{ns} ns"
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{rest // 1000:06d}Z"
+
+
 _LEFT = frozenset(
-    {"name", "address", "role", "state", "sender", "reflector", "path", "error", "delay"}
+    {
+        "name",
+        "address",
+        "role",
+        "state",
+        "sender",
+        "reflector",
+        "path",
+        "error",
+        "delay",
+        "t1 (UTC)",
+        "last seen (UTC)",
+    }
 )
 
 
@@ -513,15 +778,23 @@ def _node_init(c: ControllerClient, args: argparse.Namespace) -> None:
 
 
 def _node_list(c: ControllerClient, args: argparse.Namespace) -> None:
-    nodes = c.nodes()
+    nodes = c.nodes(check=not args.no_check)
     if args.json:
         _print_json([node_json(n) for n in nodes])
         return
     _table(
-        "nodes",
-        ("name", "role", "address", "healthy", "initialised", "error"),
+        "nodes (health: asked now)" if not args.no_check else "nodes (health: last recorded)",
+        ("name", "role", "address", "healthy", "initialised", "last seen (UTC)", "error"),
         [
-            (n.name, n.role, n.address, n.healthy, n.initialized, n.last_error or None)
+            (
+                n.name,
+                n.role,
+                n.address,
+                n.healthy,
+                n.initialized,
+                utc_time(n.last_seen_ns),
+                n.last_error or None,
+            )
             for n in nodes
         ],
     )
@@ -628,11 +901,11 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
         return
     _table(
         f"results of {args.name}" + (" (more: use --since-ns or --limit)" if page.more else ""),
-        ("seq", "t1_ns", "direct ms", "return ms", "rtt ms", "ttl", "error ms"),
+        ("seq", "t1 (UTC)", "direct ms", "return ms", "rtt ms", "ttl", "error ms"),
         [
             (
                 r.seq,
-                r.t1_ns,
+                utc_time(r.t1_ns),
                 _ms(r.direct_ns),
                 _ms(r.return_ns),
                 _ms(r.rtt_ns),
@@ -642,6 +915,69 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
             for r in page.records
         ],
     )
+
+
+_SIGNS = {
+    "add": "+",
+    "create": "+",
+    "remove": "-",
+    "destroy": "-",
+    "replace": "~",
+    "recreate": "~",
+    "init": "~",
+    "start": ">",
+    "stop": "|",
+}
+
+
+def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import _ConfigFileError, load  # noqa: PLC0415
+
+    try:
+        config = load(args.file)
+    except _ConfigFileError as exc:
+        raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
+    reply = c.apply(config, dry_run=args.dry_run)
+    if args.json:
+        _print_json(
+            {
+                "dry_run": args.dry_run,
+                "changes": [
+                    {"action": ch.action, "kind": ch.kind, "name": ch.name, "detail": ch.detail}
+                    for ch in reply.changes
+                ],
+                "error": reply.error or None,
+            }
+        )
+    else:
+        for ch in reply.changes:
+            print(f"{_SIGNS.get(ch.action, '*')} {ch.kind} {ch.name}: {ch.action} ({ch.detail})")
+        verb = "would make" if args.dry_run else "made"
+        if not reply.changes:
+            print("no changes: the controller matches the file")
+        else:
+            print(f"{verb} {len(reply.changes)} change{'s' if len(reply.changes) != 1 else ''}")
+    if reply.error:
+        code, _, message = reply.error.partition(": ")
+        raise NorthboundError(
+            getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN),
+            f"apply stopped: {message} (the changes above were made)",
+        )
+
+
+def _export(c: ControllerClient, args: argparse.Namespace) -> None:
+    from sixlab.cli._declarative import dump  # noqa: PLC0415
+
+    text = dump(c.export())
+    if args.output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        args.output.write_text(text)
+    except OSError as exc:
+        raise NorthboundError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"cannot write {args.output}: {exc.strerror}"
+        ) from None
 
 
 def _stats(c: ControllerClient, args: argparse.Namespace) -> None:

@@ -27,6 +27,7 @@ import argparse
 import datetime
 import ipaddress
 import json
+import math
 import os
 import signal
 import subprocess
@@ -47,8 +48,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from sixlab import stamp as ev
-from sixlab.dataplane.base import DataplaneConfig, available, create
+from sixlab.cli import _argtypes as argtypes
+from sixlab.cli.controller import parse_metrics_address
+from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.southbound.rpcclient import RpcError
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.stamp.stats import DelaySummary, PathStats, path_stats
@@ -60,16 +64,49 @@ NS_PER_S = 1_000_000_000
 AGENT_START_TIMEOUT_S = 20.0
 
 
+#: Longest demo run (s) and emulated one-way delay (ms): a day, and ten seconds.
+MAX_DEMO_S = 86_400.0
+MAX_DELAY_MS = 10_000.0
+#: The STAMP UDP ports in the testbed: the reflector's is RFC 8762's (§4.1); the
+#: sender's is fixed too, because capture planes (scapy, mmap, xdp) filter on a port.
+REFLECTOR_PORT = 862
+SENDER_PORT = 40862
+#: The testbed's host interface on the sender and the reflector (``srv6_two_paths``),
+#: where capture planes capture.
+HOST_INTERFACE = "eth0"
+
+
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("demo", help="measure the delays of two SRv6 paths, live")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds (default 20)")
-    p.add_argument("--interval", type=float, default=0.05, help="seconds between probes")
+    p.add_argument(
+        "--duration",
+        type=argtypes.seconds_in(0.1, MAX_DEMO_S),
+        default=20.0,
+        help="seconds (default 20)",
+    )
+    p.add_argument(
+        "--interval",
+        type=argtypes.seconds_in(argtypes.MIN_INTERVAL_S, 60.0),
+        default=0.05,
+        help="seconds between probes (default 0.05)",
+    )
     p.add_argument("--path-a", type=_pair, default=(5.0, 12.0), help="FWD,RET ms (5,12)")
     p.add_argument("--path-b", type=_pair, default=(20.0, 3.0), help="FWD,RET ms (20,3)")
-    p.add_argument("--dataplane", choices=available(), default="socket")
+    p.add_argument(
+        "--dataplane",
+        choices=available(),
+        default="socket",
+        help="data plane of both agents (default socket)",
+    )
     p.add_argument("--collect", choices=("poll", "stream"), default="stream")
     p.add_argument("--out", type=Path, default=Path("sixlab-demo"), help="results folder")
-    p.add_argument("--metrics", default=None, metavar="ADDR:PORT", help="serve /metrics")
+    p.add_argument(
+        "--metrics",
+        default=None,
+        type=parse_metrics_address,
+        metavar="ADDR:PORT",
+        help="serve /metrics",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document at the end")
     p.add_argument("--loopback", action="store_true", help="over ::1, no namespaces")
     p.set_defaults(handler=_run)
@@ -80,8 +117,13 @@ def _pair(text: str) -> tuple[float, float]:
         fwd, ret = (float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError("expected FORWARD_MS,RETURN_MS") from None
-    if fwd < 0 or ret < 0:
-        raise argparse.ArgumentTypeError("delays cannot be negative")
+    for value in (fwd, ret):
+        if math.isnan(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: not a number of ms")
+        if not 0 <= value <= MAX_DELAY_MS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: each delay must be in 0..{MAX_DELAY_MS:g} ms"
+            )
     return fwd, ret
 
 
@@ -134,9 +176,6 @@ def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.interval <= 0:
-        print("sixlab demo: --duration and --interval must be positive", file=sys.stderr)
-        return 2
     if not args.loopback and os.geteuid() != 0:
         print(
             "sixlab demo: building the SRv6 testbed needs root (network namespaces); "
@@ -158,6 +197,11 @@ def _run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, _StopError):
         print("sixlab demo: interrupted; everything it made was removed", file=sys.stderr)
         return 130
+    except (RpcError, ValueError, DataplaneError, OSError) as exc:
+        # An agent that cannot open the chosen plane here (no BPF support, no scapy), a
+        # refused session: one line; what was built is gone already.
+        print(f"sixlab demo: {exc}", file=sys.stderr)
+        return 1
     console.print(_table(paths, stats, "sixlab demo — summary"))
     if db is not None and png is not None:  # plain print: paths must not be wrapped
         print(f"results: {db}\nplot:    {png}", file=sys.stderr if args.json else sys.stdout)
@@ -246,9 +290,6 @@ def _agents(tb: Any, tmp: Path, dataplane: str) -> Iterator[tuple[str, str]]:
 def _testbed(
     args: argparse.Namespace, console: Console
 ) -> tuple[list[_Path], dict[str, list[ev.StampResult]], dict[str, PathStats], Path]:
-    from sixlab.controller.core import Controller, SessionSpec  # noqa: PLC0415
-    from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
-    from sixlab.controller.store import Store  # noqa: PLC0415
     from sixlab.testbed import srv6_two_paths, sweep  # noqa: PLC0415
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -261,73 +302,111 @@ def _testbed(
     with (
         tempfile.TemporaryDirectory(prefix="sixlab-demo-") as tmp,
         srv6_two_paths(path_a_ms=args.path_a, path_b_ms=args.path_b, prefix="sixlab-demo-") as tb,
-        _agents(tb, Path(tmp), args.dataplane) as (saddr, raddr),
     ):
-        metrics = ControllerMetrics()
-        if args.metrics:
-            host, _, port = args.metrics.rpartition(":")
-            metrics.serve(int(port), host.strip("[]") or "127.0.0.1")
-        controller = Controller(Store(db), metrics, poll_interval_s=0.25)
-        try:
-            controller.register_node("sender", saddr, "sender")
-            controller.register_node("reflector", raddr, "reflector")
-            controller.init_node("sender", source=tb.sender_addr, port=0, dataplane=args.dataplane)
+        if args.dataplane == "xdp":
+            _prepare_xdp(tb)
+        with _agents(tb, Path(tmp), args.dataplane) as (saddr, raddr):
+            return _measure(args, console, tb, db, (saddr, raddr))
+
+
+def _prepare_xdp(tb: Any) -> None:
+    """What the xdp plane needs of the veths it runs on (see ``test_xdp_srv6``).
+
+    Frames an XDP program sends with XDP_TX on a veth are lost unless the peer runs an
+    XDP program too: R2's end towards the reflector gets the plain XDP_PASS program.
+    Transmit checksum offload goes off on the veths of the end nodes, so the frames the
+    programs read carry complete checksums.
+    """
+    for node, ifname in (
+        (tb.sender, HOST_INTERFACE),
+        (tb.r1, "to_snd"),
+        (tb.r2, "to_rfl"),
+        (tb.reflector, HOST_INTERFACE),
+    ):
+        node.exec(["ethtool", "-K", ifname, "tx", "off"])
+    code = "from sixlab.dataplane.xdp_plane import attach_xdp_pass; attach_xdp_pass('to_rfl')"
+    tb.r2.exec([sys.executable, "-c", code], timeout=120)
+
+
+def _measure(
+    args: argparse.Namespace, console: Console, tb: Any, db: Path, agents: tuple[str, str]
+) -> tuple[list[_Path], dict[str, list[ev.StampResult]], dict[str, PathStats], Path]:
+    from sixlab.controller.core import Controller, SessionSpec  # noqa: PLC0415
+    from sixlab.controller.metrics import ControllerMetrics  # noqa: PLC0415
+    from sixlab.controller.store import Store  # noqa: PLC0415
+
+    saddr, raddr = agents
+    metrics = ControllerMetrics()
+    if args.metrics:
+        host, port = args.metrics
+        metrics.serve(port, host)
+    controller = Controller(Store(db), metrics, poll_interval_s=0.25)
+    try:
+        controller.register_node("sender", saddr, "sender")
+        controller.register_node("reflector", raddr, "reflector")
+        for node, source, port in (
+            ("sender", tb.sender_addr, SENDER_PORT),
+            ("reflector", tb.reflector_addr, REFLECTOR_PORT),
+        ):
             controller.init_node(
-                "reflector", source=tb.reflector_addr, port=862, dataplane=args.dataplane
+                node,
+                source=source,
+                port=port,
+                interface=HOST_INTERFACE,
+                dataplane=args.dataplane,
             )
-            paths = []
-            for name, via_tlv in (("A", False), ("B", True)):
-                p = tb.paths[name]
-                paths.append(
-                    _Path(
-                        f"path-{name}",
-                        tuple(p.forward_segments),
-                        (p.forward_delay_ms, p.return_delay_ms),
-                    )
+        paths = []
+        for name, via_tlv in (("A", False), ("B", True)):
+            p = tb.paths[name]
+            paths.append(
+                _Path(
+                    f"path-{name}",
+                    tuple(p.forward_segments),
+                    (p.forward_delay_ms, p.return_delay_ms),
                 )
-                controller.create_session(
-                    SessionSpec(
-                        name=f"path-{name}",
-                        sender="sender",
-                        reflector="reflector",
-                        reflector_address=tb.reflector_addr,
-                        segments=tuple(p.forward_segments),
-                        return_segments=tuple(p.return_segments),
-                        return_path_tlv=via_tlv,
-                        source_address=tb.sender_addr,
-                        interval_ns=round(args.interval * NS_PER_S),
-                        duration_ns=round(args.duration * NS_PER_S),
-                        loss_timeout_ns=NS_PER_S,
-                        collect=args.collect,
-                    )
+            )
+            controller.create_session(
+                SessionSpec(
+                    name=f"path-{name}",
+                    sender="sender",
+                    reflector="reflector",
+                    reflector_address=tb.reflector_addr,
+                    segments=tuple(p.forward_segments),
+                    return_segments=tuple(p.return_segments),
+                    return_path_tlv=via_tlv,
+                    source_address=tb.sender_addr,
+                    reflector_port=REFLECTOR_PORT,
+                    interval_ns=round(args.interval * NS_PER_S),
+                    duration_ns=round(args.duration * NS_PER_S),
+                    loss_timeout_ns=NS_PER_S,
+                    collect=args.collect,
                 )
-            for path in paths:
-                controller.start_session(path.name)
-            names = " and ".join(q.name for q in paths)
-            console.print(f"measuring {names} for {args.duration:g} s (Ctrl-C stops) ...")
-            progress, task = _progress(args.duration)
-            start = time.monotonic()
-            stats: dict[str, PathStats] = {}
-            with Live(console=console, refresh_per_second=4, transient=args.json) as live:
-                while True:
-                    elapsed = time.monotonic() - start
-                    progress.update(task, completed=min(elapsed, args.duration))
-                    stats = {p.name: controller.stats(p.name) for p in paths}
-                    live.update(
-                        Group(progress, _table(paths, stats, "sixlab demo — STAMP over SRv6"))
-                    )
-                    if all(controller.wait_finished(p.name, 0) for p in paths):
-                        break
-                    if elapsed > args.duration + 10:
-                        break
-                    time.sleep(0.25)
-            stats = {p.name: controller.stats(p.name) for p in paths}
-            records = {
-                p.name: controller.store.results(controller.store.session(p.name).id) for p in paths
-            }
-        finally:
-            controller.close()
-            controller.store.close()
+            )
+        for path in paths:
+            controller.start_session(path.name)
+        names = " and ".join(q.name for q in paths)
+        console.print(f"measuring {names} for {args.duration:g} s (Ctrl-C stops) ...")
+        progress, task = _progress(args.duration)
+        start = time.monotonic()
+        stats: dict[str, PathStats] = {}
+        with Live(console=console, refresh_per_second=4, transient=args.json) as live:
+            while True:
+                elapsed = time.monotonic() - start
+                progress.update(task, completed=min(elapsed, args.duration))
+                stats = {p.name: controller.stats(p.name) for p in paths}
+                live.update(Group(progress, _table(paths, stats, "sixlab demo — STAMP over SRv6")))
+                if all(controller.wait_finished(p.name, 0) for p in paths):
+                    break
+                if elapsed > args.duration + 10:
+                    break
+                time.sleep(0.25)
+        stats = {p.name: controller.stats(p.name) for p in paths}
+        records = {
+            p.name: controller.store.results(controller.store.session(p.name).id) for p in paths
+        }
+    finally:
+        controller.close()
+        controller.store.close()
     return paths, records, stats, db
 
 

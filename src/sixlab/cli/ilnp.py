@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
 from sixlab.cli import _argtypes as argtypes
+from sixlab.cli import _daemon
 
 if TYPE_CHECKING:
     from sixlab.wire.ilnp import LocatorEntry
 
 __all__ = ["add_parsers", "main"]
+
+log = logging.getLogger("sixlab.ilnp")
 
 
 def add_parsers(sub: Any) -> None:
@@ -48,18 +52,27 @@ def add_parsers(sub: Any) -> None:
         "PREF is preferred",
     )
     host.add_argument(
-        "--interface", action="append", required=True, help="link to serve (repeatable)"
+        "--interface",
+        action="append",
+        required=True,
+        type=argtypes.text,
+        help="link to serve (repeatable)",
     )
     host.add_argument("--policy", choices=POLICIES.names(), default="socket")
     host.add_argument("--store", choices=STORES.names(), default="hash")
-    host.add_argument("--control", help=control_help)
-    host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
+    host.add_argument("--control", type=argtypes.text, help=control_help)
+    host.add_argument(
+        "--hosts", type=argtypes.text, help="I-LV hosts file for resolving correspondents"
+    )
     host.add_argument(
         "--names",
         metavar="PATH",
+        type=argtypes.text,
         help="write the identifier addresses of known names here, /etc/hosts format",
     )
-    host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
+    host.add_argument(
+        "--tun", type=argtypes.text, default="ilnp0", help="TUN device for identifier addresses"
+    )
     host.add_argument(
         "--nonce",
         choices=["always", "initial"],
@@ -77,11 +90,13 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--idle", type=argtypes.seconds, default=60.0, help="bounded policy: idle expiry, s"
     )
+    _daemon.add_logging_arguments(host, default_level="warning")
+    host.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     host.set_defaults(handler=_host)
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
         tool = tools.add_parser(name, help=text)
-        tool.add_argument("--control", help=control_help)
+        tool.add_argument("--control", type=argtypes.text, help=control_help)
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
 
@@ -131,14 +146,18 @@ def _format_spec(entry: LocatorEntry) -> str:
     return f"{format_l64(entry.locator)},{entry.preference},{entry.lifetime}"
 
 
-def _positive(text: str) -> int:
-    value = argtypes.count(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0: must be positive")
-    return value
+#: Largest ILCC the bounded policy may be given (entries): far above what a host
+#: daemon serves, far below what would exhaust memory before the first packet.
+MAX_CAPACITY = 1 << 24
+_positive = argtypes.integer(1, MAX_CAPACITY, "a number of entries")
 
 
 def _host(args: argparse.Namespace) -> int:
+    with _daemon.daemon_logging(args.log_format, args.log_level):
+        return _run_host(args)
+
+
+def _run_host(args: argparse.Namespace) -> int:
     from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
     from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
@@ -166,6 +185,7 @@ def _host(args: argparse.Namespace) -> int:
 
     def announce(line: str) -> None:
         print(line, flush=True)
+        log.info("%s", line)
 
     try:
         return run_daemon(config, announce=announce)

@@ -13,18 +13,24 @@ import ipaddress
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sixlab import stamp as ev
 from sixlab.cli import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
-from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.dataplane.engine import (
+    ReflectorEngine,
+    SenderEngine,
+    SenderSessionSpec,
+    SessionSnapshot,
+)
 from sixlab.linux import FlowCounters, LinuxError
 from sixlab.linux.signals import StopOnSignal
-from sixlab.stamp import data_loss_total, per_flow_stats
+from sixlab.stamp import DataLoss, data_loss_total, per_flow_stats
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters
-from sixlab.stamp.stats import DelaySummary, summarize
+from sixlab.stamp.stats import DelaySummary, PathStats, summarize
 from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.stamp import STAMP_PORT
 from sixlab.wire.timestamp import TimestampFormat
@@ -43,7 +49,9 @@ def add_parsers(stamp: Any) -> None:
     )
     r.add_argument("--port", type=at.port, default=STAMP_PORT)
     r.add_argument("--dataplane", choices=planes, default="socket")
-    r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    r.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     r.add_argument("--stateful", action="store_true", help="own Seq counter (RFC 8762 §4.3.1)")
     r.add_argument(
         "--auth-key", type=at.hex_key, default=None, help="HMAC key, hex (authenticated)"
@@ -72,9 +80,18 @@ def add_parsers(stamp: Any) -> None:
         default=None,
         help="ask the reflector to answer along this SID list (RFC 9503 Return Path TLV)",
     )
-    s.add_argument("--count", type=int, default=10)
-    s.add_argument("--interval", type=at.seconds, default=1.0, help="seconds between packets")
-    s.add_argument("--timeout", type=at.seconds, default=2.0, help="loss timeout, seconds")
+    s.add_argument(
+        "--count",
+        type=at.integer(1, at.MAX_COUNT, "a packet count"),
+        default=10,
+        help="packets to send (default 10)",
+    )
+    s.add_argument(
+        "--interval", type=at.interval, default=1.0, help="seconds between packets (default 1)"
+    )
+    s.add_argument(
+        "--timeout", type=at.timeout, default=2.0, help="loss timeout, seconds (default 2)"
+    )
     s.add_argument("--ssid", type=at.ssid, default=1)
     s.add_argument("--auth-key", type=at.hex_key, default=None)
     s.add_argument(
@@ -91,7 +108,9 @@ def add_parsers(stamp: Any) -> None:
     )
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
-    s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
+    s.add_argument(
+        "--interface", type=at.text, default=None, help="interface to capture on (capture planes)"
+    )
     s.add_argument("--json", action="store_true", help="one JSON document at the end")
     s.add_argument(
         "--loopback",
@@ -277,30 +296,158 @@ def _sender_config(args: argparse.Namespace, tlvs: bytes) -> SenderConfig:
     )
 
 
-def _run_sender(args: argparse.Namespace) -> int:
-    if args.count <= 0:
-        print("sixlab stamp sender: --count must be positive", file=sys.stderr)
-        return 2
+def _address_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the sender's addresses (``args.reflector`` is set to the
+    source in loopback mode), or None."""
     if args.loopback:
         if args.reflector is not None or args.source is None or not args.segments:
-            print(
-                "sixlab stamp sender: --loopback takes no REFLECTOR; it needs --source (this "
-                "host's address, where the packets come back) and --segments (the loop)",
-                file=sys.stderr,
+            return (
+                "--loopback takes no REFLECTOR; it needs --source (this host's address, "
+                "where the packets come back) and --segments (the loop)"
             )
-            return 2
         args.reflector = args.source
     elif args.reflector is None:
-        print("sixlab stamp sender: REFLECTOR is required (or --loopback)", file=sys.stderr)
-        return 2
+        return "REFLECTOR is required (or --loopback)"
     ipv4 = [a for a in (args.reflector, args.source) if isinstance(a, ipaddress.IPv4Address)]
     if ipv4 and (args.segments or args.return_segments):
-        print("sixlab stamp sender: SRv6 segments need IPv6 addresses", file=sys.stderr)
-        return 2
+        return "SRv6 segments need IPv6 addresses"
     if args.source is not None and args.source.version != args.reflector.version:
-        print(
-            "sixlab stamp sender: --source and REFLECTOR are of different families", file=sys.stderr
+        return "--source and REFLECTOR are of different families"
+    return None
+
+
+def _printer(args: argparse.Namespace) -> Callable[[ev.Event], None]:
+    """What the sender prints per result and lost packet (nothing with --json)."""
+
+    def show(event: ev.Event) -> None:
+        if args.json:
+            return
+        if isinstance(event, ev.StampResult):
+            label = "" if event.flow_label is None else f" flow_label={event.flow_label:#x}"
+            if event.loopback:
+                print(f"seq={event.seq} rtt={_ms(event.rtt_ns)} ms{label}", flush=True)
+                return
+            print(
+                f"seq={event.seq} direct={_ms(event.direct_ns)} ms "
+                f"return={_ms(event.return_ns)} ms rtt={_ms(event.rtt_ns)} ms "
+                f"ttl={event.ses_sender_ttl}{label}",
+                flush=True,
+            )
+        elif isinstance(event, ev.PacketLost):
+            print(f"seq={event.seq} lost", flush=True)
+
+    return show
+
+
+def _srpm_json(flows: dict[int, PathStats], data: DataLoss | None) -> dict[str, Any]:
+    """The ``--json`` keys of per-flow-label results and direct-mode loss (docs/srpm.md)."""
+    return {
+        "flows": {
+            str(label): {
+                "received": st.received,
+                "lost": st.lost,
+                "direct": _summary_json(st.direct),
+                "rtt": _summary_json(st.rtt),
+            }
+            for label, st in flows.items()
+        },
+        "data_loss": None
+        if data is None
+        else {
+            "forward_sent": data.forward_sent,
+            "forward_lost": data.forward_lost,
+            "backward_sent": data.backward_sent,
+            "backward_lost": data.backward_lost,
+        },
+    }
+
+
+def _srpm_lines(flows: dict[int, PathStats], data: DataLoss | None) -> list[str]:
+    """The summary lines of per-flow-label results and direct-mode loss."""
+    out = []
+    for label, st in flows.items():
+        one_way = "" if st.direct is None else f" direct mean {_ms(st.direct.mean_ns)} ms,"
+        trip = "—" if st.rtt is None else f"{_ms(st.rtt.mean_ns)} ms"
+        out.append(
+            f"flow label {label:#x}:{one_way} round trip mean {trip}, "
+            f"{st.received} received, {st.lost} lost"
         )
+    if data is not None:
+        back_lost = "?" if data.backward_lost is None else data.backward_lost
+        out.append(
+            f"data loss: forward {data.forward_lost} of {data.forward_sent}, "
+            f"backward {back_lost} of {data.backward_sent} (Direct Measurement, RFC 8972 §4.5)"
+        )
+    return out
+
+
+def _report_sender(
+    args: argparse.Namespace,
+    port: int,
+    snap: SessionSnapshot,
+    *,
+    records: list[ev.StampResult],
+    lost_seqs: list[int],
+    kernel: dict[str, int],
+) -> None:
+    """The sender's summary: one JSON document, or text lines."""
+    c = snap.counters
+    flows = per_flow_stats(records, args.flow_labels, lost_seqs) if args.flow_labels else {}
+    data = data_loss_total((r.seq, r.t1_ns, r.data) for r in records if r.data is not None)
+    if args.loopback:
+        records = [r for r in records if r.loopback]
+    direct = None if args.loopback else summarize(r.direct_ns for r in records)
+    back = None if args.loopback else summarize(r.return_ns for r in records)
+    rtt = summarize(r.rtt_ns for r in records)
+    if args.json:
+        doc = {
+            "sent": c.sent,
+            "received": c.received,
+            "lost": c.lost,
+            "duplicates": c.duplicates,
+            "reordered": c.reordered,
+            "forward_lost": c.forward_lost,
+            "backward_lost": c.backward_lost,
+            "unclassified_lost": c.unclassified_lost,
+            "reflector_ssid_zero": c.reflector_ssid_zero,
+            "ssid_zero_replies": c.ssid_zero,
+            "integrity_reported": c.integrity_reported,
+            "dropped": {str(k): v for k, v in sorted(c.dropped.items())},
+            "dataplane": kernel,
+            "records": [r.as_json() for r in records],
+            "summary": {
+                "direct": _summary_json(direct),
+                "return": _summary_json(back),
+                "rtt": _summary_json(rtt),
+            },
+            "loopback": args.loopback,
+            **_srpm_json(flows, data),
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        where = _hostport(args.reflector, port)
+        print(f"--- {'loopback to ' if args.loopback else ''}{where} STAMP statistics ---")
+        print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
+        for line in _notes(c):
+            print(line)
+        if kernel:  # replies the plane collected itself (xdp), before the session saw them
+            handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
+            print(f"{args.dataplane} data plane: {handled}")
+        for name, s in (("direct", direct), ("return", back), ("round trip", rtt)):
+            if s is not None:
+                print(
+                    f"{name}: min/mean/p50/p99/max = {_ms(s.min_ns)}/{_ms(s.mean_ns)}/"
+                    f"{_ms(s.p50_ns)}/{_ms(s.p99_ns)}/{_ms(s.max_ns)} ms"
+                )
+        for line in _srpm_lines(flows, data):
+            print(line)
+
+
+def _run_sender(args: argparse.Namespace) -> int:
+    problem = _address_error(args)
+    if problem is not None:
+        print(f"sixlab stamp sender: {problem}", file=sys.stderr)
         return 2
     tlvs = b""
     if args.return_segments:
@@ -320,30 +467,13 @@ def _run_sender(args: argparse.Namespace) -> int:
         print(f"sixlab stamp sender: {exc}", file=sys.stderr)
         return 1
 
-    def show(event: ev.Event) -> None:
-        if args.json:
-            return
-        if isinstance(event, ev.StampResult):
-            label = "" if event.flow_label is None else f" flow_label={event.flow_label:#x}"
-            if event.loopback:
-                print(f"seq={event.seq} rtt={_ms(event.rtt_ns)} ms{label}", flush=True)
-                return
-            print(
-                f"seq={event.seq} direct={_ms(event.direct_ns)} ms "
-                f"return={_ms(event.return_ns)} ms rtt={_ms(event.rtt_ns)} ms "
-                f"ttl={event.ses_sender_ttl}{label}",
-                flush=True,
-            )
-        elif isinstance(event, ev.PacketLost):
-            print(f"seq={event.seq} lost", flush=True)
-
     try:
         counters = _counters(args, "sender")
     except LinuxError as exc:
         plane.close()
         print(f"sixlab stamp sender: {exc}", file=sys.stderr)
         return 1
-    engine = SenderEngine(plane, on_event=show)
+    engine = SenderEngine(plane, on_event=_printer(args))
     port = int(getattr(plane, "local_port", 0)) if args.loopback else args.port
     spec = SenderSessionSpec(
         config,
@@ -382,85 +512,8 @@ def _run_sender(args: argparse.Namespace) -> int:
         plane.close()
         if counters is not None:
             counters.remove()
-    c = snap.counters
-    flows = per_flow_stats(records, args.flow_labels, lost_seqs) if args.flow_labels else {}
-    data = data_loss_total((r.seq, r.t1_ns, r.data) for r in records if r.data is not None)
-    if args.loopback:
-        records = [r for r in records if r.loopback]
-    direct = None if args.loopback else summarize(r.direct_ns for r in records)
-    back = None if args.loopback else summarize(r.return_ns for r in records)
-    rtt = summarize(r.rtt_ns for r in records)
-    if args.json:
-        doc = {
-            "sent": c.sent,
-            "received": c.received,
-            "lost": c.lost,
-            "duplicates": c.duplicates,
-            "reordered": c.reordered,
-            "forward_lost": c.forward_lost,
-            "backward_lost": c.backward_lost,
-            "unclassified_lost": c.unclassified_lost,
-            "reflector_ssid_zero": c.reflector_ssid_zero,
-            "ssid_zero_replies": c.ssid_zero,
-            "integrity_reported": c.integrity_reported,
-            "dropped": {str(k): v for k, v in sorted(c.dropped.items())},
-            "dataplane": kernel,
-            "records": [r.as_json() for r in records],
-            "summary": {
-                "direct": _summary_json(direct),
-                "return": _summary_json(back),
-                "rtt": _summary_json(rtt),
-            },
-            "loopback": args.loopback,
-            "flows": {
-                str(label): {
-                    "received": st.received,
-                    "lost": st.lost,
-                    "direct": _summary_json(st.direct),
-                    "rtt": _summary_json(st.rtt),
-                }
-                for label, st in flows.items()
-            },
-            "data_loss": None
-            if data is None
-            else {
-                "forward_sent": data.forward_sent,
-                "forward_lost": data.forward_lost,
-                "backward_sent": data.backward_sent,
-                "backward_lost": data.backward_lost,
-            },
-        }
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    else:
-        where = _hostport(args.reflector, port)
-        print(f"--- {'loopback to ' if args.loopback else ''}{where} STAMP statistics ---")
-        print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
-        for line in _notes(c):
-            print(line)
-        if kernel:  # replies the plane collected itself (xdp), before the session saw them
-            handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
-            print(f"{args.dataplane} data plane: {handled}")
-        for name, s in (("direct", direct), ("return", back), ("round trip", rtt)):
-            if s is not None:
-                print(
-                    f"{name}: min/mean/p50/p99/max = {_ms(s.min_ns)}/{_ms(s.mean_ns)}/"
-                    f"{_ms(s.p50_ns)}/{_ms(s.p99_ns)}/{_ms(s.max_ns)} ms"
-                )
-        for label, st in flows.items():
-            one_way = "" if st.direct is None else f" direct mean {_ms(st.direct.mean_ns)} ms,"
-            trip = "—" if st.rtt is None else f"{_ms(st.rtt.mean_ns)} ms"
-            print(
-                f"flow label {label:#x}:{one_way} round trip mean {trip}, "
-                f"{st.received} received, {st.lost} lost"
-            )
-        if data is not None:
-            back_lost = "?" if data.backward_lost is None else data.backward_lost
-            print(
-                f"data loss: forward {data.forward_lost} of {data.forward_sent}, "
-                f"backward {back_lost} of {data.backward_sent} (Direct Measurement, RFC 8972 §4.5)"
-            )
+    _report_sender(args, port, snap, records=records, lost_seqs=lost_seqs, kernel=kernel)
     if engine.error is not None:
         print(f"sixlab stamp sender: {engine.error}", file=sys.stderr)
         return 1
-    return 0 if c.received else 1
+    return 0 if snap.counters.received else 1

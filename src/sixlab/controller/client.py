@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -36,6 +37,7 @@ from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
 from sixlab.controller.errors import ControllerError
+from sixlab.southbound.client import ClientTls
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
 from sixlab.stamp import DataLoss, StampResult
 from sixlab.stamp.stats import DelaySummary
@@ -55,12 +57,17 @@ __all__ = [
     "SessionStats",
     "default_address",
     "default_socket",
+    "messages",
     "node_from_proto",
     "record_from_proto",
     "session_from_proto",
     "spec_to_proto",
     "stats_from_proto",
 ]
+
+#: The northbound API's messages: ``apply`` takes and ``export`` returns an
+#: ``ApplyRequest`` (``NodeConfig``, ``SessionConfig``, ``CreateSessionRequest``).
+messages = pb
 
 #: Deadline of one call (s). Calls that reach agents (Init, Create, Start) take a few of
 #: their round trips; an agent's own deadline is 10 s, so this leaves room for two.
@@ -83,6 +90,12 @@ _STATE_NAMES = {
     pb.SESSION_STATE_FINISHED: "finished",
     pb.SESSION_STATE_DESTROYED: "destroyed",
 }
+
+
+def _reason(details: str) -> str:
+    """The last, most specific part of gRPC's connection error ("Connection refused")."""
+    reason = details.rsplit(": ", 1)[-1].strip()
+    return reason or "not answering"
 
 
 def _tmp_socket() -> Path:
@@ -447,13 +460,33 @@ class ControllerClient(GrpcClient):
     error = NorthboundError
     peer = "controller"
 
-    def __init__(self, target: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tls: ClientTls | None = None,
+    ) -> None:
         target = target or default_address()
-        channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if tls is None:
+            channel = grpc.insecure_channel(target, options=options)
+        else:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            channel = grpc.secure_channel(target, tls.credentials(), options=options)
         super().__init__(target, channel, timeout)
         self._stub = pb_grpc.ControllerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, request: Any) -> Any:
+        """One RPC; a controller that cannot be reached is one short message."""
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code is grpc.StatusCode.UNAVAILABLE and not details.startswith("agent:"):
+                details = f"cannot reach the controller at {self.target}: {_reason(details)}"
+            raise NorthboundError(code, details) from None
 
     # -- nodes ------------------------------------------------------------------------
 
@@ -486,8 +519,9 @@ class ControllerClient(GrpcClient):
         reply: pb.InitNodeReply = self._call("InitNode", request)
         return reply.port
 
-    def nodes(self) -> list[NodeInfo]:
-        reply: pb.ListNodesReply = self._call("ListNodes", pb.ListNodesRequest())
+    def nodes(self, *, check: bool = False) -> list[NodeInfo]:
+        """Registered nodes; with ``check`` the controller asks every agent first."""
+        reply: pb.ListNodesReply = self._call("ListNodes", pb.ListNodesRequest(check=check))
         return [node_from_proto(n) for n in reply.nodes]
 
     # -- sessions ---------------------------------------------------------------------
@@ -511,10 +545,13 @@ class ControllerClient(GrpcClient):
         return [session_from_proto(s) for s in reply.sessions]
 
     def session(self, name: str) -> SessionInfo:
-        for s in self.sessions(include_destroyed=True):
-            if s.name == name:
-                return s
-        raise NorthboundError(grpc.StatusCode.NOT_FOUND, f"session: no session named {name!r}")
+        """The session of that name: the live one, else the last one destroyed (a name
+        is free again once its session is destroyed)."""
+        named = [s for s in self.sessions(include_destroyed=True) if s.name == name]
+        if not named:
+            raise NorthboundError(grpc.StatusCode.NOT_FOUND, f"session: no session named {name!r}")
+        live = [s for s in named if s.state != "destroyed"]
+        return (live or named)[-1]
 
     def wait_state(self, name: str, states: Iterable[str], timeout: float) -> SessionInfo:
         """Poll until the session is in one of ``states``; NorthboundError on timeout."""
@@ -545,6 +582,21 @@ class ControllerClient(GrpcClient):
             reply.more,
             tuple(r.epoch for r in reply.records),
         )
+
+    # -- declarative ------------------------------------------------------------------
+
+    def apply(self, config: pb.ApplyRequest, *, dry_run: bool = False) -> pb.ApplyReply:
+        """Make the controller's nodes and sessions those of ``config`` (one call)."""
+        request = pb.ApplyRequest()
+        request.CopyFrom(config)
+        request.dry_run = dry_run
+        reply: pb.ApplyReply = self._call("Apply", request)
+        return reply
+
+    def export(self) -> pb.ApplyRequest:
+        """The nodes and sessions as a configuration that ``apply`` takes as a no-op."""
+        reply: pb.ApplyRequest = self._call("Export", pb.ExportRequest())
+        return reply
 
     def stats(self, name: str, *, since_ns: int | None = None) -> SessionStats:
         request = pb.GetPathStatsRequest(name=name)

@@ -180,7 +180,7 @@ class SessionSpec:
     return_path_tlv: bool = False
     reflector_port: int = 862
     source_address: str = ""
-    interval_ns: int = 100_000_000
+    interval_ns: int = 1_000_000_000  # one packet a second, as the agent and the CLIs
     count: int = 0
     duration_ns: int = 0
     ptp: bool = False
@@ -533,6 +533,23 @@ class Controller:
     def register_node(self, name: str, address: str, role: str) -> None:
         self.store.add_node(name, address, role)
         self.check_node(name)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node that carries no session (and close its agent client)."""
+        self.store.remove_node(name)
+        self._forget_client(name)
+
+    def replace_node(self, name: str, address: str, role: str) -> None:
+        """Point a node (that carries no live session) at another agent or role."""
+        self.store.update_node(name, address, role)
+        self._forget_client(name)
+        self.check_node(name)
+
+    def _forget_client(self, name: str) -> None:
+        with self._lock:
+            client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
 
     def init_node(
         self,

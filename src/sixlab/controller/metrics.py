@@ -351,37 +351,7 @@ class _Exporter(Collector):
                 read_gauge.add_metric([path], last_read[path])
         yield from (lag_gauge, read_gauge)
 
-        flows = GaugeMetricFamily(
-            "sixlab_flow_delay_seconds",
-            "Mean delay of the last batch per IPv6 flow label (ECMP coverage)",
-            labels=["path", "flow_label", "direction"],
-        )
-        for (path, label, direction), value in sorted(flow_delay.items()):
-            if path in live:
-                flows.add_metric([path, str(label), direction], value)
-        data_packets = CounterMetricFamily(
-            "sixlab_data_packets",
-            "Data packets of the measured flow (direct-mode loss, RFC 8972 §4.5)",
-            labels=["path", "direction", "outcome"],
-        )
-        for (path, direction, outcome), n in sorted(data.items()):
-            if path in live:
-                data_packets.add_metric([path, direction, outcome], n)
-        active = GaugeMetricFamily(
-            "sixlab_session_event_active",
-            "1 while the path's threshold event of that kind is raised",
-            labels=["path", "kind"],
-        )
-        events = CounterMetricFamily(
-            "sixlab_session_events", "Threshold events by kind and state",
-            labels=["path", "kind", "state"],
-        )  # fmt: skip
-        for p in totals.paths:
-            for kind in ("delay", "jitter", "loss"):
-                active.add_metric([p.path, kind], 1.0 if kind in p.events_raised else 0.0)
-                for state in ("raised", "cleared"):
-                    events.add_metric([p.path, kind, state], p.event_counts.get((kind, state), 0))
-        yield from (flows, data_packets, active, events)
+        yield from _srpm_families(totals, live, flow_delay, data)
 
         up_gauge = GaugeMetricFamily(
             "sixlab_agent_up", "1 while the node's agent answers", labels=["node"]
@@ -401,3 +371,43 @@ class _Exporter(Collector):
             if agent.started_ns is not None:
                 started.add_metric([agent.node], agent.started_ns / _NS)
         yield from (up_gauge, restarts, started)
+
+
+def _srpm_families(
+    totals: Totals,
+    live: set[str],
+    flow_delay: dict[tuple[str, int, str], float],
+    data: dict[tuple[str, str, str], int],
+) -> list[CounterMetricFamily | GaugeMetricFamily]:
+    """The families of docs/srpm.md: flow-label delays, data packets, threshold events."""
+    flows = GaugeMetricFamily(
+        "sixlab_flow_delay_seconds",
+        "Mean delay of the last batch per IPv6 flow label (ECMP coverage)",
+        labels=["path", "flow_label", "direction"],
+    )
+    for (path, label, direction), value in sorted(flow_delay.items()):
+        if path in live:
+            flows.add_metric([path, str(label), direction], value)
+    data_packets = CounterMetricFamily(
+        "sixlab_data_packets",
+        "Data packets of the measured flow (direct-mode loss, RFC 8972 §4.5)",
+        labels=["path", "direction", "outcome"],
+    )
+    for (path, direction, outcome), n in sorted(data.items()):
+        if path in live:
+            data_packets.add_metric([path, direction, outcome], n)
+    active = GaugeMetricFamily(
+        "sixlab_session_event_active",
+        "1 while the path's threshold event of that kind is raised",
+        labels=["path", "kind"],
+    )
+    events = CounterMetricFamily(
+        "sixlab_session_events", "Threshold events by kind and state",
+        labels=["path", "kind", "state"],
+    )  # fmt: skip
+    for p in totals.paths:
+        for kind in ("delay", "jitter", "loss"):
+            active.add_metric([p.path, kind], 1.0 if kind in p.events_raised else 0.0)
+            for state in ("raised", "cleared"):
+                events.add_metric([p.path, kind, state], p.event_counts.get((kind, state), 0))
+    return [flows, data_packets, active, events]

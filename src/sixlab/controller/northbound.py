@@ -36,12 +36,16 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
+from sixlab.controller import apply
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
+from sixlab.controller.apply import key_sha256
 from sixlab.controller.core import (
     CollectMode,
     Controller,
@@ -61,7 +65,7 @@ from sixlab.controller.store import (
     StoreError,
 )
 from sixlab.southbound.client import SouthboundError
-from sixlab.southbound.rpcserver import unary
+from sixlab.southbound.rpcserver import server_credentials, unary
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
@@ -86,6 +90,8 @@ Code = grpc.StatusCode
 
 #: gRPC worker threads: a handful of CLI users and a dashboard at once.
 DEFAULT_MAX_WORKERS = 8
+#: Agents asked at once by ListNodes with ``check``.
+MAX_HEALTH_CHECKS = 16
 #: Results per GetResults when the request sets no limit, and the most it may ask for.
 #: A Record is about 80 bytes encoded: 100 000 of them stay under 10 MiB.
 DEFAULT_RESULTS_LIMIT = 10_000
@@ -103,6 +109,8 @@ _SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
 #: results (see MAX_RESULTS); requests are tiny.
 MAX_MESSAGE_BYTES = 16 << 20
 _U64_MAX = 2**64 - 1
+#: Most packets a session may be asked to send: the STAMP sequence space.
+MAX_COUNT = 0xFFFF_FFFF
 _I64_MAX = 2**63 - 1
 #: Default STAMP timing when a CreateSession leaves the optional fields out.
 _SPEC_DEFAULTS = SessionSpec(name="", sender="", reflector="", reflector_address="")
@@ -230,9 +238,37 @@ def node_to_proto(row: NodeRow) -> pb.Node:
     )
     if row.last_seen is not None:
         out.last_seen_ns = row.last_seen
+    if row.init is not None:
+        out.init.CopyFrom(init_to_proto(row.init))
     if row.agent_started_ns is not None:
         out.agent_started_ns = row.agent_started_ns
     return out
+
+
+def init_to_proto(init: dict[str, Any]) -> pb.NodeInit:
+    out = pb.NodeInit(
+        dataplane=init.get("dataplane") or "",
+        interface=init.get("interface") or "",
+        source=init.get("source") or "",
+    )
+    if init.get("port") is not None:
+        out.port = init["port"]
+    return out
+
+
+def _init_from_proto(field: str, init: pb.NodeInit) -> dict[str, Any]:
+    """NodeInit as the store keeps it (``Controller.init_node``'s keyword arguments)."""
+    port = init.port if init.HasField("port") else None
+    if port is not None and port > 0xFFFF:
+        raise _invalid(f"{field}.port: {port} is not a UDP port (0..65535)")
+    if init.source:
+        _ip(f"{field}.source", init.source)
+    return {
+        "dataplane": init.dataplane,
+        "port": port,
+        "interface": init.interface,
+        "source": init.source,
+    }
 
 
 def session_to_proto(row: SessionRow, stored: int, raised: Sequence[str] = ()) -> pb.Session:
@@ -275,10 +311,35 @@ def session_to_proto(row: SessionRow, stored: int, raised: Sequence[str] = ()) -
     )
     if row.forward_lost is not None:
         out.forward_lost = row.forward_lost
+    out.key_sha256 = key_sha256(p["key_hex"])
     for name in ("max_delay_ms", "max_jitter_ms", "max_loss_ratio", "event_window_s"):
         if p.get(name) is not None:
             setattr(out, name, p[name])
     return out
+
+
+def spec_to_request(spec: SessionSpec) -> pb.CreateSessionRequest:
+    """A SessionSpec as CreateSession takes it (the key included)."""
+    return pb.CreateSessionRequest(
+        name=spec.name,
+        sender=spec.sender,
+        reflector=spec.reflector,
+        reflector_address=spec.reflector_address,
+        segments=spec.segments,
+        return_segments=spec.return_segments,
+        return_path_tlv=spec.return_path_tlv,
+        reflector_port=spec.reflector_port,
+        source_address=spec.source_address,
+        interval_ns=spec.interval_ns,
+        count=spec.count,
+        duration_ns=spec.duration_ns,
+        ptp=spec.ptp,
+        key=bytes.fromhex(spec.key_hex),
+        stateful=spec.stateful,
+        strict_ssid=spec.strict_ssid,
+        loss_timeout_ns=spec.loss_timeout_ns,
+        collect=_COLLECT_PB[spec.collect],
+    )
 
 
 def epoch_to_proto(e: EpochStats) -> pb.EpochStats:
@@ -343,6 +404,34 @@ def summary_to_proto(s: DelaySummary) -> pb.DelaySummary:
     )
 
 
+def _wanted_node(index: int, node: pb.NodeConfig) -> apply.WantedNode:
+    field = f"nodes[{index}]"
+    _new_name(f"{field}.name", node.name)
+    try:
+        _agent_address(node.address)
+    except RequestRefusedError as exc:
+        raise _invalid(f"{field}.{exc}") from None
+    role = _ROLES.get(node.role)
+    if role is None:
+        raise _invalid(f"{field}.role: {node.role} is neither NODE_ROLE_SENDER nor REFLECTOR")
+    init = _init_from_proto(f"{field}.init", node.init) if node.HasField("init") else None
+    return apply.WantedNode(node.name, node.address, role, init)
+
+
+def _wanted_session(config: pb.SessionConfig) -> apply.WantedSession:
+    spec = _spec(config.spec)
+    digest = config.key_sha256.lower()
+    if digest and (
+        len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest) or spec.key_hex
+    ):
+        raise _invalid(f"sessions.{spec.name}.key_sha256: 64 hex digits, and only without a key")
+    return apply.WantedSession(spec, digest, config.running)
+
+
+def _change(step: apply.Step) -> pb.Change:
+    return pb.Change(action=step.action, kind=step.kind, name=step.name, detail=step.detail)
+
+
 def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
     """The controller's SessionSpec for a request (its ``validate`` checks the rest)."""
     _new_name("name", request.name)
@@ -359,6 +448,9 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
     )
     if loss_timeout <= 0:
         raise _invalid("loss_timeout_ns: must be positive")
+    if request.count > MAX_COUNT:
+        # A count past the 32-bit Sequence Number (RFC 8762 §4.2.1) is never reached.
+        raise _invalid(f"count: {request.count}, at most {MAX_COUNT}")
     return SessionSpec(
         name=request.name,
         sender=request.sender,
@@ -436,7 +528,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         return pb.InitNodeReply(port=bound)
 
     @_handler(changes=False)
-    def ListNodes(self, _request: pb.ListNodesRequest) -> pb.ListNodesReply:  # noqa: N802
+    def ListNodes(self, request: pb.ListNodesRequest) -> pb.ListNodesReply:  # noqa: N802
+        if request.check:
+            names = [r.name for r in self.store.nodes()]
+            if names:
+                with futures.ThreadPoolExecutor(
+                    min(len(names), MAX_HEALTH_CHECKS), thread_name_prefix="health"
+                ) as pool:
+                    list(pool.map(self.controller.check_node, names))
         return pb.ListNodesReply(nodes=[node_to_proto(r) for r in self.store.nodes()])
 
     # -- sessions ---------------------------------------------------------------------
@@ -487,6 +586,49 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             records=[record_to_proto(r, epoch) for epoch, r in records[:limit]],
             more=len(records) > limit,
         )
+
+    # -- declarative ------------------------------------------------------------------
+
+    @_handler(changes=True)
+    def Apply(self, request: pb.ApplyRequest) -> pb.ApplyReply:  # noqa: N802
+        nodes = [_wanted_node(i, n) for i, n in enumerate(request.nodes)]
+        sessions = [_wanted_session(s) for s in request.sessions]
+        steps = apply.plan(self.controller, nodes, sessions)
+        reply = pb.ApplyReply()
+        if request.dry_run:
+            reply.changes.extend(_change(s) for s in steps)
+            return reply
+        try:
+            done = apply.execute(steps)
+        except Exception as exc:
+            status = _status_of(exc)
+            if status is None:
+                raise
+            reply.changes.extend(_change(s) for s in getattr(exc, "done", []))
+            reply.error = f"{status[0].name}: {status[1]}"
+            return reply
+        reply.changes.extend(_change(s) for s in done)
+        return reply
+
+    @_handler(changes=False)
+    def Export(self, _request: pb.ExportRequest) -> pb.ApplyRequest:  # noqa: N802
+        out = pb.ApplyRequest()
+        for row in self.store.nodes():
+            node = pb.NodeConfig(name=row.name, address=row.address, role=_ROLES_PB[row.role])
+            if row.init is not None:
+                node.init.CopyFrom(init_to_proto(row.init))
+            out.nodes.append(node)
+        for srow in self.store.sessions():
+            spec = apply.spec_of(srow)
+            request = spec_to_request(replace(spec, key_hex=""))
+            out.sessions.append(
+                pb.SessionConfig(
+                    spec=request,
+                    key_sha256=key_sha256(spec.key_hex),
+                    running=srow.state in ("running", "finished"),
+                )
+            )
+        return out
 
     @_handler(changes=False)
     def GetPathStats(self, request: pb.GetPathStatsRequest) -> pb.GetPathStatsReply:  # noqa: N802
@@ -601,13 +743,21 @@ class ControllerServer:
 
 
 def serve_controller(
-    address: str, controller: Controller, *, max_workers: int = DEFAULT_MAX_WORKERS
+    address: str,
+    controller: Controller,
+    *,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+    tls: tuple[Path, Path, Path | None] | None = None,
 ) -> ControllerServer:
     """Serve the northbound API of ``controller`` on ``address`` (``"[::1]:50050"``,
     ``"unix:/run/sixlab/controller.sock"``; port 0 picks a free port).
 
-    Returns once the server accepts calls. Raises OSError if it cannot listen.
+    With ``tls`` = (certificate chain, key, CA or None), PEM files, the server speaks
+    TLS, and requires client certificates signed by the CA if one is given (mutual
+    TLS). Returns once the server accepts calls. Raises
+    OSError if it cannot listen, ValueError if a TLS file cannot be read.
     """
+    credentials = None if tls is None else server_credentials(*tls)
     servicer = ControllerServicer(controller)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-nb"),
@@ -619,7 +769,10 @@ def serve_controller(
     )
     pb_grpc.add_ControllerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         server.stop(None)
         raise OSError(f"grpc: cannot listen on {address}: {exc}") from exc

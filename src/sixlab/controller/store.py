@@ -369,6 +369,22 @@ class Store:
                 (json.dumps(init, sort_keys=True), port, name),
             )
 
+    def update_node(self, name: str, address: str, role: str) -> None:
+        """Change a node's address and role (its Init parameters are forgotten)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE nodes SET address=?, role=?, init=NULL, healthy=0 WHERE name=?",
+                (address, role, name),
+            )
+
+    def has_history(self, name: str) -> bool:
+        """Whether any session, destroyed ones included, ran on the node."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sessions WHERE sender=? OR reflector=? LIMIT 1", (name, name)
+            ).fetchone()
+        return row is not None
+
     def observe_agent(self, name: str, epoch: int, started_ns: int) -> bool:
         """Record the run of the node's agent seen now; True if it differs from the run
         seen before (the agent restarted), which also counts a restart."""

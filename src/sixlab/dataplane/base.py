@@ -285,6 +285,7 @@ PLANES.add_lazy("socket", "sixlab.dataplane.udpsocket:SocketDataplane")
 PLANES.add_lazy("scapy", "sixlab.dataplane.scapy_plane:ScapyDataplane")
 PLANES.add_lazy("mmap", "sixlab.dataplane.mmap_plane:MmapDataplane")
 PLANES.add_lazy("xdp", "sixlab.dataplane.xdp_plane:XdpDataplane")
+PLANES.add_lazy("afxdp", "sixlab.dataplane.afxdp_plane:AfXdpDataplane")
 
 
 def available() -> list[str]:

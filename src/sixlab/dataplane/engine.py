@@ -10,10 +10,13 @@ SR performance measurement (docs/srpm.md). A packet of a session with flow label
 sent with the label its Seq (the payload's first four bytes) gives
 (``stamp.flows.flow_label_for``) through the plane's ``send_labelled``. A session with
 a ``data_counters`` source (direct-mode loss) has it read just before its timer runs
-and before each of its replies is handed over (sender), or before each of its TLV
-packets is reflected (reflector): the core gets the data flow's counts as they are at
-T1, T4 and T2. A read that fails is counted in ``data_counter_failed`` and leaves the
-core with the counts of the last read that worked.
+and before each of its replies is handed over (sender), or by the reflector core when
+it answers one of its TLV packets (``Reflector.set_data_source``, so every path of a
+plane reads it, fast ones included): the core gets the data flow's counts as they are
+at T1, T4 and when it reflects. A read that fails is counted in
+``data_counter_failed`` and leaves the core with the counts of the last read that
+worked.
+
 Two clocks. ``clock`` is the wall clock (Unix-epoch UTC ns): T1–T4 come from it (or
 from the data plane's receive timestamps). ``monotonic`` is what schedules and timeouts
 run on (``time.monotonic_ns``): the sender core gets it as ``now`` and the wall clock as
@@ -39,10 +42,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from sixlab import stamp as ev
-from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    FastBatch,
+    IPAddress,
+    Received,
+    ReflectFn,
+)
 from sixlab.stamp import DropReason
+from sixlab.stamp.batch import receive_batch
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
@@ -67,6 +81,8 @@ _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
 #: Packets taken from a data plane per call (the planes' ``receive`` default).
 _BATCH = 64
+#: Reflected frames per ``collect_frames`` call.
+_FRAMES_BATCH = 256
 
 Clock = Callable[[], int]
 #: Reads a data flow's (packets sent, packets received) so far (direct-mode loss).
@@ -207,8 +223,11 @@ class ReflectorEngine(_Loop):
 
     Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
-    with no per-packet objects but the reply; what it cannot answer comes back as
-    ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
+    with no per-packet objects but the reply; a plane with ``reflect_frames`` (the
+    ``afxdp`` plane) is handed the ``Reflector`` and answers whole batches with
+    ``sixlab.stamp.batch``. What they cannot answer comes back as ``Received`` for the
+    general path below. ``fast_batch`` (default: the plane's ``fast_batch``, else 64)
+    bounds the packets per call,
     and so how long the lock is held and (the plane kicks its TX ring at least once per
     call) how far a reply's departure may trail its T3 under load. ``fast_path=False``
     keeps the general path for every packet.
@@ -221,15 +240,18 @@ class ReflectorEngine(_Loop):
         clock: Clock = time.time_ns,
         *,
         fast_path: bool = True,
-        fast_batch: int = _BATCH,
+        fast_batch: int | None = None,
     ) -> None:
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
-        self.fast_batch = fast_batch
-        self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
+        self.fast_batch = fast_batch or int(getattr(dataplane, "fast_batch", _BATCH))
+        self._fast: Callable[[ReflectFn, Clock, int], FastBatch] | None = (
+            dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
+        )
+        frames = getattr(dataplane, "reflect_frames", None) if fast_path else None
+        if frames is not None:
+            self._fast = lambda _reflect, clk, n: frames(reflector, clk, n)
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
-        #: Data counter sources of sessions with direct-mode loss, by SSID.
-        self._data: dict[int, DataCounterSource] = {}
 
     # -- control (any thread) ----------------------------------------------------------
     # The one place sessions change on a reflector: the core under the engine lock, then
@@ -251,14 +273,14 @@ class ReflectorEngine(_Loop):
                 raise
             if data_counters is not None:
                 assert config.ssid is not None
-                self._data[config.ssid] = data_counters
+                source = data_counters
+                self.reflector.set_data_source(config.ssid, lambda: self._read_data(source))
 
     def remove_session(self, ssid: int) -> tuple[int, dict[DropReason, int]]:
         """Stop answering ``ssid``; the core's (replies, drops by reason) of the session."""
         with self.lock:
             counts = self.reflector.session_counters(ssid)
             self.reflector.remove_session(ssid)
-            self._data.pop(ssid, None)
             self.dataplane.reflector_session_removed(ssid)
             return counts
 
@@ -310,8 +332,6 @@ class ReflectorEngine(_Loop):
                     sets_tclass,
                 )
             with self.lock:
-                if context is not None and self._data:
-                    self._set_data(payload)
                 out = reflect(
                     payload, rx.rx_ns or clock(), clock, rx.hop_limit, context, flow=rx.flow
                 )
@@ -324,21 +344,19 @@ class ReflectorEngine(_Loop):
                 src = None  # a Return Address of the other family: the kernel picks
             self._send(out.payload, dst, rx.src_port, route.segments, src, tclass=out.tclass)
 
-    def _set_data(self, payload: bytes) -> None:
-        """Hand the core the data counts of the packet's session, if it has a source
-        (lock held). The SSID sits at 14:16, or 26:28 in authenticated packets."""
-        for at in (14, 26):
-            ssid = int.from_bytes(payload[at : at + 2])
-            source = self._data.get(ssid)
-            if source is not None:
-                reading = self._read_data(source)
-                if reading is not None:
-                    sent, received = reading
-                    self.reflector.set_data_counters(ssid, received=received, sent=sent)
-                return
-
 
 # ------------------------------------------------------------------------------ sender
+
+
+def _batchable(spec: SenderSessionSpec) -> bool:
+    """Whether the session's replies may go to ``receive_batch`` as arrays: plain
+    reflector packets of an unauthenticated session without flow labels that counts
+    no data flow (records of the batch path carry neither; a
+    loopback session's replies are its own Session-Sender packets, docs/srpm.md)."""
+    cfg = spec.config
+    return not (
+        cfg.authenticated or cfg.loopback or cfg.flow_labels or spec.data_counters is not None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,19 +657,66 @@ class SenderEngine(_Loop):
             mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
             for rx in batch:
-                entry = self._match(rx)
-                if entry is None:
-                    self.counters.no_session += 1
-                    continue
-                # A reply is late by when it arrived, not by when the loop got to it:
-                # its age (a short difference of wall times, T4 from the kernel) moves
-                # the monotonic time back to its arrival.
-                t4 = rx.rx_ns or wall
-                arrived = mono - max(0, wall - t4)
-                self._feed_data(entry)
-                entry.session.receive(rx.payload, arrived, t4)
-                self._pump(entry)
-                self._arm(entry)
+                self._deliver(rx, mono, wall)
+
+    def _deliver(self, rx: Received, mono: int, wall: int) -> None:
+        """One reflected packet to its session (lock held); ``mono``/``wall``: the
+        monotonic and wall clocks read once for the batch it came in."""
+        entry = self._match(rx)
+        if entry is None:
+            self.counters.no_session += 1
+            return
+        # A reply is late by when it arrived, not by when the loop got to it:
+        # its age (a short difference of wall times, T4 from the kernel) moves
+        # the monotonic time back to its arrival.
+        t4 = rx.rx_ns or wall
+        arrived = mono - max(0, wall - t4)
+        self._feed_data(entry)
+        entry.session.receive(rx.payload, arrived, t4)
+        self._pump(entry)
+        self._arm(entry)
+
+    def _on_readable(self) -> None:
+        """A plane with ``collect_frames`` (``afxdp``) hands over arrays of reflected
+        payloads; each unauthenticated session's rows (by the SSID at bytes 14:16) go
+        to ``sixlab.stamp.batch.receive_batch`` at once, every other row one by one as a
+        ``Received`` (authenticated sessions, SSID 0, no session, and the sessions of
+        docs/srpm.md whose replies are not plain reflector packets or need data counts)."""
+        collect = getattr(self.dataplane, "collect_frames", None)
+        if collect is None:
+            super()._on_readable()
+            return
+        while True:
+            groups, slow = collect(_FRAMES_BATCH)
+            taken = len(slow) + sum(len(t4) for _, t4, _ in groups)
+            with self.lock:
+                mono, wall = self.monotonic(), self.clock()
+                for payloads, t4, received in groups:
+                    self.counters.received += len(t4)
+                    self._deliver_arrays(payloads, t4, received, mono, wall)
+            if slow:
+                self._on_batch(slow)
+            if taken < _FRAMES_BATCH:
+                return
+
+    def _deliver_arrays(
+        self, payloads: Any, t4: Any, received: Callable[[int], Received], mono: int, wall: int
+    ) -> None:
+        """Rows of reflected payloads to their sessions (lock held); ``received(i)`` is
+        row ``i`` as a ``Received``, for the rows that take the per-packet path."""
+        ssids = payloads[:, 14].astype(np.int64) << 8 | payloads[:, 15]
+        # Each row's arrival on the monotonic clock, as ``_deliver`` computes it.
+        arrived = mono - np.maximum(0, wall - t4)
+        for ssid in np.unique(ssids).tolist():
+            rows = np.flatnonzero(ssids == ssid)
+            entry = self._entries.get(ssid)
+            if entry is None or not _batchable(entry.spec):
+                for i in rows.tolist():
+                    self._deliver(received(i), mono, wall)
+                continue
+            receive_batch(entry.session, payloads[rows], t4[rows], arrived[rows])
+            self._pump(entry)
+            self._arm(entry)
 
     def _match(self, rx: Received) -> _SenderEntry | None:
         payload = rx.payload

@@ -61,17 +61,25 @@ after T3 is read (RFC 8762 §4.3: as late as possible before transmission).
 Fast path (reflector)
 ---------------------
 ``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
-the RX ring and, for plain IPv6/UDP probes of at most ``FAST_MAX_PAYLOAD`` bytes (the
-unauthenticated base packet, no TLVs) whose reply goes straight back to the source,
-hands the UDP payload to the reflector core and writes the reply frame into a
-``PACKET_TX_RING`` (TPACKET_V2, qdisc bypassed, bound to ``config.interface``) with no
-per-packet objects but the frame: its head (Ethernet + IPv6 + UDP up to the checksum)
-is cached per (source, destination, ports) with the one's-complement sum of its
-pseudo-header and header, so the checksum is one big-integer sum of the payload. The
-UDP checksum of the probe is checked the same way (the whole packet from the addresses
-on, mod 0xFFFF) when the kernel has not vouched for it. Everything else (SRH, TLVs,
-authentication, a configured return path, an unresolved neighbour, capture on every
-interface) comes back to the engine as ``Received`` and takes the general path.
+the RX ring and answers from them, into a ``PACKET_TX_RING`` (TPACKET_V2, qdisc
+bypassed, bound to ``config.interface``), the probes of an SRv6 network as well as plain
+ones: IPv6/UDP directly or behind a Segment Routing Header at Segments Left 0 (any
+number of segments, RFC 8754), a UDP payload of at most ``FAST_MAX_PAYLOAD`` bytes whose
+TLVs, if any, are Extra Padding (RFC 8972 §4.1), a UDP checksum that verifies when the
+kernel has not vouched for it (the pseudo-header's words plus the datagram's, mod
+0xFFFF, in one big-integer sum). The reflector core answers the payload; the reply goes
+back to the probe's source along the session's return SID list (the STAMP paper's
+configured return path, a new SRH) or straight back. There are no per-packet objects
+but the frame: its head (Ethernet + IPv6 [+ SRH] + UDP up to the checksum) is cached
+per (probe addresses and ports, session return path) with the one's-complement sum of
+its pseudo-header and header, so the checksum is one big-integer sum of the payload
+(RFC 1624's incremental update from an all-zero payload).
+
+Everything else (authentication, TLVs other than Extra Padding, a Return Path TLV that
+names another address, an SRH with segments left, a bad or unfinished checksum, an
+unresolved neighbour, a return path that leaves by another interface, capture on every
+interface) comes back to the engine as ``Received`` and takes the general path; the
+``fast_replies`` counter tells how many replies took the ring.
 
 The ring is kicked (one ``send`` system call) every ``tx_batch`` frames and at the end
 of every ``reflect_batch`` call. Why a ring and not one ``send`` per reply: on a veth
@@ -114,6 +122,8 @@ from pathlib import Path
 from typing import Any
 
 from sixlab.dataplane import _filters
+from sixlab.dataplane._nexthop import NextHop as _NextHop
+from sixlab.dataplane._nexthop import resolve_next_hop
 from sixlab.dataplane.base import (
     Dataplane,
     DataplaneError,
@@ -158,14 +168,8 @@ FRAME_SIZE = 2048
 #: Milliseconds before a partly filled block is handed to user space (module doc).
 RETIRE_BLOCK_TOV_MS = 1
 _GEOMETRY = RingGeometry(BLOCK_SIZE, BLOCK_COUNT, FRAME_SIZE, RETIRE_BLOCK_TOV_MS)
-#: Per-first-hop link-layer answers are trusted this long (module doc).
-_NEXT_HOP_TTL_S = 1.0
 #: Bound on cached reply templates; a sweep of many peers rebuilds rather than grows.
 _MAX_TEMPLATES = 4096
-_ETHERTYPE_IPV6 = ETH_P_IPV6.to_bytes(2, "big")
-#: <linux/neighbour.h> states whose MAC can be used now.
-_NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
-_RTN_LOCAL = 2
 _UDP_CHECKSUM_FROM_END = 2  # the checksum is the last field of the UDP header
 
 PACKET_QDISC_BYPASS = 20  # <linux/if_packet.h>
@@ -186,18 +190,25 @@ _TX_DATA_OFFSET = 32
 DEFAULT_TX_BATCH = 64
 
 
-# Fast path: offsets in a plain IPv6 + UDP packet (RFC 8200 §3, RFC 768).
+# Fast path: offsets in an IPv6 packet (RFC 8200 §3), its SRH (RFC 8754 §2), UDP (RFC 768).
 _HOP_LIMIT = 7
 _NEXT_HEADER = 6
-_ADDRS = 8  # source, destination, then the UDP ports at 40
-_UDP_LENGTH = 44  # addresses and ports end here: a reply template's key
-_UDP_CHECKSUM = 46
-_UDP_PAYLOAD = 48
-_IPPROTO_UDP = 17
+_ADDRS = 8  # source, then destination; they end at 40
 _IPV6_HEADER = 40
-#: Larger packets (authenticated, TLVs) may need the Location TLV's addresses: general path.
-FAST_MAX_PAYLOAD = 44  # RFC 8762 §4.2.1 unauthenticated base packet
-_FAST_MAX_PACKET = _UDP_PAYLOAD + FAST_MAX_PAYLOAD
+_IPPROTO_UDP = 17
+_IPPROTO_ROUTING = 43
+_SRH_TYPE = 4  # RFC 8754 §2: Routing Type 4
+# Inside a Routing header at 40: Next Header, Hdr Ext Len, Routing Type, Segments Left.
+_RH_NEXT_HEADER = 40
+_RH_LENGTH = 41
+_RH_TYPE = 42
+_RH_SEGMENTS_LEFT = 43
+_UDP_HEADER = 8
+_STAMP_BASE = 44  # RFC 8762 §4.2.1 unauthenticated base packet
+_TLV_EXTRA_PADDING = 1  # RFC 8972 §4.1
+#: Largest probe the fast path takes: the reply frame (Ethernet + IPv6 + return SRH + UDP
+#: + the same payload) must fit a TX ring frame; larger ones take the general path.
+FAST_MAX_PAYLOAD = 1400
 _CSUM_TRUSTED = TP_STATUS_CSUM_VALID | TP_STATUS_CSUMNOTREADY
 
 
@@ -212,6 +223,8 @@ class MmapCounters:
     fallback_sends: int = 0
     tx_errors: int = 0
     tx_ring_resets: int = 0
+    #: Replies the fast path wrote into the TX ring (module doc, "Fast path").
+    fast_replies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,14 +233,7 @@ class _FastTemplate:
     header_sum: int  # one's-complement sum (mod 0xFFFF) of pseudo-header and UDP header
     size: int  # the payload size it was built for (the UDP length is in it)
     expires: float  # the next hop's answer is trusted until then
-
-
-@dataclass(frozen=True, slots=True)
-class _NextHop:
-    ifname: str
-    ethernet: bytes  # destination MAC + our MAC + EtherType, or b"" for the L3 path
-    source: bytes | None  # the route's preferred source
-    expires: float
+    route: FastRoute  # the return path it follows (the session's, compared by identity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +245,61 @@ class _Template:
 
 #: (source, final destination, destination port, SRv6 path in travel order, payload size)
 _TemplateKey = tuple[bytes, bytes, int, tuple[IPv6Address, ...] | None, int]
+
+
+def _fast_udp(data: bytes, snaplen: int, verify: bool) -> int:
+    """Offset of the UDP header of a probe the fast path answers, or 0 (general path).
+
+    Fast: IPv6 whose Next Header is UDP, or a Segment Routing Header at Segments Left 0
+    (RFC 8754 §4.3.1: the packet has reached its last segment, which is the Destination
+    Address) followed by UDP; Payload Length and UDP Length agree with the packet; a UDP
+    payload of at most ``FAST_MAX_PAYLOAD`` bytes whose TLVs, if any, are all Extra
+    Padding (RFC 8972 §4.1: the others may need the packet's addresses or choose another
+    return path); and, if ``verify``, a UDP checksum that verifies (RFC 8200 §8.1: over
+    the pseudo-header of the final destination, which here is the Destination Address).
+    """
+    if snaplen < _IPV6_HEADER + _UDP_HEADER:
+        return 0
+    nh = data[_NEXT_HEADER]
+    if nh == _IPPROTO_UDP:
+        udp = _IPV6_HEADER
+    elif (
+        nh == _IPPROTO_ROUTING
+        and data[_RH_TYPE] == _SRH_TYPE
+        and data[_RH_SEGMENTS_LEFT] == 0
+        and data[_RH_NEXT_HEADER] == _IPPROTO_UDP
+    ):
+        udp = _IPV6_HEADER + (data[_RH_LENGTH] + 1) * 8
+    else:
+        return 0
+    ulen = snaplen - udp
+    if not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD:
+        return 0
+    if (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER or (
+        data[udp + 4] << 8 | data[udp + 5]
+    ) != ulen:
+        return 0
+    pos = udp + _UDP_HEADER + _STAMP_BASE
+    while pos < snaplen:  # the TLV area: Flags, Type, Length (2), Value (RFC 8972 §4)
+        if pos + 4 > snaplen or data[pos + 1] != _TLV_EXTRA_PADDING:
+            return 0
+        pos += 4 + (data[pos + 2] << 8 | data[pos + 3])
+    if pos > snaplen > udp + _UDP_HEADER + _STAMP_BASE:
+        return 0  # the last TLV runs past the end: the core marks it (M), general path
+    if verify:
+        if data[udp + 6] == data[udp + 7] == 0:
+            return 0  # a zero checksum is invalid over IPv6 (RFC 8200 §8.1)
+        # The words of the pseudo-header and the datagram must sum to -0; mod 0xFFFF
+        # (2**16 = 1) that is 0. An odd datagram is summed padded with a zero byte.
+        area = data[udp:] if not ulen & 1 else data[udp:] + b"\0"
+        if (
+            int.from_bytes(data[_ADDRS:_IPV6_HEADER], "big")
+            + int.from_bytes(area, "big")
+            + ulen
+            + _IPPROTO_UDP
+        ) % 0xFFFF:
+            return 0
+    return udp
 
 
 def _default_hop_limit() -> int:
@@ -452,15 +513,17 @@ class MmapDataplane(Dataplane):
 
     # -- reflector fast path ----------------------------------------------------------------
 
-    def reflect_batch(
+    def reflect_batch(  # noqa: PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
         self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
     ) -> FastBatch:
         """Answer up to ``max_batch`` ring packets with ``reflect`` (module doc, "Fast path").
 
-        ``reflect(payload, rx_ns, clock, hop_limit)`` is the reflector core. Plain
-        IPv6/UDP packets of at most ``FAST_MAX_PAYLOAD`` bytes whose reply goes straight
-        back to their source are answered here; every other packet is returned in
-        ``FastBatch.slow`` for the caller's general path, in arrival order among them.
+        ``reflect(payload, rx_ns, clock, hop_limit, flow=...)`` is the reflector core.
+        Probes that ``_fast_udp`` accepts (plain or behind an SRH at Segments Left 0, a
+        verified UDP checksum, no TLV but Extra Padding) are answered here when the
+        reply goes back to their source, along the session's return SID list or none;
+        every other packet is returned in ``FastBatch.slow`` for the caller's general
+        path, in arrival order among them.
         """
         rxr = self._rxring
         if rxr is None:
@@ -474,6 +537,8 @@ class MmapDataplane(Dataplane):
         unpack = PKT_HEADER.unpack_from
         tx_header = _TX_HEADER.pack_into
         tx_batch = self.tx_batch
+        fast_udp = _fast_udp
+        stats = self.stats
         # The ring and TX cursors live in locals for the loop (attribute writes per
         # packet cost a tenth of it) and go back to the object when it ends.
         left, offset, tx_slot = rxr.left, rxr.offset, self._tx_slot
@@ -495,29 +560,12 @@ class MmapDataplane(Dataplane):
                 rxr.release()
             consumed += 1
             rx_ns = sec * 1_000_000_000 + nsec
-            if (
-                snaplen > _FAST_MAX_PACKET
-                or snaplen & 1
-                or data[_NEXT_HEADER] != _IPPROTO_UDP
-                or pkttype != PACKET_HOST
-                or snaplen != length
-                or (
-                    not status & _CSUM_TRUSTED
-                    # RFC 768/8200 check over pseudo-header + UDP: the words from the
-                    # addresses on, plus the length once more and Next Header, must sum
-                    # to -0; mod 0xFFFF that is 0. A zero field is invalid in IPv6.
-                    and (
-                        (
-                            int.from_bytes(data[_ADDRS:], "big")
-                            + snaplen
-                            - _IPV6_HEADER
-                            + _IPPROTO_UDP
-                        )
-                        % 0xFFFF
-                        or data[_UDP_CHECKSUM] == data[_UDP_CHECKSUM + 1] == 0
-                    )
-                )
-            ):
+            udp = (
+                fast_udp(data, snaplen, not status & _CSUM_TRUSTED)
+                if pkttype == PACKET_HOST and snaplen == length
+                else 0
+            )
+            if not udp:
                 rx = self._decode(
                     data, rx_ns, snaplen=snaplen, length=length, status=status, pkttype=pkttype
                 )
@@ -527,21 +575,26 @@ class MmapDataplane(Dataplane):
             handled += 1
             # The addresses and ports: the reflector's flow key (Received.flow's layout)
             # and the reply template's.
-            key = data[_ADDRS:_UDP_LENGTH]
-            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT], flow=key)
+            key = data[_ADDRS:_IPV6_HEADER] + data[udp : udp + 4]
+            out = reflect(data[udp + _UDP_HEADER :], rx_ns, clock, data[_HOP_LIMIT], flow=key)
             if out is None:
                 continue
             payload = out.payload
             route = out.return_path
-            if txr is None or route.segments is not None or route.address is not None:
-                failed += self._send_general(data, payload, route)
+            if txr is None or route.address is not None:
+                failed += self._send_general(data, udp, payload, route)
                 continue
             size = len(payload)
             template = templates.get(key)
-            if template is None or template.expires < now or template.size != size:
-                template = self._fast_template(key, size, now)
+            if (
+                template is None
+                or template.expires < now
+                or template.size != size
+                or template.route is not route
+            ):
+                template = self._fast_template(key, size, now, route)
                 if template is None:
-                    failed += self._send_general(data, payload, route)
+                    failed += self._send_general(data, udp, payload, route)
                     continue
             total = template.header_sum + int.from_bytes(
                 payload + b"\0" if size & 1 else payload, "big"
@@ -558,7 +611,7 @@ class MmapDataplane(Dataplane):
                     tx_slot, txr = self._tx_slot, self._txr
                     slot = tx_slot * TX_FRAME_SIZE
                 if txr is None or txr[slot] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
-                    failed += self._send_general(data, payload, route)
+                    failed += self._send_general(data, udp, payload, route)
                     continue
             flen = len(frame)
             txr[slot + _TX_DATA_OFFSET : slot + _TX_DATA_OFFSET + flen] = frame
@@ -567,6 +620,7 @@ class MmapDataplane(Dataplane):
             tx_header(txr, slot, TP_STATUS_SEND_REQUEST, flen, flen)
             tx_slot = (tx_slot + 1) % TX_FRAME_COUNT
             pending += 1
+            stats.fast_replies += 1
             if pending >= tx_batch:
                 self._tx_slot = tx_slot
                 self._kick()
@@ -577,25 +631,30 @@ class MmapDataplane(Dataplane):
             self._kick()
         return FastBatch(consumed, handled, failed, slow)
 
-    def _send_general(self, data: bytes, payload: bytes, route: FastRoute) -> int:
+    def _send_general(self, data: bytes, udp: int, payload: bytes, route: FastRoute) -> int:
         """The reply by ``send`` (addresses from the probe); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else IPv6Address(data[8:24])
         if not isinstance(dst, IPv6Address):
             return 1  # an IPv4 return address on an IPv6 plane
         src = data[24:40]
-        port = int.from_bytes(data[40:42], "big")
+        port = int.from_bytes(data[udp : udp + 2], "big")
         try:
             self.send(payload, dst, port, segments=route.segments, src=IPv6Address(src))
         except DataplaneError:
             return 1
         return 0
 
-    def _fast_template(self, key: bytes, size: int, now: float) -> _FastTemplate | None:
-        """The frame head of replies to the probe addresses in ``key`` (src, dst, ports)."""
+    def _fast_template(
+        self, key: bytes, size: int, now: float, route: FastRoute
+    ) -> _FastTemplate | None:
+        """The frame head of replies to the probe addresses and ports in ``key``, along
+        ``route``'s SID list (None: straight back)."""
         peer = IPv6Address(key[:16])
-        hop = self._next_hops.get(peer)
+        path = full_path(peer, route.segments)
+        first_hop = path[0] if path is not None else peer
+        hop = self._next_hops.get(first_hop)
         if hop is None or hop.expires < now:
-            hop = self._resolve(peer)
+            hop = self._resolve(first_hop)
         if not hop.ethernet or hop.ifname != self.config.interface:
             return None  # not resolved yet, or leaves by another interface: general path
         # From the address the probe was sent to, as the engine's general path does.
@@ -606,10 +665,13 @@ class MmapDataplane(Dataplane):
             int.from_bytes(key[32:34], "big"),
             bytes(size),
             hop_limit=self._hop_limit,
+            segments=list(path) if path is not None else None,
         )
         cut = len(packet) - size - _UDP_CHECKSUM_FROM_END
+        if len(hop.ethernet) + len(packet) > TX_FRAME_SIZE - _TX_DATA_OFFSET:
+            return None  # larger than a TX ring frame
         zero_sum = 0xFFFF - int.from_bytes(packet[cut : cut + _UDP_CHECKSUM_FROM_END], "big")
-        template = _FastTemplate(hop.ethernet + packet[:cut], zero_sum, size, hop.expires)
+        template = _FastTemplate(hop.ethernet + packet[:cut], zero_sum, size, hop.expires, route)
         if len(self._fast_templates) >= _MAX_TEMPLATES:
             self._fast_templates.clear()
         self._fast_templates[key] = template
@@ -714,41 +776,10 @@ class MmapDataplane(Dataplane):
 
     def _resolve(self, first_hop: IPv6Address) -> _NextHop:
         """Output interface, Ethernet header and source for ``first_hop`` (module doc)."""
-        from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
-        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
-
         if self._ipr is None:
+            from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
+
             self._ipr = IPRoute()
-        ipr = self._ipr
-        now = time.monotonic()
-        try:
-            route = ipr.route("get", dst=str(first_hop))[0]
-        except NetlinkError as exc:
-            raise DataplaneError(f"mmap: no route to {first_hop}: {exc}") from exc
-        oif = route.get_attr("RTA_OIF")
-        prefsrc = route.get_attr("RTA_PREFSRC")
-        source = IPv6Address(prefsrc).packed if prefsrc else None
-        ethernet = b""
-        ifname = ""
-        if route["type"] != _RTN_LOCAL and oif:
-            ifname = socket.if_indextoname(oif)
-            neighbour = route.get_attr("RTA_GATEWAY") or str(first_hop)
-            try:
-                entries = ipr.neigh("get", dst=neighbour, ifindex=oif)
-            except NetlinkError:
-                entries = []
-            link = ipr.get_links(oif)[0].get_attr("IFLA_ADDRESS")
-            for entry in entries:
-                lladdr = entry.get_attr("NDA_LLADDR")
-                if lladdr and entry["state"] & _NUD_USABLE and link:
-                    ethernet = (
-                        bytes.fromhex(lladdr.replace(":", ""))
-                        + bytes.fromhex(link.replace(":", ""))
-                        + _ETHERTYPE_IPV6
-                    )
-                    break
-        # An unresolved neighbour is retried on the next packet (the L3 send resolves it).
-        expires = now + _NEXT_HOP_TTL_S if ethernet or route["type"] == _RTN_LOCAL else now
-        hop = _NextHop(ifname, ethernet, source, expires)
+        hop = resolve_next_hop(self._ipr, first_hop)
         self._next_hops[first_hop] = hop
         return hop

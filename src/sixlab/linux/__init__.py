@@ -16,6 +16,8 @@ from sixlab.
   received (the kernel's counts behind RFC 8972 §4.5 direct-mode loss); read with
   pyroute2's nftables netlink dump.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
+- :mod:`sixlab.linux.xsk`: AF_XDP sockets over the system libxdp, with NumPy views of
+  the rings and the UMEM (imported on demand: it loads NumPy).
 
 Errors
 ------
@@ -25,11 +27,12 @@ Errors
     ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
     ├── LibbpfError         a libbpf call failed (``errno`` set)
     ├── KernelDropError     nftables is missing or refused the table
-    └── FlowCountersError   nftables is missing, refused the counters, or cannot be read
+    ├── FlowCountersError   nftables is missing, refused the counters, or cannot be read
+    └── XskError            an AF_XDP call failed (``errno`` set)
 """
 
 from sixlab.linux.bpfbuild import BuildError
-from sixlab.linux.errors import LinuxError
+from sixlab.linux.errors import LinuxError, XskError
 from sixlab.linux.libbpf import LibbpfError
 from sixlab.linux.nftcount import FlowCounters, FlowCountersError, FlowMatch
 from sixlab.linux.nftdrop import KernelDrop, KernelDropError
@@ -45,4 +48,5 @@ __all__ = [
     "LibbpfError",
     "LinuxError",
     "StopOnSignal",
+    "XskError",
 ]

@@ -53,6 +53,7 @@ PROGRAMS = {
     "stamp_reflector": "stamp_reflector.bpf.c",
     "stamp_collector": "stamp_collector.bpf.c",
     "xdp_pass": "xdp_pass.bpf.c",
+    "stamp_xsk": "stamp_xsk.bpf.c",
     "ilnp_fastpath": "ilnp_fastpath.bpf.c",
 }
 #: Debian package that provides each tool.

@@ -23,13 +23,15 @@ request, so it can be called (and tested) without a context.
 from __future__ import annotations
 
 import functools
+import ipaddress
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-__all__ = ["StatusOf", "abort_for", "unary"]
+__all__ = ["StatusOf", "abort_for", "is_local", "server_credentials", "unary"]
 
 #: A server's error table: the status for an exception, or None for one it does not know.
 StatusOf = Callable[[Exception], tuple[grpc.StatusCode, str] | None]
@@ -81,3 +83,47 @@ def unary(
         return handler
 
     return wrap
+
+
+#: Address schemes that reach only processes of this host (gRPC's naming doc).
+_LOCAL_SCHEMES = ("unix:", "unix-abstract:")
+#: Schemes whose rest is host:port.
+_IP_SCHEMES = ("ipv4:", "ipv6:", "dns:")
+
+
+def is_local(address: str) -> bool:
+    """Whether a server address is reachable only from this host.
+
+    True for unix sockets and for loopback hosts (``[::1]:N``, ``127.0.0.0/8``,
+    ``localhost``); False for every other host, the wildcards ``[::]`` and ``0.0.0.0``
+    included, and for names (they may resolve to anything).
+    """
+    if address.startswith(_LOCAL_SCHEMES):
+        return True
+    for scheme in _IP_SCHEMES:
+        address = address.removeprefix(scheme)
+    host = address.rpartition(":")[0] if address.count(":") == 1 or "]" in address else address
+    host = host.removeprefix("[").removesuffix("]").split("%")[0]
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def server_credentials(cert: Path, key: Path, ca: Path | None = None) -> Any:
+    """gRPC server credentials from PEM files; with ``ca``, clients must present a
+    certificate it signed (mutual TLS). ValueError names a file that cannot be read."""
+    try:
+        chain = Path(cert).read_bytes()
+        private = Path(key).read_bytes()
+        roots = Path(ca).read_bytes() if ca is not None else None
+    except OSError as exc:
+        raise ValueError(f"tls: cannot read {exc.filename}: {exc.strerror}") from exc
+    return grpc.ssl_server_credentials(
+        [(private, chain)], root_certificates=roots, require_client_auth=roots is not None
+    )

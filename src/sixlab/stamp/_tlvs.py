@@ -88,7 +88,7 @@ class TlvReflection:
     integrity_failed: bool = False
 
 
-def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
+def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:  # noqa: PLR0912 - one branch per TLV type the reflector acts on
     """The TLV area to send back for ``area`` and what its TLVs ask for."""
     scan = t.scan_tlvs(area)
     if ctx.key is not None and not _integrity_ok(area, scan, ctx.seq_field, ctx.key):

@@ -87,6 +87,10 @@ _AUTH = wire.AUTH_PACKET_SIZE
 _MIN = wire.MIN_SENDER_SIZE
 
 
+#: Reads a session's data flow: (packets sent, packets received), or None (failed).
+DataSource = Callable[[], tuple[int, int] | None]
+
+
 class ReflectorMode(StrEnum):
     STATELESS = "stateless"
     STATEFUL = "stateful"
@@ -184,6 +188,8 @@ class _Session:
     #: counts the session's data traffic (``Reflector.set_data_counters``).
     data_rx: int | None = None
     data_tx: int | None = None
+    #: Or a reading of them, taken when a TLV packet of the session is answered.
+    data_source: DataSource | None = None
 
     @classmethod
     def from_config(cls, config: ReflectorSessionConfig) -> _Session:
@@ -303,6 +309,13 @@ class Reflector:
         if config is not None and config.ssid is not None:
             raise SessionConfigError("ssid: the default session has no SSID (None)")
         self._default = None if config is None else _Session.from_config(config)
+
+    def set_data_source(self, ssid: int | None, source: DataSource | None) -> None:
+        """Read session ``ssid``'s data-flow counts with ``source`` (``(sent, received)``,
+        or None when the reading failed: the last counts stay) each time one of its TLV
+        packets is answered, every path of this reflector alike. Like the clock that
+        ``reflect`` reads T3 from, the adapter supplies the reading; None: stop."""
+        self._session(ssid).data_source = source
 
     def set_data_counters(self, ssid: int | None, received: int, sent: int) -> None:
         """The data flow of session ``ssid`` (None: the default one), as the adapter
@@ -506,6 +519,10 @@ class Reflector:
         """The reflected TLV area, return path and reply Traffic Class; None if the
         sender asked for no reply."""
         cfg = sess.config
+        if sess.data_source is not None:
+            reading = sess.data_source()
+            if reading is not None:
+                sess.data_tx, sess.data_rx = reading
         follow_up = None
         if state.last_tx is not None:
             last_seq, tx_ns, method = state.last_tx

@@ -315,14 +315,15 @@ class SenderSession:
         # Deadlines first: a reply past its loss timeout is late even when the adapter
         # hands it over before running the overdue timer.
         self._expire(now)
-        self._match(data, now if wall is None else wall)
+        t4 = now if wall is None else wall
+        if self.config.loopback:
+            self._match_looped(data, t4)
+        else:
+            self._match(data, t4)
         self._maybe_drained()
 
     def _match(self, data: bytes, now: int) -> None:
         cfg = self.config
-        if cfg.loopback:
-            self._match_looped(data, now)
-            return
         if cfg.key is not None and not stamp_auth.verify(data, cfg.key):
             self._drop(DropReason.HMAC_FAILED)
             return

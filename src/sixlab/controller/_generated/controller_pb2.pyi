@@ -243,12 +243,19 @@ Global___InitNodeReply: _TypeAlias = InitNodeReply  # noqa: Y015
 class ListNodesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    CHECK_FIELD_NUMBER: _builtins.int
+    check: _builtins.bool
+    """Ask every node's agent now (in parallel, each with the southbound deadline) and
+    report that; otherwise report what the controller last saw.
+    """
     def __init__(
         self,
+        *,
+        check: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -288,11 +295,14 @@ class Node(_message.Message):
     AGENT_EPOCH_FIELD_NUMBER: _builtins.int
     AGENT_STARTED_NS_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
+    INIT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     role: Global___NodeRole.ValueType
     healthy: _builtins.bool
-    """True if the agent answered the controller's last call."""
+    """True if the agent answered the controller's last call (with ListNodes' check set:
+    the call it just made).
+    """
     last_seen_ns: _builtins.int
     """When the agent last answered, Unix ns (absent: never)."""
     last_error: _builtins.str
@@ -306,6 +316,10 @@ class Node(_message.Message):
     agent_started_ns: _builtins.int
     restarts: _builtins.int
     """How many times its agent was seen to have restarted (a new epoch)."""
+    @_builtins.property
+    def init(self) -> Global___NodeInit:
+        """The parameters of the last successful InitNode (absent: never initialised)."""
+
     def __init__(
         self,
         *,
@@ -319,10 +333,11 @@ class Node(_message.Message):
         agent_epoch: _builtins.str = ...,
         agent_started_ns: _builtins.int | None = ...,
         restarts: _builtins.int = ...,
+        init: Global___NodeInit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "agent_started_ns", b"agent_started_ns", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "agent_started_ns", b"agent_started_ns", "init", b"init", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "address", b"address", "agent_epoch", b"agent_epoch", "agent_started_ns", b"agent_started_ns", "healthy", b"healthy", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "restarts", b"restarts", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "address", b"address", "agent_epoch", b"agent_epoch", "agent_started_ns", b"agent_started_ns", "healthy", b"healthy", "init", b"init", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "restarts", b"restarts", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_started_ns: _TypeAlias = _typing.Literal["agent_started_ns"]  # noqa: Y015
     _WhichOneofArgType__agent_started_ns: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns"]  # noqa: Y015
@@ -334,6 +349,38 @@ class Node(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_seen_ns) -> _WhichOneofReturnType__last_seen_ns | None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
+
+@_typing.final
+class NodeInit(_message.Message):
+    """InitNode's parameters, as remembered and replayed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATAPLANE_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    INTERFACE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    dataplane: _builtins.str
+    port: _builtins.int
+    interface: _builtins.str
+    source: _builtins.str
+    def __init__(
+        self,
+        *,
+        dataplane: _builtins.str = ...,
+        port: _builtins.int | None = ...,
+        interface: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "port", b"port"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "dataplane", b"dataplane", "interface", b"interface", "port", b"port", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__port: _TypeAlias = _typing.Literal["port"]  # noqa: Y015
+    _WhichOneofArgType__port: _TypeAlias = _typing.Literal["_port", b"_port"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port) -> _WhichOneofReturnType__port | None: ...
+
+Global___NodeInit: _TypeAlias = NodeInit  # noqa: Y015
 
 @_typing.final
 class CreateSessionRequest(_message.Message):
@@ -382,7 +429,7 @@ class CreateSessionRequest(_message.Message):
     source_address: _builtins.str
     """Source address of the test packets (empty: the sender node's)."""
     interval_ns: _builtins.int
-    """Time between test packets (absent: 100 ms)."""
+    """Time between test packets (absent: 1 s, as the agent and the CLIs)."""
     count: _builtins.int
     """Stop after this many packets (0: no limit)."""
     duration_ns: _builtins.int
@@ -693,6 +740,7 @@ class Session(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STORED_FIELD_NUMBER: _builtins.int
     STRICT_SSID_FIELD_NUMBER: _builtins.int
+    KEY_SHA256_FIELD_NUMBER: _builtins.int
     LOOPBACK_FIELD_NUMBER: _builtins.int
     FLOW_LABELS_FIELD_NUMBER: _builtins.int
     DM_SENDER_SENT_FIELD_NUMBER: _builtins.int
@@ -739,6 +787,10 @@ class Session(_message.Message):
     stored: _builtins.int
     """Results in the controller's store."""
     strict_ssid: _builtins.bool
+    key_sha256: _builtins.str
+    """Hex SHA-256 of the HMAC key (empty: unauthenticated); identifies the key without
+    revealing it.
+    """
     loopback: _builtins.bool
     """SR performance measurement (docs/srpm.md). Fields 40 and up.
     Loopback mode: no reflector node (`reflector` and `reflector_address` empty); the
@@ -800,6 +852,7 @@ class Session(_message.Message):
         overflow: _builtins.int = ...,
         stored: _builtins.int = ...,
         strict_ssid: _builtins.bool = ...,
+        key_sha256: _builtins.str = ...,
         loopback: _builtins.bool = ...,
         flow_labels: _abc.Iterable[_builtins.int] | None = ...,
         dm_sender_sent: _builtins.str = ...,
@@ -814,7 +867,7 @@ class Session(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_forward_lost", b"_forward_lost", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "event_window_s", b"event_window_s", "forward_lost", b"forward_lost", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_forward_lost", b"_forward_lost", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "dm_reflector_received", b"dm_reflector_received", "dm_reflector_sent", b"dm_reflector_sent", "dm_sender_received", b"dm_sender_received", "dm_sender_sent", b"dm_sender_sent", "duration_ns", b"duration_ns", "epoch", b"epoch", "event_window_s", b"event_window_s", "events_raised", b"events_raised", "flow_labels", b"flow_labels", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loopback", b"loopback", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_forward_lost", b"_forward_lost", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "dm_reflector_received", b"dm_reflector_received", "dm_reflector_sent", b"dm_reflector_sent", "dm_sender_received", b"dm_sender_received", "dm_sender_sent", b"dm_sender_sent", "duration_ns", b"duration_ns", "epoch", b"epoch", "event_window_s", b"event_window_s", "events_raised", b"events_raised", "flow_labels", b"flow_labels", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "key_sha256", b"key_sha256", "loopback", b"loopback", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__event_window_s: _TypeAlias = _typing.Literal["event_window_s"]  # noqa: Y015
     _WhichOneofArgType__event_window_s: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s"]  # noqa: Y015
@@ -838,6 +891,185 @@ class Session(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_loss_ratio) -> _WhichOneofReturnType__max_loss_ratio | None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class NodeConfig(_message.Message):
+    """One node as Apply wants it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    INIT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    address: _builtins.str
+    role: Global___NodeRole.ValueType
+    @_builtins.property
+    def init(self) -> Global___NodeInit:
+        """InitNode's parameters (absent: register the node, leave its agent alone). A change
+        resets the agent and initialises it again; its sessions are created again.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+        role: Global___NodeRole.ValueType = ...,
+        init: Global___NodeInit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["init", b"init"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "init", b"init", "name", b"name", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeConfig: _TypeAlias = NodeConfig  # noqa: Y015
+
+@_typing.final
+class SessionConfig(_message.Message):
+    """One session as Apply wants it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    KEY_SHA256_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    key_sha256: _builtins.str
+    """Instead of spec.key: keep the session's key if its hex SHA-256 is this (Export
+    writes it, as it never returns keys).
+    """
+    running: _builtins.bool
+    """Started (RUNNING, or FINISHED after its count or duration) rather than created or
+    stopped.
+    """
+    @_builtins.property
+    def spec(self) -> Global___CreateSessionRequest:
+        """The session, as for CreateSession. A change of any field destroys the session and
+        creates it again (the destroyed one stays listed, with its results).
+        """
+
+    def __init__(
+        self,
+        *,
+        spec: Global___CreateSessionRequest | None = ...,
+        key_sha256: _builtins.str = ...,
+        running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_sha256", b"key_sha256", "running", b"running", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionConfig: _TypeAlias = SessionConfig  # noqa: Y015
+
+@_typing.final
+class ApplyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Report the changes without making them."""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeConfig]:
+        """Every node and session wanted: any other is removed (nodes) or destroyed (sessions)."""
+
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionConfig]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___NodeConfig] | None = ...,
+        sessions: _abc.Iterable[Global___SessionConfig] | None = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "nodes", b"nodes", "sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyRequest: _TypeAlias = ApplyRequest  # noqa: Y015
+
+@_typing.final
+class Change(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    action: _builtins.str
+    """"add", "remove", "replace", "init" (nodes); "create", "recreate", "destroy",
+    "start", "stop" (sessions).
+    """
+    kind: _builtins.str
+    """"node" or "session"."""
+    name: _builtins.str
+    detail: _builtins.str
+    """Why (the fields that differ)."""
+    def __init__(
+        self,
+        *,
+        action: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "detail", b"detail", "kind", b"kind", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Change: _TypeAlias = Change  # noqa: Y015
+
+@_typing.final
+class ApplyReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    error: _builtins.str
+    """Set if a change failed: the changes listed were made, the rest were not. The
+    message is as a refused call's ("CODE: message").
+    """
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Change]:
+        """The changes made, in order (with dry_run: planned)."""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___Change] | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyReply: _TypeAlias = ApplyReply  # noqa: Y015
+
+@_typing.final
+class ExportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportRequest: _TypeAlias = ExportRequest  # noqa: Y015
 
 @_typing.final
 class GetResultsRequest(_message.Message):

@@ -85,6 +85,16 @@ class ControllerStub:
                 request_serializer=controller__pb2.GetPathStatsRequest.SerializeToString,
                 response_deserializer=controller__pb2.GetPathStatsReply.FromString,
                 _registered_method=True)
+        self.Apply = channel.unary_unary(
+                '/sixlab.controller.v1.Controller/Apply',
+                request_serializer=controller__pb2.ApplyRequest.SerializeToString,
+                response_deserializer=controller__pb2.ApplyReply.FromString,
+                _registered_method=True)
+        self.Export = channel.unary_unary(
+                '/sixlab.controller.v1.Controller/Export',
+                request_serializer=controller__pb2.ExportRequest.SerializeToString,
+                response_deserializer=controller__pb2.ApplyRequest.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/sixlab.controller.v1.Controller/ListEvents',
                 request_serializer=controller__pb2.ListEventsRequest.SerializeToString,
@@ -113,7 +123,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListNodes(self, request, context):
-        """Every registered node, by name, with its health.
+        """Every registered node, by name, with its health (asked now if `check` is set).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,6 +176,24 @@ class ControllerServicer:
 
     def GetPathStats(self, request, context):
         """Delay, jitter and loss of a session's path, from the stored results.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Apply(self, request, context):
+        """Make the nodes and sessions what the request lists, in one call: register, replace
+        or remove nodes, (re-)initialise their agents, create, re-create or destroy
+        sessions, start or stop them. Everything is checked before the first change; a
+        request that changes nothing (the controller already matches) is a no-op. The
+        reply lists the changes, in the order made (with dry_run: that would be made).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Export(self, request, context):
+        """The nodes and sessions (not destroyed) as an ApplyRequest that would change nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +259,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetPathStats,
                     request_deserializer=controller__pb2.GetPathStatsRequest.FromString,
                     response_serializer=controller__pb2.GetPathStatsReply.SerializeToString,
+            ),
+            'Apply': grpc.unary_unary_rpc_method_handler(
+                    servicer.Apply,
+                    request_deserializer=controller__pb2.ApplyRequest.FromString,
+                    response_serializer=controller__pb2.ApplyReply.SerializeToString,
+            ),
+            'Export': grpc.unary_unary_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=controller__pb2.ExportRequest.FromString,
+                    response_serializer=controller__pb2.ApplyRequest.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
@@ -509,6 +547,60 @@ class Controller:
             '/sixlab.controller.v1.Controller/GetPathStats',
             controller__pb2.GetPathStatsRequest.SerializeToString,
             controller__pb2.GetPathStatsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Apply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.controller.v1.Controller/Apply',
+            controller__pb2.ApplyRequest.SerializeToString,
+            controller__pb2.ApplyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.controller.v1.Controller/Export',
+            controller__pb2.ExportRequest.SerializeToString,
+            controller__pb2.ApplyRequest.FromString,
             options,
             channel_credentials,
             insecure,
