@@ -272,3 +272,22 @@ def test_direct_measurement_carries_data_counters_both_ways() -> None:
     assert result.data == DataCounters(s_txc=1000, r_rxc=990, r_txc=45, s_rxc=44)
     with pytest.raises(SessionConfigError, match="ssid"):
         r.set_data_counters(10, received=0, sent=0)
+
+
+def test_the_reflector_reads_a_data_source_per_tlv_packet_and_keeps_the_last_counts() -> None:
+    readings: list[tuple[int, int] | None] = [(5, 50), None, (6, 70)]
+    r = Reflector()
+    r.add_session(ReflectorSessionConfig(ssid=9))
+    r.set_data_source(9, lambda: readings.pop(0))
+    session = _session(direct_measurement=True)
+    got = []
+    for k in range(3):
+        if k:
+            session.handle_timer(T0 + k * 10 * MS)
+        (sent,) = session.datagrams_to_send()
+        out = r.reflect(sent, T0 + k * MS, lambda: T0, 64)
+        assert out is not None
+        dm = tlv.DirectMeasurement.from_tlv(tlv.decode_tlvs(out.payload[44:])[0])
+        got.append((dm.r_rxc, dm.r_txc))
+    assert got == [(50, 5), (50, 5), (70, 6)]  # (received, sent); a failed read keeps them
+    assert readings == []
