@@ -664,11 +664,14 @@ class _Hooks(MemoryDataplane):
         self.hooks.append(("removed", ssid))
 
 
-def test_a_plane_never_hears_of_a_loopback_session() -> None:
-    """A plane that collects replies itself (xdp) would take the looped Session-Sender
-    packets for reflector packets: loopback sessions stay on the ordinary path."""
+@pytest.mark.parametrize("rebuilds", [True, False])
+def test_a_plane_that_rebuilds_replies_never_hears_of_a_loopback_session(rebuilds: bool) -> None:
+    """The xdp plane rebuilds collected replies as reflector packets and would garble a
+    looped Session-Sender packet: it never hears of a loopback session. A plane that
+    hands frames over as they are (afxdp) must hear of it, or they never reach it."""
     network = MemoryNetwork()
     plane = _Hooks(DataplaneConfig(port=0, source=S_ADDR), network)
+    plane.rebuilds_replies = rebuilds  # type: ignore[misc]
     plane.open()
     engine = SenderEngine(plane)
     engine.start()
@@ -684,4 +687,7 @@ def test_a_plane_never_hears_of_a_loopback_session() -> None:
     finally:
         engine.shutdown()
         plane.close()
-    assert plane.hooks == [("added", 2), ("removed", 2)]
+    if rebuilds:
+        assert plane.hooks == [("added", 2), ("removed", 2)]
+    else:
+        assert plane.hooks == [("added", 1), ("added", 2), ("removed", 1), ("removed", 2)]

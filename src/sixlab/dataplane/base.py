@@ -145,6 +145,10 @@ class Dataplane(abc.ABC):
     sets_tclass: ClassVar[bool] = False
     #: True for a plane that implements :meth:`send_labelled` (ECMP coverage).
     sets_flow_label: ClassVar[bool] = False
+    #: True for a plane that collects a sender session's replies itself and hands them
+    #: over rebuilt as reflector packets (``xdp``): it must never hear of a loopback
+    #: session, whose replies are its own Session-Sender packets (docs/srpm.md).
+    rebuilds_replies: ClassVar[bool] = False
 
     def __init__(self, config: DataplaneConfig) -> None:
         self.config = config

@@ -348,6 +348,15 @@ class ReflectorEngine(_Loop):
 # ------------------------------------------------------------------------------ sender
 
 
+def _announced(spec: SenderSessionSpec, plane: Dataplane) -> bool:
+    """Whether the plane hears of the session (``sender_session_added``). A plane that
+    rebuilds replies from what it collected (``xdp``) would read a loopback session's
+    own Session-Sender packets as reflector packets: it never hears of one, and the
+    session's packets take the plane's ordinary path. Other planes (``afxdp``) must, or
+    its packets would not reach user space at all."""
+    return not (spec.config.loopback and plane.rebuilds_replies)
+
+
 def _batchable(spec: SenderSessionSpec) -> bool:
     """Whether the session's replies may go to ``receive_batch`` as arrays: plain
     reflector packets of an unauthenticated session without flow labels that counts
@@ -466,10 +475,7 @@ class SenderEngine(_Loop):
                 )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
-            if spec.config.loopback:
-                # A plane that collects replies itself (xdp) would read the looped
-                # Session-Sender packets as reflector packets: the plane never hears of
-                # a loopback session, and its packets take the plane's ordinary path.
+            if not _announced(spec, self.dataplane):
                 return
             try:
                 self.dataplane.sender_session_added(ssid)
@@ -502,7 +508,7 @@ class SenderEngine(_Loop):
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
-            if not entry.spec.config.loopback:
+            if _announced(entry.spec, self.dataplane):
                 self.dataplane.sender_session_removed(ssid)
             self._notify()
 
