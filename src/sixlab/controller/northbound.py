@@ -339,6 +339,16 @@ def spec_to_request(spec: SessionSpec) -> pb.CreateSessionRequest:
         strict_ssid=spec.strict_ssid,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=_COLLECT_PB[spec.collect],
+        loopback=spec.loopback,
+        flow_labels=spec.flow_labels,
+        dm_sender_sent=spec.dm_sender_sent,
+        dm_sender_received=spec.dm_sender_received,
+        dm_reflector_sent=spec.dm_reflector_sent,
+        dm_reflector_received=spec.dm_reflector_received,
+        max_delay_ms=spec.max_delay_ms,
+        max_jitter_ms=spec.max_jitter_ms,
+        max_loss_ratio=spec.max_loss_ratio,
+        event_window_s=spec.event_window_s,
     )
 
 
