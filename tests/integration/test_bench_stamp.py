@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 
 from sixlab.bench.generator import Mix, build_generator, interface_mac, run_generator
-from sixlab.bench.stamp_paper import collector_frame, reflector_probe_frame
+from sixlab.bench.stamp_paper import (
+    SearchSettings,
+    collector_frame,
+    parse_external,
+    reflector_probe_frame,
+    run_paper,
+)
 from sixlab.testbed import BenchTestbed
 from sixlab.wire.packet import parse_udp_packet
 
@@ -117,3 +123,52 @@ def test_quick_paper_run_holds_its_invariants(tmp_path: Path) -> None:
     assert not any(p[1] == "cli" for p in got if p[0] == "collector")  # no records command
     for name in ("stamp-paper.md", *(f"fig{n}.png" for n in range(12, 17))):
         assert (out / name).stat().st_size > 0
+
+
+#: An external collector for the test: counts the STAMP datagrams of SSID 1 that reach
+#: its UDP socket and keeps the count in a file (its "records").
+_COUNTING_COLLECTOR = """
+import os, socket, struct, sys, time
+path, port = sys.argv[1], int(sys.argv[2])
+sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+sock.bind(("::", port))
+sock.settimeout(0.02)
+n, written, last = 0, -1, 0.0
+while True:
+    try:
+        data = sock.recv(2048)
+        if len(data) >= 44 and struct.unpack_from("!H", data, 14)[0] == 1:
+            n += 1
+    except TimeoutError:
+        pass
+    if n != written and time.monotonic() - last > 0.02:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(path + ".tmp", path)
+        written, last = n, time.monotonic()
+"""
+
+
+@pytest.mark.parametrize("bench_testbed", [True], indirect=True)
+def test_external_collector_is_counted_by_its_records_command(
+    bench_testbed: BenchTestbed, tmp_path: Path
+) -> None:
+    script = tmp_path / "collector.py"
+    script.write_text(_COUNTING_COLLECTOR)
+    count = tmp_path / "records"
+    impl = parse_external(
+        f"counting={sys.executable} {script} {count} {{port}}", {"counting": f"cat {count}"}
+    )
+    settings = SearchSettings(precision=0.3, trial_seconds=0.3, final_seconds=0.3,
+                              max_rate=20_000.0, method="bisect")  # fmt: skip
+    points, info = run_paper(bench_testbed, [impl], roles=["collector"], fractions=[0.5],
+                             settings=settings, log=lambda _m: None)  # fmt: skip
+    (point,) = points
+    assert point.pdr > 0
+    assert any(t.stamp_handled > 0 for t in point.trials)
+    for t in point.trials:
+        assert 0 <= t.stamp_handled <= t.stamp_offered
+    counters = info["sut_counters"]
+    assert isinstance(counters, dict)
+    handled = counters["0/collector/counting"]["handled"]
+    assert 0 < handled <= int(count.read_text())  # what the bench counted, it reported

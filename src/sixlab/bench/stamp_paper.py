@@ -347,11 +347,14 @@ class _External:
         if self.impl.records is None:
             raise ValueError(f"{self.name}: no --external-records command")
         argv = shlex.split(self.impl.records.format(**self.values))
-        out = self.tb.testbed.exec_in(self.tb.sut, argv).stdout.strip()
-        try:
-            n = int(out.split()[-1])
-        except (ValueError, IndexError) as exc:
-            raise GeneratorError(f"{self.name}: records command printed {out!r}") from exc
+        done = self.tb.testbed.exec_in(self.tb.sut, argv, check=False)
+        out = done.stdout.strip()
+        words = out.split()
+        if done.returncode != 0 or not words or not words[-1].isdigit():
+            error = done.stderr.strip()
+            raise GeneratorError(f"{self.name}: the records command failed ({done.returncode}) "
+                                 f"or printed no count: {out!r} {error!r}")  # fmt: skip
+        n = int(words[-1])
         return n, n
 
     def finish(self) -> dict[str, object]:
@@ -609,13 +612,17 @@ class PaperBench:
         """A light trial that must pass (half of it STAMP unless baseline): the SUT is up
         and the counting works, or the run stops here with the reason."""
         fraction = 0.0 if sut is None else 0.5
-        last: PaperTrial | None = None
+        last: PaperTrial | GeneratorError | None = None
         for _ in range(attempts):
-            last = self._run(role, sut, fraction, 2_000.0, 0.5)
-            stamp_ok = last.stamp_handled >= 0.95 * last.stamp_offered
-            data_ok = last.data_received >= 0.99 * (last.offered - last.stamp_offered)
-            if stamp_ok and data_ok:
-                return last
+            try:
+                last = self._run(role, sut, fraction, 2_000.0, 0.5)
+            except GeneratorError as exc:  # an external still starting, say
+                last = exc
+            else:
+                stamp_ok = last.stamp_handled >= 0.95 * last.stamp_offered
+                data_ok = last.data_received >= 0.99 * (last.offered - last.stamp_offered)
+                if stamp_ok and data_ok:
+                    return last
             time.sleep(0.5)
         raise GeneratorError(f"{getattr(sut, 'name', BASELINE)} ({role}): a light trial "
                              f"does not pass: {last}")  # fmt: skip
