@@ -5,7 +5,7 @@ with that plane in the SUT namespace pinned to CPU 1, and a generator in the gen
 namespace pinned to CPU 0 that sends unauthenticated STAMP probes on a kernel UDP socket
 at a fixed offered rate for a few seconds and counts the replies. Reported: offered and
 achieved send rate, replies per second, and each plane's rate relative to ``mmap``.
-Absolute numbers drift on shared machines (DESIGN.md): compare the ratios.
+Absolute numbers drift on shared machines (docs/design-notes.md): compare the ratios.
 
     sudo .venv/bin/python benchmarks/bench_dataplanes.py [--rate 20000] [--seconds 3]
 """

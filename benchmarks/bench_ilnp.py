@@ -23,13 +23,15 @@ the same sizes (the whole per-packet validation path), and the cost of one
 nothing due, ILCC at each size. To compare with an older commit, run it once more with
 that commit's sources first on the path (README.md, "ILNP host").
 
-``study`` (root): the seed's ILCC study rerun (``sixlab.bench.ilnp_study``): for each
-configuration (policy, store, fast path) and test rank K (0..10), a fresh daemon, the
-echo flow at 1,280 requests/s plus K x 66/s from random new correspondents for 60 s
-(the seed's figures; ``--seconds``, ``--base-rate``, ``--per-process`` change them);
-per test the ILCC size, the echo flow's and the crowd's service, the SUT CPU's busy
-share, the daemon's per-packet time p50/p99 and drops. Writes ``study.json`` and
-``study.png`` (the seed's views, and CPU) to ``--out``.
+``study`` (root): the ILCC study of "Performance Analysis of Identifier Locator
+Communication Cache Effects on ILNPv6 Stack" (docs/papers.md) rerun
+(``sixlab.bench.ilnp_study``): for each configuration (policy, store, fast path) and
+test rank K (0..10), a fresh daemon, the echo flow at 1,280 requests/s plus K x 66/s
+from random new correspondents for 60 s (the paper's figures; ``--seconds``,
+``--base-rate``, ``--per-process`` change them); per test the ILCC size, the echo flow's
+and the crowd's service, the SUT CPU's busy share, the daemon's per-packet time p50/p99
+and drops. Writes ``study.json`` and ``study.png`` (the paper's views, and CPU) to
+``--out``.
 
 ``cpucheck`` (no privileges): a thread working ``--burst-us`` then sleeping
 ``--gap-us`` on one CPU, its share seen by its own CPU clock, by ``/proc/stat``'s
@@ -540,14 +542,15 @@ def main() -> None:
     timers = sub.add_parser("timers")
     timers.add_argument("--sizes", default="10,1000000")
     timers.add_argument("--repeat", type=int, default=5)
-    study = sub.add_parser("study", help="the seed's ILCC study, per configuration")
+    study = sub.add_parser("study", help="the ILNP paper's ILCC study, per configuration")
     study.add_argument("--configs", default="st-andrews,socket,sixlab")
     study.add_argument("--ranks", default="0-10", help="test ranks: 0-10 or 0,5,10")
-    study.add_argument("--seconds", type=float, default=SEED_SECONDS, help="per test (seed: 60)")
+    study.add_argument("--seconds", type=float, default=SEED_SECONDS,
+                       help="per test (ILNP paper: 60)")  # fmt: skip
     study.add_argument("--base-rate", type=float, default=SEED_BASE_RATE, help="echo flow, /s")
     study.add_argument("--per-process", type=float, default=SEED_PER_PROCESS_RATE,
                        help="crowd per rank, /s")  # fmt: skip
-    study.add_argument("--repeat", type=int, default=1, help="repetitions (seed: 10)")
+    study.add_argument("--repeat", type=int, default=1, help="repetitions (ILNP paper: 10)")
     study.add_argument("--payload", type=int, default=64, help="UDP payload bytes (>= 6)")
     study.add_argument("--out", type=Path, help="directory for study.json and study.png")
     study.add_argument(

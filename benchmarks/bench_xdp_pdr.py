@@ -11,8 +11,9 @@ Fig 14b), ``forward`` forwarding with the xdp plane attached and idle against th
 baseline without it (0 % STAMP, Fig 13); any other option goes to ``bench_stamp.py``.
 
 The data traffic, as in ``bench_stamp.py``: the SUT forwards UDP to port 9 (44-byte
-payload, the size of a STAMP probe) from the generator to a sink with SRv6 H.Encaps
-(``sixlab.bench.forward``); the sink counts and drops what arrives.
+payload, the size of a STAMP probe) from the generator to a sink with SRv6 H.Encaps (a
+``seg6`` ``encap`` route, as in the STAMP paper's baseline, docs/papers.md;
+``sixlab.bench.forward``); the sink counts and drops what arrives.
 
 ``forward-cpu``: the forwarding measured so that the configurations share one receive
 path and that path runs on the SUT's CPU (a PDR cannot tell 1 %):
@@ -21,7 +22,7 @@ path and that path runs on the SUT's CPU (a PDR cannot tell 1 %):
   XDP program is attached; with one, frames from its peer go through its ptr_ring and
   NAPI poll (``veth_xdp_rcv``: XDP program if any, then ``napi_gro_receive``) instead
   of ``netif_rx`` on the sender's CPU. With GRO on in every configuration, attaching a
-  program no longer switches the receive path; it only adds the program (and, on a
+  program does not switch the receive path; it only adds the program (and, on a
   veth, the copy of each skb into a page with XDP headroom, which ``xdp-pass`` shows).
   UDP is not aggregated by GRO unless the device forwards UDP GRO (off), so each frame
   is still forwarded on its own.
@@ -100,7 +101,7 @@ from sixlab.wire.packet import build_udp_packet
 
 PREFIX = "sixlab-bench-"
 STAMP_PORT = 862  # RFC 8762 §4.1
-#: The RFC 2544 split of DESIGN.md: generator on CPU 0, system under test on CPU 1.
+#: The RFC 2544 split (docs/design-notes.md): generator on CPU 0, system under test on CPU 1.
 GEN_CPU = 0
 SUT_CPU = 1
 #: Counter key of the reflector's ``stamp_counters`` (struct stamp_counter_key) and the

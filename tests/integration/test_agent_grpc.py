@@ -517,7 +517,8 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
                 assert returned is not None
                 assert [str(s) for s in returned.segments] == ["::1"]
                 assert 0 < result_from_proto(record).rtt_ns < SANE_DELAY_NS
-            # The seed's way: the return SID list configured on the reflector's session.
+            # The STAMP paper's way (docs/papers.md): the return SID list configured on the
+            # reflector's session.
             reflector.create_reflector_session(31, return_sid_list=["::1"])
             reflector.start_session(31)
             sender.create_sender_session(

@@ -243,7 +243,7 @@ def net(tmp_path: Path) -> Iterator[IlnpNet]:
 
 
 class EchoServer:
-    """A non-connected UDP echo server (the seed's echo service) on B's identifier."""
+    """A non-connected UDP echo server (the ILNP paper's echo service) on B's identifier."""
 
     def __init__(self, node: Node, address: str, port: int = ECHO_PORT) -> None:
         self.sock = node.socket(socket.AF_INET6, socket.SOCK_DGRAM)
@@ -719,7 +719,8 @@ CAP = 50
 
 @pytest.mark.parametrize("policy", ["none", "socket", "bounded"])
 def test_random_nid_flood_ilcc_growth_by_policy(net: IlnpNet, policy: str) -> None:
-    """The seed's load: UDP to the echo service from random source NIDs (with nonces).
+    """The ILNP paper's load (docs/papers.md): UDP to the echo service from random source
+    NIDs (with nonces).
     ``socket`` keeps the ILCC at 0, ``bounded`` at its cap, ``none`` grows with the load,
     and the echo service keeps answering the real client throughout."""
     extra = ("--capacity", str(CAP)) if policy == "bounded" else ()

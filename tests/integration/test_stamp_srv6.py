@@ -6,8 +6,9 @@ one-way delays a session measures must match the configuration: this checks the 
 chain (SRH on the way out, SRv6 End.X on the routers, the reflector's return SID list,
 T1..T4 in the right places) within ±1 ms.
 
-The reflector's return path is given both ways RFC 9503 and the seed allow: configured
-on the reflector per session (``--ssid N --return-segments``), or asked for by the
+The reflector's return path is given both ways that RFC 9503 and "High Performance Delay
+Monitoring for SRv6 Based SD-WANs" (docs/papers.md) allow: configured on the reflector
+per session (``--ssid N --return-segments``), or asked for by the
 sender in a Return Path TLV.
 """
 

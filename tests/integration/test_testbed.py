@@ -31,7 +31,8 @@ from .conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.root
 
-#: Probes per direction for the delay check (the brief: median of ~50).
+#: Probes per direction for the delay check: the median of 50, which a few late probes
+#: cannot move.
 PROBES = 50
 #: Required accuracy of the emulated one-way delay, ms.
 TOLERANCE_MS = 0.2

@@ -242,8 +242,8 @@ def test_default_address(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
         (NoFreeSsidError("ssid: no free SSID left on these nodes"), Code.RESOURCE_EXHAUSTED),
         (ControllerError("interval_ns: must be positive"), Code.INVALID_ARGUMENT),
         (StoreError("address: 'x' is not host:port"), Code.INVALID_ARGUMENT),
-        # A message no longer decides: a plain refusal that happens to read like one
-        # of the typed ones is still a bad field.
+        # The exception's type decides, never its message: a plain refusal that reads
+        # like one of the typed ones is still a bad field.
         (ControllerError("name: session 'p' already exists"), Code.INVALID_ARGUMENT),
         (SouthboundError(Code.UNAVAILABLE, "down"), Code.UNAVAILABLE),
         (SouthboundError(Code.DEADLINE_EXCEEDED, "slow"), Code.UNAVAILABLE),

@@ -507,7 +507,8 @@ def test_entry_expired_on_the_data_path_is_removed_at_once(late: str) -> None:
     assert a.counters[DropReason.NO_ROUTE] == 1
     assert a.ilcc.get(B_NID) is None
     assert Removed(B_NID, "locators_expired") in events(a)
-    # What used to meet the EXPIRED entry (no row in its state table) is now harmless.
+    # A late packet finds no entry: nothing meets an EXPIRED entry (its state table has
+    # no row for these events).
     if late == "locator_update":
         b.set_local_locators([LocatorEntry(0x2001_0DB8_000B_0002)], 700.1)
         deliver(b, a, 700.1)

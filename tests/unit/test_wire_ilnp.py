@@ -81,7 +81,7 @@ def test_ilv_round_trips(ilv: ILV) -> None:
 
 
 def test_nonce_header_32_bit_is_exactly_8_bytes() -> None:
-    # PROTOCOLS.md / RFC 6744 §2: NextHdr, HdrExtLen=0, 0x8B, 4, nonce(4).
+    # RFC 6744 §2: NextHdr, HdrExtLen=0, 0x8B, 4, nonce(4).
     assert encode_nonce_header(17, Nonce(b"\x01\x02\x03\x04")) == bytes.fromhex("11008b0401020304")
 
 
@@ -153,7 +153,7 @@ def test_packet_without_nonce_keeps_other_dstopts_as_payload() -> None:
 
 
 def test_locator_update_layout() -> None:
-    # RFC 6743 §2 as in PROTOCOLS.md: Type, Code, Checksum, NumLocs, Operation, Reserved,
+    # RFC 6743 §2: Type, Code, Checksum, NumLocs, Operation, Reserved,
     # then {Locator(64), Preference(16), Lifetime(16)}.
     src, dst = ILV(1, 2).packed, ILV(3, 4).packed
     lu = LocatorUpdate(LuOperation.ADVERTISEMENT, (LocatorEntry(0x20010DB8_00000001, 10, 600),))
@@ -210,7 +210,8 @@ def test_identifier_prefix_words_sum_to_ones_complement_zero() -> None:
 def test_identifier_address_checksum_equals_nid_checksum(
     src_nid: int, dst_nid: int, nh: int, payload: bytes
 ) -> None:
-    """DESIGN.md: a plain IPv6 checksum over fd00:2ff::NID equals the ILNP NID-only one."""
+    """A plain IPv6 checksum over fd00:2ff::NID equals the ILNP NID-only one (the prefix
+    is checksum-neutral: docs/design-notes.md)."""
     plain = ipv6_checksum(
         identifier_address(src_nid).packed, identifier_address(dst_nid).packed, nh, payload
     )

@@ -10,7 +10,7 @@ from sixlab.wire import TruncatedError, WireError, stamp_auth
 from sixlab.wire import stamp as w
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
-# scapy's STAMP test vector (shared/PROTOCOLS.md): seq 0x1234, NTP 1234.5678, S=1,
+# scapy's STAMP test vector (docs/protocols.md): seq 0x1234, NTP 1234.5678, S=1,
 # Scale 0x12, Multiplier 0x34, SSID 1357.
 SCAPY_VECTOR = bytes.fromhex("00001234000004D2915B573E9234054D") + bytes(28)
 VECTOR_PACKET = w.SenderPacket(

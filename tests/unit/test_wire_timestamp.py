@@ -31,7 +31,7 @@ def test_ntp_epoch_and_unix_epoch() -> None:
 
 
 def test_ntp_fraction_scales_by_two_to_the_32_not_0xffffffff() -> None:
-    # Half a second is exactly 2^31 fraction units; the seed's ×0xFFFFFFFF gives 2^31 - 1/2.
+    # Half a second is exactly 2^31 fraction units; ×0xFFFFFFFF would give 2^31 - 1/2.
     assert ntp_from_ns(NS // 2) & 0xFFFF_FFFF == 1 << 31
     # 1 ns = 4.294967296 units, rounded to nearest: 4.
     assert ntp_from_ns(1) & 0xFFFF_FFFF == 4

@@ -1,10 +1,11 @@
-"""The ILCC study of the ILNP seed, rerun: a growing crowd of correspondents, per policy.
+"""The ILNP paper's ILCC study, rerun: a growing crowd of correspondents, per policy.
 
 Theory of operation
 -------------------
-The seed (shared/seeds/ilnp-ilcc-study.txt) compares two ILNPv6 kernels that differ
-only in how their identifier-locator communication cache (ILCC) adopts entries. Its
-transport-layer test: a target runs an echo service; one source sends identical echo
+"Performance Analysis of Identifier Locator Communication Cache Effects on ILNPv6 Stack"
+(the ILNP paper, docs/papers.md) compares two ILNPv6 kernels that differ only in how
+their identifier-locator communication cache (ILCC) adopts entries. Its transport-layer
+test: a target runs an echo service; one source sends identical echo
 requests from a fixed I-LV (1,280 packets/s in Test0), and *load processes* send UDP
 datagrams from a random source NID each, every one a new correspondent; TestK runs K
 load processes (K = 0..10, 66 datagrams/s each: 1,940 packets/s in Test10) for 60 s,
@@ -31,12 +32,12 @@ but a test of the neighbour table, not of the ILCC.
 
 During the trial :class:`CpuBusy` measures the SUT CPU's busy share; after it the
 daemon's ``status`` gives the ILCC size, its per-packet time (ring read to TUN write,
-wall clock, p50/p99 of its last samples: the analogue of the seed's "kernel latency")
+wall clock, p50/p99 of its last samples: the analogue of the paper's "kernel latency")
 and its drop counters; the SUT kernel gives the link's drops.
 
-The configurations (:data:`CONFIGS`): the seed's two kernels — ``st-andrews`` (no
+The configurations (:data:`CONFIGS`): the paper's two kernels — ``st-andrews`` (no
 admission policy, a linear ILCC scanned on every lookup, like the St Andrews code)
-and ``socket`` (the seed's policy: adopt only where a connected UDP socket is
+and ``socket`` (the paper's policy: adopt only where a connected UDP socket is
 involved, same linear ILCC) — and sixlab's own, ``sixlab`` (bounded LRU policy,
 hash ILCC, kernel fast path). ``none-hash`` separates the store's effect from the
 policy's.
@@ -82,7 +83,8 @@ __all__ = [
     "write_results",
 ]
 
-#: The seed's rates: 1,280 echo requests/s alone (Test0), 66/s more per load process.
+#: The ILNP paper's rates: 1,280 echo requests/s alone (Test0), 66/s more per load
+#: process, 60 s per test.
 SEED_BASE_RATE = 1280.0
 SEED_PER_PROCESS_RATE = 66.0
 SEED_SECONDS = 60.0
@@ -107,7 +109,7 @@ CONFIGS: dict[str, StudyConfig] = {
     c.name: c
     for c in (
         StudyConfig("st-andrews", "none", "linear", "off", "no policy, linear ILCC (St Andrews)"),
-        StudyConfig("socket", "socket", "linear", "off", "socket policy, linear ILCC (seed)"),
+        StudyConfig("socket", "socket", "linear", "off", "socket policy, linear ILCC (ILNP paper)"),
         StudyConfig("none-hash", "none", "hash", "off", "no policy, hash ILCC"),
         StudyConfig("sixlab", "bounded", "hash", "on", "bounded policy, hash ILCC, fast path"),
     )
@@ -151,7 +153,7 @@ class StudyPoint:
 
 
 class CrowdLoad:
-    """The seed's load processes as one paced thread: each frame a new correspondent.
+    """The paper's load processes as one paced thread: each frame a new correspondent.
 
     A context manager: entering starts the thread, leaving stops it and keeps the
     number of frames sent in :attr:`sent`. Frames are whole ILNPv6 echo requests
@@ -419,7 +421,7 @@ def _crowd_served(point: StudyPoint) -> float | None:
 
 
 def plot_study(points: Sequence[StudyPoint], configs: Sequence[StudyConfig], png: Path) -> Path:
-    """The seed's figures for these runs: ILCC size, service, latency, crowd service."""
+    """The paper's figures for these runs: ILCC size, service, latency, crowd service."""
     import matplotlib as mpl  # noqa: PLC0415
 
     mpl.use("Agg")

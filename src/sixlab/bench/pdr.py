@@ -1,5 +1,6 @@
 """RFC 2544 Partial Drop Rate search: the highest offered rate whose loss ratio is at most
-a target (0.5 % in the seed's evaluation, DESIGN.md "Benchmark method").
+a target (0.5 % in the evaluation of "High Performance Delay Monitoring for SRv6 Based
+SD-WANs"; docs/design-notes.md, "Benchmark method").
 
 Theory of operation
 -------------------
@@ -32,7 +33,8 @@ from sixlab.bench.generator import TrialResult
 
 __all__ = ["DEFAULT_LOSS_RATIO", "PdrResult", "Trial", "search_pdr"]
 
-#: The seed's PDR criterion: loss ratio at most 0.5 % (RFC 2544 leaves it to the tester).
+#: The STAMP paper's PDR criterion: loss ratio at most 0.5 % (RFC 2544 leaves it to the
+#: tester).
 DEFAULT_LOSS_RATIO = 0.005
 
 Trial = Callable[[float, float], TrialResult]

@@ -9,7 +9,8 @@ What it does, in order:
    namespace (gRPC on Unix sockets, which cross namespaces);
 3. runs the controller (SQLite store, Prometheus metrics if asked), registers and
    initialises the agents, and measures both paths at once: path A with its return path
-   configured on the reflector (the seed's way), path B asking for it with the RFC 9503
+   configured on the reflector (the design of "High Performance Delay Monitoring for
+   SRv6 Based SD-WANs", docs/papers.md), path B asking for it with the RFC 9503
    Return Path TLV;
 4. shows a live table of direct / return / round-trip delay, jitter and loss per path,
    with a progress bar, then a summary table, the SQLite file and a PNG plot of delay

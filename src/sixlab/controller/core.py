@@ -4,14 +4,15 @@ Theory of operation
 -------------------
 Nodes are agents (``sixlab stamp agent``) registered by name, gRPC address and role.
 A session is one SRv6 path under measurement: a sender node, a reflector node, the
-forward SID list and the return SID list (configured on the reflector, as the seed
-does, or requested per packet with the RFC 9503 Return Path TLV). The controller picks
-an SSID free on both nodes, creates the session on the reflector, then on the sender
-(undoing the first if the second fails), and starts them.
+forward SID list and the return SID list (configured on the reflector, as "High
+Performance Delay Monitoring for SRv6 Based SD-WANs" does, docs/papers.md, or requested
+per packet with the RFC 9503 Return Path TLV). The controller picks an SSID free on both
+nodes, creates the session on the reflector, then on the sender (undoing the first if
+the second fails), and starts them.
 
 Collection. Each running session has a collector thread that reads the sender's
 results in cursor mode (records stay on the agent until acknowledged) either by polling
-(``GetStampSessionResults``, the seed's way) or by a server stream (push). Every batch
+(``GetStampSessionResults``, the paper's way) or by a server stream (push). Every batch
 is stored with the new cursor in one transaction (``Store.store_results``), then
 acknowledged; so a result is stored exactly once, even if the controller is killed at
 any point and restarted (``resume`` restarts the collectors from the stored cursors).

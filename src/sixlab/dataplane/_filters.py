@@ -7,7 +7,8 @@ with an ``AF_PACKET`` socket and answer from user space. Two things follow.
 
 1. **Which packets reach user space** is decided in the kernel by a classic BPF program
    (``SO_ATTACH_FILTER``), so the per-packet cost for foreign traffic is a few BPF
-   instructions, not a system call and a Python call (the seed's §VI-B point). The
+   instructions, not a system call and a Python call (the point of the STAMP paper's
+   sniffer filter, docs/papers.md). The
    program sees the packet from the IPv6 header on: both planes use ``SOCK_DGRAM``
    packet sockets ("cooked", the link header removed), which keeps the offsets the same
    on Ethernet, loopback and headerless links. It accepts
@@ -24,8 +25,8 @@ with an ``AF_PACKET`` socket and answer from user space. Two things follow.
      packet is still travelling; it is not for us.
    * and whose UDP Destination Port is one of ours. Only the destination port is
      matched, never the source port: a reflector answering from 862 to a sender that
-     also uses 862 would otherwise capture its own replies (the seed's defect, see
-     PROTOCOLS.md). Own outgoing packets are kept away by ``PACKET_IGNORE_OUTGOING``
+     also uses 862 would otherwise capture its own replies (a fault of the STAMP paper's
+     code, docs/papers.md). Own outgoing packets are kept away by ``PACKET_IGNORE_OUTGOING``
      as well.
 
    The program is written with :mod:`sixlab.linux.cbpf` and uses ``ldb``/``ldh``

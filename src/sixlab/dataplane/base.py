@@ -6,7 +6,8 @@ wire as it can, the Hop Limit they arrived with, and their addresses), and sends
 payloads to an address and port, optionally along an SRv6 SID list. The engines in
 ``sixlab.dataplane.engine`` join a data plane to the sans-I/O core.
 
-Backends register under a name (STYLE.md §3) and are chosen by ``--dataplane NAME``::
+Backends register under a name (docs/architecture.md, "Adapters and registries") and
+are chosen by ``--dataplane NAME``::
 
     @register("socket")
     class SocketDataplane(Dataplane): ...
@@ -45,7 +46,7 @@ class DataplaneError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class DataplaneConfig:
-    """Init parameters common to every data plane (the seed's Init RPC).
+    """Init parameters common to every data plane (the STAMP paper's Init RPC, docs/papers.md).
 
     ``port`` is the local STAMP UDP port (862 on a reflector, RFC 8762 §4.1);
     ``interface`` the one to capture on (needed by capture-based planes); ``source`` the
@@ -156,8 +157,8 @@ def full_path(
 ) -> tuple[IPv6Address, ...] | None:
     """The SID list a packet to ``dst`` travels, in travel order, ending at ``dst``.
 
-    ``send`` takes ``segments`` with or without the final destination (the seed's SID
-    lists end at the reflector; a Return Path TLV's may not): the destination closes the
+    ``send`` takes ``segments`` with or without the final destination (the STAMP paper's
+    SID lists end at the reflector; a Return Path TLV's may not): the destination closes the
     list when it is not already its last segment. None for a plain (no SRH) path.
     """
     if not segments:

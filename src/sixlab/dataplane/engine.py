@@ -2,7 +2,7 @@
 
 Each engine owns one thread that waits on the data plane's descriptor (and a wake-up
 pipe) until the next timer of its sessions, feeds what arrived to the core, and sends
-what the core produced (STYLE.md §3: receive → core → transmit → re-arm timer). The
+what the core produced (receive → core → transmit → re-arm timer: docs/architecture.md). The
 public methods are thread-safe: the gRPC agent and the standalone tools call them from
 other threads.
 

@@ -3,7 +3,8 @@
 A ``MemoryNetwork`` delivers what one plane sends to the plane bound to the destination
 address and port, instantly, with a fixed Hop Limit; ``fileno`` is a pipe that polls
 readable while datagrams wait. It is the in-memory backend a test suite wants
-(STYLE.md §3): engines and agents run unchanged on it, with no root and no sockets.
+(docs/architecture.md, "Adapters and registries"): engines and agents run unchanged on
+it, with no root and no sockets.
 """
 
 from __future__ import annotations

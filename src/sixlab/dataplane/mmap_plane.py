@@ -1,6 +1,7 @@
 """The ``mmap`` data plane: a TPACKET_V3 receive ring and pre-built reply templates.
 
-This is the seed's "optimized" plane (§VI-B), done with fewer copies and system calls.
+This is the "optimized" implementation of "High Performance Delay Monitoring for SRv6
+Based SD-WANs" (docs/papers.md), done with fewer copies and system calls.
 
 Receive
 -------
@@ -31,8 +32,8 @@ generated packet on a checksum-offloading veth).
 
 Send
 ----
-A reply differs from the previous reply to the same peer only in the payload (the seed's
-observation, §VI-B), so per (source, destination, port, SRv6 path, payload length) the
+A reply differs from the previous reply to the same peer only in the payload (the STAMP
+paper's observation), so per (source, destination, port, SRv6 path, payload length) the
 IPv6 [+ SRH] + UDP header is built once with ``sixlab.wire.packet.build_udp_packet``
 over a zero payload, and each packet only patches the UDP checksum with RFC 1624
 (``checksum_adjust`` from zeros to the payload: one sum of the payload, the header and
@@ -523,7 +524,7 @@ class MmapDataplane(Dataplane):
         tx_header = _TX_HEADER.pack_into
         tx_batch = self.tx_batch
         # The ring and TX cursors live in locals for the loop (attribute writes per
-        # packet were a tenth of its cost) and go back to the object when it ends.
+        # packet cost a tenth of it) and go back to the object when it ends.
         left, offset, tx_slot = self._left, self._offset, self._tx_slot
         while consumed < max_batch:
             if left == 0:

@@ -1,4 +1,4 @@
-"""The ``scapy`` data plane: the seed's "basic" implementation, the readable reference.
+"""The ``scapy`` data plane: the STAMP paper's "basic" implementation, the readable reference.
 
 Receive: a packet socket (``AF_PACKET``/``SOCK_DGRAM``, bound to ``config.interface`` or
 listening on every interface) with the same kernel BPF filter as the ``mmap`` plane
@@ -6,7 +6,8 @@ listening on every interface) with the same kernel BPF filter as the ``mmap`` pl
 ``PACKET_IGNORE_OUTGOING`` so the plane never sees its own replies. One ``recvmsg`` per
 packet, with ``SO_TIMESTAMPNS`` for the kernel's arrival time; scapy dissects the bytes
 (``IPv6`` / ``IPv6ExtHdrSegmentRouting`` / ``UDP`` / ``Raw``) and the plane reads the
-fields by name. The seed used scapy's ``AsyncSniffer`` with a tcpdump filter; a tcpdump
+fields by name. "High Performance Delay Monitoring for SRv6 Based SD-WANs" (docs/papers.md)
+used scapy's ``AsyncSniffer`` with a tcpdump filter; a tcpdump
 ``udp port`` expression cannot see UDP behind an SRH, hence our own program.
 
 Send: scapy builds ``IPv6 [/ IPv6ExtHdrSegmentRouting] / UDP / Raw`` (it computes the
@@ -18,8 +19,9 @@ Like the ``mmap`` plane it owns no UDP socket, so it installs the same nftables 
 (``KernelDrop``) to keep the kernel from answering probes with port unreachable.
 
 Everything is done per packet, in Python objects, on purpose: this plane is the one to
-read and the baseline to measure the ``mmap`` plane against (the seed's §VI-B and
-§VIII). Scapy is imported in ``open`` only, so the rest of sixlab never loads it.
+read and the baseline to measure the ``mmap`` plane against (as the paper measures its
+optimized implementation against the basic one, Section VIII). Scapy is imported in
+``open`` only, so the rest of sixlab never loads it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
           └── ControlError         a control socket reply that is missing or not JSON
 
 Malformed or unwelcome packets are not exceptions: the host drops them, counts the
-reason and emits a ``Dropped`` event (STYLE.md §6).
+reason and emits a ``Dropped`` event (docs/architecture.md, "Errors and drops").
 """
 
 from __future__ import annotations

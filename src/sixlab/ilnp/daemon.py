@@ -623,8 +623,8 @@ class IlnpDaemon:
     def _run_timers(self, now: float) -> None:
         """Fire due host timers, then schedule the next look.
 
-        ``IlnpHost.get_timer`` and ``handle_timer`` no longer walk the ILCC (a deadline
-        heap: O(1) and O(k log n) for k due), yet run at most every
+        ``IlnpHost.get_timer`` and ``handle_timer`` are cheap (a deadline heap: O(1) and
+        O(k log n) for k due), yet run at most every
         :data:`_TIMER_GRANULARITY` seconds, not once per packet batch: the timers they
         serve (LU retransmission every second, lifetimes in seconds) need no more.
         """

@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-The host sits between the network and applications (DESIGN.md "ILNP host"). It owns no
+The host sits between the network and applications (docs/architecture.md). It owns no
 socket and reads no clock: the adapter passes bytes and ``now`` in, and takes packets
 (:meth:`IlnpHost.datagrams_to_send`), events (:meth:`IlnpHost.next_event`) and the next
-timer (:meth:`IlnpHost.get_timer`) out — the aioquic shape (STYLE.md §1, §2).
+timer (:meth:`IlnpHost.get_timer`) out — the aioquic shape (docs/architecture.md,
+"Sans-I/O cores" and "Time").
 
 Receive (:meth:`IlnpHost.receive`, a wire packet):
   1. parse; anything not for our NID and one of our locators is dropped;
@@ -59,8 +60,7 @@ items are dropped when they reach the top. When the heap holds more than twice a
 items as the ILCC has entries (stale ones outnumber the live), it is rebuilt from the
 ILCC, which the changes since the last rebuild pay for: ``get_timer`` is O(1) amortised
 and ``handle_timer`` O(k log n) for k due entries. Due entries are handled in deadline
-order (the old walk went in LRU order; only the order of their events and packets
-within one call differs). An entry whose locators all expired on a send or receive is
+order. An entry whose locators all expired on a send or receive is
 removed there and then, as the timer would have: left in the ILCC in state EXPIRED it
 would meet events its table has no row for.
 
@@ -217,7 +217,7 @@ class HostConfig:
     require_nonce: bool = False
     nonce_size: int = 4  # RFC 6744: 4 or 12
     #: Retransmit an unacknowledged Locator Update every second, at most 7 times: what
-    #: the Linux prototypes do (PROTOCOLS.md); RFC 6743 leaves both open.
+    #: the Linux prototypes do; RFC 6743 leaves both open (docs/protocols.md).
     lu_interval: float = 1.0
     lu_max_tries: int = 7
     #: Lifetime given to a locator learned from a packet's source address (no LU yet).

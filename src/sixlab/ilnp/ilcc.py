@@ -6,8 +6,8 @@ One :class:`IlccEntry` per correspondent NID holds the correspondent's locator s
 (each with preference, lifetime and a state), the local locator in use, the nonce each
 side chose, and the timers of the Locator Update exchange.
 
-Two state machines, both written as tables (STYLE.md §5) — a pair missing from a table
-is a bug and raises :class:`InvalidTransitionError`:
+Two state machines, both written as tables (docs/architecture.md, "State machines") —
+a pair missing from a table is a bug and raises :class:`InvalidTransitionError`:
 
 * a peer locator is ``VALID`` until its lifetime elapses, then ``AGED`` (still accepted
   on receive, used for sending only when nothing is valid) for
@@ -19,8 +19,9 @@ is a bug and raises :class:`InvalidTransitionError`:
 
 Stores keep entries by NID behind one interface (:class:`IlccStore`) and in
 least-recently-used order: ``hash`` (a dict, O(1)) is the default, ``linear`` (a list
-scanned on every lookup) exists only to reproduce the St Andrews prototype the seed
-paper measured. Stores register by name (:func:`register_store`, :func:`create_store`).
+scanned on every lookup) exists only to reproduce the St Andrews prototype that the ILNP
+paper measured (docs/papers.md). Stores register by name (:func:`register_store`,
+:func:`create_store`).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class IlccEntry:
     created: float = 0.0
     last_used: float = 0.0
     #: Carry our nonce until the peer has answered (the first packets of a session) and
-    #: again after a locator change (PROTOCOLS.md, RFC 6740/6744).
+    #: again after a locator change (RFC 6740, RFC 6744; docs/protocols.md).
     carry_nonce: bool = True
     lu_tries: int = 0
     lu_next: float | None = None
@@ -289,7 +290,7 @@ class HashStore:
 class LinearStore:
     """A list scanned from the start on every lookup, like the St Andrews Linux code.
 
-    Per-packet cost grows with the number of correspondents: that is what the seed
+    Per-packet cost grows with the number of correspondents: that is what the ILNP
     paper measured. Use it only to reproduce that result.
     """
 

@@ -8,10 +8,12 @@ correspondent is answered through the host's small, bounded reply table instead 
 ILCC entry, so a non-connected server still answers its clients.
 
 * ``none`` — adopt every one: the St Andrews Linux prototype. Under a flood of random
-  source NIDs the ILCC grows without bound (the seed paper: ≈15k entries).
-* ``socket`` — the seed paper's rule: adopt only where a *connected* UDP socket on this
+  source NIDs the ILCC grows without bound (about 15k entries in "Performance Analysis
+  of Identifier Locator Communication Cache Effects on ILNPv6 Stack", docs/papers.md).
+* ``socket`` — that paper's rule: adopt only where a *connected* UDP socket on this
   host is involved in the flow. The policy asks an injected :class:`SocketTable`; the
-  real one will read the kernel's socket table through sock_diag, tests use a fake.
+  real one (:mod:`sixlab.ilnp.socktable`) reads the kernel's socket table through
+  sock_diag, tests use a fake.
   The paper's table also wants an entry for a connected client talking to a
   non-connected server; the server cannot see the client's socket, so
   ``adopt_for_listeners=True`` opts into adopting whenever something listens.
@@ -19,7 +21,8 @@ ILCC entry, so a non-connected server still answers its clients.
   recently used) and drop those idle for ``idle_timeout`` seconds: a cap an attacker
   can churn but never exceed.
 
-Policies register by name (STYLE.md §3): :func:`register_policy`, :func:`create_policy`.
+Policies register by name (docs/architecture.md, "Adapters and registries"):
+:func:`register_policy`, :func:`create_policy`.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class NonePolicy:
 
 
 class SocketPolicy:
-    """Adopt only when a connected socket on this host is part of the flow (the seed)."""
+    """Adopt only when a connected socket on this host is part of the flow (ILNP paper)."""
 
     name = "socket"
 

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The seed paper's admission rule (policy ``socket``) adopts an ILCC entry only where a
-*connected* socket is part of the flow. Applications bind to identifier addresses
+The admission rule of the ILNP paper (policy ``socket``, docs/papers.md) adopts an ILCC
+entry only where a *connected* socket is part of the flow. Applications bind to identifier addresses
 (:data:`sixlab.wire.ilnp.IDENTIFIER_PREFIX` + NID), so a socket connected to a
 correspondent has that correspondent's NID in the low 64 bits of its remote address.
 

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 There is no maintained Python binding of libbpf, and bcc needs kernel headers this
-machine does not have (DESIGN.md), so the XDP plane talks to libbpf's C API directly:
+machine does not have (docs/design-notes.md), so the XDP plane talks to libbpf's C API directly:
 
 * ``BpfObject`` opens a compiled ``.bpf.o`` (``bpf_object__open_file``), loads it into the
   kernel (``bpf_object__load``: CO-RE relocations against /sys/kernel/btf/vmlinux, map

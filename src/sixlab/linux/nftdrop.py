@@ -5,7 +5,7 @@ hook of netfilter runs, so a rule that drops the packet at that hook silences th
 kernel (no ICMPv6 port unreachable for a STAMP probe nobody bound a socket for, RFC 4443
 §3.1; no transport reply to an ILNP packet the daemon rewrites) while the capture still
 gets it. ``tc ... action drop`` would act earlier, but needs ``act_gact``, which not
-every kernel has (see docs/architecture.md).
+every kernel has (see docs/design-notes.md).
 
 :class:`KernelDrop` owns one table of family ``ip6`` (so an IPv4 service on the same
 port is untouched) with one input chain holding the caller's rules. The table's comment

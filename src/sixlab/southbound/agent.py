@@ -35,11 +35,12 @@ the kernel from then on. What a plane handles itself is not in the core's counte
 GetCounters reports it apart, as ``dataplane`` (per session and in total).
 
 Results. A sender session's records queue in the engine's bounded FIFO.
-GetStampSessionResults drains it (the seed's polling mode);
-StreamStampSessionResults waits on it and pushes batches (the "notification mode" the
-seed paper describes but did not build). The stream ends after the batch with
-``final`` set (the session finished and its FIFO is empty), when the client cancels,
-and with ABORTED when the session is destroyed or the agent reset under it.
+GetStampSessionResults drains it (the polling mode of "High Performance Delay Monitoring
+for SRv6 Based SD-WANs", docs/papers.md); StreamStampSessionResults waits on it and
+pushes batches (the "notification mode" that paper describes but did not build). The
+stream ends after the batch with ``final`` set (the session finished and its FIFO is
+empty), when the client cancels, and with ABORTED when the session is destroyed or the
+agent reset under it.
 
 Concurrency. gRPC calls run on a thread pool. One lock serialises every unary call, so
 a check and the change it guards cannot be split by another call; streams take it

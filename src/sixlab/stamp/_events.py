@@ -7,7 +7,7 @@
      └── ConfigError           a session configuration that cannot work
 
 Bad *packets* never raise out of the core: they become a ``PacketDropped`` event and a
-count under a ``DropReason`` (STYLE.md §6).
+count under a ``DropReason`` (docs/architecture.md, "Errors and drops").
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ class Reflector:
             t3 = sess.timestamp(clock())
         else:
             # _Session.timestamp for NTP, inlined: this is the per-reply hot path of the
-            # user-space planes, and two calls were a tenth of its cost.
+            # user-space planes, and two calls cost a tenth of it.
             sec, nsec = divmod(t2_ns, 1_000_000_000)
             t2 = (((sec + NTP_UNIX_OFFSET_S) & 0xFFFF_FFFF) << 32) | (
                 ((nsec << 32) + 500_000_000) // 1_000_000_000

@@ -16,7 +16,7 @@ A ``SenderSession`` is driven by its adapter, which owns the socket and the cloc
 packets carry Seq from 0 and T1 = ``now`` of the timer that sent them (PTP sessions add
 the configured TAI−UTC offset on the wire and remove it from what comes back).
 
-Lifecycle, as a table (STYLE.md §5)::
+Lifecycle, as a table (docs/architecture.md, "State machines")::
 
     IDLE ──start──▶ RUNNING ──stop / count reached / duration over──▶ DRAINING
     DRAINING ──last outstanding packet answered or timed out──▶ FINISHED
@@ -93,7 +93,7 @@ _TRANSITIONS: dict[tuple[State, _Input], State] = {
 
 @dataclass(frozen=True, slots=True)
 class SenderConfig:
-    """What a Session-Sender session is (the seed's ten parameters that concern the core).
+    """What a Session-Sender session is (the STAMP paper's session parameters, docs/papers.md).
 
     ``count`` and ``duration_ns`` both bound the session when given; with neither it runs
     until ``stop``. ``key`` set means authenticated mode (RFC 8762 §4.4). ``tlvs`` is the

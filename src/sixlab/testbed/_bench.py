@@ -10,7 +10,7 @@ generator process can still own sockets in both (``Node.socket``)::
 
     gen eth0 fd00:0:10::1 ── in0 fd00:0:10::2  SUT  out0 fd00:0:20::2 ── sink eth0 fd00:0:20::1
 
-The RFC 2544 method of DESIGN.md pins the generator to CPU 0 and the SUT to CPU 1:
+The RFC 2544 method (docs/design-notes.md) pins the generator to CPU 0 and the SUT to CPU 1:
 ``run_pinned`` starts a process already pinned (``taskset`` execs the program in place,
 so the pid is the program's and it never runs on another CPU).
 """

@@ -20,8 +20,8 @@ Locator Updates are ICMPv6 type 156, code 0 (RFC 6743 §2)::
      4 Num of Locs (1) | Operation (1) | Reserved (2)
      8 Num of Locs × { Locator (8) | Preference (2) | Lifetime (2) }
 
-Operation 1 is an advertisement and 2 its acknowledgement (as both Linux kernels in
-PROTOCOLS.md do; RFC 6743 erratum 5911 notes the RFC never defines the field's values).
+Operation 1 is an advertisement and 2 its acknowledgement, as the Linux ILNP prototypes
+do: RFC 6743 never defines the field's values (erratum 5911; docs/protocols.md).
 
 Transport checksums under ILNP use a pseudo-header whose addresses are the NIDs with
 a zero locator, ``::NIDs`` and ``::NIDd`` (RFC 6740 §6.3 / RFC 6741 §4), so a locator

@@ -492,7 +492,8 @@ class ClassOfService:
     DSCP1 / ECN1: what the Sender asks the Reflector to put in the reflected packet;
     DSCP2 / ECN2: what the Reflector received (RFC 8972 calls ECN2 just "ECN"); RP: the
     Reflector could not use DSCP1. RFC 8972 keeps the last 16 bits reserved; ECN1 and RPE
-    in their first 4 bits follow the STAMP ECN update draft (see the report: unverified).
+    in their first 4 bits follow draft-ietf-ippm-stamp-cos-ecn (bit positions not verified:
+    docs/protocols.md).
     Reserved bits are written as zero and ignored on receipt.
     """
 

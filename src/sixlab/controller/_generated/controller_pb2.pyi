@@ -72,7 +72,9 @@ class _CollectMode:
 class _CollectModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CollectMode.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     COLLECT_MODE_POLL: _CollectMode.ValueType  # 0
-    """GetStampSessionResults at the controller's poll interval (the seed's way)."""
+    """GetStampSessionResults at the controller's poll interval (polling, as in the STAMP
+    paper: docs/papers.md).
+    """
     COLLECT_MODE_STREAM: _CollectMode.ValueType  # 1
     """StreamStampSessionResults: the agent pushes batches as they arrive."""
 
@@ -80,7 +82,9 @@ class CollectMode(_CollectMode, metaclass=_CollectModeEnumTypeWrapper):
     """How the controller reads a session's results from its sender."""
 
 COLLECT_MODE_POLL: CollectMode.ValueType  # 0
-"""GetStampSessionResults at the controller's poll interval (the seed's way)."""
+"""GetStampSessionResults at the controller's poll interval (polling, as in the STAMP
+paper: docs/papers.md).
+"""
 COLLECT_MODE_STREAM: CollectMode.ValueType  # 1
 """StreamStampSessionResults: the agent pushes batches as they arrive."""
 Global___CollectMode: _TypeAlias = CollectMode  # noqa: Y015

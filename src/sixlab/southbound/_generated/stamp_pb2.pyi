@@ -5,9 +5,10 @@ sixlab southbound API: how a controller drives the STAMP agent of one node.
 
 One agent process runs per node, in one role fixed when it starts (Session-Sender or
 Session-Reflector), over one data plane chosen by name. The lifecycle follows the
-seed's API (Init, Reset, Create/Start/Stop/DestroyStampSession,
-GetStampSessionResults) and adds a server-streaming results call (the seed paper's
-"notification mode"), a counters call for the benchmarks, and an info call.
+API of "High Performance Delay Monitoring for SRv6 Based SD-WANs" (Init, Reset,
+Create/Start/Stop/DestroyStampSession, GetStampSessionResults; docs/papers.md) and adds a
+server-streaming results call (that paper's "notification mode"), a counters call for
+the benchmarks, and an info call.
 
 Conventions
 - Times and durations are integers with their unit in the name: `interval_ns`,
@@ -468,7 +469,7 @@ class CreateStampSessionRequest(_message.Message):
     @_builtins.property
     def return_sid_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Return path, travel order, from the reflector back to the sender.
-          Reflector: the SID list its replies to this SSID take (the seed's design).
+          Reflector: the SID list its replies to this SSID take (the STAMP paper's design).
           Sender with request_return_path: carried in the RFC 9503 Return Path TLV
           (SRv6 Segment List sub-TLV), so the reflector replies along it.
         """
