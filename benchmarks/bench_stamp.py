@@ -18,8 +18,9 @@ next to the paper's) and ``fig12.png`` … ``fig16.png``.
 ``--quick``: one short repetition at 0, 1 and 100 % STAMP, short trials, a coarse
 search below 100 kframes/s, then the harness's invariants (``check``): every
 configuration has a PDR, every trial's counts add up and agree with the SUT's own
-counters, the xdp plane at 100 % STAMP does not trail the user-space planes. It runs in
-CI (``tests/integration/test_bench_stamp.py``) and measures no speed.
+counters, the xdp plane's STAMP work was done by its kernel program. It runs in CI
+(``tests/integration/test_bench_stamp.py``) and asserts no speed; a full run also
+checks that the xdp plane at 100 % STAMP does not trail the user-space planes.
 
 ``--external NAME=COMMAND`` adds another implementation to every figure, started in the
 SUT's namespace pinned to the SUT's CPU; ``{interface}``, ``{address}``, ``{port}`` (the
@@ -183,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     meta.update(info)
     meta["machine_end"] = machine_state()
     meta["date_end"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    problems = check(points, meta, impls, roles, fractions)
+    # A speed is asserted only on a full run (check's module doc): --quick runs in CI.
+    problems = check(points, meta, impls, roles, fractions, compare_speed=not args.quick)
     meta["invariants"] = problems or "all hold"
     write_results(points, meta, json_path)
     _render(points, meta, out)

@@ -231,6 +231,19 @@ def test_check_names_what_does_not_hold() -> None:
     assert "50 STAMP of 100 offered" in text
     assert "the bench counted 7 handled, the implementation 6" in text
     assert "reflector: xdp at 100 % STAMP" in text
+    quick = check(points, meta, IMPLS, ["collector", "reflector"], [0.0, 1.0], compare_speed=False)
+    assert not any("xdp at 100 % STAMP" in line for line in quick)  # no speed in --quick
+    assert set(quick) == set(problems) - {line for line in problems if "xdp at 100" in line}
+
+
+def test_check_names_an_xdp_plane_whose_kernel_program_did_not_do_the_work() -> None:
+    user_space = {"handled": 100, "engine": {"received": 100}, "plane": {"collected": 10}}
+    kernel = {"handled": 100, "engine": {"received": 100}, "plane": {"collected": 100}}
+    for counters, expected in ((user_space, 1), (kernel, 0)):
+        meta = {"repeat": 2, "sut_counters": {"0/collector/xdp": counters}}
+        problems = check(_run(_complete()), meta, IMPLS, ["collector", "reflector"], [0.0, 1.0])
+        assert len(problems) == expected, problems
+        assert all("kernel program handled 10 of the 100" in line for line in problems)
 
 
 def test_report_tables_ratios_and_plots(tmp_path: Path) -> None:

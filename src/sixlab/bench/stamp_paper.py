@@ -841,12 +841,21 @@ def load_points(path: Path) -> tuple[list[PaperPoint], dict[str, Any]]:
 
 
 #: ``check``: at 100 % STAMP the xdp plane must reach at least this share of the best
-#: user-space plane's PDR. The reflector answers in the kernel and is far ahead; the
-#: collector hands every record to the same Python engine as the others, through a
-#: ring buffer instead of a socket, so it is ahead by less; on a loaded machine
-#: searches of a few trials move by tens of per cent. The share guards against the
-#: plane falling back to its user-space path wholesale (a broken program), not a speed.
+#: user-space plane's PDR (``compare_speed``). The reflector answers in the kernel and
+#: is far ahead on a quiet machine; the collector hands every record to the same Python
+#: engine as the others, through a ring buffer instead of a socket, so it is ahead by
+#: less. A speed, so asserted only on the full runs, made on a quiet machine: on a
+#: loaded one (the CI's ``--quick``) the hypervisor's scheduling moves single searches by
+#: several times (seen: the xdp reflector at 13 k/s and the socket one at 43 k/s while
+#: 19 other test runs shared the two CPUs).
 XDP_SHARE_OF_USER_SPACE = 0.5
+#: ``check``, always: of the STAMP packets the bench counted as handled by the xdp plane,
+#: at least this share its kernel program handled (``reflected``, ``collected``): the
+#: plane did not fall back to its user-space path wholesale (a program that does not
+#: load, attach or match), which is what "xdp is at least the user-space planes"
+#: guards against, and which no load on the machine changes. (The collector's ring
+#: buffer may overflow in an overload trial; those replies then take the socket.)
+XDP_KERNEL_SHARE = 0.5
 
 
 def _sut_total(counters: dict[str, Any], role: str) -> int | None:
@@ -868,6 +877,8 @@ def check(
     implementations: Sequence[Implementation],
     roles: Sequence[str],
     fractions: Sequence[float],
+    *,
+    compare_speed: bool = True,
 ) -> list[str]:
     """The harness's invariants over a run; what does not hold, one line each.
 
@@ -879,8 +890,10 @@ def check(
     * what the bench counted as handled is no more than the implementation says it did
       (sixlab's: replies sent by its engine and kernel program; datagrams its engine
       took, of which records are a part);
-    * at 100 % STAMP the xdp plane reaches ``XDP_SHARE_OF_USER_SPACE`` of the best
-      user-space plane, in each role.
+    * the xdp plane's kernel program handled at least ``XDP_KERNEL_SHARE`` of what the
+      bench counted as handled by that plane, in each role and repetition;
+    * with ``compare_speed``, at 100 % STAMP the xdp plane reaches
+      ``XDP_SHARE_OF_USER_SPACE`` of the best user-space plane, in each role.
     """
     problems: list[str] = []
     repeat = int(meta.get("repeat", 1))
@@ -917,7 +930,13 @@ def check(
         if total is not None and counters["handled"] > total:
             problems.append(f"{key}: the bench counted {counters['handled']} handled, "
                             f"the implementation {total}")  # fmt: skip
-    for role in roles:
+        plane = counters.get("plane")
+        if key.endswith("/xdp") and isinstance(plane, dict):
+            kernel = int(plane.get("reflected" if role == "reflector" else "collected", 0))
+            if kernel < XDP_KERNEL_SHARE * counters["handled"]:
+                problems.append(f"{key}: the kernel program handled {kernel} of the "
+                                f"{counters['handled']} STAMP packets counted")  # fmt: skip
+    for role in roles if compare_speed else ():
         by_impl = {
             p.impl: statistics.fmean(x.pdr for x in have[(role, p.impl, 1.0)])
             for p in points
