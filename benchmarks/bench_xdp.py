@@ -33,9 +33,7 @@ from pathlib import Path
 from sixlab.dataplane.base import DataplaneConfig
 from sixlab.dataplane.xdp_plane import XdpDataplane, attach_xdp_pass
 from sixlab.stamp.reflector import ReflectorMode, ReflectorSessionConfig
-from sixlab.testbed import two_node_bench
-from sixlab.testbed._netns import entered
-from sixlab.testbed._topology import Node
+from sixlab.testbed import Node, entered, two_node_bench
 from sixlab.wire import stamp as wire
 from sixlab.wire.packet import build_udp_packet
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, ntp_from_ns, ptp_from_ns

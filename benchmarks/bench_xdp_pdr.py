@@ -95,8 +95,7 @@ from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.dataplane.xdp_plane import Reason, XdpDataplane, attach_xdp_pass
 from sixlab.linux import libbpf
 from sixlab.stamp.reflector import ReflectorSessionConfig
-from sixlab.testbed import BenchTestbed, two_node_bench
-from sixlab.testbed._netns import entered
+from sixlab.testbed import BenchTestbed, entered, two_node_bench
 from sixlab.wire.packet import build_udp_packet
 
 PREFIX = "sixlab-bench-"

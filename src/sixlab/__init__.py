@@ -1,12 +1,15 @@
 """sixlab: STAMP delay monitoring for SRv6, ILNPv6 hosts, and the lab that measures them.
 
-Layers (each imports only the ones above it):
+Layers, bottom first; a package imports only packages on layers below its own
+(``tests/unit/test_layering.py`` holds the rule):
 
-- ``sixlab.wire``: pure codecs (IPv6, SRH, UDP, STAMP, ILNP); bytes in, values out.
-- ``sixlab.stamp`` / ``sixlab.ilnp``: sans-I/O protocol logic; time is a parameter.
-- ``sixlab.dataplane``: I/O backends that move bytes and timestamps to and from the core.
-- ``sixlab.southbound`` / ``sixlab.controller``: gRPC agents and the SDN controller.
-- ``sixlab.testbed`` / ``sixlab.bench``: namespace topologies, generators, experiments.
+- ``sixlab.wire`` (pure codecs), ``sixlab.linux`` (kernel plumbing: BPF, capture
+  sockets, nftables) and ``sixlab.registry`` (named implementations).
+- ``sixlab.stamp`` / ``sixlab.ilnp``: sans-I/O STAMP; the ILNP host logic and its daemon.
+- ``sixlab.dataplane``: the STAMP data planes and the engines that join them to the core.
+- ``sixlab.southbound``, then ``sixlab.controller``: gRPC agents, the SDN controller.
+- ``sixlab.testbed``, then ``sixlab.bench``: namespace topologies; generators, studies.
+- ``sixlab.cli``: the ``sixlab`` command.
 """
 
 __version__ = "0.1.0"

@@ -5,7 +5,9 @@ TLV areas) mutated byte by byte, are fed whole and as every prefix to reflectors
 a mix of sessions. ``reflect`` must never raise; every reply has the request's size (a
 full 44-byte base packet for a 14..43-byte request), echoes the request's Seq, carries
 T2 as given and T3 as the one clock reading it took; and the counters always balance:
-received == reflected + the drops by reason.
+received == reflected + the drops by reason. In an authenticated session the reply leaves
+by the configured path unless the request's HMAC TLV verifies (RFC 8972 §4.8): no
+mutation of a TLV area makes the reflector obey a Return Path it could not verify.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sixlab.stamp.reflector import (
     Reflector,
     ReflectorMode,
     ReflectorSessionConfig,
+    ReturnPath,
 )
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
@@ -147,6 +150,9 @@ def check_reply(r: Reflector, data: bytes, hop_limit: int) -> Reflection | None:
     )
     if authenticated:
         assert any(stamp_auth.verify(data, key) for key in (KEY_A, KEY_B))
+        if out.return_path != ReturnPath():  # the authenticated sessions configure none
+            key = next(k for k in (KEY_A, KEY_B) if stamp_auth.verify(out.payload, k))
+            assert t.verify_hmac_tlv(data[:4], data[wire.AUTH_PACKET_SIZE :], key)
     rep = wire.decode_reflector(out.payload, authenticated=authenticated)
     assert rep.sender_seq == int.from_bytes(data[:4])
     assert rep.ses_sender_ttl == hop_limit
@@ -276,3 +282,39 @@ def full() -> Reflector:
     for config in SESSIONS:
         r.add_session(config)
     return r
+
+
+REDIRECT = t.ReturnPath((t.ReturnAddress(IPv6Address("2001:db8::bad")),)).to_tlv()
+
+
+@st.composite
+def redirecting_auth_packets(draw: st.DrawFn) -> bytes:
+    """Authenticated packets for session 3 (base HMAC right) whose TLVs ask for another
+    return address, with an HMAC TLV right, wrong, absent or anywhere in the area."""
+    seq = draw(st.integers(0, 0xFFFF_FFFF))
+    base = wire.SENDER_AUTH.pack(seq, 0, ErrorEstimate(multiplier=1).to_int(), 3)
+    tlvs = draw(st.lists(st.one_of(st.sampled_from(TYPED_TLVS[:-1]), raw_tlvs), max_size=3))
+    tlvs.insert(draw(st.integers(0, len(tlvs))), REDIRECT)
+    area = t.encode_tlvs(tlvs)
+    how = draw(st.sampled_from(["right", "wrong key", "absent", "anywhere"]))
+    if how == "right":
+        area = t.append_hmac_tlv(base, area, KEY_A)
+    elif how == "wrong key":
+        area = t.append_hmac_tlv(base, area, KEY_B)
+    elif how == "anywhere":
+        cut = t.encode_tlvs(tlvs[: draw(st.integers(0, len(tlvs)))])
+        area = t.append_hmac_tlv(base, cut, KEY_A) + area[len(cut) :]
+    return stamp_auth.sign(base + area, KEY_A)
+
+
+@settings(max_examples=150, deadline=None)
+@given(redirecting_auth_packets(), flips)
+def test_authenticated_return_path_needs_the_hmac_tlv(
+    data: bytes, changes: list[tuple[int, int]]
+) -> None:
+    for packet in (data, stamp_auth.sign(mutate(data, changes), KEY_A)):
+        r = full()
+        out = check_reply(r, packet, 64)
+        authenticated = out is not None and stamp_auth.verify(out.payload, KEY_A)
+        if out is not None and authenticated and out.return_path.address is not None:
+            assert t.verify_hmac_tlv(packet[:4], packet[wire.AUTH_PACKET_SIZE :], KEY_A)

@@ -542,6 +542,30 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def test_each_agent_run_has_its_own_epoch(pair: Pair) -> None:
+    """GetAgentInfo's epoch names this run of the agent: it stays while the agent runs
+    (Reset included) and differs between runs."""
+    before = time.time_ns()
+    first = serve("[::1]:0", "sender")
+    second = serve("[::1]:0", "sender")
+    try:
+        with (
+            AgentClient(f"[::1]:{first.port}") as a,
+            AgentClient(f"[::1]:{second.port}") as b,
+        ):
+            info = a.info()
+            assert info.epoch != 0
+            assert before <= info.started_ns <= time.time_ns()
+            a.init(port=0, source="::1")
+            a.reset()
+            assert (a.info().epoch, a.info().started_ns) == (info.epoch, info.started_ns)
+            assert b.info().epoch not in (0, info.epoch)
+    finally:
+        first.stop(None)
+        second.stop(None)
+    assert pair.sender.info().epoch not in (0, info.epoch)
+
+
 def test_cursor_mode_polling_is_exactly_once(pair: Pair) -> None:
     """A reader that stores what it reads loses nothing when it dies between a read and
     its store: records stay queued until acknowledged by the next read."""
@@ -585,3 +609,67 @@ def test_cursor_mode_stream_then_acknowledge(pair: Pair) -> None:
     assert pair.sender.counters(22).sessions[0].queued == COUNT - 40
     rest = pair.sender.results(22, after_id=40)
     assert [r.record_id for r in rest.results] == list(range(41, COUNT + 1))
+
+
+def test_one_stream_carries_many_sessions(pair: Pair) -> None:
+    """StreamResults: sixty sessions on one stream (one worker thread), in cursor mode;
+    unary calls keep working beside it; missing and destroyed sessions are `gone`."""
+    ssids = list(range(100, 160))
+    for ssid in ssids:
+        pair.reflector.create_reflector_session(ssid)
+        pair.reflector.start_session(ssid)
+        pair.sender.create_sender_session(
+            ssid, "::1", reflector_port=pair.reflector_port, count=10, interval_ns=20 * MS
+        )
+    pair.sender.create_sender_session(99, "::1", reflector_port=pair.reflector_port, count=0)
+    for ssid in ssids:
+        pair.sender.start_session(ssid)
+    got: dict[int, list[int]] = {ssid: [] for ssid in ssids}
+    final: set[int] = set()
+    gone: set[int] = set()
+    counted: set[int] = set()
+    stream = pair.sender.stream_many({**dict.fromkeys(ssids, 0), 7: 0, 99: 0})
+    for message in stream:
+        for batch in message.batches:
+            if batch.gone:
+                gone.add(batch.ssid)
+                continue
+            if batch.ssid == 99:
+                pair.sender.destroy_session(99)  # a unary call while the stream runs
+                continue
+            if batch.ssid not in counted or batch.final:  # first and last carry counters
+                assert batch.counters.ssid == batch.ssid
+                counted.add(batch.ssid)
+            got[batch.ssid].extend(r.seq for r in batch.results)
+            if batch.final:
+                final.add(batch.ssid)
+    assert final == set(ssids)
+    assert gone == {7, 99}
+    assert all(seqs == list(range(10)) for seqs in got.values())
+    # Cursor mode: nothing was removed until acknowledged.
+    assert pair.sender.counters(100).sessions[0].queued == 10
+    assert pair.sender.acknowledge_many({100: 10, 101: 4, 7: 3}) == {100: 10, 101: 4}
+    assert pair.sender.counters(101).sessions[0].queued == 6
+
+
+def test_results_streams_beyond_the_limit_are_refused(tmp_path: Path) -> None:
+    """Each results stream holds a worker thread: past max_workers less the reserve they
+    are refused, and unary calls still get a thread."""
+    server = serve(f"unix:{tmp_path}/a.sock", "sender", max_workers=6)
+    try:
+        with AgentClient(f"unix:{tmp_path}/a.sock", timeout=5) as a:
+            a.init(port=0, source="::1")
+            for ssid in (1, 2, 3):
+                a.create_sender_session(ssid, "::1", reflector_port=9, count=0)
+            one, many = a.stream_results(1), a.stream_many({2: 0})
+            time.sleep(0.3)  # both are open and waiting on their worker threads
+            with pytest.raises(SouthboundError) as err:
+                next(iter(a.stream_results(3)))
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "StreamResults" in err.value.details
+            assert a.info().ssids == [1, 2, 3]  # unary calls are served
+            a.start_session(3)
+            one.cancel()
+            many.cancel()
+    finally:
+        server.stop(None)

@@ -214,7 +214,7 @@ def test_agent_restart_is_reported_and_the_session_resumes(agents: Agents, tmp_p
     ("change", "field"),
     [
         ({"name": ""}, "name"),
-        ({"reflector_address": "10.0.0.1"}, "reflector_address"),
+        ({"reflector_address": "10.0.0.300"}, "reflector_address"),
         ({"segments": ("nope",)}, "segments"),
         ({"interval_ns": 0}, "interval_ns"),
         ({"collect": "push"}, "collect"),
@@ -252,5 +252,31 @@ def test_duplicate_and_unknown_names(agents: Agents, tmp_path: Path) -> None:
         with pytest.raises(WrongStateError, match="not running"):
             c.stop_session("p")
         assert list(c.client("r").info().ssids) == [1]
+    finally:
+        c.close()
+
+
+def test_supervisor_never_repairs_a_session_created_while_it_looked(
+    agents: Agents, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The supervisor checking every few ms while sessions are created: an answer read
+    before a session existed must not read as the session missing (which would create
+    it again in a new epoch)."""
+    caplog.set_level("WARNING", logger="sixlab.controller.core")
+    c = Controller(Store(tmp_path / "c.db"), poll_interval_s=0.05, supervise_interval_s=0.002)
+    try:
+        c.register_node("s", agents.sender_addr, "sender")
+        c.register_node("r", agents.reflector_addr, "reflector")
+        c.init_node("s", source="::1", port=0)
+        c.init_node("r", source="::1", port=0)
+        names = [f"p{i}" for i in range(30)]
+        for name in names:
+            c.create_session(_spec(c, name=name, count=5))
+            c.start_session(name)
+        for name in names:
+            assert c.wait_finished(name, 20)
+            _check_complete(c, name, 5)
+        assert [c.store.session(n).epoch for n in names] == [0] * len(names)
+        assert not [r for r in caplog.records if "creating it again" in r.getMessage()]
     finally:
         c.close()

@@ -91,7 +91,7 @@ HOST_OK = [*HOST, "--locator", "2001:db8:a:0"]
         (["ilnp", "host", "--nid", "zz", "--locator", "2001:db8:a:0", "--interface", "e"], "zz"),
         ([*HOST_OK[:2], "--nid", "0x1ffffffffffffffff", *HOST_OK[4:]], "does not fit in 64"),
         ([*HOST_OK[:2], "--nid", "-1", *HOST_OK[4:]], "does not fit in 64 bits"),
-        ([*HOST_OK[:2], "--nid", "0:0:a", *HOST_OK[4:]], "not four 16-bit hex groups"),
+        ([*HOST_OK[:2], "--nid", "0:0:a", *HOST_OK[4:]], "want ::a, 0:0:0:a or an integer"),
         ([*HOST, "--locator", "2001:db8:a"], "bad locator '2001:db8:a'"),
         ([*HOST, "--locator", "2001:db8:a:g"], "bad locator"),
         ([*HOST, "--locator", "2001:db8:a:0,70000"], "Preference 70000 does not fit"),

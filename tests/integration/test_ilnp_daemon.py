@@ -778,7 +778,10 @@ def test_random_nid_flood_ilcc_growth_by_policy(net: IlnpNet, policy: str) -> No
         assert counters["not_adopted_unconnected_socket"] == arrived + 1
     elif policy == "bounded":
         assert size == CAP
-        assert counters["removed_evicted"] >= arrived - CAP
+        # Past the cap a newcomer evicts an entry idle for the policy's active window
+        # or, while every entry is fresher than that, is answered without one.
+        evicted = counters.get("removed_evicted", 0)
+        assert evicted + counters.get("not_adopted_all_active", 0) >= arrived - CAP
     else:
         assert size == counters["adopted"] == arrived + 1  # every random NID, and A
     assert echo.answered >= arrived

@@ -78,9 +78,11 @@ class Northbound:
         self.controller.store.close()
 
 
-def _northbound(tmp: Path) -> Northbound:
+def _northbound(tmp: Path, supervise_interval_s: float | None = 1.0) -> Northbound:
     address = f"unix:{tmp}/controller.sock"
-    controller = Controller(Store(tmp / "c.db"), poll_interval_s=0.05)
+    controller = Controller(
+        Store(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s
+    )
     server = serve_controller(address, controller)
     return Northbound(controller, server, ControllerClient(address, timeout=15), address)
 
@@ -220,7 +222,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     agents = Agents(tmp)
     spare_addr = f"unix:{tmp}/spare.sock"
     spare = serve(spare_addr, "sender")  # up, never initialised
-    nb = _northbound(tmp)
+    # No supervisor: its health checks would refresh last_seen under the snapshots.
+    nb = _northbound(tmp, supervise_interval_s=None)
     port = _pair(nb.client, agents)
     nb.client.register_node("s2", spare_addr, "sender")
     nb.client.register_node("gone", f"unix:{tmp}/nobody.sock", "sender")
@@ -314,7 +317,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("InitNode", _init(name=""), INVALID, "name", False),
     ("InitNode", _init(name="x"), NOT_FOUND, "no node named 'x'", False),
     ("InitNode", _init(name="s2", port=70000), INVALID, "port", False),
-    ("InitNode", _init(name="s2", source="10.0.0.1"), INVALID, "source", False),
+    ("InitNode", _init(name="s2", source="10.0.0.300"), INVALID, "source", False),
     ("InitNode", _init(name="s2", dataplane="nope"), INVALID, "dataplane", True),
     ("InitNode", _init(name="s2", interface="x" * 20), INVALID, "interface", True),
     ("InitNode", _init(name="s", port=0), PRECONDITION, "agent", True),
@@ -323,7 +326,14 @@ BAD_REQUESTS: list[tuple[str, Callable[[World], Any], grpc.StatusCode, str, bool
     ("CreateSession", _create(name="p\n"), INVALID, "name", False),
     ("CreateSession", _create(sender=""), INVALID, "sender", False),
     ("CreateSession", _create(reflector_address=""), INVALID, "reflector_address", False),
-    ("CreateSession", _create(reflector_address="10.0.0.1"), INVALID, "reflector_address", False),
+    ("CreateSession", _create(reflector_address="10.0.0.300"), INVALID, "reflector_address", False),
+    (
+        "CreateSession",
+        _create(reflector_address="10.0.0.1", segments=["fc00::1"]),
+        INVALID,
+        "segments",
+        False,
+    ),
     ("CreateSession", _create(segments=["fc00::1", "bad"]), INVALID, "segments", False),
     ("CreateSession", _create(return_segments=["bad"]), INVALID, "return_segments", False),
     ("CreateSession", _create(return_path_tlv=True), INVALID, "return_segments", False),
@@ -469,12 +479,16 @@ def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None
             ("p", "finished", 30, 0, 30)
         ]
         results = json.loads(_ok(address, "results", "p", "--json"))
-        assert [r["seq"] for r in results["records"]] == list(range(30))
+        assert [(r["epoch"], r["seq"]) for r in results["records"]] == [(0, i) for i in range(30)]
         assert results["more"] is False
         assert all(r["rtt_ns"] == r["direct_ns"] + r["return_ns"] for r in results["records"])
         stats = json.loads(_ok(address, "stats", "p", "--json"))
         assert (stats["received"], stats["lost"], stats["loss_ratio"]) == (30, 0, 0.0)
         assert (stats["forward_lost"], stats["backward_lost"]) == (0, 0)
+        assert stats["unknown"] == 0
+        assert [
+            (e["epoch"], e["end_reason"], e["sent"], e["received"]) for e in stats["epochs"]
+        ] == [(0, "finished", 30, 30)]
         assert stats["rtt"]["count"] == 30
         assert stats["rtt"]["min_ns"] == min(r["rtt_ns"] for r in results["records"])
         # The tables show the same session.

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sixlab.controller.store import (
+    SCHEMA_VERSION,
     AlreadyExistsError,
     InUseError,
     NotFoundError,
+    StaleEpochError,
     Store,
     StoreError,
 )
@@ -90,27 +92,136 @@ def test_results_are_stored_exactly_once(store: Store) -> None:
 
 def test_new_epoch_restarts_ids_without_collisions(store: Store) -> None:
     sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+    assert store.begin_epoch("p", 10, sender_agent="aa") == 0  # the first start
     store.store_results(sid, [(1, _r(0)), (2, _r(1))])
-    assert store.new_epoch("p") == 1
+    assert store.begin_epoch("p", 20, sender_agent="bb", reason="sender-lost") == 1
     assert store.session("p").cursor == 0
     # The restarted agent numbers from 1 again: new rows, not duplicates.
-    assert store.store_results(sid, [(1, _r(2)), (2, _r(3))], epoch=1) == 2
+    assert store.store_results(sid, [(1, _r(0)), (2, _r(1))], epoch=1) == 2
     assert store.record_ids(sid) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert store.count_results(sid) == 4
-    assert [r.seq for r in store.results(sid)] == [0, 1, 2, 3]
+    assert [(e, r.seq) for e, r in store.records(sid)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert store.session("p").cursor == 2
+    # (session, epoch, Seq) is unique too: a record of a known Seq is not stored twice.
+    assert store.store_results(sid, [(3, _r(1))], epoch=1) == 0
+    epochs = store.epochs(sid)
+    assert [(e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent) for e in epochs] == [
+        (0, 10, 20, "sender-lost", "aa"),
+        (1, 20, None, None, "bb"),
+    ]
+    assert [e.received for e in epochs] == [2, 2]
 
 
 def test_counters_add_up_across_epochs(store: Store) -> None:
     sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
-    store.store_results(sid, [(1, _r(0))], counters=(10, 2, 1, 0))
-    store.new_epoch("p")
-    store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 0), epoch=1)
+    store.begin_epoch("p", 1)
+    store.store_results(sid, [(1, _r(0))], counters=(10, 2, 1, 0), now_ns=5)
+    store.stop_epoch("p", 6)
+    store.end_epoch("p", 7, "finished")
+    store.begin_epoch("p", 8)
+    store.store_results(sid, [(1, _r(1))], counters=(4, 1, 0, 3), epoch=1, now_ns=9)
     row = store.session("p")
-    assert (row.sent, row.lost, row.forward_lost) == (14, 3, 1)
-    # A late snapshot of the old epoch must not overwrite the totals.
-    store.store_results(sid, [], counters=(11, 2, 1, 0), epoch=0)
+    assert (row.sent, row.lost, row.forward_lost, row.overflow) == (14, 3, 1, 3)
+    first, second = store.epochs(sid)
+    assert (first.sent, first.lost, first.seen_ns, first.stopped_ns, first.ended_ns) == (
+        10, 2, 5, 6, 7
+    )  # fmt: skip
+    assert (first.end_reason, second.end_reason, second.stopped_ns) == ("finished", None, None)
+    assert (second.sent, second.overflow, second.received) == (4, 3, 1)
+    # A late batch of the old epoch must neither overwrite the totals nor land in the
+    # new epoch: it is refused whole.
+    with pytest.raises(StaleEpochError, match="epoch 0, but the session is in epoch 1"):
+        store.store_results(sid, [(2, _r(9))], counters=(11, 2, 1, 0), epoch=0)
     assert store.session("p").sent == 14
+    assert store.record_ids(sid) == [(0, 1), (1, 1)]
+
+
+#: The schema of the first release, which had no version (user_version 0).
+SCHEMA_V0 = """
+CREATE TABLE IF NOT EXISTS nodes (
+    name        TEXT PRIMARY KEY,
+    address     TEXT NOT NULL,          -- gRPC address of the agent, host:port
+    role        TEXT NOT NULL CHECK (role IN ('sender', 'reflector')),
+    healthy     INTEGER NOT NULL DEFAULT 0,
+    last_seen   INTEGER,                -- Unix ns of the last successful call
+    last_error  TEXT,
+    init        TEXT                    -- JSON Init parameters, replayed when it restarts
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT NOT NULL UNIQUE,   -- the path's name, e.g. "path-a"
+    ssid        INTEGER NOT NULL,
+    sender      TEXT NOT NULL REFERENCES nodes(name),
+    reflector   TEXT NOT NULL REFERENCES nodes(name),
+    params      TEXT NOT NULL,          -- JSON: segments, return segments, interval, ...
+    state       TEXT NOT NULL,          -- created, running, stopped, destroyed
+    epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
+    cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
+    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the agent's snapshot plus the base
+    lost        INTEGER NOT NULL DEFAULT 0,
+    forward_lost INTEGER,
+    sent_base   INTEGER NOT NULL DEFAULT 0,  -- totals of the epochs before this one
+    lost_base   INTEGER NOT NULL DEFAULT 0,
+    forward_lost_base INTEGER NOT NULL DEFAULT 0,
+    overflow    INTEGER NOT NULL DEFAULT 0,
+    created_ns  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    epoch       INTEGER NOT NULL,       -- an agent that restarted numbers from 1 again
+    record_id   INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    t1_ns       INTEGER NOT NULL,
+    t2_ns       INTEGER NOT NULL,
+    t3_ns       INTEGER NOT NULL,
+    t4_ns       INTEGER NOT NULL,
+    sender_ee   INTEGER NOT NULL,
+    reflector_ee INTEGER NOT NULL,
+    ttl         INTEGER NOT NULL,
+    reflector_seq INTEGER NOT NULL,
+    PRIMARY KEY (session_id, epoch, record_id)
+) WITHOUT ROWID;
+"""
+
+
+def test_migrates_a_version_0_file(tmp_path: Path) -> None:
+    """A store written before the schema had a version opens with its rows kept, gains
+    the new columns, and lets a destroyed session's name be used again."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
+        db.executescript(
+            "INSERT INTO nodes(name, address, role, init) VALUES ('s1', 'h:1', 'sender', '{}');"
+            "INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector');"
+            "INSERT INTO sessions(name, ssid, sender, reflector, params, state, epoch, cursor,"
+            " sent, lost, created_ns) VALUES ('p', 1, 's1', 'r1', '{}', 'destroyed', 1, 1, 3,"
+            " 1, 7);"
+            "INSERT INTO results VALUES (1, 1, 1, 0, 100, 200, 250, 400, 0, 0, 62, 0);"
+        )
+    store = Store(path)
+    node = store.node("s1")
+    assert (node.name, node.init, node.agent_epoch, node.restarts) == ("s1", {}, None, 0)
+    assert store.observe_agent("s1", 0xFEDCBA9876543210, 5) is False  # first sight
+    assert store.observe_agent("s1", 0xFEDCBA9876543210, 5) is False
+    assert store.observe_agent("s1", 7, 9) is True  # a new run: a restart
+    node = store.node("s1")
+    assert (node.agent_epoch, node.agent_started_ns, node.restarts) == ("0000000000000007", 9, 1)
+    old = store.session("p")
+    assert (old.id, old.state, old.epoch, old.sent, old.lost, old.created_ns) == (
+        1, "destroyed", 1, 3, 1, 7
+    )  # fmt: skip
+    assert store.record_ids(old.id) == [(1, 1)]
+    (epoch,) = store.epochs(old.id)  # its history, as one epoch
+    assert (epoch.epoch, epoch.sent, epoch.lost, epoch.received, epoch.end_reason) == (
+        1, 3, 1, 1, "destroyed"
+    )  # fmt: skip
+    new = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=8)
+    assert new.id == 2
+    assert store.session("p").id == 2
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
 def test_survives_reopen(tmp_path: Path) -> None:
@@ -135,3 +246,53 @@ def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     assert store.record_ids(sid) == []
     assert store.count_results(sid) == 0
     assert store.session("p").cursor == 0
+
+
+def test_unclassified_loss_and_ssid_zero_are_stored(store: Store) -> None:
+    row = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=1)
+    assert (row.unclassified_lost, row.ssid_zero) == (None, 0)
+    store.store_results(row.id, [(1, _r(0))], (10, 4, 1, 0), unclassified_lost=2, ssid_zero=7)
+    row = store.session("p")
+    assert (row.lost, row.forward_lost, row.unclassified_lost, row.ssid_zero) == (4, 1, 2, 7)
+
+
+def test_unplaced_losses_of_an_ended_epoch_stay_unplaced(store: Store) -> None:
+    """A sender agent that restarted can no longer place its earlier run's losses after
+    the last reply: they stay unclassified rather than turn into backward loss."""
+    row = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=1)
+    store.begin_epoch("p", 1)
+    store.store_results(row.id, [], (10, 4, 1, 0), unclassified_lost=2, ssid_zero=1)
+    store.begin_epoch("p", 2, reason="sender-lost")
+    store.store_results(row.id, [], (5, 1, 0, 0), epoch=1, unclassified_lost=1, ssid_zero=1)
+    row = store.session("p")
+    assert (row.lost, row.forward_lost, row.unclassified_lost, row.ssid_zero) == (5, 1, 3, 2)
+
+
+@pytest.mark.parametrize("had_columns", [False, True])
+def test_a_database_made_before_the_new_columns_gets_them(
+    tmp_path: Path, had_columns: bool
+) -> None:
+    """A version-0 file, with or without the loss columns (added to version 0 before the
+    schema had a version), opens with them and keeps what they held."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
+        if had_columns:
+            db.execute("ALTER TABLE sessions ADD COLUMN unclassified_lost INTEGER")
+            db.execute("ALTER TABLE sessions ADD COLUMN ssid_zero INTEGER NOT NULL DEFAULT 0")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('s', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('r', 'h:2', 'reflector')")
+        db.execute(
+            "INSERT INTO sessions (name, ssid, sender, reflector, params, state, created_ns)"
+            " VALUES ('p', 1, 's', 'r', '{}', 'created', 5)"
+        )
+        if had_columns:
+            db.execute("UPDATE sessions SET unclassified_lost=3, ssid_zero=4")
+    s = Store(path)
+    row = s.session("p")
+    assert (row.name, row.unclassified_lost, row.ssid_zero) == (
+        ("p", 3, 4) if had_columns else ("p", None, 0)
+    )
+    s.store_results(row.id, [], (3, 1, 0, 0), unclassified_lost=1, ssid_zero=2)
+    assert (s.session("p").unclassified_lost, s.session("p").ssid_zero) == (1, 2)
+    s.close()

@@ -5,17 +5,29 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from ipaddress import IPv6Address
+from typing import Any
 
 import pytest
 
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, create
-from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.dataplane.engine import (
+    ReflectorEngine,
+    ScheduleStats,
+    SenderEngine,
+    SenderSessionSpec,
+)
 from sixlab.dataplane.memory import MemoryDataplane, MemoryNetwork
-from sixlab.stamp._events import ConfigError, StampResult
-from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.stamp._events import DropReason, SessionConfigError, StampResult
+from sixlab.stamp.reflector import Reflection, Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, State
+from sixlab.wire import stamp as wire
+from sixlab.wire import stamp_auth
+from sixlab.wire import stamp_tlv as t
+from sixlab.wire.timestamp import ns_from_ntp
 
 R_ADDR = IPv6Address("fd00::2")
+S = 1_000_000_000
+T0 = 1_800_000_000 * S  # Unix ns
 S_ADDR = IPv6Address("fd00::1")
 MS = 1_000_000
 
@@ -145,10 +157,10 @@ def test_bad_control_calls(
 ) -> None:
     _network, sender, _rengine, _reflector = net
     sender.add_session(_spec(9, 1))
-    with pytest.raises(ConfigError, match="already exists"):
+    with pytest.raises(SessionConfigError, match="already exists"):
         sender.add_session(_spec(9, 1))
     for call in (sender.start_session, sender.stop_session, sender.remove_session):
-        with pytest.raises(ConfigError, match="no session 10"):
+        with pytest.raises(SessionConfigError, match="no session 10"):
             call(10)
     sender.remove_session(9)
     assert sender.sessions() == []
@@ -225,14 +237,14 @@ def test_reflector_engine_sessions_reach_the_core_and_the_plane_hooks() -> None:
     with pytest.raises(DataplaneError, match="refused"):
         engine.add_session(ReflectorSessionConfig(ssid=9))
     assert reflector.ssids == [3]  # the plane refused: the core is as it was
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         engine.add_session(ReflectorSessionConfig(ssid=3))  # the core refuses first
     assert engine.remove_session(3) == (0, {})
     assert reflector.ssids == []
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         engine.remove_session(3)
     engine.set_default(None)
-    with pytest.raises(ConfigError):
+    with pytest.raises(SessionConfigError):
         reflector.session_counters(None)  # no default any more
     assert plane.calls == [
         ("reflector+", 3),
@@ -267,3 +279,311 @@ def test_full_path_closes_the_sid_list_with_the_destination() -> None:
     assert full_path(R_ADDR, ()) is None
     assert full_path(R_ADDR, (seg,)) == (seg, R_ADDR)
     assert full_path(R_ADDR, (seg, R_ADDR)) == (seg, R_ADDR)  # already closed: unchanged
+
+
+class SteppedClocks:
+    """A monotonic clock the test advances, and a wall clock it can also step."""
+
+    def __init__(self) -> None:
+        self.mono_ns = 1000 * S
+        self.wall_ns = T0
+
+    def mono(self) -> int:
+        return self.mono_ns
+
+    def wall(self) -> int:
+        return self.wall_ns
+
+    def advance(self, ns: int) -> None:
+        self.mono_ns += ns
+        self.wall_ns += ns
+
+
+def test_a_stepped_wall_clock_does_not_move_the_send_schedule() -> None:
+    """The engine schedules on its monotonic clock and stamps T1 from the wall clock: the
+    wall clock stepping back an hour, then forward two, neither stalls nor bursts the
+    sends (the engine's loop is driven by hand, tick by tick)."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))  # receives, never answers
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=3, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(3)
+    stamped = [clocks.wall()]
+    for k in range(1, 40):
+        clocks.advance(10 * MS)
+        if k == 10:
+            clocks.wall_ns -= 3600 * S
+        if k == 25:
+            clocks.wall_ns += 7200 * S
+        engine._on_tick()
+        stamped.append(clocks.wall())
+        assert engine._timeout() == pytest.approx(0.010)  # the next slot, 10 ms ahead
+    sent = sink.receive(1000)
+    assert len(sent) == 40  # one per slot: no stall after the step back, no burst after
+    t1 = [ns_from_ntp(wire.decode_sender(rx.payload).timestamp) for rx in sent]
+    assert t1 == pytest.approx(stamped, abs=1000)  # T1 is the wall clock (NTP: ~ns)
+    assert engine.snapshot(3).counters.lost == 0  # nothing expired by the forward step
+    splane.close()
+    sink.close()
+
+
+def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
+    """500 sessions, one timer heap: driven tick by tick each session sends on its own
+    grid (start + k × interval), never drifting; after a stall the engine sends one
+    packet per session for the latest slot and reports the slots it skipped and how
+    late it was."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    interval = 100 * MS
+    starts: dict[int, int] = {}
+    for ssid in range(1, 501):
+        cfg = SenderConfig(ssid=ssid, interval_ns=interval, loss_timeout_ns=100 * S)
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    for ssid in range(1, 501):
+        if ssid % 50 == 0:
+            clocks.advance(MS)  # phases 0..9 ms: whole ms, all before the first slot
+        starts[ssid] = clocks.mono()
+        engine.start_session(ssid)
+    for _ in range(1000):  # one second of 1 ms ticks: every slot met on time
+        clocks.advance(MS)
+        engine._on_tick()
+    end = clocks.mono()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        assert snap.counters.sent == (end - start) // interval + 1  # no drift, no loss
+        assert snap.schedule == ScheduleStats(sent=snap.counters.sent)  # nothing late
+    clocks.advance(350 * MS)  # the engine stalls for 350 ms
+    engine._on_tick()
+    for ssid, start in starts.items():
+        snap = engine.snapshot(ssid)
+        before, after = (end - start) // interval, (clocks.mono() - start) // interval
+        assert snap.counters.sent == before + 2  # one packet for the latest slot, no burst
+        assert snap.schedule.skipped == after - before - 1
+        late = (clocks.mono() - start) % interval
+        assert (snap.schedule.late_ns_total, snap.schedule.late_ns_max) == (late, late)
+    assert engine._timeout() <= 0.1
+    splane.close()
+    sink.close()
+
+
+def test_a_reply_is_late_by_its_arrival_not_by_when_the_loop_reads_it() -> None:
+    """The reply came back in time but the engine read it only after the loss timeout
+    (a stalled process): its kernel receive time (T4) says it arrived in time."""
+    clocks = SteppedClocks()
+    network = MemoryNetwork(clock=clocks.wall)  # stamps rx_ns, like a kernel timestamp
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    rplane.open()
+    splane.open()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=4, interval_ns=10 * S, loss_timeout_ns=100 * MS)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(4)
+    (request,) = rplane.receive()
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=4))
+    clocks.advance(MS)
+    reply = reflector.reflect(request.payload, clocks.wall(), clocks.wall, 64)
+    assert reply is not None
+    rplane.send(reply.payload, S_ADDR, splane.local_port)  # arrives 1 ms after sending
+    clocks.advance(500 * MS)  # the engine stalls past the loss timeout
+    engine._on_readable()
+    engine._on_tick()
+    counters = engine.snapshot(4).counters
+    assert (counters.received, counters.lost, counters.late) == (1, 0, 0)
+    splane.close()
+    rplane.close()
+
+
+class Rfc8762Reflector(Reflector):
+    """A reflector that implements RFC 8762 but not RFC 8972: the SSID field of its
+    replies is MBZ, so it comes back as zero (and the HMAC covers the zeros)."""
+
+    key = b"k"
+
+    def reflect(self, *args: Any, **kwargs: Any) -> Reflection | None:
+        out = super().reflect(*args, **kwargs)
+        if out is None:
+            return None
+        payload = out.payload
+        if stamp_auth.verify(payload, self.key):
+            return out._replace(
+                payload=stamp_auth.sign(payload[:26] + b"\0\0" + payload[28:], self.key)
+            )
+        return out._replace(payload=payload[:14] + b"\0\0" + payload[16:])
+
+
+def _engines(
+    reflector: Reflector, *sources: IPv6Address
+) -> tuple[MemoryNetwork, list[SenderEngine], ReflectorEngine]:
+    network = MemoryNetwork(hop_limit=60)
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    rplane.open()
+    rengine = ReflectorEngine(rplane, reflector)
+    rengine.start()
+    senders = []
+    for source in sources:
+        plane = network.plane(DataplaneConfig(port=0, source=source))
+        plane.open()
+        engine = SenderEngine(plane, fifo_capacity=1000)
+        engine.start()
+        senders.append(engine)
+    return network, senders, rengine
+
+
+def _stop(senders: list[SenderEngine], rengine: ReflectorEngine) -> None:
+    for engine in senders:
+        engine.shutdown()
+        engine.dataplane.close()
+        assert engine.error is None
+    rengine.shutdown()
+    rengine.dataplane.close()
+    assert rengine.error is None
+
+
+def test_ssid_zero_replies_reach_their_sessions_by_address_port_and_seq() -> None:
+    reflector = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    _, (sender,), rengine = _engines(reflector, S_ADDR)
+    try:
+        sender.add_session(_spec(1, 10))
+        sender.add_session(
+            SenderSessionSpec(
+                SenderConfig(ssid=3, interval_ns=MS, count=10, loss_timeout_ns=200 * MS, key=b"k"),
+                R_ADDR,
+                862,
+            )
+        )
+        reflector.add_session(ReflectorSessionConfig(ssid=3, key=b"k"))
+        for ssid in (1, 3):
+            sender.start_session(ssid)
+        for ssid in (1, 3):
+            assert sender.wait_finished(ssid, 10)
+            c = sender.snapshot(ssid).counters
+            assert (c.received, c.ssid_zero, c.lost) == (10, 10, 0)
+            assert c.reflector_ssid_zero
+            assert sorted(r.seq for r in sender.results(ssid)) == list(range(10))
+        assert sender.counters.no_session == 0
+    finally:
+        _stop([sender], rengine)
+
+
+def test_ssid_zero_replies_are_refused_by_strict_ssid() -> None:
+    _, (sender,), rengine = _engines(Rfc8762Reflector(ReflectorSessionConfig(ssid=None)), S_ADDR)
+    try:
+        cfg = SenderConfig(
+            ssid=1, interval_ns=MS, count=5, loss_timeout_ns=50 * MS, strict_ssid=True
+        )
+        sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        sender.start_session(1)
+        assert sender.wait_finished(1, 10)
+        c = sender.snapshot(1).counters
+        assert (c.received, c.lost, c.dropped) == (0, 5, {DropReason.SSID_ZERO: 5})
+    finally:
+        _stop([sender], rengine)
+
+
+def test_ssid_zero_reply_from_another_address_or_port_is_not_taken() -> None:
+    # A hand-driven RFC 8762 reflector: the sender's packet is caught on a plain plane at
+    # the reflector's address, and the replies go back from three places.
+    network = MemoryNetwork(hop_limit=60)
+    catcher = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    other_port = network.plane(DataplaneConfig(port=863, source=R_ADDR))
+    other_addr = network.plane(DataplaneConfig(port=862, source=IPv6Address("fd00::99")))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    for plane in (catcher, other_port, other_addr, splane):
+        plane.open()
+    sender = SenderEngine(splane, fifo_capacity=1000)
+    core = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    try:
+        sender.add_session(_spec(1, 1))
+        sender.start_session(1)
+        (packet,) = catcher.receive()
+        out = core.reflect(packet.payload, time.time_ns(), time.time_ns, 64)
+        assert out is not None
+        for plane in (other_port, other_addr, catcher):
+            plane.send(out.payload, S_ADDR, splane.port)
+        sender.start()
+        assert sender.wait_finished(1, 10)
+        assert sender.snapshot(1).counters.received == 1
+        assert sender.counters.no_session == 2  # the two from elsewhere
+    finally:
+        sender.shutdown()
+        for plane in (catcher, other_port, other_addr, splane):
+            plane.close()
+
+
+def test_ssid_zero_reply_claimed_by_two_sessions_is_not_guessed() -> None:
+    # Two sessions to one reflector address and port, the same Seq at the same T1: with
+    # SSID 0 nothing tells their replies apart.
+    network = MemoryNetwork(hop_limit=60)
+    catcher = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    catcher.open()
+    splane.open()
+    now = 1_800_000_000 * 1_000_000_000
+    sender = SenderEngine(splane, clock=lambda: now)
+    core = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
+    try:
+        for ssid in (1, 2):
+            sender.add_session(_spec(ssid, 1))
+            sender.start_session(ssid)
+        first, _second = catcher.receive()
+        out = core.reflect(first.payload, now, lambda: now, 64)
+        assert out is not None
+        catcher.send(out.payload, S_ADDR, splane.port)
+        sender._on_batch(splane.receive())
+        assert sender.counters.no_session == 1
+        assert [sender.snapshot(s).counters.received for s in (1, 2)] == [0, 0]
+    finally:
+        for plane in (catcher, splane):
+            plane.close()
+
+
+def test_two_senders_with_one_ssid_get_their_own_stateful_counts() -> None:
+    # RFC 8972 §3: a session is the SSID with the addresses and ports.
+    reflector = Reflector()
+    reflector.add_session(ReflectorSessionConfig(ssid=7, mode=ReflectorMode.STATEFUL))
+    s2 = IPv6Address("fd00::3")
+    _, senders, rengine = _engines(reflector, S_ADDR, s2)
+    try:
+        for engine in senders:
+            cfg = SenderConfig(
+                ssid=7, interval_ns=MS, count=20, loss_timeout_ns=200 * MS, reflector_stateful=True
+            )
+            engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        for engine in senders:
+            engine.start_session(7)
+        for engine in senders:
+            assert engine.wait_finished(7, 10)
+            records = engine.results(7)
+            assert [(r.seq, r.reflector_seq) for r in records] == [(i, i) for i in range(20)]
+            assert engine.snapshot(7).counters.forward_lost == 0
+    finally:
+        _stop(senders, rengine)
+
+
+def test_class_of_service_through_the_engines() -> None:
+    reflector = Reflector(ReflectorSessionConfig(ssid=None))
+    _, (sender,), rengine = _engines(reflector, S_ADDR)
+    try:
+        cos = t.ClassOfService(dscp1=46).to_tlv().encode()
+        cfg = SenderConfig(ssid=1, interval_ns=MS, count=2, loss_timeout_ns=200 * MS, tlvs=cos)
+        sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        sender.start_session(1)
+        assert sender.wait_finished(1, 10)
+        for record in sender.results(1):
+            (tlv,) = t.decode_tlvs(record.tlvs)
+            got = t.ClassOfService.from_tlv(tlv)
+            assert (tlv.flags, got.dscp1, got.dscp2, got.ecn2, got.rp) == (0, 46, 0, 0, 0)
+    finally:
+        _stop([sender], rengine)

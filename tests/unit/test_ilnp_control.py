@@ -214,6 +214,7 @@ def test_bad_requests_get_one_clear_error_and_change_nothing(
 
 
 def test_set_locators_still_moves(daemon: IlnpDaemon) -> None:
+    daemon.read_links = lambda: {"eth0": (True, {LOC_A, LOC_B})}
     reply = daemon.handle_request(
         b'{"cmd": "set-locators", "locators": ["2001:db8:b:0,5", "2001:db8:a:0,10"]}'
     )
@@ -283,3 +284,15 @@ def test_a_dead_socket_is_one_cli_line(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "Connection refused" in err
     assert err.count("\n") == 1
+
+
+def test_set_locators_refuses_a_locator_no_link_holds(daemon: IlnpDaemon) -> None:
+    """Issue 12 #5: a move to an L64 that no interface (that is up) has an address
+    under is refused with the reason, and changes nothing."""
+    daemon.read_links = lambda: {"eth0": (True, {LOC_A}), "eth1": (False, {LOC_B})}
+    before = daemon.status()
+    reply = daemon.handle_request(b'{"cmd": "set-locators", "locators": ["2001:db8:b:0,5"]}')
+    assert reply["ok"] is False
+    assert "no interface holds an address under 2001:db8:b:0" in reply["error"]
+    assert daemon.status() == before
+    assert daemon.host.local_locator == LOC_A

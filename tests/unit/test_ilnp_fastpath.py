@@ -14,6 +14,7 @@ import errno
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -38,6 +39,7 @@ from sixlab.wire.ilnp import (
     ILV,
     IlnpPacket,
     LocatorEntry,
+    Nonce,
     decode_packet,
     encode_packet,
     nid_checksum,
@@ -135,9 +137,9 @@ def test_ingress_waits_until_the_host_has_seen_the_peer_answer() -> None:
     assert _deliver(b, _wire(a, b"1", 0.0), 0.0) is not None
     entry_b = b.ilcc.get(NID_A)
     assert entry_b is not None
-    first = peer_record(entry_b, b.config, lambda _loc: 1)
-    assert first is not None
-    assert not first.flags & F_INGRESS  # carry_nonce still set on B's new entry
+    # One packet from a newcomer: no kernel copy yet, and carry_nonce still set.
+    assert entry_b.carry_nonce
+    assert peer_record(entry_b, b.config, lambda _loc: 1) is None
     assert _deliver(a, _wire(b, b"2", 0.0), 0.0) is not None
     after = peer_record(entry_a, a.config, lambda _loc: 1)
     assert after is not None
@@ -184,8 +186,8 @@ def test_aged_locators_stay_accepted_until_grace_and_egress_stops_at_first_deadl
 
 
 def test_packed_layouts_have_the_c_sizes() -> None:
-    # struct ilnp_peer: 3*8 + 8*8 + 8*8 + 8 + 4 + 4 + 3 + 5 + 12 + 12; ilnp_config: 88.
-    assert _PEER.size == 200
+    # struct ilnp_peer: 3*8 + 8*8 + 8*8 + 2*8 + 4 + 4 + 3 + 5 + 12 + 12; ilnp_config: 88.
+    assert _PEER.size == 208
     assert _CONFIG.size == 88
 
 
@@ -194,7 +196,7 @@ def test_packed_layouts_have_the_c_sizes() -> None:
 
 @pytest.fixture
 def fastpath() -> Iterator[FastPath]:
-    fp = FastPath(nid=NID_B, prefix=IDENTIFIER_PREFIX, tun="", links=(), on_active=print)
+    fp = FastPath(nid=NID_B, prefix=IDENTIFIER_PREFIX, tun="", links=(), on_active=lambda *_: None)
     fp.load(tun_ifindex=1)
     try:
         fp.set_locators([LOC_B])
@@ -317,7 +319,7 @@ def test_refused_write_keeps_the_entry_in_user_space_and_drops_a_stale_copy(
     err: int, counter: str
 ) -> None:
     _a, b, entry = _pair()
-    fp = FastPath(nid=NID_B, prefix=IDENTIFIER_PREFIX, tun="", links=(), on_active=print)
+    fp = FastPath(nid=NID_B, prefix=IDENTIFIER_PREFIX, tun="", links=(), on_active=lambda *_: None)
     refusing = _RefusingMap(err)
     fp._peers = refusing  # type: ignore[assignment]
     record = peer_record(entry, b.config, lambda _loc: 1)
@@ -330,3 +332,55 @@ def test_refused_write_keeps_the_entry_in_user_space_and_drops_a_stale_copy(
     assert fp.stats[counter] == 2
     assert fp.installed == set()
     assert refusing.deleted == [struct.pack("<Q", NID_A)]
+
+
+@pytest.mark.root
+def test_ingress_reports_the_peer_heard_and_the_host_keeps_its_session() -> None:
+    """A packet taken by the kernel from the peer is reported as *heard*: the host then
+    never takes a packet with another nonce for a restart (issue 12 #3)."""
+    reports: list[tuple[int, bool]] = []
+    fp = FastPath(
+        nid=NID_B,
+        prefix=IDENTIFIER_PREFIX,
+        tun="",
+        links=(),
+        on_active=lambda nid, heard: reports.append((nid, heard)),
+    )
+    fp.load(tun_ifindex=1)
+    try:
+        fp.set_locators([LOC_B])
+        now = time.monotonic()
+        a, b, entry = _pair(now=now)
+        fp.update(NID_A, peer_record(entry, b.config, lambda _loc: 1))
+        run = fp.program("ilnp_ingress").test_run(ETH + _wire(a, b"x", now))
+        assert run.retval == TC_ACT_REDIRECT
+        assert fp.drain() == 1
+    finally:
+        fp.close()
+    assert reports == [(NID_A, True)]
+    later = now + 10 * b.config.restart_grace
+    b.mark_used(NID_A, later, heard=True)
+    forged = decode_packet(_wire(a, b"y", later))
+    b.receive(encode_packet(replace(forged, nonce=Nonce(bytes(4)))), later + 0.5)
+    assert b.counters["nonce_mismatch"] == 1
+    assert b.ilcc.get(NID_A) is entry
+
+
+def test_a_newcomer_gets_its_kernel_copy_with_its_second_packet() -> None:
+    """A crowd of one-packet senders costs no map write each: B (policy none) adopts A
+    on its first packet but reports A for the kernel only with the second; an entry B
+    started itself (a resolved name) is reported at once."""
+    a, b = _host(NID_A, LOC_A), _host(NID_B, LOC_B)
+    b.take_touched()
+    a.add_correspondent(NID_B, (LocatorEntry(LOC_B),), 0.0)
+    assert _deliver(b, _wire(a, b"one", 0.0), 0.0) is not None
+    entry = b.ilcc.get(NID_A)
+    assert entry is not None
+    assert peer_record(entry, b.config, lambda _loc: 1) is None
+    b.take_touched()
+    assert _deliver(b, _wire(a, b"two", 0.1), 0.1) is not None
+    assert b.take_touched() == {NID_A}
+    assert peer_record(entry, b.config, lambda _loc: 1) is not None
+    started = a.ilcc.get(NID_B)
+    assert started is not None
+    assert peer_record(started, a.config, lambda _loc: 1) is not None

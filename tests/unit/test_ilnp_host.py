@@ -230,7 +230,7 @@ def test_parameter_problem_marks_peer_non_ilnp_and_falls_back() -> None:
     assert ipv6_checksum(packet.src.packed, packet.dst.packed, 17, packet.payload) == 0
 
 
-def flood(host: IlnpHost, count: int, seed: int = 1) -> None:
+def flood(host: IlnpHost, count: int, seed: int = 1, *, gap: float = 0.001) -> None:
     rng = random.Random(seed)
     for i in range(count):
         nid = rng.getrandbits(64)
@@ -242,7 +242,7 @@ def flood(host: IlnpHost, count: int, seed: int = 1) -> None:
             payload,
             Nonce(rng.randbytes(4)),
         )
-        host.receive(encode_packet(packet), now=i * 0.001)
+        host.receive(encode_packet(packet), now=i * gap)
 
 
 class FakeSockets:
@@ -309,9 +309,11 @@ def test_no_socket_at_all_is_counted_separately() -> None:
 
 def test_flood_stays_under_cap_with_bounded_policy_and_idle_entries_expire() -> None:
     host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=50, idle_timeout=5.0))
-    flood(host, 300)
+    flood(host, 300, gap=0.01)  # 100 newcomers a second for 3 s
     assert len(host.ilcc) == 50
-    assert host.counters["removed_evicted"] == 250
+    # Past the cap, a newcomer evicts an entry at least ACTIVE_WINDOW old, or is refused.
+    assert host.counters["removed_evicted"] == 50
+    assert host.counters["not_adopted_all_active"] == 200
     timer = host.get_timer()
     assert timer is not None
     host.handle_timer(10.0)
@@ -460,7 +462,7 @@ def test_take_touched_reports_late_adoption_and_non_ilnp_peer() -> None:
 def test_take_touched_reports_eviction_by_policy() -> None:
     host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=2, idle_timeout=5.0))
     host.take_touched()
-    flood(host, 3)
+    flood(host, 3, gap=1.0)
     (evicted,) = {e.peer_nid for e in events(host) if isinstance(e, Removed)}
     touched = host.take_touched()
     assert len(touched) == 3
@@ -522,3 +524,248 @@ def test_entry_expired_on_the_data_path_is_removed_at_once(late: str) -> None:
         a.set_local_locators([LocatorEntry(LOC_A2)], 700.1)
         assert a.datagrams_to_send() == []
     assert a.get_timer() is None
+
+
+def established() -> tuple[IlnpHost, IlnpHost]:
+    """A and B after one exchange each way: both know both nonces."""
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"hi"), 0.1)
+    deliver(b, a, 0.1)
+    events(a)
+    events(b)
+    return a, b
+
+
+def restarted_a() -> IlnpHost:
+    """A again after a restart: same NID and locator, no state, other nonces."""
+    config = HostConfig(A_NID, (LocatorEntry(LOC_A1, 10, 600),))
+    fresh = itertools.count(1000)
+    return IlnpHost(config, nonce_source=lambda n: next(fresh).to_bytes(n, "big"))
+
+
+def test_restarted_peer_gets_a_new_session_once_its_old_one_is_silent() -> None:
+    """Issue 12 #3: B keeps A's old nonce; A restarts with a new one. B drops it while
+    A's old session was heard recently (an off-path forger cannot reset a live
+    session), then takes the new nonce as a new session and both directions work."""
+    _, b = established()
+    a = restarted_a()
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=1.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"again"), 1.0)
+    deliver(a, b, 1.0)
+    assert b.counters[DropReason.NONCE_MISMATCH] == 1
+    assert not [e for e in events(b) if isinstance(e, Deliver)]
+    later = 0.1 + b.config.restart_grace
+    a.send(udp(A_NID, B_NID, 5000, 7, b"still there"), later)
+    deliver(a, b, later)
+    got = events(b)
+    assert Removed(A_NID, "peer_restarted") in got
+    assert [e.packet for e in got if isinstance(e, Deliver)] == [
+        udp(A_NID, B_NID, 5000, 7, b"still there")
+    ]
+    entry = b.ilcc.get(A_NID)
+    assert entry is not None
+    assert entry.peer_nonce == a.ilcc.get(B_NID).local_nonce  # type: ignore[union-attr]
+    b.send(udp(B_NID, A_NID, 7, 5000, b"welcome back"), later + 0.1)
+    deliver(b, a, later + 0.1)
+    assert [e.packet for e in events(a) if isinstance(e, Deliver)] == [
+        udp(B_NID, A_NID, 7, 5000, b"welcome back")
+    ]
+
+
+def test_restart_guess_cannot_reset_a_session_the_kernel_hears() -> None:
+    """A session carried by the fast path is heard through its activity reports
+    (``mark_used(heard=True)``): a packet with another nonce never resets it."""
+    _, b = established()
+    forged = IlnpPacket(
+        ILV(LOC_A1, A_NID),
+        ILV(LOC_B, B_NID),
+        17,
+        decode_packet(udp(A_NID, B_NID, 5000, 7, b"x")).payload,
+        Nonce(b"evil"),
+    )
+    for second in range(1, 30):
+        b.mark_used(A_NID, float(second), heard=True)
+        b.receive(encode_packet(forged), second + 0.5)
+    assert b.counters[DropReason.NONCE_MISMATCH] == 29
+    assert b.counters["removed_peer_restarted"] == 0
+
+
+def test_ack_from_a_peer_added_by_name_is_taken_before_any_data() -> None:
+    """Issue 12 #6: A added B by name (no nonce of B's yet); B heard A but never sent.
+    A moves: B's acknowledgement teaches A B's nonce instead of being dropped, and the
+    update completes. An ack from a locator not in B's set is still refused."""
+    a, b = pair()
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, b, 0.0)
+    assert a.ilcc.get(B_NID).peer_nonce is None  # type: ignore[union-attr]
+    a.set_local_locators([LocatorEntry(LOC_A2, 5, 600)], now=1.0)
+    deliver(a, b, 1.0)
+    (ack,) = b.datagrams_to_send()
+    spoofed = decode_packet(ack)
+    elsewhere = IlnpPacket(
+        ILV(0x2001_0DB8_0666_0001, B_NID),
+        spoofed.dst,
+        58,
+        encode_locator_update(
+            LocatorUpdate(LuOperation.ACKNOWLEDGEMENT, (LocatorEntry(LOC_A2, 5, 600),)),
+            ILV(0x2001_0DB8_0666_0001, B_NID).packed,
+            spoofed.dst.packed,
+        ),
+        spoofed.nonce,
+    )
+    a.receive(encode_packet(elsewhere), 1.05)
+    assert a.counters[DropReason.LU_BAD_NONCE] == 1
+    a.receive(ack, 1.1)
+    assert LocatorUpdateAcked(B_NID) in events(a)
+    entry = a.ilcc.get(B_NID)
+    assert entry is not None
+    assert entry.state is EntryState.ACTIVE
+    assert entry.peer_nonce == b.ilcc.get(A_NID).local_nonce  # type: ignore[union-attr]
+    assert a.counters[DropReason.LU_BAD_NONCE] == 1
+    a.handle_timer(5.0)
+    assert a.datagrams_to_send() == []  # no retransmission: the update is done
+
+
+def test_bounded_never_evicts_a_correspondent_active_in_the_last_period() -> None:
+    """Issue 12 #7: a fast-path peer is marked used once a second (the kernel's
+    activity reports); 100 newcomers a second against a cap of 20 must not evict it."""
+    host = make_host(B_NID, LOC_B, policy=create_policy("bounded", capacity=20, idle_timeout=60))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"hello"), 0.0)
+    deliver(a, host, 0.0)
+    assert host.ilcc.get(A_NID) is not None
+    rng = random.Random(7)
+    for tick in range(1000):  # 10 s
+        now = tick * 0.01
+        if tick % 100 == 0:
+            host.mark_used(A_NID, now, heard=True)
+        nid = rng.getrandbits(64) | 0x100
+        payload = struct.pack("!HHHH", 40000, 7, 12, 0) + b"echo"
+        packet = IlnpPacket(
+            ILV(0x2001_0DB8_00FF_0000, nid), ILV(LOC_B, B_NID), 17, payload, Nonce(b"\1\2\3\4")
+        )
+        host.receive(encode_packet(packet), now)
+    assert Removed(A_NID, "evicted") not in events(host)
+    assert host.ilcc.get(A_NID) is not None
+    assert len(host.ilcc) == 20
+    assert host.counters["removed_evicted"] > 0  # newcomers still churn among themselves
+
+
+def test_move_reaches_a_correspondent_answered_through_the_reply_table() -> None:
+    """Issue 12 #4: B serves A with a non-connected socket (policy socket: A is not
+    adopted, B answers through the reply table). B moves: A still gets B's Locator
+    Update, acknowledges it, and sends to the new locator; an unanswered update is
+    retransmitted and given up like an entry's."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"ping"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"pong"), 0.1)
+    deliver(b, a, 0.1)
+    assert len(b.ilcc) == 0
+    assert b.reply_table_size == 1
+    new_loc = 0x2001_0DB8_000B_0002
+    b.set_local_locators([LocatorEntry(new_loc, 0, 600)], now=1.0)
+    (lu,) = deliver(b, a, 1.0)
+    assert decode_packet(lu).dst == ILV(LOC_A1, A_NID)
+    assert PeerLocatorsChanged(B_NID, (LocatorEntry(new_loc, 0, 600),)) in events(a)
+    deliver(a, b, 1.05)  # the acknowledgement
+    assert LocatorUpdateAcked(A_NID) in events(b)
+    b.handle_timer(2.0)
+    assert b.datagrams_to_send() == []  # acknowledged: no retransmission
+    a.send(udp(A_NID, B_NID, 5000, 7, b"after"), 3.0)
+    (moved,) = deliver(a, b, 3.0)
+    assert decode_packet(moved).dst == ILV(new_loc, B_NID)
+    assert [e for e in events(b) if isinstance(e, Deliver)]
+
+    # A second move that nobody acknowledges: retransmitted, then given up.
+    b.set_local_locators([LocatorEntry(LOC_B, 0, 600)], now=4.0)
+    now = 4.0
+    while (timer := b.get_timer()) is not None and timer < 20.0:
+        now = timer
+        b.handle_timer(now)
+    assert len(b.datagrams_to_send()) == b.config.lu_max_tries
+    assert LocatorUpdateFailed(A_NID) in events(b)
+
+
+def test_reply_table_correspondent_that_moves_is_acknowledged() -> None:
+    """The other way round: A (B's client, not adopted by B) moves; B acknowledges
+    from its reply table and answers at the new locator."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    b = make_host(B_NID, LOC_B, policy=create_policy("socket", sockets=sockets))
+    a = make_host(A_NID, LOC_A1)
+    a.add_correspondent(B_NID, [LocatorEntry(LOC_B, 10, 600)], now=0.0)
+    a.send(udp(A_NID, B_NID, 5000, 7, b"ping"), 0.0)
+    deliver(a, b, 0.0)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"pong"), 0.1)
+    deliver(b, a, 0.1)
+    a.set_local_locators([LocatorEntry(LOC_A2, 0, 600)], now=1.0)
+    deliver(a, b, 1.0)
+    deliver(b, a, 1.05)
+    assert LocatorUpdateAcked(B_NID) in events(a)
+    b.send(udp(B_NID, A_NID, 7, 5000, b"to the new place"), 1.1)
+    (reply,) = deliver(b, a, 1.1)
+    assert decode_packet(reply).dst == ILV(LOC_A2, A_NID)
+
+
+P_NID, LOC_P = 0xC, 0x2001_0DB8_000E_0000
+
+
+def plain_udp(src: ILV, dst: ILV, sport: int, dport: int, data: bytes) -> bytes:
+    """What a plain IPv6 node sends: no nonce, the checksum over the real addresses."""
+    raw = struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data
+    csum = ipv6_checksum(src.packed, dst.packed, 17, raw) or 0xFFFF
+    return encode_packet(IlnpPacket(src, dst, 17, raw[:6] + struct.pack("!H", csum) + raw[8:]))
+
+
+@pytest.mark.parametrize("policy", ["none", "socket"])
+def test_plain_ipv6_node_reaches_an_ilnp_host_and_is_answered(policy: str) -> None:
+    """Plain IPv6 interworking: P (no ILNP) sends to A's locator|NID address. A
+    delivers it with the checksum fixed for identifier addresses, through the same
+    admission policy, and answers without a nonce, checksummed for P's real addresses."""
+    sockets = FakeSockets(listening={7}, connected=set())
+    options = {"sockets": sockets} if policy == "socket" else {}
+    a = make_host(A_NID, LOC_A1, policy=create_policy(policy, **options), always_carry_nonce=True)
+    p, me = ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID)
+    for i in range(3):
+        a.receive(plain_udp(p, me, 40000, 7, b"hi %d" % i), float(i))
+        (got,) = [e for e in events(a) if isinstance(e, Deliver)]
+        inner = decode_packet(got.packet)
+        assert inner.src == ILV(IDENTIFIER_PREFIX, P_NID)
+        assert ipv6_checksum(inner.src.packed, inner.dst.packed, 17, inner.payload) == 0
+        a.send(udp(A_NID, P_NID, 7, 40000, b"ho %d" % i), i + 0.1)
+        (out,) = a.datagrams_to_send()
+        reply = decode_packet(out)
+        assert reply.nonce is None
+        assert (reply.src, reply.dst) == (me, p)
+        assert ipv6_checksum(reply.src.packed, reply.dst.packed, 17, reply.payload) == 0
+    assert len(a.ilcc) == (1 if policy == "none" else 0)
+    assert a.counters[DropReason.NO_NONCE] == 0
+    # A packet without nonce whose checksum fits neither is still refused.
+    bad = bytearray(plain_udp(ILV(LOC_P, 0x99), me, 1, 7, b"x"))
+    bad[-1] ^= 0xFF
+    a.receive(bytes(bad), 5.0)
+    assert a.counters[DropReason.NO_NONCE] == 1
+
+
+def test_replies_of_a_peer_found_not_ilnp_are_delivered() -> None:
+    """A sends to P with a nonce; P answers Parameter Problem; A goes plain, and P's
+    (nonce-less) answers are delivered, checksum fixed, not dropped as no_nonce."""
+    a = make_host(A_NID, LOC_A1, always_carry_nonce=True, require_nonce=True)
+    a.add_correspondent(P_NID, [LocatorEntry(LOC_P, 0, 600)], now=0.0)
+    a.send(udp(A_NID, P_NID, 5000, 7, b"1"), 0.0)
+    (wire,) = a.datagrams_to_send()
+    icmp = struct.pack("!BBHI", 4, 2, 0, 42) + wire
+    a.receive(encode_packet(IlnpPacket(ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID), 58, icmp)), 0.1)
+    assert PeerNotIlnp(P_NID) in events(a)
+    a.receive(plain_udp(ILV(LOC_P, P_NID), ILV(LOC_A1, A_NID), 7, 5000, b"answer"), 0.2)
+    (got,) = [e for e in events(a) if isinstance(e, Deliver)]
+    inner = decode_packet(got.packet)
+    assert inner.payload[8:] == b"answer"
+    assert ipv6_checksum(inner.src.packed, inner.dst.packed, 17, inner.payload) == 0
+    assert a.counters[DropReason.NO_NONCE] == 0

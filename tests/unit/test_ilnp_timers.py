@@ -53,6 +53,7 @@ class WalkingHost(IlnpHost):
         if policy_deadline is not None:
             times.append(policy_deadline)
         times.extend(h.expires for h in self._replies.values())
+        times.extend(h.lu_next for h in self._replies.values() if h.lu_next is not None)
         return min(times, default=None)
 
     def handle_timer(self, now: float) -> None:
@@ -74,6 +75,15 @@ class WalkingHost(IlnpHost):
             self._remove(nid, "policy_expired")
         for nid in [n for n, h in self._replies.items() if h.expires <= now]:
             del self._replies[nid]
+        for nid, hint in list(self._replies.items()):
+            if hint.lu_next is not None and now >= hint.lu_next:
+                if hint.lu_tries >= self.config.lu_max_tries:
+                    hint.lu_next = None
+                    self.counters["lu_failed"] += 1
+                    self._events.append(LocatorUpdateFailed(nid))
+                else:
+                    self.counters["lu_retransmitted"] += 1
+                    self._send_hint_advertisement(nid, hint, now)
 
 
 class FakeSockets:

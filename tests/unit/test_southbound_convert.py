@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from sixlab.cli import agent as _cli
 from sixlab.southbound import AgentError, result_from_proto
 from sixlab.southbound._generated import stamp_pb2 as pb
-from sixlab.southbound.agent import _dataplane_options, result_to_proto
+from sixlab.southbound.agent import _dataplane_options, _sender_spec, result_to_proto
 from sixlab.stamp._events import StampResult
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
@@ -101,3 +102,33 @@ def test_cli_refuses_bad_role() -> None:
 def test_cli_unknown_dataplane_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert _cli.run_agent(_parse("--role", "sender", "--dataplane", "nope")) == 2
     assert "unknown data plane 'nope'" in capsys.readouterr().err
+
+
+def test_sender_spec_strict_ssid_and_address_families() -> None:
+    spec, _ = _sender_spec(
+        pb.CreateStampSessionRequest(ssid=1, reflector_address="192.0.2.7", strict_ssid=True),
+        0,
+        None,
+    )
+    assert spec.config.strict_ssid
+    assert spec.reflector == IPv4Address("192.0.2.7")
+    spec, _ = _sender_spec(
+        pb.CreateStampSessionRequest(ssid=1, reflector_address="fd00::7"), 0, None
+    )
+    assert not spec.config.strict_ssid  # SSID-0 replies accepted by default
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"reflector_address": "192.0.2.7", "sid_list": ["fc00::1"]}, "sid_list"),
+        ({"reflector_address": "fd00::7", "sid_list": ["192.0.2.1"]}, "sid_list"),
+        ({"reflector_address": "fd00::7", "source_address": "192.0.2.1"}, "source_address"),
+        ({"reflector_address": "fd00::7", "return_sid_list": ["10.0.0.1"]}, "return_sid_list"),
+    ],
+)
+def test_sender_spec_refuses_ipv4_where_srv6_or_the_family_forbids(
+    fields: dict[str, object], field: str
+) -> None:
+    with pytest.raises(AgentError, match=field):
+        _sender_spec(pb.CreateStampSessionRequest(ssid=1, **fields), 0, None)  # type: ignore[arg-type]

@@ -11,13 +11,15 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from sixlab.stamp._events import ConfigError, DropReason
+from sixlab.stamp import reflector as reflector_module
+from sixlab.stamp._events import DropReason, SessionConfigError
 from sixlab.stamp.reflector import (
     PacketContext,
     Reflection,
     Reflector,
     ReflectorMode,
     ReflectorSessionConfig,
+    ReturnPath,
 )
 from sixlab.stamp.sender import DEFAULT_TAI_UTC_OFFSET_NS
 from sixlab.wire import stamp as wire
@@ -176,20 +178,20 @@ def test_default_session_answers_every_other_ssid() -> None:
 def test_sessions_are_added_removed_and_listed() -> None:
     r = make(ReflectorSessionConfig(ssid=4, key=KEY), ReflectorSessionConfig(ssid=2))
     assert r.ssids == [2, 4]
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.add_session(ReflectorSessionConfig(ssid=2, key=KEY))  # auth or not, one per SSID
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.add_session(ReflectorSessionConfig(ssid=None))
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.set_default(ReflectorSessionConfig(ssid=7))
     r.remove_session(2)
     assert r.ssids == [4]
     assert reflect(r, sender(0, 2)) is None
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.remove_session(2)
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.session_counters(2)
-    with pytest.raises(ConfigError, match="ssid"):
+    with pytest.raises(SessionConfigError, match="ssid"):
         r.session_counters(None)  # no default session
 
 
@@ -208,7 +210,7 @@ def test_sessions_are_added_removed_and_listed() -> None:
 )
 def test_session_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"ssid": 1, **kwargs}
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(SessionConfigError, match=field):
         ReflectorSessionConfig(**args)  # type: ignore[arg-type]
 
 
@@ -302,22 +304,27 @@ def test_short_packet_reaches_its_ssid_session() -> None:
 # ------------------------------------------------------------------ TLV processing
 
 
-def test_u_cleared_on_known_tlvs_kept_on_unknown_ones() -> None:
+def test_u_cleared_on_tlvs_acted_on_kept_on_the_others() -> None:
     r = make(ReflectorSessionConfig(ssid=1))
-    known = [
-        t.ExtraPadding(b"\0" * 4).to_tlv(),
+    acted_on = [t.ExtraPadding(b"\0" * 4).to_tlv(), t.TimestampInfo().to_tlv()]
+    # Parsed but not acted on here: Class of Service without the received Traffic
+    # Class, Follow-Up Telemetry before any transmit time is known, Access Report and
+    # Micro-session ID (nothing acts on them).
+    not_acted_on = [
         t.ClassOfService(dscp1=46).to_tlv(),
         t.AccessReport(1, 0).to_tlv(),
         t.FollowUpTelemetry().to_tlv(),
         t.MicroSessionId(1, 2).to_tlv(),
     ]
     unknown = [t.Tlv(176, t.TlvFlag.U, b"fcfs"), t.Tlv(252, t.TlvFlag.U | 0x01, b"")]
-    request = sender(tlvs=t.encode_tlvs(known + unknown))
+    request = sender(tlvs=t.encode_tlvs(acted_on + not_acted_on + unknown))
     out, rep = answered(r, request)
     got = t.decode_tlvs(rep.tlvs)
     assert len(out.payload) == len(request)
-    assert [tlv.flags for tlv in got] == [0] * len(known) + [0x80, 0x81]
-    assert [(tlv.type, tlv.value) for tlv in got] == [(x.type, x.value) for x in known + unknown]
+    assert [tlv.flags for tlv in got] == [0, 0] + [0x80] * len(not_acted_on) + [0x80, 0x81]
+    assert [(tlv.type, tlv.value) for tlv in got[2:]] == [
+        (x.type, x.value) for x in not_acted_on + unknown
+    ]
 
 
 def test_known_tlv_with_a_bad_value_gets_m() -> None:
@@ -412,11 +419,12 @@ def test_direct_measurement_counters() -> None:
     def dm(s_txc: int, *, ee: ErrorEstimate = EE) -> bytes:
         return sender(s_txc, tlvs=t.DirectMeasurement(s_txc, 0, 0).to_tlv().encode(), ee=ee)
 
+    # Each counter counts up to and including the packet that carries it.
     first = t.DirectMeasurement.from_tlv(only(answered(r, dm(1))[1].tlvs))
-    assert (first.s_txc, first.r_rxc, first.r_txc) == (1, 1, 0)
+    assert (first.s_txc, first.r_rxc, first.r_txc) == (1, 1, 1)
     assert reflect(r, dm(2, ee=ErrorEstimate(multiplier=0))) is None  # received, not sent
     third = t.DirectMeasurement.from_tlv(only(answered(r, dm(3))[1].tlvs))
-    assert (third.s_txc, third.r_rxc, third.r_txc) == (3, 3, 1)
+    assert (third.s_txc, third.r_rxc, third.r_txc) == (3, 3, 2)
 
 
 def test_return_path_segment_list_and_address() -> None:
@@ -521,7 +529,7 @@ def test_bad_hmac_tlv_gets_i_in_an_authenticated_session() -> None:
     base = wire.encode_sender(wire.SenderPacket(1, ntp_from_ns(T1), EE, 3), authenticated=True)
     area = t.append_hmac_tlv(base, b"", OTHER_KEY)  # HMAC TLV under the wrong key
     _, rep = answered(r, stamp_auth.sign(base + area, KEY), authenticated=True)
-    assert only(rep.tlvs).flags == t.TlvFlag.I
+    assert only(rep.tlvs).flags == t.TlvFlag.U | t.TlvFlag.I  # not processed: U stays
 
 
 @pytest.mark.parametrize("index", [0, 5, 20, 26, 27, 60, 95, 96, 111])
@@ -569,9 +577,9 @@ def test_authenticated_and_unauthenticated_sessions_side_by_side() -> None:
         assert (rep.ssid, rep.sender_seq) == (ssid, 12)
     # An unauthenticated packet naming an authenticated session is not answered.
     assert reflect(r, sender(13, 3)) is None
-    assert r.counters.dropped == {DropReason.NO_SESSION: 1}
+    assert r.counters.dropped == {DropReason.AUTH_REQUIRED: 1}
     assert r.session_counters(1) == (2, {})
-    assert r.session_counters(3) == (1, {})
+    assert r.session_counters(3) == (1, {DropReason.AUTH_REQUIRED: 1})
     assert_balanced(r)
 
 
@@ -624,7 +632,7 @@ def test_packet_of_no_session_is_dropped() -> None:
 def test_authenticated_session_cannot_take_ssid_zero() -> None:
     # An unauthenticated packet of 112+ bytes has MBZ zeros where the authenticated SSID
     # sits (26:28): an authenticated SSID 0 would claim it and drop it as hmac-failed.
-    with pytest.raises(ConfigError, match="ssid: an authenticated session needs a non-zero"):
+    with pytest.raises(SessionConfigError, match="ssid: an authenticated session needs a non-zero"):
         ReflectorSessionConfig(ssid=0, key=b"k")
     ReflectorSessionConfig(ssid=0)  # unauthenticated SSID 0 stays allowed
     ReflectorSessionConfig(ssid=None, key=b"k")  # and so does an authenticated default
@@ -667,3 +675,199 @@ def test_restamp_of_an_unknown_session_changes_nothing() -> None:
     payload = bytes(44)
     assert reflector.restamp(payload, T1) == payload
     assert reflector.restamp(b"short", T1) == b"short"
+
+
+# ------------------------------------------------------------------ sessions are flows
+
+A = PacketContext(IPv6Address("2001:db8::a"), IPv6Address("2001:db8::1"), 40000, 862)
+B = PacketContext(IPv6Address("2001:db8::b"), IPv6Address("2001:db8::1"), 40000, 862)
+
+
+def test_stateful_counter_is_per_flow_not_per_ssid() -> None:
+    # RFC 8972 §3: a session is the SSID together with addresses and ports. Two senders
+    # using the same SSID must each see their own count from 0.
+    r = make(ReflectorSessionConfig(ssid=1, mode=ReflectorMode.STATEFUL))
+    seen = []
+    for ctx in (A, B, A, A, B):
+        out = r.reflect(sender(100), T2, Clock(), 64, flow=ctx.flow)
+        assert out is not None
+        seen.append(wire.decode_reflector(out.payload).seq)
+    assert seen == [0, 0, 1, 2, 1]
+
+
+def test_flow_key_comes_from_the_context_when_not_given() -> None:
+    r = make(ReflectorSessionConfig(ssid=1, mode=ReflectorMode.STATEFUL))
+    pad = t.ExtraPadding(b"pp").to_tlv().encode()
+    seqs = [answered(r, sender(5, tlvs=pad), context=c)[1].seq for c in (A, B, B)]
+    assert seqs == [0, 0, 1]
+
+
+def test_direct_measurement_counts_per_flow() -> None:
+    r = make(ReflectorSessionConfig(ssid=1))
+    dm = t.DirectMeasurement(1, 0, 0).to_tlv().encode()
+    for _ in range(3):
+        answered(r, sender(tlvs=dm), context=A)
+    got = t.DirectMeasurement.from_tlv(only(answered(r, sender(tlvs=dm), context=B)[1].tlvs))
+    assert (got.r_rxc, got.r_txc) == (1, 1)
+
+
+def test_flows_are_bounded_oldest_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reflector_module, "MAX_FLOWS", 2)
+    r = make(ReflectorSessionConfig(ssid=1, mode=ReflectorMode.STATEFUL))
+
+    def seq(flow: int) -> int:
+        out = r.reflect(sender(), T2, Clock(), 64, flow=flow)
+        assert out is not None
+        return wire.decode_reflector(out.payload).seq
+
+    assert [seq(1), seq(1), seq(2), seq(3)] == [0, 1, 0, 0]  # 3 pushed flow 1 out
+    assert seq(1) == 0
+    assert seq(3) == 1
+
+
+# ------------------------------------------------------------------ authenticated TLVs
+
+
+def auth_with_tlvs(
+    area: bytes, *, seq: int = 900, ssid: int = 3, key: bytes = KEY
+) -> tuple[bytes, bytes]:
+    """An authenticated sender packet carrying ``area`` (base HMAC right) and its base."""
+    base = wire.encode_sender(wire.SenderPacket(seq, ntp_from_ns(T1), EE, ssid), authenticated=True)
+    return stamp_auth.sign(base + area, key), base
+
+
+SEGS = (IPv6Address("fc00::66"), IPv6Address("2001:db8::bad"))
+REDIRECT = t.ReturnPath(
+    (t.ReturnAddress(IPv6Address("2001:db8::bad")), t.Srv6SegmentList(SEGS))
+).to_tlv()
+
+
+def test_return_path_obeyed_when_the_hmac_tlv_verifies() -> None:
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY))
+    base = wire.encode_sender(wire.SenderPacket(9, ntp_from_ns(T1), EE, 3), authenticated=True)
+    request, _ = auth_with_tlvs(t.append_hmac_tlv(base, REDIRECT.encode(), KEY), seq=9)
+    out, rep = answered(r, request, authenticated=True)
+    assert out.return_path == ReturnPath(SEGS, IPv6Address("2001:db8::bad"))
+    assert [x.flags for x in t.decode_tlvs(rep.tlvs)] == [0, 0]
+    assert r.counters.integrity_failed == 0
+
+
+def _bad_areas() -> dict[str, bytes]:
+    base = wire.encode_sender(wire.SenderPacket(9, ntp_from_ns(T1), EE, 3), authenticated=True)
+    good = t.append_hmac_tlv(base, REDIRECT.encode(), KEY)
+    hmac_only = t.append_hmac_tlv(base, b"", KEY)
+    pad = t.ExtraPadding(b"xx").to_tlv().encode()
+    return {
+        "absent": REDIRECT.encode(),
+        "wrong key": t.append_hmac_tlv(base, REDIRECT.encode(), OTHER_KEY),
+        # Misplaced: an HMAC TLV that covers only what precedes it, followed by the
+        # Return Path. Its digest is right for the bytes before it.
+        "misplaced": hmac_only + REDIRECT.encode(),
+        "misplaced after padding": pad + hmac_only + REDIRECT.encode(),
+        "twice": good + t.Tlv(t.TlvType.HMAC, t.TlvFlag.U, bytes(16)).encode(),
+        "tampered": good[:-1] + bytes([good[-1] ^ 1]),
+        "malformed tail": good + b"\x80\x01\x00\x09",
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_areas()))
+def test_return_path_ignored_and_i_set_when_the_hmac_tlv_fails(case: str) -> None:
+    configured = (IPv6Address("fc00::1"),)
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY, return_segments=configured))
+    area = _bad_areas()[case]
+    request, _ = auth_with_tlvs(area, seq=9)
+    out, rep = answered(r, request, authenticated=True)
+    assert out.return_path == ReturnPath(segments=configured)  # never the TLV's
+    assert len(out.payload) == len(request)
+    scan = t.scan_tlvs(rep.tlvs)
+    assert scan.tlvs
+    for tlv in scan.tlvs:  # every TLV came back with I, U untouched, value as sent
+        assert tlv.flags & t.TlvFlag.I
+        assert tlv.flags & t.TlvFlag.U
+    assert stamp_auth.verify(out.payload, KEY)
+    assert r.counters.integrity_failed == 1
+    assert r.session_integrity_failed(3) == 1
+
+
+def test_no_reply_request_is_not_obeyed_without_integrity() -> None:
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY))
+    one_way = t.ReturnPath((t.ControlCode(0),)).to_tlv().encode()
+    request, _ = auth_with_tlvs(one_way)
+    out, rep = answered(r, request, authenticated=True)  # answered: the TLV was not believed
+    assert only(rep.tlvs).flags & t.TlvFlag.I
+    assert out.return_path == ReturnPath()
+
+
+def test_only_extra_padding_needs_no_hmac_tlv() -> None:
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY))
+    request, _ = auth_with_tlvs(t.ExtraPadding(b"abcd").to_tlv().encode())
+    _, rep = answered(r, request, authenticated=True)
+    assert only(rep.tlvs).flags == 0
+    assert r.counters.integrity_failed == 0
+
+
+def test_padding_after_the_hmac_tlv_is_allowed_and_uncovered() -> None:
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY))
+    base = wire.encode_sender(wire.SenderPacket(9, ntp_from_ns(T1), EE, 3), authenticated=True)
+    area = t.append_hmac_tlv(base, REDIRECT.encode(), KEY) + t.ExtraPadding(b"zz").to_tlv().encode()
+    request, _ = auth_with_tlvs(area, seq=9)
+    out, rep = answered(r, request, authenticated=True)
+    assert out.return_path.address == IPv6Address("2001:db8::bad")
+    assert [x.flags for x in t.decode_tlvs(rep.tlvs)] == [0, 0, 0]
+    assert t.verify_hmac_tlv(out.payload[:4], rep.tlvs, KEY)
+
+
+def test_unauthenticated_packet_naming_an_authenticated_session_is_dropped() -> None:
+    # The unauthenticated default session must not answer (and obey the TLVs of) a
+    # packet whose SSID belongs to an authenticated session.
+    r = make(ReflectorSessionConfig(ssid=3, key=KEY), default=ReflectorSessionConfig(ssid=None))
+    assert reflect(r, sender(1, 3, tlvs=REDIRECT.encode())) is None
+    assert r.counters.dropped == {DropReason.AUTH_REQUIRED: 1}
+    assert r.session_counters(3) == (0, {DropReason.AUTH_REQUIRED: 1})
+    assert reflect(r, sender(1, 4)) is not None  # other SSIDs: the default answers
+    assert_balanced(r)
+
+
+# ------------------------------------------------------------------ Class of Service
+
+
+def test_class_of_service_copies_the_received_dscp_ecn_and_asks_for_dscp1() -> None:
+    r = make(ReflectorSessionConfig(ssid=1))
+    ctx = PacketContext(A.src, A.dst, 1, 862, tclass=(10 << 2) | 0b01, set_tclass=True)
+    out, rep = answered(r, sender(tlvs=t.ClassOfService(dscp1=46).to_tlv().encode()), context=ctx)
+    cos = t.ClassOfService.from_tlv(only(rep.tlvs))
+    assert (cos.dscp1, cos.dscp2, cos.ecn2, cos.rp) == (46, 10, 1, 0)
+    assert only(rep.tlvs).flags == 0
+    assert out.tclass == 46 << 2
+
+
+def test_class_of_service_sets_rp_where_the_plane_cannot_apply_dscp1() -> None:
+    r = make(ReflectorSessionConfig(ssid=1))
+    ctx = PacketContext(A.src, A.dst, 1, 862, tclass=(34 << 2) | 0b10, set_tclass=False)
+    out, rep = answered(r, sender(tlvs=t.ClassOfService(dscp1=46).to_tlv().encode()), context=ctx)
+    cos = t.ClassOfService.from_tlv(only(rep.tlvs))
+    assert (cos.dscp2, cos.ecn2, cos.rp) == (34, 2, 1)
+    assert only(rep.tlvs).flags == 0
+    assert out.tclass is None
+
+
+# ------------------------------------------------------------------ Follow-Up Telemetry
+
+
+def test_follow_up_reports_the_previous_replys_transmit_time() -> None:
+    r = make(ReflectorSessionConfig(ssid=1, mode=ReflectorMode.STATEFUL))
+    fu = t.FollowUpTelemetry().to_tlv().encode()
+    first, rep1 = answered(r, sender(70, tlvs=fu), context=A)
+    assert only(rep1.tlvs).flags == t.TlvFlag.U  # nothing transmitted before
+    tx = T3 + 12_345
+    r.transmitted(first, tx, t.TimestampMethod.SW_LOCAL)
+    _, rep2 = answered(r, sender(71, tlvs=fu), context=A)
+    got = only(rep2.tlvs)
+    assert got.flags == 0
+    follow = t.FollowUpTelemetry.from_tlv(got)
+    assert follow.seq == 0  # the stateful reply Seq of the first reply
+    assert ns_from_ntp(follow.timestamp) == tx
+    assert follow.ts_mode == t.TimestampMethod.SW_LOCAL
+    # Another flow has no previous reply of its own.
+    _, rep3 = answered(r, sender(5, tlvs=fu), context=B)
+    assert only(rep3.tlvs).flags == t.TlvFlag.U

@@ -6,14 +6,17 @@ by hand with the wire codecs.
 
 from __future__ import annotations
 
+from ipaddress import IPv6Address
+
 import pytest
 
 from sixlab.stamp import _events as ev
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError
+from sixlab.stamp._events import DropReason, SessionConfigError, SessionStateError
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderSession, State
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
+from sixlab.wire import stamp_tlv as t
 from sixlab.wire.timestamp import (
     ErrorEstimate,
     TimestampFormat,
@@ -214,6 +217,33 @@ def test_timer_after_a_stall_sends_once_and_returns_to_the_grid() -> None:
     assert session.datagrams_to_send() == []
 
 
+def test_schedule_runs_on_now_and_timestamps_on_wall() -> None:
+    """With ``wall`` given, the schedule and loss timeouts follow ``now`` alone: the wall
+    clock stepping back an hour and forward a day changes T1 and T4, never when packets
+    are sent or declared lost."""
+    cfg = SenderConfig(ssid=1, interval_ns=100 * MS, loss_timeout_ns=250 * MS)
+    session = SenderSession(cfg)
+    mono = 5 * S  # a monotonic clock: any origin
+    session.start(mono, wall=T0)
+    (first,) = session.datagrams_to_send()
+    assert ns_from_ntp(wire.decode_sender(first).timestamp) == T0
+    assert session.get_timer() == mono + 100 * MS
+    back = T0 - 3600 * S
+    session.handle_timer(mono + 100 * MS, wall=back)
+    (second,) = session.datagrams_to_send()
+    assert ns_from_ntp(wire.decode_sender(second).timestamp) == back
+    assert session.get_timer() == mono + 200 * MS  # on the grid, whatever the wall clock
+    ahead = T0 + 86400 * S
+    reply = reply_by_hand(second, t2=back + MS, t3=back + 2 * MS)
+    session.receive(reply, mono + 150 * MS, wall=ahead)  # not late: 50 ms after sending
+    (result,) = [e for e in events(session) if isinstance(e, ev.StampResult)]
+    assert (result.seq, result.t1_ns, result.t4_ns) == (1, back, ahead)
+    session.handle_timer(mono + 250 * MS, wall=ahead)  # seq 0's deadline: 250 ms
+    lost = [e for e in events(session) if isinstance(e, ev.PacketLost)]
+    assert lost == [ev.PacketLost(1, 0, T0)]  # lost on time, with its own T1
+    assert len(session.datagrams_to_send()) == 1  # the 200 ms slot, sent late at 250
+
+
 def test_timer_covers_loss_deadlines() -> None:
     cfg = SenderConfig(ssid=1, interval_ns=10 * S, loss_timeout_ns=2 * S)
     session, _ = started(cfg)
@@ -242,7 +272,7 @@ def test_timer_covers_loss_deadlines() -> None:
 )
 def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"ssid": 1, **kwargs}
-    with pytest.raises(ConfigError, match=rf"\b{field}\b") as info:
+    with pytest.raises(SessionConfigError, match=rf"\b{field}\b") as info:
         SenderConfig(**args)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
 
@@ -465,3 +495,198 @@ def test_ptp_t1_is_tai_on_the_wire_and_results_are_utc(
         T0 + 9 * MS,
     )
     assert (result.direct_ns, result.return_ns) == (4 * MS, 4 * MS)
+
+
+# ------------------------------------------------------------------ RFC 8762-only reflectors
+
+
+def test_ssid_zero_reply_is_accepted_and_flagged_by_default() -> None:
+    # An RFC 8762-only reflector returns the SSID field as zero (MBZ to it).
+    session, first = started(SenderConfig(ssid=1))
+    assert session.claims(reply_by_hand(first, ssid=0))
+    session.receive(reply_by_hand(first, ssid=0), T0 + 10 * MS)
+    (result,) = [e for e in events(session) if isinstance(e, ev.StampResult)]
+    assert result.ssid == 1
+    assert session.counters.received == 1
+    assert session.counters.ssid_zero == 1
+    assert session.counters.reflector_ssid_zero
+
+
+def test_ssid_zero_reply_is_refused_with_strict_ssid() -> None:
+    session, first = started(SenderConfig(ssid=1, strict_ssid=True))
+    good = reply_by_hand(first)
+    assert_dropped_then_still_matchable(
+        session, reply_by_hand(first, ssid=0), DropReason.SSID_ZERO, good
+    )
+    assert not session.counters.reflector_ssid_zero
+
+
+def test_ssid_zero_reply_must_still_match_seq_and_t1() -> None:
+    session, first = started(SenderConfig(ssid=1))
+    bad_t1 = reply_by_hand(first, ssid=0, t1_wire=ntp_from_ns(T0 + 1000))
+    assert not session.claims(bad_t1)
+    assert not session.claims(reply_by_hand(first, ssid=0, sender_seq=9))
+    assert not session.claims(b"short")
+    session.receive(bad_t1, T0 + MS)
+    assert session.counters.ssid_zero == 0
+    assert drops(session) == [DropReason.BAD_TIMESTAMP]
+
+
+def test_ssid_zero_authenticated_reply_is_accepted() -> None:
+    # An RFC 8762 authenticated reflector signs its reply with zeros where the SSID is.
+    cfg = SenderConfig(ssid=9, key=KEY)
+    session, first = started(cfg)
+    fields = wire.decode_sender(first, authenticated=True)
+    reply = wire.encode_reflector(
+        wire.ReflectorPacket(
+            0,
+            ntp_from_ns(T0 + MS),
+            EE9,
+            0,
+            ntp_from_ns(T0),
+            0,
+            fields.timestamp,
+            fields.error_estimate,
+            64,
+        ),
+        authenticated=True,
+    )
+    session.receive(stamp_auth.sign(reply, KEY), T0 + 2 * MS)
+    assert (session.counters.received, session.counters.ssid_zero) == (1, 1)
+
+
+EE9 = ErrorEstimate(multiplier=9)
+
+
+# ------------------------------------------------------------------ HMAC TLV
+
+
+def hmac_tlv_position(area: bytes) -> int:
+    return [x.type for x in t.decode_tlvs(area)].index(t.TlvType.HMAC)
+
+
+def test_authenticated_sender_writes_an_hmac_tlv_per_packet() -> None:
+    rp = t.ReturnPath((t.Srv6SegmentList((IPv6Address("fc00::1"),)),)).to_tlv().encode()
+    pad = t.ExtraPadding(b"zz").to_tlv().encode()
+    cfg = SenderConfig(ssid=9, key=KEY, interval_ns=MS, tlvs=pad + rp + pad)
+    session, first = started(cfg)
+    session.handle_timer(T0 + MS)
+    (second,) = session.datagrams_to_send()
+    macs = []
+    for data in (first, second):
+        assert stamp_auth.verify(data, KEY)
+        area = wire.decode_sender(data, authenticated=True).tlvs
+        assert t.verify_hmac_tlv(data[:4], area, KEY)
+        types = [x.type for x in t.decode_tlvs(area)]
+        # After every TLV but the trailing Extra Padding (RFC 8972 §4.8).
+        assert types == [t.TlvType.EXTRA_PADDING, t.TlvType.RETURN_PATH, t.TlvType.HMAC, 1]
+        macs.append(t.decode_tlvs(area)[hmac_tlv_position(area)].value)
+    assert macs[0] != macs[1]  # it covers the Sequence Number
+
+
+def test_configured_hmac_tlv_is_replaced_and_padding_only_needs_none() -> None:
+    stale = t.Tlv(t.TlvType.HMAC, t.TlvFlag.U, bytes(16)).encode()
+    dm = t.DirectMeasurement().to_tlv().encode()
+    _, first = started(SenderConfig(ssid=9, key=KEY, tlvs=stale + dm))
+    area = wire.decode_sender(first, authenticated=True).tlvs
+    assert [x.type for x in t.decode_tlvs(area)] == [t.TlvType.DIRECT_MEASUREMENT, t.TlvType.HMAC]
+    assert t.verify_hmac_tlv(first[:4], area, KEY)
+    pad = t.ExtraPadding(b"abc").to_tlv().encode()
+    _, first = started(SenderConfig(ssid=9, key=KEY, tlvs=pad))
+    assert wire.decode_sender(first, authenticated=True).tlvs == pad
+
+
+def test_malformed_tlvs_are_refused_in_authenticated_mode() -> None:
+    with pytest.raises(SessionConfigError, match="tlvs"):
+        SenderConfig(ssid=9, key=KEY, tlvs=b"\x80\x01\x00\x09")
+
+
+def test_direct_measurement_s_txc_is_filled_per_packet() -> None:
+    cfg = SenderConfig(ssid=3, interval_ns=MS, tlvs=t.DirectMeasurement().to_tlv().encode())
+    session, first = started(cfg)
+    session.handle_timer(T0 + MS)
+    (second,) = session.datagrams_to_send()
+    got = [
+        t.DirectMeasurement.from_tlv(t.decode_tlvs(wire.decode_sender(d).tlvs)[0]).s_txc
+        for d in (first, second)
+    ]
+    assert got == [1, 2]
+
+
+def test_return_path_round_trip_with_hmac_tlv_is_obeyed_by_the_reflector() -> None:
+    segs = (IPv6Address("fc00::1"), IPv6Address("fc00::2"))
+    rp = t.ReturnPath((t.Srv6SegmentList(segs),)).to_tlv().encode()
+    cfg = SenderConfig(ssid=9, key=KEY, tlvs=rp)
+    r = reflector_for(cfg, mode=ReflectorMode.STATEFUL)
+    session, first = started(cfg)
+    out = r.reflect(first, T0 + MS, lambda: T0 + 2 * MS, 64)
+    assert out is not None
+    assert out.return_path.segments == segs
+    session.receive(out.payload, T0 + 3 * MS)
+    assert session.counters.received == 1
+    assert session.counters.integrity_reported == 0
+
+
+def test_reply_with_a_bad_hmac_tlv_is_dropped() -> None:
+    rp = t.ReturnPath((t.Srv6SegmentList((IPv6Address("fc00::1"),)),)).to_tlv().encode()
+    cfg = SenderConfig(ssid=9, key=KEY, tlvs=rp)
+    r = reflector_for(cfg)
+    session, first = started(cfg)
+    good = bounce(r, first, T0 + MS, T0 + 2 * MS)
+    # Flip a bit in the Return Path TLV value, then sign the base packet again: the base
+    # HMAC is right, the HMAC TLV is not.
+    bad = bytearray(good)
+    bad[wire.AUTH_PACKET_SIZE + 6] ^= 0x01
+    bad_signed = stamp_auth.sign(bytes(bad), KEY)
+    assert_dropped_then_still_matchable(session, bad_signed, DropReason.HMAC_TLV_FAILED, good)
+
+
+def test_reflector_reporting_integrity_failure_is_counted() -> None:
+    cfg = SenderConfig(ssid=9, key=KEY, tlvs=t.DirectMeasurement().to_tlv().encode())
+    session, first = started(cfg)
+    r = reflector_for(SenderConfig(ssid=9, key=b"the reflector's other key"))
+    # Same base key for both ends would be needed for the base HMAC: sign by hand.
+    out = r.reflect(stamp_auth.sign(first, b"the reflector's other key"), T0, lambda: T0, 64)
+    assert out is not None
+    area = wire.decode_reflector(out.payload, authenticated=True).tlvs
+    assert all(x.flags & t.TlvFlag.I for x in t.decode_tlvs(area))
+    # Re-sign the reply (base and HMAC TLV) as the sender's key would, keeping the I flags.
+    body = out.payload[: wire.AUTH_PACKET_SIZE]
+    flagged = t.decode_tlvs(area)
+    covered = t.encode_tlvs(x for x in flagged if x.type != t.TlvType.HMAC)
+    resigned = stamp_auth.sign(body + t.append_hmac_tlv(body, covered, KEY, flags=t.TlvFlag.I), KEY)
+    session.receive(resigned, T0 + MS)
+    assert session.counters.received == 1
+    assert session.counters.integrity_reported == 1
+
+
+# ------------------------------------------------------------------ loss classification
+
+
+def test_loss_after_the_last_answer_is_unclassified_until_a_later_reply() -> None:
+    cfg = SenderConfig(
+        ssid=4, interval_ns=10 * MS, loss_timeout_ns=100 * MS, reflector_stateful=True
+    )
+    r = reflector_for(cfg, mode=ReflectorMode.STATEFUL)
+    session, p0 = started(cfg)
+    sent = [p0]
+    for i in range(1, 4):
+        session.handle_timer(T0 + i * 10 * MS)
+        sent.extend(session.datagrams_to_send())
+    # 0 answered; 1 lost forward (never reflected); 2 and 3 reflected, replies lost.
+    session.receive(bounce(r, sent[0], T0 + MS, T0 + MS), T0 + 2 * MS)
+    bounce(r, sent[2], T0 + 21 * MS, T0 + 21 * MS)
+    bounce(r, sent[3], T0 + 31 * MS, T0 + 31 * MS)
+    session.handle_timer(T0 + 200 * MS)  # 1, 2 and 3 time out; 4 is sent
+    (p4,) = session.datagrams_to_send()
+    c = session.counters
+    assert (c.lost, c.forward_lost, c.unclassified_lost, c.backward_lost) == (3, 0, 3, 0)
+    # A later reply (Seq 4, reflector Seq 3) places them: 1 forward, 2 backward.
+    session.receive(bounce(r, p4, T0 + 211 * MS, T0 + 211 * MS), T0 + 212 * MS)
+    c = session.counters
+    assert (c.lost, c.forward_lost, c.unclassified_lost, c.backward_lost) == (3, 1, 0, 2)
+
+
+def test_stateless_reflector_has_no_loss_split() -> None:
+    c = SenderSession(SenderConfig(ssid=4)).counters
+    assert (c.forward_lost, c.unclassified_lost, c.backward_lost) == (None, None, None)

@@ -73,7 +73,7 @@ class Loaded:
         return self.obj.map(name)
 
     def reset(self) -> None:
-        for name in ("stamp_counters", "stamp_sessions", "stamp_senders"):
+        for name in ("stamp_counters", "stamp_sessions", "stamp_senders", "stamp_flows"):
             try:
                 m = self.map(name)
             except LinuxError:  # each object has only its own maps
@@ -580,3 +580,32 @@ def test_collector_records_no_damaged_reply(coll: Loaded, via: tuple[IPv6Address
         assert coll.counters()[7, "collected"] == 1
     finally:
         ring.free()
+
+
+def test_reflector_stateful_counts_per_flow(refl: Loaded) -> None:
+    """RFC 8972 §3: the SSID with the addresses and ports is the session. Two senders
+    (two source ports here) with one SSID each count from 0; a session written again
+    (a new generation) starts from 0."""
+    refl.add(ReflectorSessionConfig(ssid=7, mode=ReflectorMode.STATEFUL))
+
+    def rseq(sport: int) -> int:
+        out = run(refl, arrived(sender_payload(100, 7), sport=sport))
+        assert out.retval == XDP_TX
+        return wire.decode_reflector(bytes(parse_udp_packet(out.data[14:]).payload)).seq
+
+    assert [rseq(40000), rseq(40001), rseq(40000), rseq(40001), rseq(40000)] == [0, 0, 1, 1, 2]
+    key = session_key(7)
+    refl.map("stamp_sessions").update(
+        key, pack_session(ReflectorSessionConfig(ssid=7, mode=ReflectorMode.STATEFUL), 1)
+    )
+    assert rseq(40000) == 0
+
+
+def test_reflector_passes_an_unauthenticated_packet_of_an_authenticated_ssid(
+    refl: Loaded,
+) -> None:
+    """Not answered by the default session in the kernel: the core drops it (it would
+    otherwise answer a packet naming an authenticated session without its key)."""
+    refl.add(ReflectorSessionConfig(ssid=None))
+    refl.add(ReflectorSessionConfig(ssid=9, key=b"k"))
+    _counted(refl, arrived(sender_payload(1, 9)), XDP_PASS, (9, "pass-auth"))

@@ -14,6 +14,13 @@
 
 ``benchmarks/bench_stamp.py paper`` runs the STAMP paper's evaluation (the one way to
 measure a STAMP PDR); ``benchmarks/bench_ilnp.py echo`` and ``study`` the ILNP ones.
+
+Errors
+------
+::
+
+    GeneratorError (RuntimeError)   a generator, a system under test or a trial that
+                                    could not be built or run
 """
 
 from sixlab.bench.generator import (

@@ -69,8 +69,7 @@ from sixlab.bench.generator import (
     build_program,
 )
 from sixlab.ilnp.daemon import control_request, format_locator
-from sixlab.testbed import BenchTestbed
-from sixlab.testbed._closing import ClosingContext
+from sixlab.testbed import BenchTestbed, ClosingContext
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ILNP_NONCE_OPTION,

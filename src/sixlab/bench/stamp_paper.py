@@ -109,8 +109,7 @@ from sixlab.bench.generator import (
 )
 from sixlab.bench.pdr import DEFAULT_LOSS_RATIO, search_pdr
 from sixlab.bench.reflector import ReflectorProcess
-from sixlab.testbed import BenchTestbed
-from sixlab.testbed._netns import entered
+from sixlab.testbed import BenchTestbed, entered
 from sixlab.wire.packet import build_udp_packet
 from sixlab.wire.stamp import (
     STAMP_PORT,

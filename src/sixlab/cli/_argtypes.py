@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
-__all__ = ["count", "hex_key", "ipv6", "port", "seconds", "sid_list", "ssid"]
+__all__ = ["count", "hex_key", "ip", "ipv6", "port", "seconds", "sid_list", "ssid"]
 
 
 def ipv6(text: str) -> ipaddress.IPv6Address:
@@ -18,6 +18,14 @@ def ipv6(text: str) -> ipaddress.IPv6Address:
         return ipaddress.IPv6Address(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an IPv6 address: {text!r}") from None
+
+
+def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4 or IPv6 address."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IPv4 or IPv6 address: {text!r}") from None
 
 
 def sid_list(text: str) -> tuple[ipaddress.IPv6Address, ...]:

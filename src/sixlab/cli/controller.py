@@ -54,7 +54,7 @@ from sixlab.controller.client import (
 )
 from sixlab.controller.core import CollectMode, SessionSpec
 from sixlab.linux.signals import StopOnSignal
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [
@@ -79,7 +79,7 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _address(text: str) -> str:
-    return str(argtypes.ipv6(text))
+    return str(argtypes.ip(text))
 
 
 def _segments(text: str) -> tuple[str, ...]:
@@ -182,7 +182,7 @@ def add_parsers(sub: Any) -> None:
         "--port", type=_port, help="STAMP UDP port (default: 862 on a reflector, any on a sender)"
     )
     init.add_argument("--interface", default="", help="interface, for capture data planes")
-    init.add_argument("--source", type=_address, help="source IPv6 address")
+    init.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     init.set_defaults(handler=_client_handler(_node_init))
     ls = node_cmds.add_parser("list", parents=[client, as_json], help="nodes and their health")
     ls.set_defaults(handler=_client_handler(_node_list))
@@ -210,7 +210,7 @@ def add_parsers(sub: Any) -> None:
         help="request the return path per packet (RFC 9503) instead of configuring it",
     )
     create.add_argument("--port", type=_port, default=862, help="the reflector's UDP port")
-    create.add_argument("--source", type=_address, help="source IPv6 address")
+    create.add_argument("--source", type=_address, help="source IPv4 or IPv6 address")
     create.add_argument(
         "--interval", type=_seconds, default=0.1, help="seconds between packets (default 0.1)"
     )
@@ -225,6 +225,12 @@ def add_parsers(sub: Any) -> None:
     create.add_argument("--auth-key", type=_hex_key, help="HMAC key (hex)")
     create.add_argument(
         "--stateful", action="store_true", help="stateful reflector (forward/backward loss)"
+    )
+    create.add_argument(
+        "--strict-ssid",
+        action="store_true",
+        help="refuse replies with SSID 0 (by default an RFC 8762-only reflector's replies "
+        "are accepted when address, port, Seq and T1 match)",
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
     create.set_defaults(handler=_client_handler(_session_create))
@@ -419,7 +425,14 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "loss_ratio": s.loss_ratio,
         "forward_lost": s.forward_lost,
         "backward_lost": s.backward_lost,
+        "unclassified_lost": s.unclassified_lost,
+        "reflector_ssid_zero": s.ssid_zero > 0,
         "max_error_bound_ns": s.max_error_bound_ns,
+        "unknown": s.unknown,
+        "epochs": [asdict(e) for e in s.epochs],
+        "schedule_skipped": s.schedule_skipped,
+        "schedule_late_mean_ns": s.schedule_late_mean_ns,
+        "schedule_late_max_ns": s.schedule_late_max_ns,
     }
 
 
@@ -475,6 +488,7 @@ def _session_create(c: ControllerClient, args: argparse.Namespace) -> None:
         ptp=args.ptp,
         key_hex=args.auth_key or "",
         stateful=args.stateful,
+        strict_ssid=args.strict_ssid,
         loss_timeout_ns=round(args.loss_timeout * NS_PER_S),
         collect=args.collect,
     )
@@ -537,7 +551,10 @@ def _results(c: ControllerClient, args: argparse.Namespace) -> None:
         _print_json(
             {
                 "session": args.name,
-                "records": [record_json(r) for r in page.records],
+                "records": [
+                    {"epoch": epoch, **record_json(r)}
+                    for r, epoch in zip(page.records, page.epochs, strict=True)
+                ],
                 "more": page.more,
             }
         )
@@ -594,11 +611,29 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
     )
     split = ""
     if s.forward_lost is not None and s.backward_lost is not None:
-        split = f" (forward {s.forward_lost}, backward {s.backward_lost})"
+        split = f" (forward {s.forward_lost}, backward {s.backward_lost}"
+        split += f", not yet placed {s.unclassified_lost})" if s.unclassified_lost else ")"
     bound = (
         "" if s.max_error_bound_ns is None else f"; error bound <= {_ms(s.max_error_bound_ns)} ms"
     )
+    unknown = f", unknown {s.unknown} (agent outages)" if s.unknown else ""
     print(
-        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}, "
+        f"sent {s.sent}, received {s.received}, lost {s.lost}{split}{unknown}, "
         f"loss {s.loss_ratio:.2%}{bound}"
     )
+    if s.ssid_zero:
+        print(
+            f"reflector_ssid_zero: {s.ssid_zero} replies had SSID 0: the reflector implements "
+            "RFC 8762 but not RFC 8972"
+        )
+    if s.schedule_skipped:
+        print(
+            f"sender behind schedule: {s.schedule_skipped} slots skipped, packets late by "
+            f"{_ms(s.schedule_late_mean_ns)} ms on average, {_ms(s.schedule_late_max_ns)} at most"
+        )
+    for e in s.epochs:
+        if e.unknown:
+            print(
+                f"epoch {e.epoch} ({e.end_reason}): sent {e.sent}, received {e.received}, "
+                f"lost {e.lost}, unknown {e.unknown}"
+            )

@@ -46,9 +46,9 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from sixlab import stamp as ev
 from sixlab.dataplane.base import DataplaneConfig, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
-from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig
 from sixlab.stamp.stats import DelaySummary, PathStats, path_stats

@@ -6,13 +6,17 @@
   exist.
 * ``sixlab ilnp status`` and ``sixlab ilnp cache`` ask a running daemon over its
   control socket (JSON lines); ``--json`` prints the reply as it came.
+* ``sixlab ilnp move L64...`` replaces the daemon's locators (``set-locators``) and
+  ``sixlab ilnp add-peer NAME`` starts an ILCC entry for a name (``add-peer``).
+
+Locators are written ``2001:db8:a::/64``, ``2001:db8:a::`` or ``2001:db8:a:0``; NIDs
+``::a``, ``0:0:0:a`` or an integer (:mod:`sixlab.ilnp.config`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -26,28 +30,35 @@ __all__ = ["add_parsers", "main"]
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ilnp`` command group to the ``sixlab`` subparsers ``sub``."""
-    from sixlab.ilnp.daemon import DEFAULT_CONTROL  # noqa: PLC0415 - keeps `--help` light
+    from sixlab.ilnp import POLICIES, STORES  # noqa: PLC0415 - keeps `--help` light
 
+    control_help = "control socket path (default: /run/sixlab-ilnp-NETNS.sock, per namespace)"
     ilnp = sub.add_parser("ilnp", help="ILNPv6 host daemon and its tools")
     tools = ilnp.add_subparsers(dest="ilnp_command", required=True, metavar="TOOL")
 
     host = tools.add_parser("host", help="run the ILNPv6 host daemon")
-    host.add_argument("--nid", required=True, type=_nid, help="our NID: 0:0:0:a or an integer")
+    host.add_argument("--nid", required=True, type=_nid, help="our NID: ::a, 0:0:0:a or an integer")
     host.add_argument(
         "--locator",
         action="append",
         required=True,
         type=_locator,
         metavar="L64[,PREF[,LIFETIME]]",
-        help="one of our locators (repeat for multihoming); lower PREF is preferred",
+        help="one of our locators, e.g. 2001:db8:a::/64 (repeat for multihoming); lower "
+        "PREF is preferred",
     )
     host.add_argument(
         "--interface", action="append", required=True, help="link to serve (repeatable)"
     )
-    host.add_argument("--policy", choices=["none", "socket", "bounded"], default="socket")
-    host.add_argument("--store", choices=["hash", "linear"], default="hash")
-    host.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+    host.add_argument("--policy", choices=POLICIES.names(), default="socket")
+    host.add_argument("--store", choices=STORES.names(), default="hash")
+    host.add_argument("--control", help=control_help)
     host.add_argument("--hosts", help="I-LV hosts file for resolving correspondents")
+    host.add_argument(
+        "--names",
+        metavar="PATH",
+        help="write the identifier addresses of known names here, /etc/hosts format",
+    )
     host.add_argument("--tun", default="ilnp0", help="TUN device for identifier addresses")
     host.add_argument(
         "--nonce",
@@ -70,9 +81,29 @@ def add_parsers(sub: Any) -> None:
 
     for name, text in (("status", "daemon status and counters"), ("cache", "ILCC entries")):
         tool = tools.add_parser(name, help=text)
-        tool.add_argument("--control", default=DEFAULT_CONTROL, help="control socket path")
+        tool.add_argument("--control", help=control_help)
         tool.add_argument("--json", action="store_true", help="print the JSON reply")
         tool.set_defaults(handler=_query, query=name)
+
+    move = tools.add_parser(
+        "move", help="replace our locators (a move or a new uplink): Locator Updates go out"
+    )
+    move.add_argument(
+        "locators",
+        nargs="+",
+        type=_locator,
+        metavar="L64[,PREF[,LIFETIME]]",
+        help="the new set; each must be held by one of the daemon's links",
+    )
+    move.add_argument("--control", help=control_help)
+    move.add_argument("--json", action="store_true", help="print the JSON reply")
+    move.set_defaults(handler=_query, query="set-locators")
+
+    peer = tools.add_parser("add-peer", help="resolve a name and start an ILCC entry for it")
+    peer.add_argument("name", help="a name in the daemon's hosts file, or in DNS (NID, L64)")
+    peer.add_argument("--control", help=control_help)
+    peer.add_argument("--json", action="store_true", help="print the JSON reply")
+    peer.set_defaults(handler=_query, query="add-peer")
 
 
 def _nid(text: str) -> int:
@@ -93,6 +124,13 @@ def _locator(text: str) -> LocatorEntry:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _format_spec(entry: LocatorEntry) -> str:
+    """A parsed locator back in the control socket's ``L64,PREF,LIFETIME`` notation."""
+    from sixlab.ilnp.config import format_l64  # noqa: PLC0415
+
+    return f"{format_l64(entry.locator)},{entry.preference},{entry.lifetime}"
+
+
 def _positive(text: str) -> int:
     value = argtypes.count(text)
     if value == 0:
@@ -101,11 +139,9 @@ def _positive(text: str) -> int:
 
 
 def _host(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ConfigError, IlnpError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import DaemonConfig, run_daemon  # noqa: PLC0415
+    from sixlab.ilnp import ConfigError, IlnpError  # noqa: PLC0415
+    from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
-    from sixlab.ilnp.resolve import ResolveError  # noqa: PLC0415
-    from sixlab.linux.errors import LinuxError  # noqa: PLC0415
 
     try:
         check_locator_set(args.locator)
@@ -118,8 +154,9 @@ def _host(args: argparse.Namespace) -> int:
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
-        control=args.control,
+        control=args.control or default_control(),
         hosts=args.hosts,
+        names=args.names,
         tun_name=args.tun,
         always_nonce=args.nonce == "always",
         bounded_capacity=args.capacity,
@@ -132,29 +169,37 @@ def _host(args: argparse.Namespace) -> int:
 
     try:
         return run_daemon(config, announce=announce)
-    except (IlnpError, ResolveError, LinuxError, OSError, subprocess.SubprocessError) as exc:
-        # What the host cannot provide (an interface, a readable hosts file, root for
-        # the TUN device, nft...): one line, no traceback.
+    except IlnpError as exc:
+        # A setting that cannot work, or what the host cannot provide (an interface, a
+        # readable hosts file, root for the TUN device, nft...): one line, no traceback.
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 1
 
 
 def _query(args: argparse.Namespace) -> int:
-    from sixlab.ilnp._errors import ControlError  # noqa: PLC0415
-    from sixlab.ilnp.daemon import control_request  # noqa: PLC0415
+    from sixlab.ilnp import IlnpError  # noqa: PLC0415
+    from sixlab.ilnp.daemon import control_request, default_control  # noqa: PLC0415
 
+    request: dict[str, Any] = {"cmd": args.query}
+    if args.query == "set-locators":
+        request["locators"] = [_format_spec(entry) for entry in args.locators]
+    elif args.query == "add-peer":
+        request["name"] = args.name
+    path = args.control or default_control()
     try:
-        reply = control_request(args.control, {"cmd": args.query})
+        reply = control_request(path, request)
     except OSError as exc:
-        print(f"sixlab ilnp {args.query}: {args.control}: {exc}", file=sys.stderr)
+        print(f"sixlab ilnp {args.query}: {path}: {exc}", file=sys.stderr)
         return 1
-    except ControlError as exc:
+    except IlnpError as exc:
         print(f"sixlab ilnp {args.query}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(reply, indent=2))
-    elif args.query == "status":
+    elif args.query in ("status", "set-locators"):
         _print_status(reply)
+    elif args.query == "add-peer":
+        print(f"peer {args.name}: NID {reply['nid']}" if reply.get("ok") else reply.get("error"))
     else:
         _print_cache(reply)
     return 0 if reply.get("ok") else 1

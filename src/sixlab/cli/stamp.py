@@ -15,13 +15,13 @@ import sys
 import time
 from typing import Any
 
+from sixlab import stamp as ev
 from sixlab.cli import _argtypes as at
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError, available, create
 from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
 from sixlab.linux.signals import StopOnSignal
-from sixlab.stamp import _events as ev
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
-from sixlab.stamp.sender import SenderConfig
+from sixlab.stamp.sender import SenderConfig, SenderCounters
 from sixlab.stamp.stats import DelaySummary, summarize
 from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.stamp import STAMP_PORT
@@ -36,7 +36,9 @@ NS_PER_S = 1_000_000_000
 def add_parsers(stamp: Any) -> None:
     planes = available()
     r = stamp.add_parser("reflector", help="answer STAMP Session-Senders until interrupted")
-    r.add_argument("--listen", type=at.ipv6, default=None, help="address to listen on (any)")
+    r.add_argument(
+        "--listen", type=at.ip, default=None, help="IPv4 or IPv6 address to listen on (any)"
+    )
     r.add_argument("--port", type=at.port, default=STAMP_PORT)
     r.add_argument("--dataplane", choices=planes, default="socket")
     r.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
@@ -50,9 +52,9 @@ def add_parsers(stamp: Any) -> None:
     r.set_defaults(handler=_run_reflector)
 
     s = stamp.add_parser("sender", help="run one STAMP session and print the delays")
-    s.add_argument("reflector", type=at.ipv6)
+    s.add_argument("reflector", type=at.ip, help="the reflector's IPv4 or IPv6 address")
     s.add_argument("--port", type=at.port, default=STAMP_PORT, help="the reflector's port")
-    s.add_argument("--source", type=at.ipv6, default=None)
+    s.add_argument("--source", type=at.ip, default=None)
     s.add_argument("--source-port", type=at.port, default=0)
     s.add_argument("--segments", type=at.sid_list, default=None, help="SID list to the reflector")
     s.add_argument(
@@ -66,6 +68,18 @@ def add_parsers(stamp: Any) -> None:
     s.add_argument("--timeout", type=at.seconds, default=2.0, help="loss timeout, seconds")
     s.add_argument("--ssid", type=at.ssid, default=1)
     s.add_argument("--auth-key", type=at.hex_key, default=None)
+    s.add_argument(
+        "--strict-ssid",
+        action="store_true",
+        help="refuse replies whose SSID is 0 (by default they are accepted when address, "
+        "port, Seq and T1 match: an RFC 8762-only reflector returns the SSID as 0)",
+    )
+    s.add_argument(
+        "--stateful-reflector",
+        action="store_true",
+        help="the reflector is stateful (RFC 8762 §4.3.1): split the loss into forward "
+        "and backward",
+    )
     s.add_argument("--ptp", action="store_true")
     s.add_argument("--dataplane", choices=planes, default="socket")
     s.add_argument("--interface", default=None, help="interface to capture on (capture planes)")
@@ -123,6 +137,8 @@ def _run_reflector(args: argparse.Namespace) -> int:
     c = reflector.counters
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
+    if c.integrity_failed:  # answered without acting on their TLVs (RFC 8972 §4.8)
+        print(f"HMAC TLV failures: {c.integrity_failed}", file=sys.stderr)
     if kernel:  # packets the plane answered or dropped itself (xdp), never seen above
         handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
         print(f"{args.dataplane} data plane: {handled}", file=sys.stderr)
@@ -142,9 +158,53 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f}"
 
 
+def _hostport(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    return f"{address}:{port}" if address.version == 4 else f"[{address}]:{port}"
+
+
+def _notes(c: SenderCounters) -> list[str]:
+    """The summary lines beyond the counts: loss split, SSID 0, integrity, drops."""
+    out = []
+    if c.forward_lost is not None:
+        out.append(
+            f"loss: {c.forward_lost} forward, {c.backward_lost} backward, "
+            f"{c.unclassified_lost} not yet placed (lost after the last reply)"
+        )
+    if c.reflector_ssid_zero:
+        out.append(
+            f"reflector_ssid_zero: {c.ssid_zero} replies had SSID 0: the reflector implements "
+            "RFC 8762 but not RFC 8972 (matched by address, port, Seq and T1; --strict-ssid "
+            "refuses them)"
+        )
+    refused = c.dropped.get(ev.DropReason.SSID_ZERO, 0)
+    if refused:
+        out.append(
+            f"{refused} replies had SSID 0 (an RFC 8762-only reflector) and were refused "
+            "(--strict-ssid)"
+        )
+    if c.integrity_reported:
+        out.append(
+            f"integrity: the reflector could not verify our HMAC TLV in {c.integrity_reported} "
+            "replies (I flag)"
+        )
+    if c.dropped:
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items()))
+        out.append(f"replies dropped: {drops}")
+    return out
+
+
 def _run_sender(args: argparse.Namespace) -> int:
     if args.count <= 0:
         print("sixlab stamp sender: --count must be positive", file=sys.stderr)
+        return 2
+    ipv4 = [a for a in (args.reflector, args.source) if isinstance(a, ipaddress.IPv4Address)]
+    if ipv4 and (args.segments or args.return_segments):
+        print("sixlab stamp sender: SRv6 segments need IPv6 addresses", file=sys.stderr)
+        return 2
+    if args.source is not None and args.source.version != args.reflector.version:
+        print(
+            "sixlab stamp sender: --source and REFLECTOR are of different families", file=sys.stderr
+        )
         return 2
     tlvs = b""
     if args.return_segments:
@@ -157,6 +217,8 @@ def _run_sender(args: argparse.Namespace) -> int:
         key=args.auth_key,
         tlvs=tlvs,
         loss_timeout_ns=round(args.timeout * NS_PER_S),
+        reflector_stateful=args.stateful_reflector,
+        strict_ssid=args.strict_ssid,
     )
     plane = create(
         args.dataplane,
@@ -213,6 +275,13 @@ def _run_sender(args: argparse.Namespace) -> int:
             "lost": c.lost,
             "duplicates": c.duplicates,
             "reordered": c.reordered,
+            "forward_lost": c.forward_lost,
+            "backward_lost": c.backward_lost,
+            "unclassified_lost": c.unclassified_lost,
+            "reflector_ssid_zero": c.reflector_ssid_zero,
+            "ssid_zero_replies": c.ssid_zero,
+            "integrity_reported": c.integrity_reported,
+            "dropped": {str(k): v for k, v in sorted(c.dropped.items())},
             "dataplane": kernel,
             "records": [r.as_json() for r in records],
             "summary": {
@@ -224,8 +293,11 @@ def _run_sender(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
     else:
-        print(f"--- [{args.reflector}]:{args.port} STAMP statistics ---")
+        where = _hostport(args.reflector, args.port)
+        print(f"--- {where} STAMP statistics ---")
         print(f"{c.sent} sent, {c.received} received, {c.lost} lost, {c.duplicates} duplicates")
+        for line in _notes(c):
+            print(line)
         if kernel:  # replies the plane collected itself (xdp), before the session saw them
             handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
             print(f"{args.dataplane} data plane: {handled}")

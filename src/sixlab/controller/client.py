@@ -35,14 +35,16 @@ import grpc
 from sixlab.controller._generated import controller_pb2 as pb
 from sixlab.controller._generated import controller_pb2_grpc as pb_grpc
 from sixlab.controller.core import SessionSpec
+from sixlab.controller.errors import ControllerError
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "RUN_SOCKET",
     "ControllerClient",
+    "EpochInfo",
     "NodeInfo",
     "NorthboundError",
     "ResultPage",
@@ -104,7 +106,7 @@ def default_address(*, server: bool = False) -> str:
     return os.environ.get(ENV_ADDRESS) or f"unix:{default_socket(server=server)}"
 
 
-class NorthboundError(RpcError):
+class NorthboundError(RpcError, ControllerError):
     """The controller refused a call (or could not be reached); ``code`` is the status."""
 
 
@@ -117,6 +119,11 @@ class NodeInfo:
     last_seen_ns: int | None
     last_error: str
     initialized: bool
+    #: Its agent's run last seen (16 hex digits; empty: never), when that run started,
+    #: and how many restarts (new runs) were seen.
+    agent_epoch: str = ""
+    agent_started_ns: int | None = None
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +158,29 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class ResultPage:
-    """Stored results, oldest first; ``more`` if the limit cut the answer short."""
+    """Stored results, oldest first; ``more`` if the limit cut the answer short.
+
+    ``epochs[i]`` is the epoch of ``records[i]`` (Seq numbers start over in each)."""
 
     records: tuple[StampResult, ...]
     more: bool
+    epochs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochInfo:
+    """One epoch of a session and what became of its probes (``EpochStats`` in the API)."""
+
+    epoch: int
+    started_ns: int
+    ended_ns: int | None
+    end_reason: str
+    sender_agent: str
+    sent: int
+    received: int
+    lost: int
+    unknown: int
+    schedule_skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +199,16 @@ class SessionStats:
     backward_lost: int | None
     max_error_bound_ns: int | None
     sent: int
+    unclassified_lost: int | None = None
+    ssid_zero: int = 0
+    #: Probes of unknown outcome (agent outages), summed over the epochs.
+    unknown: int = 0
+    epochs: tuple[EpochInfo, ...] = ()
+    #: How the sender kept its schedule: slots skipped, lateness mean (None: nothing
+    #: sent) and most.
+    schedule_skipped: int = 0
+    schedule_late_mean_ns: int | None = None
+    schedule_late_max_ns: int = 0
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -184,6 +220,9 @@ def node_from_proto(n: pb.Node) -> NodeInfo:
         last_seen_ns=n.last_seen_ns if n.HasField("last_seen_ns") else None,
         last_error=n.last_error,
         initialized=n.initialized,
+        agent_epoch=n.agent_epoch,
+        agent_started_ns=n.agent_started_ns if n.HasField("agent_started_ns") else None,
+        restarts=n.restarts,
     )
 
 
@@ -257,6 +296,27 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         backward_lost=opt("backward_lost"),
         max_error_bound_ns=opt("max_error_bound_ns"),
         sent=reply.sent,
+        unclassified_lost=opt("unclassified_lost"),
+        ssid_zero=reply.ssid_zero,
+        unknown=reply.unknown,
+        epochs=tuple(
+            EpochInfo(
+                epoch=e.epoch,
+                started_ns=e.started_ns,
+                ended_ns=e.ended_ns if e.HasField("ended_ns") else None,
+                end_reason=e.end_reason,
+                sender_agent=e.sender_agent,
+                sent=e.sent,
+                received=e.received,
+                lost=e.lost,
+                unknown=e.unknown,
+                schedule_skipped=e.schedule_skipped,
+            )
+            for e in reply.epochs
+        ),
+        schedule_skipped=reply.schedule_skipped,
+        schedule_late_mean_ns=opt("schedule_late_mean_ns"),
+        schedule_late_max_ns=reply.schedule_late_max_ns,
     )
 
 
@@ -291,6 +351,7 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
         stateful=spec.stateful,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=collect,
+        strict_ssid=spec.strict_ssid,
     )
 
 
@@ -393,7 +454,11 @@ class ControllerClient(GrpcClient):
         if since_ns is not None:
             request.since_ns = since_ns
         reply: pb.GetResultsReply = self._call("GetResults", request)
-        return ResultPage(tuple(record_from_proto(r) for r in reply.records), reply.more)
+        return ResultPage(
+            tuple(record_from_proto(r) for r in reply.records),
+            reply.more,
+            tuple(r.epoch for r in reply.records),
+        )
 
     def stats(self, name: str, *, since_ns: int | None = None) -> SessionStats:
         request = pb.GetPathStatsRequest(name=name)

@@ -10,48 +10,88 @@ per packet with the RFC 9503 Return Path TLV). The controller picks an SSID free
 nodes, creates the session on the reflector, then on the sender (undoing the first if
 the second fails), and starts them.
 
-Collection. Each running session has a collector thread that reads the sender's
-results in cursor mode (records stay on the agent until acknowledged) either by polling
-(``GetStampSessionResults``, the paper's way) or by a server stream (push). Every batch
-is stored with the new cursor in one transaction (``Store.store_results``), then
-acknowledged; so a result is stored exactly once, even if the controller is killed at
-any point and restarted (``resume`` restarts the collectors from the stored cursors).
+Collection. Results are read in cursor mode (records stay on the agent until
+acknowledged), either by polling (``GetStampSessionResults``, the paper's way; a thread
+per session) or by a server stream (push): one ``StreamResults`` per sender agent
+carrying all its stream-mode sessions, reopened from the stored cursors whenever that
+set changes (an agent spends a worker thread per open stream, so one per session would
+exhaust it). Every batch is stored with the new cursor and the sender's counters in one
+transaction (``Store.store_results``), then acknowledged; so a result is stored exactly
+once, even if the controller is killed at any point and restarted (``resume`` restarts
+collection from the stored cursors).
 
-Health. A failing call marks the node unhealthy (store and the ``sixlab_agent_up``
-metric) and the collector retries with back-off. When the agent answers again, the
-collector checks that it still has the session: an agent that restarted has lost it,
-so the controller replays the node's Init, creates the session again (new epoch, see
-``Store.new_epoch``) and starts it; measurement resumes.
+Health and repair. A supervisor thread asks every node's agent how it is
+(``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
+node's health (store and the ``sixlab_agent_up`` metric). The answer carries the agent's
+``epoch``, chosen at random each time an agent starts: a new epoch means the agent
+restarted and lost its Init and its sessions, whichever role it has, even when no call
+failed in between. The controller then replays the node's Init (with the UDP port it
+bound before, so that senders still reach a reflector) and creates the node's sessions
+again (``reconcile_node``). A session missing from an agent that did not restart (it
+was Reset, or a collector got NOT_FOUND) is created again the same way.
+
+- On a reflector, the session is created and, if it was started, started again; its
+  sender never stopped, so measurement simply resumes (what was sent meanwhile is lost).
+  A stateful reflector's count starts over with it, which the sender would misread as
+  forward loss: such a session's sender is stopped, drained and collected, then the
+  session starts afresh on both agents in a new epoch (``reflector-lost``).
+- On a sender, the session's records start over from id 1: the controller opens a new
+  epoch (``Store.begin_epoch``), creates the session on both agents again (a stateful
+  reflector's count must restart with the sender's Seq) and starts it.
+
+Collectors and repairs of a session take the session's lock: a batch is read, stored
+and acknowledged within one epoch, and a repair never slips in between (an
+acknowledgement of the old epoch's ids would remove unstored records of the new one).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
+import itertools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import grpc
 
-from sixlab.controller.metrics import ControllerMetrics
-from sixlab.controller.store import NotFoundError, SessionRow, Store
-from sixlab.southbound._generated import stamp_pb2 as pb
-from sixlab.southbound.client import AgentClient, SouthboundError, result_from_proto
+from sixlab.controller.errors import ControllerError
+from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
+from sixlab.controller.store import (
+    Counters,
+    EpochRow,
+    NodeRow,
+    NotFoundError,
+    ResultBatch,
+    SessionRow,
+    Store,
+)
+from sixlab.southbound import stamp_pb2 as pb
+from sixlab.southbound.client import (
+    AgentClient,
+    ResultStream,
+    SouthboundError,
+    result_from_proto,
+)
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
+    "REFLECTOR_LOST",
+    "SENDER_LOST",
     "CollectMode",
     "Controller",
     "ControllerError",
+    "EpochStats",
     "NoFreeSsidError",
     "SessionExistsError",
     "SessionSpec",
     "WrongStateError",
+    "epoch_stats",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,10 +101,21 @@ BATCH = 5000
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
-
-
-class ControllerError(ValueError):
-    """A request the controller refuses; the message names the field."""
+#: How often the supervisor asks every agent how it is (s).
+SUPERVISE_INTERVAL_S = 1.0
+#: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
+#: unhealthy, and must not hold up the checks of the others for long.
+INFO_TIMEOUT_S = 3.0
+#: Session states in which the session exists on each agent (as far as the controller
+#: is concerned): a finished sender session is created again when it is started.
+_ON_REFLECTOR = ("created", "running", "stopping", "stopped", "finished")
+_ON_SENDER = ("created", "running", "stopping")
+#: Why an epoch ended when its sender agent restarted or lost the session.
+SENDER_LOST = "sender-lost"
+#: Why an epoch of a stateful session ended when its reflector agent restarted.
+REFLECTOR_LOST = "reflector-lost"
+#: gRPC statuses that say the agent does not have what the controller expects.
+_MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class SessionExistsError(ControllerError):
@@ -108,13 +159,17 @@ class SessionSpec:
     stateful: bool = False
     loss_timeout_ns: int = 2_000_000_000
     collect: str = CollectMode.POLL
+    #: Refuse replies with SSID 0 (an RFC 8762-only reflector); accepted by default.
+    strict_ssid: bool = False
 
     def validate(self) -> None:
         if not self.name:
             raise ControllerError("name: a session needs a name")
-        _v6("reflector_address", self.reflector_address)
-        if self.source_address:
-            _v6("source_address", self.source_address)
+        family = _ip("reflector_address", self.reflector_address)
+        if self.source_address and _ip("source_address", self.source_address) != family:
+            raise ControllerError("source_address: not of the reflector_address's family")
+        if family == 4 and (self.segments or self.return_segments):
+            raise ControllerError("segments: SRv6 needs an IPv6 reflector_address")
         for sid in self.segments:
             _v6("segments", sid)
         for sid in self.return_segments:
@@ -135,6 +190,14 @@ class SessionSpec:
             raise ControllerError("key_hex: not hexadecimal") from None
 
 
+def _ip(label: str, text: str) -> int:
+    """The IP version of an IPv4 or IPv6 address (STAMP runs over both)."""
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        raise ControllerError(f"{label}: {text!r} is not an IPv4 or IPv6 address") from None
+
+
 def _v6(label: str, text: str) -> None:
     try:
         ipaddress.IPv6Address(text)
@@ -144,14 +207,124 @@ def _v6(label: str, text: str) -> None:
 
 @dataclass
 class _Collector:
+    """The poll loop of one poll-mode session."""
+
     name: str
     thread: threading.Thread = field(init=False)
     stop: threading.Event = field(default_factory=threading.Event)
-    #: The result stream being read (stream mode), cancelled to stop at once.
-    stream: Any = None
+
+
+@dataclass
+class _Streamer:
+    """The results stream of one sender node, carrying all its stream-mode sessions."""
+
+    node: str
+    #: The sessions it carries (their names); a change reopens the stream.
+    names: set[str] = field(default_factory=set)
+    changed: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread = field(init=False)
+    #: The stream being read, cancelled to reopen (or stop) at once.
+    call: ResultStream[pb.ResultBatches] | None = None
+
+    def poke(self) -> None:
+        """Reopen the stream with the sessions (and cursors) as they are now."""
+        self.changed.set()
+        call = self.call
+        if call is not None:
+            call.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochStats:
+    """What became of one epoch's probes (``Controller.epochs``)."""
+
+    epoch: int
+    started_ns: int
+    ended_ns: int | None
+    #: ``finished``, ``sender-lost`` (its sender agent restarted or lost the session),
+    #: ``destroyed``; None while it is the current epoch.
+    end_reason: str | None
+    #: The sender agent's run it ran on (GetAgentInfo.epoch, hex).
+    sender_agent: str | None
+    sent: int
+    received: int
+    lost: int
+    #: Probes whose outcome no agent reported: neither stored nor declared lost (see
+    #: ``epoch_stats``). 0 for the current epoch, whose packets may be in flight.
+    unknown: int
+    #: The sender's schedule: slots skipped, lateness of its packets in total and at most.
+    skipped: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+
+def _slots(spec: SessionSpec, span_ns: int) -> int:
+    """Send slots of the session's schedule in its first ``span_ns`` (its sender sends
+    at start + k × interval, up to its count and duration)."""
+    slots = -(-max(span_ns, 0) // spec.interval_ns)
+    if spec.count:
+        slots = min(slots, spec.count)
+    if spec.duration_ns:
+        slots = min(slots, -(-spec.duration_ns // spec.interval_ns))
+    return slots
+
+
+def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
+    """An epoch's accounting. Its probes are received (stored), lost (declared by the
+    sender) or unknown:
+
+    - an epoch that ended with its sender agent (``sender-lost``): every slot of its
+      schedule from its start until the next epoch began (or until a user stopped it)
+      was due; whatever is not stored or declared lost died with the agent (sent but
+      never reported, or never sent while the agent was down). The start is the
+      controller's clock, so this is an estimate within a slot or so;
+    - any other ended epoch: sent but neither stored nor lost (e.g. FIFO overflow);
+    - the current epoch: 0 (its packets may still be in flight or uncollected).
+    """
+    unknown = 0
+    if e.ended_ns is not None:
+        due = e.sent
+        if e.end_reason == SENDER_LOST:
+            end = e.ended_ns if e.stopped_ns is None else min(e.ended_ns, e.stopped_ns)
+            due = max(due, _slots(spec, end - e.started_ns))
+        unknown = max(0, due - e.received - e.lost)
+    return EpochStats(
+        e.epoch, e.started_ns, e.ended_ns, e.end_reason, e.sender_agent,
+        e.sent, e.received, e.lost, unknown, e.skipped, e.late_ns_total, e.late_ns_max,
+    )  # fmt: skip
+
+
+def _batch(
+    row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters | None
+) -> ResultBatch:
+    """A batch read from the session's sender, as the store takes it (``counters`` None:
+    the batch came without them)."""
+    return ResultBatch(
+        row.id,
+        row.epoch,
+        [(r.record_id, result_from_proto(r)) for r in results],
+        None
+        if counters is None
+        else Counters(
+            counters.sent,
+            counters.lost,
+            counters.forward_lost if counters.HasField("forward_lost") else None,
+            counters.overflow,
+            counters.schedule_skipped,
+            counters.schedule_late_ns_total,
+            counters.schedule_late_ns_max,
+            counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
+            counters.ssid_zero,
+        ),
+    )
 
 
 ClientFactory = Callable[[str], AgentClient]
+
+
+def _open_stream(client: AgentClient, *, after: dict[int, int]) -> ResultStream[pb.ResultBatches]:
+    return client.stream_many(after, max_batch=BATCH)
 
 
 class Controller:
@@ -163,16 +336,38 @@ class Controller:
         client_factory: ClientFactory = AgentClient,
         clock: Callable[[], int] = time.time_ns,
         poll_interval_s: float = 0.5,
+        supervise_interval_s: float | None = SUPERVISE_INTERVAL_S,
     ) -> None:
+        """``clock`` gives the Unix ns stored with nodes and sessions. ``supervise_interval_s``
+        None: no supervisor thread (health and repairs only through ``check_node``)."""
         self.store = store
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.poll_interval_s = poll_interval_s
+        self.supervise_interval_s = supervise_interval_s
         self._client_factory = client_factory
         self._clients: dict[str, AgentClient] = {}
         self._collectors: dict[str, _Collector] = {}
+        self._streamers: dict[str, _Streamer] = {}
         self._lock = threading.RLock()
+        #: Slots skipped by each (session id, epoch)'s sender, last seen (for warnings).
+        self._skipped: dict[tuple[int, int], int] = {}
+        #: Notified when a session finishes (``wait_finished``).
+        self._finished = threading.Condition(self._lock)
+        #: Serialises what changes sessions on agents: user requests and repairs.
+        self._ops = threading.RLock()
+        self._session_locks: dict[str, threading.Lock] = {}
+        #: Sessions to start afresh once drained, with why their epoch ends.
+        self._pending_restarts: dict[str, str] = {}
+        self._wake = threading.Event()
         self._closed = False
+        self._supervisor: threading.Thread | None = None
+        self.metrics.bind(self._metric_totals)
+        if supervise_interval_s is not None:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="controller-supervisor", daemon=True
+            )
+            self._supervisor.start()
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -199,8 +394,10 @@ class Controller:
     ) -> int:
         """Init the node's agent (and remember the parameters to replay after a restart)."""
         init = {"dataplane": dataplane, "port": port, "interface": interface, "source": source}
-        bound = self._init(name, init)
-        self.store.set_init(name, init)
+        with self._ops:
+            bound = self._init(name, init)
+            self.store.set_init(name, init, bound)
+            self._observe(name)
         return bound
 
     def _init(self, name: str, init: dict[str, Any]) -> int:
@@ -216,13 +413,187 @@ class Controller:
         assert isinstance(port, int)
         return port
 
+    def _replay_init(self, node: NodeRow) -> None:
+        """Init a restarted agent as it was: with the port it bound, so that the senders'
+        sessions still reach a reflector that had asked for any free port."""
+        if node.init is None:
+            raise SouthboundError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {node.name} is not initialised and was never initialised by us",
+            )
+        init = dict(node.init)
+        if node.role == "reflector" and not init.get("port") and node.port:
+            init["port"] = node.port
+        log.warning("node %s: initialising its agent again", node.name)
+        self._init(node.name, init)
+
+    def _observe(self, name: str) -> pb.GetAgentInfoReply:
+        """GetAgentInfo, recording the agent's run without acting on a change."""
+        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+        self.store.observe_agent(name, info.epoch, info.started_ns)
+        return info
+
     def check_node(self, name: str) -> bool:
-        """Ask the node's agent how it is; record and return its health."""
+        """Ask the node's agent how it is; repair it if it restarted or lost sessions.
+
+        Returns its health. Repairs that fail are logged and retried at the next check.
+        """
+        was_healthy = self.store.node(name).healthy
         try:
-            self._call(name, lambda c: c.info())
-        except SouthboundError:
-            return False
-        return True
+            self.reconcile_node(name)
+        except SouthboundError as exc:
+            healthy = self.store.node(name).healthy
+            # Once per outage, not at every check of a node that stays down.
+            log.log(logging.WARNING if was_healthy or healthy else logging.DEBUG,
+                    "node %s: %s", name, exc)  # fmt: skip
+        return self.store.node(name).healthy
+
+    def reconcile_node(self, name: str) -> None:
+        """Make the node's agent carry what the store says it carries (module doc)."""
+        # Asked outside the lock first: a node that does not answer must not hold up
+        # requests. A session created meanwhile is not in this answer, so whatever looks
+        # amiss is asked again under the lock before anything is repaired.
+        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+        with self._ops:
+            if self._amiss(name, info):
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+            restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
+            node = self.store.node(name)
+            if restarted:
+                log.warning(
+                    "node %s: its agent restarted (epoch %016x); restoring its sessions",
+                    name,
+                    info.epoch,
+                )
+            expected = self._expected(node)
+            if not expected:
+                return
+            if not info.initialized:
+                self._replay_init(node)
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+            present = set(info.ssids)
+            for row in expected:
+                if restarted or row.ssid not in present:
+                    if node.role == "sender":
+                        self._repair_sender_half(row)
+                    else:
+                        self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _expected(self, node: NodeRow) -> list[SessionRow]:
+        """The sessions the node's agent should carry."""
+        if node.role == "sender":
+            return [
+                r for r in self.store.sessions() if r.sender == node.name and r.state in _ON_SENDER
+            ]
+        return [
+            r
+            for r in self.store.sessions()
+            if r.reflector == node.name and r.state in _ON_REFLECTOR
+        ]
+
+    def _amiss(self, name: str, info: pb.GetAgentInfoReply) -> bool:
+        """Whether the agent's answer calls for a repair (a new run, no Init, a session
+        missing)."""
+        node = self.store.node(name)
+        if node.agent_epoch is not None and node.agent_epoch != f"{info.epoch:016x}":
+            return True
+        expected = self._expected(node)
+        present = set(info.ssids)
+        return bool(expected) and (
+            not info.initialized or any(r.ssid not in present for r in expected)
+        )
+
+    def _repair_reflector_half(self, row: SessionRow, *, present: bool) -> None:
+        """The reflector lost the session: create it again, started if it was."""
+        log.warning("session %s: creating it again on reflector %s", row.name, row.reflector)
+        spec = self._spec(row)
+        afresh = spec.stateful and row.state == "running"
+        if afresh:
+            # A stateful reflector's count starts over while the sender's Seq goes on:
+            # Seq - reflector Seq would read as forward loss. The sender stops before
+            # the reflector answers again and drains (nothing collected is lost); then
+            # both start afresh in a new epoch (``_restart_drained``).
+            self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            with self._lock:
+                self._pending_restarts[row.name] = REFLECTOR_LOST
+            self.store.set_state(row.name, "stopping")
+        if present:  # an agent that restarted cannot have it: someone else made this one
+            with contextlib.suppress(SouthboundError):
+                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
+        self._create_reflector_half(spec, row.ssid)
+        if row.state != "created" and not afresh:
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+
+    def _repair_sender_half(self, row: SessionRow) -> None:
+        """The sender lost the session: create it again on both agents, in a new epoch."""
+        log.warning("session %s: creating it again on sender %s", row.name, row.sender)
+        with self._session_lock(row.name):
+            row = self.store.session(row.name)
+            stopping = row.state == "stopping"
+            if stopping:
+                # It was told to stop: what was in flight died with the agent.
+                self.store.end_epoch(row.name, self.clock(), SENDER_LOST)
+                self.store.set_state(row.name, "finished")
+        if stopping:
+            self._stop_collector(row.name)
+            return
+        with self._session_lock(row.name):
+            row = self.store.session(row.name)
+            if row.state not in _ON_SENDER:
+                return
+            if row.state == "created":
+                self._destroy_on_agents(row)
+                self._create_on_agents(self._spec(row), row.ssid)
+                return
+        self._restart(row, SENDER_LOST)
+
+    def _destroy_on_agents(self, row: SessionRow) -> None:
+        for node in (row.sender, row.reflector):
+            with contextlib.suppress(SouthboundError):
+                self._call(node, lambda c: c.destroy_session(row.ssid))
+
+    def _session_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            lock = self._session_locks.get(name)
+            if lock is None:
+                lock = self._session_locks[name] = threading.Lock()
+            return lock
+
+    def _restart_drained(self) -> None:
+        """Start afresh the sessions that were drained to be restarted (supervisor)."""
+        with self._lock:
+            pending = dict(self._pending_restarts)
+        for name, reason in pending.items():
+            with self._ops:
+                with self._lock:
+                    if name in self._collectors:  # its poll loop is still ending
+                        continue
+                row = self.store.session(name)
+                if row.state == "stopping":  # still draining
+                    continue
+                with self._lock:
+                    self._pending_restarts.pop(name, None)
+                if row.state == "finished":  # else a user started or destroyed it meanwhile
+                    log.warning("session %s: starting it afresh (%s)", name, reason)
+                    self._restart(row)
+                    self._start_collector(name)
+
+    def _supervise(self) -> None:
+        assert self.supervise_interval_s is not None
+        while not self._closed:
+            try:
+                self._restart_drained()
+            except Exception:
+                log.exception("restarting drained sessions failed; retrying")
+            for node in self.store.nodes():
+                if self._closed:
+                    return
+                try:
+                    self.check_node(node.name)
+                except Exception:
+                    log.exception("node %s: check failed", node.name)
+            self._wake.wait(self.supervise_interval_s)
+            self._wake.clear()
 
     def _call(self, node: str, fn: Callable[[AgentClient], Any]) -> Any:
         """One call to a node's agent; its health follows the outcome."""
@@ -248,12 +619,12 @@ class Controller:
             raise ControllerError(f"sender: node {spec.sender!r} is a {sender.role}")
         if reflector.role != "reflector":
             raise ControllerError(f"reflector: node {spec.reflector!r} is a {reflector.role}")
-        with self._lock:
+        with self._ops:
             try:
-                self.store.session(spec.name)
+                live = self.store.session(spec.name).state != "destroyed"
             except NotFoundError:
-                pass
-            else:
+                live = False
+            if live:  # a destroyed session's name can be used again
                 raise SessionExistsError(f"name: session {spec.name!r} already exists")
             used = self.store.used_ssids(spec.sender) | self.store.used_ssids(spec.reflector)
             ssid = next((i for i in range(1, 0x10000) if i not in used), None)
@@ -270,7 +641,7 @@ class Controller:
                 now_ns=self.clock(),
             )
 
-    def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
+    def _create_reflector_half(self, spec: SessionSpec, ssid: int) -> None:
         key = bytes.fromhex(spec.key_hex) or None
         self._call(
             spec.reflector,
@@ -282,6 +653,10 @@ class Controller:
                 return_sid_list=() if spec.return_path_tlv else spec.return_segments,
             ),
         )
+
+    def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
+        key = bytes.fromhex(spec.key_hex) or None
+        self._create_reflector_half(spec, ssid)
         try:
             self._call(
                 spec.sender,
@@ -299,6 +674,7 @@ class Controller:
                     stateful_reflector=spec.stateful,
                     return_sid_list=spec.return_segments if spec.return_path_tlv else (),
                     loss_timeout_ns=spec.loss_timeout_ns,
+                    strict_ssid=spec.strict_ssid,
                 ),
             )
         except SouthboundError:
@@ -307,46 +683,98 @@ class Controller:
             raise
 
     def _spec(self, row: SessionRow) -> SessionSpec:
-        params = dict(row.params)
+        """The session's spec as created (fields a row lacks take their defaults)."""
+        params: dict[str, Any] = {
+            "name": row.name,
+            "sender": row.sender,
+            "reflector": row.reflector,
+            "reflector_address": "",
+        }
+        params.update(row.params)
         for key in ("segments", "return_segments"):
-            params[key] = tuple(params[key])
+            params[key] = tuple(params.get(key, ()))
         return SessionSpec(**params)
 
     def start_session(self, name: str) -> None:
-        row = self.store.session(name)
-        if row.state not in ("created", "stopped"):
-            raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
-        self._call(row.reflector, lambda c: c.start_session(row.ssid))
-        self._call(row.sender, lambda c: c.start_session(row.ssid))
-        self.store.set_state(name, "running")
-        self._start_collector(name)
+        """Start a created session, or start a stopped or finished one again.
+
+        Started again, the session begins a new epoch: the sender's session is created
+        afresh (its Seq and record ids start over; a finished STAMP session cannot be
+        resumed), and so is the reflector's (a stateful reflector's count with it).
+        """
+        with self._ops:
+            row = self.store.session(name)
+            if row.state == "stopping":
+                raise WrongStateError(
+                    f"name: session {name!r} is stopping (results in flight are being"
+                    " collected); start it again once it has finished"
+                )
+            if row.state not in ("created", "stopped", "finished"):
+                raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
+            if row.state == "created":
+                self.store.begin_epoch(name, self.clock(), sender_agent=self._agent(row.sender))
+                self._call(row.reflector, lambda c: c.start_session(row.ssid))
+                self._call(row.sender, lambda c: c.start_session(row.ssid))
+                self.store.set_state(name, "running")
+            else:
+                self._restart(row)
+            self._start_collector(name)
+
+    def _agent(self, node: str) -> str | None:
+        return self.store.node(node).agent_epoch
+
+    def _restart(self, row: SessionRow, reason: str = "") -> None:
+        """Create the session again on both agents in a new epoch, and start it; an
+        epoch still open ends with ``reason``."""
+        with self._session_lock(row.name):
+            self._destroy_on_agents(row)
+            self._create_on_agents(self._spec(row), row.ssid)
+            self.store.begin_epoch(
+                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason
+            )
+            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            self._call(row.sender, lambda c: c.start_session(row.ssid))
+            self.store.set_state(row.name, "running")
 
     def stop_session(self, name: str) -> None:
         """Stop sending; the collector keeps reading until the session has drained."""
-        row = self.store.session(name)
-        if row.state != "running":
-            raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
-        self._call(row.sender, lambda c: c.stop_session(row.ssid))
-        self.store.set_state(name, "stopping")
+        with self._ops:
+            row = self.store.session(name)
+            with self._lock:
+                if self._pending_restarts.pop(name, None) is not None:
+                    return  # draining to start afresh: it will just finish
+            if row.state != "running":
+                raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
+            self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            self.store.stop_epoch(name, self.clock())
+            self.store.set_state(name, "stopping")
 
     def destroy_session(self, name: str) -> None:
-        row = self.store.session(name)
-        if row.state == "destroyed":
-            raise WrongStateError(f"name: session {name!r} is already destroyed")
-        self._stop_collector(name)
-        for node in (row.sender, row.reflector):
-            with contextlib.suppress(SouthboundError):
-                self._call(node, lambda c: c.destroy_session(row.ssid))
-        self.store.set_state(name, "destroyed")
+        with self._ops:
+            row = self.store.session(name)
+            if row.state == "destroyed":
+                raise WrongStateError(f"name: session {name!r} is already destroyed")
+            self._stop_collector(name)
+            self._destroy_on_agents(row)
+            with self._session_lock(name):
+                self.store.end_epoch(name, self.clock(), "destroyed")
+                self.store.set_state(name, "destroyed")
+                self.metrics.remove_path(name)
+            with self._finished:
+                self._finished.notify_all()
 
     def wait_finished(self, name: str, timeout: float) -> bool:
-        """Wait until the session's collector has read everything and ended."""
-        with self._lock:
-            col = self._collectors.get(name)
-        if col is not None:
-            col.thread.join(timeout)
-            return not col.thread.is_alive()
-        return self.store.session(name).state in ("finished", "destroyed")
+        """Wait until the session has finished (every result stored) or was destroyed."""
+        deadline = time.monotonic() + timeout
+        with self._finished:
+            while True:
+                state = self.store.session(name).state
+                if state in ("finished", "destroyed") and name not in self._collectors:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._finished.wait(min(remaining, 0.1))
 
     def resume(self) -> list[str]:
         """After a restart: collect again for every session that was being collected."""
@@ -354,6 +782,41 @@ class Controller:
         for name in names:
             self._start_collector(name)
         return names
+
+    def epochs(self, name: str) -> list[EpochStats]:
+        """The session's epochs, oldest first, with what became of their probes."""
+        row = self.store.session(name)
+        spec = self._spec(row)
+        return [epoch_stats(e, spec) for e in self.store.epochs(row.id)]
+
+    def _metric_totals(self) -> Totals:
+        """Every live session's and node's totals from the store (at each scrape)."""
+        epochs = self.store.live_epochs()
+        paths = []
+        for row in self.store.sessions():
+            spec = self._spec(row)
+            stats = [epoch_stats(e, spec) for e in epochs.get(row.id, [])]
+            recreations: dict[str, int] = {}
+            for before, _after in itertools.pairwise(stats):
+                reason = before.end_reason or ""
+                if reason not in (SENDER_LOST, REFLECTOR_LOST):
+                    reason = "started-again"
+                recreations[reason] = recreations.get(reason, 0) + 1
+            paths.append(
+                PathTotals(
+                    path=row.name,
+                    sent=sum(e.sent for e in stats),
+                    received=sum(e.received for e in stats),
+                    lost=sum(e.lost for e in stats),
+                    unknown=sum(e.unknown for e in stats),
+                    forward_lost=row.forward_lost,
+                    recreations=recreations,
+                    skipped=sum(e.skipped for e in stats),
+                    late_ns_total=sum(e.late_ns_total for e in stats),
+                )
+            )
+        nodes = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in self.store.nodes()]
+        return Totals(paths, nodes)
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
         row = self.store.session(name)
@@ -364,8 +827,18 @@ class Controller:
         with self._lock:
             self._closed = True
             names = list(self._collectors)
+            streamers = list(self._streamers.values())
+            self._streamers.clear()
+        self._wake.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(INFO_TIMEOUT_S + 10)
         for name in names:
             self._stop_collector(name)
+        for st in streamers:
+            st.stop.set()
+            st.poke()
+        for st in streamers:
+            st.thread.join(10)
         with self._lock:
             for client in self._clients.values():
                 client.close()
@@ -374,8 +847,25 @@ class Controller:
     # -- collection ---------------------------------------------------------------------
 
     def _start_collector(self, name: str) -> None:
+        """Collect the session's results: a poll loop of its own, or a place on its
+        sender's stream (which is reopened, so a new epoch starts from its cursor)."""
+        row = self.store.session(name)
         with self._lock:
-            if self._closed or name in self._collectors:
+            if self._closed:
+                return
+            if row.params["collect"] == CollectMode.STREAM:
+                st = self._streamers.get(row.sender)
+                if st is None:
+                    st = self._streamers[row.sender] = _Streamer(row.sender)
+                    st.thread = threading.Thread(
+                        target=self._stream_loop, args=(st,), name=f"stream-{row.sender}",
+                        daemon=True,
+                    )  # fmt: skip
+                    st.thread.start()
+                st.names.add(name)
+                st.poke()
+                return
+            if name in self._collectors:
                 return
             col = _Collector(name)
             col.thread = threading.Thread(
@@ -387,28 +877,34 @@ class Controller:
     def _stop_collector(self, name: str) -> None:
         with self._lock:
             col = self._collectors.pop(name, None)
+            for st in self._streamers.values():
+                if name in st.names:
+                    st.names.discard(name)
+                    st.poke()
         if col is not None:
             col.stop.set()
-            if col.stream is not None:
-                col.stream.cancel()
             if col.thread is not threading.current_thread():
                 col.thread.join(10)
+
+    def _backoff(
+        self, what: str, exc: SouthboundError, delay: float, stop: threading.Event
+    ) -> float:
+        """Wait before retrying after an agent's refusal; the next delay."""
+        if exc.code in _MISSING:
+            # The sender lost the session (restart, Reset): the supervisor creates it
+            # again; let it look now rather than at its next round.
+            self._wake.set()
+        log.info("%s: %s; retrying in %.1f s", what, exc.details, delay)
+        stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
+        return min(delay * 2, RETRY_MAX_S)
 
     def _collect(self, col: _Collector) -> None:
         delay = RETRY_MIN_S
         while not col.stop.is_set():
-            row = self.store.session(col.name)
             try:
-                row = self._ensure_on_agent(row)
-                done = (
-                    self._stream_once(row, col)
-                    if row.params["collect"] == CollectMode.STREAM
-                    else self._poll_once(row)
-                )
+                done = self._poll_once(col.name)
             except SouthboundError as exc:
-                log.info("session %s: %s; retrying in %.1f s", col.name, exc.details, delay)
-                col.stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
-                delay = min(delay * 2, RETRY_MAX_S)
+                delay = self._backoff(f"session {col.name}", exc, delay, col.stop)
                 continue
             except Exception:
                 # A bug or a store error must not end collection for good: nothing was
@@ -418,92 +914,163 @@ class Controller:
                 continue
             delay = RETRY_MIN_S
             if done:
-                self.store.set_state(col.name, "finished")
                 with self._lock:
-                    self._collectors.pop(col.name, None)
+                    if self._collectors.get(col.name) is col:
+                        del self._collectors[col.name]
+                    self._finished.notify_all()
                 return
-            if row.params["collect"] == CollectMode.POLL:
-                col.stop.wait(self.poll_interval_s)
+            col.stop.wait(self.poll_interval_s)
 
-    def _ensure_on_agent(self, row: SessionRow) -> SessionRow:
-        """Make sure the sender still has the session; recreate it after an agent restart.
+    def _store(
+        self, row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters
+    ) -> int:
+        """Store a batch of the session's current epoch (session lock held); its cursor.
 
-        Returns the session's row as it is now (a new epoch if it was recreated).
+        Raises StaleEpochError if the session moved to another epoch since ``row``.
         """
-        info = self._call(row.sender, lambda c: c.info())
-        if info.initialized and row.ssid in info.ssids:
-            return row
-        log.warning(
-            "session %s: sender %s lost it (restart?); creating it again", row.name, row.sender
-        )
-        for node in (row.sender, row.reflector):
-            node_row = self.store.node(node)
-            ninfo = self._call(node, lambda c: c.info())
-            if not ninfo.initialized:
-                if node_row.init is None:
-                    raise SouthboundError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"node {node} is not initialised and was never initialised by us",
-                    )
-                self._init(node, node_row.init)
-        rinfo = self._call(row.reflector, lambda c: c.info())
-        if row.ssid in rinfo.ssids:
-            with contextlib.suppress(SouthboundError):
-                self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
-        self._create_on_agents(self._spec(row), row.ssid)
-        self.store.new_epoch(row.name)
-        self._call(row.reflector, lambda c: c.start_session(row.ssid))
-        self._call(row.sender, lambda c: c.start_session(row.ssid))
-        return self.store.session(row.name)
+        batch = _batch(row, results, counters)
+        now = self.clock()
+        self.store.store_results(row.id, batch.records, batch.counters, epoch=row.epoch, now_ns=now)
+        self._stored(row, batch, now)
+        return batch.records[-1][0] if batch.records else row.cursor
 
-    def _store(self, row: SessionRow, results: Iterable[pb.StampResult]) -> int:
-        records = [(r.record_id, result_from_proto(r)) for r in results]
-        counters = self._call(row.sender, lambda c: c.counters(row.ssid)).sessions[0]
-        snapshot = (
-            counters.sent,
-            counters.lost,
-            counters.forward_lost if counters.HasField("forward_lost") else None,
-            counters.overflow,
-        )
-        self.store.store_results(row.id, records, snapshot, epoch=row.epoch)
-        self.metrics.observe(row.name, [r for _, r in records])
-        self.metrics.set_lost(row.name, self.store.session(row.name).lost)
-        return records[-1][0] if records else row.cursor
+    def _stored(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
+        """What follows a stored batch: warnings and metrics."""
+        if batch.counters is not None:
+            self._warn_skips(row, batch.counters.skipped)
+        stored = [r for _, r in batch.records]
+        self.metrics.observe(row.name, stored)
+        self.metrics.collected(row.name, now, stored)
 
-    def _ack(self, row: SessionRow, through: int) -> None:
-        """Free what is stored on the agent (safe to lose: the next read acknowledges too)."""
-        self._call(row.sender, lambda c: c.acknowledge(row.ssid, through))
+    def _warn_skips(self, row: SessionRow, skipped: int) -> None:
+        """Say so when a sender's engine starts skipping slots: it sends less than asked."""
+        key = (row.id, row.epoch)
+        with self._lock:
+            before = self._skipped.get(key, 0)
+            self._skipped[key] = skipped
+        if skipped > before:
+            log.warning(
+                "session %s: the sender skipped %d slots of its schedule (%d in all this"
+                " epoch): it sends less than asked (an overloaded agent?)",
+                row.name,
+                skipped - before,
+                skipped,
+            )
 
-    def _poll_once(self, row: SessionRow) -> bool:
+    def _finish(self, row: SessionRow) -> bool:
+        """The session's sender finished and everything was stored (session lock held)."""
+        with self._lock:
+            reason = self._pending_restarts.get(row.name, "finished")
+        self.store.end_epoch(row.name, self.clock(), reason)
+        self.store.set_state(row.name, "finished")
+        if reason != "finished":
+            self._wake.set()  # the supervisor starts it afresh
+        with self._finished:
+            self._finished.notify_all()
+        return True
+
+    def _poll_once(self, name: str) -> bool:
         """One poll: store what came, acknowledge it. True when the session is over."""
-        reply = self._call(row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor))
-        cursor = self._store(row, reply.results)
-        if reply.results:
-            self._ack(row, cursor)
-        return reply.state == pb.SESSION_STATE_FINISHED and not reply.results
-
-    def _stream_once(self, row: SessionRow, col: _Collector) -> bool:
-        stream = self._call(
-            row.sender, lambda c: c.stream_results(row.ssid, max_batch=BATCH, after_id=row.cursor)
-        )
-        col.stream = stream
-        if col.stop.is_set():  # stopped while the stream was being opened
-            stream.cancel()
+        with self._session_lock(name):
+            row = self.store.session(name)
+            if row.state not in ("running", "stopping"):
+                return True
+            reply = self._call(
+                row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor)
+            )
+            cursor = self._store(row, reply.results, reply.counters)
+            if reply.results:
+                self._call(row.sender, lambda c: c.acknowledge(row.ssid, cursor))
+            if reply.state == pb.SESSION_STATE_FINISHED and not reply.results:
+                return self._finish(row)
             return False
-        try:
-            for batch in stream:
-                if col.stop.is_set():
-                    return False
-                cursor = self._store(row, batch.results)
-                if batch.results:
-                    self._ack(row, cursor)
+
+    def _stream_loop(self, st: _Streamer) -> None:
+        """Read the node's stream: open it on the sessions it carries, each from its
+        stored cursor; reopen it when they change or it fails."""
+        delay = RETRY_MIN_S
+        while not st.stop.is_set():
+            st.changed.clear()
+            with self._lock:
+                names = sorted(st.names)
+            subs: dict[int, SessionRow] = {}
+            for name in names:
+                row = self.store.session(name)
+                if row.state in ("running", "stopping") and row.sender == st.node:
+                    subs[row.ssid] = row
+                else:
+                    with self._lock:
+                        st.names.discard(name)
+            if not subs:
+                st.changed.wait(1.0)
+                continue
+            after = {ssid: row.cursor for ssid, row in subs.items()}
+            try:
+                stream = self._call(st.node, functools.partial(_open_stream, after=after))
+                st.call = stream
+                if st.changed.is_set():  # changed while it was being opened
+                    continue
+                for message in stream:
+                    self._store_batches(st, subs, message.batches)
+                    if st.changed.is_set() or not subs:
+                        break
+            except SouthboundError as exc:
+                delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
+                continue
+            except grpc.RpcError as exc:  # from an acknowledgement of a cancelled stream
+                delay = self._backoff(
+                    f"stream of {st.node}", SouthboundError.from_rpc(exc), delay, st.changed
+                )
+                continue
+            except Exception:
+                log.exception("stream of %s: collection failed; retrying", st.node)
+                st.changed.wait(RETRY_MAX_S)
+                continue
+            finally:
+                call, st.call = st.call, None
+                if call is not None:
+                    call.cancel()
+            delay = RETRY_MIN_S
+
+    def _store_batches(
+        self, st: _Streamer, subs: dict[int, SessionRow], batches: Iterable[pb.ResultBatch]
+    ) -> None:
+        """Store one stream message (a batch per session) and acknowledge it at once.
+
+        The sessions' locks are held from the epoch checks to the acknowledgement.
+        """
+        batches = [b for b in batches if b.ssid in subs]
+        acks: dict[int, int] = {}
+        with contextlib.ExitStack() as locks:
+            for name in sorted({subs[b.ssid].name for b in batches}):
+                locks.enter_context(self._session_lock(name))
+            todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
+            for batch in batches:
+                if batch.gone:
+                    # Gone from the agent, or created again there: the supervisor
+                    # repairs it; a new epoch's start reopens the stream with it.
+                    del subs[batch.ssid]
+                    self._wake.set()
+                    continue
+                sub = subs[batch.ssid]
+                counters = batch.counters if batch.HasField("counters") else None
+                todo.append((sub, batch, _batch(sub, batch.results, counters)))
+            # One transaction for the whole message; the store checks each epoch.
+            now = self.clock()
+            news = self.store.store_many([b for _, _, b in todo], now)
+            for (sub, batch, stored), new in zip(todo, news, strict=True):
+                if new is None:  # the session left that epoch (or was destroyed)
+                    del subs[batch.ssid]
+                    continue
+                self._stored(sub, stored, now)
+                cursor = stored.records[-1][0] if stored.records else sub.cursor
+                subs[batch.ssid] = replace(sub, cursor=cursor)
+                if stored.records:
+                    acks[batch.ssid] = cursor
                 if batch.final:
-                    return True
-        except grpc.RpcError as exc:
-            if col.stop.is_set():  # our own cancel
-                return False
-            raise SouthboundError.from_rpc(exc) from None
-        finally:
-            col.stream = None
-            stream.cancel()
-        return False
+                    del subs[batch.ssid]
+                    with self._lock:
+                        st.names.discard(sub.name)
+                    self._finish(sub)
+            if acks:
+                self._call(st.node, lambda c: c.acknowledge_many(acks))

@@ -1,29 +1,62 @@
 """Prometheus metrics of the controller (prometheus-client, one registry per controller).
 
-=========================================  =============================================
-metric                                     meaning
-=========================================  =============================================
-``sixlab_stamp_delay_seconds``             histogram of delays, by path and direction
-                                           (``direct``, ``return``, ``rtt``)
-``sixlab_stamp_packets_total``             packets by path and outcome (``received``,
-                                           ``lost``)
-``sixlab_stamp_loss_ratio``                lost / (received + lost), by path
-``sixlab_stamp_jitter_seconds``            mean absolute IPDV (RFC 3393), by path and
-                                           direction, over the last batch
-``sixlab_agent_up``                        1 while the node's agent answers, else 0
-=========================================  =============================================
+=============================================  ==========================================
+metric                                         meaning
+=============================================  ==========================================
+``sixlab_stamp_delay_seconds``                 histogram of delays, by path and direction
+                                               (``direct``, ``return``, ``rtt``), of the
+                                               results stored since the controller started
+``sixlab_stamp_jitter_seconds``                mean absolute IPDV (RFC 3393), by path and
+                                               direction, over the last batch
+``sixlab_stamp_packets_total``                 test packets by path and outcome: ``sent``,
+                                               ``received``, ``lost`` (declared by the
+                                               sender), ``unknown`` (agent outages)
+``sixlab_stamp_lost_packets_total``            with a stateful reflector, lost packets by
+                                               direction (``forward``, ``backward``)
+``sixlab_stamp_loss_ratio``                    lost / (received + lost), by path
+``sixlab_session_recreations_total``           epochs begun after the first, by path and
+                                               reason: ``sender-lost`` (the sender agent
+                                               restarted or lost it), ``reflector-lost``
+                                               (a stateful reflector restarted),
+                                               ``started-again``
+``sixlab_collection_lag_seconds``              how long the oldest result of the path's
+                                               last stored batch waited, T4 to stored
+``sixlab_collection_last_success_timestamp``   when the path's results were last read
+``_seconds``                                   (Unix s), whether or not any came
+``sixlab_sender_schedule_skipped_total``       send slots the sender's engine skipped (it
+                                               sent less than asked), by path
+``sixlab_sender_schedule_late_seconds``        mean lateness of the sent packets after
+                                               their slots, by path
+``sixlab_agent_up``                            1 while the node's agent answers, else 0
+``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
+``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
+=============================================  ==========================================
+
+Every metric is produced at scrape time by one collector (no ``_created`` series). The
+packet, loss, re-creation, schedule and agent counters come from the store
+(``bind``): they are the totals of the sessions' whole lives, across agent and
+controller restarts, not counts since the controller started. The delay histograms
+and jitter come from the results as they are stored, so the histograms count from the
+controller's start (Prometheus' ``rate`` and ``histogram_quantile`` handle the reset).
+A destroyed session's series go with it; a finished one keeps them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import ipdv
 
-__all__ = ["DELAY_BUCKETS_S", "ControllerMetrics"]
+__all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]
 
 #: From 50 µs (a LAN hop) to 2.5 s (a satellite path under load), roughly ×2 steps.
 DELAY_BUCKETS_S = (
@@ -43,72 +76,229 @@ DELAY_BUCKETS_S = (
     1.0,
     2.5,
 )
+_NS = 1e9
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PathTotals:
+    """A live session's totals from the store, for the metrics."""
+
+    path: str
+    sent: int
+    received: int
+    lost: int
+    unknown: int
+    forward_lost: int | None
+    #: Epochs begun after the first, by reason.
+    recreations: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    late_ns_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTotals:
+    node: str
+    restarts: int
+    started_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    paths: Sequence[PathTotals] = ()
+    nodes: Sequence[NodeTotals] = ()
+
+
+@dataclass(slots=True)
+class _Histogram:
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DELAY_BUCKETS_S) + 1))
+    sum: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(DELAY_BUCKETS_S, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, total = [], 0
+        for bound, n in zip((*map(str, DELAY_BUCKETS_S), "+Inf"), self.buckets, strict=True):
+            total += n
+            out.append((bound, float(total)))
+        return out
 
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.delay = Histogram(
-            "sixlab_stamp_delay_seconds",
-            "STAMP-measured delay",
-            ["path", "direction"],
-            buckets=DELAY_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.packets = Counter(
-            "sixlab_stamp_packets",
-            "STAMP test packets",
-            ["path", "outcome"],
-            registry=self.registry,
-        )
-        self.loss = Gauge(
-            "sixlab_stamp_loss_ratio", "Lost over sent", ["path"], registry=self.registry
-        )
-        self.jitter = Gauge(
-            "sixlab_stamp_jitter_seconds",
-            "Mean absolute IPDV (RFC 3393) of the last batch",
-            ["path", "direction"],
-            registry=self.registry,
-        )
-        self.agent_up = Gauge(
-            "sixlab_agent_up", "1 while the node's agent answers", ["node"], registry=self.registry
-        )
-        self._received: dict[str, int] = {}
-        self._lost: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._delay: dict[tuple[str, str], _Histogram] = {}
+        self._jitter: dict[tuple[str, str], float] = {}
+        self._lag: dict[str, float] = {}
+        self._last_read: dict[str, float] = {}
+        self._up: dict[str, bool] = {}
+        self._totals: Callable[[], Totals] = Totals
+        self.registry.register(_Exporter(self))
+
+    def bind(self, totals: Callable[[], Totals]) -> None:
+        """Where the stored totals come from (the controller), read at each scrape."""
+        self._totals = totals
 
     def observe(self, path: str, records: Sequence[StampResult]) -> None:
-        for r in records:
-            self.delay.labels(path, "direct").observe(r.direct_ns / 1e9)
-            self.delay.labels(path, "return").observe(r.return_ns / 1e9)
-            self.delay.labels(path, "rtt").observe(r.rtt_ns / 1e9)
-        if records:
-            self.packets.labels(path, "received").inc(len(records))
-            self._received[path] = self._received.get(path, 0) + len(records)
-        for direction, values in (
-            ("direct", ipdv(records)),
-            ("return", ipdv(records, lambda r: r.return_ns)),
-        ):
-            if values:
-                self.jitter.labels(path, direction).set(sum(map(abs, values)) / len(values) / 1e9)
-        self._update_loss(path)
+        """Results just stored for ``path``: the delay histograms and the jitter."""
+        with self._lock:
+            for r in records:
+                for direction, ns in (("direct", r.direct_ns), ("return", r.return_ns)):
+                    self._delay.setdefault((path, direction), _Histogram()).observe(ns / _NS)
+                self._delay.setdefault((path, "rtt"), _Histogram()).observe(r.rtt_ns / _NS)
+            for direction, values in (
+                ("direct", ipdv(records)),
+                ("return", ipdv(records, lambda r: r.return_ns)),
+            ):
+                if values:
+                    self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
 
-    def set_lost(self, path: str, lost_total: int) -> None:
-        """The agent's cumulative loss count for the path (counted once per increase)."""
-        new = lost_total - self._lost.get(path, 0)
-        if new > 0:
-            self.packets.labels(path, "lost").inc(new)
-            self._lost[path] = lost_total
-        self._update_loss(path)
+    def collected(self, path: str, now_ns: int, records: Sequence[StampResult]) -> None:
+        """The path's results were read at ``now_ns`` (Unix ns); ``records`` were stored."""
+        with self._lock:
+            self._last_read[path] = now_ns / _NS
+            if records:
+                self._lag[path] = max(0, now_ns - min(r.t4_ns for r in records)) / _NS
 
     def set_agent_up(self, node: str, up: bool) -> None:
-        self.agent_up.labels(node).set(1 if up else 0)
+        with self._lock:
+            self._up[node] = up
 
-    def _update_loss(self, path: str) -> None:
-        received = self._received.get(path, 0)
-        lost = self._lost.get(path, 0)
-        if received + lost:
-            self.loss.labels(path).set(lost / (received + lost))
+    def remove_path(self, path: str) -> None:
+        """The session is destroyed: its series go (a new session may take its name)."""
+        with self._lock:
+            for table in (self._delay, self._jitter):
+                for key in [k for k in table if k[0] == path]:
+                    del table[key]
+            self._lag.pop(path, None)
+            self._last_read.pop(path, None)
+
+    def remove_node(self, node: str) -> None:
+        with self._lock:
+            self._up.pop(node, None)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Expose /metrics over HTTP (a daemon thread of prometheus-client)."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class _Exporter(Collector):
+    """Every metric of a ControllerMetrics, built at scrape time."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        m = self.m
+        try:
+            totals = m._totals()
+        except Exception:
+            # A scrape must not fail: the store-based metrics are left out of this one.
+            log.exception("metrics: cannot read the stored totals")
+            totals = Totals()
+        with m._lock:
+            delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
+            jitter = dict(m._jitter)
+            lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
+        live = {p.path for p in totals.paths}
+
+        hist = HistogramMetricFamily(
+            "sixlab_stamp_delay_seconds", "STAMP-measured delay", labels=["path", "direction"]
+        )
+        for (path, direction), (buckets, total) in sorted(delay.items()):
+            if path in live:
+                hist.add_metric([path, direction], buckets, total)
+        yield hist  # type: ignore[misc]
+        gauge = GaugeMetricFamily(
+            "sixlab_stamp_jitter_seconds",
+            "Mean absolute IPDV (RFC 3393) of the last batch",
+            labels=["path", "direction"],
+        )
+        for (path, direction), value in sorted(jitter.items()):
+            if path in live:
+                gauge.add_metric([path, direction], value)
+        yield gauge
+
+        packets = CounterMetricFamily(
+            "sixlab_stamp_packets", "STAMP test packets by outcome", labels=["path", "outcome"]
+        )
+        by_direction = CounterMetricFamily(
+            "sixlab_stamp_lost_packets",
+            "Lost test packets by direction (stateful reflector, RFC 8762 §4.3)",
+            labels=["path", "direction"],
+        )
+        ratio = GaugeMetricFamily(
+            "sixlab_stamp_loss_ratio", "Lost over received and lost", labels=["path"]
+        )
+        recreations = CounterMetricFamily(
+            "sixlab_session_recreations",
+            "Epochs begun after the first (the session created afresh on its sender)",
+            labels=["path", "reason"],
+        )
+        skipped = CounterMetricFamily(
+            "sixlab_sender_schedule_skipped",
+            "Send slots the sender's engine came too late for and skipped",
+            labels=["path"],
+        )
+        late = GaugeMetricFamily(
+            "sixlab_sender_schedule_late_seconds",
+            "Mean lateness of the sent packets after their slots",
+            labels=["path"],
+        )
+        for p in totals.paths:
+            for outcome, n in (
+                ("sent", p.sent),
+                ("received", p.received),
+                ("lost", p.lost),
+                ("unknown", p.unknown),
+            ):
+                packets.add_metric([p.path, outcome], n)
+            if p.forward_lost is not None:
+                by_direction.add_metric([p.path, "forward"], p.forward_lost)
+                by_direction.add_metric([p.path, "backward"], max(0, p.lost - p.forward_lost))
+            known = p.received + p.lost
+            ratio.add_metric([p.path], p.lost / known if known else 0.0)
+            for reason in ("sender-lost", "reflector-lost", "started-again"):
+                recreations.add_metric([p.path, reason], p.recreations.get(reason, 0))
+            skipped.add_metric([p.path], p.skipped)
+            late.add_metric([p.path], p.late_ns_total / p.sent / _NS if p.sent else 0.0)
+        yield from (packets, by_direction, ratio, recreations, skipped, late)
+
+        lag_gauge = GaugeMetricFamily(
+            "sixlab_collection_lag_seconds",
+            "How long the oldest result of the last stored batch waited (T4 to stored)",
+            labels=["path"],
+        )
+        read_gauge = GaugeMetricFamily(
+            "sixlab_collection_last_success_timestamp_seconds",
+            "When the path's results were last read from its sender",
+            labels=["path"],
+        )
+        for path in sorted(live):
+            if path in lag:
+                lag_gauge.add_metric([path], lag[path])
+            if path in last_read:
+                read_gauge.add_metric([path], last_read[path])
+        yield from (lag_gauge, read_gauge)
+
+        up_gauge = GaugeMetricFamily(
+            "sixlab_agent_up", "1 while the node's agent answers", labels=["node"]
+        )
+        for node, is_up in sorted(up.items()):
+            up_gauge.add_metric([node], 1.0 if is_up else 0.0)
+        restarts = CounterMetricFamily(
+            "sixlab_agent_restarts", "New runs (epochs) of the node's agent seen", labels=["node"]
+        )
+        started = GaugeMetricFamily(
+            "sixlab_agent_start_time_seconds",
+            "When the node's agent's current run started",
+            labels=["node"],
+        )
+        for agent in totals.nodes:
+            restarts.add_metric([agent.node], agent.restarts)
+            if agent.started_ns is not None:
+                started.add_metric([agent.node], agent.started_ns / _NS)
+        yield from (up_gauge, restarts, started)

@@ -46,6 +46,7 @@ from sixlab.controller.core import (
     CollectMode,
     Controller,
     ControllerError,
+    EpochStats,
     NoFreeSsidError,
     SessionExistsError,
     SessionSpec,
@@ -61,7 +62,7 @@ from sixlab.controller.store import (
 )
 from sixlab.southbound.client import SouthboundError
 from sixlab.southbound.rpcserver import unary
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "ControllerServer",
     "ControllerServicer",
     "RequestRefusedError",
+    "epoch_to_proto",
     "node_to_proto",
     "record_to_proto",
     "serve_controller",
@@ -124,7 +126,7 @@ _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCo
 )
 
 
-class RequestRefusedError(Exception):
+class RequestRefusedError(ControllerError):
     """A request this servicer refuses itself, with its status code."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -203,11 +205,12 @@ def _agent_address(text: str) -> str:
     return text
 
 
-def _v6(name: str, text: str) -> None:
+def _ip(name: str, text: str) -> None:
+    """An IPv4 or IPv6 address (STAMP runs over both)."""
     try:
-        ipaddress.IPv6Address(text)
+        ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def node_to_proto(row: NodeRow) -> pb.Node:
@@ -218,9 +221,13 @@ def node_to_proto(row: NodeRow) -> pb.Node:
         healthy=row.healthy,
         last_error=row.last_error or "",
         initialized=row.init is not None,
+        agent_epoch=row.agent_epoch or "",
+        restarts=row.restarts,
     )
     if row.last_seen is not None:
         out.last_seen_ns = row.last_seen
+    if row.agent_started_ns is not None:
+        out.agent_started_ns = row.agent_started_ns
     return out
 
 
@@ -244,6 +251,7 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
         ptp=p["ptp"],
         authenticated=bool(p["key_hex"]),
         stateful=p["stateful"],
+        strict_ssid=p.get("strict_ssid", False),
         loss_timeout_ns=p["loss_timeout_ns"],
         collect=_COLLECT_PB.get(p["collect"], pb.COLLECT_MODE_POLL),
         created_ns=row.created_ns,
@@ -258,8 +266,26 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
     return out
 
 
-def record_to_proto(r: StampResult) -> pb.Record:
+def epoch_to_proto(e: EpochStats) -> pb.EpochStats:
+    out = pb.EpochStats(
+        epoch=e.epoch,
+        started_ns=e.started_ns,
+        end_reason=e.end_reason or "",
+        sender_agent=e.sender_agent or "",
+        sent=e.sent,
+        received=e.received,
+        lost=e.lost,
+        unknown=e.unknown,
+        schedule_skipped=e.skipped,
+    )
+    if e.ended_ns is not None:
+        out.ended_ns = e.ended_ns
+    return out
+
+
+def record_to_proto(r: StampResult, epoch: int = 0) -> pb.Record:
     return pb.Record(
+        epoch=epoch,
         seq=r.seq,
         t1_ns=r.t1_ns,
         t2_ns=r.t2_ns,
@@ -335,6 +361,7 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
         stateful=request.stateful,
         loss_timeout_ns=loss_timeout,
         collect=collect,
+        strict_ssid=request.strict_ssid,
     )
 
 
@@ -368,7 +395,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         if port is not None and port > 0xFFFF:
             raise _invalid(f"port: {port} is not a UDP port (0..65535)")
         if request.source:
-            _v6("source", request.source)
+            _ip("source", request.source)
         bound = self.controller.init_node(
             request.name,
             dataplane=request.dataplane,
@@ -422,9 +449,10 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         if limit > MAX_RESULTS:
             raise _invalid(f"limit: {limit}, at most {MAX_RESULTS}")
         since = request.since_ns if request.HasField("since_ns") else None
-        records = self.store.results(row.id, since_ns=since, limit=limit + 1)
+        records = self.store.records(row.id, since_ns=since, limit=limit + 1)
         return pb.GetResultsReply(
-            records=[record_to_proto(r) for r in records[:limit]], more=len(records) > limit
+            records=[record_to_proto(r, epoch) for epoch, r in records[:limit]],
+            more=len(records) > limit,
         )
 
     @_handler(changes=False)
@@ -449,11 +477,24 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             out.return_jitter_ns = _u64(stats.return_jitter_ns)
         if stats.max_error_bound_ns is not None:
             out.max_error_bound_ns = _u64(stats.max_error_bound_ns)
+        if since is None:
+            epochs = self.controller.epochs(name)
+            out.epochs.extend(epoch_to_proto(e) for e in epochs)
+            out.unknown = sum(e.unknown for e in epochs)
+            out.schedule_skipped = sum(e.skipped for e in epochs)
+            out.schedule_late_max_ns = max((e.late_ns_max for e in epochs), default=0)
+            sent = sum(e.sent for e in epochs)
+            if sent:
+                out.schedule_late_mean_ns = sum(e.late_ns_total for e in epochs) // sent
         if since is None and row.forward_lost is not None:
             # A stateful reflector numbers what it received (RFC 8762 §4.3): the sender
-            # splits its losses; what was not lost forward was lost on the way back.
+            # splits its losses; what was not lost forward was lost on the way back,
+            # except the losses after the last reply, which nothing places yet.
+            unclassified = row.unclassified_lost or 0
             out.forward_lost = row.forward_lost
-            out.backward_lost = max(row.lost - row.forward_lost, 0)
+            out.backward_lost = max(row.lost - row.forward_lost - unclassified, 0)
+            out.unclassified_lost = unclassified
+        out.ssid_zero = row.ssid_zero
         return out
 
 

@@ -6,13 +6,14 @@ wire as it can, the Hop Limit they arrived with, and their addresses), and sends
 payloads to an address and port, optionally along an SRv6 SID list. The engines in
 ``sixlab.dataplane.engine`` join a data plane to the sans-I/O core.
 
-Backends register under a name (docs/architecture.md, "Adapters and registries") and
-are chosen by ``--dataplane NAME``::
-
-    @register("socket")
-    class SocketDataplane(Dataplane): ...
+Planes are entered by name in :data:`PLANES` (the one list of them; docs/architecture.md,
+"Adapters and registries") and chosen by ``--dataplane NAME``::
 
     dp = create("socket", DataplaneConfig(port=862))
+
+A plane that answers plain reflector packets itself, without the engine's per-packet
+path, sets ``has_fast_path`` and implements :meth:`Dataplane.reflect_batch` (the
+``mmap`` plane); the reflector engine calls it when the plane declares it.
 """
 
 from __future__ import annotations
@@ -21,23 +22,33 @@ import abc
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from ipaddress import IPv4Address
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
+
+from sixlab.registry import Registry
 
 if TYPE_CHECKING:
     from sixlab.stamp.reflector import ReflectorSessionConfig
 
 __all__ = [
+    "PLANES",
     "Dataplane",
     "DataplaneConfig",
     "DataplaneError",
+    "FastBatch",
+    "FastReply",
+    "FastRoute",
+    "IPAddress",
     "Received",
+    "ReflectFn",
     "available",
     "create",
     "full_path",
-    "register",
+    "require_ipv6",
 ]
 
 IPv6Address = ipaddress.IPv6Address
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class DataplaneError(RuntimeError):
@@ -50,19 +61,23 @@ class DataplaneConfig:
 
     ``port`` is the local STAMP UDP port (862 on a reflector, RFC 8762 §4.1);
     ``interface`` the one to capture on (needed by capture-based planes); ``source`` the
-    address to send from and listen on (None: any).
+    address to send from and listen on (None: any). An IPv4 ``source`` (or IPv4 peers)
+    only on a plane that does IPv4 (``socket``); the others refuse it.
     """
 
     port: int
     interface: str | None = None
-    source: IPv6Address | None = None
+    source: IPAddress | None = None
     #: Destination ports of sessions this plane must also capture (sender side).
     peer_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """One datagram, as the core needs it. Addresses are 16-byte packed IPv6."""
+    """One datagram, as the core needs it. Addresses are packed: 16 bytes for IPv6, 4 for
+    IPv4 (``ipaddress.ip_address`` reads either). ``hop_limit`` is the IPv6 Hop Limit or
+    the IPv4 TTL; ``tclass`` the IPv6 Traffic Class or IPv4 TOS byte, None where the
+    plane cannot read it."""
 
     payload: bytes
     src: bytes
@@ -71,12 +86,63 @@ class Received:
     dst_port: int
     hop_limit: int
     rx_ns: int  # Unix-epoch UTC ns; a kernel timestamp where the plane has one
+    tclass: int | None = None
+
+    @property
+    def flow(self) -> bytes:
+        """The flow key of the datagram: source and destination address, then the ports
+        (for IPv6 the bytes of the IPv6 header from offset 8 and the UDP ports)."""
+        return self.src + self.dst + self.src_port.to_bytes(2) + self.dst_port.to_bytes(2)
+
+
+class FastRoute(Protocol):
+    """What a fast path reads of a reply's return path (``stamp.reflector.ReturnPath``)."""
+
+    @property
+    def segments(self) -> tuple[IPv6Address, ...] | None: ...
+
+    @property
+    def address(self) -> IPv4Address | IPv6Address | None: ...
+
+
+class FastReply(Protocol):
+    """What a fast path reads of a reply (``stamp.reflector.Reflection``)."""
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def return_path(self) -> FastRoute: ...
+
+
+class ReflectFn(Protocol):
+    """``Reflector.reflect`` as a fast path calls it: (payload, T2 ns, clock, hop limit)
+    and the flow key (``Received.flow``'s bytes: addresses, then ports)."""
+
+    def __call__(
+        self, data: bytes, t2_ns: int, clock: Callable[[], int], hop_limit: int, /, *, flow: object
+    ) -> FastReply | None: ...
+
+
+class FastBatch(NamedTuple):
+    """What one ``reflect_batch`` did: packets taken off the ring, packets handed to
+    ``reflect``, replies that could not be sent, and packets left to the general path."""
+
+    consumed: int
+    handled: int
+    send_failed: int
+    slow: list[Received]
 
 
 class Dataplane(abc.ABC):
     """Moves STAMP payloads for one local UDP port."""
 
+    #: The plane's name in :data:`PLANES` (``--dataplane NAME``).
     name: ClassVar[str]
+    #: True for a plane that implements :meth:`reflect_batch`.
+    has_fast_path: ClassVar[bool] = False
+    #: ``send`` applies its ``tclass`` (Traffic Class / TOS byte) to the packet.
+    sets_tclass: ClassVar[bool] = False
 
     def __init__(self, config: DataplaneConfig) -> None:
         self.config = config
@@ -101,13 +167,18 @@ class Dataplane(abc.ABC):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
-        """Send ``payload`` from the local port; ``segments`` in travel order, last = dst."""
+        """Send ``payload`` from the local port; ``segments`` in travel order, last = dst.
+
+        ``tclass``: the Traffic Class / TOS byte, where the plane ``sets_tclass`` (the
+        others ignore it). An IPv4 ``dst`` on a plane without IPv4 raises DataplaneError.
+        """
 
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Push out sends a batching plane has queued."""
@@ -134,6 +205,14 @@ class Dataplane(abc.ABC):
     def sender_session_removed(self, ssid: int) -> None:  # noqa: B027
         """Sender session ``ssid`` is gone."""
 
+    def reflect_batch(
+        self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
+    ) -> FastBatch:
+        """The reflector fast path of a plane with ``has_fast_path``: answer up to
+        ``max_batch`` waiting packets with ``reflect`` itself, and return the ones it
+        cannot answer in ``FastBatch.slow`` for the engine's general path."""
+        raise NotImplementedError(f"{type(self).__name__} has no reflector fast path")
+
     def counters(self) -> dict[str, int]:
         """The plane's own packet counters by name (e.g. ``reflected``, ``drop-*``) for
         packets it handled without the engine; empty for a plane that has none."""
@@ -152,6 +231,15 @@ class Dataplane(abc.ABC):
         self.close()
 
 
+def require_ipv6(plane: str, address: IPAddress | None) -> IPv6Address | None:
+    """``address`` on a plane that only does IPv6: an IPv4 one is a clear error."""
+    if address is None or isinstance(address, IPv6Address):
+        return address
+    raise DataplaneError(
+        f"{plane}: this data plane is IPv6 only ({address}); use the socket data plane for IPv4"
+    )
+
+
 def full_path(
     dst: IPv6Address, segments: Sequence[IPv6Address] | None
 ) -> tuple[IPv6Address, ...] | None:
@@ -167,45 +255,26 @@ def full_path(
     return path if path[-1] == dst else (*path, dst)
 
 
-_REGISTRY: dict[str, Callable[[DataplaneConfig], Dataplane]] = {}
+def _unknown_plane(message: str) -> DataplaneError:
+    return DataplaneError(f"dataplane: {message}")
 
 
-_D = TypeVar("_D", bound=type[Dataplane])
-
-
-def register(name: str) -> Callable[[_D], _D]:
-    def deco(cls: _D) -> _D:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def _load_builtin() -> None:
-    # Import for the side effect of registration; planes whose system dependencies are
-    # missing still register and fail in open() with a message naming the package.
-    from sixlab.dataplane import udpsocket  # noqa: F401, PLC0415
-
-    for optional in ("scapy_plane", "mmap_plane", "xdp_plane"):
-        try:
-            __import__(f"sixlab.dataplane.{optional}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"sixlab.dataplane.{optional}":
-                raise
+#: Every data plane, by name: the one place a plane is added. A plane's module is
+#: imported when the plane is first asked for, so listing the names loads none; a plane
+#: whose system support is missing still loads, and fails in ``open`` with a message
+#: naming what to install.
+PLANES: Registry[type[Dataplane]] = Registry("data plane", _unknown_plane)
+PLANES.add_lazy("socket", "sixlab.dataplane.udpsocket:SocketDataplane")
+PLANES.add_lazy("scapy", "sixlab.dataplane.scapy_plane:ScapyDataplane")
+PLANES.add_lazy("mmap", "sixlab.dataplane.mmap_plane:MmapDataplane")
+PLANES.add_lazy("xdp", "sixlab.dataplane.xdp_plane:XdpDataplane")
 
 
 def available() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    """The names ``create`` accepts."""
+    return PLANES.names()
 
 
 def create(name: str, config: DataplaneConfig) -> Dataplane:
-    _load_builtin()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise DataplaneError(
-            f"dataplane: unknown data plane {name!r} (available: {', '.join(available())})"
-        ) from None
-    return factory(config)
+    """A new (not yet open) data plane ``name``; ``DataplaneError`` for an unknown one."""
+    return PLANES.get(name)(config)

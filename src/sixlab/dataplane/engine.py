@@ -6,6 +6,12 @@ what the core produced (receive → core → transmit → re-arm timer: docs/arc
 public methods are thread-safe: the gRPC agent and the standalone tools call them from
 other threads.
 
+Two clocks. ``clock`` is the wall clock (Unix-epoch UTC ns): T1–T4 come from it (or
+from the data plane's receive timestamps). ``monotonic`` is what schedules and timeouts
+run on (``time.monotonic_ns``): the sender core gets it as ``now`` and the wall clock as
+``wall``, so a step of the wall clock (NTP, an operator) neither stalls nor bursts the
+send schedule nor expires the packets in flight (``docs/architecture.md``, "Time").
+
 Results of a Session-Sender go into a bounded FIFO per session, drained by
 ``SenderEngine.results`` (polling) or ``wait_results`` (push/streaming). When a FIFO is
 full the oldest record is dropped and ``overflow`` counts it: never silent.
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import ipaddress
+import itertools
 import os
 import select
 import threading
@@ -24,9 +32,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received
-from sixlab.stamp import _events as ev
-from sixlab.stamp._events import DropReason
+from sixlab import stamp as ev
+from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received
+from sixlab.stamp import DropReason
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -35,12 +43,14 @@ __all__ = [
     "DEFAULT_FIFO_CAPACITY",
     "EngineCounters",
     "ReflectorEngine",
+    "ScheduleStats",
     "SenderEngine",
     "SenderSessionSpec",
     "SessionSnapshot",
 ]
 
 IPv6Address = ipaddress.IPv6Address
+ip_address = ipaddress.ip_address
 #: Records kept per session until fetched: at 1000 packets/s, about 100 s of results.
 DEFAULT_FIFO_CAPACITY = 100_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
@@ -147,13 +157,15 @@ class _Loop:
     def _send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         port: int,
         segments: tuple[IPv6Address, ...] | None,
-        src: IPv6Address | None,
+        src: IPAddress | None,
+        *,
+        tclass: int | None = None,
     ) -> None:
         try:
-            self.dataplane.send(payload, dst, port, segments=segments, src=src)
+            self.dataplane.send(payload, dst, port, segments=segments, src=src, tclass=tclass)
         except DataplaneError:
             self.counters.send_failed += 1
 
@@ -164,7 +176,7 @@ class _Loop:
 class ReflectorEngine(_Loop):
     """Answers Session-Sender packets with a ``Reflector`` core over a data plane.
 
-    Fast path: a plane with ``reflect_batch`` (the ``mmap`` plane) is handed the core's
+    Fast path: a plane with ``has_fast_path`` (the ``mmap`` plane) is handed the core's
     ``reflect`` and answers plain packets itself, from its receive ring into its TX ring,
     with no per-packet objects but the reply; what it cannot answer comes back as
     ``Received`` for the general path below. ``fast_batch`` bounds the packets per call,
@@ -185,7 +197,7 @@ class ReflectorEngine(_Loop):
         super().__init__(dataplane, clock, "stamp-reflector")
         self.reflector = reflector
         self.fast_batch = fast_batch
-        self._fast = getattr(dataplane, "reflect_batch", None) if fast_path else None
+        self._fast = dataplane.reflect_batch if fast_path and dataplane.has_fast_path else None
         dataplane.set_restamp(lambda payload: reflector.restamp(payload, clock()))
 
     # -- control (any thread) ----------------------------------------------------------
@@ -245,25 +257,32 @@ class ReflectorEngine(_Loop):
     def _on_batch(self, batch: list[Received]) -> None:
         clock = self.clock
         reflect = self.reflector.reflect
+        sets_tclass = self.dataplane.sets_tclass
         self.counters.received += len(batch)
         for rx in batch:
             payload = rx.payload
             context = None
             if len(payload) > wire.UNAUTH_PACKET_SIZE:  # TLVs may ask for addresses
                 context = PacketContext(
-                    IPv6Address(rx.src), IPv6Address(rx.dst), rx.src_port, rx.dst_port
+                    ip_address(rx.src),
+                    ip_address(rx.dst),
+                    rx.src_port,
+                    rx.dst_port,
+                    rx.tclass,
+                    sets_tclass,
                 )
             with self.lock:
-                out = reflect(payload, rx.rx_ns or clock(), clock, rx.hop_limit, context)
+                out = reflect(
+                    payload, rx.rx_ns or clock(), clock, rx.hop_limit, context, flow=rx.flow
+                )
             if out is None:
                 continue
             route = out.return_path
-            dst = route.address if route.address is not None else IPv6Address(rx.src)
-            if not isinstance(dst, IPv6Address):
-                self.counters.send_failed += 1  # an IPv4 return address on an IPv6 plane
-                continue
-            src = IPv6Address(rx.dst) if rx.dst != _ZERO_ADDR else None
-            self._send(out.payload, dst, rx.src_port, route.segments, src)
+            dst = route.address if route.address is not None else ip_address(rx.src)
+            src = ip_address(rx.dst) if any(rx.dst) else None
+            if src is not None and src.version != dst.version:
+                src = None  # a Return Address of the other family: the kernel picks
+            self._send(out.payload, dst, rx.src_port, route.segments, src, tclass=out.tclass)
 
 
 # ------------------------------------------------------------------------------ sender
@@ -274,11 +293,25 @@ class SenderSessionSpec:
     """A session as the sender engine runs it: the core's config plus where to send."""
 
     config: SenderConfig
-    reflector: IPv6Address
+    reflector: IPAddress
     reflector_port: int = wire.STAMP_PORT
     #: The SRv6 path to the reflector, travel order; the reflector closes it if absent.
     segments: tuple[IPv6Address, ...] | None = None
-    source: IPv6Address | None = None
+    source: IPAddress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleStats:
+    """How well the engine kept a session's send schedule, start + k × interval (the
+    core sends one packet for the latest slot due when its timer runs late, and skips
+    the slots before it rather than bursting)."""
+
+    #: Slots passed over: the engine came too late for them and sent no packet.
+    skipped: int = 0
+    #: Packets sent, and how late they left after their slots (ns): in total and the most.
+    sent: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +321,7 @@ class SessionSnapshot:
     counters: SenderCounters
     fifo_len: int
     overflow: int
+    schedule: ScheduleStats = ScheduleStats()
 
 
 @dataclass(slots=True)
@@ -301,6 +335,13 @@ class _SenderEntry:
     #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
     #: that stored everything up to id N asks for "after N" and never sees one twice.
     first_id: int = 1
+    #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
+    timer: int | None = None
+    #: The schedule's origin (monotonic ns; None until started), the slot of the last
+    #: packet sent, and the schedule's statistics.
+    start: int | None = None
+    last_slot: int = -1
+    schedule: ScheduleStats = ScheduleStats()
 
     def index_after(self, record_id: int) -> int:
         """Index in ``fifo`` of the first record with an id above ``record_id``."""
@@ -320,12 +361,23 @@ class SenderEngine(_Loop):
         clock: Clock = time.time_ns,
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         on_event: Callable[[ev.Event], None] | None = None,
+        *,
+        monotonic: Clock = time.monotonic_ns,
     ) -> None:
+        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock."""
         super().__init__(dataplane, clock, "stamp-sender")
+        self.monotonic = monotonic
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
+        #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
+        #: instead of asking every session. An entry whose ``timer`` differs is stale.
+        self._heap: list[tuple[int, int, int]] = []
+        self._pushes = itertools.count()
         self._cond = threading.Condition(self.lock)
+        #: Bumped whenever a waiter may have something new: a record, a session
+        #: finished or removed (see ``wait_change``).
+        self._version = 0
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -333,7 +385,7 @@ class SenderEngine(_Loop):
         ssid = spec.config.ssid
         with self.lock:
             if ssid in self._entries:
-                raise ev.ConfigError(f"ssid: session {ssid} already exists")
+                raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
             try:
@@ -344,8 +396,12 @@ class SenderEngine(_Loop):
 
     def start_session(self, ssid: int) -> None:
         with self.lock:
-            self._entry(ssid).session.start(self.clock())
-            self._pump(self._entry(ssid))
+            entry = self._entry(ssid)
+            now = self.monotonic()
+            entry.session.start(now, self.clock())
+            entry.start = now
+            self._pump(entry, now)
+            self._arm(entry)
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -353,6 +409,7 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             entry.session.stop()
             self._pump(entry)
+            self._arm(entry)
         self.wake()
 
     def remove_session(self, ssid: int) -> None:
@@ -362,7 +419,7 @@ class SenderEngine(_Loop):
                 entry.session.stop()
             del self._entries[ssid]
             self.dataplane.sender_session_removed(ssid)
-            self._cond.notify_all()
+            self._notify()
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -373,7 +430,7 @@ class SenderEngine(_Loop):
             e = self._entry(ssid)
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
-            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow)
+            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, e.schedule)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
         """Drain up to ``max_items`` queued records of a session (polling mode)."""
@@ -397,6 +454,21 @@ class SenderEngine(_Loop):
                 return []
             return self._drain(self._entry(ssid), max_items)
 
+    def wait_change(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s for a change after ``seen`` (a value this returned
+        before; -1 at first): a record queued, a session finished or removed, in any
+        session. Returns the current value, for the next call."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen, timeout)
+            return self._version
+
+    def last_id(self, ssid: int) -> int:
+        """The id of the newest record of the session (queued or not): records with
+        higher ids are yet to come; 0 before the first."""
+        with self.lock:
+            entry = self._entry(ssid)
+            return entry.first_id + len(entry.fifo) - 1
+
     def lost(self, ssid: int) -> list[ev.PacketLost]:
         """Drain the loss events of a session (each lost Seq once)."""
         with self.lock:
@@ -416,7 +488,7 @@ class SenderEngine(_Loop):
         try:
             return self._entries[ssid]
         except KeyError:
-            raise ev.ConfigError(f"ssid: no session {ssid}") from None
+            raise ev.SessionConfigError(f"ssid: no session {ssid}") from None
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
         n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))
@@ -468,25 +540,53 @@ class SenderEngine(_Loop):
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
+    def _arm(self, entry: _SenderEntry) -> None:
+        """Put the session's next timer in the heap if it changed (lock held)."""
+        timer = entry.session.get_timer()
+        if timer != entry.timer:
+            entry.timer = timer
+            if timer is not None:
+                heapq.heappush(self._heap, (timer, next(self._pushes), entry.spec.config.ssid))
+
+    def _due(self) -> _SenderEntry | None:
+        """The heap's earliest live timer's session, dropping stale ones (lock held)."""
+        heap = self._heap
+        while heap:
+            when, _, ssid = heap[0]
+            entry = self._entries.get(ssid)
+            if entry is not None and entry.timer == when:
+                return entry
+            heapq.heappop(heap)
+        return None
+
     def _timeout(self) -> float:
         with self.lock:
-            timers = [t for e in self._entries.values() if (t := e.session.get_timer()) is not None]
-        if not timers:
-            return _IDLE_WAKE_S
-        return min(_IDLE_WAKE_S, max(0.0, (min(timers) - self.clock()) / 1e9))
+            entry = self._due()
+            if entry is None or entry.timer is None:
+                return _IDLE_WAKE_S
+            wait = (entry.timer - self.monotonic()) / 1e9
+        return min(_IDLE_WAKE_S, max(0.0, wait))
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
+            mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
             for rx in batch:
-                entry = self._match(rx.payload)
+                entry = self._match(rx)
                 if entry is None:
                     self.counters.no_session += 1
                     continue
-                entry.session.receive(rx.payload, rx.rx_ns or self.clock())
+                # A reply is late by when it arrived, not by when the loop got to it:
+                # its age (a short difference of wall times, T4 from the kernel) moves
+                # the monotonic time back to its arrival.
+                t4 = rx.rx_ns or wall
+                arrived = mono - max(0, wall - t4)
+                entry.session.receive(rx.payload, arrived, t4)
                 self._pump(entry)
+                self._arm(entry)
 
-    def _match(self, payload: bytes) -> _SenderEntry | None:
+    def _match(self, rx: Received) -> _SenderEntry | None:
+        payload = rx.payload
         size = len(payload)
         if size >= wire.AUTH_PACKET_SIZE:
             entry = self._entries.get(int.from_bytes(payload[26:28]))
@@ -496,24 +596,58 @@ class SenderEngine(_Loop):
             entry = self._entries.get(int.from_bytes(payload[14:16]))
             if entry is not None and not entry.spec.config.authenticated:
                 return entry
+            return self._match_ssid_zero(rx)
         return None
 
-    def _on_tick(self) -> None:
-        with self.lock:
-            now = self.clock()
-            for entry in self._entries.values():
-                timer = entry.session.get_timer()
-                if timer is not None and timer <= now:
-                    entry.session.handle_timer(now)
-                    self._pump(entry)
+    def _match_ssid_zero(self, rx: Received) -> _SenderEntry | None:
+        """The session a reply with SSID 0 answers (an RFC 8762-only reflector, RFC 8972
+        §3): the one whose reflector address and port are the reply's source and that
+        sent the packet with the reply's Seq and T1 (``SenderSession.claims``). None when
+        no session, or more than one, claims it: sessions that share the reflector's
+        address and port and sent the same Seq at the same T1 cannot be told apart
+        without the SSID, and such a reply is counted ``no_session``."""
+        payload = rx.payload
+        found = None
+        for entry in self._entries.values():
+            spec = entry.spec
+            auth = spec.config.authenticated
+            at = 26 if auth else 14
+            if (
+                len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
+                and payload[at : at + 2] == b"\0\0"
+                and spec.reflector.packed == rx.src
+                and spec.reflector_port == rx.src_port
+                and entry.session.claims(payload)
+            ):
+                if found is not None:
+                    return None
+                found = entry
+        return found
 
-    def _pump(self, entry: _SenderEntry) -> None:
-        """Send what the session produced and file its events (lock held)."""
+    def _on_tick(self) -> None:
+        """Run every timer that is due, earliest first, from the heap."""
+        with self.lock:
+            now = self.monotonic()
+            wall = self.clock()
+            while (entry := self._due()) is not None and entry.timer is not None:
+                if entry.timer > now:
+                    break
+                heapq.heappop(self._heap)
+                entry.timer = None
+                entry.session.handle_timer(now, wall)
+                self._pump(entry, now)
+                self._arm(entry)
+
+    def _pump(self, entry: _SenderEntry, now: int | None = None) -> None:
+        """Send what the session produced and file its events (lock held). ``now``: the
+        monotonic time of the timer that made them, to measure the schedule's slip."""
         spec = entry.spec
         for payload in entry.session.datagrams_to_send():
             self._send(payload, spec.reflector, spec.reflector_port, spec.segments, spec.source)
         notify = False
         while (event := entry.session.next_event()) is not None:
+            if isinstance(event, ev.PacketSent) and now is not None and entry.start is not None:
+                self._slip(entry, now)
             if isinstance(event, ev.StampResult):
                 if len(entry.fifo) >= self.fifo_capacity:
                     entry.pop_oldest()
@@ -530,4 +664,24 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 self.on_event(event)
         if notify:
-            self._cond.notify_all()
+            self._notify()
+
+    @staticmethod
+    def _slip(entry: _SenderEntry, now: int) -> None:
+        """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
+        assert entry.start is not None
+        interval = entry.spec.config.interval_ns
+        slot = (now - entry.start) // interval
+        late = now - entry.start - slot * interval
+        s = entry.schedule
+        entry.schedule = ScheduleStats(
+            skipped=s.skipped + max(0, slot - entry.last_slot - 1),
+            sent=s.sent + 1,
+            late_ns_total=s.late_ns_total + late,
+            late_ns_max=max(s.late_ns_max, late),
+        )
+        entry.last_slot = slot
+
+    def _notify(self) -> None:
+        self._version += 1
+        self._cond.notify_all()

@@ -4,7 +4,8 @@ A ``MemoryNetwork`` delivers what one plane sends to the plane bound to the dest
 address and port, instantly, with a fixed Hop Limit; ``fileno`` is a pipe that polls
 readable while datagrams wait. It is the in-memory backend a test suite wants
 (docs/architecture.md, "Adapters and registries"): engines and agents run unchanged on
-it, with no root and no sockets.
+it, with no root and no sockets. Addresses of either family; the Traffic Class given to
+``send`` arrives as the datagram's ``tclass``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received
+from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, IPAddress, Received
 
 __all__ = ["MemoryDataplane", "MemoryNetwork"]
 
@@ -28,16 +29,16 @@ class MemoryNetwork:
     def __init__(self, hop_limit: int = 64, clock: Callable[[], int] = time.time_ns) -> None:
         self.hop_limit = hop_limit
         self.clock = clock
-        self._planes: dict[tuple[IPv6Address, int], MemoryDataplane] = {}
+        self._planes: dict[tuple[IPAddress, int], MemoryDataplane] = {}
         self._lock = threading.Lock()
         self._next_port = 40000
         #: Every datagram sent, with the SID list it was sent along (for assertions).
-        self.sent: list[tuple[IPv6Address, int, tuple[IPv6Address, ...] | None]] = []
+        self.sent: list[tuple[IPAddress, int, tuple[IPv6Address, ...] | None]] = []
 
     def plane(self, config: DataplaneConfig) -> MemoryDataplane:
         return MemoryDataplane(config, self)
 
-    def _bind(self, plane: MemoryDataplane, address: IPv6Address, port: int) -> int:
+    def _bind(self, plane: MemoryDataplane, address: IPAddress, port: int) -> int:
         with self._lock:
             if port == 0:
                 self._next_port += 1
@@ -47,11 +48,11 @@ class MemoryNetwork:
             self._planes[(address, port)] = plane
             return port
 
-    def _unbind(self, address: IPv6Address, port: int) -> None:
+    def _unbind(self, address: IPAddress, port: int) -> None:
         with self._lock:
             self._planes.pop((address, port), None)
 
-    def _deliver(self, received: Received, dst: IPv6Address, port: int) -> bool:
+    def _deliver(self, received: Received, dst: IPAddress, port: int) -> bool:
         with self._lock:
             plane = self._planes.get((dst, port))
         if plane is None:
@@ -64,11 +65,12 @@ class MemoryDataplane(Dataplane):
     """One endpoint on a ``MemoryNetwork`` (not in the registry: it needs its network)."""
 
     name = "memory"
+    sets_tclass = True
 
     def __init__(self, config: DataplaneConfig, network: MemoryNetwork) -> None:
         super().__init__(config)
         self.network = network
-        self.address = config.source or IPv6Address("::1")
+        self.address: IPAddress = config.source or IPv6Address("::1")
         self.port = 0
         self._queue: deque[Received] = deque()
         self._pipe: tuple[int, int] | None = None
@@ -113,11 +115,12 @@ class MemoryDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
         if self._pipe is None:
             raise DataplaneError("memory: data plane is not open")
@@ -131,6 +134,7 @@ class MemoryDataplane(Dataplane):
             dst_port=dst_port,
             hop_limit=net.hop_limit,
             rx_ns=net.clock(),
+            tclass=0 if tclass is None else tclass,
         )
         if not net._deliver(rx, dst, dst_port):
             self.undeliverable += 1

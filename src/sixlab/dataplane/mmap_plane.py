@@ -18,9 +18,13 @@ header removed, so offsets are the same on every link type) with:
   ``tpacket3_hdr``: ``tp_next_offset``, the RX time ``tp_sec``/``tp_nsec``, lengths,
   ``tp_net`` offset, then a ``sockaddr_ll``) and hand the block back by writing
   ``TP_STATUS_KERNEL``. No system call per packet; ``poll`` (the engine's ``select`` on
-  ``fileno()``) wakes when a block is retired. ``retire_blk_tov`` = 1 ms bounds how long
-  a lone packet waits in a half-filled block (the default grows with link speed and can
-  reach 8+ ms, which at 1 probe/s would be pure added turnaround).
+  ``fileno()``) wakes when a block is retired. The ring is the shared
+  :class:`sixlab.linux.packetring.PacketRing`, walked through its cursor (no object per
+  packet); a call that finds no block clears the socket's error, which the kernel sets
+  when the link goes down and which would otherwise keep ``select`` waking.
+  ``retire_blk_tov`` = 1 ms bounds how long a lone packet waits in a half-filled block
+  (the default grows with link speed and can reach 8+ ms, which at 1 probe/s would be
+  pure added turnaround).
 
 The RX timestamp is the kernel's software receive time (``PACKET_TIMESTAMP`` unset:
 ``CLOCK_REALTIME`` when the packet entered the stack), i.e. T2 taken before any user
@@ -105,31 +109,41 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv6Address
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
-from sixlab.wire._errors import ChecksumError, WireError
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    FastBatch,
+    FastRoute,
+    IPAddress,
+    Received,
+    ReflectFn,
+    full_path,
+    require_ipv6,
+)
+from sixlab.linux.packetring import (
+    ETH_P_IPV6,
+    PKT_HEADER,
+    SLL_OFFSET,
+    SLL_PKTTYPE,
+    TP_STATUS_CSUM_VALID,
+    TP_STATUS_CSUMNOTREADY,
+    PacketRing,
+    RingGeometry,
+)
+from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.checksum import checksum_adjust
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 
-__all__ = ["FastBatch", "MmapCounters", "MmapDataplane", "ReflectFn"]
+__all__ = ["MmapCounters", "MmapDataplane"]
 
-# <linux/if_packet.h>, <linux/if_ether.h>
 SOL_PACKET = 263
-PACKET_RX_RING = 5
-PACKET_STATISTICS = 6
 PACKET_VERSION = 10
-PACKET_IGNORE_OUTGOING = 23
-TPACKET_V3 = 2
-TP_STATUS_KERNEL = 0
-TP_STATUS_USER = 1
-TP_STATUS_CSUMNOTREADY = 1 << 3
-TP_STATUS_CSUM_VALID = 1 << 7
 PACKET_HOST = 0
-ETH_P_IPV6 = 0x86DD
 
 #: Ring geometry: 256 blocks of 64 KiB (16 MiB). A block is handed over when full or
 #: after RETIRE_BLOCK_TOV_MS, so at low rates each block holds a few packets and the
@@ -143,20 +157,7 @@ BLOCK_COUNT = 256
 FRAME_SIZE = 2048
 #: Milliseconds before a partly filled block is handed to user space (module doc).
 RETIRE_BLOCK_TOV_MS = 1
-
-_REQ3 = struct.Struct("=7I")  # struct tpacket_req3
-# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1 whose
-# block_status, num_pkts and offset_to_first_pkt follow at 8, 12 and 16.
-_BLOCK_STATUS = struct.Struct("=I")
-_BLOCK_STATUS_OFFSET = 8
-_BLOCK_PKTS = struct.Struct("=II")
-_BLOCK_PKTS_OFFSET = 12
-# struct tpacket3_hdr up to tp_net: next_offset, sec, nsec, snaplen, len, status, mac, net
-_PKT = struct.Struct("=6I2H")
-#: TPACKET_ALIGN(sizeof(struct tpacket3_hdr)): where the sockaddr_ll follows.
-_SLL_OFFSET = 48
-_SLL_PKTTYPE = 10  # sll_family(2) sll_protocol(2) sll_ifindex(4) sll_hatype(2) pkttype
-_STATS = struct.Struct("=III")  # struct tpacket_stats_v3
+_GEOMETRY = RingGeometry(BLOCK_SIZE, BLOCK_COUNT, FRAME_SIZE, RETIRE_BLOCK_TOV_MS)
 #: Per-first-hop link-layer answers are trusted this long (module doc).
 _NEXT_HOP_TTL_S = 1.0
 #: Bound on cached reply templates; a sweep of many peers rebuilds rather than grows.
@@ -213,40 +214,6 @@ class MmapCounters:
     tx_ring_resets: int = 0
 
 
-class _Route(Protocol):
-    """What the fast path reads of a reply's return path (``stamp.reflector.ReturnPath``)."""
-
-    @property
-    def segments(self) -> tuple[IPv6Address, ...] | None: ...
-
-    @property
-    def address(self) -> IPv4Address | IPv6Address | None: ...
-
-
-class _Reply(Protocol):
-    """What the fast path reads of a reply (``stamp.reflector.Reflection``)."""
-
-    @property
-    def payload(self) -> bytes: ...
-
-    @property
-    def return_path(self) -> _Route: ...
-
-
-#: ``Reflector.reflect`` as the fast path calls it: (payload, T2 ns, clock, hop limit).
-ReflectFn = Callable[[bytes, int, Callable[[], int], int], _Reply | None]
-
-
-class FastBatch(NamedTuple):
-    """What one ``reflect_batch`` did: packets taken off the ring, packets handed to
-    ``reflect``, replies that could not be sent, and packets left to the general path."""
-
-    consumed: int
-    handled: int
-    send_failed: int
-    slow: list[Received]
-
-
 @dataclass(frozen=True, slots=True)
 class _FastTemplate:
     prefix: bytes  # Ethernet + IPv6 + UDP header up to its checksum
@@ -281,12 +248,16 @@ def _default_hop_limit() -> int:
         return 64  # RFC 8200 §3 leaves it to the node; 64 is Linux's default
 
 
-@register("mmap")
 class MmapDataplane(Dataplane):
+    name = "mmap"
+    has_fast_path = True
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _l3: socket.socket | None = None
     _ring: mmap.mmap | None = None
+    _rxring: PacketRing | None = None
+    #: The ring's cumulated (packets, drops) at the last ``kernel_stats`` call.
+    _stats_seen: tuple[int, int] = (0, 0)
     _txs: socket.socket | None = None
     _txr: mmap.mmap | None = None
     #: Frames written to the TX ring between two kicks (module doc, "Fast path").
@@ -298,6 +269,7 @@ class MmapDataplane(Dataplane):
         if self._rx is not None:
             return
         config = self.config
+        source = require_ipv6("mmap", config.source)
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"mmap: needs a fixed UDP port, got {config.port}")
         self.stats = MmapCounters()
@@ -310,15 +282,12 @@ class MmapDataplane(Dataplane):
         # Import netlink now, not on the first packet (a ~100 ms stall under load).
         import pyroute2  # noqa: F401, PLC0415
 
-        self._block = 0
-        self._left = 0
-        self._offset = 0
         try:
             self._open_rx()
             self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._drop = _filters.stamp_drop(config.port, self._ports, destination=config.source)
+            self._drop = _filters.stamp_drop(config.port, self._ports, destination=source)
             self._drop.install()
         except (OSError, _filters.KernelDropError) as exc:
             self.close()
@@ -329,27 +298,22 @@ class MmapDataplane(Dataplane):
         return f"{name}, UDP port {self.config.port}"
 
     def _open_rx(self) -> None:
-        # Protocol 0 receives nothing until bind(): the filter and the ring are in place
-        # before the first packet. Capturing everywhere has no bind with ifindex 0 in
-        # Python's AF_PACKET addresses, so that socket listens from creation on (the few
-        # packets queued before the ring exists stay in a queue nobody reads).
-        interface = self.config.interface
-        proto = 0 if interface else socket.htons(ETH_P_IPV6)
-        rx = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, proto)
-        self._rx = rx
-        program = _filters.stamp_filter(self._ports, destination=self.config.source)
-        _filters.attach_filter(rx, program)
-        rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        rx.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
-        frames = BLOCK_SIZE * BLOCK_COUNT // FRAME_SIZE
-        req = _REQ3.pack(BLOCK_SIZE, BLOCK_COUNT, FRAME_SIZE, frames, RETIRE_BLOCK_TOV_MS, 0, 0)
-        rx.setsockopt(SOL_PACKET, PACKET_RX_RING, req)
-        self._ring = mmap.mmap(
-            rx.fileno(), BLOCK_SIZE * BLOCK_COUNT, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        # Bound to an interface, the ring's socket receives nothing until its filter
+        # and ring are in place. Capturing everywhere has no bind with ifindex 0 in
+        # Python's AF_PACKET addresses, so that socket listens from creation on (the
+        # few packets queued before the ring exists stay in a queue nobody reads).
+        program = _filters.stamp_filter(
+            self._ports, destination=require_ipv6("mmap", self.config.source)
         )
-        if interface:
-            rx.bind((interface, ETH_P_IPV6))
-        rx.setblocking(False)
+        ring = PacketRing(
+            self.config.interface or None,
+            protocol=ETH_P_IPV6,
+            program=program,
+            geometry=_GEOMETRY,
+            cooked=True,
+        )
+        self._rxring, self._rx, self._ring = ring, ring.sock, ring.map
+        self._stats_seen = (0, 0)
 
     def _open_tx_ring(self) -> None:
         """A TPACKET_V2 TX ring on the capture interface (none when capturing everywhere).
@@ -388,9 +352,9 @@ class MmapDataplane(Dataplane):
             with contextlib.suppress(_filters.KernelDropError):
                 self._drop.remove()
             self._drop = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        if self._rxring is not None:
+            self._rxring.close()
+            self._rxring = self._ring = self._rx = None
         self._close_tx_ring()
         for name in ("_rx", "_tx", "_l3"):
             sock = getattr(self, name)
@@ -414,33 +378,39 @@ class MmapDataplane(Dataplane):
 
     def kernel_stats(self) -> tuple[int, int]:
         """(packets, drops) the kernel counted for the ring since the last call."""
-        if self._rx is None:
+        if self._rxring is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
-        packets, drops, _freeze = _STATS.unpack(
-            self._rx.getsockopt(SOL_PACKET, PACKET_STATISTICS, _STATS.size)
-        )
-        return packets, drops
+        packets, drops = self._rxring.statistics()
+        seen_packets, seen_drops = self._stats_seen
+        self._stats_seen = (packets, drops)
+        return packets - seen_packets, drops - seen_drops
 
     # -- receive --------------------------------------------------------------------------
 
     def receive(self, max_batch: int = 64) -> list[Received]:
-        ring = self._ring
-        if ring is None:
+        rxr = self._rxring
+        if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
+        ring = rxr.map
+        unpack = PKT_HEADER.unpack_from
         out: list[Received] = []
+        taken = 0
         while len(out) < max_batch:
-            if self._left == 0:
-                if not self._next_block(ring):
+            if rxr.left == 0:
+                if not rxr.next_block():
+                    if taken == 0:  # woken for nothing: a socket error (ring doc)
+                        rxr.clear_error()
                     break
                 continue
-            off = self._offset
-            next_offset, sec, nsec, snaplen, length, status, _mac, net = _PKT.unpack_from(ring, off)
-            pkttype = ring[off + _SLL_OFFSET + _SLL_PKTTYPE]
+            off = rxr.offset
+            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, off)
+            pkttype = ring[off + SLL_OFFSET + SLL_PKTTYPE]
             data = ring[off + net : off + net + snaplen]
-            self._offset = off + next_offset
-            self._left -= 1
-            if self._left == 0:
-                self._release()
+            rxr.offset = off + next_offset
+            rxr.left -= 1
+            if rxr.left == 0:
+                rxr.release()
+            taken += 1
             rx = self._decode(
                 data, sec * 1_000_000_000 + nsec,
                 snaplen=snaplen, length=length, status=status, pkttype=pkttype,
@@ -448,18 +418,6 @@ class MmapDataplane(Dataplane):
             if rx is not None:
                 out.append(rx)
         return out
-
-    def _next_block(self, ring: mmap.mmap) -> bool:
-        """Enter the next block if the kernel has handed it over; False if not yet."""
-        base = self._block * BLOCK_SIZE
-        (status,) = _BLOCK_STATUS.unpack_from(ring, base + _BLOCK_STATUS_OFFSET)
-        if not status & TP_STATUS_USER:
-            return False
-        self._left, first = _BLOCK_PKTS.unpack_from(ring, base + _BLOCK_PKTS_OFFSET)
-        self._offset = base + first
-        if self._left == 0:
-            self._release()
-        return True
 
     def _decode(
         self, data: bytes, rx_ns: int, *, snaplen: int, length: int, status: int, pkttype: int
@@ -492,14 +450,6 @@ class MmapDataplane(Dataplane):
             rx_ns,
         )
 
-    def _release(self) -> None:
-        """Hand the current block back to the kernel and move to the next one."""
-        assert self._ring is not None
-        _BLOCK_STATUS.pack_into(
-            self._ring, self._block * BLOCK_SIZE + _BLOCK_STATUS_OFFSET, TP_STATUS_KERNEL
-        )
-        self._block = (self._block + 1) % BLOCK_COUNT
-
     # -- reflector fast path ----------------------------------------------------------------
 
     def reflect_batch(
@@ -512,34 +462,37 @@ class MmapDataplane(Dataplane):
         back to their source are answered here; every other packet is returned in
         ``FastBatch.slow`` for the caller's general path, in arrival order among them.
         """
-        ring = self._ring
-        if ring is None:
+        rxr = self._rxring
+        if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
+        ring = rxr.map
         slow: list[Received] = []
         consumed = handled = failed = pending = 0
         now = time.monotonic()
         templates = self._fast_templates
         txr = self._txr
-        unpack = _PKT.unpack_from
+        unpack = PKT_HEADER.unpack_from
         tx_header = _TX_HEADER.pack_into
         tx_batch = self.tx_batch
         # The ring and TX cursors live in locals for the loop (attribute writes per
         # packet cost a tenth of it) and go back to the object when it ends.
-        left, offset, tx_slot = self._left, self._offset, self._tx_slot
+        left, offset, tx_slot = rxr.left, rxr.offset, self._tx_slot
         while consumed < max_batch:
             if left == 0:
-                self._left = 0
-                if not self._next_block(ring):
+                rxr.left = 0
+                if not rxr.next_block():
+                    if consumed == 0:  # woken for nothing: a socket error (ring doc)
+                        rxr.clear_error()
                     break
-                left, offset = self._left, self._offset
+                left, offset = rxr.left, rxr.offset
                 continue
             next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, offset)
-            pkttype = ring[offset + _SLL_OFFSET + _SLL_PKTTYPE]
+            pkttype = ring[offset + SLL_OFFSET + SLL_PKTTYPE]
             data = ring[offset + net : offset + net + snaplen]
             offset += next_offset
             left -= 1
             if left == 0:
-                self._release()
+                rxr.release()
             consumed += 1
             rx_ns = sec * 1_000_000_000 + nsec
             if (
@@ -572,7 +525,10 @@ class MmapDataplane(Dataplane):
                     slow.append(rx)
                 continue
             handled += 1
-            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT])
+            # The addresses and ports: the reflector's flow key (Received.flow's layout)
+            # and the reply template's.
+            key = data[_ADDRS:_UDP_LENGTH]
+            out = reflect(data[_UDP_PAYLOAD:], rx_ns, clock, data[_HOP_LIMIT], flow=key)
             if out is None:
                 continue
             payload = out.payload
@@ -581,7 +537,6 @@ class MmapDataplane(Dataplane):
                 failed += self._send_general(data, payload, route)
                 continue
             size = len(payload)
-            key = data[_ADDRS:_UDP_LENGTH]
             template = templates.get(key)
             if template is None or template.expires < now or template.size != size:
                 template = self._fast_template(key, size, now)
@@ -617,12 +572,12 @@ class MmapDataplane(Dataplane):
                 self._kick()
                 pending = 0
                 tx_slot, txr = self._tx_slot, self._txr
-        self._left, self._offset, self._tx_slot = left, offset, tx_slot
+        rxr.left, rxr.offset, self._tx_slot = left, offset, tx_slot
         if pending:
             self._kick()
         return FastBatch(consumed, handled, failed, slow)
 
-    def _send_general(self, data: bytes, payload: bytes, route: _Route) -> int:
+    def _send_general(self, data: bytes, payload: bytes, route: FastRoute) -> int:
         """The reply by ``send`` (addresses from the probe); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else IPv6Address(data[8:24])
         if not isinstance(dst, IPv6Address):
@@ -689,12 +644,17 @@ class MmapDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
+        del tclass  # not applied: ``sets_tclass`` is False
+        dst6 = require_ipv6("mmap", dst)
+        assert dst6 is not None
+        dst, src = dst6, require_ipv6("mmap", src)
         tx, l3 = self._tx, self._l3
         if tx is None or l3 is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")

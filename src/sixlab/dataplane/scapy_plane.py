@@ -34,7 +34,14 @@ from ipaddress import IPv6Address
 from typing import Any
 
 from sixlab.dataplane import _filters
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneError,
+    IPAddress,
+    Received,
+    full_path,
+    require_ipv6,
+)
 from sixlab.wire.checksum import checksum_adjust
 
 __all__ = ["ScapyDataplane"]
@@ -50,8 +57,8 @@ _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _MAX_PACKET = 9000
 
 
-@register("scapy")
 class ScapyDataplane(Dataplane):
+    name = "scapy"
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _drop: _filters.KernelDrop | None = None
@@ -65,6 +72,7 @@ class ScapyDataplane(Dataplane):
         if self._rx is not None:
             return
         config = self.config
+        source = require_ipv6("scapy", config.source)
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"scapy: needs a fixed UDP port, got {config.port}")
         try:
@@ -79,7 +87,7 @@ class ScapyDataplane(Dataplane):
             proto = 0 if config.interface else socket.htons(ETH_P_IPV6)
             rx = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, proto)
             self._rx = rx
-            _filters.attach_filter(rx, _filters.stamp_filter(ports, destination=config.source))
+            _filters.attach_filter(rx, _filters.stamp_filter(ports, destination=source))
             rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
             rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -87,7 +95,7 @@ class ScapyDataplane(Dataplane):
                 rx.bind((config.interface, ETH_P_IPV6))
             rx.setblocking(False)
             self._tx = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._drop = _filters.stamp_drop(config.port, ports, destination=config.source)
+            self._drop = _filters.stamp_drop(config.port, ports, destination=source)
             self._drop.install()
         except (OSError, _filters.KernelDropError) as exc:
             self.close()
@@ -150,12 +158,17 @@ class ScapyDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
+        del tclass  # not applied: ``sets_tclass`` is False
+        dst6 = require_ipv6("scapy", dst)
+        assert dst6 is not None
+        dst, src = dst6, require_ipv6("scapy", src)
         tx = self._tx
         if tx is None:
             raise DataplaneError("scapy: data plane is not open (Init first)")

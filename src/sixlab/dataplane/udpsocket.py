@@ -1,14 +1,22 @@
 """The ``socket`` data plane: one kernel UDP socket, SRv6 through the kernel's SRH support.
 
+IPv6 and IPv4. With an IPv6 ``source`` the socket is IPv6 only, with an IPv4 one it is an
+IPv4 socket, without one it is a dual-stack IPv6 socket bound to ``::`` (RFC 3493 §3.7:
+IPv4 peers appear as IPv4-mapped addresses, which this plane turns back into IPv4 ones).
+
 Receive: ``recvmsg`` with ancillary data for the arrival time (``SO_TIMESTAMPNS``: the
 kernel's receive timestamp, taken when the packet entered the stack, not when Python got
-to it), the Hop Limit (``IPV6_RECVHOPLIMIT``, for Ses-Sender TTL) and the local address
-the packet was sent to (``IPV6_RECVPKTINFO``, to answer from it). A datagram that came
-with an SRH (Segments Left 0) is delivered like any other.
+to it), the Hop Limit or TTL (``IPV6_RECVHOPLIMIT`` / ``IP_RECVTTL``, for Ses-Sender TTL),
+the Traffic Class or TOS byte (``IPV6_RECVTCLASS`` / ``IP_RECVTOS``, for the Class of
+Service TLV, RFC 8972 §4.4) and the local address the packet was sent to
+(``IPV6_RECVPKTINFO`` / ``IP_PKTINFO``, to answer from it). A datagram that came with an
+SRH (Segments Left 0) is delivered like any other.
 
-Send: ``sendmsg`` to the final destination with the socket's sticky ``IPV6_RTHDR``
-option holding a type-4 routing header (RFC 8754). Linux (``ipv6_push_rthdr4``) writes
-the socket's destination into Segment List[0] and sends to the active segment, and it
+Send: ``sendmsg`` with the source address (``IPV6_PKTINFO`` / ``IP_PKTINFO``) and the
+Traffic Class or TOS (``IPV6_TCLASS`` / ``IP_TOS``) as per-message control data. SRv6
+(IPv6 only): to the final destination with the socket's sticky ``IPV6_RTHDR`` option
+holding a type-4 routing header (RFC 8754). Linux (``ipv6_push_rthdr4``) writes the
+socket's destination into Segment List[0] and sends to the active segment, and it
 computes the UDP checksum over the final destination (RFC 8200 §8.1). The per-message
 form (an ``IPV6_RTHDR`` control message) is refused with EINVAL for type 4 on this
 kernel, so the sticky option is set whenever the path changes from the last send.
@@ -26,38 +34,56 @@ import errno
 import socket
 import struct
 from collections.abc import Sequence
-from ipaddress import IPv6Address
+from ipaddress import IPv4Address, IPv6Address
 
-from sixlab.dataplane.base import Dataplane, DataplaneError, Received, full_path, register
+from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received, full_path
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 
 __all__ = ["SocketDataplane"]
 
-# Linux values (asm-generic/socket.h, linux/in6.h); the socket module lacks some of them.
+# Linux values (asm-generic/socket.h, linux/in6.h, linux/in.h); the socket module lacks
+# some of them.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
 IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
 IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
 IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
 IPV6_RTHDR = getattr(socket, "IPV6_RTHDR", 57)
+IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
+IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
+IP_TOS = getattr(socket, "IP_TOS", 1)
+IP_TTL = getattr(socket, "IP_TTL", 2)
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
+IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 _TIMESPEC = struct.Struct("@qq")
 _INT = struct.Struct("@i")
 _PKTINFO = struct.Struct("@16sI")  # struct in6_pktinfo
+_IN_PKTINFO = struct.Struct("@i4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
 _CMSG_SPACE = (
     socket.CMSG_SPACE(_TIMESPEC.size)
-    + socket.CMSG_SPACE(_INT.size)
+    + 2 * socket.CMSG_SPACE(_INT.size)
     + socket.CMSG_SPACE(_PKTINFO.size)
+    + socket.CMSG_SPACE(_IN_PKTINFO.size)
 )
 #: Largest STAMP payload accepted: base packet plus TLVs within an IPv6 minimum MTU
 #: would be 1232 bytes, but jumbo-frame links exist; 9000 covers them.
 _MAX_PAYLOAD = 9000
+_V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
-@register("socket")
+def _unmap(packed: bytes) -> bytes:
+    """An IPv4-mapped IPv6 address as its 4 IPv4 bytes; anything else unchanged."""
+    return packed[12:] if len(packed) == 16 and packed[:12] == _V4_MAPPED else packed
+
+
 class SocketDataplane(Dataplane):
+    name = "socket"
+    sets_tclass = True
     _sock: socket.socket | None = None
+    _family: socket.AddressFamily = socket.AF_INET6
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
     _rthdr: bytes = b""  # the sticky routing header currently set on the socket
 
@@ -66,24 +92,33 @@ class SocketDataplane(Dataplane):
             return
         self._srh_cache = {}
         self._rthdr = b""
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        source = self.config.source
+        self._family = socket.AF_INET if isinstance(source, IPv4Address) else socket.AF_INET6
+        sock = socket.socket(self._family, socket.SOCK_DGRAM)
         try:
             # No SO_REUSEADDR: on UDP it lets a second reflector bind the same port and
             # silently take part of the traffic. UDP has no TIME_WAIT to get around.
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
-            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if self._family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
+                # Dual stack only when bound to any address (module doc).
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, source is not None)
+            if self._family == socket.AF_INET or source is None:
+                sock.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+                sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+                sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
             # Probe bursts must not be dropped in the socket queue: 4 MiB of buffer.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            src = str(self.config.source) if self.config.source else "::"
+            src = str(source) if source else "::"
             sock.bind((src, self.config.port))
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
             raise DataplaneError(
                 f"socket: cannot bind UDP port {self.config.port} on "
-                f"{self.config.source or '::'}: {exc.strerror}"
+                f"{source or '::'}: {exc.strerror}"
             ) from exc
         self._sock = sock
 
@@ -121,24 +156,37 @@ class SocketDataplane(Dataplane):
                     continue
                 raise
             rx_ns = hop = 0
-            dst = b"\0" * 16
+            tclass = None
+            src = _unmap(socket.inet_pton(self._family, addr[0].split("%")[0]))
+            dst = bytes(len(src))
             for level, kind, value in ancdata:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                     sec, nsec = _TIMESPEC.unpack_from(value)
                     rx_ns = sec * 1_000_000_000 + nsec
-                elif level == socket.IPPROTO_IPV6 and kind == IPV6_HOPLIMIT:
-                    hop = _INT.unpack_from(value)[0]
-                elif level == socket.IPPROTO_IPV6 and kind == IPV6_PKTINFO:
-                    dst = _PKTINFO.unpack_from(value)[0]
+                elif level == socket.IPPROTO_IPV6:
+                    if kind == IPV6_HOPLIMIT:
+                        hop = _INT.unpack_from(value)[0]
+                    elif kind == IPV6_PKTINFO:
+                        dst = _unmap(_PKTINFO.unpack_from(value)[0])
+                    elif kind == IPV6_TCLASS:
+                        tclass = _INT.unpack_from(value)[0] & 0xFF
+                elif level == socket.IPPROTO_IP:
+                    if kind == IP_TTL:
+                        hop = _INT.unpack_from(value)[0]
+                    elif kind == IP_PKTINFO:
+                        dst = _IN_PKTINFO.unpack_from(value)[2]
+                    elif kind == IP_TOS:
+                        tclass = value[0]
             out.append(
                 Received(
                     payload=data,
-                    src=socket.inet_pton(socket.AF_INET6, addr[0].split("%")[0]),
+                    src=src,
                     dst=dst,
                     src_port=addr[1],
                     dst_port=self.config.port,
                     hop_limit=hop,
                     rx_ns=rx_ns,
+                    tclass=tclass,
                 )
             )
         return out
@@ -146,25 +194,49 @@ class SocketDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
         sock = self._socket()
-        rthdr = self._srh(dst, segments) if segments else b""
-        if rthdr != self._rthdr:
-            try:
-                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
-            except OSError as exc:
-                raise DataplaneError(f"socket: the kernel refused the SRH: {exc.strerror}") from exc
-            self._rthdr = rthdr
+        v4 = isinstance(dst, IPv4Address)
+        if v4 and segments:
+            raise DataplaneError(f"socket: SRv6 needs IPv6, not the IPv4 address {dst}")
+        if src is not None and isinstance(src, IPv4Address) != v4:
+            raise DataplaneError(f"socket: cannot send from {src} to {dst}")
+        if v4 and self._family == socket.AF_INET6 and self.config.source is not None:
+            raise DataplaneError(f"socket: bound to the IPv6 address {self.config.source}")
+        if not v4 and self._family == socket.AF_INET:
+            raise DataplaneError(f"socket: bound to the IPv4 address {self.config.source}")
+        if isinstance(dst, IPv6Address):
+            rthdr = self._srh(dst, segments) if segments else b""
+            if rthdr != self._rthdr:
+                try:
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
+                except OSError as exc:
+                    raise DataplaneError(
+                        f"socket: the kernel refused the SRH: {exc.strerror}"
+                    ) from exc
+                self._rthdr = rthdr
         cmsgs = []
-        if src is not None:
-            cmsgs.append((socket.IPPROTO_IPV6, IPV6_PKTINFO, _PKTINFO.pack(src.packed, 0)))
+        if v4:
+            if src is not None:
+                info = _IN_PKTINFO.pack(0, src.packed, bytes(4))
+                cmsgs.append((socket.IPPROTO_IP, IP_PKTINFO, info))
+            if tclass is not None:
+                cmsgs.append((socket.IPPROTO_IP, IP_TOS, _INT.pack(tclass)))
+            where = str(dst) if self._family == socket.AF_INET else f"::ffff:{dst}"
+        else:
+            if src is not None:
+                cmsgs.append((socket.IPPROTO_IPV6, IPV6_PKTINFO, _PKTINFO.pack(src.packed, 0)))
+            if tclass is not None:
+                cmsgs.append((socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tclass)))
+            where = str(dst)
         try:
-            sock.sendmsg([payload], cmsgs, 0, (str(dst), dst_port))
+            sock.sendmsg([payload], cmsgs, 0, (where, dst_port))
         except BlockingIOError:
             raise DataplaneError("socket: send buffer full") from None
         except OSError as exc:

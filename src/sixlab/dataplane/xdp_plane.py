@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import errno
 import functools
 import os
 import select
@@ -73,7 +74,14 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from sixlab.dataplane.base import Dataplane, DataplaneConfig, DataplaneError, Received, register
+from sixlab.dataplane.base import (
+    Dataplane,
+    DataplaneConfig,
+    DataplaneError,
+    IPAddress,
+    Received,
+    require_ipv6,
+)
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.linux import libbpf
 from sixlab.linux.bpfbuild import build_objects
@@ -133,6 +141,7 @@ class Reason(enum.IntEnum):
     PASS_RINGBUF_FULL = 11
     PASS_CHECKSUM_ZERO = 12
     PASS_BAD_CHECKSUM = 13
+    PASS_FLOW_TABLE = 14
 
     @property
     def label(self) -> str:
@@ -203,12 +212,13 @@ def session_key(ssid: int | None) -> bytes:
     return _U32.pack(_DEFAULT_KEY if ssid is None else ssid)
 
 
-def pack_session(config: ReflectorSessionConfig) -> bytes:
+def pack_session(config: ReflectorSessionConfig, generation: int = 0) -> bytes:
     """``struct stamp_session`` for a reflector session, as the Python core would run it.
 
     The Error Estimate defaults like the core's (1 µs, unsynchronised, in the session's
     format). An authenticated session, or one whose return SID list is longer than
-    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path.
+    ``MAX_RETURN_SEGMENTS``, is marked for the user-space path. ``generation`` keys the
+    session's per-flow stateful counters: a new one starts them from 0.
     """
     segs = config.return_segments or ()
     user = config.authenticated or len(segs) > MAX_RETURN_SEGMENTS
@@ -222,7 +232,7 @@ def pack_session(config: ReflectorSessionConfig) -> bytes:
         ee.to_int(),
         0,
         0,
-        0,
+        generation & 0xFFFF_FFFF,
         config.tai_utc_offset_ns,
         wire_order,
     )
@@ -291,9 +301,12 @@ def _detach_ours(ifindex: int) -> list[int]:
     return gone
 
 
-@register("xdp")
 class XdpDataplane(Dataplane):
     """STAMP in XDP on ``config.interface``, with a socket plane for everything else."""
+
+    name = "xdp"
+    #: Replies of the user-space path leave by the socket plane, which sets it.
+    sets_tclass = True
 
     def __init__(
         self,
@@ -320,6 +333,7 @@ class XdpDataplane(Dataplane):
         self._pending: list[Received] = []
         self._senders: set[int] = set()
         self._reflector_keys: set[int] = set()
+        self._generation = 0
         #: SSIDs of the reflector sessions in the kernel other than the default one.
         self._ssid_sessions: set[int] = set()
 
@@ -332,6 +346,7 @@ class XdpDataplane(Dataplane):
         ifname = self.config.interface
         if not ifname:
             raise DataplaneError("xdp: the xdp data plane needs an interface (--interface)")
+        require_ipv6("xdp", self.config.source)
         try:
             self.ifindex = socket.if_nametoindex(ifname)
         except OSError as exc:
@@ -422,7 +437,7 @@ class XdpDataplane(Dataplane):
             try:
                 libbpf.xdp_attach(self.ifindex, prog.fd, flags)
             except libbpf.LibbpfError as exc:
-                if exc.errno == 16:  # EBUSY: someone else's XDP program is there
+                if exc.errno == errno.EBUSY:  # someone else's XDP program is there
                     raise DataplaneError(
                         f"xdp: {self.config.interface} already has an XDP program that is "
                         "not sixlab's; detach it first (`ip link set dev IF xdp off`)"
@@ -441,7 +456,8 @@ class XdpDataplane(Dataplane):
         user-space path: the kernel passes its packets on to the socket.
         """
         sessions = self._object("stamp_reflector").map("stamp_sessions")
-        value = pack_session(config)
+        self._generation += 1  # a session written again counts its flows from 0
+        value = pack_session(config, self._generation)
         self._attach("reflector")
         key = session_key(config.ssid)
         index = _U32.unpack(key)[0]
@@ -577,10 +593,11 @@ class XdpDataplane(Dataplane):
     def send(
         self,
         payload: bytes,
-        dst: IPv6Address,
+        dst: IPAddress,
         dst_port: int,
         *,
         segments: Sequence[IPv6Address] | None = None,
-        src: IPv6Address | None = None,
+        src: IPAddress | None = None,
+        tclass: int | None = None,
     ) -> None:
-        self._sock().send(payload, dst, dst_port, segments=segments, src=src)
+        self._sock().send(payload, dst, dst_port, segments=segments, src=src, tclass=tclass)

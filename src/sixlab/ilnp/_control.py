@@ -23,6 +23,20 @@ disconnects mid-request  is forgotten with its partial request
 Each is counted in :attr:`ControlServer.counters` (``accepted``, ``refused``,
 ``too_long``, ``idle_closed``, ``accept_errors``), which the daemon's ``status`` shows.
 
+Where it lives
+--------------
+:func:`default_control` is ``/run/sixlab-ilnp-<netns>.sock``, ``<netns>`` the inode of
+the caller's network namespace: ``/run`` is shared by every namespace of the machine,
+and one daemon per namespace is the rule (its TUN device and nftables table are per
+namespace), so daemons in different namespaces never meet on the default path while
+``sixlab ilnp status`` run in a namespace finds that namespace's daemon.
+
+:meth:`ControlServer.open` refuses a path where a live daemon answers (a connection
+succeeds) and a path that is not a socket; it replaces a socket nobody listens on (a
+daemon killed without cleaning up). :meth:`ControlServer.close` removes the path only
+while it is still the socket this server made (same device and inode): a daemon never
+deletes another's socket.
+
 :func:`control_request` is the client side: one request, one reply, with a timeout;
 a daemon that closes without a reply or answers something other than a JSON object
 raises :class:`ControlError`, connection problems raise ``OSError``.
@@ -31,16 +45,18 @@ raises :class:`ControlError`, connection problems raise ``OSError``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import selectors
 import socket
+import stat
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sixlab.ilnp._errors import ControlError
+from sixlab.ilnp._errors import ConfigError, ControlError
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -49,6 +65,7 @@ __all__ = [
     "ControlClient",
     "ControlServer",
     "control_request",
+    "default_control",
 ]
 
 #: Longest request line. The largest legitimate one, ``set-locators`` with the 255
@@ -64,7 +81,15 @@ MAX_CLIENTS = 16
 IDLE_TIMEOUT = 10.0
 _RECV_SIZE = 65536
 
+#: How long :meth:`ControlServer.open` waits for a connection to an existing socket.
+_PROBE_TIMEOUT = 1.0
+
 Handler = Callable[[bytes], dict[str, Any]]
+
+
+def default_control() -> str:
+    """The control socket path of this network namespace (module doc)."""
+    return f"/run/sixlab-ilnp-{Path('/proc/thread-self/ns/net').stat().st_ino}.sock"
 
 
 @dataclass(eq=False)
@@ -99,22 +124,75 @@ class ControlServer:
         self.counters: Counter[str] = Counter()
         self.clients: set[ControlClient] = set()
         self._listener: socket.socket | None = None
+        #: (device, inode) of the socket file we made: what :meth:`close` may remove.
+        self._made: tuple[int, int] | None = None
 
     def open(self) -> None:
+        """Listen on the path; refuse it if a live daemon answers there (module doc).
+
+        Raises :class:`ConfigError` for a path taken by a live daemon or by something
+        that is not a socket, ``OSError`` when the path cannot be made.
+        """
         path = Path(self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a leftover of a crashed daemon
+        self._clear_leftover(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.bind(str(path))
+            try:
+                sock.bind(str(path))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:  # made between our check and bind
+                    raise ConfigError(f"control socket {path}: taken by another daemon") from None
+                raise
+            made = path.stat()
+            self._made = (made.st_dev, made.st_ino)
             sock.listen(8)
             sock.setblocking(False)
         except BaseException:
             sock.close()
+            self._remove_ours()
             raise
         self._listener = sock
         self.selector.register(sock, selectors.EVENT_READ, self)
+
+    def _clear_leftover(self, path: Path) -> None:
+        """Remove a dead daemon's socket at ``path``; refuse a live one or a non-socket."""
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise ConfigError(f"control socket {path}: exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(_PROBE_TIMEOUT)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # nobody listens: the leftover of a killed daemon
+            return
+        except OSError as exc:  # a full backlog, a timeout: someone is there
+            raise ConfigError(
+                f"control socket {path}: in use ({exc.strerror or exc}); another daemon "
+                "serves there (give this one its own --control)"
+            ) from None
+        finally:
+            probe.close()
+        raise ConfigError(
+            f"control socket {path}: a running daemon answers there "
+            "(give this one its own --control)"
+        )
+
+    def _remove_ours(self) -> None:
+        """Unlink the path if it is still the socket this server made."""
+        made, self._made = self._made, None
+        if made is None:
+            return
+        path = Path(self.path)
+        with contextlib.suppress(OSError):
+            now = path.lstat()
+            if (now.st_dev, now.st_ino) == made:
+                path.unlink()
 
     def close(self) -> None:
         """Close every client and the listening socket; safe to call twice."""
@@ -125,8 +203,7 @@ class ControlServer:
                 self.selector.unregister(self._listener)
             self._listener.close()
             self._listener = None
-            with contextlib.suppress(FileNotFoundError):
-                Path(self.path).unlink()
+        self._remove_ours()
 
     def on_event(self, data: object, mask: int, now: float) -> None:
         """A selector event on the listening socket (``data is self``) or on a client."""

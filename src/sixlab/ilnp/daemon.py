@@ -11,8 +11,9 @@ which live on a TUN device this daemon owns::
 
 * **Egress.** The kernel routes packets for the identifier prefix into the TUN device.
   The daemon hands each to the host, which picks locators from the ILCC, adds the nonce
-  Destination Option and gives back a wire packet; a raw ``IPPROTO_RAW`` socket (the
-  header is ours, RFC 3542 §3) sends it. A peer without an ILCC entry is resolved by
+  Destination Option and gives back a wire packet; an ``IPPROTO_RAW`` socket (the
+  header is ours, RFC 3542 §3) bound to the link that holds the packet's source
+  locator sends it (:mod:`sixlab.ilnp.egress`). A peer without an ILCC entry is resolved by
   NID in the I-LV hosts file (:mod:`sixlab.ilnp.resolve`) and added as a correspondent.
 * **Ingress.** A ``TPACKET_V3`` ring on each interface sees every IPv6 frame; those for
   our NID (the low 64 bits of the destination, whatever the locator: a locator change
@@ -41,10 +42,11 @@ which live on a TUN device this daemon owns::
   stalls is cut off, never the loop; a malformed request gets ``{"ok": false,
   "error": ...}`` and changes nothing.
 * **Links.** Each locator is tied to the interface that holds an address under it;
-  when that interface goes down its locator is withdrawn (Locator Updates go out), and
-  it comes back when the link does: multihoming failover. A netlink socket subscribed
-  to link and IPv6 address changes wakes the loop the moment one happens (the message
-  itself is not parsed: the links are read again); a slow poll covers missed events.
+  when that interface goes down or loses its carrier its locator is withdrawn
+  (Locator Updates go out, from another locator and out of its link), and it comes
+  back when the link does: multihoming failover. A netlink socket subscribed to link
+  and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
+  missed events (:mod:`sixlab.ilnp.links`).
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
@@ -55,25 +57,38 @@ import contextlib
 import fcntl
 import ipaddress
 import json
-import mmap
 import os
 import secrets
 import selectors
 import socket
 import struct
+import subprocess
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sixlab.ilnp._control import ControlClient, ControlServer, control_request
-from sixlab.ilnp._errors import ConfigError
-from sixlab.ilnp.fastpath import FastPath, peer_record, remove_leftovers
-from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost
+from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
+from sixlab.ilnp._errors import ConfigError, DaemonError
+from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.config import LinkStates, check_held
+from sixlab.ilnp.config import parse_nid as config_parse_nid
+from sixlab.ilnp.egress import Egress
+from sixlab.ilnp.fastpath import (
+    TC_HANDLE,
+    TC_PRIORITY,
+    FastPath,
+    peer_record,
+    remove_leftovers,
+)
+from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
-from sixlab.ilnp.policy import AdmissionPolicy, create_policy
-from sixlab.ilnp.resolve import ResolveError, Resolver, parse_locator_spec
+from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops, link_states
+from sixlab.ilnp.names import render_names, write_names
+from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
+from sixlab.ilnp.resolve import Resolution, ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
@@ -86,67 +101,41 @@ from sixlab.linux.cbpf import (
     BPF_W,
     Assembler,
     BpfInstruction,
-    attach_filter,
 )
 from sixlab.linux.errors import LinuxError
+from sixlab.linux.libbpf import tc_hook_destroy
 from sixlab.linux.nftdrop import KernelDrop
+from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
 from sixlab.linux.signals import StopOnSignal
-from sixlab.wire._errors import WireError
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ICMPV6_NEXT_HEADER,
     IDENTIFIER_PREFIX,
-    ILV,
     IPV6_HEADER_SIZE,
     LocatorEntry,
     identifier_address,
 )
 
 __all__ = [
-    "DEFAULT_CONTROL",
     "DaemonConfig",
     "IlnpDaemon",
-    "PacketRing",
     "control_request",
+    "default_control",
     "format_locator",
     "kernel_drop",
     "parse_nid",
     "run_daemon",
 ]
 
-#: Default control socket (tests and several daemons per machine pass their own).
-DEFAULT_CONTROL = "/run/sixlab-ilnp.sock"
-
 # <linux/if_tun.h>
 _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
-# <linux/if_packet.h>
-_SOL_PACKET = 263
-_PACKET_RX_RING = 5
-_PACKET_VERSION = 10
-_PACKET_IGNORE_OUTGOING = 23
-_PACKET_STATISTICS = 6
-_TPACKET_STATS_V3 = struct.Struct("III")  # tp_packets, tp_drops, tp_freeze_q_cnt
-_TPACKET_V3 = 2
-_TP_STATUS_KERNEL = 0
-_TP_STATUS_USER = 1
-_ETH_P_IPV6 = 0x86DD
-_TPACKET_REQ3 = struct.Struct("7I")
-# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1:
-# block_status, num_pkts, offset_to_first_pkt (the fields we need).
-_BLOCK_DESC = struct.Struct("IIIII")
-# struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len, tp_status,
-# tp_mac, tp_net.
-_TPACKET3_HDR = struct.Struct("IIIIIIHH")
 #: Ring geometry: 256 blocks of 32 KiB (8 MiB) and a 1 ms block retire timeout: a block
-#: is handed over when full or after 1 ms, which bounds the latency the ring adds. At
-#: low rates every block retires nearly empty, so the block *count* is what buys time:
+#: is handed over when full or after 1 ms, which bounds the latency the ring adds; the
 #: 256 blocks let the daemon stall for at least a quarter of a second without a drop.
-_RING_BLOCK_SIZE = 1 << 15
-_RING_BLOCKS = 256
-_RING_FRAME_SIZE = 2048
-_RING_RETIRE_MS = 1
+_RING_GEOMETRY = RingGeometry(block_size=1 << 15, block_count=256, frame_size=2048, retire_ms=1)
 #: ICMPv6 Neighbour Discovery types (RFC 4861 §4): the kernel must keep answering these.
 _ND_TYPES = frozenset(range(133, 138))
 #: Identifier MTU: the links' 1500 bytes less the 16-byte nonce header (96-bit nonce)
@@ -160,9 +149,6 @@ _U64 = (1 << 64) - 1
 #: How often the daemon checks the links its locators sit on even without a netlink
 #: event (an overrun of the event socket loses events; this bounds the damage).
 _LINK_POLL_S = 1.0
-# <linux/rtnetlink.h> multicast groups: link state, IPv6 addresses.
-_RTMGRP_LINK = 0x1
-_RTMGRP_IPV6_IFADDR = 0x100
 _LATENCY_SAMPLES = 20000
 #: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
 _TIMER_GRANULARITY = 0.01
@@ -183,7 +169,8 @@ class DaemonConfig:
     interfaces: tuple[str, ...]
     policy: str = "socket"
     store: str = "hash"
-    control: str = DEFAULT_CONTROL
+    #: Control socket path; the default is per network namespace (:mod:`._control`).
+    control: str = field(default_factory=default_control)
     hosts: str | None = None
     tun_name: str = "ilnp0"
     #: Carry the nonce in every packet and require it back (RFC 6744 §2 allows always);
@@ -198,6 +185,8 @@ class DaemonConfig:
     #: outlive the time its answer takes through the application (a ring batch).
     reply_capacity: int = 8192
     policy_options: dict[str, Any] = field(default_factory=dict)
+    #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
+    names: str | None = None
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -250,77 +239,6 @@ def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstructi
     return asm.finish()
 
 
-class PacketRing:
-    """A TPACKET_V3 receive ring on one interface, IPv6 frames only, ours excluded."""
-
-    def __init__(self, ifname: str, nid: int) -> None:
-        self.ifname = ifname
-        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_IPV6))
-        try:
-            attach_filter(self.sock, ring_filter(nid))
-            self.sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V3)
-            with contextlib.suppress(OSError):  # Linux >= 4.20; else outgoing are skipped by dst
-                self.sock.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
-            req = _TPACKET_REQ3.pack(
-                _RING_BLOCK_SIZE,
-                _RING_BLOCKS,
-                _RING_FRAME_SIZE,
-                _RING_BLOCK_SIZE * _RING_BLOCKS // _RING_FRAME_SIZE,
-                _RING_RETIRE_MS,
-                0,
-                0,
-            )
-            self.sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, req)
-            self.map = mmap.mmap(
-                self.sock.fileno(),
-                _RING_BLOCK_SIZE * _RING_BLOCKS,
-                mmap.MAP_SHARED,
-                mmap.PROT_READ | mmap.PROT_WRITE,
-            )
-            self.sock.bind((ifname, _ETH_P_IPV6))
-        except BaseException:
-            self.sock.close()
-            raise
-        self.sock.setblocking(False)
-        self._block = 0
-        self.seen = 0
-        self.drops = 0
-
-    def statistics(self) -> tuple[int, int]:
-        """Packets the kernel offered to the ring and dropped (ring full), cumulated."""
-        raw = self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, _TPACKET_STATS_V3.size)
-        packets, drops, _freezes = _TPACKET_STATS_V3.unpack(raw)  # reading resets them
-        self.seen += packets
-        self.drops += drops
-        return self.seen, self.drops
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def packets(self, limit: int = _READ_BATCH) -> Iterator[bytes]:
-        """The IPv6 packets of every block the kernel has handed over (up to ``limit``)."""
-        view = self.map
-        count = 0
-        while count < limit:
-            base = self._block * _RING_BLOCK_SIZE
-            _ver, _priv, status, num, first = _BLOCK_DESC.unpack_from(view, base)
-            if not status & _TP_STATUS_USER:
-                return
-            offset = base + first
-            for _ in range(num):
-                nxt, _s, _ns, snaplen, _len, _st, mac, net = _TPACKET3_HDR.unpack_from(view, offset)
-                yield view[offset + net : offset + mac + snaplen]
-                count += 1
-                offset += nxt
-            struct.pack_into("I", view, base + 8, _TP_STATUS_KERNEL)
-            self._block = (self._block + 1) % _RING_BLOCKS
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):
-            self.map.close()
-        self.sock.close()
-
-
 # --------------------------------------------------------------------- TUN and links
 
 
@@ -353,27 +271,6 @@ def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
             oif=index,
             family=socket.AF_INET6,
         )
-
-
-def _link_states(names: tuple[str, ...]) -> dict[str, tuple[bool, set[int]]]:
-    """For each interface: is it up (carrier included), and the /64 prefixes on it."""
-    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
-
-    out: dict[str, tuple[bool, set[int]]] = {}
-    with IPRoute() as ipr:
-        for name in names:
-            found = ipr.link_lookup(ifname=name)
-            if not found:
-                out[name] = (False, set())
-                continue
-            link = ipr.get_links(found[0])[0]
-            up = link.get("operstate") in ("UP", "UNKNOWN") and bool(link.get("carrier", 1))
-            prefixes = {
-                int(ipaddress.IPv6Address(a.get("IFA_ADDRESS"))) >> 64
-                for a in ipr.get_addr(family=socket.AF_INET6, index=found[0])
-            }
-            out[name] = (up, prefixes)
-    return out
 
 
 # --------------------------------------------------------------------- the daemon
@@ -414,13 +311,18 @@ class IlnpDaemon:
         self.drop = kernel_drop(config.nid, config.interfaces)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
-        self._homes: dict[int, set[str]] = {}
+        self.links = LinkWatcher(config.interfaces)
+        self.egress = Egress(config.interfaces)
+        #: The links' state (sixlab.ilnp.config.LinkStates) for the locator checks and
+        #: zero configuration; tests give their own.
+        self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
+        self._claimed: list[tuple[str, str]] = []
+        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
         self._rings: list[PacketRing] = []
         self._tun_fd = -1
-        self._raw: socket.socket | None = None
         self.control = ControlServer(config.control, self.handle_request, self._selector)
         #: Control commands: each takes the request object and returns the reply.
         self._commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -429,23 +331,32 @@ class IlnpDaemon:
             "set-locators": self._cmd_set_locators,
             "add-peer": self._cmd_add_peer,
         }
-        self._link_events: socket.socket | None = None
         self._stop = False
         self.fastpath: FastPath | None = None
         self.fastpath_error: str | None = None
-        self._ifindex: dict[str, int] = {}
         self._next_link_poll = 0.0
+        #: Links whose clsact qdisc the daemon made (or inherited from a dead daemon).
+        self._own_clsact: set[str] = set()
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
+        # What the daemon can give a policy built by name; the policy class says which
+        # of these it takes (``host_options``), ``policy_options`` may override them.
+        offers: dict[str, Callable[[], Any]] = {
+            "sockets": self._kernel_socket_table,
+            "capacity": lambda: config.bounded_capacity,
+            "idle_timeout": lambda: config.bounded_idle,
+        }
         options = dict(config.policy_options)
-        if config.policy == "socket":
-            self.socket_table = KernelSocketTable()
-            options.setdefault("sockets", self.socket_table)
-        elif config.policy == "bounded":
-            options.setdefault("capacity", config.bounded_capacity)
-            options.setdefault("idle_timeout", config.bounded_idle)
+        for option in POLICIES.get(config.policy).host_options - options.keys():
+            if option not in offers:
+                raise ConfigError(f"policy {config.policy}: the daemon has no {option!r}")
+            options[option] = offers[option]()
         return create_policy(config.policy, **options)
+
+    def _kernel_socket_table(self) -> KernelSocketTable:
+        self.socket_table = KernelSocketTable()
+        return self.socket_table
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -457,19 +368,32 @@ class IlnpDaemon:
             except (OSError, ValueError):  # ValueError: a NUL in the name
                 raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
+            # First: a live daemon on the same path refuses us before we touch anything.
+            self.control.open()
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
+                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            )
+            self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
             self._selector.register(self._tun_fd, selectors.EVENT_READ, "tun")
             for ifname in self.config.interfaces:
-                ring = PacketRing(ifname, self.config.nid)
+                ring = PacketRing(
+                    ifname,
+                    protocol=ETH_P_IPV6,
+                    program=ring_filter(self.config.nid),
+                    geometry=_RING_GEOMETRY,
+                )
                 self._rings.append(ring)
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
-            self._raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            self._raw.setblocking(False)
-            self._open_link_events()
+            self.egress.open()
+            self.links.open()
+            self._selector.register(self.links.fileno(), selectors.EVENT_READ, "links")
+            self.links.refresh()
+            self.egress.set_links(self.links.states)
+            self._selector.register(self.egress.fileno(), selectors.EVENT_READ, "neighbours")
             self.drop.install()
             self._open_fastpath()
-            self.control.open()
         except BaseException:
             self.close()
             raise
@@ -477,10 +401,10 @@ class IlnpDaemon:
     def _open_fastpath(self) -> None:
         if self.config.fastpath not in ("auto", "on", "off"):
             raise ValueError(f"fastpath must be auto, on or off, not {self.config.fastpath!r}")
+        self._note_clsact()
         if self.config.fastpath == "off":
             self._remove_fastpath_leftovers()
             return
-        self._ifindex = {name: socket.if_nametoindex(name) for name in self.config.interfaces}
         fastpath = FastPath(
             nid=self.config.nid,
             prefix=self.host.config.identifier_prefix,
@@ -500,28 +424,35 @@ class IlnpDaemon:
         self.fastpath = fastpath
         self._selector.register(fastpath.fileno(), selectors.EVENT_READ, "fastpath")
 
-    def _open_link_events(self) -> None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV6_IFADDR))
-        sock.setblocking(False)
-        self._link_events = sock
-        self._selector.register(sock, selectors.EVENT_READ, "links")
-
     def _on_link_events(self) -> None:
         """Drain the notifications, then read the links again (what changed is moot)."""
-        assert self._link_events is not None
-        while True:
-            try:
-                if not self._link_events.recv(65536):
-                    break
-                self.events["link_events"] += 1
-            except BlockingIOError:
-                break
-            except OSError:  # ENOBUFS: events were lost; the re-read below covers them
-                self.events["link_events_lost"] += 1
+        self.links.drain()
         now = self.clock()
         self._next_link_poll = now + _LINK_POLL_S
         self._poll_links(now)
+
+    def _note_clsact(self) -> None:
+        """Remember the links whose ``clsact`` qdisc is ours to remove at exit: those
+        without one now, or whose only filter is a dead daemon's fast path (an empty
+        one is someone else's, and stays)."""
+        ours = {(TC_PRIORITY, TC_HANDLE)}
+        for name in self.config.interfaces:
+            try:
+                filters = clsact_filters(name)
+            except OSError:
+                continue
+            if filters is None or (filters and filters <= ours):
+                self._own_clsact.add(name)
+
+    def _remove_clsact(self) -> None:
+        """Remove the ``clsact`` qdiscs noted at start that hold no filter now."""
+        for name in sorted(self._own_clsact):
+            try:
+                if clsact_filters(name) == set():
+                    tc_hook_destroy(socket.if_nametoindex(name))
+            except (OSError, LinuxError):  # the link is gone, or no libbpf: nothing to do
+                continue
+        self._own_clsact.clear()
 
     def _remove_fastpath_leftovers(self) -> None:
         if removed := remove_leftovers(self.config.interfaces):
@@ -535,16 +466,25 @@ class IlnpDaemon:
                 self._selector.unregister(self.fastpath.fileno())
             self.fastpath.close()
             self.fastpath = None
+        self._remove_clsact()
         self.drop.remove()
+        if self._claimed:
+            release_addresses(self._claimed)
+            self._claimed = []
+        if self.config.names is not None:
+            with contextlib.suppress(OSError):
+                Path(self.config.names).unlink()
         for ring in self._rings:
             ring.close()
         self._rings.clear()
-        if self._raw is not None:
-            self._raw.close()
-            self._raw = None
-        if self._link_events is not None:
-            self._link_events.close()
-            self._link_events = None
+        if self.egress.opened:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.egress.fileno())
+        self.egress.close()
+        if self.links.opened:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.links.fileno())
+        self.links.close()
         if self._tun_fd >= 0:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
@@ -577,8 +517,11 @@ class IlnpDaemon:
                 self.fastpath.drain()
             elif data == "links":
                 self._on_link_events()
+            elif data == "neighbours":
+                self.egress.on_events(self.clock())
         now = self.clock()
         self.control.expire(now)
+        self.egress.expire(now)
         if now >= self._timer_check:
             self._run_timers(now)
         if now >= self._next_link_poll:
@@ -604,14 +547,11 @@ class IlnpDaemon:
             fastpath.update(nid, record)
 
     def _ifindex_of(self, locator: int) -> int | None:
-        """The interface a local locator lives on (first by name), as far as seen."""
-        for name in sorted(self._homes.get(locator, ())):
-            if name in self._ifindex:
-                return self._ifindex[name]
-        return None
+        """The interface a local locator lives on (its usable home first)."""
+        return self.links.ifindex_for(locator)
 
-    def _on_active(self, nid: int) -> None:
-        self.host.mark_used(nid, self.clock())
+    def _on_active(self, nid: int, heard: bool = False) -> None:
+        self.host.mark_used(nid, self.clock(), heard=heard)
 
     def _usable_locators(self) -> list[int]:
         return [e.locator for e in self._configured if e.locator not in self._withdrawn]
@@ -650,8 +590,9 @@ class IlnpDaemon:
 
     def _on_ring(self, ring: PacketRing) -> None:
         perf = time.perf_counter_ns
-        for packet in ring.packets():
+        for frame in ring.frames(_READ_BATCH):
             start = perf()
+            packet = frame.data
             if not self._is_ours(packet):
                 continue
             self.wire["rx"] += 1
@@ -666,6 +607,9 @@ class IlnpDaemon:
             try:
                 packet = os.read(self._tun_fd, 65535)
             except BlockingIOError:
+                return
+            except OSError:  # the packet is lost; the device is still there
+                self.wire["tun_read_error"] += 1
                 return
             if len(packet) < IPV6_HEADER_SIZE or packet[24] == 0xFF:
                 continue  # multicast (MLD and the like): nothing ILNP can carry
@@ -685,15 +629,13 @@ class IlnpDaemon:
         # make a peer or an application react (the next packet must meet the new
         # state), and without waiting for ``step``, which a flood may keep away.
         self._sync_fastpath()
-        raw = self._raw
+        egress, link_for, now = self.egress, self.links.link_for, self.clock()
         for datagram in self.host.datagrams_to_send():
-            dst = str(ipaddress.IPv6Address(datagram[24:40]))
-            if raw is not None:
-                try:
-                    raw.sendto(datagram, (dst, 0))
-                    self.wire["tx"] += 1
-                except OSError:
-                    self.wire["tx_error"] += 1
+            # out of the link that holds the source locator (:mod:`sixlab.ilnp.egress`)
+            if egress.send(datagram, link_for(int.from_bytes(datagram[8:16], "big")), now):
+                self.wire["tx"] += 1
+            else:
+                self.wire["tx_error"] += 1
         while (event := self.host.next_event()) is not None:
             self.events[type(event).__name__] += 1
             if isinstance(event, Deliver):
@@ -706,6 +648,7 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
         self._withdrawn.clear()
@@ -713,29 +656,20 @@ class IlnpDaemon:
         self._flush()
 
     def _poll_links(self, now: float) -> None:
-        """Withdraw locators whose interface went down; restore them when it is back.
+        """Withdraw locators whose links are unusable; restore them when one is back.
 
-        A locator's home is every interface it was ever seen on: IPv6 drops a link's
-        addresses when it goes down (``keep_addr_on_down=0``), so the home is
-        remembered, and a locator is down when none of its homes is up and holds it.
+        :mod:`sixlab.ilnp.links` says which locator lives where and which links are
+        up with carrier. A link made again gets new capture sockets.
         """
-        try:
-            states = _link_states(self.config.interfaces)
-        except OSError:
-            return
-        known = sum(len(h) for h in self._homes.values())
-        for name, (_up, prefixes) in states.items():
-            for prefix in prefixes:
-                self._homes.setdefault(prefix, set()).add(name)
-        if sum(len(h) for h in self._homes.values()) != known:
+        new_home = self.links.refresh()
+        self.egress.set_links(self.links.states)
+        for ring in self._rings:
+            now_index = self.links.states[str(ring.ifname)].ifindex
+            if now_index and now_index != ring.ifindex:  # the interface was made again
+                self._reopen_ring(ring)
+        if new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
-        down: set[int] = set()
-        for entry in self._configured:
-            homes = self._homes.get(entry.locator)
-            if homes and not any(
-                states[h][0] and entry.locator in states[h][1] for h in homes if h in states
-            ):
-                down.add(entry.locator)
+        down = self.links.down(e.locator for e in self._configured)
         if down == self._withdrawn:
             return
         usable = tuple(e for e in self._configured if e.locator not in down)
@@ -746,6 +680,16 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _reopen_ring(self, ring: PacketRing) -> None:
+        self._selector.unregister(ring.fileno())
+        try:
+            ring.reopen()
+        except OSError:  # gone again: the old socket stays, the next refresh retries
+            self.events["ring_reopen_errors"] += 1
+        else:
+            self.events["rings_reopened"] += 1
+        self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
 
     # ------------------------------------------------------------------ control
 
@@ -789,7 +733,14 @@ class IlnpDaemon:
             raise ConfigError("name: want a host name (a non-empty string)")
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
+        self._named[found.name] = found
+        self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _write_names(self) -> None:
+        if self.config.names is not None:
+            entries = [*self.resolver.hosts.entries(), *self._named.values()]
+            write_names(self.config.names, render_names(entries))
 
     def status(self) -> dict[str, Any]:
         counters = self.host.counters
@@ -817,18 +768,17 @@ class IlnpDaemon:
             ],
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
             "interfaces": list(self.config.interfaces),
+            "links": self.links.json(),
+            "egress": self.egress.json(),
             "policy": self.host.policy.name,
             "store": self.host.ilcc.name,
             "ilcc_size": len(self.host.ilcc),
             "reply_table_size": self.host.reply_table_size,
             "counters": {k: v for k, v in counters.items() if k not in reasons},
-            "drops": {k: v for k, v in counters.items() if k in reasons},
-            "events": dict(self.events),
+            "drops": {k: v for k, v in counters.items() if k in reasons} | self._io_drops(),
+            "events": dict(self.events + self.links.counters),
             "wire": dict(self.wire),
-            "rings": {
-                r.ifname: dict(zip(("packets", "drops"), r.statistics(), strict=True))
-                for r in self._rings
-            },
+            "rings": {str(r.ifname): _ring_json(r) for r in self._rings},
             "socket_table": None
             if self.socket_table is None
             else {"source": self.socket_table.source, "dumps": self.socket_table.dumps},
@@ -836,6 +786,30 @@ class IlnpDaemon:
             "control": dict(self.control.counters),
             "fastpath": self._fastpath_status(),
         }
+
+    def _io_drops(self) -> dict[str, int]:
+        """Every packet the daemon's I/O lost, by cause (zeros left out).
+
+        ``ring_overflow``: the receive rings were full (the kernel's count);
+        ``tun_queue_overflow``: applications' packets the TUN device dropped because
+        its queue was full (not read in time); ``tun_rx_dropped``: packets written to
+        the TUN device that the kernel dropped; ``tun_read_error``/``tun_write_error``;
+        ``tx_error_<errno>``: sends that failed (:mod:`sixlab.ilnp.egress`);
+        ``fastpath_rx_error``/``fastpath_tx_error``: packets the kernel programs
+        dropped half-way through a rewrite.
+        """
+        drops = {"ring_overflow": sum(r.statistics()[1] for r in self._rings)}
+        device = device_drops(self.config.tun_name)
+        drops["tun_queue_overflow"] = device.get("tx_dropped", 0)
+        drops["tun_rx_dropped"] = device.get("rx_dropped", 0)
+        drops["tun_read_error"] = self.wire["tun_read_error"]
+        drops["tun_write_error"] = self.wire["tun_error"]
+        drops |= self.egress.drops()
+        if self.fastpath is not None:
+            fast = self.fastpath.counters()
+            drops["fastpath_rx_error"] = fast.get("rx_error", 0)
+            drops["fastpath_tx_error"] = fast.get("tx_error", 0)
+        return {k: v for k, v in drops.items() if v}
 
     def _fastpath_status(self) -> dict[str, Any]:
         fastpath = self.fastpath
@@ -852,6 +826,16 @@ class IlnpDaemon:
 
 def _error(message: str) -> dict[str, Any]:
     return {"ok": False, "error": message}
+
+
+def _ring_json(ring: PacketRing) -> dict[str, Any]:
+    packets, drops = ring.statistics()
+    return {
+        "packets": packets,
+        "drops": drops,
+        "errors": dict(ring.errors),
+        "reopened": ring.reopened,
+    }
 
 
 def _entry_json(entry: IlccEntry) -> dict[str, Any]:
@@ -879,7 +863,19 @@ def _entry_json(entry: IlccEntry) -> dict[str, Any]:
 
 
 def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print) -> int:
-    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket."""
+    """Run until SIGTERM or SIGINT, cleaning up TUN, nft table and control socket.
+
+    Every failure is an :class:`~sixlab.ilnp.IlnpError`: what the system refuses (root
+    for the TUN device, nftables, a socket...) comes as :class:`DaemonError` with the
+    original error as its cause.
+    """
+    try:
+        return _run_daemon(config, announce)
+    except (LinuxError, OSError, subprocess.SubprocessError) as exc:
+        raise DaemonError(str(exc)) from exc
+
+
+def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
     daemon = IlnpDaemon(config)
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:
@@ -896,10 +892,8 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
 
 
 def parse_nid(text: str) -> int:
-    """A NID as four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
-    if ":" in text:
-        return ILV.parse(f"0:0:0:0/{text}").nid
-    value = int(text, 0)
-    if not 0 <= value <= _U64:
-        raise ValueError(f"NID {text} does not fit in 64 bits")
-    return value
+    """A NID as ``::a``, four hex groups (``0:0:0:a``) or one integer (``0xa``, ``10``)."""
+    try:
+        return config_parse_nid(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None

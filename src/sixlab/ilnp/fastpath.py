@@ -25,13 +25,17 @@ with the entry's next packet:
   first packet back, so that packet still goes through user space; locators are
   accepted until their lifetime plus the aged grace (what the host accepts);
 * ``NON_ILNP`` and expired entries, and everything the programs do not recognise,
-  stay in user space.
+  stay in user space;
+* a correspondent that spoke first gets its copy with its second packet, not its
+  first: a crowd of one-packet senders (a flood of random NIDs) costs no map write each.
+  One we started talking to (``initiated``) gets it at once.
 
 The host reports which entries changed (``IlnpHost.take_touched``); the daemon turns
 each into :meth:`FastPath.update`. In the other direction the programs push a peer's
-NID into a ring buffer at most once a second while its entry carries traffic, and the
-daemon marks the entry used (LRU order, idle expiry) — the host's notion of "in use"
-is one second coarse for fast-path entries.
+NID into a ring buffer at most once a second per direction while its entry carries
+traffic, and the daemon marks the entry used (LRU order, idle expiry) and, for packets
+from the peer, heard (a restarted peer is told apart by that) — the host's notions of
+"in use" and "heard" are one second coarse for fast-path entries.
 
 Errors: a missing compiler, libbpf or kernel feature raises
 :class:`~sixlab.linux.LinuxError` (from the build or load), which the
@@ -109,9 +113,12 @@ _NEVER = (1 << 64) - 1
 # struct ilnp_config: nid, prefix, locators[8], n_locators, tun_ifindex.
 _CONFIG = struct.Struct(f"<QQ{MAX_LOCATORS}QII")
 # struct ilnp_peer: local/peer locator, egress_until_ns, accept[8], accept_until_ns[8],
-# last_report_ns, egress_ifindex, flags, nonce lengths, n_accept, pad, the two nonces.
-_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQIIBBB5x12s12s")
+# last_report_ns, last_rx_report_ns, egress_ifindex, flags, nonce lengths, n_accept,
+# pad, the two nonces.
+_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQQIIBBB5x12s12s")
 _KEY = struct.Struct("<Q")
+# struct activity: peer NID, heard (a packet from the peer, not to it).
+_ACTIVITY = struct.Struct("<QQ")
 _INDEX = struct.Struct("<I")
 #: tc filter handle and priority of our programs (a crashed run's filter is replaced).
 TC_HANDLE = 0x1F0
@@ -147,6 +154,7 @@ class PeerRecord:
             *locators,
             *until,
             0,
+            0,
             self.egress_ifindex,
             self.flags,
             len(self.local_nonce),
@@ -167,6 +175,8 @@ def peer_record(
     """
     if entry.state not in (EntryState.ACTIVE, EntryState.LU_PENDING):
         return None
+    if not entry.initiated and entry.heard < 2:
+        return None  # a newcomer's first packet: only its second earns a kernel copy
     pending = entry.state is EntryState.LU_PENDING
     flags = 0
     best = entry.best_locator()
@@ -220,8 +230,9 @@ class FastPath:
     """The loaded programs and their maps for one daemon (one network namespace).
 
     ``links`` are the ILNP interfaces (ingress program), ``tun`` the identifier-address
-    device (egress program). ``on_active`` gets a peer NID whenever the kernel reports
-    traffic for it. Use :meth:`open`, then :meth:`close` (also on every error path).
+    device (egress program). ``on_active`` gets a peer NID, and whether a packet came
+    from that peer (True) or went to it, whenever the kernel reports traffic for it.
+    Use :meth:`open`, then :meth:`close` (also on every error path).
     """
 
     def __init__(
@@ -231,7 +242,7 @@ class FastPath:
         prefix: int,
         tun: str,
         links: Iterable[str],
-        on_active: Callable[[int], None],
+        on_active: Callable[[int, bool], None],
     ) -> None:
         self.nid = nid
         self.prefix = prefix
@@ -365,7 +376,8 @@ class FastPath:
 
     def _on_sample(self, data: bytes) -> None:
         self.stats["activity"] += 1
-        self.on_active(_KEY.unpack_from(data)[0])
+        nid, heard = _ACTIVITY.unpack_from(data)
+        self.on_active(nid, bool(heard))
 
     def close(self) -> None:
         """Detach the filters and free the object; safe to call twice."""

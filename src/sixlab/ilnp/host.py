@@ -84,7 +84,7 @@ from enum import StrEnum
 from sixlab.ilnp._errors import ConfigError
 from sixlab.ilnp.ilcc import EntryEvent, EntryState, IlccEntry, IlccStore, PeerLocator, create_store
 from sixlab.ilnp.policy import AdmissionPolicy, AdmissionRequest, NonePolicy
-from sixlab.wire._errors import ChecksumError, WireError
+from sixlab.wire import ChecksumError, WireError
 from sixlab.wire.ilnp import (
     ICMPV6_NEXT_HEADER,
     ICMPV6_PARAM_PROBLEM,
@@ -103,7 +103,9 @@ from sixlab.wire.ilnp import (
     decode_packet,
     encode_locator_update,
     encode_packet,
+    ipv6_checksum,
     relocate_checksum,
+    upper_layer_checksum_offset,
 )
 
 __all__ = [
@@ -225,6 +227,13 @@ class HostConfig:
     #: The reply table for correspondents the policy did not adopt: small and bounded.
     reply_capacity: int = 256
     reply_ttl: float = 30.0
+    #: A known correspondent whose packets all failed the nonce check for this long
+    #: (nothing valid heard) and that now sends another nonce is taken to have
+    #: restarted: its old session is removed and the packet starts a new one, through
+    #: admission like any newcomer (RFC 6744 §2: a nonce lives as long as its session;
+    #: docs/ilnp-field.md). Three of the kernel fast path's one-second activity periods,
+    #: so that a session it carries is never mistaken for a dead one.
+    restart_grace: float = 3.0
     #: Ask the policy again, at most this often, about a correspondent answered through
     #: the reply table (None: never). A TCP server's socket is only connected after the
     #: handshake, long after the first packet; like the FreeBSD prototype's tentative
@@ -268,10 +277,19 @@ def check_locator_set(locators: Iterable[LocatorEntry]) -> tuple[LocatorEntry, .
 @dataclass(slots=True)
 class _ReplyHint:
     locator: int
-    peer_nonce: Nonce
+    peer_nonce: Nonce | None  # None: a plain IPv6 correspondent
     local_nonce: Nonce
     expires: float
     retry_at: float = 0.0
+    #: Our Locator Update to this correspondent (see ``set_local_locators``).
+    lu_advertised: tuple[LocatorEntry, ...] = ()
+    lu_tries: int = 0
+    lu_next: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """A plain IPv6 correspondent: no nonce, checksums on the real addresses."""
+        return self.peer_nonce is None
 
 
 class IlnpHost:
@@ -299,6 +317,10 @@ class IlnpHost:
         self._touched: set[int] | None = None
         #: (due, nid) of ILCC entries, a heap invalidated lazily (module docstring).
         self._timers: list[tuple[float, int]] = []
+        #: (due, nid) of Locator Update retransmissions to reply-table correspondents:
+        #: every due time is now + lu_interval, so appending keeps the queue in order;
+        #: an item is stale unless the hint still waits with that very due time.
+        self._hint_lus: deque[tuple[float, int]] = deque()
 
     # ------------------------------------------------------------------ outputs
 
@@ -369,6 +391,7 @@ class IlnpHost:
             for evicted in decision.evict:
                 self._remove(evicted, "evicted")
         entry = self._new_entry(nid, None, now)
+        entry.initiated = True
         entry.replace_locators(entries, now)
         self.ilcc.add(entry)
         self._changed(entry)
@@ -388,6 +411,13 @@ class IlnpHost:
                 entry.lu_tries = 0
                 self._send_advertisement(entry, now)
             self._changed(entry)
+        # Correspondents answered through the reply table talk to us too (a client of a
+        # non-connected server, say): they get the same update (docs/ilnp-field.md).
+        for nid, hint in self._replies.items():
+            if hint.expires > now and not hint.plain:
+                hint.lu_advertised = new
+                hint.lu_tries = 0
+                self._send_hint_advertisement(nid, hint, now)
 
     # ------------------------------------------------------------------ timers
 
@@ -404,7 +434,17 @@ class IlnpHost:
             times.append(policy_deadline)
         if self._replies:
             times.append(next(iter(self._replies.values())).expires)  # expiry order
+        queue = self._hint_lus
+        while queue and not self._hint_lu_live(*queue[0]):
+            queue.popleft()
+        if queue:
+            times.append(queue[0][0])
         return min(times, default=None)
+
+    def _hint_lu_live(self, when: float, nid: int) -> bool:
+        """Whether ``(when, nid)`` is still the reply-table correspondent's LU due time."""
+        hint = self._replies.get(nid)
+        return hint is not None and hint.lu_next == when
 
     def handle_timer(self, now: float) -> None:
         """Fire what is due at ``now``: O(k log n) for k due entries, n in the ILCC."""
@@ -439,6 +479,19 @@ class IlnpHost:
         replies = self._replies
         while replies and next(iter(replies.values())).expires <= now:  # expiry order
             replies.popitem(last=False)
+        queue = self._hint_lus
+        while queue and queue[0][0] <= now:
+            when, nid = queue.popleft()
+            hint = replies.get(nid)
+            if hint is None or hint.lu_next != when:
+                continue  # acknowledged, promoted to the ILCC, expired or replaced
+            if hint.lu_tries >= self.config.lu_max_tries:
+                hint.lu_next = None
+                self.counters["lu_failed"] += 1
+                self._events.append(LocatorUpdateFailed(nid))
+            else:
+                self.counters["lu_retransmitted"] += 1
+                self._send_hint_advertisement(nid, hint, now)
 
     def _is_live(self, when: float, nid: int) -> bool:
         """Whether the heap item ``(when, nid)`` is still the entry's own deadline."""
@@ -489,18 +542,22 @@ class IlnpHost:
         ):
             self._locator_update(packet, now)
             return
-        peer = packet.src.nid
-        entry = self.ilcc.get(peer)
+        entry = self.ilcc.get(packet.src.nid)
         if entry is not None:
             self._receive_known(entry, packet, now)
             return
+        self._receive_unknown(packet, now)
+
+    def _receive_unknown(self, packet: IlnpPacket, now: float) -> None:
+        """A packet from a NID without an ILCC entry: reply table, else admission."""
+        peer = packet.src.nid
         hint = self._replies.get(peer)
         if hint is not None and (
             packet.nonce == hint.peer_nonce
             or (
                 packet.nonce is None
                 and packet.src.locator == hint.locator
-                and not self.config.require_nonce
+                and (hint.plain or not self.config.require_nonce)
             )
         ):
             hint.locator, hint.expires = packet.src.locator, now + self.config.reply_ttl
@@ -509,10 +566,15 @@ class IlnpHost:
             if interval is not None and now >= hint.retry_at:
                 hint.retry_at = now + interval
                 self._readmit(packet, hint, now)
-            self._deliver(packet)
+            self._deliver(packet, plain=hint.plain)
             return
         if packet.nonce is None:
-            self._drop(DropReason.NO_NONCE, peer)
+            # Without a nonce: a plain IPv6 node if its checksum is one over the real
+            # addresses (docs/ilnp-field.md, "Plain IPv6 correspondents").
+            if not _plain_checksum_ok(packet):
+                self._drop(DropReason.NO_NONCE, peer)
+                return
+            self._admit(packet, None, now)
             return
         self._admit(packet, packet.nonce, now)
 
@@ -524,10 +586,16 @@ class IlnpHost:
                 entry.peer_nonce = packet.nonce
                 learned = True
             elif packet.nonce != entry.peer_nonce:
+                if now - entry.last_heard >= self.config.restart_grace:
+                    # Nothing valid heard for a while and a new nonce: the peer
+                    # restarted (docs/ilnp-field.md). A fresh session, admitted anew.
+                    self._remove(peer, "peer_restarted")
+                    self._receive_unknown(packet, now)
+                    return
                 self._drop(DropReason.NONCE_MISMATCH, peer)
                 return
-        elif entry.peer_nonce is None or (
-            self.config.require_nonce and entry.state is not EntryState.NON_ILNP
+        elif entry.state is not EntryState.NON_ILNP and (
+            entry.peer_nonce is None or self.config.require_nonce
         ):
             self._drop(DropReason.NO_NONCE, peer)
             return
@@ -541,7 +609,12 @@ class IlnpHost:
             entry.carry_nonce = False  # the peer answered: it knows our nonce
             self._changed(entry)
         self._use(entry, now)
-        self._deliver(packet)
+        entry.last_heard = now
+        if entry.heard < 2:
+            entry.heard += 1
+            if entry.heard == 2 and not entry.initiated:  # now ready for the fast path
+                self._changed(entry)
+        self._deliver(packet, plain=packet.nonce is None and entry.state is EntryState.NON_ILNP)
 
     @staticmethod
     def _request(packet: IlnpPacket) -> AdmissionRequest:
@@ -566,22 +639,33 @@ class IlnpHost:
         del self._replies[peer]
         entry = self._new_entry(peer, hint.peer_nonce, now)
         entry.local_nonce = hint.local_nonce
+        if hint.plain:
+            entry.state, entry.carry_nonce, entry.last_heard = EntryState.NON_ILNP, False, now
         entry.replace_locators(
             (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
         )
+        if hint.lu_next is not None:  # our update to it goes on from the entry
+            entry.fire(EntryEvent.LOCAL_LOCATOR_CHANGE)
+            entry.lu_advertised = hint.lu_advertised
+            entry.lu_tries = hint.lu_tries
+            entry.lu_next = hint.lu_next
         self.ilcc.add(entry)
         self._changed(entry)
         self.counters["adopted"] += 1
         self.counters["adopted_late"] += 1
         self._events.append(Adopted(peer, decision.reason))
 
-    def _admit(self, packet: IlnpPacket, nonce: Nonce, now: float) -> None:
+    def _admit(self, packet: IlnpPacket, nonce: Nonce | None, now: float) -> None:
+        """A newcomer (``nonce`` None: a plain IPv6 node) through the admission policy."""
         peer = packet.src.nid
         decision = self.policy.admit(self._request(packet), self.ilcc, now)
         if decision.admit:
             for nid in decision.evict:
                 self._remove(nid, "evicted")
             entry = self._new_entry(peer, nonce, now)
+            if nonce is None:
+                entry.state, entry.carry_nonce, entry.last_heard = EntryState.NON_ILNP, False, now
+                self.counters["plain_ipv6_peers"] += 1
             entry.replace_locators(
                 (LocatorEntry(packet.src.locator, 0, self.config.learned_lifetime),), now
             )
@@ -602,15 +686,28 @@ class IlnpHost:
             )
             while len(self._replies) > self.config.reply_capacity:
                 self._replies.popitem(last=False)
-        self._deliver(packet)
+        self._deliver(packet, plain=nonce is None)
 
-    def _deliver(self, packet: IlnpPacket) -> None:
+    def _deliver(self, packet: IlnpPacket, *, plain: bool = False) -> None:
+        """To the application on identifier addresses; ``plain``: the checksum was made
+        over the real addresses (a plain IPv6 peer) and is moved to the identifier ones."""
         prefix = self.config.identifier_prefix
+        src, dst = ILV(prefix, packet.src.nid), ILV(prefix, packet.dst.nid)
+        payload = packet.payload
+        if plain:
+            payload = relocate_checksum(
+                packet.next_header,
+                payload,
+                old_src=packet.src.packed,
+                old_dst=packet.dst.packed,
+                new_src=src.packed,
+                new_dst=dst.packed,
+            )
         inner = IlnpPacket(
-            ILV(prefix, packet.src.nid),
-            ILV(prefix, packet.dst.nid),
+            src,
+            dst,
             packet.next_header,
-            packet.payload,
+            payload,
             None,
             packet.hop_limit,
             packet.traffic_class,
@@ -685,14 +782,27 @@ class IlnpHost:
         if hint is None or hint.expires <= now:
             self._drop(DropReason.NO_ROUTE, packet.dst.nid)
             return
-        # A peer we did not adopt gets our nonce on every reply: it may be adopting us.
+        # A peer we did not adopt gets our nonce on every reply: it may be adopting us;
+        # a plain IPv6 one gets none, and the checksum over its real addresses.
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(hint.locator, packet.dst.nid)
+        payload = packet.payload
+        if hint.plain:
+            payload = relocate_checksum(
+                packet.next_header,
+                payload,
+                old_src=packet.src.packed,
+                old_dst=packet.dst.packed,
+                new_src=src.packed,
+                new_dst=dst.packed,
+            )
         self._transmit(
             IlnpPacket(
-                ILV(self.local_locator, self.config.nid),
-                ILV(hint.locator, packet.dst.nid),
+                src,
+                dst,
                 packet.next_header,
-                packet.payload,
-                hint.local_nonce,
+                payload,
+                None if hint.plain else hint.local_nonce,
                 packet.hop_limit,
                 packet.traffic_class,
                 packet.flow_label,
@@ -724,14 +834,80 @@ class IlnpHost:
         self.counters["lu_sent"] += 1
         self._send_lu(entry, LocatorUpdate(LuOperation.ADVERTISEMENT, entry.lu_advertised), best)
 
+    def _send_hint_advertisement(self, nid: int, hint: _ReplyHint, now: float) -> None:
+        """Our advertisement to a reply-table correspondent, retransmitted like an entry's."""
+        hint.lu_tries += 1
+        hint.lu_next = now + self.config.lu_interval
+        self._hint_lus.append((hint.lu_next, nid))
+        self.counters["lu_sent"] += 1
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(hint.locator, nid)
+        update = LocatorUpdate(LuOperation.ADVERTISEMENT, hint.lu_advertised)
+        body = encode_locator_update(update, src.packed, dst.packed)
+        self._transmit(
+            IlnpPacket(src, dst, ICMPV6_NEXT_HEADER, body, hint.local_nonce, self.config.hop_limit)
+        )
+
+    def _hint_locator_update(self, packet: IlnpPacket, hint: _ReplyHint, now: float) -> None:
+        """An LU from a reply-table correspondent: our ack, or its own move."""
+        peer = packet.src.nid
+        if packet.nonce is None or packet.nonce != hint.peer_nonce:
+            self._drop(DropReason.LU_BAD_NONCE, peer)
+            return
+        try:
+            update = decode_locator_update(packet.payload, packet.src.packed, packet.dst.packed)
+        except ChecksumError:
+            self._drop(DropReason.LU_BAD_CHECKSUM, peer)
+            return
+        except WireError:
+            self._drop(DropReason.MALFORMED, peer)
+            return
+        if update.operation is LuOperation.ACKNOWLEDGEMENT:
+            if hint.lu_next is None or update.locators != hint.lu_advertised:
+                self._drop(DropReason.LU_UNEXPECTED_ACK, peer)
+                return
+            hint.lu_next = None
+            self.counters["lu_acked"] += 1
+            self._events.append(LocatorUpdateAcked(peer))
+            return
+        if not update.locators:
+            self._drop(DropReason.MALFORMED, peer)
+            return
+        # The table keeps one locator per correspondent: its preferred one.
+        best = min(update.locators, key=lambda e: (e.preference, e.locator))
+        hint.locator, hint.expires = best.locator, now + self.config.reply_ttl
+        self._replies.move_to_end(peer)  # keeps the table in expiry order
+        self.counters["lu_received"] += 1
+        self._events.append(PeerLocatorsChanged(peer, update.locators))
+        src = ILV(self.local_locator, self.config.nid)
+        dst = ILV(best.locator, peer)
+        ack = LocatorUpdate(LuOperation.ACKNOWLEDGEMENT, update.locators)
+        body = encode_locator_update(ack, src.packed, dst.packed)
+        self._transmit(
+            IlnpPacket(src, dst, ICMPV6_NEXT_HEADER, body, hint.local_nonce, self.config.hop_limit)
+        )
+
     def _locator_update(self, packet: IlnpPacket, now: float) -> None:
         peer = packet.src.nid
         entry = self.ilcc.get(peer)
         if entry is None:
+            hint = self._replies.get(peer)
+            if hint is not None and hint.expires > now:
+                self._hint_locator_update(packet, hint, now)
+                return
             self._drop(DropReason.LU_UNKNOWN_PEER, peer)
             return
         # The nonce alone authenticates an LU: it comes from a locator not yet known.
-        if packet.nonce is None or packet.nonce != entry.peer_nonce:
+        # A peer whose nonce we never saw (added by name, silent since) is learned from
+        # its LU, as from its first data packet, if it comes from a locator of its set
+        # (docs/ilnp-field.md, "Locator Update from a peer not heard yet").
+        learn = (
+            entry.peer_nonce is None
+            and packet.nonce is not None
+            and (source := entry.find_locator(packet.src.locator)) is not None
+            and source.next_deadline() is not None
+        )
+        if packet.nonce is None or (packet.nonce != entry.peer_nonce and not learn):
             self._drop(DropReason.LU_BAD_NONCE, peer)
             return
         try:
@@ -746,8 +922,11 @@ class IlnpHost:
             if entry.state is not EntryState.LU_PENDING or update.locators != entry.lu_advertised:
                 self._drop(DropReason.LU_UNEXPECTED_ACK, peer)
                 return
+            if learn:
+                entry.peer_nonce = packet.nonce
             entry.fire(EntryEvent.LU_ACKED)
             entry.lu_next = None
+            entry.last_heard = now
             self._changed(entry)
             self.counters["lu_acked"] += 1
             self._events.append(LocatorUpdateAcked(peer))
@@ -755,10 +934,13 @@ class IlnpHost:
         if not update.locators:
             self._drop(DropReason.MALFORMED, peer)
             return
+        if learn:
+            entry.peer_nonce = packet.nonce
         entry.replace_locators(update.locators, now)
         entry.fire(EntryEvent.PEER_UPDATE)
         self._changed(entry)
         self._use(entry, now)
+        entry.last_heard = now
         self.counters["lu_received"] += 1
         self._events.append(PeerLocatorsChanged(peer, update.locators))
         best = entry.best_locator()
@@ -816,16 +998,22 @@ class IlnpHost:
             peer_nonce=peer_nonce,
             created=now,
             last_used=now,
+            last_heard=now if peer_nonce is not None else 0.0,
+            heard=1 if peer_nonce is not None else 0,
         )
 
-    def mark_used(self, nid: int, now: float) -> None:
+    def mark_used(self, nid: int, now: float, *, heard: bool = False) -> None:
         """``nid``'s traffic went through a path outside the host (the kernel fast path).
 
-        Keeps its entry's LRU place and idle timer as a packet through here would.
+        Keeps its entry's LRU place and idle timer as a packet through here would;
+        ``heard``: a packet *from* the peer passed the kernel's nonce check, which
+        also keeps its session safe from a restart guess (``restart_grace``).
         """
         entry = self.ilcc.get(nid)
         if entry is not None:
             self._use(entry, now)
+            if heard:
+                entry.last_heard = now
 
     def _advance(self, entry: IlccEntry, now: float) -> bool:
         """Age ``entry`` on a send or receive; True if it changed and is still in the ILCC.
@@ -873,3 +1061,14 @@ class IlnpHost:
     def _drop(self, reason: DropReason, peer_nid: int | None = None) -> None:
         self.counters[reason.value] += 1
         self._events.append(Dropped(reason, peer_nid))
+
+
+def _plain_checksum_ok(packet: IlnpPacket) -> bool:
+    """Whether ``packet``'s transport checksum is right over its real addresses (what a
+    plain IPv6 sender computes; an ILNP sender's covers the NIDs only, RFC 6740 §6.3).
+    A protocol without a checksum we know passes."""
+    if upper_layer_checksum_offset(packet.next_header) is None:
+        return True
+    return (
+        ipv6_checksum(packet.src.packed, packet.dst.packed, packet.next_header, packet.payload) == 0
+    )

@@ -20,8 +20,8 @@ a pair missing from a table is a bug and raises :class:`InvalidTransitionError`:
 Stores keep entries by NID behind one interface (:class:`IlccStore`) and in
 least-recently-used order: ``hash`` (a dict, O(1)) is the default, ``linear`` (a list
 scanned on every lookup) exists only to reproduce the St Andrews prototype that the ILNP
-paper measured (docs/papers.md). Stores register by name (:func:`register_store`,
-:func:`create_store`).
+paper measured (docs/papers.md). Stores are entered by name in :data:`STORES`, the one
+list of them (``--store`` offers its names); :func:`create_store` builds one.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ from enum import Enum
 from typing import Protocol
 
 from sixlab.ilnp._errors import InvalidTransitionError, UnknownBackendError
+from sixlab.registry import Registry
 from sixlab.wire.ilnp import LocatorEntry, Nonce
 
 __all__ = [
     "ENTRY_TRANSITIONS",
     "LOCATOR_AGED_GRACE",
     "LOCATOR_TRANSITIONS",
+    "STORES",
     "EntryEvent",
     "EntryState",
     "HashStore",
@@ -177,6 +179,16 @@ class IlccEntry:
     state: EntryState = EntryState.ACTIVE
     created: float = 0.0
     last_used: float = 0.0
+    #: When a packet from the peer last passed the nonce and locator checks (in the
+    #: host or, as reported, in the kernel fast path): a peer heard from recently keeps
+    #: its session against a packet with another nonce (docs/ilnp-field.md, restart).
+    last_heard: float = 0.0
+    #: Packets heard from the peer in user space, counted up to 2: the kernel fast path
+    #: takes a correspondent from its second packet on (``sixlab.ilnp.fastpath``), so a
+    #: crowd of one-packet senders costs no map write each.
+    heard: int = 0
+    #: We started the session (a name resolved, ``add-peer``): no packet to wait for.
+    initiated: bool = False
     #: Carry our nonce until the peer has answered (the first packets of a session) and
     #: again after a locator change (RFC 6740, RFC 6744; docs/protocols.md).
     carry_nonce: bool = True
@@ -333,25 +345,20 @@ class LinearStore:
         return iter(list(self._entries))
 
 
-_STORES: dict[str, Callable[[], IlccStore]] = {}
+#: Every ILCC store by name (``--store``): the one place a store is added.
+STORES: Registry[Callable[[], IlccStore]] = Registry("ILCC store", UnknownBackendError)
+STORES.add("hash", HashStore)
+STORES.add("linear", LinearStore)
 
 
 def register_store(name: str, factory: Callable[[], IlccStore]) -> None:
     """Make a store available to :func:`create_store` under ``name``."""
-    _STORES[name] = factory
+    STORES.add(name, factory)
 
 
 def create_store(name: str) -> IlccStore:
-    try:
-        factory = _STORES[name]
-    except KeyError:
-        raise UnknownBackendError(f"unknown ILCC store {name!r}; have {store_names()}") from None
-    return factory()
+    return STORES.get(name)()
 
 
 def store_names() -> list[str]:
-    return sorted(_STORES)
-
-
-register_store("hash", HashStore)
-register_store("linear", LinearStore)
+    return STORES.names()

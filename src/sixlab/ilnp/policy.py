@@ -19,27 +19,37 @@ ILCC entry, so a non-connected server still answers its clients.
   ``adopt_for_listeners=True`` opts into adopting whenever something listens.
 * ``bounded`` — adopt, but keep at most ``capacity`` entries (evicting the least
   recently used) and drop those idle for ``idle_timeout`` seconds: a cap an attacker
-  can churn but never exceed.
+  can churn but never exceed. Eviction never takes an entry used within
+  ``active_window`` seconds: the kernel fast path reports an entry's traffic only once
+  a second, so between two reports a flood of newcomers would otherwise push an active
+  correspondent to the LRU head and out. When the cap is reached and even the least
+  recently used entry is that fresh, the newcomer is not adopted (``all_active``) and is
+  answered through the reply table.
 
-Policies register by name (docs/architecture.md, "Adapters and registries"):
-:func:`register_policy`, :func:`create_policy`.
+Policies are entered by name in :data:`POLICIES`, the one list of them (``--policy``
+offers its names; docs/architecture.md, "Adapters and registries"); :func:`create_policy`
+builds one. A policy class states in ``host_options`` the keyword options a host fills
+in from its own resources and settings when it builds the policy by name (the daemon
+gives ``socket`` the kernel's socket table as ``sockets``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sixlab.ilnp._errors import UnknownBackendError
 from sixlab.ilnp.ilcc import IlccStore
+from sixlab.registry import Registry
 
 __all__ = [
+    "POLICIES",
     "Admission",
     "AdmissionPolicy",
     "AdmissionRequest",
     "BoundedPolicy",
     "NonePolicy",
+    "PolicyClass",
     "SocketPolicy",
     "SocketTable",
     "create_policy",
@@ -97,10 +107,22 @@ class AdmissionPolicy(Protocol):
     def next_deadline(self, ilcc: IlccStore) -> float | None: ...
 
 
+class PolicyClass(Protocol):
+    """A policy as :data:`POLICIES` holds it: a class built with keyword options."""
+
+    @property
+    def host_options(self) -> frozenset[str]:
+        """The keyword options a host supplies when it builds the policy by name."""
+        ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AdmissionPolicy: ...
+
+
 class NonePolicy:
     """Adopt on every nonce packet from an unknown NID; never expire (St Andrews)."""
 
     name = "none"
+    host_options: ClassVar[frozenset[str]] = frozenset()
 
     def admit(self, request: AdmissionRequest, ilcc: IlccStore, now: float) -> Admission:  # noqa: ARG002 (AdmissionPolicy signature)
         return Admission(True, "always")
@@ -116,6 +138,8 @@ class SocketPolicy:
     """Adopt only when a connected socket on this host is part of the flow (ILNP paper)."""
 
     name = "socket"
+    #: ``sockets``: the host's :class:`SocketTable`.
+    host_options: ClassVar[frozenset[str]] = frozenset({"sockets"})
 
     def __init__(self, sockets: SocketTable, *, adopt_for_listeners: bool = False) -> None:
         self.sockets = sockets
@@ -141,20 +165,38 @@ class SocketPolicy:
         return None
 
 
+#: Two of the kernel fast path's activity report periods (one second,
+#: ``ilnp_fastpath.bpf.c``): an entry the kernel carries is marked used at least this
+#: often, with a period's slack for the report's way to the host.
+ACTIVE_WINDOW = 2.0
+
+
 class BoundedPolicy:
-    """Adopt up to ``capacity`` entries, evicting the least recently used; expire the idle."""
+    """Adopt up to ``capacity`` entries, evicting the least recently used; expire the idle.
+
+    An entry used within ``active_window`` seconds is never evicted (module docstring).
+    """
 
     name = "bounded"
+    host_options: ClassVar[frozenset[str]] = frozenset({"capacity", "idle_timeout"})
 
-    def __init__(self, capacity: int = 1024, idle_timeout: float = 60.0) -> None:
+    def __init__(
+        self, capacity: int = 1024, idle_timeout: float = 60.0, active_window: float = ACTIVE_WINDOW
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
+        if active_window < 0:
+            raise ValueError("active_window must not be negative")
         self.capacity = capacity
         self.idle_timeout = idle_timeout
+        self.active_window = active_window
 
     def admit(self, request: AdmissionRequest, ilcc: IlccStore, now: float) -> Admission:  # noqa: ARG002 (AdmissionPolicy signature)
         oldest = ilcc.oldest()
         if len(ilcc) >= self.capacity and oldest is not None:
+            # LRU order is last-use order: if the oldest is active, every entry is.
+            if oldest.last_used + self.active_window > now:
+                return Admission(False, "all_active")
             return Admission(True, "evicted_lru", (oldest.peer_nid,))
         return Admission(True, "below_cap")
 
@@ -173,29 +215,22 @@ class BoundedPolicy:
         return None if oldest is None else oldest.last_used + self.idle_timeout
 
 
-_POLICIES: dict[str, Callable[..., AdmissionPolicy]] = {}
+#: Every admission policy by name (``--policy``): the one place a policy is added.
+POLICIES: Registry[PolicyClass] = Registry("admission policy", UnknownBackendError)
+POLICIES.add("none", NonePolicy)
+POLICIES.add("socket", SocketPolicy)
+POLICIES.add("bounded", BoundedPolicy)
 
 
-def register_policy(name: str, factory: Callable[..., AdmissionPolicy]) -> None:
+def register_policy(name: str, factory: PolicyClass) -> None:
     """Make a policy available to :func:`create_policy` under ``name``."""
-    _POLICIES[name] = factory
+    POLICIES.add(name, factory)
 
 
 def create_policy(name: str, **options: Any) -> AdmissionPolicy:
     """Build the policy registered as ``name`` with its keyword ``options``."""
-    try:
-        factory = _POLICIES[name]
-    except KeyError:
-        raise UnknownBackendError(
-            f"unknown admission policy {name!r}; have {policy_names()}"
-        ) from None
-    return factory(**options)
+    return POLICIES.get(name)(**options)
 
 
 def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-register_policy("none", NonePolicy)
-register_policy("socket", SocketPolicy)
-register_policy("bounded", BoundedPolicy)
+    return POLICIES.names()

@@ -34,7 +34,9 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from sixlab.wire._errors import WireError
+from sixlab.ilnp._errors import ConfigError, ResolveError
+from sixlab.ilnp.config import parse_l64
+from sixlab.wire import WireError
 from sixlab.wire.ilnp import ILV, LocatorEntry
 
 __all__ = [
@@ -55,10 +57,6 @@ RRTYPE_L64 = 106
 DEFAULT_LIFETIME = 0xFFFF
 
 
-class ResolveError(LookupError):
-    """A name or NID that no source could resolve, or a malformed hosts file line."""
-
-
 @dataclass(frozen=True, slots=True)
 class Resolution:
     """A node's NID and locator set, as a resolver found them."""
@@ -69,16 +67,17 @@ class Resolution:
 
 
 def parse_locator_spec(text: str) -> LocatorEntry:
-    """``L64[,PREF[,LIFETIME]]`` with L64 as four hex groups (``2001:db8:a:0``)."""
+    """``L64[,PREF[,LIFETIME]]``; L64 as :func:`sixlab.ilnp.config.parse_l64` takes it
+    (``2001:db8:a::/64``, ``2001:db8:a::`` or ``2001:db8:a:0``)."""
     parts = text.split(",")
     if not 1 <= len(parts) <= 3:
         raise ResolveError(f"locator {text!r} is not L64[,PREF[,LIFETIME]]")
     try:
-        locator = ILV.parse(f"{parts[0]}/0:0:0:0").locator
+        locator = parse_l64(parts[0])
         pref = int(parts[1]) if len(parts) > 1 else 0
         life = int(parts[2]) if len(parts) > 2 else DEFAULT_LIFETIME
         return LocatorEntry(locator, pref, life)
-    except (WireError, ValueError) as exc:
+    except (ConfigError, WireError, ValueError) as exc:
         raise ResolveError(f"bad locator {text!r}: {exc}") from exc
 
 
@@ -119,6 +118,10 @@ class HostsFile:
 
     def by_nid(self, nid: int) -> Resolution | None:
         return self._by_nid.get(nid)
+
+    def entries(self) -> list[Resolution]:
+        """Every name, in the order first seen."""
+        return list(self._by_name.values())
 
     def __len__(self) -> int:
         return len(self._by_nid)

@@ -9,6 +9,7 @@ from sixlab.
 - :mod:`sixlab.linux.bpfbuild`: compiles the BPF C sources of ``bpf/`` (CO-RE, clang)
   on first use and caches the objects per kernel, sources and compiler.
 - :mod:`sixlab.linux.cbpf`: classic BPF instructions, an assembler, ``SO_ATTACH_FILTER``.
+- :mod:`sixlab.linux.packetring`: the TPACKET_V3 receive ring of every capture.
 - :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
   handling packets user space answers.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
@@ -23,6 +24,17 @@ Errors
     └── KernelDropError     nftables is missing or refused the table
 """
 
+from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.errors import LinuxError
+from sixlab.linux.libbpf import LibbpfError
+from sixlab.linux.nftdrop import KernelDrop, KernelDropError
+from sixlab.linux.signals import StopOnSignal
 
-__all__ = ["LinuxError"]
+__all__ = [
+    "BuildError",
+    "KernelDrop",
+    "KernelDropError",
+    "LibbpfError",
+    "LinuxError",
+    "StopOnSignal",
+]

@@ -18,6 +18,12 @@ machine does not have (docs/design-notes.md), so the XDP plane talks to libbpf's
 * ``tc_attach``/``tc_detach`` wrap ``bpf_tc_hook_create`` and ``bpf_tc_attach``/``detach``
   (a ``clsact`` qdisc and one direct-action ``cls_bpf`` filter at a fixed handle and
   priority, so that the next start after a crash replaces its own leftover).
+* ``tc_hook_destroy`` removes a device's ``clsact`` qdisc (``bpf_tc_hook_destroy``).
+* libbpf's own messages (``libbpf_set_print``) go to the ``sixlab.linux.libbpf``
+  logger at DEBUG level, not to stderr: they are about conditions the callers handle
+  (a qdisc that already exists, a filter that is not there to remove); a failure is
+  raised as ``LibbpfError`` with the errno and, for a load, the verifier's log, and
+  the last few messages are kept in ``recent_messages()``.
 * ``RingBuffer`` wraps ``ring_buffer__new`` with a ctypes callback; ``consume`` never
   blocks, ``epoll_fd`` is what a select loop waits on.
 
@@ -31,7 +37,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +64,10 @@ __all__ = [
     "num_possible_cpus",
     "prog_info",
     "prog_info_by_id",
+    "recent_messages",
     "tc_attach",
     "tc_detach",
+    "tc_hook_destroy",
     "xdp_attach",
     "xdp_detach",
     "xdp_query_id",
@@ -209,6 +219,10 @@ class _ProgInfo(_c.Structure):
 
 
 _SAMPLE_FN = _c.CFUNCTYPE(_c.c_int, _vp, _vp, _c.c_size_t)
+#: libbpf_print_fn_t: (enum libbpf_print_level, const char *format, va_list). A va_list
+#: argument arrives as a pointer (an array on x86-64; a large struct, passed by
+#: reference, on arm64) and goes on to vsnprintf as one.
+_PRINT_FN = _c.CFUNCTYPE(_c.c_int, _c.c_int, _c.c_char_p, _vp)
 
 # name -> (restype, argtypes)
 _SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
@@ -233,6 +247,8 @@ _SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "bpf_tc_hook_create": (_c.c_int, (_c.POINTER(_TcHook),)),
     "bpf_tc_attach": (_c.c_int, (_c.POINTER(_TcHook), _c.POINTER(_TcOpts))),
     "bpf_tc_detach": (_c.c_int, (_c.POINTER(_TcHook), _c.POINTER(_TcOpts))),
+    "bpf_tc_hook_destroy": (_c.c_int, (_c.POINTER(_TcHook),)),
+    "libbpf_set_print": (_vp, (_PRINT_FN,)),
     "bpf_obj_get_info_by_fd": (_c.c_int, (_c.c_int, _vp, _c.POINTER(_c.c_uint32))),
     "bpf_prog_get_fd_by_id": (_c.c_int, (_c.c_uint32,)),
     "bpf_prog_test_run_opts": (_c.c_int, (_c.c_int, _c.POINTER(_TestRunOpts))),
@@ -245,6 +261,41 @@ _SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
 }
 
 _LIB: ctypes.CDLL | None = None
+_log = logging.getLogger("sixlab.linux.libbpf")
+_MESSAGES: deque[str] = deque(maxlen=16)
+_PRINT_BUFFER = 2048
+
+
+def _on_print(level: int, fmt: bytes | None, args: int | None) -> int:
+    """libbpf's print hook: format the message with the C library, log it at DEBUG."""
+    if fmt is None:
+        return 0
+    buf = _c.create_string_buffer(_PRINT_BUFFER)
+    _libc().vsnprintf(buf, _PRINT_BUFFER, fmt, args)
+    text = buf.value.decode(errors="replace").rstrip()
+    _MESSAGES.append(text)
+    _log.debug("libbpf (level %d): %s", level, text)
+    return 0
+
+
+#: Kept for the life of the process: libbpf holds a pointer to it.
+_PRINT_HOOK = _PRINT_FN(_on_print)
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC  # noqa: PLW0603 - one handle on the C library
+    if _LIBC is None:
+        libc = _c.CDLL(None)
+        libc.vsnprintf.restype = _c.c_int
+        libc.vsnprintf.argtypes = (_c.c_char_p, _c.c_size_t, _c.c_char_p, _vp)
+        _LIBC = libc
+    return _LIBC
+
+
+def recent_messages() -> list[str]:
+    """libbpf's last messages (at most 16), oldest first."""
+    return list(_MESSAGES)
 
 
 def library() -> ctypes.CDLL:
@@ -269,6 +320,8 @@ def library() -> ctypes.CDLL:
             ) from exc
         fn.restype = restype
         fn.argtypes = argtypes
+    _libc()
+    lib.libbpf_set_print(_PRINT_HOOK)
     _LIB = lib
     return lib
 
@@ -386,6 +439,19 @@ def tc_detach(ifindex: int, *, egress: bool, handle: int, priority: int) -> bool
     if ret < 0 and -ret in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
         return False
     _check(f"bpf_tc_detach(ifindex {ifindex})", ret)
+    return True
+
+
+def tc_hook_destroy(ifindex: int) -> bool:
+    """Remove ``ifindex``'s ``clsact`` qdisc with every filter on it; False if it had
+    none (or the device is gone)."""
+    hook = _TcHook(
+        sz=_c.sizeof(_TcHook), ifindex=ifindex, attach_point=_BPF_TC_INGRESS | _BPF_TC_EGRESS
+    )
+    ret = library().bpf_tc_hook_destroy(_c.byref(hook))
+    if ret < 0 and -ret in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+        return False
+    _check(f"bpf_tc_hook_destroy(ifindex {ifindex})", ret)
     return True
 
 

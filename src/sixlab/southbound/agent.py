@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 One agent runs per node, in a role fixed at start (Session-Sender or Session-Reflector)
-and with a default data plane chosen by name (any plane registered with
-``sixlab.dataplane.base.register``)::
+and with a default data plane chosen by name (any plane of
+``sixlab.dataplane.base.PLANES``)::
 
     Init ──▶ data plane opened, engine thread started ──▶ sessions ──▶ Reset
               (create(name, DataplaneConfig))                 Create / Start / Stop / Destroy
@@ -15,12 +15,12 @@ the error, then calls the engine (``sixlab.dataplane.engine``). Every check happ
 before anything changes, so a refused request leaves the agent as it was. Failures
 become gRPC statuses in one place (``_status_of``):
 
-===========================  =======================================================
-``AgentError``               its own code (NOT_FOUND, ALREADY_EXISTS, …)
-``ConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
-``SessionStateError``        FAILED_PRECONDITION (e.g. starting a session twice)
-``DataplaneError``           UNAVAILABLE (cannot bind, missing system support)
-===========================  =======================================================
+=====================================  ==================================================
+``AgentError``                         its own code (NOT_FOUND, ALREADY_EXISTS, …)
+``SessionConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
+``SessionStateError``                  FAILED_PRECONDITION (e.g. starting a session twice)
+``DataplaneError``                     UNAVAILABLE (cannot bind, missing system support)
+=====================================  ==================================================
 
 Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
 Reset that must come first.
@@ -40,17 +40,25 @@ for SRv6 Based SD-WANs", docs/papers.md); StreamStampSessionResults waits on it 
 pushes batches (the "notification mode" that paper describes but did not build). The
 stream ends after the batch with ``final`` set (the session finished and its FIFO is
 empty), when the client cancels, and with ABORTED when the session is destroyed or the
-agent reset under it.
+agent reset under it. StreamResults does the same for any number of sessions on one
+stream: it waits for any change in the engine (``SenderEngine.wait_change``), then cuts
+one message with a batch for each session that has records, has finished, or is due
+its counters.
 
 Concurrency. gRPC calls run on a thread pool. One lock serialises every unary call, so
 a check and the change it guards cannot be split by another call; streams take it
-only to look the session up and wait on the engine's condition without it.
+only to look the session up and wait on the engine's condition without it. Every open
+stream holds a worker thread for its lifetime, so at most ``max_streams`` are open at
+once (the pool less ``RESERVED_WORKERS``): one more is refused, RESOURCE_EXHAUSTED,
+instead of queueing the unary calls behind it until their deadlines pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -71,12 +79,13 @@ from sixlab.dataplane.engine import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, unary
-from sixlab.stamp._events import ConfigError, DropReason, SessionStateError, StampResult
+from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
+from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
@@ -86,6 +95,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_SIDS",
     "MAX_TLV_BYTES",
+    "RESERVED_WORKERS",
     "AgentError",
     "AgentServer",
     "Role",
@@ -96,11 +106,16 @@ __all__ = [
 ]
 
 IPv6Address = ipaddress.IPv6Address
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Code = grpc.StatusCode
 
 #: gRPC worker threads. Each open results stream holds one for its lifetime, so this
 #: bounds concurrent streams plus unary calls (a controller needs a handful).
 DEFAULT_MAX_WORKERS = 16
+#: Worker threads no results stream may take: streams beyond ``max_workers`` less these
+#: are refused (RESOURCE_EXHAUSTED), so that unary calls (Create, Start, Acknowledge...)
+#: always find a thread. One StreamResults carries any number of sessions.
+RESERVED_WORKERS = 4
 #: Largest request accepted (bytes). The biggest legitimate one is a CreateStampSession
 #: with a full TLV area and SID lists: well under 64 KiB; 1 MiB leaves room and keeps a
 #: hostile client from making the agent buffer gRPC's default 4 MiB per call.
@@ -126,6 +141,9 @@ DEFAULT_BATCH_WINDOW_NS = 100_000_000
 MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
 #: How often a waiting stream looks at its client and its session (s).
 _STREAM_POLL_S = 0.25
+#: StreamResults: counters of each session at least this often, by default and at most.
+DEFAULT_COUNTERS_INTERVAL_NS = NS_PER_S
+MAX_COUNTERS_INTERVAL_NS = 60 * NS_PER_S
 #: An Error Estimate can claim up to 255 × 2^31 s (RFC 4656 §4.1.2), more ns than a
 #: uint64 holds: such errors are reported saturated.
 _U64_MAX = 2**64 - 1
@@ -155,21 +173,17 @@ _MODES = {
 }
 
 
-class AgentError(Exception):
+class AgentError(RpcError):
     """A request the agent refuses, with the gRPC status code to refuse it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     """The one mapping from the agent's and the core's errors to gRPC statuses."""
     if isinstance(exc, AgentError):
-        return exc.code, str(exc)
+        return exc.code, exc.details
     if isinstance(exc, SessionStateError):
         return Code.FAILED_PRECONDITION, str(exc)
-    if isinstance(exc, ConfigError | WireError):
+    if isinstance(exc, SessionConfigError | WireError):
         return Code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DataplaneError):
         return Code.UNAVAILABLE, str(exc)
@@ -200,14 +214,15 @@ def _port(name: str, value: int) -> int:
     return value
 
 
-def _address(name: str, text: str) -> IPv6Address:
+def _address(name: str, text: str) -> IPAddress:
+    """An IPv4 or IPv6 address (STAMP runs over both; SRv6 SIDs are IPv6 only)."""
     try:
-        return IPv6Address(text)
+        return ipaddress.ip_address(text)
     except ValueError:
-        raise _invalid(f"{name}: {text!r} is not an IPv6 address") from None
+        raise _invalid(f"{name}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
-def _unicast(name: str, text: str) -> IPv6Address:
+def _unicast(name: str, text: str) -> IPAddress:
     """A destination: test packets go to one node, so not ``::`` nor a multicast group
     (STAMP is unicast, RFC 8762 §4; a SID is a unicast address, RFC 8986 §3.1)."""
     address = _address(name, text)
@@ -216,10 +231,17 @@ def _unicast(name: str, text: str) -> IPv6Address:
     return address
 
 
+def _sid(name: str, text: str) -> IPv6Address:
+    address = _unicast(name, text)
+    if not isinstance(address, IPv6Address):
+        raise _invalid(f"{name}: {text!r} is not an IPv6 address (an SRv6 SID)")
+    return address
+
+
 def _sid_list(name: str, texts: Sequence[str]) -> tuple[IPv6Address, ...]:
     if len(texts) > MAX_SIDS:
         raise _invalid(f"{name}: {len(texts)} SIDs, an SRH holds at most {MAX_SIDS}")
-    return tuple(_unicast(f"{name}[{i}]", t) for i, t in enumerate(texts))
+    return tuple(_sid(f"{name}[{i}]", t) for i, t in enumerate(texts))
 
 
 def _choice(name: str, value: int, table: Mapping[Any, _Rep]) -> _Rep:
@@ -298,7 +320,7 @@ def _dataplane_options(options: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _sender_spec(
-    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPv6Address | None
+    request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPAddress | None
 ) -> tuple[SenderSessionSpec, int]:
     """The engine's session spec for a sender CreateStampSession, and its delay mode."""
     ssid = _ssid(request.ssid)
@@ -311,6 +333,10 @@ def _sender_spec(
         if request.source_address
         else init_source
     )
+    if segments and not isinstance(reflector, IPv6Address):
+        raise _invalid("sid_list: SRv6 needs an IPv6 reflector_address")
+    if source is not None and source.version != reflector.version:
+        raise _invalid("source_address: not of the reflector_address's family")
     interval = request.interval_ns or NS_PER_S
     if interval < MIN_INTERVAL_NS:
         raise _invalid(f"interval_ns: {interval}, at least {MIN_INTERVAL_NS}")
@@ -350,6 +376,7 @@ def _sender_spec(
         error_estimate=_error_estimate(request.error_estimate),
         loss_timeout_ns=request.loss_timeout_ns or DEFAULT_LOSS_TIMEOUT_NS,
         reflector_stateful=mode is ReflectorMode.STATEFUL,
+        strict_ssid=request.strict_ssid,
         **_tai_offset(request),
     )
     spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
@@ -408,7 +435,7 @@ class _Runtime:
     dataplane: Dataplane
     name: str
     port: int
-    source: IPv6Address | None
+    source: IPAddress | None
     sender: SenderEngine | None = None
     reflector: ReflectorEngine | None = None
 
@@ -426,12 +453,23 @@ class _SenderRecord:
 
 
 @dataclass(slots=True)
+class _Subscription:
+    """One session of a StreamResults: the session it began with, and how far it got."""
+
+    record: _SenderRecord | None
+    cursor: int
+    #: When its counters are due next (monotonic ns); 0: at once.
+    counters_due: int = 0
+
+
+@dataclass(slots=True)
 class _ReflectorRecord:
     config: ReflectorSessionConfig
     state: State = State.IDLE
     #: Counters of earlier runs (Stop removes the session from the core).
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    integrity_failed: int = 0
 
 
 class StampAgentServicer(pb_grpc.StampAgentServicer):
@@ -444,11 +482,19 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         *,
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         clock: Callable[[], int] = time.time_ns,
+        max_streams: int = DEFAULT_MAX_WORKERS - RESERVED_WORKERS,
     ) -> None:
         self.role = Role(role)
+        #: Results streams open at once, at most (see RESERVED_WORKERS).
+        self.max_streams = max_streams
+        self._streams = 0
         self.default_dataplane = dataplane
         self._fifo_capacity = fifo_capacity
         self._clock = clock
+        #: This run of the agent (GetAgentInfo.epoch): a controller that sees it change
+        #: knows the agent restarted and lost its sessions, even if no call failed.
+        self.epoch = secrets.randbits(64) or 1
+        self.started_ns = clock()
         self._lock = threading.RLock()
         self._rt: _Runtime | None = None
         self._senders: dict[int, _SenderRecord] = {}
@@ -478,16 +524,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             raise AgentError(Code.NOT_FOUND, f"ssid: no session {ssid}")
         return ssid
 
-    def _reflector_counts(self, ssid: int, rec: _ReflectorRecord) -> tuple[int, dict[str, int]]:
-        reflected, dropped = rec.reflected, dict(rec.dropped)
+    def _reflector_counts(
+        self, ssid: int, rec: _ReflectorRecord
+    ) -> tuple[int, dict[str, int], int]:
+        """(replies, drops by reason, HMAC TLV failures) of all runs of a session."""
+        reflected, dropped, integrity = rec.reflected, dict(rec.dropped), rec.integrity_failed
         rt = self._rt
         if rec.state is State.RUNNING and rt is not None and rt.reflector is not None:
             with rt.reflector.lock:
                 live, live_dropped = rt.reflector.reflector.session_counters(ssid)
+                integrity += rt.reflector.reflector.session_integrity_failed(ssid)
             reflected += live
             for reason, n in live_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + n
-        return reflected, _drops(dropped)
+        return reflected, _drops(dropped), integrity
 
     # -- agent ------------------------------------------------------------------------
 
@@ -505,6 +555,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             port=0 if rt is None else rt.port,
             ssids=sorted([*self._senders, *self._reflectors]),
             engine_error="" if error is None else repr(error),
+            epoch=self.epoch,
+            started_ns=self.started_ns,
         )
 
     @_unary
@@ -617,6 +669,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
 
     def _stop_reflector(self, rt: _Runtime, ssid: int, rec: _ReflectorRecord) -> None:
         assert rt.reflector is not None
+        with rt.reflector.lock:
+            rec.integrity_failed += rt.reflector.reflector.session_integrity_failed(ssid)
         reflected, dropped = rt.reflector.remove_session(ssid)
         rec.reflected += reflected
         for reason, n in dropped.items():
@@ -661,6 +715,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             overflow=snap.overflow,
             state=_STATE_PB[snap.state],
             remaining=snap.fifo_len,
+            counters=self._session_counters(ssid),
         )
 
     @_unary
@@ -676,10 +731,28 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         self, request: pb.StreamStampSessionResultsRequest, context: Any
     ) -> Iterator[pb.ResultBatch]:
         try:
-            yield from self._stream(request, context)
+            with self._stream_slot():
+                yield from self._stream(request, context)
         except Exception as exc:
             abort_for(exc, context, _status_of)
             raise
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        """Count an open results stream; refuse one beyond ``max_streams``."""
+        with self._lock:
+            if self._streams >= self.max_streams:
+                raise AgentError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"stream: {self._streams} results streams open, at most {self.max_streams}"
+                    " (StreamResults carries many sessions on one)",
+                )
+            self._streams += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._streams -= 1
 
     def _stream(
         self, request: pb.StreamStampSessionResultsRequest, context: Any
@@ -720,7 +793,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 lost = engine.lost(ssid)
                 snap = engine.snapshot(ssid)
                 pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
-            except ConfigError:
+            except SessionConfigError:
                 raise AgentError(
                     Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                 ) from None
@@ -730,6 +803,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                         Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
                     )
                 record.fetched += len(batch)
+                counters = self._session_counters(ssid)
             final = snap.state is State.FINISHED and pending == 0
             if batch or lost or final:
                 yield pb.ResultBatch(
@@ -739,9 +813,108 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     overflow=snap.overflow,
                     state=_STATE_PB[snap.state],
                     final=final,
+                    counters=counters,
                 )
             if final:
                 return
+
+    def StreamResults(  # noqa: N802
+        self, request: pb.StreamResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatches]:
+        try:
+            with self._stream_slot():
+                yield from self._stream_many(request, context)
+        except Exception as exc:
+            abort_for(exc, context, _status_of)
+            raise
+
+    def _stream_many(
+        self, request: pb.StreamResultsRequest, context: Any
+    ) -> Iterator[pb.ResultBatches]:
+        with self._lock:
+            engine = self._sender_only("StreamResults")
+            subs = {
+                _ssid(ssid): _Subscription(self._senders.get(ssid), after)
+                for ssid, after in request.after_ids.items()
+            }
+        max_batch = request.max_batch or DEFAULT_BATCH
+        if max_batch > MAX_BATCH:
+            raise _invalid(f"max_batch: {max_batch}, at most {MAX_BATCH}")
+        window_ns = request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS
+        if window_ns > MAX_BATCH_WINDOW_NS:
+            raise _invalid(f"batch_window_ns: {window_ns}, at most {MAX_BATCH_WINDOW_NS}")
+        every_ns = request.counters_interval_ns or DEFAULT_COUNTERS_INTERVAL_NS
+        if every_ns > MAX_COUNTERS_INTERVAL_NS:
+            raise _invalid(f"counters_interval_ns: {every_ns}, at most {MAX_COUNTERS_INTERVAL_NS}")
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        version, more = -1, True
+        while subs and context.is_active():
+            if not more:
+                # Sleep until a record comes (or the next counters are due), then let
+                # the batch window gather more.
+                due = min(sub.counters_due for sub in subs.values())
+                wait = min(_STREAM_POLL_S, max(0.0, (due - time.monotonic_ns()) / NS_PER_S))
+                seen, version = version, engine.wait_change(version, wait)
+                if seen != version and ended.wait(window_ns / NS_PER_S):
+                    return
+            batches, more = self._cut(engine, subs, max_batch, every_ns)
+            if batches:
+                yield pb.ResultBatches(batches=batches)
+
+    def _cut(
+        self, engine: SenderEngine, subs: dict[int, _Subscription], max_batch: int, every_ns: int
+    ) -> tuple[list[pb.ResultBatch], bool]:
+        """One message of StreamResults: a batch for each session with news or counters
+        due; whether records are still waiting (the next message need not wait)."""
+        now = time.monotonic_ns()
+        batches: list[pb.ResultBatch] = []
+        more = False
+        with self._lock:
+            for ssid, sub in list(subs.items()):
+                record = self._senders.get(ssid)
+                if record is None or record is not sub.record:
+                    batches.append(pb.ResultBatch(ssid=ssid, gone=True))
+                    del subs[ssid]
+                    continue
+                snap = engine.snapshot(ssid)
+                last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
+                due = now >= sub.counters_due
+                if last <= sub.cursor and not due and snap.state is not State.FINISHED:
+                    continue
+                items = engine.peek(ssid, sub.cursor, max_batch)
+                if items:
+                    sub.cursor = items[-1][0]
+                    record.fetched += len(items)
+                pending = last > sub.cursor
+                more = more or pending
+                final = snap.state is State.FINISHED and not pending
+                batch = pb.ResultBatch(
+                    ssid=ssid,
+                    results=[result_to_proto(r, i) for i, r in items],
+                    overflow=snap.overflow,
+                    state=_STATE_PB[snap.state],
+                    final=final,
+                )
+                if due or final:
+                    batch.counters.CopyFrom(self._session_counters(ssid))
+                    sub.counters_due = now + every_ns
+                batches.append(batch)
+                if final:
+                    del subs[ssid]
+        return batches, more
+
+    @_unary
+    def AcknowledgeResults(  # noqa: N802
+        self, request: pb.AcknowledgeResultsRequest
+    ) -> pb.AcknowledgeResultsReply:
+        engine = self._sender_only("AcknowledgeResults")
+        done = {
+            ssid: engine.acknowledge(ssid, through)
+            for ssid, through in request.through_ids.items()
+            if _ssid(ssid) in self._senders
+        }
+        return pb.AcknowledgeResultsReply(acknowledged=done)
 
     # -- counters ---------------------------------------------------------------------
 
@@ -799,18 +972,26 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 queued=snap.fifo_len,
                 overflow=snap.overflow,
                 fetched=self._senders[ssid].fetched,
+                schedule_skipped=snap.schedule.skipped,
+                schedule_late_ns_total=snap.schedule.late_ns_total,
+                schedule_late_ns_max=snap.schedule.late_ns_max,
             )
             if c.forward_lost is not None:
                 out.forward_lost = c.forward_lost
+            if c.unclassified_lost is not None:
+                out.unclassified_lost = c.unclassified_lost
+            out.ssid_zero = c.ssid_zero
+            out.integrity_failed = c.integrity_reported
             out.dataplane.update(self._dataplane_counters(ssid))
             return out
         rec = self._reflectors[ssid]
-        reflected, dropped = self._reflector_counts(ssid, rec)
+        reflected, dropped, integrity = self._reflector_counts(ssid, rec)
         return pb.SessionCounters(
             ssid=ssid,
             state=_STATE_PB[rec.state],
             reflected=reflected,
             dropped=dropped,
+            integrity_failed=integrity,
             dataplane=self._dataplane_counters(ssid),
         )
 
@@ -883,7 +1064,12 @@ def serve(
         raise ValueError(
             f"dataplane: unknown data plane {dataplane!r} (available: {', '.join(available())})"
         )
-    servicer = StampAgentServicer(role, dataplane, fifo_capacity=fifo_capacity)
+    servicer = StampAgentServicer(
+        role,
+        dataplane,
+        fifo_capacity=fifo_capacity,
+        max_streams=max(1, max_workers - RESERVED_WORKERS),
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stamp-agent"),
         options=[

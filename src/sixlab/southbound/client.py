@@ -21,14 +21,14 @@ import ipaddress
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp._events import StampResult
+from sixlab.stamp import StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -86,13 +86,16 @@ def result_from_proto(record: pb.StampResult) -> StampResult:
     )
 
 
-class ResultStream:
-    """The batches of StreamStampSessionResults; iterate, or ``cancel`` to end early."""
+_M = TypeVar("_M")
+
+
+class ResultStream(Generic[_M]):
+    """The messages of a results stream; iterate, or ``cancel`` to end early."""
 
     def __init__(self, call: Any) -> None:
         self._call = call
 
-    def __iter__(self) -> Iterator[pb.ResultBatch]:
+    def __iter__(self) -> Iterator[_M]:
         try:
             yield from self._call
         except grpc.RpcError as exc:
@@ -133,8 +136,14 @@ class AgentClient(GrpcClient):
 
     # -- agent ------------------------------------------------------------------------
 
-    def info(self) -> pb.GetAgentInfoReply:
-        reply: pb.GetAgentInfoReply = self._call("GetAgentInfo", pb.GetAgentInfoRequest())
+    def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
+        """Role, state and run (``epoch``) of the agent; ``timeout`` overrides the deadline."""
+        try:
+            reply: pb.GetAgentInfoReply = self._stub.GetAgentInfo(
+                pb.GetAgentInfoRequest(), timeout=self.timeout if timeout is None else timeout
+            )
+        except grpc.RpcError as exc:
+            raise SouthboundError.from_rpc(exc) from None
         return reply
 
     def init(
@@ -190,6 +199,7 @@ class AgentClient(GrpcClient):
         loss_timeout_ns: int = 0,
         error_estimate: int = 0,
         tai_utc_offset_ns: int | None = None,
+        strict_ssid: bool = False,
     ) -> None:
         """Create a Session-Sender session (``key`` set: authenticated mode).
 
@@ -221,6 +231,7 @@ class AgentClient(GrpcClient):
             request_return_path=bool(returns),
             loss_timeout_ns=loss_timeout_ns,
             error_estimate=error_estimate,
+            strict_ssid=strict_ssid,
         )
         if tai_utc_offset_ns is not None:
             request.tai_utc_offset_ns = tai_utc_offset_ns
@@ -294,7 +305,7 @@ class AgentClient(GrpcClient):
         max_batch: int = 0,
         batch_window_ns: int = 0,
         after_id: int | None = None,
-    ) -> ResultStream:
+    ) -> ResultStream[pb.ResultBatch]:
         """Batches of a sender session's records as they come (push mode), no deadline.
 
         With ``after_id`` the stream starts after that record and removes nothing: the
@@ -306,6 +317,32 @@ class AgentClient(GrpcClient):
         if after_id is not None:
             request.after_id = after_id
         return ResultStream(self._stub.StreamStampSessionResults(request))
+
+    def stream_many(
+        self,
+        after_ids: Mapping[int, int],
+        *,
+        max_batch: int = 0,
+        batch_window_ns: int = 0,
+        counters_interval_ns: int = 0,
+    ) -> ResultStream[pb.ResultBatches]:
+        """StreamResults: the records (and counters) of many sessions on one stream, no
+        deadline; ``after_ids`` maps each SSID to the last record id the caller holds.
+        Records stay queued until ``acknowledge_many``."""
+        request = pb.StreamResultsRequest(
+            after_ids=dict(after_ids),
+            max_batch=max_batch,
+            batch_window_ns=batch_window_ns,
+            counters_interval_ns=counters_interval_ns,
+        )
+        return ResultStream(self._stub.StreamResults(request))
+
+    def acknowledge_many(self, through_ids: Mapping[int, int]) -> dict[int, int]:
+        """Remove records of many sessions (each up to its id); how many went, per
+        session that exists."""
+        request = pb.AcknowledgeResultsRequest(through_ids=dict(through_ids))
+        reply: pb.AcknowledgeResultsReply = self._call("AcknowledgeResults", request)
+        return dict(reply.acknowledged)
 
     def counters(self, ssid: int | None = None) -> pb.GetCountersReply:
         request = pb.GetCountersRequest()

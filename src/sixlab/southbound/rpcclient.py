@@ -5,7 +5,9 @@ every call, and gRPC errors turned into the package's own typed error.
 
     RpcError                a call refused, or a peer not reachable; ``code`` is the status
      ├── SouthboundError    from an agent (sixlab.southbound.client)
-     └── NorthboundError    from a controller (sixlab.controller.client)
+     ├── AgentError         by this agent, the server side (sixlab.southbound.agent)
+     └── NorthboundError    from a controller (sixlab.controller.client; also a
+                            ``ControllerError``)
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ __all__ = ["GrpcClient", "RpcError"]
 
 
 class RpcError(Exception):
-    """A peer refused a call (or could not be reached); ``code`` is the gRPC status."""
+    """A call refused (or a peer not reached); ``code`` is the gRPC status, ``details``
+    its message."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")

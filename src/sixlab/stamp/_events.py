@@ -4,7 +4,7 @@
 
     StampError                 misuse of the core by its caller (not bad packets)
      ├── SessionStateError     an input the session's state table does not accept
-     └── ConfigError           a session configuration that cannot work
+     └── SessionConfigError    a session configuration that cannot work (ValueError)
 
 Bad *packets* never raise out of the core: they become a ``PacketDropped`` event and a
 count under a ``DropReason`` (docs/architecture.md, "Errors and drops").
@@ -18,13 +18,13 @@ from enum import StrEnum
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
-    "ConfigError",
     "DropReason",
     "DuplicateReceived",
     "Event",
     "PacketDropped",
     "PacketLost",
     "PacketSent",
+    "SessionConfigError",
     "SessionFinished",
     "SessionStateError",
     "StampError",
@@ -40,7 +40,7 @@ class SessionStateError(StampError):
     """An input that the session's state table does not accept in its current state."""
 
 
-class ConfigError(StampError, ValueError):
+class SessionConfigError(StampError, ValueError):
     """A session configuration that cannot work; the message names the field."""
 
 
@@ -50,7 +50,13 @@ class DropReason(StrEnum):
     TOO_SHORT = "too-short"  # cannot hold Seq, Timestamp and Error Estimate (RFC 8762 §4.6)
     MULTIPLIER_ZERO = "multiplier-zero"  # invalid Error Estimate (RFC 4656 §4.1.2)
     HMAC_FAILED = "hmac-failed"  # RFC 8762 §4.4
+    #: A reply whose HMAC TLV is missing, misplaced or wrong (RFC 8972 §4.8).
+    HMAC_TLV_FAILED = "hmac-tlv-failed"
     NO_SESSION = "no-session"  # SSID of no session and no default session
+    #: A reply with SSID 0 (an RFC 8762-only reflector) refused by strict SSID matching.
+    SSID_ZERO = "ssid-zero"
+    #: An unauthenticated packet whose SSID names an authenticated session.
+    AUTH_REQUIRED = "auth-required"
     BAD_TIMESTAMP = "bad-timestamp"  # PTP nanoseconds >= 10^9, or a T1 we never sent
     UNKNOWN_SEQ = "unknown-seq"  # a reflected Seq the sender never sent
     LATE = "late"  # arrived after its loss timeout had declared it lost

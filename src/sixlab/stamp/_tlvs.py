@@ -3,18 +3,28 @@
 The reflected area has the received size (symmetric packets, RFC 8762 §4.3): every TLV
 is copied back in place, then
 
-- U is cleared on each TLV this reflector understands; TLVs it does not know keep U
-  (RFC 8972 §4: "the Session-Reflector MUST ... set the U flag" on unrecognised ones,
-  which a conforming sender already set);
+- U is cleared on each TLV this reflector acts on; TLVs it does not know, or knows but
+  cannot act on here, keep U (RFC 8972 §4: the reflector sets U on the ones it does
+  not recognise, which a conforming sender already set);
 - a known TLV whose value does not parse gets M; a TLV whose Length runs past the end
   of the packet gets M and everything from it on is copied unread (``mark_malformed``);
 - Location (§4.2): the ports and the address sub-TLVs are filled in from the packet as
   it arrived (sub-TLVs whose size does not match the address family are left alone);
 - Timestamp Information (§4.3): the reflector's sync source and timestamping method,
   in and out;
-- Direct Measurement (§4.5): R_RxC and R_TxC from the session's counters;
-- HMAC (§4.8): verified against the session key (I set on failure), recomputed over the
-  reply once its Sequence Number is known (``resign_hmac_tlv``);
+- Class of Service (§4.4): DSCP2 and ECN are the received DSCP and ECN, and the reply
+  carries DSCP1 (``TlvReflection.tclass``), or RP = 1 when the data plane cannot set
+  it; without the received Traffic Class (a plane that cannot read it) U stays set;
+- Direct Measurement (§4.5): R_RxC and R_TxC, the flow's counts of test packets
+  received and replies sent, each including the packet that carries it;
+- Follow-Up Telemetry (§4.7): the Seq and actual transmit time (with its timestamping
+  method) of the flow's previous reply, when the data plane reported one; else U stays;
+- HMAC (§4.8): in an authenticated session it is verified first, over the whole area:
+  missing (with TLVs other than Extra Padding), misplaced (followed by anything but
+  Extra Padding), repeated or wrong, every TLV is returned untouched with I set and
+  nothing any TLV asks is done. Recomputed over the reply once its Sequence Number is
+  known (``resign_hmac_tlv``). In an unauthenticated session it cannot be verified: I;
+- Access Report (§4.6) and Micro-session ID (RFC 9534): parsed, not acted on: U stays;
 - Destination Node Address (RFC 9503 §3): understood when it names the address the
   packet arrived on, else U stays set;
 - Return Path (RFC 9503 §4): its SRv6 Segment List sub-TLV replaces the configured
@@ -27,8 +37,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from sixlab.wire import WireError
 from sixlab.wire import stamp_tlv as t
-from sixlab.wire._errors import WireError
 from sixlab.wire.stamp_auth import hmac16
 
 __all__ = ["TlvContext", "TlvReflection", "reflect_tlvs", "resign_hmac_tlv"]
@@ -57,8 +67,13 @@ class TlvContext:
     timestamp_method: int = t.TimestampMethod.SW_LOCAL
     key: bytes | None = None
     seq_field: bytes = b"\0\0\0\0"  # the received base packet's Sequence Number field
-    received: int = 0  # session packets received, this one included (Direct Measurement)
-    transmitted: int = 0  # session packets sent before this reply
+    received: int = 0  # flow packets received, this one included (Direct Measurement)
+    transmitted: int = 0  # flow replies sent, this one included
+    tclass: int | None = None  # received Traffic Class / TOS byte; None: unknown
+    set_tclass: bool = False  # the data plane applies TlvReflection.tclass to the reply
+    #: (Seq, transmit timestamp in the session's wire format, timestamping method) of
+    #: the flow's previous reply, when known (Follow-Up Telemetry).
+    follow_up: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +82,23 @@ class TlvReflection:
     return_segments: tuple[ipaddress.IPv6Address, ...] | None = None
     return_address: IPAddress | None = None
     reply_requested: bool = True
+    #: Traffic Class / TOS byte for the reply (Class of Service DSCP1), None: default.
+    tclass: int | None = None
+    #: Authenticated session, HMAC TLV failed: nothing above was acted on.
+    integrity_failed: bool = False
 
 
 def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
-    """The TLV area to send back for ``area`` and what its Return Path asks for."""
+    """The TLV area to send back for ``area`` and what its TLVs ask for."""
     scan = t.scan_tlvs(area)
+    if ctx.key is not None and not _integrity_ok(area, scan, ctx.seq_field, ctx.key):
+        return TlvReflection(_mark_all(area, scan, t.TlvFlag.I), integrity_failed=True)
     out: list[bytes] = []
     segments: tuple[ipaddress.IPv6Address, ...] | None = None
     address: IPAddress | None = None
     reply = True
-    offset = 0
+    tclass: int | None = None
+    cos_done = False
     for tlv in scan.tlvs:
         flags, value = tlv.flags, tlv.value
         try:
@@ -92,6 +114,21 @@ def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
                 # In and Out alike; optional sub-TLVs kept, so the size stays symmetric.
                 codes = bytes((ctx.sync_source, ctx.timestamp_method) * 2)
                 value = codes + parsed.sub_tlvs
+            elif isinstance(parsed, t.ClassOfService):
+                if ctx.tclass is None or cos_done:
+                    flags |= t.TlvFlag.U  # received DSCP unknown (or a second CoS TLV)
+                else:
+                    cos_done = True
+                    if ctx.set_tclass:
+                        tclass = parsed.dscp1 << 2
+                    cos = t.ClassOfService(
+                        dscp1=parsed.dscp1,
+                        ecn1=parsed.ecn1,
+                        dscp2=ctx.tclass >> 2 & 0x3F,
+                        ecn2=ctx.tclass & 0x3,
+                        rp=0 if ctx.set_tclass else 1,
+                    )
+                    value = cos.to_tlv().value
             elif isinstance(parsed, t.DirectMeasurement):
                 value = (
                     t.DirectMeasurement(
@@ -100,11 +137,18 @@ def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
                     .to_tlv()
                     .value
                 )
+            elif isinstance(parsed, t.FollowUpTelemetry):
+                if ctx.follow_up is None:
+                    flags |= t.TlvFlag.U  # no transmit time of a previous reply known
+                else:
+                    value = t.FollowUpTelemetry(*ctx.follow_up).to_tlv().value
+            elif isinstance(parsed, t.AccessReport | t.MicroSessionId):
+                # Parsed, but nothing here acts on them (no access steering, RFC 8972
+                # §4.6; no LAG micro-sessions, RFC 9534): not reported as understood.
+                flags |= t.TlvFlag.U
             elif isinstance(parsed, t.HmacTlv):
-                if ctx.key is None or not t.verify_hmac_tlv(
-                    ctx.seq_field, area[: offset + tlv.size], ctx.key
-                ):
-                    flags |= t.TlvFlag.I
+                if ctx.key is None:
+                    flags |= t.TlvFlag.I  # no key to verify it with
             elif isinstance(parsed, t.DestinationNodeAddress):
                 if ctx.dst is not None and parsed.address != ctx.dst:
                     flags |= t.TlvFlag.U
@@ -116,10 +160,31 @@ def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
                 if parsed.control_code is not None and not parsed.control_code.reply_request:
                     reply = False
         out.append(t.Tlv(tlv.type, flags & 0xFF, value).encode())
-        offset += tlv.size
     if scan.malformed_at is not None:
         out.append(t.mark_malformed(area[scan.malformed_at :]))
-    return TlvReflection(b"".join(out), segments, address, reply)
+    return TlvReflection(b"".join(out), segments, address, reply, tclass)
+
+
+def _integrity_ok(area: bytes, scan: t.TlvScan, seq_field: bytes, key: bytes) -> bool:
+    """RFC 8972 §4.8 in an authenticated session: the HMAC TLV must be there (unless
+    every TLV is Extra Padding), once, after every TLV but Extra Padding, and verify
+    over the Sequence Number and the TLVs before it. A malformed area fails."""
+    if scan.well_formed and all(x.type == t.TlvType.EXTRA_PADDING for x in scan.tlvs):
+        return True
+    return t.verify_hmac_tlv(seq_field, area, key)
+
+
+def _mark_all(area: bytes, scan: t.TlvScan, flag: int) -> bytes:
+    """``area`` unchanged but for ``flag`` set on every well-formed TLV, M on a
+    malformed tail."""
+    out = bytearray(area)
+    offset = 0
+    for tlv in scan.tlvs:
+        out[offset] |= flag
+        offset += tlv.size
+    if scan.malformed_at is not None:
+        out[scan.malformed_at] |= t.TlvFlag.M
+    return bytes(out)
 
 
 def _fill_location(loc: t.Location, ctx: TlvContext) -> t.Location:

@@ -14,17 +14,31 @@ A session is stateless (reply Seq = sender Seq) or stateful (reply Seq = its own
 of replies from 0, RFC 8762 §4.3.1, which lets the Sender tell forward from backward
 loss), unauthenticated or authenticated (a per-session key).
 
+A STAMP session is the SSID *together with* the addresses and ports of the packets
+(RFC 8972 §3): two senders that use the same SSID are two sessions. The adapter names
+the flow of every packet with a hashable ``flow`` key (its addresses and ports); each
+configured session keeps, per SSID and flow (the default session answers many SSIDs),
+the state RFC 8762 and RFC 8972 ask for: the
+stateful Seq counter, the Direct Measurement counters (RFC 8972 §4.5) and the transmit
+time of the last reply (Follow-Up Telemetry, §4.7). At most ``MAX_FLOWS`` flows are kept
+per session; past that the oldest flow is forgotten (its counters start again from 0).
+
 Order of checks for one packet:
 
 1. Authenticated? If the packet is long enough and bytes 26:28 name an authenticated
    session (or the default session is authenticated and no unauthenticated session
    claims bytes 14:16), its HMAC is verified first, in constant time (RFC 8762 §4.4).
+   An unauthenticated packet whose SSID names an authenticated session is dropped
+   (``AUTH_REQUIRED``): the unauthenticated default session never stands in for it.
 2. Long enough to hold Seq, Timestamp and Error Estimate (14 bytes); a shorter-than-base
    packet from a TWAMP-Light sender is answered with a full base packet (§4.6).
 3. Error Estimate Multiplier not 0 (RFC 4656 §4.1.2: such a packet is corrupt).
-4. TLVs (RFC 8972 §4): copied back (symmetric size); U cleared on the ones understood;
-   Location and Timestamp Information filled in; a TLV whose length runs past the end
-   is returned with M set; a Return Path TLV (RFC 9503) chooses the return path.
+4. TLVs (RFC 8972 §4): copied back (symmetric size); U cleared on the ones acted on;
+   a TLV whose length runs past the end is returned with M set; a Return Path TLV
+   (RFC 9503) chooses the return path. In an authenticated session the HMAC TLV is
+   verified before any other TLV is looked at (RFC 8972 §4.8): if it is missing,
+   misplaced or wrong, every TLV comes back untouched with I set, and the reply takes
+   the session's configured path (``sixlab.stamp._tlvs``).
 5. T2 and T3 are two clock readings: T2 given, T3 read just before the reply is packed.
    Ses-Sender TTL is the received Hop Limit.
 
@@ -42,7 +56,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from sixlab.stamp import _tlvs
-from sixlab.stamp._events import ConfigError, DropReason
+from sixlab.stamp._events import DropReason, SessionConfigError
 from sixlab.stamp.sender import DEFAULT_TAI_UTC_OFFSET_NS
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
@@ -50,6 +64,8 @@ from sixlab.wire.stamp_tlv import SyncSource, TimestampMethod
 from sixlab.wire.timestamp import NTP_UNIX_OFFSET_S, ErrorEstimate, TimestampFormat, ptp_from_ns
 
 __all__ = [
+    "MAX_FLOWS",
+    "FlowState",
     "PacketContext",
     "Reflection",
     "Reflector",
@@ -108,28 +124,48 @@ class ReflectorSessionConfig:
 
     def __post_init__(self) -> None:
         if self.ssid is not None and not 0 <= self.ssid <= 0xFFFF:
-            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+            raise SessionConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.key is not None and not self.key:
-            raise ConfigError("key: authenticated mode needs a non-empty key")
+            raise SessionConfigError("key: authenticated mode needs a non-empty key")
         if self.key is not None and self.ssid == 0:
             # An unauthenticated packet with TLVs is as long as an authenticated one and
             # has zeros (MBZ) where the authenticated SSID sits: SSID 0 would claim it.
-            raise ConfigError("ssid: an authenticated session needs a non-zero SSID")
+            raise SessionConfigError("ssid: an authenticated session needs a non-zero SSID")
         if self.return_segments is not None and not self.return_segments:
-            raise ConfigError("return_segments: an SRv6 SID list cannot be empty")
+            raise SessionConfigError("return_segments: an SRv6 SID list cannot be empty")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
-            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+            raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
-            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+            raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
         # One byte each in the Timestamp Information TLV (RFC 8972 §4.3).
         if not 0 <= self.sync_source <= 0xFF:
-            raise ConfigError(f"sync_source {self.sync_source} is not an 8-bit value")
+            raise SessionConfigError(f"sync_source {self.sync_source} is not an 8-bit value")
         if not 0 <= self.timestamp_method <= 0xFF:
-            raise ConfigError(f"timestamp_method {self.timestamp_method} is not an 8-bit value")
+            raise SessionConfigError(
+                f"timestamp_method {self.timestamp_method} is not an 8-bit value"
+            )
 
     @property
     def authenticated(self) -> bool:
         return self.key is not None
+
+
+#: Flows remembered per session (RFC 8972 §3: a session is SSID + addresses + ports).
+MAX_FLOWS = 16384
+
+
+@dataclass(slots=True)
+class FlowState:
+    """What a session keeps per flow: the stateful Seq counter (RFC 8762 §4.3.1), the
+    Direct Measurement counters (RFC 8972 §4.5) and the last reply's actual transmit
+    time, for Follow-Up Telemetry (RFC 8972 §4.7)."""
+
+    next_seq: int = 0
+    received: int = 0
+    transmitted: int = 0
+    #: (reply Seq, transmit time UTC ns, RFC 8972 timestamping method) of the last reply
+    #: whose transmit time the adapter reported (``Reflector.transmitted``).
+    last_tx: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -140,9 +176,10 @@ class _Session:
     ptp: bool
     return_path: ReturnPath
     stateless: bool = True
-    next_seq: int = 0
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    integrity_failed: int = 0
+    flows: dict[object, FlowState] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: ReflectorSessionConfig) -> _Session:
@@ -157,6 +194,16 @@ class _Session:
             stateless=config.mode is ReflectorMode.STATELESS,
         )
 
+    def flow(self, key: object) -> FlowState:
+        """The state of flow ``key``, made on first use (the oldest goes past MAX_FLOWS)."""
+        flows = self.flows
+        state = flows.get(key)
+        if state is None:
+            if len(flows) >= MAX_FLOWS:
+                del flows[next(iter(flows))]
+            state = flows[key] = FlowState()
+        return state
+
     def timestamp(self, utc_ns: int) -> int:
         """``utc_ns`` in the session's wire format (the per-reply hot path).
 
@@ -170,28 +217,47 @@ class _Session:
             ((nsec << 32) + 500_000_000) // 1_000_000_000
         )
 
-    def take_seq(self, sender_seq: int) -> int:
+    def take_seq(self, sender_seq: int, flow: FlowState) -> int:
         if self.stateless:
             return sender_seq
-        seq = self.next_seq
-        self.next_seq = (seq + 1) & 0xFFFF_FFFF
+        seq = flow.next_seq
+        flow.next_seq = (seq + 1) & 0xFFFF_FFFF
         return seq
 
 
 class Reflection(NamedTuple):
+    """A reply. ``tclass``: the Traffic Class / TOS byte the reply must carry (Class of
+    Service TLV), None for the data plane's default. ``flow``: the flow state the reply
+    belongs to, for ``Reflector.transmitted``."""
+
     payload: bytes
     ssid: int
     return_path: ReturnPath
+    tclass: int | None = None
+    flow: FlowState | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PacketContext:
-    """Addresses and ports of the received packet, for the Location TLV (RFC 8972 §4.2)."""
+    """What the adapter knows of a received packet beyond its payload, for the TLVs.
+
+    Addresses and ports (Location, RFC 8972 §4.2; Destination Node Address, RFC 9503).
+    ``tclass``: the received IPv6 Traffic Class / IPv4 TOS byte (DSCP << 2 | ECN), None
+    when the data plane cannot read it. ``set_tclass``: the data plane applies
+    ``Reflection.tclass`` to the reply. Both for Class of Service (RFC 8972 §4.4).
+    """
 
     src: IPAddress
     dst: IPAddress
     src_port: int
     dst_port: int
+    tclass: int | None = None
+    set_tclass: bool = False
+
+    @property
+    def flow(self) -> tuple[IPAddress, int, IPAddress, int]:
+        """The flow key of the packet when the adapter gives none of its own."""
+        return (self.src, self.src_port, self.dst, self.dst_port)
 
 
 @dataclass(slots=True)
@@ -199,6 +265,9 @@ class ReflectorCounters:
     received: int = 0
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
+    #: Answered packets of authenticated sessions whose HMAC TLV did not verify
+    #: (RFC 8972 §4.8): their TLVs came back with I set and were not acted on.
+    integrity_failed: int = 0
 
 
 class Reflector:
@@ -216,27 +285,35 @@ class Reflector:
 
     def add_session(self, config: ReflectorSessionConfig) -> None:
         if config.ssid is None:
-            raise ConfigError("ssid: use set_default for the SSID-agnostic session")
+            raise SessionConfigError("ssid: use set_default for the SSID-agnostic session")
         if config.ssid in self._unauth or config.ssid in self._auth:
-            raise ConfigError(f"ssid: session {config.ssid} already exists")
+            raise SessionConfigError(f"ssid: session {config.ssid} already exists")
         table = self._auth if config.authenticated else self._unauth
         table[config.ssid] = _Session.from_config(config)
 
     def remove_session(self, ssid: int) -> None:
         if self._unauth.pop(ssid, None) is None and self._auth.pop(ssid, None) is None:
-            raise ConfigError(f"ssid: no session {ssid}")
+            raise SessionConfigError(f"ssid: no session {ssid}")
 
     def set_default(self, config: ReflectorSessionConfig | None) -> None:
         if config is not None and config.ssid is not None:
-            raise ConfigError("ssid: the default session has no SSID (None)")
+            raise SessionConfigError("ssid: the default session has no SSID (None)")
         self._default = None if config is None else _Session.from_config(config)
 
     def session_counters(self, ssid: int | None) -> tuple[int, dict[DropReason, int]]:
         """(replies sent, drops by reason) of one session; None names the default."""
+        sess = self._session(ssid)
+        return sess.reflected, dict(sess.dropped)
+
+    def session_integrity_failed(self, ssid: int | None) -> int:
+        """Answered packets of one session whose HMAC TLV failed (RFC 8972 §4.8)."""
+        return self._session(ssid).integrity_failed
+
+    def _session(self, ssid: int | None) -> _Session:
         sess = self._default if ssid is None else self._unauth.get(ssid) or self._auth.get(ssid)
         if sess is None:
-            raise ConfigError(f"ssid: no session {ssid}")
-        return sess.reflected, dict(sess.dropped)
+            raise SessionConfigError(f"ssid: no session {ssid}")
+        return sess
 
     @property
     def ssids(self) -> list[int]:
@@ -251,14 +328,25 @@ class Reflector:
         clock: Callable[[], int],
         hop_limit: int,
         context: PacketContext | None = None,
+        *,
+        flow: object = None,
     ) -> Reflection | None:
-        """The reply to a Session-Sender packet, or None (the drop is counted)."""
+        """The reply to a Session-Sender packet, or None (the drop is counted).
+
+        ``flow`` names the packet's addresses and ports (any hashable value, the same for
+        every packet of a flow); without it, ``context.flow``, and without a context every
+        packet of a session is one flow.
+        """
         self.counters.received += 1
+        if flow is None and context is not None:
+            flow = context.flow
         size = len(data)
         if size >= _AUTH and (self._auth or (self._default and self._default.config.key)):
             sess = self._auth_session(data)
             if sess is not None:
-                return self._reflect_auth(sess, data, t2_ns, clock, hop_limit, context=context)
+                return self._reflect_auth(
+                    sess, data, t2_ns, clock, hop_limit, context=context, flow=flow
+                )
         if size < _MIN:
             self._drop(None, DropReason.TOO_SHORT)
             return None
@@ -269,22 +357,28 @@ class Reflector:
             ssid = int.from_bytes(data[14:16]) if size >= 16 else 0
         sess = self._unauth.get(ssid)
         if sess is None:
+            if ssid in self._auth:
+                self._drop(self._auth[ssid], DropReason.AUTH_REQUIRED)
+                return None
             sess = self._default
             if sess is None or sess.config.key is not None:
                 self._drop(None, DropReason.NO_SESSION)
                 return None
+        state = sess.flow((ssid, flow))
+        state.received += 1
         if not ee & 0xFF:
             self._drop(sess, DropReason.MULTIPLIER_ZERO)
             return None
         route = sess.return_path
         tlvs = b""
+        tclass = None
         if size > _UNAUTH:
-            reflected = self._tlvs(sess, data, data[_UNAUTH:], route, context)
-            if reflected is None:
+            out = self._tlvs(sess, state, data, data[_UNAUTH:], context)
+            if out is None:
                 self._drop(sess, DropReason.NO_REPLY_REQUESTED)
                 return None
-            tlvs, route = reflected
-        rseq = seq if sess.stateless else sess.take_seq(seq)
+            tlvs, route, tclass = out
+        rseq = seq if sess.stateless else sess.take_seq(seq, state)
         if sess.ptp:
             t2 = sess.timestamp(t2_ns)
             t3 = sess.timestamp(clock())
@@ -301,8 +395,16 @@ class Reflector:
             )
         payload = _REFLECTOR_UNAUTH.pack(rseq, t3, sess.ee_int, ssid, t2, seq, ts, ee, hop_limit)
         sess.reflected += 1
+        state.transmitted += 1
         self.counters.reflected += 1
-        return Reflection(payload + tlvs if tlvs else payload, ssid, route)
+        return Reflection(payload + tlvs if tlvs else payload, ssid, route, tclass, state)
+
+    def transmitted(self, reply: Reflection, tx_ns: int, method: int) -> None:
+        """The adapter saw ``reply`` leave at ``tx_ns`` (UTC ns), timestamped with
+        ``method`` (RFC 8972 §4.3 registry): the next reply of its flow reports it in a
+        Follow-Up Telemetry TLV (RFC 8972 §4.7)."""
+        if reply.flow is not None and len(reply.payload) >= 4:
+            reply.flow.last_tx = (int.from_bytes(reply.payload[:4]), tx_ns, method)
 
     def restamp(self, payload: bytes, t3_ns: int) -> bytes:
         """A reply this reflector built, with T3 read again at ``t3_ns``.
@@ -347,6 +449,7 @@ class Reflector:
         hop_limit: int,
         *,
         context: PacketContext | None,
+        flow: object,
     ) -> Reflection | None:
         key = sess.config.key
         assert key is not None  # only authenticated sessions come here
@@ -354,37 +457,46 @@ class Reflector:
             self._drop(sess, DropReason.HMAC_FAILED)
             return None
         seq, ts, ee, ssid = _SENDER_AUTH.unpack_from(data)
+        state = sess.flow((ssid, flow))
+        state.received += 1
         if not ee & 0xFF:
             self._drop(sess, DropReason.MULTIPLIER_ZERO)
             return None
         route = sess.return_path
         tlvs = b""
+        tclass = None
         if len(data) > _AUTH:
-            reflected = self._tlvs(sess, data, data[_AUTH:], route, context)
-            if reflected is None:
+            out = self._tlvs(sess, state, data, data[_AUTH:], context)
+            if out is None:
                 self._drop(sess, DropReason.NO_REPLY_REQUESTED)
                 return None
-            tlvs, route = reflected
-        rseq = sess.take_seq(seq)
+            tlvs, route, tclass = out
+        rseq = sess.take_seq(seq, state)
         t2 = sess.timestamp(t2_ns)
         t3 = sess.timestamp(clock())
         body = _REFLECTOR_AUTH.pack(rseq, t3, sess.ee_int, ssid, t2, seq, ts, ee, hop_limit)
         if tlvs:
             tlvs = _tlvs.resign_hmac_tlv(body[:4], tlvs, key)
         sess.reflected += 1
+        state.transmitted += 1
         self.counters.reflected += 1
-        return Reflection(stamp_auth.sign(body + tlvs, key), ssid, route)
+        return Reflection(stamp_auth.sign(body + tlvs, key), ssid, route, tclass, state)
 
     def _tlvs(
         self,
         sess: _Session,
+        state: FlowState,
         data: bytes,
         area: bytes,
-        route: ReturnPath,
         context: PacketContext | None,
-    ) -> tuple[bytes, ReturnPath] | None:
-        """The reflected TLV area and return path; None if the sender asked for no reply."""
+    ) -> tuple[bytes, ReturnPath, int | None] | None:
+        """The reflected TLV area, return path and reply Traffic Class; None if the
+        sender asked for no reply."""
         cfg = sess.config
+        follow_up = None
+        if state.last_tx is not None:
+            last_seq, tx_ns, method = state.last_tx
+            follow_up = (last_seq, sess.timestamp(tx_ns), method)
         out = _tlvs.reflect_tlvs(
             area,
             _tlvs.TlvContext(
@@ -396,10 +508,18 @@ class Reflector:
                 timestamp_method=cfg.timestamp_method,
                 key=cfg.key,
                 seq_field=data[:4],
-                received=sess.reflected + sum(sess.dropped.values()) + 1,
-                transmitted=sess.reflected,
+                received=state.received,
+                transmitted=state.transmitted + 1,
+                tclass=context.tclass if context else None,
+                set_tclass=context.set_tclass if context else False,
+                follow_up=follow_up,
             ),
         )
+        route = sess.return_path
+        if out.integrity_failed:
+            sess.integrity_failed += 1
+            self.counters.integrity_failed += 1
+            return out.area, route, None
         if not out.reply_requested:
             return None
         if out.return_segments is not None or out.return_address is not None:
@@ -407,7 +527,7 @@ class Reflector:
                 segments=out.return_segments or route.segments,
                 address=out.return_address,
             )
-        return out.area, route
+        return out.area, route, out.tclass
 
     def _drop(self, sess: _Session | None, reason: DropReason) -> None:
         """Count a packet not answered, globally and in its session if it has one."""

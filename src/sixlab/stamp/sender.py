@@ -12,9 +12,14 @@ A ``SenderSession`` is driven by its adapter, which owns the socket and the cloc
         on datagram: session.receive(payload, now)      # now = T4, the receive time
         for event in iter(session.next_event, None): handle it
 
-``now`` is always Unix-epoch UTC nanoseconds; the session never reads a clock. Test
-packets carry Seq from 0 and T1 = ``now`` of the timer that sent them (PTP sessions add
-the configured TAI−UTC offset on the wire and remove it from what comes back).
+The session never reads a clock. ``now`` is the time its schedule and loss timeouts
+run on, and ``wall`` (optional on every input) the Unix-epoch UTC time that goes on the
+wire and into results: T1 of the packets a timer sends, T4 of a received reply. An
+adapter gives a monotonic ``now`` (so that a step of the wall clock neither stalls nor
+bursts the schedule, nor expires every packet in flight) and the wall clock as ``wall``;
+without ``wall``, ``now`` serves both (UTC ns), as in the tests. Test packets carry Seq
+from 0 (PTP sessions add the configured TAI−UTC offset on the wire and remove it from
+what comes back).
 
 Lifecycle, as a table (docs/architecture.md, "State machines")::
 
@@ -27,8 +32,26 @@ RFC 8762 §4.2.1 leaves the timeout to configuration; the default of 2 s is RFC 
 TWAMP default). A reflected packet whose Seq was answered before is a duplicate; one
 whose Seq is lower than the highest seen is reordered; one for a Seq already declared
 lost is counted late and dropped. With a stateful reflector (RFC 8762 §4.3.1), whose
-Seq counts what it received, ``sender_seq - reflector_seq`` is the forward loss so far,
-which splits the total loss into forward and backward.
+Seq counts what it received, ``sender_seq - reflector_seq`` at the highest answered Seq
+is the forward loss among the packets sent before it, which splits the loss into
+forward and backward. A packet lost after the highest answered one cannot be placed
+until a later reply arrives: it is counted ``unclassified_lost`` meanwhile.
+
+SSID. A reply must carry the session's SSID (RFC 8972 §3), with one exception: a
+Session-Reflector that implements RFC 8762 but not RFC 8972 returns the field as zero
+(to it the field is MBZ). By default such a reply is accepted when its Seq and T1 are
+those of a packet this session sent (the adapter has already matched the addresses and
+ports), and counted in ``ssid_zero`` so that the results can say the reflector is
+RFC 8762-only; ``strict_ssid`` refuses it (counted ``ssid-zero``).
+
+Authenticated mode with TLVs (RFC 8972 §4.8). Every packet carries an HMAC TLV over its
+Sequence Number and the TLVs before it, computed per packet, placed after every TLV but
+trailing Extra Padding (not needed when all the TLVs are Extra Padding). A Direct
+Measurement TLV gets its S_TxC filled in per packet first (RFC 8972 §4.5: packets sent
+in the session, this one included). A reply's HMAC TLV is verified the same way before
+anything else in its TLVs is used; a failure drops the reply (``hmac-tlv-failed``); a
+reply whose TLVs carry the I flag (the reflector could not verify ours) is counted in
+``integrity_reported``.
 """
 
 from __future__ import annotations
@@ -38,20 +61,20 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from sixlab.stamp._events import (
-    ConfigError,
     DropReason,
     DuplicateReceived,
     Event,
     PacketDropped,
     PacketLost,
     PacketSent,
+    SessionConfigError,
     SessionFinished,
     SessionStateError,
     StampResult,
 )
+from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
-from sixlab.wire import stamp_auth
-from sixlab.wire._errors import WireError
+from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat, decode_timestamp, encode_timestamp
 
 __all__ = ["DEFAULT_TAI_UTC_OFFSET_NS", "SenderConfig", "SenderCounters", "SenderSession", "State"]
@@ -111,24 +134,35 @@ class SenderConfig:
     loss_timeout_ns: int = DEFAULT_LOSS_TIMEOUT_NS
     tai_utc_offset_ns: int = DEFAULT_TAI_UTC_OFFSET_NS
     reflector_stateful: bool = False
+    #: Refuse replies whose SSID is 0 (an RFC 8762-only reflector); see the module doc.
+    strict_ssid: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.ssid <= 0xFFFF:
-            raise ConfigError(f"ssid {self.ssid} is not a 16-bit value")
+            raise SessionConfigError(f"ssid {self.ssid} is not a 16-bit value")
         if self.interval_ns <= 0:
-            raise ConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
+            raise SessionConfigError(f"interval_ns must be positive, got {self.interval_ns} ns")
         if self.count is not None and self.count < 0:
-            raise ConfigError(f"count must not be negative, got {self.count}")
+            raise SessionConfigError(f"count must not be negative, got {self.count}")
         if self.duration_ns is not None and self.duration_ns < 0:
-            raise ConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
+            raise SessionConfigError(f"duration_ns must not be negative, got {self.duration_ns} ns")
         if self.loss_timeout_ns <= 0:
-            raise ConfigError(f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns")
+            raise SessionConfigError(
+                f"loss_timeout_ns must be positive, got {self.loss_timeout_ns} ns"
+            )
         if self.key is not None and not self.key:
-            raise ConfigError("key: authenticated mode needs a non-empty key")
+            raise SessionConfigError("key: authenticated mode needs a non-empty key")
         if self.error_estimate is not None and self.error_estimate.fmt is not self.fmt:
-            raise ConfigError("error_estimate: its Z bit must match the timestamp format")
+            raise SessionConfigError("error_estimate: its Z bit must match the timestamp format")
         if self.error_estimate is not None and not self.error_estimate.is_valid:
-            raise ConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+            raise SessionConfigError("error_estimate: Multiplier must not be 0 (RFC 4656 §4.1.2)")
+        if self.key is not None and self.tlvs:
+            try:
+                tlv.decode_tlvs(self.tlvs)
+            except WireError as exc:
+                raise SessionConfigError(
+                    f"tlvs: authenticated mode needs well-formed TLVs: {exc}"
+                ) from exc
 
     @property
     def authenticated(self) -> bool:
@@ -152,6 +186,18 @@ class SenderCounters:
     dropped: dict[DropReason, int] = field(default_factory=dict)
     #: Forward loss known from a stateful reflector's Seq (None: reflector stateless).
     forward_lost: int | None = None
+    #: Losses after the highest answered Seq, not yet placed forward or backward
+    #: (None: reflector stateless).
+    unclassified_lost: int | None = None
+    #: Replies accepted with SSID 0: the reflector implements RFC 8762 but not RFC 8972.
+    ssid_zero: int = 0
+    #: Replies whose TLVs carry the I flag: the reflector's check of our HMAC TLV failed.
+    integrity_reported: int = 0
+
+    @property
+    def reflector_ssid_zero(self) -> bool:
+        """The reflector returned SSID 0: it implements RFC 8762 only (RFC 8972 §3)."""
+        return self.ssid_zero > 0
 
     @property
     def late(self) -> int:
@@ -163,7 +209,7 @@ class SenderCounters:
         """Losses on the way back, where the forward/backward split is known."""
         if self.forward_lost is None:
             return None
-        return max(0, self.lost - self.forward_lost)
+        return max(0, self.lost - self.forward_lost - (self.unclassified_lost or 0))
 
 
 class SenderSession:
@@ -183,17 +229,21 @@ class SenderSession:
         self._answered: set[int] = set()
         self._answered_order: deque[int] = deque()
         self._highest_seq: int | None = None
+        self._lost_above: deque[int] = deque()  # lost Seqs above the highest answered
         self._tx: list[bytes] = []
         self._events: deque[Event] = deque()
+        self._covered, self._trailing, self._dm_at = _split_tlvs(config)
+        if config.reflector_stateful:
+            self.counters.unclassified_lost = 0
 
     # -- inputs -----------------------------------------------------------------------
 
-    def start(self, now: int) -> None:
+    def start(self, now: int, wall: int | None = None) -> None:
         self._transition(_Input.START)
         self._next_send_ns = now
         if self.config.duration_ns is not None:
             self._end_ns = now + self.config.duration_ns
-        self.handle_timer(now)
+        self.handle_timer(now, wall)
 
     def stop(self) -> None:
         """Send no more; results still outstanding keep their loss timeouts."""
@@ -206,21 +256,22 @@ class SenderSession:
             self._events.append(SessionFinished(self.config.ssid))
         self._maybe_drained()
 
-    def handle_timer(self, now: int) -> None:
+    def handle_timer(self, now: int, wall: int | None = None) -> None:
+        """The timer fired: send what is due (T1 = ``wall``, else ``now``), expire."""
         if self.state is State.RUNNING:
-            self._send_due(now)
+            self._send_due(now, now if wall is None else wall)
         self._expire(now)
         self._maybe_drained()
 
-    def receive(self, data: bytes, now: int) -> None:
-        """A reflected packet arrived at ``now`` (T4, UTC ns)."""
+    def receive(self, data: bytes, now: int, wall: int | None = None) -> None:
+        """A reflected packet arrived at ``now``; T4 is ``wall`` (UTC ns), else ``now``."""
         if self.state not in (State.RUNNING, State.DRAINING):
             self._drop(DropReason.NOT_RUNNING)
             return
         # Deadlines first: a reply past its loss timeout is late even when the adapter
         # hands it over before running the overdue timer.
         self._expire(now)
-        self._match(data, now)
+        self._match(data, now if wall is None else wall)
         self._maybe_drained()
 
     def _match(self, data: bytes, now: int) -> None:
@@ -233,9 +284,15 @@ class SenderSession:
         except WireError:
             self._drop(DropReason.TOO_SHORT)
             return
+        ssid_zero = False
         if pkt.ssid != cfg.ssid:
-            self._drop(DropReason.NO_SESSION)
-            return
+            if pkt.ssid != 0:
+                self._drop(DropReason.NO_SESSION)
+                return
+            if cfg.strict_ssid:
+                self._drop(DropReason.SSID_ZERO)
+                return
+            ssid_zero = True
         if not pkt.error_estimate.is_valid:
             self._drop(DropReason.MULTIPLIER_ZERO)
             return
@@ -260,15 +317,31 @@ class SenderSession:
         if echoed_t1 != t1:  # exact: NTP rounds to nearest both ways (wire.timestamp)
             self._drop(DropReason.BAD_TIMESTAMP)
             return
+        if cfg.key is not None and pkt.tlvs:
+            scan = tlv.scan_tlvs(pkt.tlvs)
+            padding_only = scan.well_formed and all(
+                x.type == tlv.TlvType.EXTRA_PADDING for x in scan.tlvs
+            )
+            if not padding_only and not tlv.verify_hmac_tlv(data[:4], pkt.tlvs, cfg.key):
+                self._drop(DropReason.HMAC_TLV_FAILED)
+                return
+            if any(x.flags & tlv.TlvFlag.I for x in scan.tlvs):
+                self.counters.integrity_reported += 1
         del self._outstanding[seq]
         self._remember_answered(seq)
         self.counters.received += 1
+        if ssid_zero:
+            self.counters.ssid_zero += 1
         if self._highest_seq is not None and seq < self._highest_seq:
             self.counters.reordered += 1
         else:
             self._highest_seq = seq
             if cfg.reflector_stateful:
                 self.counters.forward_lost = max(0, seq - pkt.seq)
+                above = self._lost_above
+                while above and above[0] <= seq:
+                    above.popleft()
+                self.counters.unclassified_lost = len(above)
         self._events.append(
             StampResult(
                 ssid=cfg.ssid,
@@ -285,6 +358,21 @@ class SenderSession:
             )
         )
 
+    def claims(self, data: bytes) -> bool:
+        """Whether reply ``data`` answers a packet of this session still waiting for its
+        reply, by its Seq and T1 alone (for an adapter that must place a reply whose SSID
+        is 0). A repeat of a reply already matched is not claimed: without the SSID and
+        with T1 no longer kept, another session that sent the same Seq could own it."""
+        try:
+            pkt = wire.decode_reflector(data, authenticated=self.config.authenticated)
+            t1 = self._outstanding.get(pkt.sender_seq)
+            if t1 is None:
+                return False
+            echoed = self._to_utc(pkt.sender_timestamp, pkt.sender_error_estimate.fmt)
+        except WireError:
+            return False
+        return echoed == t1
+
     # -- outputs ----------------------------------------------------------------------
 
     def datagrams_to_send(self) -> list[bytes]:
@@ -293,7 +381,7 @@ class SenderSession:
         return out
 
     def get_timer(self) -> int | None:
-        """When ``handle_timer`` must next be called (UTC ns), or None."""
+        """When ``handle_timer`` must next be called (on ``now``'s clock), or None."""
         candidates = []
         if self.state is State.RUNNING and self._next_send_ns is not None:
             candidates.append(self._next_send_ns)
@@ -315,7 +403,7 @@ class SenderSession:
                 f"{event.name.lower()} is not valid in {self.state.name}"
             ) from None
 
-    def _send_due(self, now: int) -> None:
+    def _send_due(self, now: int, wall: int) -> None:
         cfg = self.config
         while self._next_send_ns is not None and self._next_send_ns <= now:
             if (cfg.count is not None and self._next_seq >= cfg.count) or (
@@ -324,28 +412,42 @@ class SenderSession:
                 self._next_send_ns = None
                 self._transition(_Input.STOP)
                 return
-            self._send_one(now)
+            self._send_one(now, wall)
             # Keep the schedule (no drift) but never burst to catch up after a stall:
             # the slots missed are skipped, the next send is the grid's first after now.
             missed = (now - self._next_send_ns) // cfg.interval_ns
             self._next_send_ns += (missed + 1) * cfg.interval_ns
 
-    def _send_one(self, now: int) -> None:
+    def _send_one(self, now: int, wall: int) -> None:
         cfg = self.config
         seq = self._next_seq
         self._next_seq = (seq + 1) & 0xFFFF_FFFF
-        wire_now = now + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else now
+        wire_now = wall + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else wall
         pkt = wire.SenderPacket(
-            seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, cfg.tlvs
+            seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, self._tlvs_for(seq)
         )
         data = wire.encode_sender(pkt, authenticated=cfg.authenticated)
         if cfg.key is not None:
             data = stamp_auth.sign(data, cfg.key)
         self._tx.append(data)
-        self._outstanding[seq] = now
+        self._outstanding[seq] = wall  # T1, to match the echo and go into the result
         self._deadlines.append((now + cfg.loss_timeout_ns, seq))
         self.counters.sent += 1
-        self._events.append(PacketSent(cfg.ssid, seq, now))
+        self._events.append(PacketSent(cfg.ssid, seq, wall))
+
+    def _tlvs_for(self, seq: int) -> bytes:
+        """The TLV area of packet ``seq``: S_TxC filled in, HMAC TLV computed (module doc)."""
+        cfg = self.config
+        covered = self._covered
+        if self._dm_at is not None:
+            at = self._dm_at
+            area = bytearray(covered)
+            area[at : at + 4] = ((self.counters.sent + 1) & 0xFFFF_FFFF).to_bytes(4)
+            covered = bytes(area)
+        if cfg.key is None or not covered:
+            return covered + self._trailing
+        signed = tlv.append_hmac_tlv(seq.to_bytes(4), covered, cfg.key)
+        return signed + self._trailing
 
     def _expire(self, now: int) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
@@ -353,6 +455,11 @@ class SenderSession:
             t1 = self._outstanding.pop(seq, None)
             if t1 is not None:
                 self.counters.lost += 1
+                if self.config.reflector_stateful and (
+                    self._highest_seq is None or seq > self._highest_seq
+                ):
+                    self._lost_above.append(seq)
+                    self.counters.unclassified_lost = len(self._lost_above)
                 self._events.append(PacketLost(self.config.ssid, seq, t1))
 
     def _maybe_drained(self) -> None:
@@ -374,3 +481,34 @@ class SenderSession:
     def _drop(self, reason: DropReason) -> None:
         self.counters.dropped[reason] = self.counters.dropped.get(reason, 0) + 1
         self._events.append(PacketDropped(self.config.ssid, reason))
+
+
+def _split_tlvs(config: SenderConfig) -> tuple[bytes, bytes, int | None]:
+    """The configured TLV area split for per-packet work: (the TLVs an HMAC TLV covers,
+    the trailing Extra Padding it may not cover, the offset of a Direct Measurement
+    TLV's S_TxC in the first part or None).
+
+    Unauthenticated, or TLVs that do not decode: all of it in the first part, as given.
+    An HMAC TLV in the configuration is dropped: the session computes its own.
+    """
+    try:
+        tlvs = list(tlv.decode_tlvs(config.tlvs))
+    except WireError:
+        return config.tlvs, b"", None
+    if config.key is not None:
+        tlvs = [x for x in tlvs if x.type != tlv.TlvType.HMAC]
+        end = len(tlvs)
+        while end and tlvs[end - 1].type == tlv.TlvType.EXTRA_PADDING:
+            end -= 1
+        covered, trailing = tlv.encode_tlvs(tlvs[:end]), tlv.encode_tlvs(tlvs[end:])
+    else:
+        covered, trailing = config.tlvs, b""
+        end = len(tlvs)
+    dm_at = None
+    offset = 0
+    for x in tlvs[:end]:
+        if x.type == tlv.TlvType.DIRECT_MEASUREMENT and len(x.value) == 12:
+            dm_at = offset + tlv.TLV_HEADER_SIZE
+            break
+        offset += x.size
+    return covered, trailing, dm_at

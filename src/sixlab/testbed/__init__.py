@@ -12,11 +12,20 @@ Predefined topologies:
 
 Link emulation (delay, jitter, loss per direction) is :mod:`sixlab.testbed.linkemu`, a
 user-space element in a middle namespace: this kernel has no netem.
+
+Errors
+------
+::
+
+    TestbedError (RuntimeError)   a topology that cannot be built or torn down
+
+(``DirectionConfig`` refuses impossible link parameters with a ``ValueError``.)
 """
 
 from sixlab.testbed._bench import BenchTestbed, two_node_bench
+from sixlab.testbed._closing import ClosingContext
 from sixlab.testbed._emulation import DirectionConfig
-from sixlab.testbed._netns import DEFAULT_PREFIX, exec_in, run_in, sweep
+from sixlab.testbed._netns import DEFAULT_PREFIX, entered, exec_in, run_in, sweep
 from sixlab.testbed._srv6 import SRv6Path, SRv6TwoPaths, srv6_two_paths
 from sixlab.testbed._tools import PingResult, pin_cpu, ping6
 from sixlab.testbed._topology import (
@@ -31,6 +40,7 @@ from sixlab.testbed._topology import (
 __all__ = [
     "DEFAULT_PREFIX",
     "BenchTestbed",
+    "ClosingContext",
     "DirectionConfig",
     "EmulatedLink",
     "Link",
@@ -41,6 +51,7 @@ __all__ = [
     "SRv6TwoPaths",
     "Testbed",
     "TestbedError",
+    "entered",
     "exec_in",
     "pin_cpu",
     "ping6",

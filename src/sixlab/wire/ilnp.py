@@ -51,6 +51,7 @@ from sixlab.wire.checksum import (
     ipv6_pseudo_header,
     ones_complement_sum,
 )
+from sixlab.wire.ipv6 import IPV6_HEADER
 
 __all__ = [
     "DSTOPTS_NEXT_HEADER",
@@ -109,7 +110,6 @@ _U64 = (1 << 64) - 1
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 _OPT_HDR = struct.Struct("!BB")
-_IPV6 = struct.Struct("!IHBB16s16s")
 _LU_HEADER = struct.Struct("!BBHBBH")
 _LU_ENTRY = struct.Struct("!QHH")
 _MAX_LOCS = 255  # Num of Locs is one byte (RFC 6743 §2)
@@ -369,7 +369,9 @@ def encode_packet(packet: IlnpPacket) -> bytes:
     if length > 0xFFFF:
         raise InvalidFieldError(f"payload of {length} bytes needs a jumbogram")
     word = (6 << 28) | (packet.traffic_class << 20) | packet.flow_label
-    header = _IPV6.pack(word, length, first, packet.hop_limit, packet.src.packed, packet.dst.packed)
+    header = IPV6_HEADER.pack(
+        word, length, first, packet.hop_limit, packet.src.packed, packet.dst.packed
+    )
     return header + ext + packet.payload
 
 
@@ -377,7 +379,7 @@ def decode_packet(data: bytes) -> IlnpPacket:
     """Parse an IPv6 packet; a leading Destination Options header yields its nonce."""
     if len(data) < IPV6_HEADER_SIZE:
         raise TruncatedError(f"IPv6 packet of {len(data)} bytes, need {IPV6_HEADER_SIZE}")
-    word, length, next_header, hop_limit, src, dst = _IPV6.unpack_from(data)
+    word, length, next_header, hop_limit, src, dst = IPV6_HEADER.unpack_from(data)
     if word >> 28 != 6:
         raise InvalidFieldError(f"IP version {word >> 28}, expected 6")
     end = IPV6_HEADER_SIZE + length

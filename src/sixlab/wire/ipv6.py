@@ -27,6 +27,7 @@ from sixlab.wire._errors import InvalidFieldError, TruncatedError, check_uint
 from sixlab.wire.checksum import BytesLike
 
 __all__ = [
+    "IPV6_HEADER",
     "IPV6_HEADER_SIZE",
     "IPV6_VERSION",
     "MAX_PAYLOAD_LENGTH",
@@ -45,7 +46,9 @@ IPV6_VERSION = 6
 #: (RFC 2675), which sixlab does not build.
 MAX_PAYLOAD_LENGTH = 0xFFFF
 
-HEADER = struct.Struct("!IHBB16s16s")
+#: The fixed header, for every module that packs or unpacks one: the Version, Traffic
+#: Class and Flow Label word, Payload Length, Next Header, Hop Limit, source, destination.
+IPV6_HEADER = struct.Struct("!IHBB16s16s")
 _HOP_LIMIT_OFFSET = 7
 _SRC_OFFSET = 8
 _DST_OFFSET = 24
@@ -101,7 +104,7 @@ class IPv6Header:
     def encode(self) -> bytes:
         """The 40 header bytes."""
         first = (IPV6_VERSION << 28) | (self.traffic_class << 20) | self.flow_label
-        return HEADER.pack(
+        return IPV6_HEADER.pack(
             first,
             self.payload_length,
             self.next_header,
@@ -115,7 +118,7 @@ class IPv6Header:
         """Parse the fixed header at the start of ``data`` (what follows is not read)."""
         if len(data) < IPV6_HEADER_SIZE:
             raise TruncatedError(f"IPv6 header of {len(data)} bytes, need {IPV6_HEADER_SIZE}")
-        first, plen, nh, hlim, src, dst = HEADER.unpack_from(data)
+        first, plen, nh, hlim, src, dst = IPV6_HEADER.unpack_from(data)
         version = first >> 28
         if version != IPV6_VERSION:
             raise InvalidFieldError(f"IP version {version}, expected {IPV6_VERSION}")

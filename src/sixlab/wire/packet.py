@@ -50,6 +50,7 @@ from ipaddress import IPv6Address
 from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError
 from sixlab.wire.checksum import BytesLike
 from sixlab.wire.ipv6 import (
+    IPV6_HEADER,
     IPV6_HEADER_SIZE,
     IPV6_VERSION,
     MAX_PAYLOAD_LENGTH,
@@ -59,7 +60,7 @@ from sixlab.wire.ipv6 import (
     packed_address,
 )
 from sixlab.wire.srh import ROUTING_TYPE_SRH, SegmentRoutingHeader, validate_srh
-from sixlab.wire.udp import UDP_HEADER_SIZE, UdpHeader, encode_udp, verify_udp
+from sixlab.wire.udp import UDP_HEADER, UDP_HEADER_SIZE, UdpHeader, encode_udp, verify_udp
 
 __all__ = [
     "MAX_EXTENSION_HEADERS",
@@ -71,10 +72,8 @@ __all__ = [
 #: Bound on the extension-header walk; see the module docstring for the reasoning.
 MAX_EXTENSION_HEADERS = 8
 
-_IPV6 = struct.Struct("!IHBB16s16s")
 _EXT = struct.Struct("!BB")  # Next Header, Hdr Ext Len: common to 0, 43 and 60
 _ROUTING = struct.Struct("!BB")  # Routing Type, Segments Left at offset 2
-_UDP = struct.Struct("!HHHH")
 # Plain ints for the per-packet loop: comparing against IntEnum members costs more.
 _NH_UDP = int(NextHeader.UDP)
 _NH_HBH = int(NextHeader.HOP_BY_HOP)
@@ -208,7 +207,7 @@ def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> Parse
     size = len(view)
     if size < IPV6_HEADER_SIZE:
         raise TruncatedError(f"IPv6 packet of {size} bytes, need {IPV6_HEADER_SIZE}")
-    first, plen, first_nh, hlim, src, dst = _IPV6.unpack_from(view)
+    first, plen, first_nh, hlim, src, dst = IPV6_HEADER.unpack_from(view)
     if first >> 28 != IPV6_VERSION:
         raise InvalidFieldError(f"IP version {first >> 28}, expected {IPV6_VERSION}")
     end = IPV6_HEADER_SIZE + plen
@@ -257,7 +256,7 @@ def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> Parse
 
     if offset + UDP_HEADER_SIZE > end:
         raise TruncatedError(f"UDP header at {offset} past the payload")
-    sport, dport, udp_length, checksum = _UDP.unpack_from(view, offset)
+    sport, dport, udp_length, checksum = UDP_HEADER.unpack_from(view, offset)
     if udp_length < UDP_HEADER_SIZE:
         raise InvalidFieldError(f"UDP Length {udp_length} is shorter than its header")
     udp_end = offset + udp_length

@@ -33,6 +33,7 @@ from sixlab.wire.ipv6 import AddressLike, NextHeader, packed_address
 
 __all__ = [
     "MAX_UDP_PAYLOAD",
+    "UDP_HEADER",
     "UDP_HEADER_SIZE",
     "UdpHeader",
     "encode_udp",
@@ -45,7 +46,8 @@ UDP_HEADER_SIZE = 8
 MAX_UDP_PAYLOAD = 0xFFFF - UDP_HEADER_SIZE
 _MOD = 0xFFFF
 
-HEADER = struct.Struct("!HHHH")
+#: Source Port, Destination Port, Length, Checksum (RFC 768).
+UDP_HEADER = struct.Struct("!HHHH")
 _CHECKSUM_OFFSET = 6
 
 
@@ -78,14 +80,14 @@ class UdpHeader:
 
     def encode(self) -> bytes:
         """The 8 header bytes."""
-        return HEADER.pack(self.src_port, self.dst_port, self.length, self.checksum)
+        return UDP_HEADER.pack(self.src_port, self.dst_port, self.length, self.checksum)
 
     @classmethod
     def decode(cls, data: BytesLike) -> UdpHeader:
         """Parse the header at the start of ``data``."""
         if len(data) < UDP_HEADER_SIZE:
             raise TruncatedError(f"UDP header of {len(data)} bytes, need {UDP_HEADER_SIZE}")
-        return cls(*HEADER.unpack_from(data))
+        return cls(*UDP_HEADER.unpack_from(data))
 
 
 def udp_checksum(src: bytes, dst: bytes, udp_segment: BytesLike) -> int:

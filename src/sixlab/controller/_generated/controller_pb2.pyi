@@ -105,7 +105,9 @@ class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionS
     SESSION_STATE_STOPPED: _SessionState.ValueType  # 4
     """Stopped, startable again."""
     SESSION_STATE_FINISHED: _SessionState.ValueType  # 5
-    """Done (count or duration reached, or stopped) and every result collected."""
+    """Done (count or duration reached, or stopped) and every result collected;
+    startable again.
+    """
     SESSION_STATE_DESTROYED: _SessionState.ValueType  # 6
     """Removed from the agents; its results remain in the store."""
 
@@ -122,7 +124,9 @@ SESSION_STATE_STOPPING: SessionState.ValueType  # 3
 SESSION_STATE_STOPPED: SessionState.ValueType  # 4
 """Stopped, startable again."""
 SESSION_STATE_FINISHED: SessionState.ValueType  # 5
-"""Done (count or duration reached, or stopped) and every result collected."""
+"""Done (count or duration reached, or stopped) and every result collected;
+startable again.
+"""
 SESSION_STATE_DESTROYED: SessionState.ValueType  # 6
 """Removed from the agents; its results remain in the store."""
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
@@ -281,6 +285,9 @@ class Node(_message.Message):
     LAST_SEEN_NS_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
+    AGENT_EPOCH_FIELD_NUMBER: _builtins.int
+    AGENT_STARTED_NS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     role: Global___NodeRole.ValueType
@@ -292,6 +299,13 @@ class Node(_message.Message):
     """Why the last call failed (empty while healthy)."""
     initialized: _builtins.bool
     """True once InitNode succeeded (the controller replays it after an agent restart)."""
+    agent_epoch: _builtins.str
+    """The run of its agent last seen (the agent's GetAgentInfo epoch, 16 hex digits;
+    empty: never seen) and when that run started, Unix ns.
+    """
+    agent_started_ns: _builtins.int
+    restarts: _builtins.int
+    """How many times its agent was seen to have restarted (a new epoch)."""
     def __init__(
         self,
         *,
@@ -302,13 +316,21 @@ class Node(_message.Message):
         last_seen_ns: _builtins.int | None = ...,
         last_error: _builtins.str = ...,
         initialized: _builtins.bool = ...,
+        agent_epoch: _builtins.str = ...,
+        agent_started_ns: _builtins.int | None = ...,
+        restarts: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "agent_started_ns", b"agent_started_ns", "last_seen_ns", b"last_seen_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns", "address", b"address", "healthy", b"healthy", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns", "_last_seen_ns", b"_last_seen_ns", "address", b"address", "agent_epoch", b"agent_epoch", "agent_started_ns", b"agent_started_ns", "healthy", b"healthy", "initialized", b"initialized", "last_error", b"last_error", "last_seen_ns", b"last_seen_ns", "name", b"name", "restarts", b"restarts", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__agent_started_ns: _TypeAlias = _typing.Literal["agent_started_ns"]  # noqa: Y015
+    _WhichOneofArgType__agent_started_ns: _TypeAlias = _typing.Literal["_agent_started_ns", b"_agent_started_ns"]  # noqa: Y015
     _WhichOneofReturnType__last_seen_ns: _TypeAlias = _typing.Literal["last_seen_ns"]  # noqa: Y015
     _WhichOneofArgType__last_seen_ns: _TypeAlias = _typing.Literal["_last_seen_ns", b"_last_seen_ns"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_started_ns) -> _WhichOneofReturnType__agent_started_ns | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_seen_ns) -> _WhichOneofReturnType__last_seen_ns | None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
@@ -334,6 +356,7 @@ class CreateSessionRequest(_message.Message):
     STATEFUL_FIELD_NUMBER: _builtins.int
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     COLLECT_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name of the session (usually the path's), e.g. "path-a": 1 to 64 printable
     characters, no blanks.
@@ -363,6 +386,10 @@ class CreateSessionRequest(_message.Message):
     loss_timeout_ns: _builtins.int
     """A packet without a reflection after this long is lost (absent: 2 s)."""
     collect: Global___CollectMode.ValueType
+    strict_ssid: _builtins.bool
+    """Refuse replies whose SSID is 0. By default they are accepted when address, port,
+    Seq and T1 match: an RFC 8762-only reflector returns the SSID as 0 (RFC 8972 §3).
+    """
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Forward SID list, travel order (empty: plain IPv6)."""
@@ -393,10 +420,11 @@ class CreateSessionRequest(_message.Message):
         stateful: _builtins.bool = ...,
         loss_timeout_ns: _builtins.int | None = ...,
         collect: Global___CollectMode.ValueType = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "reflector_port", b"reflector_port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__interval_ns: _TypeAlias = _typing.Literal["interval_ns"]  # noqa: Y015
     _WhichOneofArgType__interval_ns: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns"]  # noqa: Y015
@@ -605,6 +633,7 @@ class Session(_message.Message):
     FORWARD_LOST_FIELD_NUMBER: _builtins.int
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STORED_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     ssid: _builtins.int
     """The STAMP Session Identifier on both agents (RFC 8972 §3)."""
@@ -627,7 +656,9 @@ class Session(_message.Message):
     created_ns: _builtins.int
     """When the session was created, Unix ns."""
     epoch: _builtins.int
-    """Times the session was created again on a restarted sender agent."""
+    """Times the session was created again on its sender: started again after it
+    finished, or restored on a restarted sender agent. Seq numbers start over each time.
+    """
     sent: _builtins.int
     """The sender's counters, kept across agent restarts."""
     lost: _builtins.int
@@ -637,6 +668,7 @@ class Session(_message.Message):
     """Results the sender's FIFO had to drop (the controller read too slowly)."""
     stored: _builtins.int
     """Results in the controller's store."""
+    strict_ssid: _builtins.bool
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -670,10 +702,11 @@ class Session(_message.Message):
         forward_lost: _builtins.int | None = ...,
         overflow: _builtins.int = ...,
         stored: _builtins.int = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
@@ -757,6 +790,7 @@ class Record(_message.Message):
     SENDER_ERROR_NS_FIELD_NUMBER: _builtins.int
     REFLECTOR_ERROR_NS_FIELD_NUMBER: _builtins.int
     ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     t1_ns: _builtins.int
     t2_ns: _builtins.int
@@ -779,6 +813,10 @@ class Record(_message.Message):
     reflector_error_ns: _builtins.int
     error_bound_ns: _builtins.int
     """Bound on the error of each of the three delays: the two bounds added."""
+    epoch: _builtins.int
+    """The session's epoch the record belongs to (see Session.epoch): Seq numbers start
+    over in each, so (epoch, seq) names a record.
+    """
     def __init__(
         self,
         *,
@@ -797,14 +835,80 @@ class Record(_message.Message):
         sender_error_ns: _builtins.int = ...,
         reflector_error_ns: _builtins.int = ...,
         error_bound_ns: _builtins.int = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["direct_ns", b"direct_ns", "error_bound_ns", b"error_bound_ns", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direct_ns", b"direct_ns", "epoch", b"epoch", "error_bound_ns", b"error_bound_ns", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Record: _TypeAlias = Record  # noqa: Y015
+
+@_typing.final
+class EpochStats(_message.Message):
+    """One epoch of a session (see Session.epoch) and what became of its probes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    STARTED_NS_FIELD_NUMBER: _builtins.int
+    ENDED_NS_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
+    SENDER_AGENT_FIELD_NUMBER: _builtins.int
+    SENT_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    started_ns: _builtins.int
+    """When the controller started it, Unix ns."""
+    ended_ns: _builtins.int
+    """When it ended (absent: the current epoch)."""
+    end_reason: _builtins.str
+    """Why it ended: "finished" (count, duration or stop), "sender-lost" (its sender agent
+    restarted or lost the session), "reflector-lost" (a stateful session's reflector
+    agent restarted: both halves start afresh), "destroyed"; empty for the current epoch.
+    """
+    sender_agent: _builtins.str
+    """The run of the sender agent it ran on (GetAgentInfo.epoch, 16 hex digits)."""
+    sent: _builtins.int
+    """The sender's last counters of the epoch, and the results stored."""
+    received: _builtins.int
+    lost: _builtins.int
+    unknown: _builtins.int
+    """Probes whose outcome no agent reported, neither received nor declared lost: in an
+    epoch ended by "sender-lost", every slot of its schedule up to the next epoch's
+    start not otherwise accounted for (results that died with the agent, and probes
+    never sent while it was down); in another ended epoch, sent but not reported
+    (e.g. FIFO overflow). 0 for the current epoch.
+    """
+    schedule_skipped: _builtins.int
+    """Slots of its schedule the sender's engine skipped (see GetPathStatsReply)."""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        started_ns: _builtins.int = ...,
+        ended_ns: _builtins.int | None = ...,
+        end_reason: _builtins.str = ...,
+        sender_agent: _builtins.str = ...,
+        sent: _builtins.int = ...,
+        received: _builtins.int = ...,
+        lost: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        schedule_skipped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "ended_ns", b"ended_ns"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns", "end_reason", b"end_reason", "ended_ns", b"ended_ns", "epoch", b"epoch", "lost", b"lost", "received", b"received", "schedule_skipped", b"schedule_skipped", "sender_agent", b"sender_agent", "sent", b"sent", "started_ns", b"started_ns", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ended_ns: _TypeAlias = _typing.Literal["ended_ns"]  # noqa: Y015
+    _WhichOneofArgType__ended_ns: _TypeAlias = _typing.Literal["_ended_ns", b"_ended_ns"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ended_ns) -> _WhichOneofReturnType__ended_ns | None: ...
+
+Global___EpochStats: _TypeAlias = EpochStats  # noqa: Y015
 
 @_typing.final
 class GetPathStatsRequest(_message.Message):
@@ -886,6 +990,13 @@ class GetPathStatsReply(_message.Message):
     BACKWARD_LOST_FIELD_NUMBER: _builtins.int
     MAX_ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
+    UNCLASSIFIED_LOST_FIELD_NUMBER: _builtins.int
+    SSID_ZERO_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_MEAN_NS_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_MAX_NS_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -894,11 +1005,29 @@ class GetPathStatsReply(_message.Message):
     loss_ratio: _builtins.float
     """lost / (received + lost); 0 when nothing is known."""
     forward_lost: _builtins.int
-    """With a stateful reflector: lost on the way there and on the way back."""
+    """With a stateful reflector: lost on the way there and on the way back, and lost
+    after the last reply (not placed until a later reply arrives).
+    """
     backward_lost: _builtins.int
     max_error_bound_ns: _builtins.int
     """Largest error bound of any stored result (absent: none stored)."""
     sent: _builtins.int
+    unclassified_lost: _builtins.int
+    ssid_zero: _builtins.int
+    """Replies with SSID 0 (the reflector implements RFC 8762 but not RFC 8972), this
+    epoch; accepted unless the session is strict_ssid.
+    """
+    unknown: _builtins.int
+    """Probes of unknown outcome (agent outages, see EpochStats.unknown), summed over the
+    epochs; not in loss_ratio, which counts the packets whose fate is known.
+    """
+    schedule_skipped: _builtins.int
+    """How the sender kept its schedule (start + k x interval), over the epochs: slots its
+    engine came too late for and sent nothing in (a sender that sends less than asked),
+    and how late its packets left their slots, on average and at most.
+    """
+    schedule_late_mean_ns: _builtins.int
+    schedule_late_max_ns: _builtins.int
     @_builtins.property
     def direct_delay(self) -> Global___DelaySummary:
         """Absent while no result is stored."""
@@ -907,6 +1036,10 @@ class GetPathStatsReply(_message.Message):
     def return_delay(self) -> Global___DelaySummary: ...
     @_builtins.property
     def round_trip_delay(self) -> Global___DelaySummary: ...
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochStats]:
+        """Every epoch of the session, oldest first (absent with since_ns)."""
+
     def __init__(
         self,
         *,
@@ -922,10 +1055,17 @@ class GetPathStatsReply(_message.Message):
         backward_lost: _builtins.int | None = ...,
         max_error_bound_ns: _builtins.int | None = ...,
         sent: _builtins.int = ...,
+        unclassified_lost: _builtins.int | None = ...,
+        ssid_zero: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        epochs: _abc.Iterable[Global___EpochStats] | None = ...,
+        schedule_skipped: _builtins.int = ...,
+        schedule_late_mean_ns: _builtins.int | None = ...,
+        schedule_late_max_ns: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_mean_ns", b"schedule_late_mean_ns", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "sent", b"sent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_max_ns", b"schedule_late_max_ns", "schedule_late_mean_ns", b"schedule_late_mean_ns", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "ssid_zero", b"ssid_zero", "unclassified_lost", b"unclassified_lost", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
@@ -937,6 +1077,10 @@ class GetPathStatsReply(_message.Message):
     _WhichOneofArgType__max_error_bound_ns: _TypeAlias = _typing.Literal["_max_error_bound_ns", b"_max_error_bound_ns"]  # noqa: Y015
     _WhichOneofReturnType__return_jitter_ns: _TypeAlias = _typing.Literal["return_jitter_ns"]  # noqa: Y015
     _WhichOneofArgType__return_jitter_ns: _TypeAlias = _typing.Literal["_return_jitter_ns", b"_return_jitter_ns"]  # noqa: Y015
+    _WhichOneofReturnType__schedule_late_mean_ns: _TypeAlias = _typing.Literal["schedule_late_mean_ns"]  # noqa: Y015
+    _WhichOneofArgType__schedule_late_mean_ns: _TypeAlias = _typing.Literal["_schedule_late_mean_ns", b"_schedule_late_mean_ns"]  # noqa: Y015
+    _WhichOneofReturnType__unclassified_lost: _TypeAlias = _typing.Literal["unclassified_lost"]  # noqa: Y015
+    _WhichOneofArgType__unclassified_lost: _TypeAlias = _typing.Literal["_unclassified_lost", b"_unclassified_lost"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
     @_typing.overload
@@ -947,5 +1091,9 @@ class GetPathStatsReply(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_error_bound_ns) -> _WhichOneofReturnType__max_error_bound_ns | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__return_jitter_ns) -> _WhichOneofReturnType__return_jitter_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_late_mean_ns) -> _WhichOneofReturnType__schedule_late_mean_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___GetPathStatsReply: _TypeAlias = GetPathStatsReply  # noqa: Y015

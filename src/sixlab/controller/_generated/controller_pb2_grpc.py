@@ -122,7 +122,9 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StartSession(self, request, context):
-        """Start a created or stopped session; the controller starts collecting its results.
+        """Start a created session, or start a finished one again (not while it is stopping);
+        the controller collects its results. Started again, a session begins a new epoch:
+        it is created afresh on both agents, its Seq numbers start over from 0.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,7 +138,8 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DestroySession(self, request, context):
-        """Remove the session from both agents. Its stored results stay readable.
+        """Remove the session from both agents. Its stored results stay readable by its name
+        until a new session takes the name (a destroyed session's name can be used again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

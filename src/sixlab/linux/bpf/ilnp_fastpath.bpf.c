@@ -31,9 +31,10 @@
  * Each fast-path decision is counted per CPU (enum fp_counter); a packet the programs
  * started to rewrite and could not finish is dropped and counted (FP_*_ERROR).
  *
- * Liveness: the Python ILCC needs to know an entry is in use (LRU order, idle expiry),
- * so the programs push the peer's NID into the `ilnp_activity` ring buffer at most
- * once a second per entry; the daemon drains it.
+ * Liveness: the Python ILCC needs to know an entry is in use (LRU order, idle expiry)
+ * and that its peer is still heard (a restarted peer is told apart by that), so the
+ * programs push the peer's NID into the `ilnp_activity` ring buffer at most once a
+ * second per entry and direction; the daemon drains it.
  *
  * Time is CLOCK_MONOTONIC (bpf_ktime_get_ns), the clock the daemon's `now` comes from.
  */
@@ -77,7 +78,8 @@ struct ilnp_peer {
 	__u64 egress_until_ns; /* egress only before this time; then user space decides */
 	__u64 accept[MAX_LOCATORS];          /* ingress: the peer's locators ... */
 	__u64 accept_until_ns[MAX_LOCATORS]; /* ... each accepted before this time */
-	__u64 last_report_ns; /* written here: last activity report */
+	__u64 last_report_ns;    /* written here: last activity report (egress) ... */
+	__u64 last_rx_report_ns; /* ... and last one for a packet from the peer */
 	__u32 egress_ifindex;
 	__u32 flags;
 	__u8 local_nonce_len; /* 4 or 12 (RFC 6744) */
@@ -149,12 +151,21 @@ static __always_inline __u64 load64(const void *p)
 	return bpf_be64_to_cpu(*(const __u64 *)p);
 }
 
-static __always_inline void report(struct ilnp_peer *peer, __u64 nid, __u64 now)
+/* One activity report: the peer, and whether a packet came *from* it (ingress), which
+ * also tells the host the peer's session is alive (sixlab.ilnp.host, restart_grace). */
+struct activity {
+	__u64 nid;
+	__u64 heard;
+};
+
+static __always_inline void report(struct ilnp_peer *peer, __u64 nid, __u64 now, int heard)
 {
-	if (now - peer->last_report_ns < ACTIVITY_EVERY_NS)
+	__u64 *last = heard ? &peer->last_rx_report_ns : &peer->last_report_ns;
+	if (now - *last < ACTIVITY_EVERY_NS)
 		return;
-	peer->last_report_ns = now;
-	if (bpf_ringbuf_output(&ilnp_activity, &nid, sizeof(nid), 0))
+	*last = now;
+	struct activity sample = {.nid = nid, .heard = heard};
+	if (bpf_ringbuf_output(&ilnp_activity, &sample, sizeof(sample), 0))
 		count(FP_ACTIVITY_LOST);
 }
 
@@ -285,7 +296,7 @@ int ilnp_ingress(struct __sk_buff *skb)
 		count(FP_RX_ERROR);
 		return TC_ACT_SHOT;
 	}
-	report(peer, peer_nid, now);
+	report(peer, peer_nid, now, 1);
 	count(FP_RX_FAST);
 	return bpf_redirect(cfg->tun_ifindex, BPF_F_INGRESS);
 }
@@ -379,7 +390,7 @@ int ilnp_egress(struct __sk_buff *skb)
 		count(FP_TX_ERROR);
 		return TC_ACT_SHOT;
 	}
-	report(peer, peer_nid, now);
+	report(peer, peer_nid, now, 0);
 	count(FP_TX_FAST);
 	return bpf_redirect_neigh(peer->egress_ifindex, NULL, 0, 0);
 }

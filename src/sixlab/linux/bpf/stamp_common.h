@@ -56,7 +56,8 @@ enum stamp_reason {
 	R_PASS_RINGBUF = 11,   /* collector: ring buffer full, user space gets it */
 	R_PASS_CSUM = 12,      /* UDP checksum 0: invalid over IPv6, the kernel drops it */
 	R_PASS_BAD_CSUM = 13,  /* UDP checksum does not verify: the kernel decides */
-	R_MAX = 14,
+	R_PASS_FLOWS = 14,     /* stateful: no room in the flow table, user space answers */
+	R_MAX = 15,
 };
 
 struct stamp_config {
@@ -77,10 +78,23 @@ struct stamp_session {
 	__u8 nsegs; /* return SIDs in segs, 0: plain return */
 	__u16 ee;   /* Error Estimate of the replies, host order */
 	__u16 pad0;
-	__u32 next_seq; /* stateful reply Seq, from 0 (RFC 8762 §4.3.1) */
-	__u32 pad1;
+	__u32 next_seq; /* unused: stateful counters are per flow (stamp_flow_key) */
+	__u32 gen;      /* generation: the agent writes a new one whenever it adds the session */
 	__s64 ptp_offset_ns; /* TAI - UTC for PTP timestamps, as the Python core adds it */
 	__u8 segs[STAMP_MAX_SEGS][16]; /* return path in WIRE order: segs[0] = last visited */
+};
+
+/* A STAMP session is the SSID with the addresses and ports (RFC 8972 §3): a stateful
+ * session's reply Seq is counted per flow. ``session`` is the session-map key (an SSID or
+ * STAMP_DEFAULT_SSID), ``ssid`` the packet's own SSID (the default session serves many),
+ * ``gen`` the session's generation, so that a session added again starts from 0. */
+struct stamp_flow_key {
+	__u32 session;
+	__u32 ssid;
+	__u32 gen;
+	__u16 sport, dport; /* network order, as on the wire */
+	__u8 saddr[16];
+	__u8 daddr[16];
 };
 
 struct stamp_counter_key {

@@ -9,7 +9,8 @@
  *   1. T2 = bpf_ktime_get_tai_ns() as soon as the headers show the STAMP port;
  *   2. the received Hop Limit is kept for Ses-Sender TTL before any header is touched;
  *   3. the sender fields are moved to their reflector offsets, Seq is the sender's
- *      (stateless) or the session's own counter from 0 (stateful, an atomic add);
+ *      (stateless) or the flow's own counter from 0 (stateful, an atomic add; a session
+ *      is the SSID with the addresses and ports, RFC 8972 §3: stamp_flows);
  *   4. Extra Padding TLVs are copied with U cleared (symmetric size, RFC 8972 §4.1);
  *   5. the Ethernet, IPv6 and SRH headers are rewritten: MACs, addresses and ports
  *      swapped, the SRH replaced by the session's return SID list closed by the
@@ -23,7 +24,8 @@
  *
  * Everything the kernel program does not handle goes on to the kernel untouched
  * (XDP_PASS), where the agent's user-space path (a UDP socket on the same port) answers
- * it with the Python core: authenticated packets (HMAC-SHA-256 has no place in XDP),
+ * it with the Python core: authenticated packets (HMAC-SHA-256 has no place in XDP), and
+ * unauthenticated ones whose SSID names an authenticated session (the core refuses them),
  * TLVs other than Extra Padding, packets shorter than the base packet (answered with a
  * full one, RFC 8762 §4.6), packets without a session. Packets that no path may answer
  * (too short, Multiplier 0, lengths that disagree) are dropped and counted.
@@ -38,6 +40,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct stamp_session);
 } stamp_sessions SEC(".maps");
+
+/* Stateful reply counters, per flow (struct stamp_flow_key); the least recently used
+ * flow makes room, as the Python core forgets its oldest (sixlab.stamp.reflector). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct stamp_flow_key);
+	__type(value, __u32);
+} stamp_flows SEC(".maps");
 
 /* Replies sent, per session (index: SSID, or STAMP_DEFAULT_SSID), per CPU. The rarer
  * outcomes are counted in stamp_counters. */
@@ -121,8 +132,12 @@ int stamp_reflector(struct xdp_md *ctx)
 	__u16 ssid_be = *(__u16 *)(pl + 14);
 	key = bpf_ntohs(ssid_be);
 	s = bpf_map_lookup_elem(&stamp_sessions, &key);
-	if (s && s->auth)
-		s = 0; /* an authenticated session never answers an unauthenticated packet */
+	if (s && s->auth) {
+		/* An unauthenticated packet naming an authenticated session: no session here
+		 * (the default one included) answers it; the core drops and counts it. */
+		count(key, R_PASS_AUTH);
+		return XDP_PASS;
+	}
 default_session:
 	if (!s) {
 		key = STAMP_DEFAULT_SSID;
@@ -192,8 +207,28 @@ default_session:
 	__u16 sport = udp->source, dport = udp->dest;
 
 	__u32 rseq_be = seq_be;
-	if (s->mode == STAMP_STATEFUL)
-		rseq_be = bpf_htonl(__sync_fetch_and_add(&s->next_seq, 1));
+	if (s->mode == STAMP_STATEFUL) {
+		struct stamp_flow_key fk;
+		__builtin_memset(&fk, 0, sizeof(fk));
+		fk.session = key;
+		fk.ssid = ((__u32)pl[14] << 8) | pl[15];
+		fk.gen = s->gen;
+		fk.sport = sport;
+		fk.dport = dport;
+		__builtin_memcpy(fk.saddr, saddr, 16);
+		__builtin_memcpy(fk.daddr, daddr, 16);
+		__u32 *next = bpf_map_lookup_elem(&stamp_flows, &fk);
+		if (!next) {
+			__u32 first = 0;
+			bpf_map_update_elem(&stamp_flows, &fk, &first, BPF_NOEXIST);
+			next = bpf_map_lookup_elem(&stamp_flows, &fk);
+		}
+		if (!next) {
+			count(key, R_PASS_FLOWS);
+			return XDP_PASS;
+		}
+		rseq_be = bpf_htonl(__sync_fetch_and_add(next, 1));
+	}
 	__u16 ee_be = bpf_htons(s->ee);
 
 	/* Clear U (0x80) on the Extra Padding TLVs: understood (RFC 8972 §4). */

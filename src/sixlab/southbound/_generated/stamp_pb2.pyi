@@ -26,6 +26,8 @@ Conventions
     UNAVAILABLE          the data plane could not be opened (port in use, missing
                          privileges or system support)
     ABORTED              a results stream whose session was destroyed or reset
+    RESOURCE_EXHAUSTED   too many results streams open at once (each holds a worker
+                         thread: use one StreamResults for many sessions)
   Init on an initialised agent is FAILED_PRECONDITION (not ALREADY_EXISTS): the agent
   exists either way; what is missing is the Reset that must come first.
 """
@@ -211,6 +213,8 @@ class GetAgentInfoReply(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     SSIDS_FIELD_NUMBER: _builtins.int
     ENGINE_ERROR_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    STARTED_NS_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     """The agent's role, fixed at start."""
     default_dataplane: _builtins.str
@@ -223,6 +227,12 @@ class GetAgentInfoReply(_message.Message):
     """The bound STAMP UDP port (0 when not initialised)."""
     engine_error: _builtins.str
     """Non-empty if the engine's thread died: the error it died of (Reset to recover)."""
+    epoch: _builtins.int
+    """This run of the agent: random and non-zero, chosen when the agent starts. A new
+    value means the agent restarted, and lost its Init and every session with it.
+    """
+    started_ns: _builtins.int
+    """When this run of the agent started, Unix-epoch UTC ns."""
     @_builtins.property
     def available_dataplanes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every data plane registered in this agent."""
@@ -242,10 +252,12 @@ class GetAgentInfoReply(_message.Message):
         port: _builtins.int = ...,
         ssids: _abc.Iterable[_builtins.int] | None = ...,
         engine_error: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        started_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "initialized", b"initialized", "port", b"port", "role", b"role", "ssids", b"ssids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "epoch", b"epoch", "initialized", b"initialized", "port", b"port", "role", b"role", "ssids", b"ssids", "started_ns", b"started_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -407,6 +419,7 @@ class CreateStampSessionRequest(_message.Message):
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     ERROR_ESTIMATE_FIELD_NUMBER: _builtins.int
     TAI_UTC_OFFSET_NS_FIELD_NUMBER: _builtins.int
+    STRICT_SSID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier (RFC 8972 §3), 0..65535; unique per agent."""
     interval_ns: _builtins.int
@@ -462,6 +475,11 @@ class CreateStampSessionRequest(_message.Message):
     """
     tai_utc_offset_ns: _builtins.int
     """TAI - UTC in ns, used to convert PTP timestamps. Absent: 37 s."""
+    strict_ssid: _builtins.bool
+    """Sender: refuse replies whose SSID is 0. By default such a reply (an RFC 8762-only
+    reflector returns the field as zero, RFC 8972 §3) is accepted when its source address
+    and port, Seq and T1 are those of this session, and counted in ssid_zero.
+    """
     @_builtins.property
     def sid_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sender: the SRv6 path to the reflector, travel order. Empty: plain IPv6 routing."""
@@ -497,10 +515,11 @@ class CreateStampSessionRequest(_message.Message):
         loss_timeout_ns: _builtins.int = ...,
         error_estimate: _builtins.int = ...,
         tai_utc_offset_ns: _builtins.int | None = ...,
+        strict_ssid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "tai_utc_offset_ns", b"tai_utc_offset_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "strict_ssid", b"strict_ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["tai_utc_offset_ns"]  # noqa: Y015
     _WhichOneofArgType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns"]  # noqa: Y015
@@ -818,6 +837,7 @@ class GetStampSessionResultsReply(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
     overflow: _builtins.int
     """Records (and loss reports) dropped since the session was created because the FIFO
     was full when they arrived: never silent.
@@ -834,6 +854,10 @@ class GetStampSessionResultsReply(_message.Message):
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the last fetch, each lost packet once."""
 
+    @_builtins.property
+    def counters(self) -> Global___SessionCounters:
+        """The session's counters after the drain."""
+
     def __init__(
         self,
         *,
@@ -842,10 +866,11 @@ class GetStampSessionResultsReply(_message.Message):
         overflow: _builtins.int = ...,
         state: Global___SessionState.ValueType = ...,
         remaining: _builtins.int = ...,
+        counters: Global___SessionCounters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lost", b"lost", "overflow", b"overflow", "remaining", b"remaining", "results", b"results", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "lost", b"lost", "overflow", b"overflow", "remaining", b"remaining", "results", b"results", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -903,6 +928,8 @@ class ResultBatch(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    GONE_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     overflow: _builtins.int
@@ -911,6 +938,10 @@ class ResultBatch(_message.Message):
     """The session's state when the batch was cut."""
     final: _builtins.bool
     """True on the last batch: the session finished and everything was delivered."""
+    gone: _builtins.bool
+    """StreamResults only: the session does not exist (any more), or was created again
+    since the stream began; the stream carries nothing more of it.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StampResult]:
         """Records in arrival order."""
@@ -918,6 +949,13 @@ class ResultBatch(_message.Message):
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the previous batch."""
+
+    @_builtins.property
+    def counters(self) -> Global___SessionCounters:
+        """The session's counters when the batch was cut. StreamResults sends them with a
+        session's first batch, then at least every counters_interval_ns, and with its final
+        batch (absent from other batches, and from a `gone` one).
+        """
 
     def __init__(
         self,
@@ -928,14 +966,184 @@ class ResultBatch(_message.Message):
         overflow: _builtins.int = ...,
         state: Global___SessionState.ValueType = ...,
         final: _builtins.bool = ...,
+        counters: Global___SessionCounters | None = ...,
+        gone: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "lost", b"lost", "overflow", b"overflow", "results", b"results", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "final", b"final", "gone", b"gone", "lost", b"lost", "overflow", b"overflow", "results", b"results", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResultBatch: _TypeAlias = ResultBatch  # noqa: Y015
+
+@_typing.final
+class StreamResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AfterIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    AFTER_IDS_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_FIELD_NUMBER: _builtins.int
+    BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
+    COUNTERS_INTERVAL_NS_FIELD_NUMBER: _builtins.int
+    max_batch: _builtins.int
+    """At most this many records per session per message. 0: 1000."""
+    batch_window_ns: _builtins.int
+    """After a record arrives, wait up to this long (ns) for more before sending. 0: 100 ms.
+    Bounded by 10 s.
+    """
+    counters_interval_ns: _builtins.int
+    """Send each session's counters at least this often (ns), with or without records.
+    0: 1 s. Bounded by 60 s.
+    """
+    @_builtins.property
+    def after_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """The sessions to stream, each with the id of the last record the caller holds (0:
+        none): records with higher ids are sent, and stay queued until acknowledged.
+        """
+
+    def __init__(
+        self,
+        *,
+        after_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        max_batch: _builtins.int = ...,
+        batch_window_ns: _builtins.int = ...,
+        counters_interval_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamResultsRequest: _TypeAlias = StreamResultsRequest  # noqa: Y015
+
+@_typing.final
+class ResultBatches(_message.Message):
+    """What StreamResults sends: batches of one or more sessions (one batch per session)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResultBatch]: ...
+    def __init__(
+        self,
+        *,
+        batches: _abc.Iterable[Global___ResultBatch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResultBatches: _TypeAlias = ResultBatches  # noqa: Y015
+
+@_typing.final
+class AcknowledgeResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ThroughIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    THROUGH_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def through_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session, remove every record with an id up to and including this one.
+        Sessions that do not exist are skipped.
+        """
+
+    def __init__(
+        self,
+        *,
+        through_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcknowledgeResultsRequest: _TypeAlias = AcknowledgeResultsRequest  # noqa: Y015
+
+@_typing.final
+class AcknowledgeResultsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AcknowledgedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acknowledged(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session that exists, how many records were removed."""
+
+    def __init__(
+        self,
+        *,
+        acknowledged: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcknowledgeResultsReply: _TypeAlias = AcknowledgeResultsReply  # noqa: Y015
 
 @_typing.final
 class GetCountersRequest(_message.Message):
@@ -1101,6 +1309,12 @@ class SessionCounters(_message.Message):
     OVERFLOW_FIELD_NUMBER: _builtins.int
     FETCHED_FIELD_NUMBER: _builtins.int
     DATAPLANE_FIELD_NUMBER: _builtins.int
+    SSID_ZERO_FIELD_NUMBER: _builtins.int
+    UNCLASSIFIED_LOST_FIELD_NUMBER: _builtins.int
+    INTEGRITY_FAILED_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_NS_TOTAL_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LATE_NS_MAX_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     state: Global___SessionState.ValueType
@@ -1127,6 +1341,24 @@ class SessionCounters(_message.Message):
     """Sender: records dropped on FIFO overflow."""
     fetched: _builtins.int
     """Sender: records fetched by GetStampSessionResults or the stream."""
+    ssid_zero: _builtins.int
+    """Sender: replies accepted with SSID 0 (the reflector implements RFC 8762 only)."""
+    unclassified_lost: _builtins.int
+    """Sender, stateful reflector: losses after the last answered packet, not yet placed
+    forward or backward (a later reply places them).
+    """
+    integrity_failed: _builtins.int
+    """Sender: replies whose TLVs carry the I flag (the reflector could not verify our HMAC
+    TLV, RFC 8972 §4.8). Reflector: packets answered whose HMAC TLV failed.
+    """
+    schedule_skipped: _builtins.int
+    """Sender: how the engine kept the send schedule, start + k x interval_ns. Slots it came
+    too late for and sent nothing in (its next packet went for the latest slot due,
+    without a catch-up burst): a sender that cannot keep up says so here.
+    """
+    schedule_late_ns_total: _builtins.int
+    """Sender: how late the packets left after their slots (ns), in total and at most."""
+    schedule_late_ns_max: _builtins.int
     @_builtins.property
     def dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Packets dropped by reason (e.g. "hmac-failed", "late", "too-short")."""
@@ -1155,14 +1387,25 @@ class SessionCounters(_message.Message):
         overflow: _builtins.int = ...,
         fetched: _builtins.int = ...,
         dataplane: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        ssid_zero: _builtins.int = ...,
+        unclassified_lost: _builtins.int | None = ...,
+        integrity_failed: _builtins.int = ...,
+        schedule_skipped: _builtins.int = ...,
+        schedule_late_ns_total: _builtins.int = ...,
+        schedule_late_ns_max: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "_unclassified_lost", b"_unclassified_lost", "forward_lost", b"forward_lost", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "sent", b"sent", "ssid", b"ssid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "_unclassified_lost", b"_unclassified_lost", "dataplane", b"dataplane", "dropped", b"dropped", "duplicates", b"duplicates", "fetched", b"fetched", "forward_lost", b"forward_lost", "integrity_failed", b"integrity_failed", "lost", b"lost", "overflow", b"overflow", "queued", b"queued", "received", b"received", "reflected", b"reflected", "reordered", b"reordered", "schedule_late_ns_max", b"schedule_late_ns_max", "schedule_late_ns_total", b"schedule_late_ns_total", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "ssid", b"ssid", "ssid_zero", b"ssid_zero", "state", b"state", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
+    _WhichOneofReturnType__unclassified_lost: _TypeAlias = _typing.Literal["unclassified_lost"]  # noqa: Y015
+    _WhichOneofArgType__unclassified_lost: _TypeAlias = _typing.Literal["_unclassified_lost", b"_unclassified_lost"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__forward_lost) -> _WhichOneofReturnType__forward_lost | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___SessionCounters: _TypeAlias = SessionCounters  # noqa: Y015
 

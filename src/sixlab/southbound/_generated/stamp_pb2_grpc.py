@@ -85,6 +85,16 @@ class StampAgentStub:
                 request_serializer=stamp__pb2.StreamStampSessionResultsRequest.SerializeToString,
                 response_deserializer=stamp__pb2.ResultBatch.FromString,
                 _registered_method=True)
+        self.StreamResults = channel.unary_stream(
+                '/sixlab.stamp.v1.StampAgent/StreamResults',
+                request_serializer=stamp__pb2.StreamResultsRequest.SerializeToString,
+                response_deserializer=stamp__pb2.ResultBatches.FromString,
+                _registered_method=True)
+        self.AcknowledgeResults = channel.unary_unary(
+                '/sixlab.stamp.v1.StampAgent/AcknowledgeResults',
+                request_serializer=stamp__pb2.AcknowledgeResultsRequest.SerializeToString,
+                response_deserializer=stamp__pb2.AcknowledgeResultsReply.FromString,
+                _registered_method=True)
         self.GetCounters = channel.unary_unary(
                 '/sixlab.stamp.v1.StampAgent/GetCounters',
                 request_serializer=stamp__pb2.GetCountersRequest.SerializeToString,
@@ -173,6 +183,27 @@ class StampAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamResults(self, request, context):
+        """Sender only (push mode for many sessions): one stream carrying the records of every
+        session the request names, in cursor mode (nothing is removed until
+        AcknowledgeResults), each session's counters with them and at least every
+        counters_interval_ns. A session's last batch has `final` set; a session that does not
+        exist, or is destroyed or created again during the stream, gets one batch with `gone`
+        set and no more. The stream ends when every session has had its last batch, or when
+        the client cancels. One stream serves any number of sessions on one worker thread:
+        prefer it to one StreamStampSessionResults per session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcknowledgeResults(self, request, context):
+        """Sender only: AcknowledgeStampSessionResults for many sessions in one call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCounters(self, request, context):
         """Packets processed and dropped by reason, for the agent and per session.
         """
@@ -232,6 +263,16 @@ def add_StampAgentServicer_to_server(servicer, server):
                     servicer.StreamStampSessionResults,
                     request_deserializer=stamp__pb2.StreamStampSessionResultsRequest.FromString,
                     response_serializer=stamp__pb2.ResultBatch.SerializeToString,
+            ),
+            'StreamResults': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamResults,
+                    request_deserializer=stamp__pb2.StreamResultsRequest.FromString,
+                    response_serializer=stamp__pb2.ResultBatches.SerializeToString,
+            ),
+            'AcknowledgeResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeResults,
+                    request_deserializer=stamp__pb2.AcknowledgeResultsRequest.FromString,
+                    response_serializer=stamp__pb2.AcknowledgeResultsReply.SerializeToString,
             ),
             'GetCounters': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCounters,
@@ -510,6 +551,60 @@ class StampAgent:
             '/sixlab.stamp.v1.StampAgent/StreamStampSessionResults',
             stamp__pb2.StreamStampSessionResultsRequest.SerializeToString,
             stamp__pb2.ResultBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sixlab.stamp.v1.StampAgent/StreamResults',
+            stamp__pb2.StreamResultsRequest.SerializeToString,
+            stamp__pb2.ResultBatches.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcknowledgeResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.stamp.v1.StampAgent/AcknowledgeResults',
+            stamp__pb2.AcknowledgeResultsRequest.SerializeToString,
+            stamp__pb2.AcknowledgeResultsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,69 @@
+"""The daemon's send side without sockets: which destinations are neighbours, and the
+neighbour events it reads from the kernel (any bytes, never an exception)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sixlab.ilnp.egress import neighbour_messages, on_link, route_table
+
+
+def _net(text: str) -> int:
+    return int(ipaddress.IPv6Address(text))
+
+
+def test_a_gateway_route_of_lower_metric_wins_over_the_on_link_prefix() -> None:
+    """The bench's crowd: the /64 is on-link (kernel prefix route, metric 256) and also
+    routed via the generator (metric 1); the kernel takes the gateway, so the crowd's
+    addresses are not neighbours."""
+    routes = route_table(
+        [
+            (_net("2001:db8:10::"), 64, False),  # via the generator, metric 1: first
+            (_net("2001:db8:10::"), 64, True),  # the prefix route, metric 256
+            (_net("fe80::"), 64, True),
+            (0, 0, False),  # default via a router
+        ]
+    )
+    assert not on_link(routes, _net("2001:db8:10::1234:5678:9abc:def0"))
+    assert on_link(routes, _net("fe80::1"))
+    assert not on_link(routes, _net("2001:db8:99::1"))  # the default route
+    assert not on_link(route_table([(_net("2001:db8:f::"), 64, True)]), _net("2001:db8:e::1"))
+
+
+def test_longest_prefix_decides() -> None:
+    routes = route_table([(_net("2001:db8:f::1"), 128, False), (_net("2001:db8:f::"), 64, True)])
+    assert not on_link(routes, _net("2001:db8:f::1"))
+    assert on_link(routes, _net("2001:db8:f::2"))
+
+
+def _neigh(kind: int, ifindex: int, state: int, dst: str) -> bytes:
+    body = struct.pack("=BBHiHBB", socket.AF_INET6, 0, 0, ifindex, state, 0, 0)
+    body += struct.pack("=HH", 20, 1) + ipaddress.IPv6Address(dst).packed
+    body += struct.pack("=HH", 10, 2) + bytes(6) + bytes(2)  # NDA_LLADDR, padded
+    return struct.pack("=IHHII", 16 + len(body), kind, 0, 0, 0) + body
+
+
+def test_neighbour_messages_parses_new_and_delete() -> None:
+    data = _neigh(28, 3, 0x02, "2001:db8:f::1") + _neigh(29, 3, 0x20, "2001:db8:f::2")
+    assert neighbour_messages(data) == [
+        (28, 3, 0x02, ipaddress.IPv6Address("2001:db8:f::1").packed),
+        (29, 3, 0x20, ipaddress.IPv6Address("2001:db8:f::2").packed),
+    ]
+
+
+@given(st.binary(max_size=300))
+def test_neighbour_messages_never_raises(data: bytes) -> None:
+    for kind, _ifindex, _state, address in neighbour_messages(data):
+        assert kind in (28, 29)
+        assert len(address) == 16
+
+
+@given(st.integers(0, 59))  # the message is 60 bytes
+def test_a_cut_message_is_skipped(cut: int) -> None:
+    whole = _neigh(28, 1, 0x02, "2001:db8::1")
+    assert neighbour_messages(whole[:cut]) == []
