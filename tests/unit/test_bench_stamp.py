@@ -106,7 +106,7 @@ def test_primed_session_stores_a_record_per_generator_reply_and_nothing_else() -
     engine.start()
     try:
         count, t1_ns = 50, (int(time.time()) - 1000) * NS_PER_S
-        config = SenderConfig(ssid=9, interval_ns=NS_PER_S, count=count,
+        config = SenderConfig(ssid=9, interval_ns=1000, count=count,
                               loss_timeout_ns=10_000 * NS_PER_S)  # fmt: skip
         prime_session(engine, SenderSessionSpec(config, gen_addr), count, t1_ns)
         assert net.sent == []  # primed, nothing sent
@@ -140,7 +140,7 @@ def test_primed_session_stores_a_record_per_generator_reply_and_nothing_else() -
         generator.close()
 
 
-def test_priming_refuses_a_session_that_would_send() -> None:
+def test_priming_refuses_a_session_that_would_send_or_expire() -> None:
     net = MemoryNetwork()
     plane = net.plane(DataplaneConfig(port=862))
     plane.open()
@@ -149,10 +149,11 @@ def test_priming_refuses_a_session_that_would_send() -> None:
         spec = SenderSessionSpec(SenderConfig(ssid=1, count=None), IPv6Address(GEN))
         with pytest.raises(ValueError, match="count"):
             prime_session(engine, spec, 10, 0)
-        spec = SenderSessionSpec(SenderConfig(ssid=1, interval_ns=1000, count=10),
-                                 IPv6Address(GEN))  # fmt: skip
-        with pytest.raises(ValueError, match="one-second"):
+        config = SenderConfig(ssid=1, interval_ns=NS_PER_S, count=10, loss_timeout_ns=NS_PER_S)
+        spec = SenderSessionSpec(config, IPv6Address(GEN))
+        with pytest.raises(ValueError, match="loss timeout"):
             prime_session(engine, spec, 10, 0)
+        assert engine.sessions() == []
     finally:
         plane.close()
 

@@ -23,10 +23,11 @@ counted as dropped (``unknown-seq``, ``bad-timestamp``), never stored. A tester 
 offers Session-Reflector packets at line rate (the STAMP paper, "High Performance Delay
 Monitoring for SRv6 Based SD-WANs", §VIII, collector case) must therefore answer test
 packets the session really has outstanding. Priming runs the session's own send path
-(``start`` and ``handle_timer``, the public sans-I/O API) at virtual times one second
-apart, so Seq k has T1 = T1_NS + k s exactly and the generator can write both fields
-with a counter (``stampgen.c``: ``24:0`` and ``28:<NTP seconds>``); the datagrams it
-produces are discarded, not sent, and the loss timeout is set beyond the run. The work
+(``start`` and ``handle_timer``, the public sans-I/O API) on a schedule that ends just
+behind the engine's monotonic clock, with the wall time of Seq k set to T1_NS + k s,
+so the generator can write both fields with a counter (``stampgen.c``: ``24:0`` and
+``28:<NTP seconds>``); the datagrams it produces are discarded, not sent, and the loss
+timeout is set beyond the run. The work
 per reply that the trials measure is then the collector's real path, unchanged: the
 plane's receive, the engine's session lookup, the core's decode, match and T4, the
 record into the FIFO. Priming reaches into the engine for the session object
@@ -55,27 +56,32 @@ __all__ = ["CollectorProcess", "main", "prime_session", "run"]
 FIFO_CAPACITY = 1 << 24
 #: The primed packets' loss deadlines lie at least this far after priming.
 _SLACK_S = 3600
+#: The primed schedule's step on the engine's monotonic clock (T1 steps by a second).
+_PRIME_INTERVAL_NS = 1000
 
 
 def prime_session(engine: SenderEngine, spec: SenderSessionSpec, count: int, t1_ns: int) -> None:
     """Add session ``spec`` to ``engine`` with ``count`` test packets outstanding.
 
-    Seq k has T1 = ``t1_ns`` + k s (``spec.config.interval_ns`` must be one second).
-    The session is left RUNNING with its count reached: it sends nothing more and
-    stores a record for each matching reply. ``count`` 0 adds the session idle.
+    Seq k has T1 = ``t1_ns`` + k s (the wall clock the core puts on the wire); the
+    schedule runs on the engine's monotonic clock, one ``spec.config.interval_ns`` per
+    packet, ending in the past, so the engine finds the count reached and sends nothing.
+    The session stores a record for each matching reply. ``count`` 0 adds it idle.
     """
-    if spec.config.interval_ns != NS_PER_S:
-        raise ValueError("priming needs a one-second interval")
-    if spec.config.count != count:
+    config = spec.config
+    if config.count != count:
         raise ValueError("the session's count must be the number primed")
+    if config.loss_timeout_ns <= count * config.interval_ns:
+        raise ValueError("the loss timeout must outlast the primed schedule")
     engine.add_session(spec)
     if count == 0:
         return
     with engine.lock:
-        session = engine._entries[spec.config.ssid].session  # module doc: no API for this
-        session.start(t1_ns)
+        session = engine._entries[config.ssid].session  # module doc: no API for this
+        now = engine.monotonic() - (count + 1) * config.interval_ns
+        session.start(now, t1_ns)
         for k in range(1, count):
-            session.handle_timer(t1_ns + k * NS_PER_S)
+            session.handle_timer(now + k * config.interval_ns, t1_ns + k * NS_PER_S)
         session.datagrams_to_send()  # primed, not sent
         while session.next_event() is not None:  # PacketSent of each: not records
             pass
@@ -83,10 +89,12 @@ def prime_session(engine: SenderEngine, spec: SenderSessionSpec, count: int, t1_
             raise RuntimeError(f"primed session ended early ({session.state.name})")
 
 
-def _spec(ssid: int, count: int, t1_ns: int, peer: IPv6Address, now_ns: int) -> SenderSessionSpec:
-    # The loss deadline (T1 + timeout) of every primed packet lies past the run.
-    timeout = max(NS_PER_S, now_ns - t1_ns + _SLACK_S * NS_PER_S)
-    config = SenderConfig(ssid=ssid, interval_ns=NS_PER_S, count=count, loss_timeout_ns=timeout)
+def _spec(ssid: int, count: int, peer: IPv6Address) -> SenderSessionSpec:
+    # The primed schedule (count x 1 µs) lies just behind the engine's clock; every
+    # packet's loss deadline lies an hour past priming.
+    timeout = _SLACK_S * NS_PER_S + count * _PRIME_INTERVAL_NS
+    config = SenderConfig(ssid=ssid, interval_ns=_PRIME_INTERVAL_NS, count=count,
+                          loss_timeout_ns=timeout)  # fmt: skip
     return SenderSessionSpec(config=config, reflector=peer, reflector_port=STAMP_PORT)
 
 
@@ -115,8 +123,6 @@ def _records(engine: SenderEngine, ssid: int | None) -> dict[str, object]:
 
 def run(plane: str, interface: str | None, peer: IPv6Address, port: int = STAMP_PORT) -> None:
     """Collect until standard input closes (module doc)."""
-    import time  # noqa: PLC0415
-
     dp = create(plane, DataplaneConfig(port=port, interface=interface))
     dp.open()
     try:
@@ -133,7 +139,7 @@ def run(plane: str, interface: str | None, peer: IPv6Address, port: int = STAMP_
                 if current is not None:
                     engine.remove_session(current)
                     current = None
-                prime_session(engine, _spec(ssid, count, t1_ns, peer, time.time_ns()), count, t1_ns)
+                prime_session(engine, _spec(ssid, count, peer), count, t1_ns)
                 current = ssid
                 print("ok", flush=True)
             elif words[0] == "records" and len(words) == 2:
