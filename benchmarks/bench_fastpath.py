@@ -154,9 +154,10 @@ def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the ben
         for node, ifname in ((tb.gen, tb.gen_if), (tb.sut, tb.sut_if)):
             tb.testbed.exec_in(node, ["ethtool", "-K", ifname, "tx", "off"])
         if args.sut_napi:
-            from bench_xdp_pdr import _threaded_napi  # noqa: PLC0415
+            from sixlab.bench.forward import threaded_napi  # noqa: PLC0415
 
-            print(f"threaded NAPI kthread {_threaded_napi(tb, 1)} on CPU 1")
+            napi = threaded_napi(tb, tb.sut, tb.sut_if, 1)
+            print(f"threaded NAPI kthread {napi} on CPU 1")
         runner = SrhTrialRunner(tb)
         ceiling = generator_ceiling(runner)
         print(f"generator ceiling: {ceiling:,.0f} frames/s (SRH probes, nothing reflecting)")

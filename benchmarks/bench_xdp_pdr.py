@@ -1,38 +1,22 @@
-"""The xdp reflector under RFC 2544 load, and what its programs cost traffic that is not STAMP.
+"""What the xdp plane's programs cost traffic that is not STAMP: CPU per forwarded frame.
 
-    sudo .venv/bin/python benchmarks/bench_xdp_pdr.py pdr [--planes mmap,xdp]
-    sudo .venv/bin/python benchmarks/bench_xdp_pdr.py forward [--rounds 2]
     sudo .venv/bin/python benchmarks/bench_xdp_pdr.py forward-cpu [--rounds 40] [--rate 100000]
+    sudo .venv/bin/python benchmarks/bench_xdp_pdr.py pdr [bench_stamp.py paper options]
+    sudo .venv/bin/python benchmarks/bench_xdp_pdr.py forward [bench_stamp.py paper options]
 
-``pdr``: PDR at 0.5 % loss of ``sixlab stamp reflector --dataplane PLANE`` on the
-two-node bench (SUT process pinned to CPU 1), next to the generator's ceiling, with the
-harness of ``sixlab.bench`` (C generator pinned to CPU 0, nftables reply counter, RPS,
-MLRsearch). The reflector is the standalone tool, which sets its session through
-``ReflectorEngine`` and so reaches the kernel program (``sixlab.bench.reflector`` sets
-it on the core only). The generator's veth gets the XDP_PASS program (XDP_TX on a veth
-needs XDP on its peer) and both veths tx checksum offload off, for every plane alike.
+``pdr`` and ``forward`` measure PDRs, and there is one way to measure a PDR:
+``benchmarks/bench_stamp.py paper`` (``sixlab.bench.stamp_paper``). They are that
+command for the figures they used to give: ``pdr`` the reflector alone (100 % STAMP,
+Fig 14b), ``forward`` forwarding with the xdp plane attached and idle against the
+baseline without it (0 % STAMP, Fig 13); any other option goes to ``bench_stamp.py``.
 
-``forward``: the SUT forwards data traffic (UDP to port 9, 44-byte payload, the size of
-a STAMP probe) from the generator to a sink with SRv6 H.Encaps (a ``seg6`` ``encap``
-route, as in the STAMP paper's baseline, docs/papers.md); the sink counts and drops what
-arrives on its ingress (nftables netdev). PDR at 0.5 % loss of that forwarding with
-nothing on the SUT's ingress interface (``none``), with the plain XDP_PASS program
-(``xdp-pass``: what any XDP program costs a veth, which switches to NAPI receive) and
-with the xdp plane's reflector program and a default session (``stamp``: every frame
-goes through it and is passed on), in turn, ``--rounds`` times. No STAMP traffic.
+The data traffic, as in ``bench_stamp.py``: the SUT forwards UDP to port 9 (44-byte
+payload, the size of a STAMP probe) from the generator to a sink with SRv6 H.Encaps (a
+``seg6`` ``encap`` route, as in the STAMP paper's baseline, docs/papers.md;
+``sixlab.bench.forward``); the sink counts and drops what arrives.
 
-Where the XDP work runs: on a veth with an XDP program the frames are received in the
-veth's NAPI poll on the CPU that sent them, i.e. the generator's CPU 0; RPS steers the
-resulting skb to the SUT's CPU 1 only after the program (checked: the per-CPU reply
-counter of the reflector program grows on the generator's CPU, whichever that is). So
-on this bench the program's own cost is paid by the generator's CPU: it lowers what the
-generator can offer, which ``forward`` also reports (``flat out``: offered and forwarded
-rates when the generator sends as fast as it can). Read ``benchmarks/bench_xdp.py``
-(per-packet run time of the program from the kernel's BPF statistics) for the program's
-cost itself.
-
-``forward-cpu``: the same forwarding, measured so that the three configurations share
-one receive path and that path runs on the SUT's CPU (``forward`` cannot tell 1 %):
+``forward-cpu``: the forwarding measured so that the configurations share one receive
+path and that path runs on the SUT's CPU (a PDR cannot tell 1 %):
 
 * GRO on the SUT's ingress veth. A veth has a NAPI instance while GRO is on *or* an
   XDP program is attached; with one, frames from its peer go through its ptr_ring and
@@ -55,10 +39,12 @@ one receive path and that path runs on the SUT's CPU (``forward`` cannot tell 1 
   (on for that check only) the program ran once per forwarded frame, and its own
   ns/run is reported.
 
-Configurations: ``none``, ``xdp-pass``, ``stamp`` as for ``forward``, and
-``timestamps``: no program, only the UDP socket with ``SO_TIMESTAMPNS`` that the xdp
-plane opens for its user-space path (``CPU_CONFIGS``: such a socket makes the kernel
-time-stamp every frame it receives, host-wide, so ``stamp`` pays that too). Interleaved
+Configurations: ``none`` (no XDP program), ``xdp-pass`` (the plain XDP_PASS program:
+what any XDP program costs a veth), ``stamp`` (the xdp plane's reflector program with a
+default session: every frame goes through it and is passed on), and ``timestamps``:
+no program, only the UDP socket with ``SO_TIMESTAMPNS`` that the xdp plane opens for its
+user-space path (``CPU_CONFIGS``: such a socket makes the kernel time-stamp every frame
+it receives, host-wide, so ``stamp`` pays that too). Interleaved
 over ``--rounds`` rounds (each configuration taking each position in turn), per
 configuration: attach, ``--warmup`` s of traffic, then
 
@@ -83,38 +69,36 @@ import argparse
 import json
 import os
 import random
+import shlex
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 from pathlib import Path
 from typing import Any
 
-from sixlab.bench import generator
-from sixlab.bench.generator import (
-    DEFAULT_BATCH,
-    StampTrialRunner,
-    TrialResult,
-    build_generator,
-    generator_ceiling,
-    prepare_bench,
+from sixlab.bench.forward import (
+    allowed_cpus,
+    data_frame,
+    kthreads,
+    nft,
+    setup_forwarding,
+    softnet_processed,
+    threaded_napi,
 )
-from sixlab.bench.pdr import search_pdr
+from sixlab.bench.generator import TrialResult, build_generator, interface_mac, run_generator
 from sixlab.dataplane.base import Dataplane, DataplaneConfig
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.dataplane.xdp_plane import Reason, XdpDataplane, attach_xdp_pass
 from sixlab.linux import libbpf
 from sixlab.stamp.reflector import ReflectorSessionConfig
-from sixlab.testbed import BenchTestbed, Node, entered, two_node_bench
+from sixlab.testbed import BenchTestbed, entered, two_node_bench
 from sixlab.wire.packet import build_udp_packet
 
 PREFIX = "sixlab-bench-"
-SID = "fc00:0:20::d6"  # the sink's SID: the outer destination of encapsulated traffic
-DATA_PORT = 9  # discard (RFC 863): anything but STAMP's 862
 STAMP_PORT = 862  # RFC 8762 §4.1
 #: The RFC 2544 split (docs/design-notes.md): generator on CPU 0, system under test on CPU 1.
 GEN_CPU = 0
@@ -125,8 +109,8 @@ _COUNTER_KEY = struct.Struct("<II")
 _NO_SSID = 0xFFFFFFFF
 _BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 _SETTLE_S = 0.2
-#: Forwarding runs: no XDP program, the plain XDP_PASS program (what any XDP program
-#: costs a veth), our reflector program with a default session.
+#: No XDP program, the plain XDP_PASS program (what any XDP program costs a veth), our
+#: reflector program with a default session.
 CONFIGS = ("none", "xdp-pass", "stamp")
 #: ``forward-cpu`` adds ``timestamps``: no XDP program, only the UDP socket that the xdp
 #: plane's user-space path opens (``SO_TIMESTAMPNS``). Any socket asking for receive
@@ -136,87 +120,6 @@ CONFIGS = ("none", "xdp-pass", "stamp")
 #: plane from its program's.
 CPU_CONFIGS = (*CONFIGS, "timestamps")
 _SETTLE_MAX_S = 3.0
-
-
-def _log(what: str, message: str) -> None:
-    print(f"  [{what}] {message}", file=sys.stderr, flush=True)
-
-
-def _nft(tb: BenchTestbed, node: Node, script: str) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
-        f.write(script)
-    try:
-        return tb.testbed.exec_in(node, ["nft", "-f", f.name]).stdout
-    finally:
-        Path(f.name).unlink()
-
-
-# ------------------------------------------------------------------------------- pdr
-
-
-def _reflector(tb: BenchTestbed, plane: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "sixlab", "stamp", "reflector", "--dataplane", plane]
-    proc = tb.run_pinned(tb.sut, [*argv, "--interface", tb.sut_if], 1, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    line = proc.stderr.readline().decode()
-    if "reflecting on" not in line:
-        proc.kill()
-        raise RuntimeError(f"{plane}: reflector did not start: {line}")
-    return proc
-
-
-def run_pdr(args: argparse.Namespace) -> dict[str, object]:
-    rows: list[dict[str, object]] = []
-    with two_node_bench(prefix=PREFIX) as tb:
-        prepare_bench(tb)
-        for node, ifname in ((tb.gen, tb.gen_if), (tb.sut, tb.sut_if)):
-            node.exec(["ethtool", "-K", ifname, "tx", "off"])
-        with entered(tb.gen.ns):
-            attach_xdp_pass(tb.gen_if)
-        runner = StampTrialRunner(tb)
-        ceiling = generator_ceiling(runner)
-        print(f"generator ceiling: {ceiling:,.0f} frames/s offered (nothing reflecting)")
-        for plane in args.planes.split(","):
-            proc = _reflector(tb, plane)
-            started = time.monotonic()
-            result = search_pdr(
-                runner.trial,
-                min_rate=args.min_rate,
-                max_rate=ceiling,
-                loss_ratio=args.loss,
-                precision=args.precision,
-                trial_seconds=args.trial,
-                final_seconds=args.final,
-                log=lambda m, p=plane: _log(p, m),  # type: ignore[misc]
-            )
-            proc.terminate()
-            _, err = proc.communicate(timeout=30)
-            summary = err.decode().strip().splitlines()
-            took = time.monotonic() - started
-            print(f"{plane}: PDR {result.pdr:,.0f} frames/s = {result.pdr / ceiling:.1%} of "
-                  f"the ceiling ({len(result.trials)} trials, {took:.0f} s); "
-                  f"{'; '.join(summary)}", flush=True)  # fmt: skip
-            rows.append(
-                {
-                    "plane": plane,
-                    "pdr": result.pdr,
-                    "summary": summary,
-                    "trials": [_trial(t) for t in result.trials],
-                }
-            )
-    return {"ceiling": ceiling, "rows": rows}
-
-
-def _trial(t: TrialResult) -> dict[str, float]:
-    return {
-        "rate": t.rate,
-        "seconds": t.seconds,
-        "offered": t.offered,
-        "received": t.received,
-        "input_drops": t.input_drops,
-        "elapsed_s": t.elapsed_s,
-        "loss_ratio": t.loss_ratio,
-    }
 
 
 # --------------------------------------------------------------------------- forward
@@ -230,13 +133,10 @@ class ForwardTrials:
         assert tb.sink_addr is not None
         self.tb = tb
         self.binary = build_generator()
-        smac = _mac(tb, tb.gen, tb.gen_if)
-        dmac = _mac(tb, tb.sut, tb.sut_if)
-        packet = build_udp_packet(
-            IPv6Address(tb.gen_addr), IPv6Address(tb.sink_addr), 40009, DATA_PORT, bytes(44)
-        )
-        self.frame = dmac + smac + b"\x86\xdd" + packet
-        _nft(
+        smac = interface_mac(tb, tb.gen, tb.gen_if)
+        dmac = interface_mac(tb, tb.sut, tb.sut_if)
+        self.frame = data_frame(smac, dmac, tb.gen_addr, tb.sink_addr, sport=40009)
+        nft(
             tb,
             tb.sink,
             "table netdev sixlab_sink {\n  counter frames {}\n"
@@ -281,42 +181,12 @@ class ForwardTrials:
     def generate(self, rate: float, seconds: float, frame: bytes | None = None) -> dict[str, float]:
         """Run the generator on CPU 0 (``frame``, or the data frame); its JSON summary."""
         frame = self.frame if frame is None else frame
-        argv = [str(self.binary), self.tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}"]
-        # The same batch and pacing arguments as the harness's own STAMP trials.
-        argv.append(str(DEFAULT_BATCH))
-        tick_us = getattr(generator, "DEFAULT_TICK_US", None)
-        if tick_us is not None:  # a generator that paces in ticks takes the tick too
-            argv.append(f"{tick_us:.3f}")
-        proc = self.tb.run_pinned(
-            self.tb.gen, argv, 0, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        out, err = proc.communicate(timeout=seconds + 30)
-        if proc.returncode != 0:
-            raise RuntimeError(f"generator failed: {err.decode()}")
-        stats: dict[str, float] = json.loads(out.decode().splitlines()[-1])
-        return stats
-
-
-def _mac(tb: BenchTestbed, node: Node, ifname: str) -> bytes:
-    out = tb.testbed.exec_in(node, ["ip", "-j", "link", "show", ifname]).stdout
-    return bytes.fromhex(json.loads(out)[0]["address"].replace(":", ""))
+        return run_generator(self.tb, self.binary, frame, rate, seconds, cpu=GEN_CPU)
 
 
 def _forward_setup(tb: BenchTestbed) -> ForwardTrials:
     """H.Encaps on the SUT, tx checksum offload off, the sink's counter; forwarding checked."""
-    assert tb.sink_addr is not None
-    # H.Encaps on the SUT (RFC 8986 §5.1): traffic for the sink gets an outer IPv6
-    # header + SRH towards the sink's SID, routed over out0.
-    tb.testbed.exec_in(
-        tb.sut, ["ip", "-6", "route", "add", "fc00:0:20::/48", "via", "fd00:0:20::1"]
-    )
-    tb.testbed.exec_in(
-        tb.sut,
-        ["ip", "-6", "route", "add", f"{tb.sink_addr}/128", "encap", "seg6", "mode",
-         "encap", "segs", SID, "dev", "out0"],
-    )  # fmt: skip
-    for node, ifname in ((tb.gen, tb.gen_if), (tb.sut, tb.sut_if), (tb.sut, "out0")):
-        node.exec(["ethtool", "-K", ifname, "tx", "off"])
+    setup_forwarding(tb)
     trials = ForwardTrials(tb)
     check = trials.trial(1000, 0.5)
     if check.received < 0.99 * check.offered:
@@ -352,60 +222,6 @@ def _detach(tb: BenchTestbed, what: str, plane: Dataplane | None) -> None:
         plane.close()
     if what == "xdp-pass":
         tb.sut.exec(["ip", "link", "set", "dev", tb.sut_if, "xdp", "off"])
-
-
-def run_forward(args: argparse.Namespace) -> dict[str, object]:
-    rows: list[dict[str, object]] = []
-    with two_node_bench(forward=True, prefix=PREFIX) as tb:
-        prepare_bench(tb)
-        trials = _forward_setup(tb)
-        ceiling = trials.trial(1e9, 2.0).offered_rate
-        print(f"generator ceiling: {ceiling:,.0f} frames/s offered", flush=True)
-        for rnd in range(args.rounds):
-            for what in CONFIGS:
-                plane = _attach(tb, what)
-                try:
-                    result = search_pdr(
-                        trials.trial,
-                        min_rate=args.min_rate,
-                        max_rate=ceiling,
-                        loss_ratio=args.loss,
-                        precision=args.precision,
-                        trial_seconds=args.trial,
-                        final_seconds=args.final,
-                        log=lambda m, w=what: _log(w, m),  # type: ignore[misc]
-                    )
-                    # And flat out: on this bench the XDP program runs on the generator's
-                    # CPU (module doc), so its cost shows as a lower offered rate here.
-                    flat = trials.trial(1e9, 2.0)
-                    counters = plane.counters() if plane is not None else {}
-                finally:
-                    _detach(tb, what, plane)
-                fwd = flat.received / flat.elapsed_s
-                print(f"round {rnd + 1}, {what}: forwarding PDR {result.pdr:,.0f} frames/s; "
-                      f"flat out {flat.offered_rate:,.0f} offered, {fwd:,.0f} forwarded/s "
-                      f"(kernel counters {counters})", flush=True)  # fmt: skip
-                rows.append(
-                    {
-                        "round": rnd + 1,
-                        "config": what,
-                        "pdr": result.pdr,
-                        "flat_offered": flat.offered_rate,
-                        "flat_forwarded": fwd,
-                        "counters": counters,
-                    }
-                )
-    ratios: dict[str, float] = {}
-    for key in ("pdr", "flat_forwarded"):
-        mean = {
-            c: sum(float(str(r[key])) for r in rows if r["config"] == c)
-            / sum(1 for r in rows if r["config"] == c)
-            for c in CONFIGS
-        }
-        for c in CONFIGS[1:]:
-            ratios[f"{key} {c}/none"] = mean[c] / mean["none"]
-            print(f"{key}: mean {c} / none {mean[c] / mean['none']:.3f}")
-    return {"ceiling": ceiling, "rows": rows, "ratios": ratios}
 
 
 # ----------------------------------------------------------------------- forward-cpu
@@ -446,53 +262,6 @@ def _idle_ns(cpu: int) -> int | None:
     return sum(int(t.read_text()) for t in states) * 1000 if states else None
 
 
-def _softnet_processed() -> list[int]:
-    """Frames taken by the receive path, per CPU (/proc/net/softnet_stat, column 1)."""
-    lines = Path("/proc/net/softnet_stat").read_text().split("\n")
-    return [int(line.split()[0], 16) for line in lines if line.strip()]
-
-
-def _kthreads(prefix: str) -> dict[int, str]:
-    """Kernel threads (and any task) whose name starts with ``prefix``: pid -> name."""
-    found = {}
-    for comm in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            name = comm.read_text().strip()
-        except OSError:  # gone meanwhile
-            continue
-        if name.startswith(prefix):
-            found[int(comm.parent.name)] = name
-    return found
-
-
-def _allowed_cpus(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    return "?"
-
-
-def _threaded_napi(tb: BenchTestbed, cpu: int) -> int:
-    """GRO and threaded NAPI on the SUT's ingress veth, its kthread pinned to ``cpu``.
-
-    GRO first: a veth only has a NAPI instance while GRO is on or an XDP program is
-    attached, and ``threaded`` is refused (EOPNOTSUPP) on a device without one. The
-    kthread (``napi/IF-ID``) is the one that appears when ``threaded`` is set. Returns
-    its pid.
-    """
-    before = _kthreads("napi/")
-    tb.sut.exec(["ethtool", "-K", tb.sut_if, "gro", "on"])
-    tb.sut.exec(["sh", "-c", f"echo 1 > /sys/class/net/{tb.sut_if}/threaded"])
-    new = [pid for pid, name in _kthreads(f"napi/{tb.sut_if}-").items() if pid not in before]
-    if len(new) != 1:
-        raise RuntimeError(f"expected one new napi/{tb.sut_if}-* kthread, found {new}")
-    pid = new[0]
-    subprocess.run(["taskset", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True)
-    if _allowed_cpus(pid) != str(cpu):
-        raise RuntimeError(f"napi kthread {pid} not pinned: {_allowed_cpus(pid)}")
-    return pid
-
-
 def _percpu_counter(prog_id: int, map_name: str, key: bytes) -> list[int]:
     """Per-CPU values of ``key`` in map ``map_name`` of program ``prog_id``, via bpftool
     (an independent reader of the kernel's maps)."""
@@ -528,7 +297,7 @@ class CpuProbe:
     def __init__(self, napi_pid: int, cpu: int) -> None:
         self.napi_pid = napi_pid
         self.cpu = cpu
-        softirqd = [p for p, n in _kthreads(f"ksoftirqd/{cpu}").items() if n == f"ksoftirqd/{cpu}"]
+        softirqd = [p for p, n in kthreads(f"ksoftirqd/{cpu}").items() if n == f"ksoftirqd/{cpu}"]
         self.ksoftirqd_pid = softirqd[0]
 
     def snapshot(self) -> tuple[int, int]:
@@ -592,7 +361,7 @@ def _where(
     for what in CPU_CONFIGS:
         plane = _attach(tb, what)
         try:
-            pid_now = sorted(_kthreads(f"napi/{tb.sut_if}-"))
+            pid_now = sorted(kthreads(f"napi/{tb.sut_if}-"))
             with entered(tb.sut.ns):
                 prog_id = libbpf.xdp_query_id(socket.if_nametoindex(tb.sut_if))
             # The program's own run time (kernel BPF statistics, on for this trial only:
@@ -601,15 +370,15 @@ def _where(
             _BPF_STATS.write_text("1\n")
             try:
                 info0 = libbpf.prog_info_by_id(prog_id) if prog_id else None
-                soft0 = _softnet_processed()
+                soft0 = softnet_processed()
                 m = _measure(trials, probe, rate, 1.0)
-                soft1 = _softnet_processed()
+                soft1 = softnet_processed()
                 info1 = libbpf.prog_info_by_id(prog_id) if prog_id else None
             finally:
                 _BPF_STATS.write_text(previous)
             row: dict[str, object] = {
                 "napi_kthreads": pid_now,
-                "napi_cpus_allowed": _allowed_cpus(probe.napi_pid),
+                "napi_cpus_allowed": allowed_cpus(probe.napi_pid),
                 "softnet_processed_per_cpu": [b - a for a, b in zip(soft0, soft1, strict=True)],
                 "received": m["received"],
                 "napi_ns_per_frame": round(m["napi_ns"] / max(m["received"], 1)),
@@ -714,10 +483,10 @@ def run_forward_cpu(args: argparse.Namespace) -> dict[str, object]:
         # No RPS on the SUT's ingress: the NAPI kthread already runs on the SUT's CPU,
         # and RPS would queue every frame once more to that CPU's backlog.
         tb.sut.exec(["sh", "-c", f"echo 0 > /sys/class/net/{tb.sut_if}/queues/rx-0/rps_cpus"])
-        napi = _threaded_napi(tb, SUT_CPU)
+        napi = threaded_napi(tb, tb.sut, tb.sut_if, SUT_CPU)
         probe = CpuProbe(napi, SUT_CPU)
-        name = _kthreads("napi/")[napi]
-        print(f"napi kthread {napi} ({name}) on CPU {_allowed_cpus(napi)}; "
+        name = kthreads("napi/")[napi]
+        print(f"napi kthread {napi} ({name}) on CPU {allowed_cpus(napi)}; "
               f"ksoftirqd/{SUT_CPU} {probe.ksoftirqd_pid}", flush=True)  # fmt: skip
         where = _where(tb, trials, probe, args.rate)
         started = time.monotonic()
@@ -728,7 +497,7 @@ def run_forward_cpu(args: argparse.Namespace) -> dict[str, object]:
             for what in CPU_CONFIGS[shift:] + CPU_CONFIGS[:shift]:
                 plane = _attach(tb, what)
                 try:
-                    if sorted(_kthreads(f"napi/{tb.sut_if}-")) != [napi]:
+                    if sorted(kthreads(f"napi/{tb.sut_if}-")) != [napi]:
                         raise RuntimeError(f"{what}: the NAPI kthread changed")
                     trials.generate(args.rate, args.warmup)  # page pool, caches, routes
                     fixed = _measure(trials, probe, args.rate, args.seconds)
@@ -782,16 +551,22 @@ def run_forward_cpu(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _paper(*options: str) -> None:
+    """Run ``bench_stamp.py paper`` with ``options`` and this command's own arguments."""
+    script = Path(__file__).with_name("bench_stamp.py")
+    argv = [sys.executable, str(script), "paper", *options, *sys.argv[2:]]
+    print("=", shlex.join(argv), flush=True)
+    os.execv(sys.executable, argv)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["pdr"]:  # the reflector alone, every plane that asks
+        _paper("--roles", "reflector", "--fractions", "100")
+    if sys.argv[1:2] == ["forward"]:  # the xdp plane attached and idle, and the baseline
+        _paper("--roles", "reflector", "--fractions", "0", "--planes", "xdp")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["pdr", "forward", "forward-cpu"])
-    parser.add_argument("--planes", default="mmap,xdp")
+    parser.add_argument("what", choices=["forward-cpu"])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--loss", type=float, default=0.005)
-    parser.add_argument("--precision", type=float, default=0.02)
-    parser.add_argument("--trial", type=float, default=1.0)
-    parser.add_argument("--final", type=float, default=2.0)
-    parser.add_argument("--min-rate", type=float, default=1000.0)
     parser.add_argument(
         "--rate",
         type=float,
@@ -814,8 +589,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    runs = {"pdr": run_pdr, "forward": run_forward, "forward-cpu": run_forward_cpu}
-    doc = runs[args.what](args)
+    doc = run_forward_cpu(args)
     doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc["argv"] = sys.argv[1:]
     if args.json is not None:

@@ -98,9 +98,20 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
             proc.wait()
     assert proc.returncode == 0, stderr
     doc = json.loads(stdout)
-    assert [p["name"] for p in doc["paths"]] == ["path-A", "path-B"]
+    assert [p["name"] for p in doc["paths"]] == ["path-A", "path-B", "path-L"]
     want = {"path-A": (4.0, 9.0), "path-B": (15.0, 2.0)}
-    for p in doc["paths"]:
+    *two_way, loop = doc["paths"]
+    # Path L, loopback mode (docs/srpm.md): out over B (15 ms), around the agent-less far
+    # host (2 + 4 ms, the default --far-link), back over A (9 ms); round trip only.
+    assert (loop["mode"], loop["configured"]) == ("loopback", {"rtt_ms": 30.0})
+    m = loop["measured"]
+    assert (m["direct_ms"], m["return_ms"]) == (None, None)
+    assert abs(m["rtt_ms"]["p50"] - 30.0) <= TOLERANCE_MS.get(plane, 1.0), loop
+    assert m["loss"] == 0
+    assert m["received"] >= 50
+    assert len(loop["segments"]) == 4
+    for p in two_way:
+        assert p["mode"] == "two-way"
         fwd, ret = want[p["name"]]
         assert p["configured"] == {"direct_ms": fwd, "return_ms": ret}
         m = p["measured"]

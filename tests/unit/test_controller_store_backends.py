@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from sixlab.controller.events import EventKind, EventState, SessionEvent
 from sixlab.controller.pgstore import _STEPS, PostgresStore
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
 from sixlab.controller.rollup import MINUTE_NS, merged_stats
@@ -24,7 +26,7 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     open_store,
 )
-from sixlab.stamp import StampResult
+from sixlab.stamp import DataCounters, StampResult
 from sixlab.stamp.stats import path_stats
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -283,3 +285,16 @@ def test_a_replica_that_leaves_frees_its_leases_at_once(store: Store) -> None:
     assert set(store.lease_owners().values()) == {None}
     assert store.replicas() == []
     assert store.lease_tick("B", GROUPS, TTL).owned == {"s1", "s2", "r1", "housekeeping"}
+
+
+def test_sr_pm_columns_and_events_on_both_stores(store: Store) -> None:
+    (sid,) = _sessions(store, 1)
+    data = DataCounters(1, 2, 3, 4)
+    r = replace(_r(0), flow_label=0xABCDE, loopback=True, data=data)
+    store.store_results(sid, [(1, r), (2, _r(1))])
+    first, second = store.results(sid)
+    assert (first.flow_label, first.loopback, first.data) == (0xABCDE, True, data)
+    assert (second.flow_label, second.loopback, second.data) == (None, False, None)
+    store.add_event(sid, SessionEvent("p0", EventKind.LOSS, EventState.RAISED, 0.5, 0.1, 9))
+    assert store.raised(sid) == ["loss"]
+    assert [(e.session, e.value) for e in store.events("p0")] == [("p0", 0.5)]

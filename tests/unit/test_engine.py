@@ -587,3 +587,107 @@ def test_class_of_service_through_the_engines() -> None:
             assert (tlv.flags, got.dscp1, got.dscp2, got.ecn2, got.rp) == (0, 46, 0, 0, 0)
     finally:
         _stop([sender], rengine)
+
+
+# -- SR performance measurement (docs/srpm.md) -------------------------------------------
+
+
+def test_flow_labelled_packets_go_through_send_labelled(
+    net: tuple[MemoryNetwork, SenderEngine, ReflectorEngine, Reflector],
+) -> None:
+    network, sender, _rengine, reflector = net
+    reflector.add_session(ReflectorSessionConfig(ssid=20))
+    cfg = SenderConfig(ssid=20, interval_ns=MS, count=5, flow_labels=(7, 9))
+    sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    sender.start_session(20)
+    assert sender.wait_finished(20, 10)
+    assert [(label, int.from_bytes(p[:4])) for label, p in network.labels] == [
+        (7, 0), (9, 1), (7, 2), (9, 3), (7, 4),
+    ]  # fmt: skip
+    assert [r.flow_label for r in sender.results(20)] == [7, 9, 7, 9, 7]
+
+
+class _NoLabels(MemoryDataplane):
+    sets_flow_label = False
+
+
+def test_flow_labels_on_a_plane_that_cannot_set_them_are_refused() -> None:
+    plane = _NoLabels(DataplaneConfig(port=0, source=S_ADDR), MemoryNetwork())
+    engine = SenderEngine(plane)
+    cfg = SenderConfig(ssid=1, flow_labels=(1,))
+    with pytest.raises(SessionConfigError, match="flow_labels"):
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+
+
+def test_the_first_packet_carries_the_data_count_and_a_failed_read_keeps_the_last(
+    net: tuple[MemoryNetwork, SenderEngine, ReflectorEngine, Reflector],
+) -> None:
+    """Regression: the first packet of a direct-measurement session carried the test
+    packet count (start_session did not read the source), and a failed read fell back to
+    it, so S_TxC jumped by about 2^32 between two samples."""
+    _network, sender, rengine, reflector = net
+    readings: list[tuple[int, int] | None] = [(500, 7), None, (530, 8)]
+    calls = iter(readings + [(530, 8)] * 100)
+
+    def source() -> tuple[int, int]:
+        value = next(calls)
+        if value is None:
+            raise OSError("netlink went away")
+        return value
+
+    rengine.add_session(ReflectorSessionConfig(ssid=21), data_counters=lambda: (90, 400))
+    cfg = SenderConfig(ssid=21, interval_ns=20 * MS, count=3, direct_measurement=True)
+    sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862, data_counters=source))
+    sender.start_session(21)
+    assert sender.wait_finished(21, 10)
+    records = sender.results(21)
+    counts = [r.data.s_txc for r in records if r.data]
+    assert counts[0] == 500  # read before the first packet
+    assert len(counts) == 3
+    assert set(counts) <= {500, 530}  # never the test packet count (1, 2, 3)
+    assert all(r.data and (r.data.r_rxc, r.data.r_txc) == (400, 90) for r in records)
+    assert sender.counters.data_counter_failed == 1
+    assert reflector.counters.reflected == 3
+
+
+class _Hooks(MemoryDataplane):
+    """A memory plane that records the session hooks the engine calls."""
+
+    def __init__(self, config: DataplaneConfig, network: MemoryNetwork) -> None:
+        super().__init__(config, network)
+        self.hooks: list[tuple[str, int]] = []
+
+    def sender_session_added(self, ssid: int) -> None:
+        self.hooks.append(("added", ssid))
+
+    def sender_session_removed(self, ssid: int) -> None:
+        self.hooks.append(("removed", ssid))
+
+
+@pytest.mark.parametrize("rebuilds", [True, False])
+def test_a_plane_that_rebuilds_replies_never_hears_of_a_loopback_session(rebuilds: bool) -> None:
+    """The xdp plane rebuilds collected replies as reflector packets and would garble a
+    looped Session-Sender packet: it never hears of a loopback session. A plane that
+    hands frames over as they are (afxdp) must hear of it, or they never reach it."""
+    network = MemoryNetwork()
+    plane = _Hooks(DataplaneConfig(port=0, source=S_ADDR), network)
+    plane.rebuilds_replies = rebuilds  # type: ignore[misc]
+    plane.open()
+    engine = SenderEngine(plane)
+    engine.start()
+    try:
+        looped = SenderConfig(ssid=1, interval_ns=MS, count=3, loopback=True)
+        engine.add_session(SenderSessionSpec(looped, S_ADDR, plane.local_port, (R_ADDR,)))
+        engine.add_session(SenderSessionSpec(SenderConfig(ssid=2), R_ADDR, 862))
+        engine.start_session(1)
+        assert engine.wait_finished(1, 10)
+        assert [r.rtt_ns >= 0 and r.loopback for r in engine.results(1)] == [True] * 3
+        engine.remove_session(1)
+        engine.remove_session(2)
+    finally:
+        engine.shutdown()
+        plane.close()
+    if rebuilds:
+        assert plane.hooks == [("added", 2), ("removed", 2)]
+    else:
+        assert plane.hooks == [("added", 1), ("added", 2), ("removed", 1), ("removed", 2)]

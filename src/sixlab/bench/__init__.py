@@ -1,15 +1,19 @@
-"""RFC 2544 benchmarking of the STAMP reflectors and the ILNP host: generator and PDR search.
+"""RFC 2544 benchmarking of the STAMP planes and the ILNP host: generator, PDR, studies.
 
 - :mod:`sixlab.bench.generator`: trials on the two-node bench (a C generator pinned to
-  one CPU, an nftables reply counter); :class:`FrameTrialRunner`, whose
-  :class:`StampTrialRunner` offers STAMP to a reflector.
-- :mod:`sixlab.bench.ilnp_echo`: UDP echo over ILNPv6 through the host daemon (a C
-  echo server behind ``sixlab ilnp host``); :class:`~sixlab.bench.ilnp_echo.IlnpEchoTrialRunner`.
+  one CPU that can mix two kinds of frame, an nftables reply counter);
+  :class:`FrameTrialRunner`, whose :class:`StampTrialRunner` offers STAMP to a reflector.
 - :mod:`sixlab.bench.pdr`: the Partial Drop Rate search (MLRsearch or bisection) over
   any trial callable; :func:`search_pdr`.
+- :mod:`sixlab.bench.stamp_paper`: the STAMP paper's evaluation (Figs 12–16): data
+  forwarded with H.Encaps (:mod:`sixlab.bench.forward`) and STAMP reflected
+  (:mod:`sixlab.bench.reflector`) or collected (:mod:`sixlab.bench.collector`) in the
+  same trials, every plane; :mod:`sixlab.bench.stamp_report` draws its figures.
+- :mod:`sixlab.bench.ilnp_echo`: UDP echo over ILNPv6 through the host daemon (a C
+  echo server behind ``sixlab ilnp host``); :mod:`sixlab.bench.ilnp_study` the ILCC study.
 
-``benchmarks/bench_pdr.py`` runs both for every data plane side by side;
-``benchmarks/bench_ilnp.py echo`` for the ILNP daemon.
+``benchmarks/bench_stamp.py paper`` runs the STAMP paper's evaluation (the one way to
+measure a STAMP PDR); ``benchmarks/bench_ilnp.py echo`` and ``study`` the ILNP ones.
 
 Errors
 ------

@@ -82,6 +82,7 @@ __all__ = [
     "GEN_PORT",
     "FrameTrialRunner",
     "GeneratorError",
+    "Mix",
     "StampTrialRunner",
     "TrialResult",
     "build_generator",
@@ -89,6 +90,7 @@ __all__ = [
     "generator_ceiling",
     "interface_mac",
     "prepare_bench",
+    "run_generator",
     "stamp_frame",
 ]
 
@@ -226,6 +228,53 @@ def prepare_bench(
     _nft(tb, script)
 
 
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """A second frame mixed into a generator run: ``share`` (0..1) of the frames.
+
+    ``fields`` are the counter fields of the mixed frame, (UDP payload offset, base):
+    each gets base + the frame's index among the mixed ones (``stampgen.c``); empty,
+    the first 4 payload bytes count from 0, as in the main frame.
+    """
+
+    frame: bytes
+    share: float
+    fields: tuple[tuple[int, int], ...] = ()
+
+    def argv(self) -> list[str]:
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"mix share {self.share} is not in 0..1")
+        return [
+            self.frame.hex(),
+            f"{self.share:.9f}",
+            *(f"{off}:{base % (1 << 32)}" for off, base in self.fields),
+        ]
+
+
+def run_generator(
+    tb: BenchTestbed,
+    binary: Path,
+    frame: bytes,
+    rate: float,
+    seconds: float,
+    *,
+    cpu: int = 0,
+    batch: int = DEFAULT_BATCH,
+    tick_us: float = DEFAULT_TICK_US,
+    mix: Mix | None = None,
+) -> dict[str, float]:
+    """Run ``stampgen`` once in the generator namespace, pinned to ``cpu``; its summary
+    (``offered``, ``input_drops``, ``elapsed_s``..., with ``mix``: ``mix_offered``)."""
+    argv = [str(binary), tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}", str(batch),
+            f"{tick_us:.3f}", *(mix.argv() if mix is not None else [])]  # fmt: skip
+    proc = tb.run_pinned(tb.gen, argv, cpu, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=seconds + 30)
+    if proc.returncode != 0:
+        raise GeneratorError(f"bench: generator failed ({proc.returncode}): {err.decode()}")
+    stats: dict[str, float] = json.loads(out.decode().splitlines()[-1])
+    return stats
+
+
 def _nft(tb: BenchTestbed, script: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
         f.write(script)
@@ -324,19 +373,11 @@ class FrameTrialRunner(ABC):
         self._tag = self._tag % 0xFFFF + 1
         self._arm(self._tag)
         frame = self.frame(self._tag)
-        argv = [str(self.binary), self.tb.gen_if, frame.hex(), f"{rate:.3f}", f"{seconds:.3f}"]
         with background or contextlib.nullcontext():
-            proc = self.tb.run_pinned(
-                self.tb.gen,
-                [*argv, str(self.batch), f"{self.tick_us:.3f}"],
-                self.gen_cpu,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            out, err = proc.communicate(timeout=seconds + 30)
-        if proc.returncode != 0:
-            raise GeneratorError(f"bench: generator failed ({proc.returncode}): {err.decode()}")
-        stats = json.loads(out.decode().splitlines()[-1])
+            stats = run_generator(
+                self.tb, self.binary, frame, rate, seconds,
+                cpu=self.gen_cpu, batch=self.batch, tick_us=self.tick_us,
+            )  # fmt: skip
         received, stale = self.settle()
         result = TrialResult(
             rate=rate,

@@ -18,11 +18,16 @@ import ipaddress
 import math
 from collections.abc import Callable
 
+from sixlab.linux import FlowMatch
+from sixlab.stamp import SessionConfigError, check_flow_labels
+
 __all__ = [
     "MAX_COUNT",
     "MAX_NAME",
     "count",
     "duration",
+    "flow_labels",
+    "flow_match",
     "hex_key",
     "integer",
     "interval",
@@ -190,3 +195,34 @@ def hex_key(value: str) -> bytes:
     if not key:
         raise argparse.ArgumentTypeError("the key is empty")
     return key
+
+
+def flow_labels(text: str) -> tuple[int, ...]:
+    """``N`` (labels 1..N) or ``L1,L2,...`` (decimal or 0x hex; ``L1,`` for one label):
+    IPv6 flow labels (ECMP coverage, docs/srpm.md)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [int(p, 0) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a count or a list of flow labels: {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("no flow label given")
+    labels = tuple(range(1, values[0] + 1)) if len(values) == 1 and "," not in text else values
+    try:
+        return check_flow_labels(labels)
+    except SessionConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def flow_match(text: str) -> FlowMatch:
+    """``PREFIX[,udp|tcp[,PORT]]``: a data flow to count (direct-mode loss, docs/srpm.md)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not 1 <= len(parts) <= 3 or not parts[0]:
+        raise argparse.ArgumentTypeError(f"expected PREFIX[,udp|tcp[,PORT]], got {text!r}")
+    try:
+        port_number = int(parts[2]) if len(parts) == 3 else 0
+        return FlowMatch.parse(parts[0], parts[1] if len(parts) > 1 else "", port_number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -55,7 +55,17 @@ _SESSION_KEYS = {
     "sender", "reflector", "reflector-address", "segments", "return-segments",
     "return-path-tlv", "port", "source", "interval", "count", "duration", "loss-timeout",
     "ptp", "auth-key", "key-sha256", "stateful", "strict-ssid", "collect", "state",
+    # SR performance measurement (docs/srpm.md)
+    "loopback", "flow-labels", "dm-sender-sent", "dm-sender-received", "dm-reflector-sent",
+    "dm-reflector-received", "max-delay-ms", "max-jitter-ms", "max-loss", "event-window",
 }  # fmt: skip
+#: The SR session keys that are text (direct-mode loss matches) and numbers (thresholds).
+_DM_KEYS = ("dm-sender-sent", "dm-sender-received", "dm-reflector-sent", "dm-reflector-received")
+_THRESHOLD_KEYS = {
+    "max-delay-ms": "max_delay_ms",
+    "max-jitter-ms": "max_jitter_ms",
+    "max-loss": "max_loss_ratio",
+}
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -182,16 +192,19 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
     where = f"sessions.{name}."
     _arg(f"sessions.{name}", name, argtypes.name, str)
     _keys(where, s, _SESSION_KEYS)
-    for key in ("sender", "reflector", "reflector-address"):
+    loopback = _bool(f"{where}loopback", s.get("loopback", False))
+    for key in ("sender",) if loopback else ("sender", "reflector", "reflector-address"):
         if key not in s:
             raise _ConfigFileError(f"{where}{key}: required")
+    reflector = s.get("reflector", "")
+    address = s.get("reflector-address", "")
     spec = pb.CreateSessionRequest(
         name=name,
         sender=_arg(f"{where}sender", s["sender"], argtypes.name, str),
-        reflector=_arg(f"{where}reflector", s["reflector"], argtypes.name, str),
-        reflector_address=str(
-            _arg(f"{where}reflector-address", s["reflector-address"], argtypes.ip, str)
-        ),
+        reflector=_arg(f"{where}reflector", reflector, argtypes.name, str) if reflector else "",
+        reflector_address=str(_arg(f"{where}reflector-address", address, argtypes.ip, str))
+        if address
+        else "",
         segments=_sids(f"{where}segments", s.get("segments", [])),
         return_segments=_sids(f"{where}return-segments", s.get("return-segments", [])),
         return_path_tlv=_bool(f"{where}return-path-tlv", s.get("return-path-tlv", False)),
@@ -209,6 +222,7 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
     )
     if s.get("source"):
         spec.source_address = str(_arg(f"{where}source", s["source"], argtypes.ip, str))
+    _srpm_session(where, s, spec)
     if "auth-key" in s:
         spec.key = _arg(f"{where}auth-key", s["auth-key"], argtypes.hex_key, str)
     digest = s.get("key-sha256", "")
@@ -218,6 +232,32 @@ def _session(name: str, s: dict[str, Any]) -> pb.SessionConfig:
         raise _ConfigFileError(f"{where}key-sha256: give auth-key or key-sha256, not both")
     running = _choice(f"{where}state", s.get("state", "running"), {"running": 1, "stopped": 0})
     return pb.SessionConfig(spec=spec, key_sha256=digest, running=bool(running))
+
+
+def _srpm_session(where: str, s: dict[str, Any], spec: pb.CreateSessionRequest) -> None:
+    """The SR performance-measurement keys of a session (docs/srpm.md) into ``spec``."""
+    spec.loopback = _bool(f"{where}loopback", s.get("loopback", False))
+    labels = s.get("flow-labels", [])
+    if not isinstance(labels, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in labels
+    ):
+        raise _ConfigFileError(f"{where}flow-labels: a list of integers")
+    spec.flow_labels.extend(labels)
+    for key in _DM_KEYS:
+        value = s.get(key, "")
+        if not isinstance(value, str):
+            raise _ConfigFileError(f"{where}{key}: text, PREFIX[,udp|tcp[,PORT]]")
+        setattr(spec, key.replace("-", "_"), value)
+    for key, field_name in _THRESHOLD_KEYS.items():
+        if key in s:
+            value = s[key]
+            # Floats come as Decimal (``loads`` reads them exactly).
+            if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+                raise _ConfigFileError(f"{where}{key}: a number")
+            setattr(spec, field_name, float(value))
+    if "event-window" in s:
+        window = _seconds_ns(f"{where}event-window", s["event-window"], argtypes.timeout, False)
+        spec.event_window_s = window / NS_PER_S
 
 
 # ------------------------------------------------------------------------------ export
@@ -281,8 +321,28 @@ def dump(config: pb.ApplyRequest) -> str:
             f"strict-ssid = {_value(spec.strict_ssid)}",
             f"collect = {_value(_COLLECT_NAMES[spec.collect])}",
         ]
+        lines += _srpm_lines(spec)
         if session.key_sha256:
             lines.append(f"key-sha256 = {_value(session.key_sha256)}")
         lines.append(f"state = {_value('running' if session.running else 'stopped')}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _srpm_lines(spec: pb.CreateSessionRequest) -> list[str]:
+    """The SR performance-measurement keys of a session that differ from the defaults."""
+    lines = []
+    if spec.loopback:
+        lines.append("loopback = true")
+    if spec.flow_labels:
+        lines.append(f"flow-labels = {_value(list(spec.flow_labels))}")
+    for key in _DM_KEYS:
+        value = getattr(spec, key.replace("-", "_"))
+        if value:
+            lines.append(f"{key} = {_value(value)}")
+    for key, field_name in _THRESHOLD_KEYS.items():
+        if spec.HasField(field_name):  # type: ignore[arg-type]
+            lines.append(f"{key} = {getattr(spec, field_name)!r}")
+    if spec.HasField("event_window_s"):
+        lines.append(f"event-window = {_seconds(round(spec.event_window_s * NS_PER_S))}")
+    return lines

@@ -310,6 +310,16 @@ def add_parsers(sub: Any) -> None:
     )
     stats.set_defaults(handler=_client_handler(_stats))
 
+    events = cmds.add_parser(
+        "events", parents=[client, as_json], help="threshold events raised and cleared"
+    )
+    events.add_argument("name", nargs="?", default="", help="only this session's")
+    events.add_argument(
+        "--since-ns", type=argtypes.u64, default=None, help="only from then (Unix ns)"
+    )
+    events.add_argument("--limit", type=argtypes.count, default=0, help="the newest N (0: 1000)")
+    events.set_defaults(handler=_client_handler(_events))
+
 
 def _add_serve(cmds: Any) -> None:
     serve = cmds.add_parser(
@@ -431,9 +441,14 @@ def _add_init_options(init: argparse.ArgumentParser) -> None:
 
 def _add_session_options(create: argparse.ArgumentParser) -> None:
     create.add_argument("--sender", type=_name, required=True, help="sender node")
-    create.add_argument("--reflector", type=_name, required=True, help="reflector node")
     create.add_argument(
-        "--reflector-address", type=_address, required=True, help="where test packets go"
+        "--reflector", type=_name, default="", help="reflector node (none with --loopback)"
+    )
+    create.add_argument(
+        "--reflector-address",
+        type=_address,
+        default="",
+        help="where test packets go (none with --loopback)",
     )
     create.add_argument(
         "--segments", type=_segments, default=(), help="forward SID list, travel order: S1,S2"
@@ -481,6 +496,42 @@ def _add_session_options(create: argparse.ArgumentParser) -> None:
         "are accepted when address, port, Seq and T1 match)",
     )
     create.add_argument("--collect", choices=CollectMode.ALL, default=CollectMode.POLL)
+    _srpm_arguments(create)
+
+
+def _srpm_arguments(create: Any) -> None:
+    """``session create``'s SR performance-measurement options (docs/srpm.md)."""
+    create.add_argument(
+        "--loopback",
+        action="store_true",
+        help="loopback mode: no reflector node; --segments lead the probes back to the sender",
+    )
+    create.add_argument(
+        "--flow-labels",
+        type=argtypes.flow_labels,
+        default=(),
+        metavar="N|L1,L2,...",
+        help="spread the probes over IPv6 flow labels (N: labels 1..N), stats per label",
+    )
+    for side in ("sender", "reflector"):
+        for what in ("sent", "received"):
+            create.add_argument(
+                f"--dm-{side}-{what}",
+                default="",
+                metavar="PREFIX[,udp|tcp[,PORT]]",
+                help=f"direct-mode loss: data packets the {side} node counts as {what}",
+            )
+    create.add_argument("--max-delay-ms", type=float, default=None, help="delay threshold")
+    create.add_argument("--max-jitter-ms", type=float, default=None, help="jitter threshold")
+    create.add_argument(
+        "--max-loss", type=float, default=None, help="loss-ratio threshold, e.g. 0.01"
+    )
+    create.add_argument(
+        "--event-window",
+        type=argtypes.timeout,
+        default=10.0,
+        help="seconds each judgement looks at",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -787,6 +838,17 @@ def stats_json(name: str, s: SessionStats) -> dict[str, Any]:
         "schedule_skipped": s.schedule_skipped,
         "schedule_late_mean_ns": s.schedule_late_mean_ns,
         "schedule_late_max_ns": s.schedule_late_max_ns,
+        "flows": [
+            {
+                "flow_label": f.flow_label,
+                "received": f.received,
+                "direct": summary(f.direct),
+                "rtt": summary(f.rtt),
+                "jitter_ns": f.jitter_ns,
+            }
+            for f in s.flows
+        ],
+        "data_loss": None if s.data_loss is None else asdict(s.data_loss),
     }
 
 
@@ -853,12 +915,23 @@ def _session_create(c: ControllerClient, args: argparse.Namespace) -> None:
         strict_ssid=args.strict_ssid,
         loss_timeout_ns=round(args.loss_timeout * NS_PER_S),
         collect=args.collect,
+        loopback=args.loopback,
+        flow_labels=args.flow_labels,
+        dm_sender_sent=args.dm_sender_sent,
+        dm_sender_received=args.dm_sender_received,
+        dm_reflector_sent=args.dm_reflector_sent,
+        dm_reflector_received=args.dm_reflector_received,
+        max_delay_ms=args.max_delay_ms,
+        max_jitter_ms=args.max_jitter_ms,
+        max_loss_ratio=args.max_loss,
+        event_window_s=args.event_window,
     )
     info = c.create_session(spec)
     if args.json:
         _print_json(session_json(info))
     else:
-        print(f"session {info.name} created: SSID {info.ssid}, {info.sender} -> {info.reflector}")
+        peer = "itself (loopback)" if args.loopback else info.reflector
+        print(f"session {info.name} created: SSID {info.ssid}, {info.sender} -> {peer}")
 
 
 def _session_action(action: str) -> Callable[[ControllerClient, argparse.Namespace], None]:
@@ -1062,3 +1135,51 @@ def _stats(c: ControllerClient, args: argparse.Namespace) -> None:
                 f"epoch {e.epoch} ({e.end_reason}): sent {e.sent}, received {e.received}, "
                 f"lost {e.lost}, unknown {e.unknown}"
             )
+    if s.flows:
+        _table(
+            f"{args.name}: per flow label (ms)",
+            ("flow label", "n", "direct mean", "direct p99", "rtt mean", "rtt p99", "jitter"),
+            [
+                (
+                    f"{f.flow_label:#x}",
+                    f.received,
+                    None if f.direct is None else _ms(f.direct.mean_ns),
+                    None if f.direct is None else _ms(f.direct.p99_ns),
+                    None if f.rtt is None else _ms(f.rtt.mean_ns),
+                    None if f.rtt is None else _ms(f.rtt.p99_ns),
+                    _ms(f.jitter_ns),
+                )
+                for f in s.flows
+            ],
+        )
+    dl = s.data_loss
+    if dl is not None:
+        back = "?" if dl.backward_lost is None else dl.backward_lost
+        print(
+            f"data loss (Direct Measurement, RFC 8972 §4.5): forward {dl.forward_lost} of "
+            f"{dl.forward_sent}, backward {back} of {dl.backward_sent}"
+        )
+
+
+def _events(c: ControllerClient, args: argparse.Namespace) -> None:
+    events = c.events(args.name, since_ns=args.since_ns, limit=args.limit)
+    if args.json:
+        _print_json([asdict(e) for e in events])
+        return
+    _table(
+        "events" + (f" of {args.name}" if args.name else ""),
+        ("at (UTC)", "session", "kind", "state", "value", "threshold"),
+        [
+            (
+                datetime.datetime.fromtimestamp(e.at_ns / 1e9, tz=datetime.UTC).isoformat(
+                    timespec="milliseconds"
+                ),
+                e.session,
+                e.kind,
+                e.state,
+                f"{e.value:.4g}",
+                f"{e.threshold:.4g}",
+            )
+            for e in events
+        ],
+    )

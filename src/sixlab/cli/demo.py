@@ -4,14 +4,17 @@ What it does, in order:
 
 1. builds the two-path SRv6 testbed in network namespaces (sender — R1 — R2 —
    reflector; R1 and R2 joined by two links with different emulated delays; SRv6 End.X
-   on the routers pins each path to its link, in both directions);
+   on the routers pins each path to its link, in both directions; and a host *far*
+   behind R2 that runs no agent at all);
 2. starts a STAMP agent as its own process inside the sender's and the reflector's
    namespace (gRPC on Unix sockets, which cross namespaces);
 3. runs the controller (SQLite store, Prometheus metrics if asked), registers and
    initialises the agents, and measures both paths at once: path A with its return path
    configured on the reflector (the design of "High Performance Delay Monitoring for
    SRv6 Based SD-WANs", docs/papers.md), path B asking for it with the RFC 9503
-   Return Path TLV;
+   Return Path TLV, and a third path, L, in loopback mode (docs/srpm.md): out over link
+   B, around far (End), back over link A, to the sender itself, measured with no
+   reflector (round trip only);
 4. shows a live table of direct / return / round-trip delay, jitter and loss per path,
    with a progress bar, then a summary table, the SQLite file and a PNG plot of delay
    over time (or, with ``--json``, one JSON document).
@@ -77,7 +80,9 @@ HOST_INTERFACE = "eth0"
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("demo", help="measure the delays of two SRv6 paths, live")
+    p = sub.add_parser(
+        "demo", help="measure the delays of three SRv6 paths (one in loopback mode), live"
+    )
     p.add_argument(
         "--duration",
         type=argtypes.seconds_in(0.1, MAX_DEMO_S),
@@ -92,6 +97,12 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--path-a", type=_pair, default=(5.0, 12.0), help="FWD,RET ms (5,12)")
     p.add_argument("--path-b", type=_pair, default=(20.0, 3.0), help="FWD,RET ms (20,3)")
+    p.add_argument(
+        "--far-link",
+        type=_pair,
+        default=(2.0, 4.0),
+        help="R2->far,far->R2 ms of the loopback path's far link (2,4)",
+    )
     p.add_argument(
         "--dataplane",
         choices=available(),
@@ -132,6 +143,14 @@ class _Path:
     name: str
     segments: tuple[str, ...]
     configured: tuple[float, float] | None
+    #: A loopback path's configured round trip (the sum of its legs' delays), ms.
+    loop_ms: float | None = None
+
+    @property
+    def configured_rtt_ms(self) -> float | None:
+        if self.loop_ms is not None:
+            return self.loop_ms
+        return None if self.configured is None else sum(self.configured)
 
 
 def _ms(s: DelaySummary | None) -> dict[str, float] | None:
@@ -157,11 +176,15 @@ def _table(paths: list[_Path], stats: dict[str, PathStats], title: str) -> Table
     for p in paths:
         st = stats.get(p.name)
         conf = "—" if p.configured is None else f"{p.configured[0]:g}/{p.configured[1]:g}"
+        if p.loop_ms is not None:
+            conf = f"{p.loop_ms:g} loop"
         if st is None:
             table.add_row(p.name, conf, "—", "—", "—", "—", "—")
             continue
         fwd, ret = st.direct_jitter_ns, st.return_jitter_ns
         jitter = "—" if fwd is None or ret is None else f"{fwd / 1e3:.0f}/{ret / 1e3:.0f}"
+        if p.loop_ms is not None and fwd is not None:  # a loop's jitter is its round trip's
+            jitter = f"{fwd / 1e3:.0f} rt"
         loss = f"{st.loss_ratio:.1%}"
         table.add_row(p.name, conf, cell(st.direct), cell(st.backward), cell(st.rtt), jitter, loss)
     return table
@@ -218,10 +241,9 @@ def _document(paths: list[_Path], stats: dict[str, PathStats]) -> dict[str, Any]
         out.append(
             {
                 "name": p.name,
+                "mode": "two-way" if p.loop_ms is None else "loopback",
                 "segments": list(p.segments),
-                "configured": None
-                if p.configured is None
-                else {"direct_ms": p.configured[0], "return_ms": p.configured[1]},
+                "configured": _configured(p),
                 "measured": {
                     "direct_ms": _ms(st.direct),
                     "return_ms": _ms(st.backward),
@@ -241,6 +263,14 @@ def _document(paths: list[_Path], stats: dict[str, PathStats]) -> dict[str, Any]
             }
         )
     return {"paths": out}
+
+
+def _configured(p: _Path) -> dict[str, float] | None:
+    if p.loop_ms is not None:
+        return {"rtt_ms": p.loop_ms}
+    if p.configured is None:
+        return None
+    return {"direct_ms": p.configured[0], "return_ms": p.configured[1]}
 
 
 def _progress(duration: float) -> tuple[Progress, Any]:
@@ -301,7 +331,12 @@ def _testbed(
     console.print("building the SRv6 testbed (namespaces, links, SRv6 End.X) ...")
     with (
         tempfile.TemporaryDirectory(prefix="sixlab-demo-") as tmp,
-        srv6_two_paths(path_a_ms=args.path_a, path_b_ms=args.path_b, prefix="sixlab-demo-") as tb,
+        srv6_two_paths(
+            path_a_ms=args.path_a,
+            path_b_ms=args.path_b,
+            far_ms=args.far_link,
+            prefix="sixlab-demo-",
+        ) as tb,
     ):
         if args.dataplane == "xdp":
             _prepare_xdp(tb)
@@ -382,9 +417,28 @@ def _measure(
                     collect=args.collect,
                 )
             )
+        # The third path: loopback mode, no reflector (docs/srpm.md). Out over link B,
+        # around far (its End SID; far runs no agent), back over link A to the sender.
+        loop = tb.loopback_paths["F"]
+        paths.append(_Path("path-L", tuple(loop.segments), None, loop.round_trip_delay_ms))
+        controller.create_session(
+            SessionSpec(
+                name="path-L",
+                sender="sender",
+                reflector="",
+                reflector_address="",
+                loopback=True,
+                segments=tuple(loop.segments),
+                source_address=tb.sender_addr,
+                interval_ns=round(args.interval * NS_PER_S),
+                duration_ns=round(args.duration * NS_PER_S),
+                loss_timeout_ns=NS_PER_S,
+                collect=args.collect,
+            )
+        )
         for path in paths:
             controller.start_session(path.name)
-        names = " and ".join(q.name for q in paths)
+        names = ", ".join(q.name for q in paths)
         console.print(f"measuring {names} for {args.duration:g} s (Ctrl-C stops) ...")
         progress, task = _progress(args.duration)
         start = time.monotonic()
@@ -416,23 +470,34 @@ def _plot(paths: list[_Path], records: dict[str, list[ev.StampResult]], png: Pat
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     t0 = min((r.t1_ns for recs in records.values() for r in recs), default=0)
     for ax, (label, attr, idx) in zip(
-        axes, (("direct (T2−T1)", "direct_ns", 0), ("return (T4−T3)", "return_ns", 1)), strict=True
+        axes,
+        (
+            ("direct (T2−T1)", "direct_ns", 0),
+            ("return (T4−T3)", "return_ns", 1),
+            ("round trip", "rtt_ns", 2),
+        ),
+        strict=True,
     ):
         for p in paths:
+            if idx < 2 and p.loop_ms is not None:
+                continue  # a loopback path has no one-way delays
             recs = records.get(p.name, [])
             xs = [(r.t1_ns - t0) / 1e9 for r in recs]
             ys = [getattr(r, attr) / 1e6 for r in recs]
             (line,) = ax.plot(xs, ys, ".-", markersize=3, linewidth=0.8, label=p.name)
-            if p.configured is not None:
-                ax.axhline(p.configured[idx], color=line.get_color(), linestyle="--", linewidth=0.8)
+            want = p.configured_rtt_ms if idx == 2 else None
+            if idx < 2 and p.configured is not None:
+                want = p.configured[idx]
+            if want is not None:
+                ax.axhline(want, color=line.get_color(), linestyle="--", linewidth=0.8)
         ax.set_ylabel(f"{label} ms")
         ax.grid(visible=True, alpha=0.3)
         ax.legend(loc="upper right")
     axes[-1].set_xlabel("time since first probe (s); dashed: configured delay")
-    fig.suptitle("sixlab demo — STAMP one-way delays per SRv6 path")
+    fig.suptitle("sixlab demo — STAMP delays per SRv6 path (path-L: loopback mode)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -39,14 +39,17 @@ from sixlab.controller.core import SessionSpec
 from sixlab.controller.errors import ControllerError
 from sixlab.southbound.client import ClientTls
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp import StampResult
+from sixlab.stamp import DataLoss, StampResult
 from sixlab.stamp.stats import DelaySummary
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "RUN_SOCKET",
     "ControllerClient",
+    "DataLossInfo",
     "EpochInfo",
+    "EventInfo",
+    "FlowInfo",
     "NodeInfo",
     "NorthboundError",
     "ResultPage",
@@ -197,6 +200,40 @@ class EpochInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowInfo:
+    """One flow label's share of a session (ECMP coverage, docs/srpm.md)."""
+
+    flow_label: int
+    direct: DelaySummary | None
+    rtt: DelaySummary | None
+    received: int
+    jitter_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DataLossInfo:
+    """Direct-mode data loss (RFC 8972 §4.5): totals and the last intervals."""
+
+    forward_sent: int
+    forward_lost: int
+    backward_sent: int
+    backward_lost: int | None
+    intervals: tuple[DataLoss, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """A threshold event (``sixlab controller events``)."""
+
+    session: str
+    kind: str
+    state: str
+    value: float
+    threshold: float
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionStats:
     """A path's delays (``None`` until a result is stored), jitter and loss."""
 
@@ -222,6 +259,9 @@ class SessionStats:
     schedule_skipped: int = 0
     schedule_late_mean_ns: int | None = None
     schedule_late_max_ns: int = 0
+    #: Per flow label (sessions with flow labels) and direct-mode data loss.
+    flows: tuple[FlowInfo, ...] = ()
+    data_loss: DataLossInfo | None = None
 
 
 def node_from_proto(n: pb.Node) -> NodeInfo:
@@ -282,14 +322,39 @@ def record_from_proto(r: pb.Record, ssid: int = 0) -> StampResult:
         reflector_error=ErrorEstimate.from_int(r.reflector_error_estimate),
         ses_sender_ttl=r.ttl,
         reflector_seq=r.reflector_seq,
+        loopback=r.loopback,
+        flow_label=r.flow_label if r.HasField("flow_label") else None,
     )
 
 
-def _summary(reply: pb.GetPathStatsReply, field: str) -> DelaySummary | None:
+def _summary(reply: pb.GetPathStatsReply | pb.FlowStats, field: str) -> DelaySummary | None:
     if not reply.HasField(field):  # type: ignore[arg-type]
         return None
     s: pb.DelaySummary = getattr(reply, field)
     return DelaySummary(s.count, s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns)
+
+
+def _data_loss(reply: pb.GetPathStatsReply) -> DataLossInfo | None:
+    if not reply.HasField("data_loss"):
+        return None
+    d = reply.data_loss
+    return DataLossInfo(
+        d.forward_sent,
+        d.forward_lost,
+        d.backward_sent,
+        d.backward_lost if d.HasField("backward_lost") else None,
+        tuple(
+            DataLoss(
+                i.start_ns,
+                i.end_ns,
+                i.forward_sent,
+                i.forward_lost,
+                i.backward_sent,
+                i.backward_lost if i.HasField("backward_lost") else None,
+            )
+            for i in d.intervals
+        ),
+    )
 
 
 def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
@@ -330,6 +395,17 @@ def stats_from_proto(reply: pb.GetPathStatsReply) -> SessionStats:
         schedule_skipped=reply.schedule_skipped,
         schedule_late_mean_ns=opt("schedule_late_mean_ns"),
         schedule_late_max_ns=reply.schedule_late_max_ns,
+        flows=tuple(
+            FlowInfo(
+                f.flow_label,
+                _summary(f, "direct_delay"),
+                _summary(f, "round_trip_delay"),
+                f.received,
+                f.jitter_ns if f.HasField("jitter_ns") else None,
+            )
+            for f in reply.flows
+        ),
+        data_loss=_data_loss(reply),
     )
 
 
@@ -365,6 +441,16 @@ def spec_to_proto(spec: SessionSpec) -> pb.CreateSessionRequest:
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=collect,
         strict_ssid=spec.strict_ssid,
+        loopback=spec.loopback,
+        flow_labels=spec.flow_labels,
+        dm_sender_sent=spec.dm_sender_sent,
+        dm_sender_received=spec.dm_sender_received,
+        dm_reflector_sent=spec.dm_reflector_sent,
+        dm_reflector_received=spec.dm_reflector_received,
+        max_delay_ms=spec.max_delay_ms,
+        max_jitter_ms=spec.max_jitter_ms,
+        max_loss_ratio=spec.max_loss_ratio,
+        event_window_s=spec.event_window_s,
     )
 
 
@@ -518,3 +604,16 @@ class ControllerClient(GrpcClient):
             request.since_ns = since_ns
         reply: pb.GetPathStatsReply = self._call("GetPathStats", request)
         return stats_from_proto(reply)
+
+    def events(
+        self, name: str = "", *, since_ns: int | None = None, limit: int = 0
+    ) -> list[EventInfo]:
+        """Threshold events, oldest first (of session ``name``; empty: of all)."""
+        request = pb.ListEventsRequest(name=name, limit=limit)
+        if since_ns is not None:
+            request.since_ns = since_ns
+        reply: pb.ListEventsReply = self._call("ListEvents", request)
+        return [
+            EventInfo(e.session, e.kind, e.state, e.value, e.threshold, e.at_ns)
+            for e in reply.events
+        ]

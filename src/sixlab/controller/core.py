@@ -39,6 +39,16 @@ was Reset, or a collector got NOT_FOUND) is created again the same way.
   epoch (``Store.begin_epoch``), creates the session on both agents again (a stateful
   reflector's count must restart with the sender's Seq) and starts it.
 
+SR performance measurement (docs/srpm.md). A ``loopback`` session has only a sender
+node: its probes follow the SID list back to the sender, the far end only forwarding
+them, and no reflector session exists anywhere (its store row names the sender in the
+reflector column). ``flow_labels`` spread a session's probes over IPv6 flow labels
+(``flow_stats`` gives each label's delay and loss), and ``dm_*`` make both agents count
+a data flow for direct-mode loss (``data_loss``). Thresholds (``max_delay_ms``,
+``max_jitter_ms``, ``max_loss_ratio``) are judged after every stored batch over the
+last ``event_window_s`` (``sixlab.controller.events``): events are stored, logged and
+exported as metrics.
+
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
 acknowledgement of the old epoch's ids would remove unstored records of the new one).
@@ -55,23 +65,34 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import grpc
 
 from sixlab.controller.errors import ControllerError
+from sixlab.controller.events import (
+    DEFAULT_WINDOW_S,
+    EventKind,
+    LossWindow,
+    SessionEvent,
+    ThresholdMonitor,
+    Thresholds,
+    window_sample,
+)
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
     Counters,
     EpochRow,
+    EventRow,
     NodeRow,
     NotFoundError,
     ResultBatch,
     SessionRow,
     Store,
 )
+from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import (
     AgentClient,
@@ -81,7 +102,15 @@ from sixlab.southbound.client import (
     result_from_proto,
     sender_session_request,
 )
-from sixlab.stamp import StampResult
+from sixlab.stamp import (
+    DataLoss,
+    SessionConfigError,
+    StampResult,
+    check_flow_labels,
+    data_loss,
+    data_loss_total,
+    per_flow_stats,
+)
 from sixlab.stamp.stats import PathStats, path_stats
 
 __all__ = [
@@ -181,10 +210,63 @@ class SessionSpec:
     collect: str = CollectMode.POLL
     #: Refuse replies with SSID 0 (an RFC 8762-only reflector); accepted by default.
     strict_ssid: bool = False
+    #: Loopback measurement mode: no reflector node (``reflector`` and, unless it is the
+    #: sender's own address, ``reflector_address`` empty); ``segments`` lead the probes
+    #: back to the sender (docs/srpm.md).
+    loopback: bool = False
+    #: IPv6 Flow Labels the probes take in turn (ECMP coverage).
+    flow_labels: tuple[int, ...] = ()
+    #: Direct-mode loss: the data flow each agent counts, ``PREFIX[,udp|tcp[,PORT]]``
+    #: (empty: none) — sent and received on the sender's node and the reflector's.
+    dm_sender_sent: str = ""
+    dm_sender_received: str = ""
+    dm_reflector_sent: str = ""
+    dm_reflector_received: str = ""
+    #: Thresholds that raise and clear events (None: not watched), over the last
+    #: ``event_window_s`` seconds: mean round-trip delay, mean |IPDV| (ms), loss ratio.
+    max_delay_ms: float | None = None
+    max_jitter_ms: float | None = None
+    max_loss_ratio: float | None = None
+    event_window_s: float = DEFAULT_WINDOW_S
+
+    def __post_init__(self) -> None:
+        # Labels stored as JSON come back as a list; a spec compares equal either way.
+        object.__setattr__(self, "flow_labels", tuple(self.flow_labels))
+
+    @property
+    def direct_measurement(self) -> bool:
+        return any(
+            (self.dm_sender_sent, self.dm_sender_received, self.dm_reflector_sent,
+             self.dm_reflector_received)
+        )  # fmt: skip
+
+    def thresholds(self) -> Thresholds | None:
+        """The session's thresholds, or None when it has none."""
+        th = Thresholds(
+            self.max_delay_ms, self.max_jitter_ms, self.max_loss_ratio, self.event_window_s
+        )
+        return th if th.any else None
 
     def validate(self) -> None:
         if not self.name:
             raise ControllerError("name: a session needs a name")
+        self._validate_srpm()
+        if self.loopback:
+            for sid in self.segments:
+                _v6("segments", sid)
+            if self.source_address:
+                _v6("source_address", self.source_address)
+            if self.reflector_address and self.reflector_address != self.source_address:
+                raise ControllerError(
+                    "reflector_address: a loopback session's is its own (source_address)"
+                )
+            if self.interval_ns <= 0:
+                raise ControllerError("interval_ns: must be positive")
+            if self.count < 0 or self.duration_ns < 0:
+                raise ControllerError("count/duration_ns: must not be negative")
+            if self.collect not in CollectMode.ALL:
+                raise ControllerError(f"collect: {self.collect!r} is neither poll nor stream")
+            return
         family = _ip("reflector_address", self.reflector_address)
         if self.source_address and _ip("source_address", self.source_address) != family:
             raise ControllerError("source_address: not of the reflector_address's family")
@@ -208,6 +290,69 @@ class SessionSpec:
             bytes.fromhex(self.key_hex)
         except ValueError:
             raise ControllerError("key_hex: not hexadecimal") from None
+
+    def _validate_srpm(self) -> None:
+        """The fields of the SR performance-measurement modes (docs/srpm.md)."""
+        try:
+            check_flow_labels(self.flow_labels)
+        except SessionConfigError as exc:
+            raise ControllerError(str(exc)) from None
+        for name in ("dm_sender_sent", "dm_sender_received", "dm_reflector_sent",
+                     "dm_reflector_received"):  # fmt: skip
+            text = getattr(self, name)
+            if text:
+                _flow_match(name, text)
+        self.thresholds()  # refuses impossible values, naming them
+        if not self.loopback:
+            return
+        if self.reflector:
+            raise ControllerError("reflector: a loopback session has no reflector node")
+        if not self.segments:
+            raise ControllerError("segments: a loopback session needs the SID list of its loop")
+        if self.stateful or self.return_segments or self.return_path_tlv:
+            raise ControllerError(
+                "stateful/return_segments: a loopback session has no reflector to configure"
+            )
+        if self.direct_measurement:
+            raise ControllerError("dm_*: direct-mode loss needs a reflector's counters")
+
+
+def _flow_match(name: str, text: str) -> FlowMatch:
+    """``PREFIX[,udp|tcp[,PORT]]`` as a data-flow match (direct-mode loss)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not 1 <= len(parts) <= 3:
+        raise ControllerError(f"{name}: {text!r}: expected PREFIX[,udp|tcp[,PORT]]")
+    try:
+        port = int(parts[2]) if len(parts) == 3 else 0
+        return FlowMatch.parse(parts[0], parts[1] if len(parts) > 1 else "", port)
+    except ValueError as exc:
+        raise ControllerError(f"{name}: {text!r}: {exc}") from None
+
+
+def _dm(sent: str, received: str) -> pb.DirectMeasurement | None:
+    """The agent API's DirectMeasurement for a node's two matches (None: neither)."""
+    if not sent and not received:
+        return None
+    out = pb.DirectMeasurement()
+    for field_name, text in (("sent", sent), ("received", received)):
+        if text:
+            m = _flow_match(field_name, text)
+            getattr(out, field_name).CopyFrom(
+                pb.DataFlowMatch(prefix=str(m.prefix), protocol=m.protocol or "", port=m.port or 0)
+            )
+    return out
+
+
+def _log_event(event: SessionEvent) -> None:
+    unit = "" if event.kind == EventKind.LOSS else " ms"
+    log.warning(
+        "session %s: %s %s (%.4g%s, threshold %.4g%s)",
+        event.session, event.kind, event.state, event.value, unit, event.threshold, unit,
+    )  # fmt: skip
+
+
+def _is_loopback(row: SessionRow) -> bool:
+    return bool(row.params.get("loopback", False))
 
 
 def _ip(label: str, text: str) -> int:
@@ -360,7 +505,7 @@ def _check_spec(spec: SessionSpec, nodes: dict[str, NodeRow]) -> None:
     """What ``create_session`` refuses before any call: a bad spec, unknown nodes, a node
     of the wrong role."""
     spec.validate()
-    for field_name in ("sender", "reflector"):
+    for field_name in ("sender",) if spec.loopback else ("sender", "reflector"):
         name = getattr(spec, field_name)
         node = nodes.get(name)
         if node is None:
@@ -376,6 +521,7 @@ def _reflector_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionReq
         key=bytes.fromhex(spec.key_hex) or None,
         ptp=spec.ptp,
         return_sid_list=() if spec.return_path_tlv else spec.return_segments,
+        direct_measurement=_dm(spec.dm_reflector_sent, spec.dm_reflector_received),
     )
 
 
@@ -395,6 +541,9 @@ def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionReques
         return_sid_list=spec.return_segments if spec.return_path_tlv else (),
         loss_timeout_ns=spec.loss_timeout_ns,
         strict_ssid=spec.strict_ssid,
+        loopback=spec.loopback,
+        flow_labels=spec.flow_labels,
+        direct_measurement=_dm(spec.dm_sender_sent, spec.dm_sender_received),
     )
 
 
@@ -464,6 +613,12 @@ class Controller:
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
         self._supervisor: threading.Thread | None = None
+        #: Threshold events: which are raised, and each (session id, epoch)'s loss
+        #: window and stored-record count (``_judge``).
+        self._monitor = ThresholdMonitor()
+        self._restored: set[int] = set()
+        self._loss_windows: dict[tuple[int, int], LossWindow] = {}
+        self._received: dict[tuple[int, int], int] = {}
         self.metrics.bind(self._metric_totals)
         if supervise_interval_s is not None:
             self._supervisor = threading.Thread(
@@ -668,7 +823,7 @@ class Controller:
         self._restart(row, SENDER_LOST)
 
     def _destroy_on_agents(self, row: SessionRow) -> None:
-        for node in (row.sender, row.reflector):
+        for node in (row.sender,) if _is_loopback(row) else (row.sender, row.reflector):
             with contextlib.suppress(SouthboundError):
                 self._call(node, lambda c: c.destroy_session(row.ssid))
 
@@ -744,10 +899,13 @@ class Controller:
 
     def create_session(self, spec: SessionSpec) -> SessionRow:
         spec.validate()
-        sender, reflector = self.store.node(spec.sender), self.store.node(spec.reflector)
+        sender = self.store.node(spec.sender)
         if sender.role != "sender":
             raise ControllerError(f"sender: node {spec.sender!r} is a {sender.role}")
-        if reflector.role != "reflector":
+        # A loopback session's row names its sender as its reflector (module doc).
+        reflector_node = spec.sender if spec.loopback else spec.reflector
+        reflector = self.store.node(reflector_node)
+        if not spec.loopback and reflector.role != "reflector":
             raise ControllerError(f"reflector: node {spec.reflector!r} is a {reflector.role}")
         with self._ops:
             try:
@@ -756,7 +914,7 @@ class Controller:
                 live = False
             if live:  # a destroyed session's name can be used again
                 raise SessionExistsError(f"name: session {spec.name!r} already exists")
-            used = self.store.used_ssids(spec.sender) | self.store.used_ssids(spec.reflector)
+            used = self.store.used_ssids(spec.sender) | self.store.used_ssids(reflector_node)
             ssid = next((i for i in range(1, 0x10000) if i not in used), None)
             if ssid is None:
                 raise NoFreeSsidError("ssid: no free SSID left on these nodes")
@@ -766,7 +924,7 @@ class Controller:
                 spec.name,
                 ssid,
                 sender=spec.sender,
-                reflector=spec.reflector,
+                reflector=reflector_node,
                 params=params,
                 now_ns=self.clock(),
             )
@@ -804,11 +962,13 @@ class Controller:
                     )
                     continue
                 seen.add(spec.name)
-                for node in (spec.sender, spec.reflector):
+                # A loopback session's row names its sender as its reflector.
+                reflector = spec.sender if spec.loopback else spec.reflector
+                for node in (spec.sender, reflector):
                     if node not in used:
                         used[node] = self.store.used_ssids(node)
-                a, b = used[spec.sender], used[spec.reflector]
-                pair = (spec.sender, spec.reflector)
+                a, b = used[spec.sender], used[reflector]
+                pair = (spec.sender, reflector)
                 ssid = next(
                     (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
                     None,
@@ -820,14 +980,21 @@ class Controller:
                 a.add(ssid)
                 b.add(ssid)
                 todo.append((spec, ssid))
-            made = self._many(todo, "reflector", _reflector_request, errors)
+            # A loopback session has no reflector half (docs/srpm.md).
+            made = [t for t in todo if t[0].loopback] + self._many(
+                [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
+            )
             done = self._many(made, "sender", _sender_request, errors)
-            undo = [(sp, i) for sp, i in made if (sp, i) not in done]
+            undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
             self._many_calls(undo, "reflector", "DestroyStampSession",
                              lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
             now = self.clock()
             rows = self.store.add_sessions(
-                [(sp.name, i, sp.sender, sp.reflector, asdict(sp)) for sp, i in done], now_ns=now
+                [
+                    (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
+                    for sp, i in done
+                ],
+                now_ns=now,
             )
         return rows, errors
 
@@ -898,12 +1065,15 @@ class Controller:
             agents = {n.name: n.agent_epoch for n in self.store.nodes()}
             self.store.begin_epochs([(r.name, agents.get(r.sender)) for r in fresh], now)
             items = [(self._spec(r), r.ssid) for r in fresh]
-            started: list[SessionRow] = []
             for side in ("reflector", "sender"):
-                replies = self._many_calls(
-                    items, side, "StartStampSession",
+                # A loopback session has no reflector half to start (docs/srpm.md).
+                ask = [k for k, (sp, _) in enumerate(items) if side == "sender" or not sp.loopback]
+                replies: list[Any] = [None] * len(items)
+                for k, reply in zip(ask, self._many_calls(
+                    [items[k] for k in ask], side, "StartStampSession",
                     lambda _sp, i: pb.StartStampSessionRequest(ssid=i),
-                )  # fmt: skip
+                ), strict=True):  # fmt: skip
+                    replies[k] = reply
                 keep = []
                 for row, item, reply in zip(fresh, items, replies, strict=True):
                     if isinstance(reply, Exception):
@@ -942,6 +1112,8 @@ class Controller:
             st.poke()
 
     def _create_reflector_half(self, spec: SessionSpec, ssid: int) -> None:
+        if spec.loopback:
+            return  # no reflector takes part (docs/srpm.md)
         self._call(spec.reflector, lambda c: c.create_session(_reflector_request(spec, ssid)))
 
     def _create_on_agents(self, spec: SessionSpec, ssid: int) -> None:
@@ -949,8 +1121,9 @@ class Controller:
         try:
             self._call(spec.sender, lambda c: c.create_session(_sender_request(spec, ssid)))
         except SouthboundError:
-            with contextlib.suppress(SouthboundError):
-                self._call(spec.reflector, lambda c: c.destroy_session(ssid))
+            if not spec.loopback:
+                with contextlib.suppress(SouthboundError):
+                    self._call(spec.reflector, lambda c: c.destroy_session(ssid))
             raise
 
     def _spec(self, row: SessionRow) -> SessionSpec:
@@ -962,8 +1135,10 @@ class Controller:
             "reflector_address": "",
         }
         params.update(row.params)
-        for key in ("segments", "return_segments"):
+        for key in ("segments", "return_segments", "flow_labels"):
             params[key] = tuple(params.get(key, ()))
+        if params.get("loopback"):
+            params["reflector"] = ""
         return SessionSpec(**params)
 
     def start_session(self, name: str) -> None:
@@ -984,7 +1159,8 @@ class Controller:
                 raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
             if row.state == "created":
                 self.store.begin_epoch(name, self.clock(), sender_agent=self._agent(row.sender))
-                self._call(row.reflector, lambda c: c.start_session(row.ssid))
+                if not _is_loopback(row):
+                    self._call(row.reflector, lambda c: c.start_session(row.ssid))
                 self._call(row.sender, lambda c: c.start_session(row.ssid))
                 self.store.set_state(name, "running")
             else:
@@ -1003,7 +1179,8 @@ class Controller:
             self.store.begin_epoch(
                 row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason
             )
-            self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            if not _is_loopback(row):
+                self._call(row.reflector, lambda c: c.start_session(row.ssid))
             self._call(row.sender, lambda c: c.start_session(row.ssid))
             self.store.set_state(row.name, "running")
 
@@ -1090,6 +1267,8 @@ class Controller:
                     recreations=recreations,
                     skipped=sum(e.skipped for e in stats),
                     late_ns_total=sum(e.late_ns_total for e in stats),
+                    events_raised=tuple(self.store.raised(row.id)),
+                    event_counts=self.store.event_counts(row.id),
                 )
             )
         nodes = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in self.store.nodes()]
@@ -1120,6 +1299,73 @@ class Controller:
                 return merged_stats(minutes, lost=row.lost if since_ns is None else None)
         records = self.store.results(row.id, since_ns=since_ns)
         return path_stats(records, lost=row.lost if since_ns is None else 0)
+
+    def flow_stats(self, name: str, since_ns: int | None = None) -> dict[int, PathStats]:
+        """Delay, jitter and received probes per flow label (ECMP coverage, docs/srpm.md);
+        empty for a session without labels. The store keeps no lost Seqs: per-label loss
+        is not known here (the agent's records and the sender CLI give it)."""
+        row = self.store.session(name)
+        labels = tuple(row.params.get("flow_labels", ()))
+        if not labels:
+            return {}
+        return per_flow_stats(self.store.results(row.id, since_ns=since_ns), labels)
+
+    def data_loss(
+        self, name: str, since_ns: int | None = None
+    ) -> tuple[DataLoss | None, list[DataLoss]]:
+        """Direct-mode data loss (RFC 8972 §4.5): over everything stored and per interval
+        between consecutive replies, each epoch apart (counters start over with it)."""
+        row = self.store.session(name)
+        by_epoch: dict[int, list[tuple[int, int, Any]]] = {}
+        for epoch, r in self.store.records(row.id, since_ns=since_ns):
+            if r.data is not None:
+                by_epoch.setdefault(epoch, []).append((r.seq, r.t1_ns, r.data))
+        intervals = [i for samples in by_epoch.values() for i in data_loss(samples)]
+        totals = [t for samples in by_epoch.values() if (t := data_loss_total(samples))]
+        if not totals:
+            return None, intervals
+        backward = [t.backward_lost for t in totals]
+        total = DataLoss(
+            start_ns=totals[0].start_ns,
+            end_ns=totals[-1].end_ns,
+            forward_sent=sum(t.forward_sent for t in totals),
+            forward_lost=sum(t.forward_lost for t in totals),
+            backward_sent=sum(t.backward_sent for t in totals),
+            backward_lost=None if None in backward else sum(b or 0 for b in backward),
+        )
+        return total, intervals
+
+    def events(self, name: str | None = None, since_ns: int | None = None) -> list[EventRow]:
+        """Threshold events, oldest first (of one session, or of all)."""
+        return self.store.events(name, since_ns=since_ns)
+
+    def _judge(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
+        """Judge the session's thresholds over its last window after a stored batch."""
+        th = self._spec(row).thresholds()
+        if th is None:
+            return
+        key = (row.id, row.epoch)
+        window_ns = round(th.window_s * 1e9)
+        with self._lock:
+            if row.id not in self._restored:  # raised before a controller restart
+                self._restored.add(row.id)
+                for kind in self.store.raised(row.id):
+                    self._monitor.restore(row.name, EventKind(kind))
+            win = self._loss_windows.get(key)
+            if win is None:
+                win = self._loss_windows[key] = LossWindow(window_ns)
+            received = self._received.get(key, 0) + len(batch.records)
+            self._received[key] = received
+        if batch.counters is not None:
+            win.observe(now, received, batch.counters.lost)
+        got, lost = win.over(now)
+        records = self.store.results(row.id, since_ns=now - window_ns)
+        sample = window_sample(records, lost)
+        if got and not records:
+            sample = replace(sample, received=got)
+        for event in self._monitor.judge(row.name, th, sample, now):
+            self.store.add_event(row.id, event)
+            _log_event(event)
 
     def close(self) -> None:
         with self._lock:
@@ -1282,6 +1528,10 @@ class Controller:
         stored = [r for _, r in batch.records]
         self.metrics.observe(row.name, stored)
         self.metrics.collected(row.name, now, stored)
+        try:
+            self._judge(row, batch, now)
+        except Exception:  # events must never stop collection
+            log.exception("session %s: judging its thresholds failed", row.name)
 
     def _warn_skips(self, row: SessionRow, skipped: int) -> None:
         """Say so when a sender's engine starts skipping slots: it sends less than asked."""

@@ -27,6 +27,17 @@ metric                                         meaning
                                                sent less than asked), by path
 ``sixlab_sender_schedule_late_seconds``        mean lateness of the sent packets after
                                                their slots, by path
+``sixlab_flow_delay_seconds``                  mean delay of the last batch per flow label
+                                               (ECMP coverage), by path, ``flow_label``
+                                               and direction (``direct``, ``rtt``)
+``sixlab_data_packets_total``                  direct-mode loss (RFC 8972 §4.5): data
+                                               packets by path, direction (``forward``,
+                                               ``backward``) and outcome (``sent``,
+                                               ``lost``), since the controller started
+``sixlab_session_event_active``                1 while the path's threshold event of that
+                                               ``kind`` (delay, jitter, loss) is raised
+``sixlab_session_events_total``                threshold events by path, kind and state
+                                               (``raised``, ``cleared``)
 ``sixlab_agent_up``                            1 while the node's agent answers, else 0
 ``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
 ``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
@@ -37,7 +48,10 @@ packet, loss, re-creation, schedule and agent counters come from the store
 (``bind``): they are the totals of the sessions' whole lives, across agent and
 controller restarts, not counts since the controller started. The delay histograms
 and jitter come from the results as they are stored, so the histograms count from the
-controller's start (Prometheus' ``rate`` and ``histogram_quantile`` handle the reset).
+controller's start (Prometheus' ``rate`` and ``histogram_quantile`` handle the reset);
+so do the flow-label delays and the data packets. A loopback path (docs/srpm.md) has
+only ``rtt`` delays, and its jitter is the round trip's (direction ``rtt``). Events come
+from the store.
 A destroyed session's series go with it; a finished one keeps them.
 """
 
@@ -48,12 +62,13 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from sixlab.stamp import StampResult
+from sixlab.stamp import DataCounters, StampResult, data_loss
 from sixlab.stamp.stats import ipdv
 
 __all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]
@@ -94,6 +109,9 @@ class PathTotals:
     recreations: dict[str, int] = field(default_factory=dict)
     skipped: int = 0
     late_ns_total: int = 0
+    #: Threshold events: the kinds raised now, and the counts by (kind, state).
+    events_raised: tuple[str, ...] = ()
+    event_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +153,11 @@ class ControllerMetrics:
         self._lag: dict[str, float] = {}
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
+        self._flow_delay: dict[tuple[str, int, str], float] = {}
+        #: Direct-mode loss: (path, direction, outcome) -> packets, and each path's last
+        #: sample (Seq, T1, counters) to join the next batch's first to.
+        self._data: dict[tuple[str, str, str], int] = {}
+        self._last_data: dict[str, tuple[int, int, DataCounters]] = {}
         self._totals: Callable[[], Totals] = Totals
         self.registry.register(_Exporter(self))
 
@@ -143,18 +166,57 @@ class ControllerMetrics:
         self._totals = totals
 
     def observe(self, path: str, records: Sequence[StampResult]) -> None:
-        """Results just stored for ``path``: the delay histograms and the jitter."""
+        """Results just stored for ``path``: delay histograms, jitter, flow-label delays,
+        data packets."""
+        two_way = [r for r in records if not r.loopback]
+        looped = [r for r in records if r.loopback]
         with self._lock:
-            for r in records:
+            for r in two_way:
                 for direction, ns in (("direct", r.direct_ns), ("return", r.return_ns)):
                     self._delay.setdefault((path, direction), _Histogram()).observe(ns / _NS)
+            for r in records:
                 self._delay.setdefault((path, "rtt"), _Histogram()).observe(r.rtt_ns / _NS)
             for direction, values in (
-                ("direct", ipdv(records)),
-                ("return", ipdv(records, lambda r: r.return_ns)),
+                ("direct", ipdv(two_way)),
+                ("return", ipdv(two_way, lambda r: r.return_ns)),
+                ("rtt", ipdv(looped, lambda r: r.rtt_ns)),
             ):
                 if values:
                     self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
+            self._observe_flows(path, records)
+            self._observe_data(path, records)
+
+    def _observe_flows(self, path: str, records: Sequence[StampResult]) -> None:
+        by_label: dict[int, list[StampResult]] = {}
+        for r in records:
+            if r.flow_label is not None:
+                by_label.setdefault(r.flow_label, []).append(r)
+        for label, recs in by_label.items():
+            self._flow_delay[(path, label, "rtt")] = sum(r.rtt_ns for r in recs) / len(recs) / _NS
+            two_way = [r for r in recs if not r.loopback]
+            if two_way:
+                mean = sum(r.direct_ns for r in two_way) / len(two_way) / _NS
+                self._flow_delay[(path, label, "direct")] = mean
+
+    def _observe_data(self, path: str, records: Sequence[StampResult]) -> None:
+        samples = sorted(
+            ((r.seq, r.t1_ns, r.data) for r in records if r.data is not None),
+            key=lambda s: s[0],
+        )
+        if not samples:
+            return
+        last = self._last_data.get(path)
+        if last is not None and last[0] < samples[0][0]:  # a lower Seq: a new epoch
+            samples.insert(0, last)
+        self._last_data[path] = samples[-1]
+        for interval in data_loss(samples):
+            for key, n in (
+                (("forward", "sent"), interval.forward_sent),
+                (("forward", "lost"), max(0, interval.forward_lost)),
+                (("backward", "sent"), interval.backward_sent),
+                (("backward", "lost"), max(0, interval.backward_lost or 0)),
+            ):
+                self._data[(path, *key)] = self._data.get((path, *key), 0) + n
 
     def collected(self, path: str, now_ns: int, records: Sequence[StampResult]) -> None:
         """The path's results were read at ``now_ns`` (Unix ns); ``records`` were stored."""
@@ -170,9 +232,13 @@ class ControllerMetrics:
     def remove_path(self, path: str) -> None:
         """The session is destroyed: its series go (a new session may take its name)."""
         with self._lock:
-            for table in (self._delay, self._jitter):
+            tables: tuple[dict[Any, Any], ...] = (
+                self._delay, self._jitter, self._flow_delay, self._data
+            )  # fmt: skip
+            for table in tables:
                 for key in [k for k in table if k[0] == path]:
                     del table[key]
+            self._last_data.pop(path, None)
             self._lag.pop(path, None)
             self._last_read.pop(path, None)
 
@@ -203,6 +269,7 @@ class _Exporter(Collector):
             delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
             jitter = dict(m._jitter)
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
+            flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
 
         hist = HistogramMetricFamily(
@@ -284,6 +351,8 @@ class _Exporter(Collector):
                 read_gauge.add_metric([path], last_read[path])
         yield from (lag_gauge, read_gauge)
 
+        yield from _srpm_families(totals, live, flow_delay, data)
+
         up_gauge = GaugeMetricFamily(
             "sixlab_agent_up", "1 while the node's agent answers", labels=["node"]
         )
@@ -302,3 +371,43 @@ class _Exporter(Collector):
             if agent.started_ns is not None:
                 started.add_metric([agent.node], agent.started_ns / _NS)
         yield from (up_gauge, restarts, started)
+
+
+def _srpm_families(
+    totals: Totals,
+    live: set[str],
+    flow_delay: dict[tuple[str, int, str], float],
+    data: dict[tuple[str, str, str], int],
+) -> list[CounterMetricFamily | GaugeMetricFamily]:
+    """The families of docs/srpm.md: flow-label delays, data packets, threshold events."""
+    flows = GaugeMetricFamily(
+        "sixlab_flow_delay_seconds",
+        "Mean delay of the last batch per IPv6 flow label (ECMP coverage)",
+        labels=["path", "flow_label", "direction"],
+    )
+    for (path, label, direction), value in sorted(flow_delay.items()):
+        if path in live:
+            flows.add_metric([path, str(label), direction], value)
+    data_packets = CounterMetricFamily(
+        "sixlab_data_packets",
+        "Data packets of the measured flow (direct-mode loss, RFC 8972 §4.5)",
+        labels=["path", "direction", "outcome"],
+    )
+    for (path, direction, outcome), n in sorted(data.items()):
+        if path in live:
+            data_packets.add_metric([path, direction, outcome], n)
+    active = GaugeMetricFamily(
+        "sixlab_session_event_active",
+        "1 while the path's threshold event of that kind is raised",
+        labels=["path", "kind"],
+    )
+    events = CounterMetricFamily(
+        "sixlab_session_events", "Threshold events by kind and state",
+        labels=["path", "kind", "state"],
+    )  # fmt: skip
+    for p in totals.paths:
+        for kind in ("delay", "jitter", "loss"):
+            active.add_metric([p.path, kind], 1.0 if kind in p.events_raised else 0.0)
+            for state in ("raised", "cleared"):
+                events.add_metric([p.path, kind, state], p.event_counts.get((kind, state), 0))
+    return [flows, data_packets, active, events]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
@@ -96,6 +96,10 @@ MAX_HEALTH_CHECKS = 16
 #: A Record is about 80 bytes encoded: 100 000 of them stay under 10 MiB.
 DEFAULT_RESULTS_LIMIT = 10_000
 MAX_RESULTS = 100_000
+#: ListEvents: how many by default and at most; GetPathStats: data-loss intervals sent.
+DEFAULT_EVENTS_LIMIT = 1000
+MAX_EVENTS = 100_000
+MAX_DATA_INTERVALS = 100
 #: Longest node or session name: they label metrics and table rows, and are typed.
 MAX_NAME = 64
 #: gRPC target schemes passed through as they are (gRPC's naming doc); anything else
@@ -267,14 +271,15 @@ def _init_from_proto(field: str, init: pb.NodeInit) -> dict[str, Any]:
     }
 
 
-def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
+def session_to_proto(row: SessionRow, stored: int, raised: Sequence[str] = ()) -> pb.Session:
     p = row.params
+    loopback = bool(p.get("loopback", False))
     out = pb.Session(
         name=row.name,
         ssid=row.ssid,
         state=_STATES_PB.get(row.state, pb.SESSION_STATE_UNSPECIFIED),
         sender=row.sender,
-        reflector=row.reflector,
+        reflector="" if loopback else row.reflector,  # the store names the sender there
         reflector_address=p["reflector_address"],
         segments=p["segments"],
         return_segments=p["return_segments"],
@@ -296,10 +301,20 @@ def session_to_proto(row: SessionRow, stored: int) -> pb.Session:
         lost=row.lost,
         overflow=row.overflow,
         stored=stored,
+        loopback=loopback,
+        flow_labels=p.get("flow_labels", ()),
+        dm_sender_sent=p.get("dm_sender_sent", ""),
+        dm_sender_received=p.get("dm_sender_received", ""),
+        dm_reflector_sent=p.get("dm_reflector_sent", ""),
+        dm_reflector_received=p.get("dm_reflector_received", ""),
+        events_raised=raised,
     )
     if row.forward_lost is not None:
         out.forward_lost = row.forward_lost
     out.key_sha256 = key_sha256(p["key_hex"])
+    for name in ("max_delay_ms", "max_jitter_ms", "max_loss_ratio", "event_window_s"):
+        if p.get(name) is not None:
+            setattr(out, name, p[name])
     return out
 
 
@@ -324,6 +339,16 @@ def spec_to_request(spec: SessionSpec) -> pb.CreateSessionRequest:
         strict_ssid=spec.strict_ssid,
         loss_timeout_ns=spec.loss_timeout_ns,
         collect=_COLLECT_PB[spec.collect],
+        loopback=spec.loopback,
+        flow_labels=spec.flow_labels,
+        dm_sender_sent=spec.dm_sender_sent,
+        dm_sender_received=spec.dm_sender_received,
+        dm_reflector_sent=spec.dm_reflector_sent,
+        dm_reflector_received=spec.dm_reflector_received,
+        max_delay_ms=spec.max_delay_ms,
+        max_jitter_ms=spec.max_jitter_ms,
+        max_loss_ratio=spec.max_loss_ratio,
+        event_window_s=spec.event_window_s,
     )
 
 
@@ -362,6 +387,8 @@ def record_to_proto(r: StampResult, epoch: int = 0) -> pb.Record:
         sender_error_ns=_u64(r.sender_error.error_ns),
         reflector_error_ns=_u64(r.reflector_error.error_ns),
         error_bound_ns=_u64(r.error_bound_ns),
+        loopback=r.loopback,
+        flow_label=r.flow_label,
     )
 
 
@@ -419,8 +446,9 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
     """The controller's SessionSpec for a request (its ``validate`` checks the rest)."""
     _new_name("name", request.name)
     _required("sender", request.sender)
-    _required("reflector", request.reflector)
-    _required("reflector_address", request.reflector_address)
+    if not request.loopback:  # a loopback session has no reflector (docs/srpm.md)
+        _required("reflector", request.reflector)
+        _required("reflector_address", request.reflector_address)
     collect = _COLLECT.get(request.collect)
     if collect is None:
         raise _invalid(f"collect: unknown value {request.collect}")
@@ -454,6 +482,18 @@ def _spec(request: pb.CreateSessionRequest) -> SessionSpec:
         loss_timeout_ns=loss_timeout,
         collect=collect,
         strict_ssid=request.strict_ssid,
+        loopback=request.loopback,
+        flow_labels=tuple(request.flow_labels),
+        dm_sender_sent=request.dm_sender_sent,
+        dm_sender_received=request.dm_sender_received,
+        dm_reflector_sent=request.dm_reflector_sent,
+        dm_reflector_received=request.dm_reflector_received,
+        max_delay_ms=request.max_delay_ms if request.HasField("max_delay_ms") else None,
+        max_jitter_ms=request.max_jitter_ms if request.HasField("max_jitter_ms") else None,
+        max_loss_ratio=request.max_loss_ratio if request.HasField("max_loss_ratio") else None,
+        event_window_s=(
+            request.event_window_s if request.HasField("event_window_s") else d.event_window_s
+        ),
     )
 
 
@@ -536,7 +576,10 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     def ListSessions(self, request: pb.ListSessionsRequest) -> pb.ListSessionsReply:  # noqa: N802
         rows = self.store.sessions(include_destroyed=request.include_destroyed)
         return pb.ListSessionsReply(
-            sessions=[session_to_proto(r, self.store.count_results(r.id)) for r in rows]
+            sessions=[
+                session_to_proto(r, self.store.count_results(r.id), self.store.raised(r.id))
+                for r in rows
+            ]
         )
 
     # -- results ----------------------------------------------------------------------
@@ -637,7 +680,50 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             out.backward_lost = max(row.lost - row.forward_lost - unclassified, 0)
             out.unclassified_lost = unclassified
         out.ssid_zero = row.ssid_zero
+        for label, st in sorted(self.controller.flow_stats(name, since_ns=since).items()):
+            flow = out.flows.add(flow_label=label, received=st.received)
+            if st.direct is not None:
+                flow.direct_delay.CopyFrom(summary_to_proto(st.direct))
+            if st.rtt is not None:
+                flow.round_trip_delay.CopyFrom(summary_to_proto(st.rtt))
+            if st.direct_jitter_ns is not None:
+                flow.jitter_ns = _u64(st.direct_jitter_ns)
+        total, intervals = self.controller.data_loss(name, since_ns=since)
+        if total is not None:
+            dl = out.data_loss
+            dl.forward_sent, dl.forward_lost = total.forward_sent, total.forward_lost
+            dl.backward_sent = total.backward_sent
+            if total.backward_lost is not None:
+                dl.backward_lost = total.backward_lost
+            for i in intervals[-MAX_DATA_INTERVALS:]:
+                item = dl.intervals.add(
+                    start_ns=i.start_ns, end_ns=i.end_ns, forward_sent=i.forward_sent,
+                    forward_lost=i.forward_lost, backward_sent=i.backward_sent,
+                )  # fmt: skip
+                if i.backward_lost is not None:
+                    item.backward_lost = i.backward_lost
         return out
+
+    @_handler(changes=False)
+    def ListEvents(self, request: pb.ListEventsRequest) -> pb.ListEventsReply:  # noqa: N802
+        limit = request.limit or DEFAULT_EVENTS_LIMIT
+        if limit > MAX_EVENTS:
+            raise _invalid(f"limit: {limit}, at most {MAX_EVENTS}")
+        since = request.since_ns if request.HasField("since_ns") else None
+        rows = self.store.events(request.name or None, since_ns=since, limit=limit)
+        return pb.ListEventsReply(
+            events=[
+                pb.Event(
+                    session=e.session,
+                    kind=e.kind,
+                    state=e.state,
+                    value=e.value,
+                    threshold=e.threshold,
+                    at_ns=e.at_ns,
+                )
+                for e in rows
+            ]
+        )
 
 
 # ------------------------------------------------------------------------------ server

@@ -24,6 +24,13 @@ run, and the sender's last counters of that epoch; a session's totals are their 
 What the store cannot say is what happened to the packets of an epoch whose agent died:
 ``EpochRow`` keeps what is needed to count them (``Controller.epochs``).
 
+SR performance measurement (docs/srpm.md). A result row also keeps its flow label,
+whether it came back in loopback mode, and its direct-measurement counters. A loopback
+session has no reflector node: its ``reflector`` column names its sender (the column
+must name a node), and its ``params`` say ``loopback``. ``events`` holds every
+threshold event raised or cleared (``sixlab.controller.events``).
+
+
 Bounded storage. Raw results are kept for a retention the operator sets; per-minute
 rollups (:mod:`sixlab.controller.rollup`) are kept longer. ``roll_up`` folds the records
 stored since its last pass into the rollups, in one transaction with each epoch's rollup
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from sixlab.controller.errors import ControllerError
+from sixlab.controller.events import SessionEvent
 from sixlab.controller.rollup import (
     DIRECTIONS,
     MINUTE_NS,
@@ -54,7 +62,7 @@ from sixlab.controller.rollup import (
     MinuteRollup,
     roll_up,
 )
-from sixlab.stamp import StampResult
+from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -64,6 +72,7 @@ __all__ = [
     "ConcurrentPassError",
     "Counters",
     "EpochRow",
+    "EventRow",
     "InUseError",
     "LeaseState",
     "NodeRow",
@@ -127,8 +136,23 @@ CREATE TABLE IF NOT EXISTS results (
     reflector_ee INTEGER NOT NULL,
     ttl         INTEGER NOT NULL,
     reflector_seq INTEGER NOT NULL,
+    flow_label  INTEGER,                -- the IPv6 flow label it was sent with (ECMP)
+    loopback    INTEGER NOT NULL DEFAULT 0,  -- came back with no reflector: T2, T3 are 0
+    s_txc       INTEGER,                -- direct measurement (RFC 8972 §4.5): data counters
+    r_rxc       INTEGER,
+    r_txc       INTEGER,
+    s_rxc       INTEGER,
     PRIMARY KEY (session_id, epoch, record_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id  INTEGER NOT NULL REFERENCES sessions(id),
+    kind        TEXT NOT NULL,          -- delay, jitter, loss
+    state       TEXT NOT NULL CHECK (state IN ('raised', 'cleared')),
+    value       REAL NOT NULL,          -- the measure over the window (ms, or a ratio)
+    threshold   REAL NOT NULL,
+    at_ns       INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS epochs (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
     epoch       INTEGER NOT NULL,
@@ -197,7 +221,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE sta
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
@@ -212,9 +236,14 @@ _SELECT_NODES = (
 RESULT_COLUMNS = (
     "session_id", "epoch", "record_id", "seq", "t1_ns", "t2_ns", "t3_ns", "t4_ns",
     "sender_ee", "reflector_ee", "ttl", "reflector_seq",
+    "flow_label", "loopback", "s_txc", "r_rxc", "r_txc", "s_rxc",
 )  # fmt: skip
 # Statements built from the column tuples above hold no input (no injection: S608).
 _SELECT_RESULTS = "SELECT " + ", ".join(RESULT_COLUMNS) + " FROM results"  # noqa: S608
+_INSERT_RESULTS = (
+    "INSERT INTO results(" + ", ".join(RESULT_COLUMNS) + ") VALUES ("  # noqa: S608
+    + ",".join("?" * len(RESULT_COLUMNS)) + ")"
+)  # fmt: skip
 #: The columns of ``rollups``, in the order of ``_rollup_row``.
 ROLLUP_COLUMNS = (
     "session_id", "epoch", "minute_ns", "count", "lost",
@@ -341,6 +370,19 @@ class EpochRow:
 
 
 @dataclass(frozen=True, slots=True)
+class EventRow:
+    """A threshold event of a session (``sixlab.controller.events``)."""
+
+    id: int
+    session: str
+    kind: str
+    state: str
+    value: float
+    threshold: float
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseState:
     """What a replica holds after a heartbeat (``Store.lease_tick``)."""
 
@@ -440,7 +482,7 @@ class Store(ABC):
         """Which constraint an integrity error broke: ``unique``, ``foreign`` or ``other``."""
 
     @abstractmethod
-    def _insert_results(self, db: _Db, rows: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
         """Insert result rows (``RESULT_COLUMNS``), skipping any whose (session, epoch,
         record id) or (session, epoch, Seq) is stored; inside the caller's transaction.
         Returns how many were new per (session, epoch)."""
@@ -913,6 +955,63 @@ class Store(ABC):
             rows = self._db.execute(query, args).fetchall()
         return [(r[1], _result(r)) for r in rows]
 
+    # -- events -------------------------------------------------------------------------
+
+    def add_event(self, session_id: int, event: SessionEvent) -> None:
+        """Keep a threshold event of the session."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO events(session_id, kind, state, value, threshold, at_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    str(event.kind),
+                    str(event.state),
+                    event.value,
+                    event.threshold,
+                    event.at_ns,
+                ),
+            )
+
+    def events(
+        self, session: str | None = None, *, since_ns: int | None = None, limit: int = 1000
+    ) -> list[EventRow]:
+        """Events, oldest first (of one live session's name, or of every session)."""
+        query = (
+            "SELECT e.id, s.name, e.kind, e.state, e.value, e.threshold, e.at_ns FROM events e"
+            " JOIN sessions s ON s.id = e.session_id WHERE 1=1"
+        )
+        args: list[Any] = []
+        if session is not None:
+            query += " AND e.session_id = ?"
+            args.append(self.session(session).id)
+        if since_ns is not None:
+            query += " AND e.at_ns >= ?"
+            args.append(since_ns)
+        query += " ORDER BY e.id DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [EventRow(*r) for r in reversed(rows)]
+
+    def raised(self, session_id: int) -> list[str]:
+        """The kinds of the session's events raised and not cleared since."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, state FROM events WHERE session_id=? ORDER BY id", (session_id,)
+            ).fetchall()
+        state: dict[str, str] = dict(rows)  # the last state of each kind wins
+        return sorted(k for k, st in state.items() if st == "raised")
+
+    def event_counts(self, session_id: int) -> dict[tuple[str, str], int]:
+        """How many events of each (kind, state) the session had."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, state, COUNT(*) FROM events WHERE session_id=? GROUP BY kind, state",
+                (session_id,),
+            ).fetchall()
+        return {(k, st): n for k, st, n in rows}
+
     def count_results(self, session_id: int) -> int:
         """How many records are stored for the session (all epochs)."""
         with self._lock:
@@ -1234,14 +1333,14 @@ class SqliteStore(Store):
             return "foreign"
         return "other"
 
-    def _insert_results(self, db: _Db, rows: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
         groups = dict(_by_epoch(rows))
         # One statement for all rows, in a savepoint: a row already stored (a misbehaving
         # agent resent it) aborts it, and the rows go in again group by group, skipping
         # the repeats.
         db.execute("SAVEPOINT results_in")
         try:
-            db.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            db.executemany(_INSERT_RESULTS, rows)
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK TO results_in")
             db.execute("RELEASE results_in")
@@ -1254,10 +1353,7 @@ class SqliteStore(Store):
         for key, group in groups.items():
             # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
             # skipped: OR IGNORE would also swallow a NOT NULL violation.
-            cur = db.executemany(
-                "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                group,
-            )
+            cur = db.executemany(_INSERT_RESULTS + " ON CONFLICT DO NOTHING", group)
             new[key] = cur.rowcount
         return new
 
@@ -1278,10 +1374,10 @@ class SqliteStore(Store):
 
 
 def _by_epoch(
-    rows: list[tuple[int, ...]],
-) -> Iterator[tuple[tuple[int, int], list[tuple[int, ...]]]]:
+    rows: list[tuple[Any, ...]],
+) -> Iterator[tuple[tuple[int, int], list[tuple[Any, ...]]]]:
     """Result rows grouped by (session, epoch), in the order they came."""
-    groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    groups: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
     for row in rows:
         groups.setdefault((row[0], row[1]), []).append(row)
     yield from groups.items()
@@ -1334,14 +1430,19 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
     )  # fmt: skip
 
 
-def _result_row(session_id: int, epoch: int, rid: int, r: StampResult) -> tuple[int, ...]:
+def _result_row(session_id: int, epoch: int, rid: int, r: StampResult) -> tuple[Any, ...]:
+    data = r.data
     return (
         session_id, epoch, rid, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns,
         r.sender_error.to_int(), r.reflector_error.to_int(), r.ses_sender_ttl, r.reflector_seq,
+        r.flow_label, int(r.loopback),
+        *((None, None, None, None) if data is None
+          else (data.s_txc, data.r_rxc, data.r_txc, data.s_rxc)),
     )  # fmt: skip
 
 
 def _result(r: Sequence[Any]) -> StampResult:
+    data = None if r[14] is None else DataCounters(r[14], r[15], r[16], r[17])
     return StampResult(
         ssid=0,
         seq=r[3],
@@ -1353,6 +1454,9 @@ def _result(r: Sequence[Any]) -> StampResult:
         reflector_error=ErrorEstimate.from_int(r[9]),
         ses_sender_ttl=r[10],
         reflector_seq=r[11],
+        flow_label=r[12],
+        loopback=bool(r[13]),
+        data=data,
     )
 
 
@@ -1419,6 +1523,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     try:
         if existing is not None and version < 1:
             _migrate_0_to_1(db)
+        if existing is not None and version < 2:
+            _migrate_1_to_2(db)
         # One statement at a time: executescript would commit the transaction first.
         for statement in _statements(SCHEMA):
             db.execute(statement)
@@ -1449,7 +1555,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
             )
             db.execute("DROP TABLE epochs_v0")
-        if version < 2:
+        if version < 3:
             db.execute(
                 "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
                 " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
@@ -1492,6 +1598,22 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     ):
         if column not in have:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """Version 1: results without flow label, loopback and direct-measurement counters
+    (the events table is created with the rest of the schema)."""
+    have = _columns(db, "results")
+    for column, kind in (
+        ("flow_label", "INTEGER"),
+        ("loopback", "INTEGER NOT NULL DEFAULT 0"),
+        ("s_txc", "INTEGER"),
+        ("r_rxc", "INTEGER"),
+        ("r_txc", "INTEGER"),
+        ("s_rxc", "INTEGER"),
+    ):
+        if column not in have:
+            db.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
 
 
 def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reason: str) -> int:

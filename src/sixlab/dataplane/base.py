@@ -143,6 +143,12 @@ class Dataplane(abc.ABC):
     has_fast_path: ClassVar[bool] = False
     #: ``send`` applies its ``tclass`` (Traffic Class / TOS byte) to the packet.
     sets_tclass: ClassVar[bool] = False
+    #: True for a plane that implements :meth:`send_labelled` (ECMP coverage).
+    sets_flow_label: ClassVar[bool] = False
+    #: True for a plane that collects a sender session's replies itself and hands them
+    #: over rebuilt as reflector packets (``xdp``): it must never hear of a loopback
+    #: session, whose replies are its own Session-Sender packets (docs/srpm.md).
+    rebuilds_replies: ClassVar[bool] = False
 
     def __init__(self, config: DataplaneConfig) -> None:
         self.config = config
@@ -179,6 +185,21 @@ class Dataplane(abc.ABC):
         ``tclass``: the Traffic Class / TOS byte, where the plane ``sets_tclass`` (the
         others ignore it). An IPv4 ``dst`` on a plane without IPv4 raises DataplaneError.
         """
+
+    def send_labelled(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        flow_label: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        """``send`` with the IPv6 Flow Label ``flow_label`` (1..0x7FFFF, docs/srpm.md), on a
+        plane that ``sets_flow_label``; the others refuse."""
+        del payload, dst, dst_port, flow_label, segments, src
+        raise DataplaneError(f"{self.name}: this data plane cannot set the IPv6 flow label")
 
     def flush(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Push out sends a batching plane has queued."""

@@ -6,6 +6,17 @@ what the core produced (receive → core → transmit → re-arm timer: docs/arc
 public methods are thread-safe: the gRPC agent and the standalone tools call them from
 other threads.
 
+SR performance measurement (docs/srpm.md). A packet of a session with flow labels is
+sent with the label its Seq (the payload's first four bytes) gives
+(``stamp.flows.flow_label_for``) through the plane's ``send_labelled``. A session with
+a ``data_counters`` source (direct-mode loss) has it read just before its timer runs
+and before each of its replies is handed over (sender), or by the reflector core when
+it answers one of its TLV packets (``Reflector.set_data_source``, so every path of a
+plane reads it, fast ones included): the core gets the data flow's counts as they are
+at T1, T4 and when it reflects. A read that fails is counted in
+``data_counter_failed`` and leaves the core with the counts of the last read that
+worked.
+
 Two clocks. ``clock`` is the wall clock (Unix-epoch UTC ns): T1–T4 come from it (or
 from the data plane's receive timestamps). ``monotonic`` is what schedules and timeouts
 run on (``time.monotonic_ns``): the sender core gets it as ``now`` and the wall clock as
@@ -46,6 +57,7 @@ from sixlab.dataplane.base import (
 )
 from sixlab.stamp import DropReason
 from sixlab.stamp.batch import receive_batch
+from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -73,6 +85,8 @@ _BATCH = 64
 _FRAMES_BATCH = 256
 
 Clock = Callable[[], int]
+#: Reads a data flow's (packets sent, packets received) so far (direct-mode loss).
+DataCounterSource = Callable[[], tuple[int, int]]
 
 
 class _Waker:
@@ -104,6 +118,8 @@ class EngineCounters:
     received: int = 0
     no_session: int = 0
     send_failed: int = 0
+    #: Reads of a session's data counters that failed (docs/srpm.md, direct-mode loss).
+    data_counter_failed: int = 0
 
 
 class _Loop:
@@ -176,11 +192,27 @@ class _Loop:
         src: IPAddress | None,
         *,
         tclass: int | None = None,
+        flow_label: int | None = None,
     ) -> None:
         try:
-            self.dataplane.send(payload, dst, port, segments=segments, src=src, tclass=tclass)
+            if flow_label is None:
+                self.dataplane.send(payload, dst, port, segments=segments, src=src, tclass=tclass)
+            elif isinstance(dst, IPv6Address) and (src is None or isinstance(src, IPv6Address)):
+                self.dataplane.send_labelled(
+                    payload, dst, port, flow_label, segments=segments, src=src
+                )
+            else:
+                raise DataplaneError("a flow label needs IPv6")  # noqa: TRY301 - counted below
         except DataplaneError:
             self.counters.send_failed += 1
+
+    def _read_data(self, source: DataCounterSource) -> tuple[int, int] | None:
+        """A data counter source's reading, or None (counted) when it fails."""
+        try:
+            return source()
+        except (OSError, RuntimeError):
+            self.counters.data_counter_failed += 1
+            return None
 
 
 # --------------------------------------------------------------------------- reflector
@@ -226,8 +258,11 @@ class ReflectorEngine(_Loop):
     # the data plane's hook (a plane that answers in the kernel needs the session too).
     # A plane that refuses leaves the core as it was.
 
-    def add_session(self, config: ReflectorSessionConfig) -> None:
-        """Answer the SSID of ``config`` (use ``set_default`` for the SSID-agnostic one)."""
+    def add_session(
+        self, config: ReflectorSessionConfig, data_counters: DataCounterSource | None = None
+    ) -> None:
+        """Answer the SSID of ``config`` (use ``set_default`` for the SSID-agnostic one);
+        ``data_counters`` fills Direct Measurement TLVs with the data flow's counts."""
         with self.lock:
             self.reflector.add_session(config)
             try:
@@ -236,6 +271,10 @@ class ReflectorEngine(_Loop):
                 assert config.ssid is not None  # add_session refused None
                 self.reflector.remove_session(config.ssid)
                 raise
+            if data_counters is not None:
+                assert config.ssid is not None
+                source = data_counters
+                self.reflector.set_data_source(config.ssid, lambda: self._read_data(source))
 
     def remove_session(self, ssid: int) -> tuple[int, dict[DropReason, int]]:
         """Stop answering ``ssid``; the core's (replies, drops by reason) of the session."""
@@ -309,6 +348,26 @@ class ReflectorEngine(_Loop):
 # ------------------------------------------------------------------------------ sender
 
 
+def _announced(spec: SenderSessionSpec, plane: Dataplane) -> bool:
+    """Whether the plane hears of the session (``sender_session_added``). A plane that
+    rebuilds replies from what it collected (``xdp``) would read a loopback session's
+    own Session-Sender packets as reflector packets: it never hears of one, and the
+    session's packets take the plane's ordinary path. Other planes (``afxdp``) must, or
+    its packets would not reach user space at all."""
+    return not (spec.config.loopback and plane.rebuilds_replies)
+
+
+def _batchable(spec: SenderSessionSpec) -> bool:
+    """Whether the session's replies may go to ``receive_batch`` as arrays: plain
+    reflector packets of an unauthenticated session without flow labels that counts
+    no data flow (records of the batch path carry neither; a
+    loopback session's replies are its own Session-Sender packets, docs/srpm.md)."""
+    cfg = spec.config
+    return not (
+        cfg.authenticated or cfg.loopback or cfg.flow_labels or spec.data_counters is not None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SenderSessionSpec:
     """A session as the sender engine runs it: the core's config plus where to send."""
@@ -319,6 +378,8 @@ class SenderSessionSpec:
     #: The SRv6 path to the reflector, travel order; the reflector closes it if absent.
     segments: tuple[IPv6Address, ...] | None = None
     source: IPAddress | None = None
+    #: The data flow's counts, for a session with direct-mode loss (docs/srpm.md).
+    data_counters: DataCounterSource | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,8 +468,15 @@ class SenderEngine(_Loop):
         with self.lock:
             if ssid in self._entries:
                 raise ev.SessionConfigError(f"ssid: session {ssid} already exists")
+            if spec.config.flow_labels and not self.dataplane.sets_flow_label:
+                raise ev.SessionConfigError(
+                    f"flow_labels: the {self.dataplane.name} data plane cannot set flow "
+                    "labels (the socket plane can)"
+                )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
             self._entries[ssid] = entry
+            if not _announced(spec, self.dataplane):
+                return
             try:
                 self.dataplane.sender_session_added(ssid)
             except BaseException:
@@ -419,6 +487,7 @@ class SenderEngine(_Loop):
         with self.lock:
             entry = self._entry(ssid)
             now = self.monotonic()
+            self._feed_data(entry)
             entry.session.start(now, self.clock())
             entry.start = now
             self._pump(entry, now)
@@ -439,7 +508,8 @@ class SenderEngine(_Loop):
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
-            self.dataplane.sender_session_removed(ssid)
+            if _announced(entry.spec, self.dataplane):
+                self.dataplane.sender_session_removed(ssid)
             self._notify()
 
     def sessions(self) -> list[int]:
@@ -607,6 +677,7 @@ class SenderEngine(_Loop):
         # the monotonic time back to its arrival.
         t4 = rx.rx_ns or wall
         arrived = mono - max(0, wall - t4)
+        self._feed_data(entry)
         entry.session.receive(rx.payload, arrived, t4)
         self._pump(entry)
         self._arm(entry)
@@ -615,7 +686,8 @@ class SenderEngine(_Loop):
         """A plane with ``collect_frames`` (``afxdp``) hands over arrays of reflected
         payloads; each unauthenticated session's rows (by the SSID at bytes 14:16) go
         to ``sixlab.stamp.batch.receive_batch`` at once, every other row one by one as a
-        ``Received`` (authenticated sessions, SSID 0, no session)."""
+        ``Received`` (authenticated sessions, SSID 0, no session, and the sessions of
+        docs/srpm.md whose replies are not plain reflector packets or need data counts)."""
         collect = getattr(self.dataplane, "collect_frames", None)
         if collect is None:
             super()._on_readable()
@@ -644,7 +716,7 @@ class SenderEngine(_Loop):
         for ssid in np.unique(ssids).tolist():
             rows = np.flatnonzero(ssids == ssid)
             entry = self._entries.get(ssid)
-            if entry is None or entry.spec.config.authenticated:
+            if entry is None or not _batchable(entry.spec):
                 for i in rows.tolist():
                     self._deliver(received(i), mono, wall)
                 continue
@@ -701,16 +773,34 @@ class SenderEngine(_Loop):
                     break
                 heapq.heappop(self._heap)
                 entry.timer = None
+                self._feed_data(entry)
                 entry.session.handle_timer(now, wall)
                 self._pump(entry, now)
                 self._arm(entry)
+
+    def _feed_data(self, entry: _SenderEntry) -> None:
+        """Hand the session its data flow's counts, if it has a source (lock held)."""
+        source = entry.spec.data_counters
+        if source is not None:
+            reading = self._read_data(source)
+            if reading is not None:  # a failed read keeps the last counts, not a jump
+                entry.session.set_data_counters(*reading)
 
     def _pump(self, entry: _SenderEntry, now: int | None = None) -> None:
         """Send what the session produced and file its events (lock held). ``now``: the
         monotonic time of the timer that made them, to measure the schedule's slip."""
         spec = entry.spec
+        labels = spec.config.flow_labels
         for payload in entry.session.datagrams_to_send():
-            self._send(payload, spec.reflector, spec.reflector_port, spec.segments, spec.source)
+            label = flow_label_for(labels, int.from_bytes(payload[:4])) if labels else None
+            self._send(
+                payload,
+                spec.reflector,
+                spec.reflector_port,
+                spec.segments,
+                spec.source,
+                flow_label=label,
+            )
         notify = False
         while (event := entry.session.next_event()) is not None:
             if isinstance(event, ev.PacketSent) and now is not None and entry.start is not None:

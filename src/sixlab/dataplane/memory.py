@@ -5,7 +5,8 @@ address and port, instantly, with a fixed Hop Limit; ``fileno`` is a pipe that p
 readable while datagrams wait. It is the in-memory backend a test suite wants
 (docs/architecture.md, "Adapters and registries"): engines and agents run unchanged on
 it, with no root and no sockets. Addresses of either family; the Traffic Class given to
-``send`` arrives as the datagram's ``tclass``.
+``send`` arrives as the datagram's ``tclass``; ``send_labelled`` delivers like ``send``
+and records the flow label in ``MemoryNetwork.labels`` (there is no header to carry it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class MemoryNetwork:
         self._next_port = 40000
         #: Every datagram sent, with the SID list it was sent along (for assertions).
         self.sent: list[tuple[IPAddress, int, tuple[IPv6Address, ...] | None]] = []
+        #: The flow label of every datagram sent with ``send_labelled``, with its payload.
+        self.labels: list[tuple[int, bytes]] = []
 
     def plane(self, config: DataplaneConfig) -> MemoryDataplane:
         return MemoryDataplane(config, self)
@@ -66,6 +69,7 @@ class MemoryDataplane(Dataplane):
 
     name = "memory"
     sets_tclass = True
+    sets_flow_label = True
 
     def __init__(self, config: DataplaneConfig, network: MemoryNetwork) -> None:
         super().__init__(config)
@@ -138,6 +142,19 @@ class MemoryDataplane(Dataplane):
         )
         if not net._deliver(rx, dst, dst_port):
             self.undeliverable += 1
+
+    def send_labelled(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        flow_label: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        self.network.labels.append((flow_label, bytes(payload)))
+        self.send(payload, dst, dst_port, segments=segments, src=src)
 
     def _enqueue(self, received: Received) -> None:
         self._queue.append(received)

@@ -23,6 +23,12 @@ kernel, so the sticky option is set whenever the path changes from the last send
 Receiving a packet with an SRH needs ``seg6_enabled`` on the receiving interface; the
 testbed sets it.
 
+Flow labels (ECMP coverage, docs/srpm.md): ``send_labelled`` leases the label for the
+socket once (``IPV6_FLOWLABEL_MGR``, shared with any socket that leases it toward the
+same destination; Linux wants a destination in the lease, the first packet's), turns on
+``IPV6_FLOWINFO_SEND`` and puts the label in the destination's ``sin6_flowinfo``. Linux
+refuses to send a label the socket did not lease.
+
 This plane needs no capture and no filter: the kernel delivers STAMP packets to the
 socket, so it never answers them with ICMP port unreachable. It is the default of the
 standalone tools and works with any RFC 8762 peer.
@@ -50,6 +56,12 @@ IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
 IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
 IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
 IPV6_RTHDR = getattr(socket, "IPV6_RTHDR", 57)
+#: <linux/in6.h>: flow label manager and "send the flow label of sin6_flowinfo".
+IPV6_FLOWLABEL_MGR = 32
+IPV6_FLOWINFO_SEND = 33
+_IPV6_FL_A_GET = 0
+_IPV6_FL_F_CREATE = 1
+_IPV6_FL_S_ANY = 255
 IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
 IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
 IP_TOS = getattr(socket, "IP_TOS", 1)
@@ -79,11 +91,23 @@ def _unmap(packed: bytes) -> bytes:
     return packed[12:] if len(packed) == 16 and packed[:12] == _V4_MAPPED else packed
 
 
+def _flowlabel_request(label: int, dst: IPv6Address) -> bytes:
+    """struct in6_flowlabel_req: lease ``label`` (toward ``dst``: Linux wants one, though it
+    checks only the label when sending), shared with any socket."""
+    return (
+        dst.packed  # flr_dst
+        + label.to_bytes(4, "big")  # flr_label (__be32)
+        + struct.pack("=BBHHHI", _IPV6_FL_A_GET, _IPV6_FL_S_ANY, _IPV6_FL_F_CREATE, 0, 0, 0)
+    )
+
+
 class SocketDataplane(Dataplane):
     name = "socket"
     sets_tclass = True
+    sets_flow_label = True
     _sock: socket.socket | None = None
     _family: socket.AddressFamily = socket.AF_INET6
+    _leased: set[int]
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
     _rthdr: bytes = b""  # the sticky routing header currently set on the socket
 
@@ -92,6 +116,7 @@ class SocketDataplane(Dataplane):
             return
         self._srh_cache = {}
         self._rthdr = b""
+        self._leased = set()
         source = self.config.source
         self._family = socket.AF_INET if isinstance(source, IPv4Address) else socket.AF_INET6
         sock = socket.socket(self._family, socket.SOCK_DGRAM)
@@ -191,6 +216,35 @@ class SocketDataplane(Dataplane):
             )
         return out
 
+    def send_labelled(
+        self,
+        payload: bytes,
+        dst: IPv6Address,
+        dst_port: int,
+        flow_label: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPv6Address | None = None,
+    ) -> None:
+        if not 1 <= flow_label <= 0x7FFFF:
+            raise DataplaneError(f"socket: flow label {flow_label:#x} is not in 0x1..0x7ffff")
+        sock = self._socket()
+        if self._family != socket.AF_INET6:
+            raise DataplaneError("socket: a flow label needs IPv6 (bound to an IPv4 address)")
+        if flow_label not in self._leased:
+            try:
+                if not self._leased:
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO_SEND, 1)
+                sock.setsockopt(
+                    socket.IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, _flowlabel_request(flow_label, dst)
+                )
+            except OSError as exc:
+                raise DataplaneError(
+                    f"socket: the kernel refused flow label {flow_label:#x}: {exc.strerror}"
+                ) from exc
+            self._leased.add(flow_label)
+        self.send(payload, dst, dst_port, segments=segments, src=src, flowinfo=flow_label)
+
     def send(
         self,
         payload: bytes,
@@ -200,6 +254,7 @@ class SocketDataplane(Dataplane):
         segments: Sequence[IPv6Address] | None = None,
         src: IPAddress | None = None,
         tclass: int | None = None,
+        flowinfo: int = 0,
     ) -> None:
         sock = self._socket()
         v4 = isinstance(dst, IPv4Address)
@@ -236,7 +291,8 @@ class SocketDataplane(Dataplane):
                 cmsgs.append((socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tclass)))
             where = str(dst)
         try:
-            sock.sendmsg([payload], cmsgs, 0, (where, dst_port))
+            address = (where, dst_port, flowinfo, 0) if flowinfo else (where, dst_port)
+            sock.sendmsg([payload], cmsgs, 0, address)
         except BlockingIOError:
             raise DataplaneError("socket: send buffer full") from None
         except OSError as exc:

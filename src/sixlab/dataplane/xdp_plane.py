@@ -307,6 +307,8 @@ class XdpDataplane(Dataplane):
     name = "xdp"
     #: Replies of the user-space path leave by the socket plane, which sets it.
     sets_tclass = True
+    #: ``stamp_collector`` hands replies over as ring records, rebuilt in user space.
+    rebuilds_replies = True
 
     def __init__(
         self,

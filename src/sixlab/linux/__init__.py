@@ -12,6 +12,9 @@ from sixlab.
 - :mod:`sixlab.linux.packetring`: the TPACKET_V3 receive ring of every capture.
 - :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
   handling packets user space answers.
+- :mod:`sixlab.linux.nftcount`: an owned nftables table counting one data flow sent and
+  received (the kernel's counts behind RFC 8972 §4.5 direct-mode loss); read with
+  pyroute2's nftables netlink dump.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
 - :mod:`sixlab.linux.xsk`: AF_XDP sockets over the system libxdp, with NumPy views of
   the rings and the UMEM (imported on demand: it loads NumPy).
@@ -24,17 +27,22 @@ Errors
     ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
     ├── LibbpfError         a libbpf call failed (``errno`` set)
     ├── KernelDropError     nftables is missing or refused the table
+    ├── FlowCountersError   nftables is missing, refused the counters, or cannot be read
     └── XskError            an AF_XDP call failed (``errno`` set)
 """
 
 from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.errors import LinuxError, XskError
 from sixlab.linux.libbpf import LibbpfError
+from sixlab.linux.nftcount import FlowCounters, FlowCountersError, FlowMatch
 from sixlab.linux.nftdrop import KernelDrop, KernelDropError
 from sixlab.linux.signals import StopOnSignal
 
 __all__ = [
     "BuildError",
+    "FlowCounters",
+    "FlowCountersError",
+    "FlowMatch",
     "KernelDrop",
     "KernelDropError",
     "LibbpfError",

@@ -19,7 +19,8 @@ become gRPC statuses in one place (``_status_of``):
 ``AgentError``                         its own code (NOT_FOUND, ALREADY_EXISTS, …)
 ``SessionConfigError``, ``WireError``  INVALID_ARGUMENT (a value the core refused)
 ``SessionStateError``                  FAILED_PRECONDITION (e.g. starting a session twice)
-``DataplaneError``                     UNAVAILABLE (cannot bind, missing system support)
+``DataplaneError``, ``LinuxError``     UNAVAILABLE (cannot bind, missing system support,
+                                       nftables refused a session's data counters)
 =====================================  ==================================================
 
 Initialising twice is FAILED_PRECONDITION, not ALREADY_EXISTS: what is missing is the
@@ -33,6 +34,13 @@ runs), Destroy forgets it. Both go through the engine (``ReflectorEngine.add_ses
 tells the data plane: the ``xdp`` plane answers (or collects) a session's packets in
 the kernel from then on. What a plane handles itself is not in the core's counters;
 GetCounters reports it apart, as ``dataplane`` (per session and in total).
+
+SR performance measurement (docs/srpm.md). A sender session may be ``loopback`` (its
+packets come back to this agent; the reflector address and port are its own), spread
+over ``flow_labels``, or count a data flow for direct-mode loss: the agent then
+installs an nftables table of counters for the session (``sixlab.linux.nftcount``,
+named ``sixlab_dm_<role>_<ssid>``) at Create and removes it at Destroy or Reset; the
+engine reads it per packet.
 
 Results. A sender session's records queue in the engine's bounded FIFO.
 GetStampSessionResults drains it (the polling mode of "High Performance Delay Monitoring
@@ -77,6 +85,7 @@ from sixlab.dataplane.engine import (
     SenderEngine,
     SenderSessionSpec,
 )
+from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcclient import RpcError
@@ -185,7 +194,7 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
         return Code.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, SessionConfigError | WireError):
         return Code.INVALID_ARGUMENT, str(exc)
-    if isinstance(exc, DataplaneError):
+    if isinstance(exc, DataplaneError | LinuxError):
         return Code.UNAVAILABLE, str(exc)
     return None
 
@@ -273,7 +282,7 @@ def _error_estimate(value: int) -> ErrorEstimate | None:
     return ErrorEstimate.from_int(value)
 
 
-def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, int]:
+def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, Any]:
     if not request.HasField("tai_utc_offset_ns"):
         return {}
     offset = request.tai_utc_offset_ns
@@ -319,20 +328,63 @@ def _dataplane_options(options: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _flow_match(name: str, match: pb.DataFlowMatch) -> FlowMatch | None:
+    """A DataFlowMatch as nftcount's match; None when it is empty (counts nothing)."""
+    if not match.prefix:
+        if match.protocol or match.port:
+            raise _invalid(f"{name}.prefix: required with a protocol or a port")
+        return None
+    try:
+        return FlowMatch.parse(match.prefix, match.protocol, match.port)
+    except ValueError as exc:
+        raise _invalid(f"{name}.{exc}") from None
+
+
+def _direct(request: pb.CreateStampSessionRequest) -> tuple[FlowMatch | None, FlowMatch | None]:
+    """The (sent, received) matches of direct_measurement; (None, None) without it."""
+    if not request.HasField("direct_measurement"):
+        return None, None
+    dm = request.direct_measurement
+    sent = _flow_match("direct_measurement.sent", dm.sent)
+    received = _flow_match("direct_measurement.received", dm.received)
+    if sent is None and received is None:
+        raise _invalid("direct_measurement: set sent, received or both")
+    return sent, received
+
+
 def _sender_spec(
     request: pb.CreateStampSessionRequest, bound_port: int, init_source: IPAddress | None
 ) -> tuple[SenderSessionSpec, int]:
     """The engine's session spec for a sender CreateStampSession, and its delay mode."""
     ssid = _ssid(request.ssid)
-    if not request.reflector_address:
-        raise _invalid("reflector_address: required on a sender")
-    reflector = _unicast("reflector_address", request.reflector_address)
     segments = _sid_list("sid_list", request.sid_list) or None
     source = (
         _address("source_address", request.source_address)
         if request.source_address
         else init_source
     )
+    if request.loopback:
+        # docs/srpm.md: the packets come back to this agent's own address and port.
+        if not segments:
+            raise _invalid("sid_list: a loopback session needs the SID list of its loop")
+        if source is None:
+            raise _invalid(
+                "source_address: a loopback session needs this agent's own address "
+                "(source_address, or Init's)"
+            )
+        if (
+            request.reflector_address
+            and _address("reflector_address", request.reflector_address) != source
+        ):
+            raise _invalid("reflector_address: a loopback session's is its own (source_address)")
+        if request.reflector_mode == pb.REFLECTOR_MODE_STATEFUL:
+            raise _invalid("reflector_mode: a loopback session has no reflector")
+        request = _copy(request)
+        request.reflector_address = str(source)
+        request.reflector_udp_port = bound_port
+    if not request.reflector_address:
+        raise _invalid("reflector_address: required on a sender")
+    reflector = _unicast("reflector_address", request.reflector_address)
     if segments and not isinstance(reflector, IPv6Address):
         raise _invalid("sid_list: SRv6 needs an IPv6 reflector_address")
     if source is not None and source.version != reflector.version:
@@ -377,10 +429,19 @@ def _sender_spec(
         loss_timeout_ns=request.loss_timeout_ns or DEFAULT_LOSS_TIMEOUT_NS,
         reflector_stateful=mode is ReflectorMode.STATEFUL,
         strict_ssid=request.strict_ssid,
+        loopback=request.loopback,
+        flow_labels=tuple(request.flow_labels),
+        direct_measurement=request.HasField("direct_measurement"),
         **_tai_offset(request),
     )
     spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
     return spec, delay_mode
+
+
+def _copy(request: pb.CreateStampSessionRequest) -> pb.CreateStampSessionRequest:
+    out = pb.CreateStampSessionRequest()
+    out.CopyFrom(request)
+    return out
 
 
 def _reflector_config(
@@ -390,6 +451,10 @@ def _reflector_config(
     if request.source_address:
         _address("source_address", request.source_address)
     _local_port("reflector_udp_port", request.reflector_udp_port, bound_port)
+    if request.loopback:
+        raise _invalid("loopback: a reflector takes no part in a loopback session")
+    if request.flow_labels:
+        raise _invalid("flow_labels: a reflector answers with its own flow label")
     return ReflectorSessionConfig(
         ssid=ssid,
         mode=_choice("reflector_mode", request.reflector_mode, _MODES),
@@ -418,6 +483,16 @@ def result_to_proto(result: StampResult, record_id: int = 0) -> pb.StampResult:
         ses_sender_ttl=result.ses_sender_ttl,
         reflector_seq=result.reflector_seq,
         tlvs=result.tlvs,
+        loopback=result.loopback,
+        flow_label=result.flow_label,
+        data=None
+        if result.data is None
+        else pb.DataCounters(
+            s_txc=result.data.s_txc,
+            r_rxc=result.data.r_rxc,
+            r_txc=result.data.r_txc,
+            s_rxc=result.data.s_rxc,
+        ),
     )
 
 
@@ -450,6 +525,8 @@ class _Runtime:
 class _SenderRecord:
     delay_mode: int
     fetched: int = 0
+    #: The session's data-flow counters in the kernel (direct measurement), if any.
+    counters: FlowCounters | None = None
 
 
 @dataclass(slots=True)
@@ -470,6 +547,7 @@ class _ReflectorRecord:
     reflected: int = 0
     dropped: dict[DropReason, int] = field(default_factory=dict)
     integrity_failed: int = 0
+    counters: FlowCounters | None = None
 
 
 class StampAgentServicer(pb_grpc.StampAgentServicer):
@@ -611,10 +689,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             if rt is not None and rt.sender is not None:
                 for ssid in rt.sender.sessions():
                     rt.sender.remove_session(ssid)  # wakes the streams, which then end
+            records: list[_SenderRecord | _ReflectorRecord] = [
+                *self._senders.values(),
+                *self._reflectors.values(),
+            ]
             self._senders.clear()
             self._reflectors.clear()
             if rt is not None:
                 rt.shutdown()
+            for rec in records:
+                if rec.counters is not None:
+                    rec.counters.remove()
             return count
 
     # -- sessions ---------------------------------------------------------------------
@@ -627,13 +712,34 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         ssid = _ssid(request.ssid)
         if ssid in self._senders or ssid in self._reflectors:
             raise AgentError(Code.ALREADY_EXISTS, f"ssid: session {ssid} already exists")
+        sent, received = _direct(request)
         if rt.sender is not None:
             spec, delay_mode = _sender_spec(request, rt.port, rt.source)
-            rt.sender.add_session(spec)
-            self._senders[ssid] = _SenderRecord(delay_mode)
+            counters = self._counters(ssid, sent, received)
+            if counters is not None:
+                spec = dataclasses.replace(spec, data_counters=counters.read)
+            try:
+                rt.sender.add_session(spec)
+            except BaseException:
+                if counters is not None:
+                    counters.remove()
+                raise
+            self._senders[ssid] = _SenderRecord(delay_mode, counters=counters)
         else:
-            self._reflectors[ssid] = _ReflectorRecord(_reflector_config(request, rt.port))
+            config = _reflector_config(request, rt.port)
+            counters = self._counters(ssid, sent, received)
+            self._reflectors[ssid] = _ReflectorRecord(config, counters=counters)
         return pb.CreateStampSessionReply()
+
+    def _counters(
+        self, ssid: int, sent: FlowMatch | None, received: FlowMatch | None
+    ) -> FlowCounters | None:
+        """Install the session's data-flow counters (direct measurement), or None."""
+        if sent is None and received is None:
+            return None
+        counters = FlowCounters(f"sixlab_dm_{self.role}_{ssid}", tx=sent, rx=received)
+        counters.install()
+        return counters
 
     @_unary
     def StartStampSession(  # noqa: N802
@@ -648,7 +754,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             rec = self._reflectors[ssid]
             if rec.state is State.RUNNING:
                 raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {ssid} already running")
-            rt.reflector.add_session(rec.config)
+            source = rec.counters.read if rec.counters is not None else None
+            rt.reflector.add_session(rec.config, data_counters=source)
             rec.state = State.RUNNING
         return pb.StartStampSessionReply()
 
@@ -683,14 +790,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     ) -> pb.DestroyStampSessionReply:
         rt = self._runtime("DestroyStampSession")
         ssid = self._known(request.ssid)
+        record: _SenderRecord | _ReflectorRecord
         if rt.sender is not None:
             rt.sender.remove_session(ssid)
-            del self._senders[ssid]
+            record = self._senders.pop(ssid)
         else:
-            rec = self._reflectors[ssid]
-            if rec.state is State.RUNNING:
-                self._stop_reflector(rt, ssid, rec)
+            record = self._reflectors[ssid]
+            if record.state is State.RUNNING:
+                self._stop_reflector(rt, ssid, record)
             del self._reflectors[ssid]
+        if record.counters is not None:
+            record.counters.remove()
         return pb.DestroyStampSessionReply()
 
     # -- results ----------------------------------------------------------------------
@@ -932,7 +1042,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 c = engine.counters
                 reply.engine.CopyFrom(
                     pb.EngineCounters(
-                        received=c.received, no_session=c.no_session, send_failed=c.send_failed
+                        received=c.received,
+                        no_session=c.no_session,
+                        send_failed=c.send_failed,
+                        data_counter_failed=c.data_counter_failed,
                     )
                 )
         if self.role is Role.REFLECTOR:

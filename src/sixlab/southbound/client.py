@@ -29,7 +29,7 @@ import grpc
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
-from sixlab.stamp import StampResult
+from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -96,6 +96,16 @@ def result_from_proto(record: pb.StampResult) -> StampResult:
         ses_sender_ttl=record.ses_sender_ttl,
         reflector_seq=record.reflector_seq,
         tlvs=record.tlvs,
+        loopback=record.loopback,
+        flow_label=record.flow_label if record.HasField("flow_label") else None,
+        data=DataCounters(
+            record.data.s_txc,
+            record.data.r_rxc,
+            record.data.r_txc,
+            record.data.s_rxc if record.data.HasField("s_rxc") else None,
+        )
+        if record.HasField("data")
+        else None,
     )
 
 
@@ -145,11 +155,16 @@ def sender_session_request(
     error_estimate: int = 0,
     tai_utc_offset_ns: int | None = None,
     strict_ssid: bool = False,
+    loopback: bool = False,
+    flow_labels: Iterable[int] = (),
+    direct_measurement: pb.DirectMeasurement | None = None,
 ) -> pb.CreateStampSessionRequest:
     """The request that creates a Session-Sender session (``key`` set: authenticated mode).
 
     ``return_sid_list`` non-empty asks the reflector for that return path with an
-    RFC 9503 Return Path TLV.
+    RFC 9503 Return Path TLV. ``loopback``, ``flow_labels`` and ``direct_measurement``:
+    the SR performance-measurement modes (docs/srpm.md); a loopback session's
+    ``reflector`` may be ``""`` (the agent's own address).
     """
     returns = _texts(return_sid_list)
     request = pb.CreateStampSessionRequest(
@@ -175,7 +190,11 @@ def sender_session_request(
         loss_timeout_ns=loss_timeout_ns,
         error_estimate=error_estimate,
         strict_ssid=strict_ssid,
+        loopback=loopback,
+        flow_labels=list(flow_labels),
     )
+    if direct_measurement is not None:
+        request.direct_measurement.CopyFrom(direct_measurement)
     if tai_utc_offset_ns is not None:
         request.tai_utc_offset_ns = tai_utc_offset_ns
     return request
@@ -190,6 +209,7 @@ def reflector_session_request(
     return_sid_list: Iterable[Address] = (),
     error_estimate: int = 0,
     tai_utc_offset_ns: int | None = None,
+    direct_measurement: pb.DirectMeasurement | None = None,
 ) -> pb.CreateStampSessionRequest:
     """The request that creates a Session-Reflector session; ``return_sid_list`` is its
     return path."""
@@ -202,6 +222,8 @@ def reflector_session_request(
         return_sid_list=_texts(return_sid_list),
         error_estimate=error_estimate,
     )
+    if direct_measurement is not None:
+        request.direct_measurement.CopyFrom(direct_measurement)
     if tai_utc_offset_ns is not None:
         request.tai_utc_offset_ns = tai_utc_offset_ns
     return request
@@ -296,6 +318,9 @@ class AgentClient(GrpcClient):
         error_estimate: int = 0,
         tai_utc_offset_ns: int | None = None,
         strict_ssid: bool = False,
+        loopback: bool = False,
+        flow_labels: Iterable[int] = (),
+        direct_measurement: pb.DirectMeasurement | None = None,
     ) -> None:
         """Create a Session-Sender session (``sender_session_request``)."""
         self.create_session(
@@ -319,6 +344,9 @@ class AgentClient(GrpcClient):
                 error_estimate=error_estimate,
                 tai_utc_offset_ns=tai_utc_offset_ns,
                 strict_ssid=strict_ssid,
+                loopback=loopback,
+                flow_labels=flow_labels,
+                direct_measurement=direct_measurement,
             )
         )
 
@@ -332,6 +360,7 @@ class AgentClient(GrpcClient):
         return_sid_list: Iterable[Address] = (),
         error_estimate: int = 0,
         tai_utc_offset_ns: int | None = None,
+        direct_measurement: pb.DirectMeasurement | None = None,
     ) -> None:
         """Create a Session-Reflector session (``reflector_session_request``)."""
         self.create_session(
@@ -343,6 +372,7 @@ class AgentClient(GrpcClient):
                 return_sid_list=return_sid_list,
                 error_estimate=error_estimate,
                 tai_utc_offset_ns=tai_utc_offset_ns,
+                direct_measurement=direct_measurement,
             )
         )
 

@@ -4,6 +4,12 @@
 - :mod:`sixlab.stamp.reflector`: :class:`Reflector`, a Session-Reflector answering the
   sessions it holds (and a default one).
 - :mod:`sixlab.stamp.stats`: delay summaries and per-path statistics over results.
+- :mod:`sixlab.stamp.loopback`: loopback measurement mode (draft-ietf-spring-stamp-srpm):
+  the Sender's own packet back, no Reflector.
+- :mod:`sixlab.stamp.flows`: ECMP coverage, test packets spread over flow labels and
+  statistics per label.
+- :mod:`sixlab.stamp.direct`: direct-mode data loss from the Direct Measurement TLV's
+  counters (RFC 8972 §4.5).
 
 What the core gives out (result records, events, drop reasons) and its errors are
 exported here; the engines of :mod:`sixlab.dataplane.engine` join the core to a data
@@ -34,6 +40,9 @@ from sixlab.stamp._events import (
     StampError,
     StampResult,
 )
+from sixlab.stamp.direct import DataCounters, DataLoss, data_loss, data_loss_total
+from sixlab.stamp.flows import check_flow_labels, flow_label_for, per_flow_stats, spread_labels
+from sixlab.stamp.loopback import LoopedPacket, decode_looped
 from sixlab.stamp.reflector import (
     PacketContext,
     Reflection,
@@ -47,10 +56,13 @@ from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession
 from sixlab.stamp.stats import DelaySummary, PathStats, path_stats, summarize
 
 __all__ = [
+    "DataCounters",
+    "DataLoss",
     "DelaySummary",
     "DropReason",
     "DuplicateReceived",
     "Event",
+    "LoopedPacket",
     "PacketContext",
     "PacketDropped",
     "PacketLost",
@@ -70,6 +82,13 @@ __all__ = [
     "SessionStateError",
     "StampError",
     "StampResult",
+    "check_flow_labels",
+    "data_loss",
+    "data_loss_total",
+    "decode_looped",
+    "flow_label_for",
     "path_stats",
+    "per_flow_stats",
+    "spread_labels",
     "summarize",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sixlab.stamp.direct import DataCounters
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -85,15 +86,27 @@ class StampResult:
     ses_sender_ttl: int
     reflector_seq: int
     tlvs: bytes = b""
+    #: The IPv6 Flow Label the test packet was sent with (ECMP coverage, docs/srpm.md);
+    #: None when the session sets none.
+    flow_label: int | None = None
+    #: Loopback mode (draft-ietf-spring-stamp-srpm, docs/srpm.md): the packet came back
+    #: to the Session-Sender without a Session-Reflector. T2 and T3 are then 0 (never
+    #: taken), and so is ``ses_sender_ttl``: only the round trip T4 − T1 is a measurement.
+    loopback: bool = False
+    #: The data-flow counters of direct-mode loss (RFC 8972 §4.5), when the session
+    #: carries a Direct Measurement TLV and counts its data traffic.
+    data: DataCounters | None = None
 
     @property
     def direct_ns(self) -> int:
-        """Forward one-way delay T2 − T1 (as good as the clocks' synchronisation)."""
+        """Forward one-way delay T2 − T1 (as good as the clocks' synchronisation).
+
+        Meaningless for a loopback record (T2 is 0): check ``loopback`` first."""
         return self.t2_ns - self.t1_ns
 
     @property
     def return_ns(self) -> int:
-        """Backward one-way delay T4 − T3."""
+        """Backward one-way delay T4 − T3 (meaningless for a loopback record)."""
         return self.t4_ns - self.t3_ns
 
     @property
@@ -101,8 +114,26 @@ class StampResult:
         """Round trip without the reflector's residence time: (T4 − T1) − (T3 − T2)."""
         return (self.t4_ns - self.t1_ns) - (self.t3_ns - self.t2_ns)
 
-    def as_json(self) -> dict[str, int]:
-        """The record as the tools print it in JSON (every time in Unix-epoch ns)."""
+    def as_json(self) -> dict[str, int | None]:
+        """The record as the tools print it in JSON (every time in Unix-epoch ns).
+
+        A loopback record has no one-way delays (None); flow label and data counters
+        appear when the record has them."""
+        out = self._json()
+        if self.loopback:
+            out.update(t2_ns=None, t3_ns=None, direct_ns=None, return_ns=None, loopback=1)
+        if self.flow_label is not None:
+            out["flow_label"] = self.flow_label
+        if self.data is not None:
+            out.update(
+                s_txc=self.data.s_txc,
+                r_rxc=self.data.r_rxc,
+                r_txc=self.data.r_txc,
+                s_rxc=self.data.s_rxc,
+            )
+        return out
+
+    def _json(self) -> dict[str, int | None]:
         return {
             "seq": self.seq,
             "t1_ns": self.t1_ns,

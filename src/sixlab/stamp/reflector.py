@@ -87,6 +87,10 @@ _AUTH = wire.AUTH_PACKET_SIZE
 _MIN = wire.MIN_SENDER_SIZE
 
 
+#: Reads a session's data flow: (packets sent, packets received), or None (failed).
+DataSource = Callable[[], tuple[int, int] | None]
+
+
 class ReflectorMode(StrEnum):
     STATELESS = "stateless"
     STATEFUL = "stateful"
@@ -180,6 +184,12 @@ class _Session:
     dropped: dict[DropReason, int] = field(default_factory=dict)
     integrity_failed: int = 0
     flows: dict[object, FlowState] = field(default_factory=dict)
+    #: Data-flow counts for the Direct Measurement TLV (RFC 8972 §4.5), when the adapter
+    #: counts the session's data traffic (``Reflector.set_data_counters``).
+    data_rx: int | None = None
+    data_tx: int | None = None
+    #: Or a reading of them, taken when a TLV packet of the session is answered.
+    data_source: DataSource | None = None
 
     @classmethod
     def from_config(cls, config: ReflectorSessionConfig) -> _Session:
@@ -299,6 +309,22 @@ class Reflector:
         if config is not None and config.ssid is not None:
             raise SessionConfigError("ssid: the default session has no SSID (None)")
         self._default = None if config is None else _Session.from_config(config)
+
+    def set_data_source(self, ssid: int | None, source: DataSource | None) -> None:
+        """Read session ``ssid``'s data-flow counts with ``source`` (``(sent, received)``,
+        or None when the reading failed: the last counts stay) each time one of its TLV
+        packets is answered, every path of this reflector alike. Like the clock that
+        ``reflect`` reads T3 from, the adapter supplies the reading; None: stop."""
+        self._session(ssid).data_source = source
+
+    def set_data_counters(self, ssid: int | None, received: int, sent: int) -> None:
+        """The data flow of session ``ssid`` (None: the default one), as the adapter
+        counts it: packets received and sent so far. From now on a Direct Measurement
+        TLV gets these as R_RxC and R_TxC instead of the session's test packet counts
+        (docs/srpm.md, "Direct-mode loss"). Call before ``reflect``."""
+        sess = self._session(ssid)
+        sess.data_rx = received
+        sess.data_tx = sent
 
     def session_counters(self, ssid: int | None) -> tuple[int, dict[DropReason, int]]:
         """(replies sent, drops by reason) of one session; None names the default."""
@@ -493,6 +519,10 @@ class Reflector:
         """The reflected TLV area, return path and reply Traffic Class; None if the
         sender asked for no reply."""
         cfg = sess.config
+        if sess.data_source is not None:
+            reading = sess.data_source()
+            if reading is not None:
+                sess.data_tx, sess.data_rx = reading
         follow_up = None
         if state.last_tx is not None:
             last_seq, tx_ns, method = state.last_tx
@@ -508,8 +538,8 @@ class Reflector:
                 timestamp_method=cfg.timestamp_method,
                 key=cfg.key,
                 seq_field=data[:4],
-                received=state.received,
-                transmitted=state.transmitted + 1,
+                received=state.received if sess.data_rx is None else sess.data_rx,
+                transmitted=state.transmitted + 1 if sess.data_tx is None else sess.data_tx,
                 tclass=context.tclass if context else None,
                 set_tclass=context.set_tclass if context else False,
                 follow_up=follow_up,

@@ -48,14 +48,27 @@ Authenticated mode with TLVs (RFC 8972 §4.8). Every packet carries an HMAC TLV 
 Sequence Number and the TLVs before it, computed per packet, placed after every TLV but
 trailing Extra Padding (not needed when all the TLVs are Extra Padding). A Direct
 Measurement TLV gets its S_TxC filled in per packet first (RFC 8972 §4.5: packets sent
-in the session, this one included). A reply's HMAC TLV is verified the same way before
-anything else in its TLVs is used; a failure drops the reply (``hmac-tlv-failed``); a
-reply whose TLVs carry the I flag (the reflector could not verify ours) is counted in
-``integrity_reported``.
+in the session, this one included, unless the adapter counts a data flow: see below). A
+reply's HMAC TLV is verified the same way before anything else in its TLVs is used; a
+failure drops the reply (``hmac-tlv-failed``); a reply whose TLVs carry the I flag (the
+reflector could not verify ours) is counted in ``integrity_reported``.
+
+SR performance measurement (docs/srpm.md). ``loopback``: the session's packets come
+back to it without a Session-Reflector (draft-ietf-spring-stamp-srpm's loopback mode);
+replies are the session's own Session-Sender packets, decoded by
+``sixlab.stamp.loopback``, and records have ``loopback`` set and T2 = T3 = 0.
+``flow_labels``: packet Seq n goes with label ``flow_labels[n mod N]`` (ECMP coverage,
+``sixlab.stamp.flows``); the adapter reads a packet's label from its Seq, and every
+record carries it. ``direct_measurement``: every packet carries a Direct Measurement
+TLV (RFC 8972 §4.5), first in the TLV area, whose S_TxC is the data-flow count the
+adapter last reported with ``set_data_counters`` (the session's packet count while it
+reports none); records carry the reply's counters with the adapter's S_RxC
+(``sixlab.stamp.direct``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -72,6 +85,9 @@ from sixlab.stamp._events import (
     SessionStateError,
     StampResult,
 )
+from sixlab.stamp.direct import DataCounters
+from sixlab.stamp.flows import check_flow_labels, flow_label_for
+from sixlab.stamp.loopback import decode_looped
 from sixlab.wire import WireError, stamp_auth
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_tlv as tlv
@@ -136,6 +152,12 @@ class SenderConfig:
     reflector_stateful: bool = False
     #: Refuse replies whose SSID is 0 (an RFC 8762-only reflector); see the module doc.
     strict_ssid: bool = False
+    #: Loopback measurement mode: no Session-Reflector (module docstring, docs/srpm.md).
+    loopback: bool = False
+    #: IPv6 Flow Labels the packets take in turn (ECMP coverage); empty: none set.
+    flow_labels: tuple[int, ...] = ()
+    #: Carry a Direct Measurement TLV (RFC 8972 §4.5) first in the TLV area.
+    direct_measurement: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.ssid <= 0xFFFF:
@@ -163,6 +185,13 @@ class SenderConfig:
                 raise SessionConfigError(
                     f"tlvs: authenticated mode needs well-formed TLVs: {exc}"
                 ) from exc
+        object.__setattr__(self, "flow_labels", check_flow_labels(self.flow_labels))
+        if self.loopback and self.reflector_stateful:
+            raise SessionConfigError("reflector_stateful: a loopback session has no reflector")
+        if self.loopback and self.direct_measurement:
+            raise SessionConfigError(
+                "direct_measurement: needs a reflector's counters, a loopback session has none"
+            )
 
     @property
     def authenticated(self) -> bool:
@@ -232,9 +261,17 @@ class SenderSession:
         self._lost_above: deque[int] = deque()  # lost Seqs above the highest answered
         self._tx: list[bytes] = []
         self._events: deque[Event] = deque()
-        self._covered, self._trailing, self._dm_at = _split_tlvs(config)
+        # Direct measurement: a Direct Measurement TLV first in the area (its S_TxC is
+        # filled per packet, ``_tlvs_for``), and the data-flow counts the adapter reported.
+        split = config
+        if config.direct_measurement:
+            dm = tlv.DirectMeasurement().to_tlv().encode()
+            split = dataclasses.replace(config, tlvs=dm + config.tlvs)
+        self._covered, self._trailing, self._dm_at = _split_tlvs(split)
         if config.reflector_stateful:
             self.counters.unclassified_lost = 0
+        self._data_tx: int | None = None
+        self._data_rx: int | None = None
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -263,6 +300,13 @@ class SenderSession:
         self._expire(now)
         self._maybe_drained()
 
+    def set_data_counters(self, sent: int | None, received: int | None) -> None:
+        """The data flow's packets sent and received so far, as the adapter counts them
+        (direct measurement): ``sent`` goes into the next packets' S_TxC, ``received``
+        into the next records' S_RxC. Call before ``handle_timer`` and ``receive``."""
+        self._data_tx = sent
+        self._data_rx = received
+
     def receive(self, data: bytes, now: int, wall: int | None = None) -> None:
         """A reflected packet arrived at ``now``; T4 is ``wall`` (UTC ns), else ``now``."""
         if self.state not in (State.RUNNING, State.DRAINING):
@@ -271,7 +315,11 @@ class SenderSession:
         # Deadlines first: a reply past its loss timeout is late even when the adapter
         # hands it over before running the overdue timer.
         self._expire(now)
-        self._match(data, now if wall is None else wall)
+        t4 = now if wall is None else wall
+        if self.config.loopback:
+            self._match_looped(data, t4)
+        else:
+            self._match(data, t4)
         self._maybe_drained()
 
     def _match(self, data: bytes, now: int) -> None:
@@ -355,8 +403,74 @@ class SenderSession:
                 ses_sender_ttl=pkt.ses_sender_ttl,
                 reflector_seq=pkt.seq,
                 tlvs=pkt.tlvs,
+                flow_label=flow_label_for(cfg.flow_labels, seq),
+                data=self._data_of(pkt.tlvs),
             )
         )
+
+    def _match_looped(self, data: bytes, now: int) -> None:
+        """A loopback session's own packet came back (``sixlab.stamp.loopback``)."""
+        cfg = self.config
+        pkt = decode_looped(data, ssid=cfg.ssid, key=cfg.key)
+        if isinstance(pkt, DropReason):
+            self._drop(pkt)
+            return
+        seq = pkt.seq
+        t1 = self._outstanding.get(seq)
+        if t1 is None:
+            if seq in self._answered:
+                self.counters.duplicates += 1
+                self._events.append(DuplicateReceived(cfg.ssid, seq))
+            elif seq < self._next_seq:
+                self._drop(DropReason.LATE)
+            else:
+                self._drop(DropReason.UNKNOWN_SEQ)
+            return
+        try:
+            echoed_t1 = self._to_utc(pkt.timestamp, pkt.error_estimate.fmt)
+        except WireError:
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return
+        if echoed_t1 != t1:
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return
+        del self._outstanding[seq]
+        self._remember_answered(seq)
+        self.counters.received += 1
+        if self._highest_seq is not None and seq < self._highest_seq:
+            self.counters.reordered += 1
+        else:
+            self._highest_seq = seq
+        self._events.append(
+            StampResult(
+                ssid=cfg.ssid,
+                seq=seq,
+                t1_ns=t1,
+                t2_ns=0,
+                t3_ns=0,
+                t4_ns=now,
+                sender_error=self._ee,
+                reflector_error=pkt.error_estimate,
+                ses_sender_ttl=0,  # no reflector read a Hop Limit
+                reflector_seq=seq,
+                tlvs=pkt.tlvs,
+                flow_label=flow_label_for(cfg.flow_labels, seq),
+                loopback=True,
+            )
+        )
+
+    def _data_of(self, tlvs: bytes) -> DataCounters | None:
+        """The reply's Direct Measurement counters with our S_RxC (direct measurement)."""
+        if not self.config.direct_measurement or not tlvs:
+            return None
+        for item in tlv.scan_tlvs(tlvs).tlvs:
+            if item.type == tlv.TlvType.DIRECT_MEASUREMENT:
+                try:
+                    dm = tlv.DirectMeasurement.from_tlv(item)
+                except WireError:
+                    return None
+                return DataCounters(dm.s_txc, dm.r_rxc, dm.r_txc, self._data_rx)
+        return None
 
     def claims(self, data: bytes) -> bool:
         """Whether reply ``data`` answers a packet of this session still waiting for its
@@ -442,7 +556,8 @@ class SenderSession:
         if self._dm_at is not None:
             at = self._dm_at
             area = bytearray(covered)
-            area[at : at + 4] = ((self.counters.sent + 1) & 0xFFFF_FFFF).to_bytes(4)
+            count = self._data_tx if self._data_tx is not None else self.counters.sent + 1
+            area[at : at + 4] = (count & 0xFFFF_FFFF).to_bytes(4)
             covered = bytes(area)
         if cfg.key is None or not covered:
             return covered + self._trailing

@@ -100,15 +100,24 @@ class PathStats:
 
 
 def path_stats(records: Sequence[StampResult], lost: int = 0) -> PathStats:
+    """Statistics of one path. Loopback records (docs/srpm.md) have no one-way delays:
+    they count in the round trip and in its jitter (``direct_jitter_ns``, the mean
+    |IPDV| of T4 − T1), never in ``direct`` or ``backward``."""
+
     def mean_abs(values: list[int]) -> int | None:
         return round(sum(map(abs, values)) / len(values)) if values else None
 
+    two_way = [r for r in records if not r.loopback]
+    looped = [r for r in records if r.loopback]
+    direct_jitter = mean_abs(ipdv(two_way))
+    if not two_way and looped:
+        direct_jitter = mean_abs(ipdv(looped, lambda r: r.rtt_ns))
     return PathStats(
-        direct=summarize(r.direct_ns for r in records),
-        backward=summarize(r.return_ns for r in records),
+        direct=summarize(r.direct_ns for r in two_way),
+        backward=summarize(r.return_ns for r in two_way),
         rtt=summarize(r.rtt_ns for r in records),
-        direct_jitter_ns=mean_abs(ipdv(records)),
-        return_jitter_ns=mean_abs(ipdv(records, lambda r: r.return_ns)),
+        direct_jitter_ns=direct_jitter,
+        return_jitter_ns=mean_abs(ipdv(two_way, lambda r: r.return_ns)),
         received=len(records),
         lost=lost,
         max_error_bound_ns=max((r.error_bound_ns for r in records), default=None),

@@ -7,7 +7,9 @@ raises; :func:`sweep` removes what a crashed run left behind.
 Predefined topologies:
 
 - :func:`srv6_two_paths`: sender — R1 ═(links A, B)═ R2 — reflector, with End/End.X
-  SIDs pinning each path to one link in both directions and per-direction delays.
+  SIDs pinning each path to one link in both directions and per-direction delays;
+  optionally an agent-less host *far* behind R2 (loopback measurement) and links A and
+  B as one ECMP route (per-flow-label measurement).
 - :func:`two_node_bench`: generator — SUT (— sink), plain veths, for throughput runs.
 
 Link emulation (delay, jitter, loss per direction) is :mod:`sixlab.testbed.linkemu`, a
@@ -30,7 +32,7 @@ from sixlab.testbed._bench import BenchTestbed, two_node_bench
 from sixlab.testbed._closing import ClosingContext
 from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed._netns import DEFAULT_PREFIX, entered, exec_in, run_in, sweep
-from sixlab.testbed._srv6 import SRv6Path, SRv6TwoPaths, srv6_two_paths
+from sixlab.testbed._srv6 import LoopbackPath, SRv6Path, SRv6TwoPaths, srv6_two_paths
 from sixlab.testbed._tools import PingResult, pin_cpu, ping6
 from sixlab.testbed._topology import (
     EmulatedLink,
@@ -51,6 +53,7 @@ __all__ = [
     "LabPostgres",
     "Link",
     "LinkEmulation",
+    "LoopbackPath",
     "Node",
     "PingResult",
     "SRv6Path",

@@ -159,6 +159,18 @@ class Node:
             spec["table"] = table
         self.ipr.route("add", **spec)
 
+    def add_multipath_route(self, dst: str, nexthops: Sequence[tuple[str, str]]) -> None:
+        """An equal-cost multipath route: ``nexthops`` are (gateway, interface) pairs.
+
+        Which next hop a packet takes is the kernel's flow hash, chosen per namespace by
+        ``net.ipv6.fib_multipath_hash_policy`` (0: source, destination and flow label;
+        1: the 5-tuple; see docs/srpm.md).
+        """
+        if len(nexthops) < 2:
+            raise TestbedError(f"multipath route to {dst}: needs at least two next hops")
+        hops = [{"gateway": gw, "oif": self.ifindex(dev)} for gw, dev in nexthops]
+        self.ipr.route("add", dst="::/0" if dst == "default" else dst, family=10, multipath=hops)
+
     def add_seg6local(
         self,
         sid: str,

@@ -404,6 +404,16 @@ class CreateSessionRequest(_message.Message):
     LOSS_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     COLLECT_FIELD_NUMBER: _builtins.int
     STRICT_SSID_FIELD_NUMBER: _builtins.int
+    LOOPBACK_FIELD_NUMBER: _builtins.int
+    FLOW_LABELS_FIELD_NUMBER: _builtins.int
+    DM_SENDER_SENT_FIELD_NUMBER: _builtins.int
+    DM_SENDER_RECEIVED_FIELD_NUMBER: _builtins.int
+    DM_REFLECTOR_SENT_FIELD_NUMBER: _builtins.int
+    DM_REFLECTOR_RECEIVED_FIELD_NUMBER: _builtins.int
+    MAX_DELAY_MS_FIELD_NUMBER: _builtins.int
+    MAX_JITTER_MS_FIELD_NUMBER: _builtins.int
+    MAX_LOSS_RATIO_FIELD_NUMBER: _builtins.int
+    EVENT_WINDOW_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name of the session (usually the path's), e.g. "path-a": 1 to 64 printable
     characters, no blanks.
@@ -437,6 +447,25 @@ class CreateSessionRequest(_message.Message):
     """Refuse replies whose SSID is 0. By default they are accepted when address, port,
     Seq and T1 match: an RFC 8762-only reflector returns the SSID as 0 (RFC 8972 §3).
     """
+    loopback: _builtins.bool
+    """SR performance measurement (docs/srpm.md). Fields 40 and up.
+    Loopback mode: no reflector node (`reflector` and `reflector_address` empty); the
+    probes follow `segments` back to the sender, the far end only forwarding them.
+    """
+    dm_sender_sent: _builtins.str
+    """Direct-mode loss (RFC 8972 §4.5): the data flow each agent counts,
+    "PREFIX[,udp|tcp[,PORT]]"; empty: none.
+    """
+    dm_sender_received: _builtins.str
+    dm_reflector_sent: _builtins.str
+    dm_reflector_received: _builtins.str
+    max_delay_ms: _builtins.float
+    """Thresholds over the last event_window_s (absent: not watched; window 10 s): mean
+    round-trip delay and mean |IPDV| in ms, loss ratio in [0, 1).
+    """
+    max_jitter_ms: _builtins.float
+    max_loss_ratio: _builtins.float
+    event_window_s: _builtins.float
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Forward SID list, travel order (empty: plain IPv6)."""
@@ -446,6 +475,10 @@ class CreateSessionRequest(_message.Message):
         """Return SID list, travel order: configured on the reflector, or requested per packet
         with the RFC 9503 Return Path TLV when return_path_tlv is set.
         """
+
+    @_builtins.property
+    def flow_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """IPv6 Flow Labels the probes take in turn (ECMP coverage), 0x1..0x7FFFF each."""
 
     def __init__(
         self,
@@ -468,21 +501,47 @@ class CreateSessionRequest(_message.Message):
         loss_timeout_ns: _builtins.int | None = ...,
         collect: Global___CollectMode.ValueType = ...,
         strict_ssid: _builtins.bool = ...,
+        loopback: _builtins.bool = ...,
+        flow_labels: _abc.Iterable[_builtins.int] | None = ...,
+        dm_sender_sent: _builtins.str = ...,
+        dm_sender_received: _builtins.str = ...,
+        dm_reflector_sent: _builtins.str = ...,
+        dm_reflector_received: _builtins.str = ...,
+        max_delay_ms: _builtins.float | None = ...,
+        max_jitter_ms: _builtins.float | None = ...,
+        max_loss_ratio: _builtins.float | None = ...,
+        event_window_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "reflector_port", b"reflector_port"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "_reflector_port", b"_reflector_port", "event_window_s", b"event_window_s", "interval_ns", b"interval_ns", "loss_timeout_ns", b"loss_timeout_ns", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio", "reflector_port", b"reflector_port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "duration_ns", b"duration_ns", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful", "strict_ssid", b"strict_ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_interval_ns", b"_interval_ns", "_loss_timeout_ns", b"_loss_timeout_ns", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "_reflector_port", b"_reflector_port", "collect", b"collect", "count", b"count", "dm_reflector_received", b"dm_reflector_received", "dm_reflector_sent", b"dm_reflector_sent", "dm_sender_received", b"dm_sender_received", "dm_sender_sent", b"dm_sender_sent", "duration_ns", b"duration_ns", "event_window_s", b"event_window_s", "flow_labels", b"flow_labels", "interval_ns", b"interval_ns", "key", b"key", "loopback", b"loopback", "loss_timeout_ns", b"loss_timeout_ns", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio", "name", b"name", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "source_address", b"source_address", "stateful", b"stateful", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__event_window_s: _TypeAlias = _typing.Literal["event_window_s"]  # noqa: Y015
+    _WhichOneofArgType__event_window_s: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s"]  # noqa: Y015
     _WhichOneofReturnType__interval_ns: _TypeAlias = _typing.Literal["interval_ns"]  # noqa: Y015
     _WhichOneofArgType__interval_ns: _TypeAlias = _typing.Literal["_interval_ns", b"_interval_ns"]  # noqa: Y015
     _WhichOneofReturnType__loss_timeout_ns: _TypeAlias = _typing.Literal["loss_timeout_ns"]  # noqa: Y015
     _WhichOneofArgType__loss_timeout_ns: _TypeAlias = _typing.Literal["_loss_timeout_ns", b"_loss_timeout_ns"]  # noqa: Y015
+    _WhichOneofReturnType__max_delay_ms: _TypeAlias = _typing.Literal["max_delay_ms"]  # noqa: Y015
+    _WhichOneofArgType__max_delay_ms: _TypeAlias = _typing.Literal["_max_delay_ms", b"_max_delay_ms"]  # noqa: Y015
+    _WhichOneofReturnType__max_jitter_ms: _TypeAlias = _typing.Literal["max_jitter_ms"]  # noqa: Y015
+    _WhichOneofArgType__max_jitter_ms: _TypeAlias = _typing.Literal["_max_jitter_ms", b"_max_jitter_ms"]  # noqa: Y015
+    _WhichOneofReturnType__max_loss_ratio: _TypeAlias = _typing.Literal["max_loss_ratio"]  # noqa: Y015
+    _WhichOneofArgType__max_loss_ratio: _TypeAlias = _typing.Literal["_max_loss_ratio", b"_max_loss_ratio"]  # noqa: Y015
     _WhichOneofReturnType__reflector_port: _TypeAlias = _typing.Literal["reflector_port"]  # noqa: Y015
     _WhichOneofArgType__reflector_port: _TypeAlias = _typing.Literal["_reflector_port", b"_reflector_port"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__event_window_s) -> _WhichOneofReturnType__event_window_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__interval_ns) -> _WhichOneofReturnType__interval_ns | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__loss_timeout_ns) -> _WhichOneofReturnType__loss_timeout_ns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_delay_ms) -> _WhichOneofReturnType__max_delay_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_jitter_ms) -> _WhichOneofReturnType__max_jitter_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_loss_ratio) -> _WhichOneofReturnType__max_loss_ratio | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reflector_port) -> _WhichOneofReturnType__reflector_port | None: ...
 
@@ -682,6 +741,17 @@ class Session(_message.Message):
     STORED_FIELD_NUMBER: _builtins.int
     STRICT_SSID_FIELD_NUMBER: _builtins.int
     KEY_SHA256_FIELD_NUMBER: _builtins.int
+    LOOPBACK_FIELD_NUMBER: _builtins.int
+    FLOW_LABELS_FIELD_NUMBER: _builtins.int
+    DM_SENDER_SENT_FIELD_NUMBER: _builtins.int
+    DM_SENDER_RECEIVED_FIELD_NUMBER: _builtins.int
+    DM_REFLECTOR_SENT_FIELD_NUMBER: _builtins.int
+    DM_REFLECTOR_RECEIVED_FIELD_NUMBER: _builtins.int
+    MAX_DELAY_MS_FIELD_NUMBER: _builtins.int
+    MAX_JITTER_MS_FIELD_NUMBER: _builtins.int
+    MAX_LOSS_RATIO_FIELD_NUMBER: _builtins.int
+    EVENT_WINDOW_S_FIELD_NUMBER: _builtins.int
+    EVENTS_RAISED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     ssid: _builtins.int
     """The STAMP Session Identifier on both agents (RFC 8972 §3)."""
@@ -721,10 +791,37 @@ class Session(_message.Message):
     """Hex SHA-256 of the HMAC key (empty: unauthenticated); identifies the key without
     revealing it.
     """
+    loopback: _builtins.bool
+    """SR performance measurement (docs/srpm.md). Fields 40 and up.
+    Loopback mode: no reflector node (`reflector` and `reflector_address` empty); the
+    probes follow `segments` back to the sender, the far end only forwarding them.
+    """
+    dm_sender_sent: _builtins.str
+    """Direct-mode loss (RFC 8972 §4.5): the data flow each agent counts,
+    "PREFIX[,udp|tcp[,PORT]]"; empty: none.
+    """
+    dm_sender_received: _builtins.str
+    dm_reflector_sent: _builtins.str
+    dm_reflector_received: _builtins.str
+    max_delay_ms: _builtins.float
+    """Thresholds over the last event_window_s (absent: not watched; window 10 s): mean
+    round-trip delay and mean |IPDV| in ms, loss ratio in [0, 1).
+    """
+    max_jitter_ms: _builtins.float
+    max_loss_ratio: _builtins.float
+    event_window_s: _builtins.float
     @_builtins.property
     def segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def return_segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def flow_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """IPv6 Flow Labels the probes take in turn (ECMP coverage), 0x1..0x7FFFF each."""
+
+    @_builtins.property
+    def events_raised(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The kinds of threshold event raised now (delay, jitter, loss)."""
+
     def __init__(
         self,
         *,
@@ -756,14 +853,42 @@ class Session(_message.Message):
         stored: _builtins.int = ...,
         strict_ssid: _builtins.bool = ...,
         key_sha256: _builtins.str = ...,
+        loopback: _builtins.bool = ...,
+        flow_labels: _abc.Iterable[_builtins.int] | None = ...,
+        dm_sender_sent: _builtins.str = ...,
+        dm_sender_received: _builtins.str = ...,
+        dm_reflector_sent: _builtins.str = ...,
+        dm_reflector_received: _builtins.str = ...,
+        max_delay_ms: _builtins.float | None = ...,
+        max_jitter_ms: _builtins.float | None = ...,
+        max_loss_ratio: _builtins.float | None = ...,
+        event_window_s: _builtins.float | None = ...,
+        events_raised: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "forward_lost", b"forward_lost"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_forward_lost", b"_forward_lost", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "event_window_s", b"event_window_s", "forward_lost", b"forward_lost", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "duration_ns", b"duration_ns", "epoch", b"epoch", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "key_sha256", b"key_sha256", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s", "_forward_lost", b"_forward_lost", "_max_delay_ms", b"_max_delay_ms", "_max_jitter_ms", b"_max_jitter_ms", "_max_loss_ratio", b"_max_loss_ratio", "authenticated", b"authenticated", "collect", b"collect", "count", b"count", "created_ns", b"created_ns", "dm_reflector_received", b"dm_reflector_received", "dm_reflector_sent", b"dm_reflector_sent", "dm_sender_received", b"dm_sender_received", "dm_sender_sent", b"dm_sender_sent", "duration_ns", b"duration_ns", "epoch", b"epoch", "event_window_s", b"event_window_s", "events_raised", b"events_raised", "flow_labels", b"flow_labels", "forward_lost", b"forward_lost", "interval_ns", b"interval_ns", "key_sha256", b"key_sha256", "loopback", b"loopback", "loss_timeout_ns", b"loss_timeout_ns", "lost", b"lost", "max_delay_ms", b"max_delay_ms", "max_jitter_ms", b"max_jitter_ms", "max_loss_ratio", b"max_loss_ratio", "name", b"name", "overflow", b"overflow", "ptp", b"ptp", "reflector", b"reflector", "reflector_address", b"reflector_address", "reflector_port", b"reflector_port", "return_path_tlv", b"return_path_tlv", "return_segments", b"return_segments", "segments", b"segments", "sender", b"sender", "sent", b"sent", "source_address", b"source_address", "ssid", b"ssid", "state", b"state", "stateful", b"stateful", "stored", b"stored", "strict_ssid", b"strict_ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__event_window_s: _TypeAlias = _typing.Literal["event_window_s"]  # noqa: Y015
+    _WhichOneofArgType__event_window_s: _TypeAlias = _typing.Literal["_event_window_s", b"_event_window_s"]  # noqa: Y015
     _WhichOneofReturnType__forward_lost: _TypeAlias = _typing.Literal["forward_lost"]  # noqa: Y015
     _WhichOneofArgType__forward_lost: _TypeAlias = _typing.Literal["_forward_lost", b"_forward_lost"]  # noqa: Y015
+    _WhichOneofReturnType__max_delay_ms: _TypeAlias = _typing.Literal["max_delay_ms"]  # noqa: Y015
+    _WhichOneofArgType__max_delay_ms: _TypeAlias = _typing.Literal["_max_delay_ms", b"_max_delay_ms"]  # noqa: Y015
+    _WhichOneofReturnType__max_jitter_ms: _TypeAlias = _typing.Literal["max_jitter_ms"]  # noqa: Y015
+    _WhichOneofArgType__max_jitter_ms: _TypeAlias = _typing.Literal["_max_jitter_ms", b"_max_jitter_ms"]  # noqa: Y015
+    _WhichOneofReturnType__max_loss_ratio: _TypeAlias = _typing.Literal["max_loss_ratio"]  # noqa: Y015
+    _WhichOneofArgType__max_loss_ratio: _TypeAlias = _typing.Literal["_max_loss_ratio", b"_max_loss_ratio"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__event_window_s) -> _WhichOneofReturnType__event_window_s | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__forward_lost) -> _WhichOneofReturnType__forward_lost | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_delay_ms) -> _WhichOneofReturnType__max_delay_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_jitter_ms) -> _WhichOneofReturnType__max_jitter_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_loss_ratio) -> _WhichOneofReturnType__max_loss_ratio | None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
 
@@ -1023,6 +1148,8 @@ class Record(_message.Message):
     REFLECTOR_ERROR_NS_FIELD_NUMBER: _builtins.int
     ERROR_BOUND_NS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    LOOPBACK_FIELD_NUMBER: _builtins.int
+    FLOW_LABEL_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     t1_ns: _builtins.int
     t2_ns: _builtins.int
@@ -1049,6 +1176,9 @@ class Record(_message.Message):
     """The session's epoch the record belongs to (see Session.epoch): Seq numbers start
     over in each, so (epoch, seq) names a record.
     """
+    loopback: _builtins.bool
+    """Loopback mode: no reflector, T2 and T3 are 0 and only rtt_ns is a delay."""
+    flow_label: _builtins.int
     def __init__(
         self,
         *,
@@ -1068,12 +1198,16 @@ class Record(_message.Message):
         reflector_error_ns: _builtins.int = ...,
         error_bound_ns: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        loopback: _builtins.bool = ...,
+        flow_label: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label", "flow_label", b"flow_label"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["direct_ns", b"direct_ns", "epoch", b"epoch", "error_bound_ns", b"error_bound_ns", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label", "direct_ns", b"direct_ns", "epoch", b"epoch", "error_bound_ns", b"error_bound_ns", "flow_label", b"flow_label", "loopback", b"loopback", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "return_ns", b"return_ns", "rtt_ns", b"rtt_ns", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__flow_label: _TypeAlias = _typing.Literal["flow_label"]  # noqa: Y015
+    _WhichOneofArgType__flow_label: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__flow_label) -> _WhichOneofReturnType__flow_label | None: ...
 
 Global___Record: _TypeAlias = Record  # noqa: Y015
 
@@ -1229,6 +1363,8 @@ class GetPathStatsReply(_message.Message):
     SCHEDULE_SKIPPED_FIELD_NUMBER: _builtins.int
     SCHEDULE_LATE_MEAN_NS_FIELD_NUMBER: _builtins.int
     SCHEDULE_LATE_MAX_NS_FIELD_NUMBER: _builtins.int
+    FLOWS_FIELD_NUMBER: _builtins.int
+    DATA_LOSS_FIELD_NUMBER: _builtins.int
     direct_jitter_ns: _builtins.int
     """Mean absolute IPDV (RFC 3393) of consecutive packets, each way."""
     return_jitter_ns: _builtins.int
@@ -1272,6 +1408,14 @@ class GetPathStatsReply(_message.Message):
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochStats]:
         """Every epoch of the session, oldest first (absent with since_ns)."""
 
+    @_builtins.property
+    def flows(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowStats]:
+        """Per flow label (sessions with flow_labels), ascending: delays and probes received."""
+
+    @_builtins.property
+    def data_loss(self) -> Global___DataLossStats:
+        """Direct-mode data loss (sessions with direct measurement), absent without counters."""
+
     def __init__(
         self,
         *,
@@ -1294,10 +1438,12 @@ class GetPathStatsReply(_message.Message):
         schedule_skipped: _builtins.int = ...,
         schedule_late_mean_ns: _builtins.int | None = ...,
         schedule_late_max_ns: _builtins.int = ...,
+        flows: _abc.Iterable[Global___FlowStats] | None = ...,
+        data_loss: Global___DataLossStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_mean_ns", b"schedule_late_mean_ns", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "data_loss", b"data_loss", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "forward_lost", b"forward_lost", "max_error_bound_ns", b"max_error_bound_ns", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_mean_ns", b"schedule_late_mean_ns", "unclassified_lost", b"unclassified_lost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_max_ns", b"schedule_late_max_ns", "schedule_late_mean_ns", b"schedule_late_mean_ns", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "ssid_zero", b"ssid_zero", "unclassified_lost", b"unclassified_lost", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "_direct_jitter_ns", b"_direct_jitter_ns", "_forward_lost", b"_forward_lost", "_max_error_bound_ns", b"_max_error_bound_ns", "_return_jitter_ns", b"_return_jitter_ns", "_schedule_late_mean_ns", b"_schedule_late_mean_ns", "_unclassified_lost", b"_unclassified_lost", "backward_lost", b"backward_lost", "data_loss", b"data_loss", "direct_delay", b"direct_delay", "direct_jitter_ns", b"direct_jitter_ns", "epochs", b"epochs", "flows", b"flows", "forward_lost", b"forward_lost", "loss_ratio", b"loss_ratio", "lost", b"lost", "max_error_bound_ns", b"max_error_bound_ns", "received", b"received", "return_delay", b"return_delay", "return_jitter_ns", b"return_jitter_ns", "round_trip_delay", b"round_trip_delay", "schedule_late_max_ns", b"schedule_late_max_ns", "schedule_late_mean_ns", b"schedule_late_mean_ns", "schedule_skipped", b"schedule_skipped", "sent", b"sent", "ssid_zero", b"ssid_zero", "unclassified_lost", b"unclassified_lost", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
     _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
@@ -1329,3 +1475,212 @@ class GetPathStatsReply(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__unclassified_lost) -> _WhichOneofReturnType__unclassified_lost | None: ...
 
 Global___GetPathStatsReply: _TypeAlias = GetPathStatsReply  # noqa: Y015
+
+@_typing.final
+class FlowStats(_message.Message):
+    """One flow label's share of a session (ECMP coverage): one of its equal-cost paths."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_LABEL_FIELD_NUMBER: _builtins.int
+    DIRECT_DELAY_FIELD_NUMBER: _builtins.int
+    ROUND_TRIP_DELAY_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    JITTER_NS_FIELD_NUMBER: _builtins.int
+    flow_label: _builtins.int
+    received: _builtins.int
+    jitter_ns: _builtins.int
+    """Mean |IPDV| between consecutive probes of this label."""
+    @_builtins.property
+    def direct_delay(self) -> Global___DelaySummary:
+        """Absent for a loopback session (no one-way delays) or without results."""
+
+    @_builtins.property
+    def round_trip_delay(self) -> Global___DelaySummary: ...
+    def __init__(
+        self,
+        *,
+        flow_label: _builtins.int = ...,
+        direct_delay: Global___DelaySummary | None = ...,
+        round_trip_delay: Global___DelaySummary | None = ...,
+        received: _builtins.int = ...,
+        jitter_ns: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_jitter_ns", b"_jitter_ns", "direct_delay", b"direct_delay", "jitter_ns", b"jitter_ns", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jitter_ns", b"_jitter_ns", "direct_delay", b"direct_delay", "flow_label", b"flow_label", "jitter_ns", b"jitter_ns", "received", b"received", "round_trip_delay", b"round_trip_delay"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__jitter_ns: _TypeAlias = _typing.Literal["jitter_ns"]  # noqa: Y015
+    _WhichOneofArgType__jitter_ns: _TypeAlias = _typing.Literal["_jitter_ns", b"_jitter_ns"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__jitter_ns) -> _WhichOneofReturnType__jitter_ns | None: ...
+
+Global___FlowStats: _TypeAlias = FlowStats  # noqa: Y015
+
+@_typing.final
+class DataLossStats(_message.Message):
+    """Data packets of the measured flow (RFC 8972 §4.5): sent and lost per direction, over
+    the stored results (with since_ns: from then), and over the last intervals.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORWARD_SENT_FIELD_NUMBER: _builtins.int
+    FORWARD_LOST_FIELD_NUMBER: _builtins.int
+    BACKWARD_SENT_FIELD_NUMBER: _builtins.int
+    BACKWARD_LOST_FIELD_NUMBER: _builtins.int
+    INTERVALS_FIELD_NUMBER: _builtins.int
+    forward_sent: _builtins.int
+    forward_lost: _builtins.int
+    backward_sent: _builtins.int
+    backward_lost: _builtins.int
+    """Absent when the sender counts no reverse flow."""
+    @_builtins.property
+    def intervals(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataLossInterval]:
+        """The last intervals between consecutive replies (at most 100), oldest first."""
+
+    def __init__(
+        self,
+        *,
+        forward_sent: _builtins.int = ...,
+        forward_lost: _builtins.int = ...,
+        backward_sent: _builtins.int = ...,
+        backward_lost: _builtins.int | None = ...,
+        intervals: _abc.Iterable[Global___DataLossInterval] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "backward_lost", b"backward_lost"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "backward_lost", b"backward_lost", "backward_sent", b"backward_sent", "forward_lost", b"forward_lost", "forward_sent", b"forward_sent", "intervals", b"intervals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
+    _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
+
+Global___DataLossStats: _TypeAlias = DataLossStats  # noqa: Y015
+
+@_typing.final
+class DataLossInterval(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_NS_FIELD_NUMBER: _builtins.int
+    END_NS_FIELD_NUMBER: _builtins.int
+    FORWARD_SENT_FIELD_NUMBER: _builtins.int
+    FORWARD_LOST_FIELD_NUMBER: _builtins.int
+    BACKWARD_SENT_FIELD_NUMBER: _builtins.int
+    BACKWARD_LOST_FIELD_NUMBER: _builtins.int
+    start_ns: _builtins.int
+    """T1 of the two replies that bound it."""
+    end_ns: _builtins.int
+    forward_sent: _builtins.int
+    forward_lost: _builtins.int
+    backward_sent: _builtins.int
+    backward_lost: _builtins.int
+    def __init__(
+        self,
+        *,
+        start_ns: _builtins.int = ...,
+        end_ns: _builtins.int = ...,
+        forward_sent: _builtins.int = ...,
+        forward_lost: _builtins.int = ...,
+        backward_sent: _builtins.int = ...,
+        backward_lost: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "backward_lost", b"backward_lost"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost", "backward_lost", b"backward_lost", "backward_sent", b"backward_sent", "end_ns", b"end_ns", "forward_lost", b"forward_lost", "forward_sent", b"forward_sent", "start_ns", b"start_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backward_lost: _TypeAlias = _typing.Literal["backward_lost"]  # noqa: Y015
+    _WhichOneofArgType__backward_lost: _TypeAlias = _typing.Literal["_backward_lost", b"_backward_lost"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backward_lost) -> _WhichOneofReturnType__backward_lost | None: ...
+
+Global___DataLossInterval: _TypeAlias = DataLossInterval  # noqa: Y015
+
+@_typing.final
+class ListEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SINCE_NS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Only this session's (empty: every session's)."""
+    since_ns: _builtins.int
+    """Only events from then on (Unix-epoch ns)."""
+    limit: _builtins.int
+    """At most this many, the newest (0: 1000)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        since_ns: _builtins.int | None = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_since_ns", b"_since_ns", "since_ns", b"since_ns"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_since_ns", b"_since_ns", "limit", b"limit", "name", b"name", "since_ns", b"since_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__since_ns: _TypeAlias = _typing.Literal["since_ns"]  # noqa: Y015
+    _WhichOneofArgType__since_ns: _TypeAlias = _typing.Literal["_since_ns", b"_since_ns"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__since_ns) -> _WhichOneofReturnType__since_ns | None: ...
+
+Global___ListEventsRequest: _TypeAlias = ListEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListEventsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___Event]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___Event] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEventsReply: _TypeAlias = ListEventsReply  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    """A threshold of a session was crossed (raised) or fell back below its hysteresis
+    (cleared).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    AT_NS_FIELD_NUMBER: _builtins.int
+    session: _builtins.str
+    kind: _builtins.str
+    """delay, jitter or loss."""
+    state: _builtins.str
+    """raised or cleared."""
+    value: _builtins.float
+    """The measure over the window (ms; a ratio for loss) and the threshold."""
+    threshold: _builtins.float
+    at_ns: _builtins.int
+    def __init__(
+        self,
+        *,
+        session: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        state: _builtins.str = ...,
+        value: _builtins.float = ...,
+        threshold: _builtins.float = ...,
+        at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ns", b"at_ns", "kind", b"kind", "session", b"session", "state", b"state", "threshold", b"threshold", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015

@@ -95,6 +95,11 @@ class ControllerStub:
                 request_serializer=controller__pb2.ExportRequest.SerializeToString,
                 response_deserializer=controller__pb2.ApplyRequest.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/sixlab.controller.v1.Controller/ListEvents',
+                request_serializer=controller__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=controller__pb2.ListEventsReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -194,6 +199,14 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """Threshold events (delay, jitter, loss) raised and cleared, oldest first
+        (docs/srpm.md, "Events").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +269,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=controller__pb2.ExportRequest.FromString,
                     response_serializer=controller__pb2.ApplyRequest.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=controller__pb2.ListEventsRequest.FromString,
+                    response_serializer=controller__pb2.ListEventsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -583,6 +601,33 @@ class Controller:
             '/sixlab.controller.v1.Controller/Export',
             controller__pb2.ExportRequest.SerializeToString,
             controller__pb2.ApplyRequest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.controller.v1.Controller/ListEvents',
+            controller__pb2.ListEventsRequest.SerializeToString,
+            controller__pb2.ListEventsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -420,6 +420,9 @@ class CreateStampSessionRequest(_message.Message):
     ERROR_ESTIMATE_FIELD_NUMBER: _builtins.int
     TAI_UTC_OFFSET_NS_FIELD_NUMBER: _builtins.int
     STRICT_SSID_FIELD_NUMBER: _builtins.int
+    LOOPBACK_FIELD_NUMBER: _builtins.int
+    FLOW_LABELS_FIELD_NUMBER: _builtins.int
+    DIRECT_MEASUREMENT_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier (RFC 8972 §3), 0..65535; unique per agent."""
     interval_ns: _builtins.int
@@ -480,6 +483,17 @@ class CreateStampSessionRequest(_message.Message):
     reflector returns the field as zero, RFC 8972 §3) is accepted when its source address
     and port, Seq and T1 are those of this session, and counted in ssid_zero.
     """
+    loopback: _builtins.bool
+    """SR performance measurement (docs/srpm.md). Fields 40 and up.
+
+    Sender: loopback measurement mode (draft-ietf-spring-stamp-srpm). The test packets
+    follow sid_list (required) and come back to this agent, the far end only forwarding
+    them (End, End.X); no reflector takes part. reflector_address may be empty: the
+    packets' final destination is this agent's own address (source_address, else the
+    Init source address, one of which is then required), and their destination port its
+    own bound port. Records carry `loopback` and only T1 and T4. Not with
+    reflector_mode STATEFUL nor direct_measurement. Reflector: refused.
+    """
     @_builtins.property
     def sid_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sender: the SRv6 path to the reflector, travel order. Empty: plain IPv6 routing."""
@@ -490,6 +504,23 @@ class CreateStampSessionRequest(_message.Message):
           Reflector: the SID list its replies to this SSID take (the STAMP paper's design).
           Sender with request_return_path: carried in the RFC 9503 Return Path TLV
           (SRv6 Segment List sub-TLV), so the reflector replies along it.
+        """
+
+    @_builtins.property
+    def flow_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Sender: IPv6 Flow Labels the test packets take in turn (packet Seq n gets
+        flow_labels[n mod N]); every record carries its label. 1..256 distinct labels, each
+        in 0x1..0x7FFFF. Needs a data plane that sets flow labels (socket). Reflector: refused.
+        """
+
+    @_builtins.property
+    def direct_measurement(self) -> Global___DirectMeasurement:
+        """Direct-mode loss (RFC 8972 §4.5): count a data flow in this node (nftables counters
+        the agent installs for the session's life, see DataFlowMatch) and carry the counts
+        in a Direct Measurement TLV. Sender: the TLV goes first in every test packet with
+        S_TxC = the `sent` count; records carry the reply's counters and S_RxC = the
+        `received` count at T4. Reflector: R_RxC and R_TxC are the `received` and `sent`
+        counts instead of test packet counts.
         """
 
     def __init__(
@@ -516,16 +547,114 @@ class CreateStampSessionRequest(_message.Message):
         error_estimate: _builtins.int = ...,
         tai_utc_offset_ns: _builtins.int | None = ...,
         strict_ssid: _builtins.bool = ...,
+        loopback: _builtins.bool = ...,
+        flow_labels: _abc.Iterable[_builtins.int] | None = ...,
+        direct_measurement: Global___DirectMeasurement | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "tai_utc_offset_ns", b"tai_utc_offset_ns"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "direct_measurement", b"direct_measurement", "tai_utc_offset_ns", b"tai_utc_offset_ns"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "interval_ns", b"interval_ns", "key", b"key", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "strict_ssid", b"strict_ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns", "auth_mode", b"auth_mode", "count", b"count", "delay_mode", b"delay_mode", "direct_measurement", b"direct_measurement", "duration_ns", b"duration_ns", "error_estimate", b"error_estimate", "flow_labels", b"flow_labels", "interval_ns", b"interval_ns", "key", b"key", "loopback", b"loopback", "loss_timeout_ns", b"loss_timeout_ns", "reflector_address", b"reflector_address", "reflector_mode", b"reflector_mode", "reflector_udp_port", b"reflector_udp_port", "request_return_path", b"request_return_path", "return_sid_list", b"return_sid_list", "sender_udp_port", b"sender_udp_port", "sid_list", b"sid_list", "source_address", b"source_address", "ssid", b"ssid", "strict_ssid", b"strict_ssid", "tai_utc_offset_ns", b"tai_utc_offset_ns", "timestamp_format", b"timestamp_format", "tlvs", b"tlvs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["tai_utc_offset_ns"]  # noqa: Y015
     _WhichOneofArgType__tai_utc_offset_ns: _TypeAlias = _typing.Literal["_tai_utc_offset_ns", b"_tai_utc_offset_ns"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tai_utc_offset_ns) -> _WhichOneofReturnType__tai_utc_offset_ns | None: ...
 
 Global___CreateStampSessionRequest: _TypeAlias = CreateStampSessionRequest  # noqa: Y015
+
+@_typing.final
+class DataFlowMatch(_message.Message):
+    """What counts as one data packet of the measured flow in this node: destination in
+    `prefix` (IPv6, "fd00::/64" or an address), optionally only `protocol` ("udp",
+    "tcp"; empty: any) to destination `port` (0: any; needs a protocol).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    protocol: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        protocol: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "prefix", b"prefix", "protocol", b"protocol"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataFlowMatch: _TypeAlias = DataFlowMatch  # noqa: Y015
+
+@_typing.final
+class DirectMeasurement(_message.Message):
+    """The data flow a session counts (docs/srpm.md, "Direct-mode loss"). `sent`: packets
+    this node sends or forwards (netfilter output and forward hooks, before SRv6
+    encapsulation); `received`: packets that arrive (prerouting, before this node's SRv6
+    processing). At least one must be set; an unset one counts 0.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENT_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sent(self) -> Global___DataFlowMatch: ...
+    @_builtins.property
+    def received(self) -> Global___DataFlowMatch: ...
+    def __init__(
+        self,
+        *,
+        sent: Global___DataFlowMatch | None = ...,
+        received: Global___DataFlowMatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["received", b"received", "sent", b"sent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["received", b"received", "sent", b"sent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DirectMeasurement: _TypeAlias = DirectMeasurement  # noqa: Y015
+
+@_typing.final
+class DataCounters(_message.Message):
+    """The Direct Measurement counters of one record (RFC 8972 §4.5), 32 bits on the wire."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    S_TXC_FIELD_NUMBER: _builtins.int
+    R_RXC_FIELD_NUMBER: _builtins.int
+    R_TXC_FIELD_NUMBER: _builtins.int
+    S_RXC_FIELD_NUMBER: _builtins.int
+    s_txc: _builtins.int
+    """Data packets the Session-Sender had sent at T1."""
+    r_rxc: _builtins.int
+    """Data packets the Session-Reflector had received and sent when it answered."""
+    r_txc: _builtins.int
+    s_rxc: _builtins.int
+    """Data packets the Session-Sender had received at T4 (not on the wire)."""
+    def __init__(
+        self,
+        *,
+        s_txc: _builtins.int = ...,
+        r_rxc: _builtins.int = ...,
+        r_txc: _builtins.int = ...,
+        s_rxc: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_s_rxc", b"_s_rxc", "s_rxc", b"s_rxc"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_s_rxc", b"_s_rxc", "r_rxc", b"r_rxc", "r_txc", b"r_txc", "s_rxc", b"s_rxc", "s_txc", b"s_txc"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__s_rxc: _TypeAlias = _typing.Literal["s_rxc"]  # noqa: Y015
+    _WhichOneofArgType__s_rxc: _TypeAlias = _typing.Literal["_s_rxc", b"_s_rxc"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__s_rxc) -> _WhichOneofReturnType__s_rxc | None: ...
+
+Global___DataCounters: _TypeAlias = DataCounters  # noqa: Y015
 
 @_typing.final
 class CreateStampSessionReply(_message.Message):
@@ -667,6 +796,9 @@ class StampResult(_message.Message):
     REFLECTOR_SEQ_FIELD_NUMBER: _builtins.int
     TLVS_FIELD_NUMBER: _builtins.int
     RECORD_ID_FIELD_NUMBER: _builtins.int
+    LOOPBACK_FIELD_NUMBER: _builtins.int
+    FLOW_LABEL_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """Session identifier."""
     seq: _builtins.int
@@ -699,6 +831,16 @@ class StampResult(_message.Message):
     """The record's id in its session: 1, 2, ... in arrival order. Set when the request
     gave after_id (cursor mode); 0 otherwise. A gap is records lost to FIFO overflow.
     """
+    loopback: _builtins.bool
+    """Loopback mode (docs/srpm.md): the packet came back to the sender with no reflector;
+    t2_ns, t3_ns and ses_sender_ttl are 0 (never taken), only t4_ns - t1_ns is a delay.
+    """
+    flow_label: _builtins.int
+    """The IPv6 Flow Label the test packet was sent with (sessions with flow_labels)."""
+    @_builtins.property
+    def data(self) -> Global___DataCounters:
+        """Direct-mode loss counters (sessions with direct_measurement)."""
+
     def __init__(
         self,
         *,
@@ -716,12 +858,17 @@ class StampResult(_message.Message):
         reflector_seq: _builtins.int = ...,
         tlvs: _builtins.bytes = ...,
         record_id: _builtins.int = ...,
+        loopback: _builtins.bool = ...,
+        flow_label: _builtins.int | None = ...,
+        data: Global___DataCounters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label", "data", b"data", "flow_label", b"flow_label"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_id", b"record_id", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "ses_sender_ttl", b"ses_sender_ttl", "ssid", b"ssid", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "tlvs", b"tlvs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label", "data", b"data", "flow_label", b"flow_label", "loopback", b"loopback", "record_id", b"record_id", "reflector_error_estimate", b"reflector_error_estimate", "reflector_error_ns", b"reflector_error_ns", "reflector_seq", b"reflector_seq", "sender_error_estimate", b"sender_error_estimate", "sender_error_ns", b"sender_error_ns", "seq", b"seq", "ses_sender_ttl", b"ses_sender_ttl", "ssid", b"ssid", "t1_ns", b"t1_ns", "t2_ns", b"t2_ns", "t3_ns", b"t3_ns", "t4_ns", b"t4_ns", "tlvs", b"tlvs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__flow_label: _TypeAlias = _typing.Literal["flow_label"]  # noqa: Y015
+    _WhichOneofArgType__flow_label: _TypeAlias = _typing.Literal["_flow_label", b"_flow_label"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__flow_label) -> _WhichOneofReturnType__flow_label | None: ...
 
 Global___StampResult: _TypeAlias = StampResult  # noqa: Y015
 
@@ -1176,22 +1323,26 @@ class EngineCounters(_message.Message):
     RECEIVED_FIELD_NUMBER: _builtins.int
     NO_SESSION_FIELD_NUMBER: _builtins.int
     SEND_FAILED_FIELD_NUMBER: _builtins.int
+    DATA_COUNTER_FAILED_FIELD_NUMBER: _builtins.int
     received: _builtins.int
     """Datagrams the data plane delivered."""
     no_session: _builtins.int
     """Sender: datagrams that matched no session (reflector: see ReflectorCounters)."""
     send_failed: _builtins.int
     """Datagrams the data plane failed to send."""
+    data_counter_failed: _builtins.int
+    """Reads of a session's data-flow counters that failed (direct measurement)."""
     def __init__(
         self,
         *,
         received: _builtins.int = ...,
         no_session: _builtins.int = ...,
         send_failed: _builtins.int = ...,
+        data_counter_failed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_session", b"no_session", "received", b"received", "send_failed", b"send_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_counter_failed", b"data_counter_failed", "no_session", b"no_session", "received", b"received", "send_failed", b"send_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
