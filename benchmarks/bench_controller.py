@@ -172,7 +172,9 @@ def _create_apply(
     return [took, took, _cpu_s(pid) - cpu0]
 
 
-def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -> dict[str, Any]:
+def _measure(
+    args: argparse.Namespace, url: str, pid: int, pg_pid: int | None, agents: list[int]
+) -> dict[str, Any]:
     """The measuring window: stored per second, CPU, RSS, lag, bytes per result."""
     from sixlab.controller.store import open_store  # noqa: PLC0415
 
@@ -194,6 +196,7 @@ def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -
     lags: list[float] = []
     rss = []
     pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
+    ag0 = sum(_cpu_s(a) for a in agents)
     n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
     while time.monotonic() - t0 < args.seconds:
         time.sleep(0.1)
@@ -201,6 +204,7 @@ def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -
         rss.append(_rss_mb(pid))
     n1, cpu1, t1 = _stored(conn), _cpu_s(pid), time.monotonic()
     pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
+    ag1 = sum(_cpu_s(a) for a in agents)
     storage = db.storage()
     db.close()
     conn.close()
@@ -208,6 +212,7 @@ def _measure(args: argparse.Namespace, url: str, pid: int, pg_pid: int | None) -
         "stored_per_s": round((n1 - n0) / (t1 - t0)),
         "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
         "postgres_cpu": round((pg1 - pg0) / (t1 - t0), 3) if pg_pid else None,
+        "agents_cpu": round((ag1 - ag0) / (t1 - t0), 3),
         "rss_mb": round(max(rss), 1),
         "rss_mb_per_1000_sessions": round(max(rss) / args.sessions * 1000, 1),
         "lag_ms_p50": round(statistics.median(lags), 1) if lags else None,
@@ -257,7 +262,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pg_pid = None
             if pg is not None:
                 pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
-            measured = _measure(args, url, ctl.pid, pg_pid)
+            agents = [p.pid for p in procs if p is not ctl]
+            measured = _measure(args, url, ctl.pid, pg_pid, agents)
         return {
             "db": args.db,
             "sessions": args.sessions,
