@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -289,6 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.kill()
         if pg is not None:
             pg.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
