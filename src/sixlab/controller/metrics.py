@@ -58,9 +58,10 @@ A destroyed session's series go with it; a finished one keeps them.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from sixlab.stamp import DataCounters, StampResult, data_loss
-from sixlab.stamp.stats import ipdv
 
 __all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]
 
@@ -136,12 +136,30 @@ class _Histogram:
         self.buckets[bisect.bisect_left(DELAY_BUCKETS_S, value)] += 1
         self.sum += value
 
+    def observe_ns(self, values_ns: Iterable[int]) -> None:
+        """``observe`` of each delay, given in ns."""
+        buckets, find, total = self.buckets, bisect.bisect_left, 0.0
+        for ns in values_ns:
+            value = ns / _NS
+            buckets[find(DELAY_BUCKETS_S, value)] += 1
+            total += value
+        self.sum += total
+
     def cumulative(self) -> list[tuple[str, float]]:
         out, total = [], 0
         for bound, n in zip((*map(str, DELAY_BUCKETS_S), "+Inf"), self.buckets, strict=True):
             total += n
             out.append((bound, float(total)))
         return out
+
+
+def _ipdv(pairs: list[tuple[int, int, int]], k: int) -> list[int]:
+    """RFC 3393 IPDV of each consecutive-sequence pair (``sixlab.stamp.stats.ipdv``) of
+    (Seq, delay, delay) tuples, of the delay at index ``k``."""
+    if len(pairs) < 2:
+        return []
+    by_seq = sorted(pairs, key=lambda p: p[0])
+    return [b[k] - a[k] for a, b in itertools.pairwise(by_seq) if b[0] == a[0] + 1]
 
 
 class ControllerMetrics:
@@ -168,23 +186,40 @@ class ControllerMetrics:
     def observe(self, path: str, records: Sequence[StampResult]) -> None:
         """Results just stored for ``path``: delay histograms, jitter, flow-label delays,
         data packets."""
-        two_way = [r for r in records if not r.loopback]
-        looped = [r for r in records if r.loopback]
+        # One pass over the records (this runs for every stored batch): each delay once.
+        direct: list[int] = []
+        back: list[int] = []
+        rtt: list[int] = []
+        two_way: list[tuple[int, int, int]] = []
+        looped: list[tuple[int, int, int]] = []
+        extra = False
+        for r in records:
+            t1, t2, t3, t4 = r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns
+            rt = (t4 - t1) - (t3 - t2)
+            rtt.append(rt)
+            if r.loopback:
+                looped.append((r.seq, rt, 0))
+            else:
+                direct.append(t2 - t1)
+                back.append(t4 - t3)
+                two_way.append((r.seq, t2 - t1, t4 - t3))
+            extra = extra or r.flow_label is not None or r.data is not None
         with self._lock:
-            for r in two_way:
-                for direction, ns in (("direct", r.direct_ns), ("return", r.return_ns)):
-                    self._delay.setdefault((path, direction), _Histogram()).observe(ns / _NS)
-            for r in records:
-                self._delay.setdefault((path, "rtt"), _Histogram()).observe(r.rtt_ns / _NS)
-            for direction, values in (
-                ("direct", ipdv(two_way)),
-                ("return", ipdv(two_way, lambda r: r.return_ns)),
-                ("rtt", ipdv(looped, lambda r: r.rtt_ns)),
-            ):
+            for direction, values in (("direct", direct), ("return", back), ("rtt", rtt)):
+                if values:
+                    hist = self._delay.get((path, direction))
+                    if hist is None:
+                        hist = self._delay[(path, direction)] = _Histogram()
+                    hist.observe_ns(values)
+            for direction, pairs, k in (
+                ("direct", two_way, 1), ("return", two_way, 2), ("rtt", looped, 1),
+            ):  # fmt: skip
+                values = _ipdv(pairs, k)
                 if values:
                     self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
-            self._observe_flows(path, records)
-            self._observe_data(path, records)
+            if extra:
+                self._observe_flows(path, records)
+                self._observe_data(path, records)
 
     def _observe_flows(self, path: str, records: Sequence[StampResult]) -> None:
         by_label: dict[int, list[StampResult]] = {}
