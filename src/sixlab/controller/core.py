@@ -89,6 +89,8 @@ from sixlab.controller.store import (
     Counters,
     EpochRow,
     EventRow,
+    Fence,
+    FencedError,
     NodeRow,
     NotFoundError,
     ResultBatch,
@@ -631,6 +633,8 @@ class Controller:
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
+        #: The fencing token results of a node are stored under (None: no replicas).
+        self._fence: Callable[[str], Fence | None] = lambda _node: None
         self._supervisor: threading.Thread | None = None
         #: Threshold events: which are raised, and each (session id, epoch)'s loss
         #: window and stored-record count (``_judge``).
@@ -1451,9 +1455,21 @@ class Controller:
 
     # -- ownership (replicas) -------------------------------------------------------------
 
-    def set_ownership(self, owns: Callable[[str], bool]) -> None:
-        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``)."""
+    def set_ownership(
+        self, owns: Callable[[str], bool], fence: Callable[[str], Fence | None] | None = None
+    ) -> None:
+        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``), and
+        store a node's results only while ``fence(node)`` holds (``Store.store_many``)."""
         self._owns = owns
+        if fence is not None:
+            self._fence = fence
+
+    def _fenced(self, node: str, exc: FencedError) -> None:
+        """This replica lost the node's lease to another while collecting it (it was
+        paused or cut off past the lease): nothing was stored; stop collecting it."""
+        log.warning("node %s: %s; another replica collects it, stopping here", node, exc)
+        self.metrics.fenced(node)
+        self.drop_node(node)
 
     def collecting(self, name: str) -> bool:
         """Is the session's collection running here (its poll loop or stream)?"""
@@ -1532,6 +1548,9 @@ class Controller:
             except SouthboundError as exc:
                 delay = self._backoff(f"poll of {p.node}", exc, delay, p.stop)
                 continue
+            except FencedError as exc:
+                self._fenced(p.node, exc)
+                return
             except Exception:
                 # A bug or a store error must not end collection for good: nothing was
                 # acknowledged, so retrying later loses nothing.
@@ -1590,7 +1609,11 @@ class Controller:
             if live and len(todo) == len(live):
                 self._health(p.node, healthy=True)
             now = self.clock()
-            news = self.store.store_many([b for _, _, b in todo], now) if todo else []
+            news = (
+                self.store.store_many([b for _, _, b in todo], now, fence=self._fence(p.node))
+                if todo
+                else []
+            )
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
@@ -1711,6 +1734,9 @@ class Controller:
             except SouthboundError as exc:
                 delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
                 continue
+            except FencedError as exc:
+                self._fenced(st.node, exc)
+                continue
             except grpc.RpcError as exc:  # from an acknowledgement of a cancelled stream
                 delay = self._backoff(
                     f"stream of {st.node}", SouthboundError.from_rpc(exc), delay, st.changed
@@ -1751,7 +1777,7 @@ class Controller:
                 todo.append((sub, batch, _batch(sub, batch.results, counters)))
             # One transaction for the whole message; the store checks each epoch.
             now = self.clock()
-            news = self.store.store_many([b for _, _, b in todo], now)
+            news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
             for (sub, batch, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
                     del subs[batch.ssid]

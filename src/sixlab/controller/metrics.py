@@ -39,6 +39,9 @@ metric                                         meaning
 ``sixlab_session_events_total``                threshold events by path, kind and state
                                                (``raised``, ``cleared``)
 ``sixlab_agent_up``                            1 while the node's agent answers, else 0
+``sixlab_fenced_stores_total``                 result transactions of the node refused
+                                               because this replica's lease of it had
+                                               changed hands (``controller.replica``)
 ``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
 ``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
 =============================================  ==========================================
@@ -171,6 +174,7 @@ class ControllerMetrics:
         self._lag: dict[str, float] = {}
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
+        self._fenced: dict[str, int] = {}
         self._flow_delay: dict[tuple[str, int, str], float] = {}
         #: Direct-mode loss: (path, direction, outcome) -> packets, and each path's last
         #: sample (Seq, T1, counters) to join the next batch's first to.
@@ -260,6 +264,11 @@ class ControllerMetrics:
             if records:
                 self._lag[path] = max(0, now_ns - min(r.t4_ns for r in records)) / _NS
 
+    def fenced(self, node: str) -> None:
+        """A transaction of the node's results was refused: its lease changed hands."""
+        with self._lock:
+            self._fenced[node] = self._fenced.get(node, 0) + 1
+
     def set_agent_up(self, node: str, up: bool) -> None:
         with self._lock:
             self._up[node] = up
@@ -304,6 +313,7 @@ class _Exporter(Collector):
             delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
             jitter = dict(m._jitter)
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
+            fenced = dict(m._fenced)
             flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
 
@@ -405,7 +415,14 @@ class _Exporter(Collector):
             restarts.add_metric([agent.node], agent.restarts)
             if agent.started_ns is not None:
                 started.add_metric([agent.node], agent.started_ns / _NS)
-        yield from (up_gauge, restarts, started)
+        refused = CounterMetricFamily(
+            "sixlab_fenced_stores",
+            "Result transactions refused: this replica's lease of the node changed hands",
+            labels=["node"],
+        )
+        for node, n in sorted(fenced.items()):
+            refused.add_metric([node], n)
+        yield from (up_gauge, restarts, started, refused)
 
 
 def _srpm_families(
