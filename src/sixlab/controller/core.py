@@ -160,8 +160,6 @@ SUPERVISE_INTERVAL_S = 1.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
 #: unhealthy, and must not hold up the checks of the others for long.
 INFO_TIMEOUT_S = 3.0
-#: The spec's fields that set thresholds (``SessionSpec.thresholds``).
-_THRESHOLDS = ("max_delay_ms", "max_jitter_ms", "max_loss_ratio")
 #: Session states in which the session exists on each agent (as far as the controller
 #: is concerned): a finished sender session is created again when it is started.
 _ON_REFLECTOR = ("created", "running", "stopping", "stopped", "finished")
@@ -1364,8 +1362,12 @@ class Controller:
 
     def _judge(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
         """Judge the session's thresholds over its last window after a stored batch."""
-        params = row.params
-        if all(params.get(k) is None for k in _THRESHOLDS):  # the common case, cheaply
+        p = row.params  # no thresholds: the common case, told cheaply
+        if (
+            p.get("max_delay_ms") is None
+            and p.get("max_jitter_ms") is None
+            and (p.get("max_loss_ratio") is None)
+        ):
             return
         th = self._spec(row).thresholds()
         if th is None:

@@ -156,13 +156,16 @@ class _Histogram:
         return out
 
 
-def _ipdv(pairs: list[tuple[int, int, int]], k: int) -> list[int]:
+def _ipdv(items: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
     """RFC 3393 IPDV of each consecutive-sequence pair (``sixlab.stamp.stats.ipdv``) of
-    (Seq, delay, delay) tuples, of the delay at index ``k``."""
-    if len(pairs) < 2:
-        return []
-    by_seq = sorted(pairs, key=lambda p: p[0])
-    return [b[k] - a[k] for a, b in itertools.pairwise(by_seq) if b[0] == a[0] + 1]
+    (Seq, delay, delay) tuples: of the first delays, and of the second."""
+    if len(items) < 2:
+        return [], []
+    pairs = list(itertools.pairwise(items))
+    if any(b[0] < a[0] for a, b in pairs):  # records mostly come in Seq order already
+        pairs = list(itertools.pairwise(sorted(items, key=lambda p: p[0])))
+    pairs = [(a, b) for a, b in pairs if b[0] == a[0] + 1]
+    return [b[1] - a[1] for a, b in pairs], [b[2] - a[2] for a, b in pairs]
 
 
 class ControllerMetrics:
@@ -215,10 +218,10 @@ class ControllerMetrics:
                     if hist is None:
                         hist = self._delay[(path, direction)] = _Histogram()
                     hist.observe_ns(values)
-            for direction, pairs, k in (
-                ("direct", two_way, 1), ("return", two_way, 2), ("rtt", looped, 1),
+            direct_ipdv, return_ipdv = _ipdv(two_way)
+            for direction, values in (
+                ("direct", direct_ipdv), ("return", return_ipdv), ("rtt", _ipdv(looped)[0]),
             ):  # fmt: skip
-                values = _ipdv(pairs, k)
                 if values:
                     self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
             if extra:
