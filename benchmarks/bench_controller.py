@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(ctl)
         assert ctl.stdout is not None
         ctl.stdout.readline()
-        with ControllerClient(address, timeout=60) as client:
+        # An Apply of 10,000 sessions takes a minute or more on a loaded machine.
+        with ControllerClient(address, timeout=600) as client:
             if args.create == "api":
                 timing = _create_api(client, ctl.pid, nodes, specs)
             elif args.create == "apply":
