@@ -893,24 +893,37 @@ class Controller:
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
 
-    def _call(self, node: str, fn: Callable[[AgentClient], Any]) -> Any:
-        """One call to a node's agent; its health follows the outcome."""
+    def _call(self, node: str, fn: Callable[[AgentClient], Any], *, refresh: bool = True) -> Any:
+        """One call to a node's agent; its health follows the outcome (``refresh``
+        False: a healthy node's ``last_seen`` is left to other calls)."""
         try:
             out = fn(self.client(node))
         except SouthboundError as exc:
             if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._health(node, healthy=False, error=exc.details)
             raise
-        self._health(node, healthy=True)
+        self._health(node, healthy=True, refresh=refresh)
         return out
 
-    def _health(self, node: str, *, healthy: bool, error: str | None = None) -> None:
+    def _health(
+        self, node: str, *, healthy: bool, error: str | None = None, refresh: bool = True
+    ) -> None:
         """Record the node's health: in the store when it changes, and at most once a
-        second while it stays healthy (``last_seen``), not at every call."""
+        second while it stays healthy (``last_seen``), not at every call.
+
+        Collection passes ``refresh`` False: a write of ``last_seen`` would queue behind
+        the other agents' result transactions (SQLite has one writer) between storing
+        and acknowledging, while the sessions' locks are held; the supervisor's
+        GetAgentInfo refreshes it every second anyway."""
         now = self.clock()
         with self._lock:
             last = self._health_seen.get(node)
-            if last is not None and healthy and last[0] and now - last[1] < HEALTH_WRITE_NS:
+            if (
+                last is not None
+                and healthy
+                and last[0]
+                and (not refresh or now - last[1] < HEALTH_WRITE_NS)
+            ):
                 return
             self._health_seen[node] = (healthy, now)
         self.store.set_health(node, healthy, now, error)
@@ -1609,7 +1622,7 @@ class Controller:
                     p.retry.pop(row.name, None)
                 todo.append((row, reply, _batch(row, reply.results, reply.counters)))
             if live and len(todo) == len(live):
-                self._health(p.node, healthy=True)
+                self._health(p.node, healthy=True, refresh=False)
             now = self.clock()
             news = (
                 self.store.store_many([b for _, _, b in todo], now, fence=self._fence(p.node))
@@ -1627,7 +1640,7 @@ class Controller:
                     self._finish(row)
                     over.append(row.name)
             if acks:
-                self._call(p.node, lambda c: c.acknowledge_many(acks))
+                self._call(p.node, lambda c: c.acknowledge_many(acks), refresh=False)
             if over:
                 with self._lock:
                     for name in over:
@@ -1795,4 +1808,4 @@ class Controller:
                         st.names.discard(sub.name)
                     self._finish(sub)
             if acks:
-                self._call(st.node, lambda c: c.acknowledge_many(acks))
+                self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
