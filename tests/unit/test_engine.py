@@ -376,6 +376,49 @@ def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
     sink.close()
 
 
+@pytest.mark.parametrize("tick_us", [0, 250])
+def test_timers_run_at_most_once_per_tick_and_replies_wait_for_that_run(tick_us: int) -> None:
+    """Slots 50 µs apart: with a tick of 250 µs the loop runs the timers once for all the
+    slots that fall within it (and, the next run being so near, reads the data plane
+    then rather than when it turns readable); without a tick it wakes for every slot."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    tick = tick_us * 1000
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono, tick_ns=tick)
+    for ssid in range(1, 5):
+        cfg = SenderConfig(ssid=ssid, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        engine.start_session(ssid)
+        clocks.advance(50_000)
+    assert len(sink.receive(100)) == 4
+    clocks.advance(10 * MS - 200_000)  # session 1's second slot
+    engine._on_tick()
+    assert len(sink.receive(100)) == 1
+    wait, poll = engine._wait()
+    if tick:
+        assert wait == pytest.approx(250e-6)  # sessions 2-4 wait one tick
+        assert poll
+        clocks.advance(tick)
+        engine._on_tick()
+        assert len(sink.receive(100)) == 3
+        assert [engine.snapshot(s).schedule.late_ns_max for s in (2, 3, 4)] == [
+            200_000,
+            150_000,
+            100_000,
+        ]
+    else:
+        assert wait == pytest.approx(50e-6)  # session 2's slot
+        assert not poll
+    wait, poll = engine._wait()
+    assert not poll  # the next run is further than a tick: the plane wakes the loop
+    splane.close()
+    sink.close()
+
+
 def test_a_reply_is_late_by_its_arrival_not_by_when_the_loop_reads_it() -> None:
     """The reply came back in time but the engine read it only after the loss timeout
     (a stalled process): its kernel receive time (T4) says it arrived in time."""

@@ -64,6 +64,7 @@ from sixlab.wire import stamp as wire
 
 __all__ = [
     "DEFAULT_FIFO_CAPACITY",
+    "DEFAULT_TICK_NS",
     "EngineCounters",
     "ReflectorEngine",
     "ScheduleStats",
@@ -76,6 +77,12 @@ IPv6Address = ipaddress.IPv6Address
 ip_address = ipaddress.ip_address
 #: Records kept per session until fetched: at 1000 packets/s, about 100 s of results.
 DEFAULT_FIFO_CAPACITY = 100_000
+#: The least time between two runs of a sender engine's timers: with thousands of
+#: sessions their slots are microseconds apart, and a wake-up per slot (a select, the
+#: kernel's timer, the loop's own work) would cost more than the packet it sends. Every
+#: slot that falls within a tick is served at its end, so a packet leaves up to a tick
+#: after its slot (benchmarks/README.md, "One sender agent, socket plane").
+DEFAULT_TICK_NS = 250_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -154,13 +161,16 @@ class _Loop:
 
     def _run(self) -> None:
         fds = [self.dataplane.fileno(), self._waker.r]
+        waker = fds[1:]
         try:
             while not self._stop.is_set():
-                timeout = self._timeout()
-                readable, _, _ = select.select(fds, [], [], timeout)
+                timeout, poll = self._wait()
+                # ``poll``: the next wake-up is near anyway, so the data plane does not
+                # wake the loop; what it has is read at that wake-up (_wait).
+                readable, _, _ = select.select(waker if poll else fds, [], [], timeout)
                 if self._waker.r in readable:
                     self._waker.drain()
-                if fds[0] in readable:
+                if poll or fds[0] in readable:
                     self._on_readable()
                 self._on_tick()
                 self.dataplane.flush()
@@ -176,6 +186,11 @@ class _Loop:
 
     def _timeout(self) -> float:
         return _IDLE_WAKE_S
+
+    def _wait(self) -> tuple[float, bool]:
+        """How long the loop may sleep (s), and whether it reads the data plane at its
+        next wake-up whatever the plane says (False: the plane's descriptor wakes it)."""
+        return self._timeout(), False
 
     def _on_batch(self, batch: list[Received]) -> None:
         raise NotImplementedError
@@ -445,10 +460,16 @@ class SenderEngine(_Loop):
         on_event: Callable[[ev.Event], None] | None = None,
         *,
         monotonic: Clock = time.monotonic_ns,
+        tick_ns: int = DEFAULT_TICK_NS,
     ) -> None:
-        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock."""
+        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
+        ``tick_ns``: the least time between two runs of the timers (0: none), see
+        ``DEFAULT_TICK_NS``."""
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
+        self.tick_ns = tick_ns
+        #: When timers last ran (monotonic ns).
+        self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
@@ -651,12 +672,20 @@ class SenderEngine(_Loop):
         return None
 
     def _timeout(self) -> float:
+        return self._wait()[0]
+
+    def _wait(self) -> tuple[float, bool]:
+        """Until the earliest timer, but no sooner than one tick after the last run of
+        timers; while the next run is due within a tick, replies wait for it (their T4
+        is the kernel's, their age moves ``now`` back: ``_deliver``)."""
         with self.lock:
             entry = self._due()
             if entry is None or entry.timer is None:
-                return _IDLE_WAKE_S
-            wait = (entry.timer - self.monotonic()) / 1e9
-        return min(_IDLE_WAKE_S, max(0.0, wait))
+                return _IDLE_WAKE_S, False
+            now = self.monotonic()
+            wait = max(entry.timer - now, self._last_run + self.tick_ns - now)
+        poll = 0 < wait <= self.tick_ns
+        return min(_IDLE_WAKE_S, max(0.0, wait / 1e9)), poll
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
@@ -771,6 +800,7 @@ class SenderEngine(_Loop):
             while (entry := self._due()) is not None and entry.timer is not None:
                 if entry.timer > now:
                     break
+                self._last_run = now
                 heapq.heappop(self._heap)
                 entry.timer = None
                 self._feed_data(entry)
