@@ -186,6 +186,22 @@ class Dataplane(abc.ABC):
         others ignore it). An IPv4 ``dst`` on a plane without IPv4 raises DataplaneError.
         """
 
+    def sender(
+        self,
+        dst: IPAddress,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPAddress | None = None,
+    ) -> Callable[[bytes], None]:
+        """``send`` to one destination, as a function of the payload alone: a plane may
+        work out once what every packet to it shares (the socket plane: the address)."""
+
+        def send(payload: bytes) -> None:
+            self.send(payload, dst, dst_port, segments=segments, src=src)
+
+        return send
+
     def send_labelled(
         self,
         payload: bytes,

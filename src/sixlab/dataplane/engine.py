@@ -56,7 +56,7 @@ from sixlab.dataplane.base import (
     ReflectFn,
 )
 from sixlab.stamp import DropReason
-from sixlab.stamp.batch import receive_batch
+from sixlab.stamp.batch import receive_batch, receive_one, send_due, send_template
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
@@ -373,13 +373,18 @@ def _announced(spec: SenderSessionSpec, plane: Dataplane) -> bool:
 
 
 def _batchable(spec: SenderSessionSpec) -> bool:
-    """Whether the session's replies may go to ``receive_batch`` as arrays: plain
-    reflector packets of an unauthenticated session without flow labels that counts
-    no data flow (records of the batch path carry neither; a
-    loopback session's replies are its own Session-Sender packets, docs/srpm.md)."""
+    """Whether the session's packets and replies may take ``sixlab.stamp.batch``
+    (``send_due``, ``receive_one``, ``receive_batch`` on arrays): plain reflector packets
+    of an unauthenticated session without flow labels or Direct Measurement TLV that
+    counts no data flow (records of the batch path carry neither; a loopback session's
+    replies are its own Session-Sender packets, docs/srpm.md)."""
     cfg = spec.config
     return not (
-        cfg.authenticated or cfg.loopback or cfg.flow_labels or spec.data_counters is not None
+        cfg.authenticated
+        or cfg.loopback
+        or cfg.flow_labels
+        or cfg.direct_measurement
+        or spec.data_counters is not None
     )
 
 
@@ -434,11 +439,23 @@ class _SenderEntry:
     first_id: int = 1
     #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
     timer: int | None = None
+    #: The session's fixed packet after Seq and T1 when its packets and replies take
+    #: ``send_due`` and ``receive_one`` (``_batchable``), else None: the reference.
+    template: bytes | None = None
+    #: Sends to the session's reflector (``Dataplane.sender``), made at the first send.
+    sender: Callable[[bytes], None] | None = None
     #: The schedule's origin (monotonic ns; None until started), the slot of the last
-    #: packet sent, and the schedule's statistics.
+    #: packet sent, and the schedule's statistics (``ScheduleStats``' fields).
     start: int | None = None
     last_slot: int = -1
-    schedule: ScheduleStats = ScheduleStats()
+    skipped: int = 0
+    on_slot: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+    @property
+    def schedule(self) -> ScheduleStats:
+        return ScheduleStats(self.skipped, self.on_slot, self.late_ns_total, self.late_ns_max)
 
     def index_after(self, record_id: int) -> int:
         """Index in ``fifo`` of the first record with an id above ``record_id``."""
@@ -461,13 +478,17 @@ class SenderEngine(_Loop):
         *,
         monotonic: Clock = time.monotonic_ns,
         tick_ns: int = DEFAULT_TICK_NS,
+        fast_path: bool = True,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
         ``tick_ns``: the least time between two runs of the timers (0: none), see
-        ``DEFAULT_TICK_NS``."""
+        ``DEFAULT_TICK_NS``; ``fast_path=False`` keeps every session on the core's
+        reference ``handle_timer`` and ``receive`` (else the sessions ``_batchable``
+        takes go through ``send_due`` and ``receive_one``, sixlab.stamp.batch)."""
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
         self.tick_ns = tick_ns
+        self.fast_path = fast_path
         #: When timers last ran (monotonic ns).
         self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
@@ -495,6 +516,8 @@ class SenderEngine(_Loop):
                     "labels (the socket plane can)"
                 )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            if self.fast_path and _batchable(spec):
+                entry.template = send_template(spec.config)
             self._entries[ssid] = entry
             if not _announced(spec, self.dataplane):
                 return
@@ -706,8 +729,11 @@ class SenderEngine(_Loop):
         # the monotonic time back to its arrival.
         t4 = rx.rx_ns or wall
         arrived = mono - max(0, wall - t4)
-        self._feed_data(entry)
-        entry.session.receive(rx.payload, arrived, t4)
+        if entry.template is not None:
+            receive_one(entry.session, rx.payload, arrived, t4)
+        else:
+            self._feed_data(entry)
+            entry.session.receive(rx.payload, arrived, t4)
         self._pump(entry)
         self._arm(entry)
 
@@ -803,10 +829,34 @@ class SenderEngine(_Loop):
                 self._last_run = now
                 heapq.heappop(self._heap)
                 entry.timer = None
-                self._feed_data(entry)
-                entry.session.handle_timer(now, wall)
-                self._pump(entry, now)
+                if entry.template is not None:
+                    self._fire(entry, entry.template, now, wall)
+                else:
+                    self._feed_data(entry)
+                    entry.session.handle_timer(now, wall)
+                    self._pump(entry, now)
                 self._arm(entry)
+
+    def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
+        """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""
+        payload = send_due(entry.session, template, now, wall)
+        if payload is not None:
+            send = entry.sender
+            try:
+                if send is None:
+                    spec = entry.spec
+                    send = entry.sender = self.dataplane.sender(
+                        spec.reflector, spec.reflector_port, segments=spec.segments, src=spec.source
+                    )
+                send(payload)
+            except DataplaneError:
+                self.counters.send_failed += 1
+            if entry.start is not None:
+                self._slip(entry, now)
+            if self.on_event is not None:
+                seq = int.from_bytes(payload[:4])
+                self.on_event(ev.PacketSent(entry.spec.config.ssid, seq, wall))
+        self._pump(entry)  # what else the timer produced: losses, the end
 
     def _feed_data(self, entry: _SenderEntry) -> None:
         """Hand the session its data flow's counts, if it has a source (lock held)."""
@@ -857,16 +907,12 @@ class SenderEngine(_Loop):
     def _slip(entry: _SenderEntry, now: int) -> None:
         """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
         assert entry.start is not None
-        interval = entry.spec.config.interval_ns
-        slot = (now - entry.start) // interval
-        late = now - entry.start - slot * interval
-        s = entry.schedule
-        entry.schedule = ScheduleStats(
-            skipped=s.skipped + max(0, slot - entry.last_slot - 1),
-            sent=s.sent + 1,
-            late_ns_total=s.late_ns_total + late,
-            late_ns_max=max(s.late_ns_max, late),
-        )
+        slot, late = divmod(now - entry.start, entry.spec.config.interval_ns)
+        if slot > entry.last_slot + 1:
+            entry.skipped += slot - entry.last_slot - 1
+        entry.on_slot += 1
+        entry.late_ns_total += late
+        entry.late_ns_max = max(entry.late_ns_max, late)
         entry.last_slot = slot
 
     def _notify(self) -> None:
