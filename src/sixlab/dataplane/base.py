@@ -72,12 +72,17 @@ class DataplaneConfig:
     peer_ports: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Received:
     """One datagram, as the core needs it. Addresses are packed: 16 bytes for IPv6, 4 for
     IPv4 (``ipaddress.ip_address`` reads either). ``hop_limit`` is the IPv6 Hop Limit or
     the IPv4 TTL; ``tclass`` the IPv6 Traffic Class or IPv4 TOS byte, None where the
-    plane cannot read it."""
+    plane cannot read it.
+
+    A value: nothing changes one once made. It is not ``frozen`` because a frozen
+    dataclass sets each field through ``object.__setattr__``, which made building one
+    cost about four times as much, once per datagram (benchmarks/README.md, "One sender
+    agent, socket plane"); it hashes by its fields as a frozen one would."""
 
     payload: bytes
     src: bytes
