@@ -502,6 +502,8 @@ class SenderEngine(_Loop):
         #: Bumped whenever a waiter may have something new: a record, a session
         #: finished or removed (see ``wait_change``).
         self._version = 0
+        #: Records or ends filed that waiters have not been woken for (``_notify_pending``).
+        self._pending = False
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -536,6 +538,7 @@ class SenderEngine(_Loop):
             entry.start = now
             self._pump(entry, now)
             self._arm(entry)
+            self._notify_pending()
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -544,6 +547,7 @@ class SenderEngine(_Loop):
             entry.session.stop()
             self._pump(entry)
             self._arm(entry)
+            self._notify_pending()
         self.wake()
 
     def remove_session(self, ssid: int) -> None:
@@ -716,6 +720,7 @@ class SenderEngine(_Loop):
             self.counters.received += len(batch)
             for rx in batch:
                 self._deliver(rx, mono, wall)
+            self._notify_pending()
 
     def _deliver(self, rx: Received, mono: int, wall: int) -> None:
         """One reflected packet to its session (lock held); ``mono``/``wall``: the
@@ -755,6 +760,7 @@ class SenderEngine(_Loop):
                 for payloads, t4, received in groups:
                     self.counters.received += len(t4)
                     self._deliver_arrays(payloads, t4, received, mono, wall)
+                self._notify_pending()
             if slow:
                 self._on_batch(slow)
             if taken < _FRAMES_BATCH:
@@ -836,6 +842,7 @@ class SenderEngine(_Loop):
                     entry.session.handle_timer(now, wall)
                     self._pump(entry, now)
                 self._arm(entry)
+            self._notify_pending()
 
     def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
         """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""
@@ -901,7 +908,7 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 self.on_event(event)
         if notify:
-            self._notify()
+            self._pending = True
 
     @staticmethod
     def _slip(entry: _SenderEntry, now: int) -> None:
@@ -918,3 +925,10 @@ class SenderEngine(_Loop):
     def _notify(self) -> None:
         self._version += 1
         self._cond.notify_all()
+
+    def _notify_pending(self) -> None:
+        """Wake the waiters once for every record and end ``_pump`` filed since the last
+        call (lock held): once per batch of replies or run of timers, not per record."""
+        if self._pending:
+            self._pending = False
+            self._notify()
