@@ -46,6 +46,14 @@ Ethernet header from the kernel's tables (``sixlab.dataplane._nexthop``); while 
 neighbour is unresolved, or when the route leaves by another interface, the packet
 goes through an ``AF_INET6``/``IPPROTO_RAW`` socket instead (the kernel resolves it).
 
+Traffic Class (``sets_tclass``): ``send`` writes its ``tclass`` into the IPv6 header,
+and every received frame's Traffic Class reaches the reflector core, so a Class of
+Service TLV (RFC 8972 §4.4) is answered as the ``socket`` and ``xdp`` planes answer it:
+DSCP2/ECN from the probe, the reply sent with DSCP1, RP 0. Such probes take the
+reference core (the batch path takes Extra Padding only). Every other reply carries
+Traffic Class 0 and Flow Label 0, as the ``xdp`` plane's program and a kernel socket
+(``net.ipv6.auto_flowlabels = 0``) give them.
+
 On a veth testbed, frames sent by a local socket with tx checksum offload on carry an
 unfinished UDP checksum (the ``xdp`` plane's docstring explains why): ``stamp_xsk``
 passes them to the kernel, which has no socket on the port; turn the offload off on the
@@ -172,6 +180,11 @@ def _sum16(block: U8) -> npt.NDArray[np.uint64]:
     return out
 
 
+def _tclass(first: int, second: int) -> int:
+    """The Traffic Class of an IPv6 header from its first two bytes (RFC 8200 §3)."""
+    return (int(first) & 0x0F) << 4 | int(second) >> 4
+
+
 def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: int) -> Received:
     """Row ``i`` of a classified group (``AfXdpDataplane._classify``) as a ``Received``."""
     frame = frames[i]
@@ -184,6 +197,7 @@ def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: i
         int.from_bytes(ports[2:], "big"),
         int(frame[_IP_HOP]),
         int(t4[i]),
+        _tclass(frame[_ETH], frame[_ETH + 1]),
     )
 
 
@@ -201,6 +215,7 @@ class AfXdpDataplane(Dataplane):
     """STAMP frames through an AF_XDP socket on ``config.interface`` (module doc)."""
 
     name = "afxdp"
+    sets_tclass = True
 
     #: Frames per ``reflect_frames`` call; the engine takes this as its batch.
     fast_batch: int = DEFAULT_BATCH
@@ -228,7 +243,7 @@ class AfXdpDataplane(Dataplane):
         self._l3: socket.socket | None = None
         self._ipr: Any = None
         self._hops: dict[IPv6Address, NextHop] = {}
-        self._heads: dict[tuple[bytes, int], _Head] = {}
+        self._heads: dict[tuple[bytes, int, int], _Head] = {}
         #: Free transmit frames: a stack, ``_free[:_nfree]`` (UMEM addresses).
         self._free = np.empty(TX_FRAMES, np.int64)
         self._nfree = 0
@@ -478,7 +493,7 @@ class AfXdpDataplane(Dataplane):
         udp = packet.udp
         return Received(
             packet.payload, packet.src, packet.dst, udp.src_port, udp.dst_port,
-            packet.hop_limit, rx_ns,
+            packet.hop_limit, rx_ns, _tclass(data[_ETH], data[_ETH + 1]),
         )  # fmt: skip
 
     # -- reflector fast path ------------------------------------------------------------
@@ -641,6 +656,7 @@ class AfXdpDataplane(Dataplane):
             context = PacketContext(
                 IPv6Address(src), IPv6Address(dst.tobytes()),
                 int.from_bytes(ports[:2], "big"), int.from_bytes(ports[2:], "big"),
+                _tclass(frame[_ETH], frame[_ETH + 1]), True,
             )  # fmt: skip
             return reflector.reflect(
                 payloads[i].tobytes(), int(t2[i]), clock, int(hops[i]), context,
@@ -651,7 +667,9 @@ class AfXdpDataplane(Dataplane):
         failed = 0
         for i, reply in out.fallback.items():
             if reply is not None:
-                failed += self._send_reply(data[i], udp, reply.payload, reply.return_path)
+                failed += self._send_reply(
+                    data[i], udp, reply.payload, reply.return_path, reply.tclass
+                )
         answered = np.flatnonzero(out.answered)
         if not len(answered):
             return len(data), failed
@@ -714,15 +732,12 @@ class AfXdpDataplane(Dataplane):
 
     def _head(self, key: bytes, route: Any, size: int, now: float) -> _Head | None:
         """The reply head towards the probe addresses and ports in ``key`` along
-        ``route`` (None: leave it to ``send``: unresolved, or another interface)."""
-        cache_key = (key, id(route))
+        ``route`` for a payload of ``size`` bytes (None: leave it to ``send``:
+        unresolved, or another interface). The head carries the payload's length (UDP
+        Length, IPv6 Payload Length and their share of the checksum): one per size."""
+        cache_key = (key, id(route), size)
         head = self._heads.get(cache_key)
-        if (
-            head is not None
-            and head.expires >= now
-            and head.route is route
-            and len(head.head) + 2 + size <= FRAME_SIZE
-        ):
+        if head is not None and head.expires >= now and head.route is route:
             return head
         peer = IPv6Address(key[:16])
         path = full_path(peer, route.segments)
@@ -759,16 +774,23 @@ class AfXdpDataplane(Dataplane):
     def _hop(self, first_hop: IPv6Address, now: float) -> NextHop:
         hop = self._hops.get(first_hop)
         if hop is None or hop.expires < now:
-            if self._ipr is None:
-                from pyroute2 import IPRoute  # noqa: PLC0415
+            # In the namespace of ``open``: pyroute2 opens its netlink socket in the
+            # namespace of the thread that first uses it, and the engine's thread may
+            # be elsewhere (a test's, a lab's).
+            with _in_netns(self._netns):
+                if self._ipr is None:
+                    from pyroute2 import IPRoute  # noqa: PLC0415
 
-                self._ipr = IPRoute()
-            hop = resolve_next_hop(self._ipr, first_hop)
+                    self._ipr = IPRoute()
+                hop = resolve_next_hop(self._ipr, first_hop)
             self._hops[first_hop] = hop
         return hop
 
-    def _send_reply(self, frame: U8, udp: int, payload: bytes, route: Any) -> int:
-        """A reply by ``send`` to the probe in ``frame``; 1 if it failed, else 0."""
+    def _send_reply(
+        self, frame: U8, udp: int, payload: bytes, route: Any, tclass: int | None = None
+    ) -> int:
+        """A reply by ``send`` to the probe in ``frame`` (with ``tclass``, the Traffic
+        Class the reflector core asked for); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else None
         if dst is None:
             dst = IPv6Address(frame[_IP_SRC : _IP_SRC + 16].tobytes())
@@ -777,7 +799,7 @@ class AfXdpDataplane(Dataplane):
         src = IPv6Address(frame[_IP_SRC + 16 : _IP_END].tobytes())
         port = int(frame[udp]) << 8 | int(frame[udp + 1])
         try:
-            self.send(payload, dst, port, segments=route.segments, src=src)
+            self.send(payload, dst, port, segments=route.segments, src=src, tclass=tclass)
         except DataplaneError:
             return 1
         return 0
@@ -794,7 +816,6 @@ class AfXdpDataplane(Dataplane):
         src: IPAddress | None = None,
         tclass: int | None = None,
     ) -> None:
-        del tclass  # not applied: ``sets_tclass`` is False
         dst6 = require_ipv6("afxdp", dst)
         assert dst6 is not None
         dst, src = dst6, require_ipv6("afxdp", src)
@@ -813,7 +834,7 @@ class AfXdpDataplane(Dataplane):
         try:
             packet = build_udp_packet(
                 source, dst, self.config.port, dst_port, payload, hop_limit=_HOP_LIMIT,
-                segments=list(path) if path is not None else None,
+                segments=list(path) if path is not None else None, traffic_class=tclass or 0,
             )  # fmt: skip
         except WireError as exc:
             raise DataplaneError(f"afxdp: cannot send to [{dst}]:{dst_port}: {exc}") from exc
