@@ -12,6 +12,16 @@ whole frames in the UMEM through the fill, RX, TX and completion rings
 ``sendto`` per 32 transmitted frames in copy mode (the kernel's batch), none to
 receive while frames keep coming.
 
+Queues: an AF_XDP socket receives from one receive queue, and ``stamp_xsk`` redirects
+a frame to the socket of the queue it arrived on (a frame of a queue without one goes
+to the kernel). The plane binds one socket per receive queue of the interface
+(``IFLA_NUM_RX_QUEUES``; a queue the driver does not run ends the list), each with its
+own UMEM (``RX_FRAMES`` shared out, at least ``MIN_RX_FRAMES`` each, plus
+``TX_FRAMES``), and answers each queue's frames on that queue's socket; with more than
+one, ``fileno`` is an epoll descriptor over all of them. A queue that another socket
+holds (a live afxdp plane on the same interface) makes ``open`` fail with that said,
+before anything of the other plane's is touched.
+
 Zero-copy where the driver has it, copy mode where it does not (veth): the socket is
 bound without forcing either, so the kernel picks (``zero_copy`` tells which). The
 program attaches in the driver's native XDP mode where there is one.
@@ -72,6 +82,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import select
 import socket
 import struct
 import time
@@ -111,12 +122,16 @@ FRAME_SIZE = 2048
 #: Frames the kernel may receive into (all in the fill ring at rest): 64 MiB, about
 #: 40 ms of a stalled Python process at 800 kpps (the fill ring ran empty with 8192
 #: under load: ``rx_fill_ring_empty_descs``); the RX, fill and completion rings have as
-#: many entries.
+#: many entries. With several receive queues each socket gets a share (``_rx_frames``).
 RX_FRAMES = 32768
 RING_SIZE = RX_FRAMES
+#: Receive frames per queue at least, however many queues.
+MIN_RX_FRAMES = 4096
 #: Frames for transmit (reply frames wait in the TX ring until the kernel sends them).
 TX_FRAMES = 4096
 FRAME_COUNT = RX_FRAMES + TX_FRAMES
+_EBUSY = 16
+_EINVAL = 22
 _META = 8  # bytes of XDP metadata before each received frame: the arrival time (TAI ns)
 _DEFAULT_KEY = 0x10000  # STAMP_DEFAULT_SSID: the default session
 _U32 = struct.Struct("<I")
@@ -201,6 +216,25 @@ def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: i
     )
 
 
+def _rx_frames(queues: int) -> int:
+    """Receive frames (and ring entries) per queue: ``RX_FRAMES`` shared out, a power of
+    two (the rings' sizes must be), at least ``MIN_RX_FRAMES``."""
+    share = RX_FRAMES // max(1, queues)
+    return max(MIN_RX_FRAMES, 1 << (share.bit_length() - 1))
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One receive queue's socket, its UMEM and the UMEM's free transmit frames."""
+
+    index: int
+    umem: xsk.Umem
+    sock: xsk.XskSocket
+    free: npt.NDArray[np.int64]
+    nfree: int
+    received: int = 0  # frames taken off this socket's RX ring
+
+
 def _detach_ours(ifindex: int) -> None:
     """Detach a ``stamp_xsk`` a killed run left on ``ifindex``."""
     for mode in (libbpf.XDP_FLAGS_DRV_MODE, libbpf.XDP_FLAGS_SKB_MODE):
@@ -236,6 +270,11 @@ class AfXdpDataplane(Dataplane):
         self.tai_offset_ns = 0
         self.ifindex = 0
         self._obj: libbpf.BpfObject | None = None
+        #: One socket per receive queue (module doc, "Queues"); the methods below work
+        #: on the active one: ``_umem``, ``_xsk``, ``_free``/``_nfree`` (``_activate``).
+        self._queues: list[_Queue] = []
+        self._active: _Queue | None = None
+        self._epoll: select.epoll | None = None
         self._umem: xsk.Umem | None = None
         self._xsk: xsk.XskSocket | None = None
         self._attached = False
@@ -271,24 +310,21 @@ class AfXdpDataplane(Dataplane):
 
         try:
             self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-            _detach_ours(self.ifindex)
             self.tai_offset_ns = measure_tai_offset_ns()
             obj = libbpf.BpfObject(paths[PROGRAM_NAME])
             self._obj = obj
             obj.load()
             cfg = pack_config(config.port, _HOP_LIMIT, self.tai_offset_ns)
             obj.map("stamp_cfg").update(_U32.pack(0), cfg)
-            self._umem = xsk.Umem(FRAME_COUNT, FRAME_SIZE, RING_SIZE)
-            self._xsk = xsk.XskSocket(
-                ifname, 0, self._umem, ring_size=RING_SIZE, bind_flags=self.bind_flags
-            )
-            obj.map("xsk_sockets").update(_U32.pack(0), _U32.pack(self._xsk.fd))
-            self._fill_rx(np.arange(RX_FRAMES, dtype=np.uint64) * np.uint64(FRAME_SIZE))
-            self._free = np.arange(RX_FRAMES, FRAME_COUNT, dtype=np.int64) * FRAME_SIZE
-            self._nfree = TX_FRAMES
-            self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             # Netlink in the namespace of ``open`` (the engine's thread may be elsewhere).
             self._ipr = pyroute2.IPRoute()
+            self._open_queues(ifname, self._rx_queue_count())
+            for q in self._queues:
+                obj.map("xsk_sockets").update(_U32.pack(q.index), _U32.pack(q.sock.fd))
+            self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            # Only now, with every queue bound: a live plane's sockets would have
+            # refused ours (EBUSY), and its program must not be touched.
+            _detach_ours(self.ifindex)
             with _in_netns(self._netns):
                 libbpf.xdp_attach(
                     self.ifindex,
@@ -315,12 +351,16 @@ class AfXdpDataplane(Dataplane):
             with contextlib.suppress(LinuxError, DataplaneError), _in_netns(self._netns):
                 libbpf.xdp_detach(self.ifindex, self.xdp_flags & 0x6)
             self._attached = False
-        if self._xsk is not None:
-            self._xsk.close()
-            self._xsk = None
-        if self._umem is not None:
-            self._umem.close()
-            self._umem = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+        for q in self._queues:
+            q.sock.close()
+            q.umem.close()
+        self._queues = []
+        self._active = None
+        self._xsk = None
+        self._umem = None
         if self._obj is not None:
             self._obj.close()
             self._obj = None
@@ -339,7 +379,65 @@ class AfXdpDataplane(Dataplane):
         self._heads.clear()
         self._hops.clear()
 
+    def _rx_queue_count(self) -> int:
+        """The interface's receive queues (``IFLA_NUM_RX_QUEUES``); 1 if not said."""
+        assert self._ipr is not None
+        links = self._ipr.get_links(self.ifindex)
+        count = links[0].get_attr("IFLA_NUM_RX_QUEUES") if links else None
+        return max(1, int(count or 1))
+
+    def _open_queues(self, ifname: str, count: int) -> None:
+        """One UMEM and socket per receive queue ``0..count-1`` (module doc, "Queues").
+
+        A queue the driver does not run (EINVAL: fewer real queues than allocated)
+        ends the list; one another socket holds (EBUSY) is an error that names it.
+        """
+        rx_frames = _rx_frames(count)
+        for index in range(count):
+            umem = xsk.Umem(rx_frames + TX_FRAMES, FRAME_SIZE, rx_frames)
+            try:
+                sock = xsk.XskSocket(
+                    ifname, index, umem, ring_size=rx_frames, bind_flags=self.bind_flags
+                )
+            except xsk.XskError as exc:
+                umem.close()
+                if exc.errno == _EINVAL and index > 0:
+                    break
+                if exc.errno == _EBUSY:
+                    raise DataplaneError(
+                        f"afxdp: queue {index} of {ifname} already has an AF_XDP socket "
+                        "(another afxdp plane on this interface?)"
+                    ) from exc
+                raise
+            free = np.arange(rx_frames, rx_frames + TX_FRAMES, dtype=np.int64) * FRAME_SIZE
+            q = _Queue(index, umem, sock, free, TX_FRAMES)
+            self._queues.append(q)
+            self._activate(q)
+            self._fill_rx(np.arange(rx_frames, dtype=np.uint64) * np.uint64(FRAME_SIZE))
+        if len(self._queues) > 1:
+            self._epoll = select.epoll()
+            for q in self._queues:
+                self._epoll.register(q.sock.fd, select.EPOLLIN)
+        self._activate(self._queues[0])
+
+    def _activate(self, q: _Queue) -> None:
+        """Make ``q`` the queue the ring methods work on (its free stack kept)."""
+        if self._active is not None:
+            self._active.nfree = self._nfree
+        self._active = q
+        self._umem, self._xsk = q.umem, q.sock
+        self._free, self._nfree = q.free, q.nfree
+
+    @property
+    def queues(self) -> int:
+        """Receive queues served, one AF_XDP socket each."""
+        return len(self._queues)
+
     def fileno(self) -> int:
+        """The socket's descriptor; with several queues an epoll descriptor over all of
+        them (readable when any socket is)."""
+        if self._epoll is not None:
+            return self._epoll.fileno()
         return self._socket().fd
 
     def zero_copy(self) -> bool:
@@ -348,8 +446,12 @@ class AfXdpDataplane(Dataplane):
 
     def counters(self) -> dict[str, int]:
         out = dataclasses.asdict(self.stats)
-        if self._xsk is not None:
-            out.update(self._xsk.statistics())
+        out["queues"] = len(self._queues)
+        for q in self._queues:  # frames per queue, then the kernel's counts, summed
+            out[f"rx_q{q.index}"] = q.received
+        for q in self._queues:
+            for name, value in q.sock.statistics().items():
+                out[name] = out.get(name, 0) + value
         return out
 
     def _socket(self) -> xsk.XskSocket:
@@ -428,6 +530,8 @@ class AfXdpDataplane(Dataplane):
             return empty, empty
         descs = rx.entries[rx.slots(first, n)]
         rx.release(n)
+        if self._active is not None:
+            self._active.received += n
         return descs["addr"].astype(np.int64), descs["len"].astype(np.int64)
 
     def _transmit(self, addrs: npt.NDArray[np.int64], lengths: npt.NDArray[Any] | int) -> int:
@@ -462,6 +566,16 @@ class AfXdpDataplane(Dataplane):
     # -- receive ------------------------------------------------------------------------
 
     def receive(self, max_batch: int = 64) -> list[Received]:
+        if len(self._queues) <= 1:
+            return self._receive_one(max_batch)
+        out: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            out += self._receive_one(max_batch)
+        self._activate(self._queues[0])
+        return out
+
+    def _receive_one(self, max_batch: int) -> list[Received]:
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
         if not len(addrs):
@@ -504,8 +618,26 @@ class AfXdpDataplane(Dataplane):
         """Answer up to ``max_batch`` received frames with the batch core (module doc).
 
         Returns what was taken off the ring, handed to the core, failed to send, and
-        the frames left to the general path as ``Received``, in arrival order.
+        the frames left to the general path as ``Received``, in arrival order (per
+        queue: with several, each gives up to ``max_batch``, and the sums come back).
         """
+        if len(self._queues) <= 1:
+            return self._reflect_one(reflector, clock, max_batch)
+        consumed = handled = failed = 0
+        slow: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            got = self._reflect_one(reflector, clock, max_batch)
+            consumed += got.consumed
+            handled += got.handled
+            failed += got.send_failed
+            slow += got.slow
+        self._activate(self._queues[0])
+        return FastBatch(consumed, handled, failed, slow)
+
+    def _reflect_one(
+        self, reflector: Reflector, clock: Callable[[], int], max_batch: int
+    ) -> FastBatch:
         umem = self._umem_()
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
@@ -592,7 +724,23 @@ class AfXdpDataplane(Dataplane):
         """The sender side's fast path: up to ``max_batch`` received frames as groups of
         (UDP payloads as an ``(n, L)`` array, T4 in UTC ns, row ``i`` as a ``Received``)
         for ``sixlab.stamp.batch.receive_batch`` and the rows the engine must take one by
-        one, and the frames the classification left (``_classify``) as ``Received``."""
+        one, and the frames the classification left (``_classify``) as ``Received``
+        (with several queues, up to ``max_batch`` from each)."""
+        if len(self._queues) <= 1:
+            return self._collect_one(max_batch)
+        groups: list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]] = []
+        slow: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            got, rest = self._collect_one(max_batch)
+            groups += got
+            slow += rest
+        self._activate(self._queues[0])
+        return groups, slow
+
+    def _collect_one(
+        self, max_batch: int
+    ) -> tuple[list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]], list[Received]]:
         umem = self._umem_()
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
