@@ -301,6 +301,7 @@ class AfXdpDataplane(Dataplane):
             raise DataplaneError("afxdp: the afxdp data plane needs an interface (--interface)")
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"afxdp: needs a fixed UDP port, got {config.port}")
+        require_ipv6("afxdp", config.source)  # an IPv4 listen address: a clear error
         try:
             self.ifindex = socket.if_nametoindex(ifname)
         except OSError as exc:
