@@ -12,7 +12,9 @@ process spent, whatever else CPU 1 ran; the receive work that the kernel does ou
 the process, in softirq or on the generator's CPU, is not in it). Last, one trial flat
 out with the plane in place: what the generator still offers (on a veth an XDP program
 and the copy into an AF_XDP socket run on the sending CPU) and how many replies come
-back (the maximum receive rate, MRR).
+back (the maximum receive rate, MRR). A plane whose search ends at PDR 0 (too much loss
+even at the minimum rate) is reported with ``-`` in the at-PDR columns and its
+reflector's counters; there is no trial at 0 frames/s.
 
 Planes: ``scapy``, ``mmap-main`` (the ``mmap`` plane of another source tree, e.g. the
 main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp``,
