@@ -1,7 +1,8 @@
 """``sixlab ilnp``: the host daemon and the tools that talk to it.
 
 * ``sixlab ilnp host --nid NID --locator L64[,PREF] ... --interface IF --policy P`` runs
-  :class:`sixlab.ilnp.daemon.IlnpDaemon` in the foreground until SIGTERM/SIGINT; it
+  :class:`sixlab.ilnp.daemon.IlnpDaemon` in the foreground until SIGTERM/SIGINT (without
+  ``--locator``, locators come from Router Advertisements: :mod:`sixlab.ilnp.autoconf`); it
   prints one ``ready ...`` line once the TUN device, rings, nft table and control socket
   exist.
 * ``sixlab ilnp status`` and ``sixlab ilnp cache`` ask a running daemon over its
@@ -45,11 +46,16 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--locator",
         action="append",
-        required=True,
         type=_locator,
         metavar="L64[,PREF[,LIFETIME]]",
         help="one of our locators, e.g. 2001:db8:a::/64 (repeat for multihoming); lower "
-        "PREF is preferred",
+        "PREF is preferred; without any, they are learned from Router Advertisements",
+    )
+    host.add_argument(
+        "--ra-wait",
+        type=argtypes.seconds,
+        default=10.0,
+        help="without --locator: how long to wait at start for a Router Advertisement",
     )
     host.add_argument(
         "--interface",
@@ -163,13 +169,14 @@ def _run_host(args: argparse.Namespace) -> int:
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
 
     try:
-        check_locator_set(args.locator)
+        if args.locator:  # none: learned from Router Advertisements
+            check_locator_set(args.locator)
     except ConfigError as exc:
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 2
     config = DaemonConfig(
         nid=args.nid,
-        locators=tuple(args.locator),
+        locators=tuple(args.locator or ()),
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
@@ -181,6 +188,7 @@ def _run_host(args: argparse.Namespace) -> int:
         bounded_capacity=args.capacity,
         bounded_idle=args.idle,
         fastpath=args.fastpath,
+        ra_wait=args.ra_wait,
     )
 
     def announce(line: str) -> None:

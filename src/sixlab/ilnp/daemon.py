@@ -66,13 +66,14 @@ import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
 from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.autoconf import RouterAdvertisements
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.egress import Egress
@@ -187,6 +188,9 @@ class DaemonConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
     names: str | None = None
+    #: Without ``locators``: how long to wait at start for a Router Advertisement's
+    #: prefix (:mod:`sixlab.ilnp.autoconf`).
+    ra_wait: float = 10.0
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -285,9 +289,12 @@ class IlnpDaemon:
         *,
         clock: Callable[[], float] = time.monotonic,
         policy: AdmissionPolicy | None = None,
+        autoconf: RouterAdvertisements | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        #: Locators learned from Router Advertisements (None: given by ``--locator``).
+        self.autoconf = autoconf
         self.socket_table: KernelSocketTable | None = None
         if policy is None:
             policy = self._make_policy(config)
@@ -362,11 +369,7 @@ class IlnpDaemon:
 
     def open(self) -> None:
         """Create TUN, rings, raw socket, kernel drop and control socket."""
-        for name in self.config.interfaces:  # before anything is made: nothing to undo
-            try:
-                socket.if_nametoindex(name)
-            except (OSError, ValueError):  # ValueError: a NUL in the name
-                raise ConfigError(f"interface {name!r}: no such interface") from None
+        _check_interfaces(self.config.interfaces)  # before anything is made: nothing to undo
         try:
             # First: a live daemon on the same path refuses us before we touch anything.
             self.control.open()
@@ -485,6 +488,8 @@ class IlnpDaemon:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(self.links.fileno())
         self.links.close()
+        if self.autoconf is not None:
+            self.autoconf.close()
         if self._tun_fd >= 0:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
@@ -648,6 +653,8 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        if self.autoconf is not None:
+            raise ConfigError("locators: learned from Router Advertisements, not set by hand")
         check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
@@ -659,8 +666,13 @@ class IlnpDaemon:
         """Withdraw locators whose links are unusable; restore them when one is back.
 
         :mod:`sixlab.ilnp.links` says which locator lives where and which links are
-        up with carrier. A link made again gets new capture sockets.
+        up with carrier. A link made again gets new capture sockets. Locators learned
+        from Router Advertisements are read first (:mod:`sixlab.ilnp.autoconf`).
         """
+        learned = None if self.autoconf is None else self.autoconf.poll(now)
+        if learned is not None:
+            self._configured = learned
+            self.events["locators_learned"] += 1
         new_home = self.links.refresh()
         self.egress.set_links(self.links.states)
         for ring in self._rings:
@@ -670,7 +682,7 @@ class IlnpDaemon:
         if new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
         down = self.links.down(e.locator for e in self._configured)
-        if down == self._withdrawn:
+        if down == self._withdrawn and learned is None:
             return
         usable = tuple(e for e in self._configured if e.locator not in down)
         if not usable:
@@ -767,6 +779,7 @@ class IlnpDaemon:
                 if e.locator not in self._withdrawn
             ],
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
+            "router_advertisements": None if self.autoconf is None else self.autoconf.json(),
             "interfaces": list(self.config.interfaces),
             "links": self.links.json(),
             "egress": self.egress.json(),
@@ -875,8 +888,33 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
         raise DaemonError(str(exc)) from exc
 
 
+def _check_interfaces(names: tuple[str, ...]) -> None:
+    """:class:`ConfigError` naming the first of ``names`` that is no interface."""
+    for name in names:
+        try:
+            socket.if_nametoindex(name)
+        except (OSError, ValueError):  # ValueError: a NUL in the name
+            raise ConfigError(f"interface {name!r}: no such interface") from None
+
+
 def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
-    daemon = IlnpDaemon(config)
+    autoconf = None
+    if not config.locators:  # learned from Router Advertisements (sixlab.ilnp.autoconf)
+        _check_interfaces(config.interfaces)
+        autoconf = RouterAdvertisements(config.nid, config.interfaces)
+        autoconf.open()
+        try:
+            autoconf.wait(config.ra_wait)
+        except BaseException:
+            autoconf.close()
+            raise
+        config = replace(config, locators=autoconf.take(time.monotonic()))
+    try:
+        daemon = IlnpDaemon(config, autoconf=autoconf)
+    except BaseException:
+        if autoconf is not None:
+            autoconf.close()
+        raise
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:
             daemon.open()
