@@ -46,10 +46,11 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--locator",
         action="append",
-        type=_locator,
-        metavar="L64[,PREF[,LIFETIME]]",
+        type=_host_locator,
+        metavar="L64[,PREF[,LIFETIME]][@IF]",
         help="one of our locators, e.g. 2001:db8:a::/64 (repeat for multihoming); lower "
-        "PREF is preferred; without any, they are learned from Router Advertisements",
+        "PREF is preferred; @IF: the link its address goes on when no link holds one; "
+        "without any, locators are learned from Router Advertisements",
     )
     host.add_argument(
         "--ra-wait",
@@ -145,6 +146,14 @@ def _locator(text: str) -> LocatorEntry:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _host_locator(text: str) -> tuple[LocatorEntry, str | None]:
+    """``L64[,PREF[,LIFETIME]][@IF]``: a locator and the link its address goes on."""
+    spec, at, link = text.partition("@")
+    if at and not link:
+        raise argparse.ArgumentTypeError(f"locator {text!r}: an interface name after @")
+    return _locator(spec), link or None
+
+
 def _format_spec(entry: LocatorEntry) -> str:
     """A parsed locator back in the control socket's ``L64,PREF,LIFETIME`` notation."""
     from sixlab.ilnp.config import format_l64  # noqa: PLC0415
@@ -168,15 +177,23 @@ def _run_host(args: argparse.Namespace) -> int:
     from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
 
+    given = args.locator or []
+    locators = tuple(entry for entry, _link in given)
+    links = tuple((entry.locator, link) for entry, link in given if link is not None)
     try:
-        if args.locator:  # none: learned from Router Advertisements
-            check_locator_set(args.locator)
+        if locators:  # none: learned from Router Advertisements
+            check_locator_set(locators)
     except ConfigError as exc:
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 2
+    for _value, link in links:
+        if link not in args.interface:
+            print(f"sixlab ilnp host: locator @{link}: not an --interface link", file=sys.stderr)
+            return 2
     config = DaemonConfig(
         nid=args.nid,
-        locators=tuple(args.locator or ()),
+        locators=locators,
+        locator_links=links,
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,

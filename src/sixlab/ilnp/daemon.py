@@ -191,6 +191,9 @@ class DaemonConfig:
     #: Without ``locators``: how long to wait at start for a Router Advertisement's
     #: prefix (:mod:`sixlab.ilnp.autoconf`).
     ra_wait: float = 10.0
+    #: Locators given with the link their address goes on (``L64@IF``), as
+    #: (locator, interface): :func:`sixlab.ilnp.addresses.place_locators`.
+    locator_links: tuple[tuple[int, str], ...] = ()
 
 
 # --------------------------------------------------------------------- kernel drop
@@ -373,8 +376,12 @@ class IlnpDaemon:
         try:
             # First: a live daemon on the same path refuses us before we touch anything.
             self.control.open()
-            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
-                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on its link
+                self.config.nid,
+                self._configured,
+                self.config.interfaces,
+                self.read_links(),
+                named=dict(self.config.locator_links),
             )
             self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
