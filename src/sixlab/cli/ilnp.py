@@ -78,6 +78,14 @@ def add_parsers(sub: Any) -> None:
         help="write the identifier addresses of known names here, /etc/hosts format",
     )
     host.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        type=argtypes.text,
+        help="a correspondent's name to resolve at start (hosts file, then DNS NID and L64 "
+        "records): in the --names file, reachable at its identifier address (repeatable)",
+    )
+    host.add_argument(
         "--tun", type=argtypes.text, default="ilnp0", help="TUN device for identifier addresses"
     )
     host.add_argument(
@@ -206,6 +214,7 @@ def _run_host(args: argparse.Namespace) -> int:
         bounded_idle=args.idle,
         fastpath=args.fastpath,
         ra_wait=args.ra_wait,
+        resolve_names=tuple(args.name),
     )
 
     def announce(line: str) -> None:

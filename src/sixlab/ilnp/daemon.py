@@ -94,6 +94,8 @@ from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
     BPF_ABS,
+    BPF_B,
+    BPF_H,
     BPF_JEQ,
     BPF_JMP,
     BPF_K,
@@ -154,6 +156,7 @@ _LATENCY_SAMPLES = 20000
 #: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
 _TIMER_GRANULARITY = 0.01
 _READ_BATCH = 64
+_UDP = 17
 
 
 def format_locator(locator: int) -> str:
@@ -194,28 +197,36 @@ class DaemonConfig:
     #: Locators given with the link their address goes on (``L64@IF``), as
     #: (locator, interface): :func:`sixlab.ilnp.addresses.place_locators`.
     locator_links: tuple[tuple[int, str], ...] = ()
+    #: Names resolved at start (hosts file, then DNS NID/L64 records, RFC 6742): in the
+    #: names file, and reachable at their identifier addresses (``--name``).
+    resolve_names: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------- kernel drop
 
 
-def kernel_drop(nid: int, interfaces: tuple[str, ...]) -> KernelDrop:
+def kernel_drop(nid: int, interfaces: tuple[str, ...], dns_port: int = 0) -> KernelDrop:
     """The nftables table that stops the kernel from handling our ILNP packets.
 
     The input hook runs after AF_PACKET taps, so the ring still sees what is dropped
     here. Matching the destination's NID (not its locator) keeps the rule valid across
     moves; Neighbour Discovery is let through so the link keeps resolving our address.
     The table is named after the NID: a dead run's leftover is replaced, a live
-    daemon's with the same NID refused (see :mod:`sixlab.linux.nftdrop`).
+    daemon's with the same NID refused (see :mod:`sixlab.linux.nftdrop`). Answers to
+    the daemon's own DNS queries (UDP to ``dns_port``, not 0) go to the kernel: they are
+    plain IPv6 to a locator|NID address (docs/ilnp-field.md, "Zero configuration").
     """
     ifaces = ", ".join(f'"{i}"' for i in interfaces)
     match = (
         f"iifname {{ {ifaces} }} ip6 daddr & ::ffff:ffff:ffff:ffff == {ipaddress.IPv6Address(nid)}"
     )
     nd = "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
+    rules = [f"{match} icmpv6 type {{ {nd}, nd-redirect }} accept"]
+    if dns_port:
+        rules.append(f"{match} udp dport {dns_port} accept")
     return KernelDrop(
         f"sixlab_ilnp_{nid:016x}",
-        [f"{match} icmpv6 type {{ {nd}, nd-redirect }} accept", f"{match} counter drop"],
+        [*rules, f"{match} counter drop"],
         priority="-300",
         purpose=f"another ILNP daemon with NID {nid:016x} runs in this namespace",
     )
@@ -224,17 +235,26 @@ def kernel_drop(nid: int, interfaces: tuple[str, ...]) -> KernelDrop:
 # --------------------------------------------------------------------- ring
 
 
-def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstruction, ...]:
+def ring_filter(
+    nid: int, prefix: int = IDENTIFIER_PREFIX, dns_port: int = 0
+) -> tuple[BpfInstruction, ...]:
     """Classic BPF for the ring: Ethernet frames whose IPv6 destination ends in our NID
     and does not start with the identifier prefix (:meth:`IlnpDaemon._is_ours` in the
-    kernel, bar Neighbour Discovery). The rest of the link's traffic never reaches user
-    space; a fast-path packet never reaches the ring at all (redirected at tc ingress,
-    before the ring's tap)."""
+    kernel, bar Neighbour Discovery), and that are not UDP to ``dns_port`` (answers to
+    the daemon's DNS queries, which the kernel delivers: :func:`kernel_drop`). The rest
+    of the link's traffic never reaches user space; a fast-path packet never reaches
+    the ring at all (redirected at tc ingress, before the ring's tap)."""
     dst = 14 + 24  # Ethernet header + offset of the IPv6 Destination Address
     asm = Assembler()
     for offset, word in ((dst + 8, nid >> 32), (dst + 12, nid & 0xFFFFFFFF)):
         asm.emit(BPF_LD | BPF_W | BPF_ABS, offset)
         asm.emit(BPF_JMP | BPF_JEQ | BPF_K, word, jt=0, jf="drop")
+    if dns_port:
+        asm.emit(BPF_LD | BPF_B | BPF_ABS, 14 + 6)  # Next Header
+        asm.emit(BPF_JMP | BPF_JEQ | BPF_K, _UDP, jt=0, jf="prefix")
+        asm.emit(BPF_LD | BPF_H | BPF_ABS, 14 + IPV6_HEADER_SIZE + 2)  # UDP destination port
+        asm.emit(BPF_JMP | BPF_JEQ | BPF_K, dns_port, jt="drop", jf="prefix")
+        asm.label("prefix")
     asm.emit(BPF_LD | BPF_W | BPF_ABS, dst)
     asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix >> 32, jt=0, jf="accept")
     asm.emit(BPF_LD | BPF_W | BPF_ABS, dst + 4)
@@ -257,6 +277,14 @@ def _open_tun(name: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _free_udp_port() -> int:
+    """A UDP port free now, for the daemon's DNS queries (dnspython binds it per query)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+        probe.bind(("::", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
@@ -314,11 +342,12 @@ class IlnpDaemon:
             store=config.store,
         )
         self.resolver = Resolver.from_file(config.hosts)
+        self.resolver.source_port = _free_udp_port()  # its answers pass (kernel_drop)
         self.identifier = identifier_address(config.nid)
         self.events: Counter[str] = Counter()
         self.latency_ns: deque[int] = deque(maxlen=_LATENCY_SAMPLES)
         self.wire: Counter[str] = Counter()
-        self.drop = kernel_drop(config.nid, config.interfaces)
+        self.drop = kernel_drop(config.nid, config.interfaces, self.resolver.source_port)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
         self.links = LinkWatcher(config.interfaces)
@@ -327,7 +356,9 @@ class IlnpDaemon:
         #: zero configuration; tests give their own.
         self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
         self._claimed: list[tuple[str, str]] = []
-        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
+        #: Names resolved through ``--name`` and ``add-peer``, and why others were not.
+        self._named: dict[str, Resolution] = {}
+        self._name_errors: dict[str, str] = {}
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -383,6 +414,7 @@ class IlnpDaemon:
                 self.read_links(),
                 named=dict(self.config.locator_links),
             )
+            self._resolve_names()
             self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
@@ -391,7 +423,7 @@ class IlnpDaemon:
                 ring = PacketRing(
                     ifname,
                     protocol=ETH_P_IPV6,
-                    program=ring_filter(self.config.nid),
+                    program=ring_filter(self.config.nid, dns_port=self.resolver.source_port),
                     geometry=_RING_GEOMETRY,
                 )
                 self._rings.append(ring)
@@ -628,7 +660,7 @@ class IlnpDaemon:
             now = self.clock()
             nid = int.from_bytes(packet[32:40], "big")
             if packet[24:32] == self._prefix_bytes and not self.host.can_reach(nid, now):
-                found = self.resolver.by_nid(nid)
+                found = self.resolver.by_nid(nid) or self._named_nid(nid)
                 if found is not None:
                     self.host.add_correspondent(nid, found.locators, now)
                     self.events["resolved"] += 1
@@ -753,8 +785,25 @@ class IlnpDaemon:
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
         self._named[found.name] = found
+        self._name_errors.pop(name, None)
         self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _resolve_names(self) -> None:
+        """Resolve ``--name`` names (blocking, before the loop runs); a name that does
+        not resolve is reported in ``status``, not fatal (the DNS may come later:
+        ``add-peer`` asks again)."""
+        for name in self.config.resolve_names:
+            try:
+                found = self.resolver.by_name(name)
+            except ResolveError as exc:
+                self._name_errors[name] = str(exc)
+                continue
+            self._named[found.name] = found
+
+    def _named_nid(self, nid: int) -> Resolution | None:
+        """A name resolved through DNS (``--name``, ``add-peer``) with this NID."""
+        return next((r for r in self._named.values() if r.nid == nid), None)
 
     def _write_names(self) -> None:
         if self.config.names is not None:
@@ -787,6 +836,7 @@ class IlnpDaemon:
             ],
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
             "router_advertisements": None if self.autoconf is None else self.autoconf.json(),
+            "names": {"resolved": sorted(self._named), "errors": dict(self._name_errors)},
             "interfaces": list(self.config.interfaces),
             "links": self.links.json(),
             "egress": self.egress.json(),
