@@ -7,7 +7,9 @@ directory; renumbering is a new file and a SIGHUP. Topology as in ``test_ilnp_da
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 
 from sixlab.testbed import Node, Testbed
 from tests.integration.test_ilnp_daemon import (
+    ECHO_PORT,
     ID_A,
     ID_B,
     PREFIX,
@@ -26,6 +29,7 @@ from tests.integration.test_ilnp_daemon import (
     UdpFlow,
     wait_until,
 )
+from tests.integration.test_ilnp_field import echo_retrying
 
 pytestmark = pytest.mark.root
 
@@ -104,7 +108,7 @@ def test_locators_come_from_router_advertisements_and_follow_renumbering(
     da = network.start(network.a, "::a", [], policy="none")
     db = network.start(network.b, "::b", ["2001:db8:b::/64"], policy="none")
     assert _locators(da) == [("2001:db8:a:0", 0)]
-    assert da.status()["router_advertisements"][0]["interface"] == "eth0"
+    assert da.status()["router_advertisements"]["prefixes"][0]["interface"] == "eth0"
     assert "2001:db8:a::a/64" in network.a.exec(["ip", "-6", "addr", "show", "dev", "eth0"]).stdout
     echo = EchoServer(network.b, ID_B)
     flow = UdpFlow(network.a, ID_A, ID_B, gap=0.05).start()
@@ -158,3 +162,90 @@ def test_no_router_advertisement_is_a_clear_error(net: tuple[IlnpNet, Radvd]) ->
     assert done.returncode == 1
     assert "no Router Advertisement gave a prefix on eth0 in 1 s" in done.stderr
     assert network.a.exec(["ip", "-6", "token", "get", "dev", "eth0"]).stdout.split()[1] == "::"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_setup() -> tuple[str, list[str], list[list[str]]]:
+    """The README's ILNP setup: radvd.conf, the dnsmasq command, the two host lines."""
+    text = README.read_text()
+    section = text[text.index("### ILNPv6 hosts") :]
+    conf = section[
+        section.index("interface ra {") : section.index("```", section.index("interface ra {"))
+    ]
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("dnsmasq "))
+    command = ""
+    for line in lines[first:]:
+        command += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            break
+    hosts = next(line for line in lines if line.startswith("sixlab ilnp host --nid ::a"))
+    return conf, command.split(), [h.split() for h in hosts.split("  ") if h.strip()]
+
+
+def test_the_readme_two_host_setup_needs_nothing_but_the_nids(tmp_path: Path) -> None:
+    """The README's setup as written: R advertises a prefix per link and a DNS server
+    (radvd), the DNS server (dnsmasq) holds NID and L64 records; A and B run
+    ``sixlab ilnp host --nid ::a`` / ``::b`` with no address, route, interface or
+    locator given; ``sixlab ilnp add-peer bob.example`` on A, then an application on A
+    reaches B's identifier address."""
+    conf, dnsmasq, (host_a, host_b) = _readme_setup()
+    assert host_a == ["sixlab", "ilnp", "host", "--nid", "::a"]
+    assert host_b == ["sixlab", "ilnp", "host", "--nid", "::b"]
+    cli = [sys.executable, "-m", "sixlab.cli.ilnp"]
+    with Testbed(prefix=PREFIX) as tb:
+        r = tb.add_node("r", router=True)
+        a = tb.add_node("a")
+        b = tb.add_node("b")
+        tb.add_link(a, r, if_a="eth0", if_b="ra")
+        tb.add_link(b, r, if_a="eth0", if_b="rb")
+        r.add_address("ra", "2001:db8:a::1")
+        r.add_address("rb", "2001:db8:b::1")
+        r.add_address("ra", "fe80::1")
+        r.add_address("rb", "fe80::1")
+        (tmp_path / "radvd.conf").write_text(conf)
+        tb.run_in(
+            r,
+            ["radvd", "-n", "-C", str(tmp_path / "radvd.conf"), "-p", str(tmp_path / "radvd.pid")],
+            stderr=subprocess.DEVNULL,
+        )
+        extra = [
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            f"--pid-file={tmp_path / 'dm.pid'}",
+        ]
+        tb.run_in(r, [*dnsmasq, *extra], stderr=subprocess.DEVNULL)
+        wait_until(
+            lambda: bool(r.exec(["ss", "-Hlun", "sport = :53"]).stdout.strip()),
+            what="dnsmasq listening",
+        )
+        daemons = []
+        try:
+            for node, argv in ((a, host_a), (b, host_b)):
+                proc = tb.run_in(node, [*cli, *argv[2:]], stdout=subprocess.PIPE)
+                daemons.append(proc)
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                assert line.startswith(b"ready"), f"{node.name}: {line!r}"
+            added = a.exec([*cli, "add-peer", "bob.example"], check=False)
+            assert added.stdout.strip() == "peer bob.example: NID 0:0:0:b", added.stderr
+            status = json.loads(a.exec([*cli, "status", "--json"]).stdout)
+            assert [e["locator"] for e in status["locators"]] == ["2001:db8:a:0"]
+            assert status["router_advertisements"]["dns_servers"] == ["2001:db8:a::1"]
+            echo = EchoServer(b, ID_B)
+            try:
+                client = a.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+                try:
+                    client.bind((ID_A, 0))
+                    client.connect((ID_B, ECHO_PORT))
+                    echo_retrying(client, b"nothing but the NID", 5)
+                finally:
+                    client.close()
+            finally:
+                echo.close()
+        finally:
+            for proc in daemons:
+                proc.terminate()
+                proc.wait(timeout=10)

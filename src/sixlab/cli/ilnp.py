@@ -61,9 +61,8 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--interface",
         action="append",
-        required=True,
         type=argtypes.text,
-        help="link to serve (repeatable)",
+        help="link to serve (repeatable; default: every Ethernet link that is up)",
     )
     host.add_argument("--policy", choices=POLICIES.names(), default="socket")
     host.add_argument("--store", choices=STORES.names(), default="hash")
@@ -194,6 +193,13 @@ def _run_host(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 2
+    if not args.interface:
+        from sixlab.ilnp.links import default_interfaces  # noqa: PLC0415
+
+        args.interface = list(default_interfaces())
+        if not args.interface:
+            print("sixlab ilnp host: no Ethernet link is up: give --interface", file=sys.stderr)
+            return 2
     for _value, link in links:
         if link not in args.interface:
             print(f"sixlab ilnp host: locator @{link}: not an --interface link", file=sys.stderr)

@@ -34,6 +34,13 @@ router has extended a locator's lifetime well beyond what correspondents were to
 than half of the kernel's remaining valid lifetime left of the advertised one):
 otherwise a correspondent would let our locator expire while the router still offers it.
 
+DNS servers come with the RAs too (the RDNSS option, RFC 8106 §5.1): the kernel hands
+each RA's options it does not process itself to user space (``RTM_NEWNDUSEROPT`` on the
+``RTNLGRP_ND_USEROPT`` netlink group), where :meth:`RouterAdvertisements.dns_servers`
+collects them with their lifetimes; the daemon resolves names with them
+(:mod:`sixlab.ilnp.resolve`). The group is joined before the token is set, so the
+answer to the solicitation is not missed.
+
 While the daemon runs it sets on each link the token and, if they are off, ``accept_ra``
 (2 on a forwarding link, where 1 ignores RAs) and ``autoconf``; setting the token makes
 the kernel send a Router Solicitation at once. At exit it puts back the old values: the
@@ -44,7 +51,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -60,6 +69,7 @@ __all__ = [
     "RouterAdvertisements",
     "learned_entries",
     "needs_readvertising",
+    "parse_rdnss",
     "read_learned",
 ]
 
@@ -76,6 +86,12 @@ _IFA_F_PERMANENT = 0x80
 _RT_SCOPE_UNIVERSE = 0
 _U64 = (1 << 64) - 1
 _SYSCTL = "/proc/sys/net/ipv6/conf/{}/{}"
+# <linux/rtnetlink.h>, <net/ndisc.h>: RA options for user space, and RDNSS (RFC 8106).
+_RTNLGRP_ND_USEROPT = 20
+_RTM_NEWNDUSEROPT = 68
+_ND_OPT_RDNSS = 25
+_NLMSG = struct.Struct("=IHHII")
+_NDUSEROPT = struct.Struct("=BBHiBBHI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +185,41 @@ def read_learned(nid: int, interfaces: Iterable[str]) -> list[LearnedPrefix]:
     return out
 
 
+def parse_rdnss(data: bytes, ifindexes: Iterable[int]) -> list[tuple[str, int]]:
+    """The RDNSS servers in netlink ``RTM_NEWNDUSEROPT`` messages about one of
+    ``ifindexes``, as (address, lifetime in seconds; 0: withdrawn); the rest, and
+    anything malformed, skipped."""
+    wanted = set(ifindexes)
+    found: list[tuple[str, int]] = []
+    offset = 0
+    while offset + _NLMSG.size <= len(data):
+        length, kind = _NLMSG.unpack_from(data, offset)[:2]
+        if length < _NLMSG.size or offset + length > len(data):
+            break
+        body = data[offset + _NLMSG.size : offset + length]
+        offset += (length + 3) & ~3
+        if kind != _RTM_NEWNDUSEROPT or len(body) < _NDUSEROPT.size:
+            continue
+        family, _pad, opts_len, ifindex, icmp_type = _NDUSEROPT.unpack_from(body)[:5]
+        if family != socket.AF_INET6 or ifindex not in wanted or icmp_type != 134:
+            continue
+        options = body[_NDUSEROPT.size : _NDUSEROPT.size + opts_len]
+        at = 0
+        while at + 8 <= len(options):
+            kind_opt, units = options[at], options[at + 1]
+            if units == 0:
+                break
+            option = options[at : at + units * 8]
+            at += units * 8
+            if kind_opt != _ND_OPT_RDNSS or len(option) < 24:
+                continue
+            (lifetime,) = struct.unpack_from("!I", option, 4)
+            for start in range(8, len(option) - 15, 16):
+                address = ipaddress.IPv6Address(option[start : start + 16])
+                found.append((str(address), lifetime))
+    return found
+
+
 class RouterAdvertisements:
     """The links set up for learning, and the learned set (module doc).
 
@@ -193,11 +244,18 @@ class RouterAdvertisements:
         self._tokens: dict[str, str] = {}
         self._sysctls: dict[Path, str] = {}
         self.read_errors = 0
+        #: RDNSS servers learned, in order, to when their lifetime ends (monotonic).
+        self._dns: dict[str, float] = {}
+        self._useropts: socket.socket | None = None
 
     def open(self) -> None:
         """Let each link take RAs and form locator|NID addresses (module doc)."""
         token = str(ipaddress.IPv6Address(self.nid))
         try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+            self._useropts = sock
+            sock.bind((0, 1 << (_RTNLGRP_ND_USEROPT - 1)))
+            sock.setblocking(False)
             for name in self.interfaces:
                 forwarding = self._sysctl(name, "forwarding").read_text().strip() == "1"
                 self._ensure(name, "accept_ra", "2" if forwarding else "1")
@@ -219,6 +277,9 @@ class RouterAdvertisements:
             self._sysctls[path] = old
 
     def close(self) -> None:
+        if self._useropts is not None:
+            self._useropts.close()
+            self._useropts = None
         for name, old in self._tokens.items():
             with contextlib.suppress(ConfigError):  # the link is gone: nothing to undo
                 _ip("token", "set", old, "dev", name)
@@ -244,7 +305,36 @@ class RouterAdvertisements:
             self.learned = self.read()
         except OSError:
             self.read_errors += 1
+        self._read_useropts(time.monotonic())
         return self.learned
+
+    def _read_useropts(self, now: float) -> None:
+        sock = self._useropts
+        if sock is None:
+            return
+        indexes = set()
+        for name in self.interfaces:
+            with contextlib.suppress(OSError):
+                indexes.add(socket.if_nametoindex(name))
+        while True:
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:  # ENOBUFS: some RAs lost; the next ones come
+                self.read_errors += 1
+                continue
+            if not data:
+                return
+            for server, lifetime in parse_rdnss(data, indexes):
+                self._dns.pop(server, None)  # re-learned: to the end of the order
+                if lifetime:
+                    self._dns[server] = now + (math.inf if lifetime == _INFINITE else lifetime)
+
+    def dns_servers(self, now: float | None = None) -> list[str]:
+        """DNS servers of the links' RAs (RDNSS), live at ``now``, first learned first."""
+        at = time.monotonic() if now is None else now
+        return [server for server, until in self._dns.items() if until > at]
 
     def entries(self) -> tuple[LocatorEntry, ...]:
         """The set the last read gives."""
@@ -267,8 +357,8 @@ class RouterAdvertisements:
             return None
         return self.take(now)
 
-    def json(self) -> list[dict[str, object]]:
-        return [p.json() for p in self.learned]
+    def json(self) -> dict[str, object]:
+        return {"prefixes": [p.json() for p in self.learned], "dns_servers": self.dns_servers()}
 
 
 def _ip(*argv: str) -> str:

@@ -324,7 +324,8 @@ class IlnpDaemon:
     ) -> None:
         self.config = config
         self.clock = clock
-        #: Locators learned from Router Advertisements (None: given by ``--locator``).
+        #: Locators (and DNS servers) learned from Router Advertisements (None: given
+        #: by ``--locator``).
         self.autoconf = autoconf
         self.socket_table: KernelSocketTable | None = None
         if policy is None:
@@ -343,6 +344,8 @@ class IlnpDaemon:
         )
         self.resolver = Resolver.from_file(config.hosts)
         self.resolver.source_port = _free_udp_port()  # its answers pass (kernel_drop)
+        if autoconf is not None:
+            self.resolver.learned_servers = autoconf.dns_servers
         self.identifier = identifier_address(config.nid)
         self.events: Counter[str] = Counter()
         self.latency_ns: deque[int] = deque(maxlen=_LATENCY_SAMPLES)
@@ -359,6 +362,7 @@ class IlnpDaemon:
         #: Names resolved through ``--name`` and ``add-peer``, and why others were not.
         self._named: dict[str, Resolution] = {}
         self._name_errors: dict[str, str] = {}
+        self._dns_asked: list[str] = []  # the DNS servers of the last _resolve_names
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -712,6 +716,10 @@ class IlnpDaemon:
         if learned is not None:
             self._configured = learned
             self.events["locators_learned"] += 1
+        servers = [] if self.autoconf is None else self.autoconf.dns_servers()
+        if self._name_errors and servers and servers != self._dns_asked:
+            self._resolve_names()  # new DNS servers (a later RA): ask them once
+            self._write_names()
         new_home = self.links.refresh()
         self.egress.set_links(self.links.states)
         for ring in self._rings:
@@ -793,13 +801,17 @@ class IlnpDaemon:
         """Resolve ``--name`` names (blocking, before the loop runs); a name that does
         not resolve is reported in ``status``, not fatal (the DNS may come later:
         ``add-peer`` asks again)."""
+        self._dns_asked = self.resolver.learned_servers()
         for name in self.config.resolve_names:
+            if name in self._named:
+                continue
             try:
                 found = self.resolver.by_name(name)
             except ResolveError as exc:
                 self._name_errors[name] = str(exc)
                 continue
             self._named[found.name] = found
+            self._name_errors.pop(name, None)
 
     def _named_nid(self, nid: int) -> Resolution | None:
         """A name resolved through DNS (``--name``, ``add-peer``) with this NID."""

@@ -26,7 +26,7 @@ can answer a NID lookup (DNS has no NID-to-locators map).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +182,9 @@ class Resolver:
         self.dns_resolver = dns_resolver
         #: UDP source port of DNS queries (0: any); the host daemon fixes one.
         self.source_port = 0
+        #: DNS servers the links' Router Advertisements gave (RDNSS, RFC 8106): when
+        #: there are any, they are asked instead of /etc/resolv.conf's.
+        self.learned_servers: Callable[[], list[str]] = list
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> Resolver:
@@ -205,4 +208,14 @@ class Resolver:
             return found
         if not use_dns:
             raise ResolveError(f"{name}: not in the hosts file")
-        return resolve_dns(name, self.dns_resolver, self.source_port)
+        return resolve_dns(name, self._dns(), self.source_port)
+
+    def _dns(self) -> dns.resolver.Resolver | None:
+        if self.dns_resolver is not None:
+            return self.dns_resolver
+        servers = self.learned_servers()
+        if not servers:
+            return None  # the system's configuration
+        learned = dns.resolver.Resolver(configure=False)
+        learned.nameservers = list(servers)
+        return learned
