@@ -9,7 +9,7 @@ LINKS = ("eth0", "eth1")
 
 
 def test_by_position_the_nth_locator_on_the_nth_link_and_the_rest_on_the_first() -> None:
-    assert place_locators([A, D, E], LINKS) == {A: "eth0", D: "eth1", E: "eth1"}
+    assert place_locators([A, D, E], LINKS) == {A: "eth0", D: "eth1", E: "eth0"}
     assert place_locators([A, D], ()) == {}
 
 

@@ -67,7 +67,7 @@ def place_locators(
         elif locator in covering:
             placed[locator] = covering[locator][1]
         else:
-            placed[locator] = interfaces[min(position, len(interfaces) - 1)]
+            placed[locator] = interfaces[position] if position < len(interfaces) else interfaces[0]
     return placed
 
 
