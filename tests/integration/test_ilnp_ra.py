@@ -249,3 +249,20 @@ def test_the_readme_two_host_setup_needs_nothing_but_the_nids(tmp_path: Path) ->
             for proc in daemons:
                 proc.terminate()
                 proc.wait(timeout=10)
+
+
+def test_a_killed_daemons_token_is_cleared_by_the_next_one(net: tuple[IlnpNet, Radvd]) -> None:
+    """SIGKILL leaves the NID as eth0's token; the next daemon takes it for a leftover
+    and clears it when it stops, rather than putting it back as if it were the user's."""
+    network, radvd = net
+    network.ip(network.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+    radvd.configure({"ra": [("2001:db8:a::/64", 600, 300)]})
+    first = network.start(network.a, "::a", [], policy="none")
+    first.proc.kill()
+    first.proc.wait(timeout=10)
+    token = network.a.exec(["ip", "-6", "token", "get", "dev", "eth0"]).stdout.split()[1]
+    assert token == "::a"
+    second = network.start(network.a, "::a", [], policy="none")
+    second.proc.terminate()
+    second.proc.wait(timeout=10)
+    assert network.a.exec(["ip", "-6", "token", "get", "dev", "eth0"]).stdout.split()[1] == "::"

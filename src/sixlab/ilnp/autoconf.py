@@ -260,7 +260,9 @@ class RouterAdvertisements:
                 forwarding = self._sysctl(name, "forwarding").read_text().strip() == "1"
                 self._ensure(name, "accept_ra", "2" if forwarding else "1")
                 self._ensure(name, "autoconf", "1")
-                self._tokens[name] = _token(name)
+                old = _token(name)
+                # Our own token already: a killed daemon's, to be cleared at exit.
+                self._tokens[name] = "::" if old == token else old
                 _ip("token", "set", token, "dev", name)
         except BaseException:
             self.close()

@@ -47,6 +47,11 @@ which live on a TUN device this daemon owns::
   back when the link does: multihoming failover. A netlink socket subscribed to link
   and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
   missed events (:mod:`sixlab.ilnp.links`).
+* **Zero configuration.** A locator given that no link holds gets its locator|NID
+  address on its link (:mod:`sixlab.ilnp.addresses`); without ``--locator`` the
+  locators, and DNS servers, come from Router Advertisements
+  (:mod:`sixlab.ilnp.autoconf`); names resolved go to the names file
+  (:mod:`sixlab.ilnp.names`).
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
