@@ -474,7 +474,7 @@ def _run_sender(args: argparse.Namespace) -> int:
         print(f"sixlab stamp sender: {exc}", file=sys.stderr)
         return 1
     engine = SenderEngine(plane, on_event=_printer(args))
-    port = int(getattr(plane, "local_port", 0)) if args.loopback else args.port
+    port = plane.local_port if args.loopback else args.port
     spec = SenderSessionSpec(
         config,
         args.reflector,

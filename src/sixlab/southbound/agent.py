@@ -663,7 +663,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         dataplane = create(name, config)
         dataplane.open()
         try:
-            bound = int(getattr(dataplane, "local_port", port))
+            bound = dataplane.local_port
             rt = _Runtime(dataplane, name, bound, source)
             if self.role is Role.SENDER:
                 rt.sender = SenderEngine(dataplane, self._clock, self._fifo_capacity)
