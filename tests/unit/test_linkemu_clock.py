@@ -15,30 +15,10 @@ import pytest
 
 from sixlab.testbed._emulation import DirectionConfig
 from sixlab.testbed.linkemu import _DelayLine, _Direction
+from tests.unit.test_engine import SteppedClocks as Clocks
 
 MS = 1_000_000
 HOUR = 3600 * 1_000_000_000
-
-
-class Clocks:
-    """A wall clock and a monotonic clock that advance together unless stepped."""
-
-    def __init__(self) -> None:
-        self.wall_ns = 1_764_000_000 * 1_000_000_000
-        self.mono_ns = 5_000 * 1_000_000_000
-
-    def wall(self) -> int:
-        return self.wall_ns
-
-    def mono(self) -> int:
-        return self.mono_ns
-
-    def advance(self, ns: int) -> None:
-        self.wall_ns += ns
-        self.mono_ns += ns
-
-    def step_wall(self, ns: int) -> None:
-        self.wall_ns += ns
 
 
 @pytest.fixture
@@ -64,7 +44,7 @@ def test_a_wall_clock_step_neither_stalls_nor_bursts(out: socket.socket, step: i
     # Received by the kernel 1 ms before the element reads it.
     line.hold(d, b"first", clocks.wall() - 1 * MS)
     clocks.advance(2 * MS)
-    clocks.step_wall(step)
+    clocks.wall_ns += step
     line.hold(d, b"second", clocks.wall())  # received just after the step
     clocks.advance(6 * MS)  # 7 ms after "first" arrived, 6 ms after "second"
     assert _released(line, clocks.mono()) == []  # no burst
@@ -83,7 +63,7 @@ def test_a_frame_read_across_a_backward_step_is_held_its_delay(out: socket.socke
     d = _Direction(DirectionConfig(delay_ms=10), out, "0:ab", reorder=False)
     stamped = clocks.wall()
     clocks.advance(1 * MS)
-    clocks.step_wall(-HOUR)
+    clocks.wall_ns -= HOUR
     line.hold(d, b"frame", stamped)
     assert line.next_deadline() == clocks.mono() + 10 * MS
 
