@@ -173,7 +173,7 @@ def test_unknown_ssid_replies_are_counted(
     stray = network.plane(DataplaneConfig(port=0, source=IPv6Address("fd00::7")))
     stray.open()
     try:
-        port = sender.dataplane.local_port  # type: ignore[attr-defined]
+        port = sender.dataplane.local_port
         stray.send(bytes(44), S_ADDR, port)
         deadline = time.monotonic() + 5
         while not sender.counters.no_session and time.monotonic() < deadline:

@@ -255,6 +255,17 @@ class Dataplane(abc.ABC):
         cannot answer in ``FastBatch.slow`` for the engine's general path."""
         raise NotImplementedError(f"{type(self).__name__} has no reflector fast path")
 
+    @property
+    def local_port(self) -> int:
+        """The local UDP port: the configured one, or the one the kernel chose for a plane
+        that binds a socket to port 0."""
+        return self.config.port
+
+    def kernel_stats(self) -> tuple[int, int] | None:
+        """(packets, drops) the kernel counted for the plane's receive ring since the last
+        call; None for a plane without one."""
+        return None
+
     def counters(self) -> dict[str, int]:
         """The plane's own packet counters by name (e.g. ``reflected``, ``drop-*``) for
         packets it handled without the engine; empty for a plane that has none."""
