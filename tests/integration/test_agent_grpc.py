@@ -448,6 +448,62 @@ def test_agent_subprocess() -> None:
                 stream.close()
 
 
+# ------------------------------------------------------------------- unix socket paths
+
+
+def test_a_live_agents_unix_socket_is_refused_and_kept(tmp_path: Path) -> None:
+    """A second agent started on a path a running agent serves is refused; the first
+    keeps its socket and its clients (gRPC alone would unlink and take the path)."""
+    address = f"unix:{tmp_path}/a.sock"
+    first = serve(address, "reflector")
+    try:
+        with AgentClient(address, timeout=5) as client:
+            client.wait_ready()
+            epoch = client.info().epoch
+        with pytest.raises(OSError, match=r"a\.sock: a server answers there .*another path"):
+            serve(address, "sender")
+        with AgentClient(address, timeout=5) as client:
+            assert client.info().epoch == epoch  # still the first agent
+    finally:
+        first.stop()
+
+
+def test_a_path_that_is_not_a_socket_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "a.sock"
+    path.write_text("precious")
+    with pytest.raises(OSError, match="exists and is not a socket"):
+        serve(f"unix:{path}", "reflector")
+    assert path.read_text() == "precious"
+
+
+def test_an_agent_killed_with_sigkill_restarts_on_its_socket(tmp_path: Path) -> None:
+    """kill -9 leaves the socket file; the next agent on that path replaces it, and
+    an agent started while one serves there exits 2 with the reason."""
+    path = tmp_path / "a.sock"
+    argv = _agent_command("--role", "reflector", "--grpc", f"unix:{path}")
+    first = _start_agent(argv)
+    first.kill()
+    first.wait(10)
+    assert first.stdout is not None
+    first.stdout.close()
+    assert path.is_socket()  # the dead agent's
+    second = _start_agent(argv)
+    try:
+        with AgentClient(f"unix:{path}", timeout=5) as client:
+            client.wait_ready()
+            assert not client.info().initialized
+        third = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert third.returncode == 2, third
+        assert "a server answers there" in third.stderr
+        with AgentClient(f"unix:{path}", timeout=5) as client:
+            client.info()  # still the second agent's socket
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(10) == 0
+        assert second.stdout is not None
+        second.stdout.close()
+
+
 # ------------------------------------------------------------------- SRv6 in a namespace
 
 

@@ -89,7 +89,7 @@ from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcclient import RpcError
-from sixlab.southbound.rpcserver import abort_for, unary
+from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
@@ -1170,13 +1170,16 @@ def serve(
 ) -> AgentServer:
     """Start an agent serving gRPC on ``address`` (``"[::1]:50051"``, ``"unix:/path"``).
 
-    Port 0 picks a free port (``AgentServer.port``). Returns once the server accepts
-    calls; the agent is not initialised until a client calls Init.
+    Port 0 picks a free port (``AgentServer.port``). A unix socket left by a killed
+    agent is replaced; one a live server answers on is refused with ``OSError``
+    (:func:`~sixlab.southbound.rpcserver.claim_unix_address`). Returns once the server
+    accepts calls; the agent is not initialised until a client calls Init.
     """
     if dataplane not in available():
         raise ValueError(
             f"dataplane: unknown data plane {dataplane!r} (available: {', '.join(available())})"
         )
+    claim_unix_address(address)
     servicer = StampAgentServicer(
         role,
         dataplane,
