@@ -33,6 +33,12 @@ from sixlab.southbound import (
     serve,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound.agent import (
+    MAX_COUNT,
+    MAX_DURATION_NS,
+    MAX_INTERVAL_NS,
+    MAX_LOSS_TIMEOUT_NS,
+)
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
 from tests.integration.conftest import TEST_PREFIX
@@ -323,6 +329,40 @@ def test_agent_survives_garbage(pair: Pair) -> None:
     pair.reflector.start_session(20)
     _run(pair, 20)
     _check_records(_poll_all(pair.sender, 20), 20)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("count", MAX_COUNT + 1),
+        ("count", 2**64 - 1),
+        ("interval_ns", MAX_INTERVAL_NS + 1),
+        ("interval_ns", 2**64 - 1),
+        ("duration_ns", MAX_DURATION_NS + 1),
+        ("duration_ns", 2**64 - 1),
+        ("loss_timeout_ns", MAX_LOSS_TIMEOUT_NS + 1),
+        ("loss_timeout_ns", 2**64 - 1),
+    ],
+)
+def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value: int) -> None:
+    """What the CLI and the northbound API refuse, the agent refuses over gRPC too:
+    INVALID_ARGUMENT naming the field; the bound itself is accepted."""
+    request = pb.CreateStampSessionRequest(ssid=1, reflector_address="::1")
+    setattr(request, field, value)
+    with pytest.raises(SouthboundError) as refused:
+        pair.sender.create_session(request)
+    assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details.startswith(f"{field}: {value}, at most "), refused.value.details
+    assert pair.sender.info().ssids == []
+    limit = {
+        "count": MAX_COUNT,
+        "interval_ns": MAX_INTERVAL_NS,
+        "duration_ns": MAX_DURATION_NS,
+        "loss_timeout_ns": MAX_LOSS_TIMEOUT_NS,
+    }[field]
+    setattr(request, field, limit)
+    pair.sender.create_session(request)
+    assert pair.sender.info().ssids == [1]
 
 
 # ------------------------------------------------------------------------------- TLS
