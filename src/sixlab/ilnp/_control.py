@@ -33,7 +33,8 @@ namespace), so daemons in different namespaces never meet on the default path wh
 
 :meth:`ControlServer.open` refuses a path where a live daemon answers (a connection
 succeeds) and a path that is not a socket; it replaces a socket nobody listens on (a
-daemon killed without cleaning up). :meth:`ControlServer.close` removes the path only
+daemon killed without cleaning up): :mod:`sixlab.linux.unixpath`, which the STAMP agent
+uses for its gRPC socket too. :meth:`ControlServer.close` removes the path only
 while it is still the socket this server made (same device and inode): a daemon never
 deletes another's socket.
 
