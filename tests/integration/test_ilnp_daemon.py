@@ -402,10 +402,15 @@ def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(
 ) -> None:
     """Unmodified sockets over ILNP; the wire shows the nonce and NID-only checksums.
 
-    With the fast path on, most UDP packets on the wire were written by the kernel
-    programs, not by the daemon: the same checks hold for them.
+    With the fast path on, most UDP and TCP packets on the wire were written by the
+    kernel programs, not by the daemon: the same checks hold for them. TCP leaves the
+    programs with its checksum for the device to finish; the hosts' links finish it as
+    a NIC does (a veth left as it is passes it on unfinished: see
+    ``test_fastpath_tcp_reaches_a_daemon_without_one_unfinished``).
     """
     net.fastpath = fastpath
+    for node in (net.a, net.b):
+        node.exec(["ethtool", "-K", "eth0", "tx", "off"])
     da, db = net.start_pair()
     cap = net.capture("rb")
     echo = EchoServer(net.b, ID_B)
@@ -432,7 +437,7 @@ def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(
 
     # Our own decoder: every packet between the locators is ILNP with a nonce, and its
     # UDP/TCP checksum verifies over ::NIDs/::NIDd but not over the real addresses.
-    udp = tcp = 0
+    udp = tcp = tcp_from_a = 0
     for raw in cap.ipv6():
         if raw[8] == 0xFE or raw[24] == 0xFF or (raw[6] == 58 and raw[40] in _ND):
             continue  # link-local, multicast (MLD) and Neighbour Discovery
@@ -456,6 +461,7 @@ def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(
             assert wire_sum != plain
             udp += packet.next_header == 17
             tcp += packet.next_header == 6
+            tcp_from_a += packet.next_header == 6 and packet.src.nid == NID_A
     assert udp >= 40
     assert tcp > 50
 
@@ -501,8 +507,12 @@ def test_udp_echo_and_tcp_transfer_carry_nonce_and_nid_checksum(
         # A's echo requests left through the kernel after the first; B (policy socket,
         # a non-connected server: A not adopted) answered each through user space.
         assert fast_a["enabled"]
-        assert fast_a["counters"]["tx_fast"] >= 15
+        assert fast_a["counters"]["tx_fast"] - fast_a["counters"]["tx_fast_tcp"] >= 15
         assert fast_a["counters"]["rx_fast"] >= 15
+        # B's TCP server socket connected (B adopted A): the transfer's segments and
+        # its acknowledgements went through the kernel on both sides, most of them.
+        assert fast_a["counters"]["tx_fast_tcp"] >= 0.9 * tcp_from_a
+        assert fast_b["counters"]["tx_fast_tcp"] >= 0.5 * (tcp - tcp_from_a)
 
 
 def _move_a(net: IlnpNet, da: Daemon) -> None:
@@ -850,6 +860,28 @@ def test_fastpath_carries_established_udp_and_keeps_the_entry_alive(net: IlnpNet
         (entry,) = daemon.request("cache")["entries"]
         assert entry["last_used"] - entry["created"] >= 1.0
     assert fa["sync"]["activity"] >= 1
+
+
+def test_fastpath_tcp_reaches_a_daemon_without_one_unfinished(net: IlnpNet) -> None:
+    """A's kernel sends the TCP transfer (one segment per packet, checksum left to the
+    device); the veth passes it on unfinished and B, without a fast path, reads it
+    from its ring flagged ``TP_STATUS_CSUMNOTREADY``: B's daemon finishes the checksum
+    and B's TCP takes every byte."""
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    net.fastpath = "off"
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    flow = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+    try:
+        wait_until(lambda: flow.received > 500_000, timeout=20, what="half a megabyte")
+    finally:
+        flow.finish()
+    assert not flow.errors
+    assert flow.received == flow.sent
+    assert flow.recv_hash.digest() == flow.sent_hash.digest()
+    fast = da.status()["fastpath"]["counters"]
+    assert fast["tx_fast_tcp"] > 300
+    assert fast.get("tx_gso", 0) == 0
+    assert db.status()["wire"]["rx_checksum_finished"] >= fast["tx_fast_tcp"]
 
 
 def test_fastpath_removed_entry_goes_back_to_user_space(net: IlnpNet) -> None:

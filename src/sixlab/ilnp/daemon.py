@@ -25,7 +25,10 @@ which live on a TUN device this daemon owns::
   identifier addresses, which the daemon writes to the TUN device.
 * **Checksums.** The identifier prefix's words add up to 0xFFFF, so the checksum the
   kernel computes over identifier addresses *is* the NID-only ILNP checksum (RFC 6740
-  §6.3): neither direction touches it.
+  §6.3): neither direction touches it. A frame the ring flags
+  ``TP_STATUS_CSUMNOTREADY`` (a sender's TCP, left for a device to finish, came over
+  a veth that finishes nothing) has its checksum finished here first
+  (:func:`sixlab.wire.ilnp.finish_partial_checksum`).
 * **Kernel fast path.** Once an ILCC entry is established, a copy of it goes into a BPF
   map, and two tc programs (:mod:`sixlab.ilnp.fastpath`) carry its TCP and UDP packets
   in both directions without this process: the TUN device's egress rewrites to I-LVs
@@ -105,7 +108,12 @@ from sixlab.linux.cbpf import (
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.libbpf import tc_hook_destroy
 from sixlab.linux.nftdrop import KernelDrop
-from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
+from sixlab.linux.packetring import (
+    ETH_P_IPV6,
+    TP_STATUS_CSUMNOTREADY,
+    PacketRing,
+    RingGeometry,
+)
 from sixlab.linux.signals import StopOnSignal
 from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
@@ -114,6 +122,7 @@ from sixlab.wire.ilnp import (
     IDENTIFIER_PREFIX,
     IPV6_HEADER_SIZE,
     LocatorEntry,
+    finish_partial_checksum,
     identifier_address,
 )
 
@@ -596,6 +605,9 @@ class IlnpDaemon:
             if not self._is_ours(packet):
                 continue
             self.wire["rx"] += 1
+            if frame.status & TP_STATUS_CSUMNOTREADY:  # a sender's veth left it unfinished
+                packet = finish_partial_checksum(packet) or packet
+                self.wire["rx_checksum_finished"] += 1
             if packet[6] == DSTOPTS_NEXT_HEADER:
                 self.wire["rx_nonce"] += 1
             self.host.receive(packet, self.clock())

@@ -107,6 +107,8 @@ COUNTER_NAMES = (
     "rx_not_our_locator",
     "activity_lost",
     "rx_no_room",
+    "rx_fast_tcp",
+    "tx_fast_tcp",
 )
 #: A ``u64`` deadline that never comes.
 _NEVER = (1 << 64) - 1
@@ -226,6 +228,18 @@ def remove_leftovers(links: Iterable[str]) -> int:
     return removed
 
 
+def _one_segment_per_packet(ifindex: int) -> None:
+    """Cap the TUN device's ``gso_max_segs`` at 1: TCP then hands it one segment per
+    packet, which ``ilnp_egress`` can carry, instead of segmentation offload packets of
+    up to 64 KiB, which it leaves to user space (the device has no TSO, so the kernel
+    cuts those into segments anyway, on their way to the daemon). The device is the
+    daemon's and goes with it: nothing to restore."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    with IPRoute() as ipr:
+        ipr.link("set", index=ifindex, gso_max_segs=1)
+
+
 class FastPath:
     """The loaded programs and their maps for one daemon (one network namespace).
 
@@ -295,6 +309,7 @@ class FastPath:
         egress = self.program("ilnp_egress").fd
         tc_attach(self.tun_ifindex, egress, egress=True, handle=TC_HANDLE, priority=TC_PRIORITY)
         self._attached.append((self.tun_ifindex, True))
+        _one_segment_per_packet(self.tun_ifindex)
 
     def set_locators(self, locators: Iterable[int]) -> None:
         """Our locators: the ingress program takes packets addressed to these only."""
