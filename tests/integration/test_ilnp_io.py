@@ -359,8 +359,9 @@ def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> 
 
 def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
     """A's second interface is deleted and made again (a new index): the daemon's
-    capture socket on the old one would never see a packet again. It is made again,
-    and the link carries the failover as before."""
+    capture socket on the old one would never see a packet again, and the kernel fast
+    path's ingress program went with the old interface. Both are made again, and the
+    link carries the failover as before, through the kernel both ways."""
     da = start_multihomed(net)
     net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
     net.ip(net.a, "link", "del", "eth1")
@@ -372,12 +373,24 @@ def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
     net.ip(net.r, "addr", "add", "2001:db8:d::1/64", "dev", "ra2")
     net.ip(net.r, "addr", "add", "fe80::2/64", "dev", "ra2")
     wait_until(lambda: da.status()["events"].get("rings_reopened") == 1, what="a new ring")
+    wait_until(lambda: da.status()["events"].get("fastpath_reattached") == 1, what="program")
+    filters = net.tb.exec_in(net.a, ["tc", "filter", "show", "dev", "eth1", "ingress"])
+    assert "ilnp_ingress" in filters.stdout
     net.ip(net.a, "link", "set", "eth0", "down")
     wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="failover")
     echo = EchoServer(net.b, ID_B)
     try:
         with a_client(net) as client:
             echo_each(client, [b"over the new eth1 %d" % i for i in range(5)])
+            before = da.status()["fastpath"]["counters"]
+            echo_each(client, [b"in the kernel %d" % i for i in range(50)])
+            after = da.status()["fastpath"]["counters"]
     finally:
         echo.close()
-    assert da.status()["rings"]["eth1"]["reopened"] == 1
+    status = da.status()
+    assert status["rings"]["eth1"]["reopened"] == 1
+    # A adopted B (its client socket is connected): its requests leave through the
+    # kernel out of the new eth1, B's answers come in through the program on it.
+    assert after["tx_fast"] >= before.get("tx_fast", 0) + 45
+    assert after["rx_fast"] >= before.get("rx_fast", 0) + 45
+    assert not status["drops"]

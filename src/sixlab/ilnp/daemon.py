@@ -49,7 +49,8 @@ which live on a TUN device this daemon owns::
   (Locator Updates go out, from another locator and out of its link), and it comes
   back when the link does: multihoming failover. A netlink socket subscribed to link
   and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
-  missed events (:mod:`sixlab.ilnp.links`).
+  missed events (:mod:`sixlab.ilnp.links`). A link deleted and made again (a new
+  interface index) gets a new ring and the fast path's ingress program again.
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
@@ -679,7 +680,7 @@ class IlnpDaemon:
             now_index = self.links.states[str(ring.ifname)].ifindex
             if now_index and now_index != ring.ifindex:  # the interface was made again
                 self._reopen_ring(ring)
-        if new_home:
+        if self._reattach_fastpath() or new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
         down = self.links.down(e.locator for e in self._configured)
         if down == self._withdrawn:
@@ -692,6 +693,29 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _reattach_fastpath(self) -> bool:
+        """Put the ingress program on each link made again since it was attached (a
+        new interface index); whether any was. Its clsact qdisc is then ours."""
+        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+
+        if self.fastpath is None:
+            return False
+        done = False
+        for name, state in self.links.states.items():
+            if not state.ifindex or self.fastpath.attached_to(name) == state.ifindex:
+                continue
+            try:
+                fresh = clsact_filters(name) is None
+                self.fastpath.attach_link(name, state.ifindex)
+            except (LinuxError, OSError, NetlinkError):  # gone again: the next refresh retries
+                self.events["fastpath_reattach_errors"] += 1
+                continue
+            self.events["fastpath_reattached"] += 1
+            if fresh:
+                self._own_clsact.add(name)
+            done = True
+        return done
 
     def _reopen_ring(self, ring: PacketRing) -> None:
         self._selector.unregister(ring.fileno())

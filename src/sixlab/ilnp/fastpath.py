@@ -267,6 +267,8 @@ class FastPath:
         self.installed: set[int] = set()
         self.tun_ifindex = 0
         self._attached: list[tuple[int, bool]] = []
+        #: The interface index each link's ingress program is attached to.
+        self._ingress: dict[str, int] = {}
         self._obj: BpfObject | None = None
         self._ring: RingBuffer | None = None
         self._cfg_map: BpfMap | None = None
@@ -301,15 +303,31 @@ class FastPath:
 
     def attach(self) -> None:
         """The ingress program on every link, the egress one on the TUN device."""
-        ingress = self.program("ilnp_ingress").fd
         for name in self.links:
-            ifindex = socket.if_nametoindex(name)
-            tc_attach(ifindex, ingress, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
-            self._attached.append((ifindex, False))
+            self.attach_link(name, socket.if_nametoindex(name))
         egress = self.program("ilnp_egress").fd
         tc_attach(self.tun_ifindex, egress, egress=True, handle=TC_HANDLE, priority=TC_PRIORITY)
         self._attached.append((self.tun_ifindex, True))
         _one_segment_per_packet(self.tun_ifindex)
+
+    def attached_to(self, name: str) -> int | None:
+        """The interface index link ``name``'s ingress program is attached to."""
+        return self._ingress.get(name)
+
+    def attach_link(self, name: str, ifindex: int) -> bool:
+        """Attach the ingress program to link ``name``, now interface ``ifindex``, unless
+        it is there already; whether it was attached now. A link deleted and made again
+        has a new index and none of our filters (they went with the old interface)."""
+        if self._ingress.get(name) == ifindex:
+            return False
+        old = self._ingress.pop(name, None)
+        if old is not None:
+            self._attached.remove((old, False))
+        program = self.program("ilnp_ingress").fd
+        tc_attach(ifindex, program, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
+        self._attached.append((ifindex, False))
+        self._ingress[name] = ifindex
+        return True
 
     def set_locators(self, locators: Iterable[int]) -> None:
         """Our locators: the ingress program takes packets addressed to these only."""
@@ -402,6 +420,7 @@ class FastPath:
             except LibbpfError:
                 self.stats["detach_errors"] += 1
         self._attached.clear()
+        self._ingress.clear()
         if self._ring is not None:
             self._ring.free()
             self._ring = None
