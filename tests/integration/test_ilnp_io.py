@@ -357,6 +357,40 @@ def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> 
     assert not Path(control).exists()
 
 
+@pytest.mark.parametrize("then", ["restart", "cleanup"])
+def test_a_killed_daemons_leavings_are_undone(net: IlnpNet, then: str) -> None:
+    """A daemon killed with SIGKILL leaves what it added: the clsact qdiscs, the
+    ``ignore_routes_with_linkdown`` it set, the address it claimed, its nft table. The
+    next daemon on the same TUN device (or ``sixlab ilnp cleanup``) puts the
+    namespace back as the dead one found it, and a clean exit then leaves nothing."""
+    before = _leavings(net)
+    argv = _host_argv("0:0:0:a", "2001:db8:a:0,10", "--control", str(net.tmp / "a.sock"))
+    argv[argv.index("--fastpath") + 1] = "on"
+    argv += ["--locator", "2001:db8:9:0,30", "--interface", "eth1"]  # 9: no link holds it
+    first = net.tb.run_in(net.a, argv, stdout=subprocess.PIPE)
+    assert first.stdout is not None
+    assert first.stdout.readline().startswith(b"ready ")
+    first.kill()
+    first.wait(timeout=10)
+    crashed = _leavings(net)
+    assert crashed["sysctl"].split() == ["1", "1"]
+    assert "2001:db8:9::a/64" in crashed["addresses"]
+    assert "clsact" in crashed["qdiscs"]
+    if then == "cleanup":
+        done = net.tb.exec_in(
+            net.a, [sys.executable, "-m", "sixlab.cli.ilnp", "cleanup"], check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert _leavings(net) == before
+        return
+    second = net.tb.run_in(net.a, argv, stdout=subprocess.PIPE)
+    assert second.stdout is not None
+    assert second.stdout.readline().startswith(b"ready ")
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=10) == 0
+    assert _leavings(net) == before
+
+
 def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
     """A's second interface is deleted and made again (a new index): the daemon's
     capture socket on the old one would never see a packet again, and the kernel fast

@@ -61,6 +61,7 @@ import contextlib
 import fcntl
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -89,6 +90,9 @@ from sixlab.ilnp.fastpath import (
 )
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.leftovers import Leftovers, netns_cookie, process_start, state_path
+from sixlab.ilnp.leftovers import save as save_leftovers
+from sixlab.ilnp.leftovers import undo as undo_leftovers
 from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops, link_states
 from sixlab.ilnp.names import render_names, write_names
 from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
@@ -126,6 +130,8 @@ from sixlab.wire.ilnp import (
     finish_partial_checksum,
     identifier_address,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DaemonConfig",
@@ -347,6 +353,9 @@ class IlnpDaemon:
         self._next_link_poll = 0.0
         #: Links whose clsact qdisc the daemon made (or inherited from a dead daemon).
         self._own_clsact: set[str] = set()
+        #: Where the daemon writes down what it changed (sixlab.ilnp.leftovers).
+        self._state = state_path(config.tun_name)
+        self._state_saved = False
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
@@ -378,11 +387,14 @@ class IlnpDaemon:
             except (OSError, ValueError):  # ValueError: a NUL in the name
                 raise ConfigError(f"interface {name!r}: no such interface") from None
         try:
-            # First: a live daemon on the same path refuses us before we touch anything.
+            # First what a killed daemon left here goes (a live one's file is refused),
+            # then a live daemon on the same control path refuses us.
+            self._undo_leftovers()
             self.control.open()
             self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
                 self.config.nid, self._configured, self.config.interfaces, self.read_links()
             )
+            self._save_state()
             self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
@@ -398,15 +410,40 @@ class IlnpDaemon:
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
             self.egress.open()
             self.links.open()
+            self._save_state()
             self._selector.register(self.links.fileno(), selectors.EVENT_READ, "links")
             self.links.refresh()
             self.egress.set_links(self.links.states)
             self._selector.register(self.egress.fileno(), selectors.EVENT_READ, "neighbours")
             self.drop.install()
             self._open_fastpath()
+            self._save_state()
         except BaseException:
             self.close()
             raise
+
+    # What the daemon changed in the namespace, on disk (sixlab.ilnp.leftovers).
+
+    def _undo_leftovers(self) -> None:
+        for line in undo_leftovers(self._state):
+            self.events["leftovers_undone"] += 1
+            log.info("leftover of a killed daemon: %s", line)
+
+    def _save_state(self) -> None:
+        files = [self.config.control, *([self.config.names] if self.config.names else [])]
+        leftovers = Leftovers(
+            pid=os.getpid(),
+            started=process_start(os.getpid()) or 0,
+            netns=netns_cookie(),
+            sysctls=self.links.changed_settings(),
+            clsact=sorted(self._own_clsact),
+            addresses=list(self._claimed),
+            filters=list(self.config.interfaces),
+            nft_table=self.drop.table if self.drop.installed else None,
+            files=files,
+        )
+        save_leftovers(self._state, leftovers)
+        self._state_saved = True
 
     def _open_fastpath(self) -> None:
         if self.config.fastpath not in ("auto", "on", "off"):
@@ -499,6 +536,9 @@ class IlnpDaemon:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
         self._selector.close()
+        if self._state_saved:  # everything it names is undone
+            Path(self._state).unlink(missing_ok=True)
+            self._state_saved = False
 
     def stop(self, *_args: object) -> None:
         self._stop = True
@@ -714,6 +754,7 @@ class IlnpDaemon:
             self.events["fastpath_reattached"] += 1
             if fresh:
                 self._own_clsact.add(name)
+                self._save_state()
             done = True
         return done
 

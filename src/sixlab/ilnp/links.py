@@ -238,6 +238,10 @@ class LinkWatcher:
     def opened(self) -> bool:
         return self._sock is not None
 
+    def changed_settings(self) -> dict[str, str]:
+        """Each sysctl file :meth:`open` wrote, with the value it found there."""
+        return {_SYSCTL.format(name): old for name, old in self._saved.items()}
+
     def fileno(self) -> int:
         assert self._sock is not None, "open() first"
         return self._sock.fileno()

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from sixlab.linux.errors import LinuxError
 
-__all__ = ["KernelDrop", "KernelDropError"]
+__all__ = ["KernelDrop", "KernelDropError", "remove_orphan_table"]
 
 _OWNER = re.compile(r'comment "sixlab pid=(\d+)"')
 #: ``nft`` answers in milliseconds; ten seconds only bounds a hung one.
@@ -72,6 +72,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_orphan_table(table: str) -> bool:
+    """Delete ``ip6`` table ``table`` if a process of ours made it and is dead; whether
+    it did. A table without our comment, or of a live process, stays."""
+    listing = _nft("list", "table", "ip6", table, check=False)
+    match = _OWNER.search(listing.stdout) if listing.returncode == 0 else None
+    if match is None or _alive(int(match.group(1))):
+        return False
+    return _nft("delete", "table", "ip6", table, check=False).returncode == 0
 
 
 class KernelDrop:
