@@ -80,7 +80,7 @@ from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.addresses import claim_addresses, release_addresses
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
-from sixlab.ilnp.egress import Egress
+from sixlab.ilnp.egress import Egress, flush_unresolved
 from sixlab.ilnp.fastpath import (
     TC_HANDLE,
     TC_PRIORITY,
@@ -477,6 +477,7 @@ class IlnpDaemon:
         now = self.clock()
         self._next_link_poll = now + _LINK_POLL_S
         self._poll_links(now)
+        self._flush_dead_links()
 
     def _note_clsact(self) -> None:
         """Remember the links whose ``clsact`` qdisc is ours to remove at exit: those
@@ -577,6 +578,7 @@ class IlnpDaemon:
         if now >= self._next_link_poll:
             self._next_link_poll = now + _LINK_POLL_S
             self._poll_links(now)
+            self._flush_dead_links()
         self._sync_fastpath()
 
     # ------------------------------------------------------------------ fast path
@@ -733,6 +735,19 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _flush_dead_links(self) -> None:
+        """Free what the fast path sent into links that are not usable (egress module
+        doc): once the records say where to send, nothing new goes there."""
+        if self.fastpath is None:
+            return
+        self._sync_fastpath()
+        for state in self.links.states.values():
+            if state.ifindex and not state.usable:
+                try:
+                    self.events["neighbours_flushed"] += flush_unresolved(state.ifindex)
+                except OSError:
+                    self.events["neighbour_flush_errors"] += 1
 
     def _reattach_fastpath(self) -> bool:
         """Put the ingress program on each link made again since it was attached (a
