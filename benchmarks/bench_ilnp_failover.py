@@ -203,8 +203,8 @@ def _event(net: Net, name: str) -> None:
         net.ip(net.r, "link", "set", "ra", "down")
     else:  # down flushed the router's addresses on ra: its configuration comes back
         net.ip(net.r, "link", "set", "ra", "up")
-        net.r.add_address("ra", "2001:db8:a::1")
-        net.r.add_address("ra", "fe80::1")
+        for address in ("2001:db8:a::1", "fe80::1", "2001:db8:c::1"):
+            net.r.add_address("ra", address)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -357,6 +357,41 @@ def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> 
     assert not Path(control).exists()
 
 
+def test_fastpath_leaves_by_the_locators_link_not_the_preferred_route(net: IlnpNet) -> None:
+    """A prefers its eth1 locator while its preferred default route goes through eth0.
+    The kernel fast path sends out of eth1 to eth1's router: left to its own route
+    lookup it took eth0's gateway and looked for it on eth1, where nobody answers,
+    and every packet waited there and was lost."""
+    da = net.start(
+        net.a,
+        "0:0:0:a",
+        ["2001:db8:d:0,10", "2001:db8:a:0,20"],
+        interfaces=("eth0", "eth1"),
+        policy="none",
+    )
+    net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    cap = net.capture("ra2")
+    try:
+        with a_client(net) as client:
+            echo_each(client, [b"first %d" % i for i in range(3)])
+            before = da.status()["fastpath"]["counters"]
+            echo_each(client, [b"kernel %d" % i for i in range(50)])
+            after = da.status()["fastpath"]["counters"]
+        flow = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+        time.sleep(1.0)
+        flow.finish()
+    finally:
+        echo.close()
+    frames = cap.stop()
+    assert after["tx_fast"] >= before.get("tx_fast", 0) + 50
+    assert not flow.errors
+    assert flow.received == flow.sent > 100_000
+    assert after.get("tx_fast_tcp", 0) == 0 < da.status()["fastpath"]["counters"]["tx_fast_tcp"]
+    from_a = [f for f in frames if f[12:14] == b"\x86\xdd" and f[14 + 8 : 14 + 16] == LOC_D_BYTES]
+    assert len(from_a) >= 50
+
+
 @pytest.mark.parametrize("then", ["restart", "cleanup"])
 def test_a_killed_daemons_leavings_are_undone(net: IlnpNet, then: str) -> None:
     """A daemon killed with SIGKILL leaves what it added: the clsact qdiscs, the

@@ -594,7 +594,9 @@ class IlnpDaemon:
         for nid in touched:
             entry = self.host.ilcc.get(nid)
             record = (
-                None if entry is None else peer_record(entry, self.host.config, self._ifindex_of)
+                None
+                if entry is None
+                else peer_record(entry, self.host.config, self._ifindex_of, self.links.next_hop)
             )
             fastpath.update(nid, record)
 
@@ -716,14 +718,16 @@ class IlnpDaemon:
         :mod:`sixlab.ilnp.links` says which locator lives where and which links are
         up with carrier. A link made again gets new capture sockets.
         """
+        hops = {name: state.hops for name, state in self.links.states.items()}
         new_home = self.links.refresh()
+        new_home |= hops != {name: state.hops for name, state in self.links.states.items()}
         self.egress.set_links(self.links.states)
         for ring in self._rings:
             now_index = self.links.states[str(ring.ifname)].ifindex
             if now_index and now_index != ring.ifindex:  # the interface was made again
                 self._reopen_ring(ring)
         if self._reattach_fastpath() or new_home:
-            self._sync_fastpath(everything=True)  # egress interfaces may be known now
+            self._sync_fastpath(everything=True)  # egress interfaces or next hops changed
         down = self.links.down(e.locator for e in self._configured)
         if down == self._withdrawn:
             return

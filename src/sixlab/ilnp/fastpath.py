@@ -16,7 +16,9 @@ The host stays the authority. :func:`peer_record` is a pure function of an entry
 the host's configuration; it grants the kernel only what the host itself would do
 with the entry's next packet:
 
-* **egress** while the entry is ``ACTIVE`` or ``LU_PENDING`` and has a usable locator,
+* **egress** while the entry is ``ACTIVE`` or ``LU_PENDING`` and has a usable locator
+  that the link holding the local locator has a route to (the record names the next
+  hop on that link, :meth:`sixlab.ilnp.links.LinkWatcher.next_hop`),
   until the earliest deadline at which the host's choice of locator could change
   (then the packet goes to user space, whose ``send`` advances the entry, and the
   record is rewritten); the nonce goes in when the host would put it in;
@@ -116,8 +118,8 @@ _NEVER = (1 << 64) - 1
 _CONFIG = struct.Struct(f"<QQ{MAX_LOCATORS}QII")
 # struct ilnp_peer: local/peer locator, egress_until_ns, accept[8], accept_until_ns[8],
 # last_report_ns, last_rx_report_ns, egress_ifindex, flags, nonce lengths, n_accept,
-# pad, the two nonces.
-_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQQIIBBB5x12s12s")
+# pad, the two nonces, the egress next hop.
+_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQQIIBBB5x12s12s16s")
 _KEY = struct.Struct("<Q")
 # struct activity: peer NID, heard (a packet from the peer, not to it).
 _ACTIVITY = struct.Struct("<QQ")
@@ -144,6 +146,8 @@ class PeerRecord:
     accept: tuple[tuple[int, float], ...]
     local_nonce: bytes
     peer_nonce: bytes
+    #: Egress: the next hop on the egress link (128-bit; the peer itself when on-link).
+    next_hop: int = 0
 
     def pack(self) -> bytes:
         accept = list(self.accept[:MAX_LOCATORS])
@@ -164,16 +168,22 @@ class PeerRecord:
             len(accept),
             self.local_nonce,
             self.peer_nonce,
+            self.next_hop.to_bytes(16, "big"),
         )
 
 
 def peer_record(
-    entry: IlccEntry, config: HostConfig, ifindex_of: Callable[[int], int | None]
+    entry: IlccEntry,
+    config: HostConfig,
+    ifindex_of: Callable[[int], int | None],
+    next_hop_of: Callable[[int, int], int | None] = lambda _loc, dst: dst,
 ) -> PeerRecord | None:
     """The kernel's copy of ``entry``, or None when the kernel should not know it.
 
     ``ifindex_of`` maps a local locator to the interface that holds it (None: unknown,
-    so no egress). The rules are the module docstring's.
+    so no egress); ``next_hop_of`` a local locator and a destination address to the
+    next hop on that interface (None: it has no route there, so no egress). The rules
+    are the module docstring's.
     """
     if entry.state not in (EntryState.ACTIVE, EntryState.LU_PENDING):
         return None
@@ -184,7 +194,10 @@ def peer_record(
     best = entry.best_locator()
     deadlines = [t for p in entry.locators if (t := p.next_deadline()) is not None]
     ifindex = ifindex_of(entry.local_locator)
-    if best is not None and deadlines and ifindex is not None:
+    hop = None
+    if best is not None:
+        hop = next_hop_of(entry.local_locator, (best.locator << 64) | entry.peer_nid)
+    if hop is not None and deadlines and ifindex is not None:
         flags |= F_EGRESS
     if config.always_carry_nonce or entry.carry_nonce or pending:
         flags |= F_CARRY_NONCE
@@ -208,6 +221,7 @@ def peer_record(
         accept=accept,
         local_nonce=entry.local_nonce.value,
         peer_nonce=b"" if entry.peer_nonce is None else entry.peer_nonce.value,
+        next_hop=hop or 0,
     )
 
 

@@ -100,6 +100,7 @@ struct ilnp_peer {
 	__u8 pad0[5];
 	__u8 local_nonce[12];
 	__u8 peer_nonce[12];
+	__u8 next_hop[16]; /* egress: the next hop on egress_ifindex; zero: look it up */
 };
 
 enum fp_counter {
@@ -408,5 +409,12 @@ int ilnp_egress(struct __sk_buff *skb)
 	count(FP_TX_FAST);
 	if (nh == NH_TCP)
 		count(FP_TX_FAST_TCP);
+	/* The next hop is the daemon's, from the routes through egress_ifindex: the
+	 * helper's own lookup takes the host's preferred route, whichever link it goes
+	 * through, and looks for its gateway on egress_ifindex, where it never answers. */
+	struct bpf_redir_neigh hop = {.nh_family = 10 /* AF_INET6 */};
+	__builtin_memcpy(hop.ipv6_nh, peer->next_hop, 16);
+	if (hop.ipv6_nh[0] | hop.ipv6_nh[1] | hop.ipv6_nh[2] | hop.ipv6_nh[3])
+		return bpf_redirect_neigh(peer->egress_ifindex, &hop, sizeof(hop), 0);
 	return bpf_redirect_neigh(peer->egress_ifindex, NULL, 0, 0);
 }
