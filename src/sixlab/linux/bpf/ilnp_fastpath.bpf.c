@@ -12,7 +12,8 @@
  *    ready entry: the Destination Options header with our nonce (RFC 6744) is inserted
  *    when the entry says so, the addresses become locator|NID (RFC 6740 I-LVs), an
  *    Ethernet header is pushed and bpf_redirect_neigh() sends it out of the interface
- *    that holds the local locator (the kernel's FIB and neighbour table fill in L2).
+ *    that holds the local locator, to the next hop the daemon read from that
+ *    interface's routes (the neighbour table fills in L2).
  *  - ilnp_ingress (tc ingress of each ILNP link): a packet for our NID on one of our
  *    locators, TCP or UDP, from a peer with a ready entry, carrying exactly the peer's
  *    nonce (or none, where the entry allows that) from a locator of the peer's set
