@@ -87,9 +87,8 @@ def _alive(pid: int) -> bool:
 def remove_orphan_table(table: str) -> bool:
     """Delete ``ip6`` table ``table`` if a process of ours made it and is dead; whether
     it did. A table without our comment, or of a live process, stays."""
-    listing = _nft("list", "table", "ip6", table, check=False)
-    match = _OWNER.search(listing.stdout) if listing.returncode == 0 else None
-    if match is None or _alive(int(match.group(1))):
+    owner = _table_owner(table)
+    if not owner or _alive(owner):
         return False
     return _nft("delete", "table", "ip6", table, check=False).returncode == 0
 
