@@ -603,7 +603,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     def Apply(self, request: pb.ApplyRequest) -> pb.ApplyReply:  # noqa: N802
         nodes = [_wanted_node(i, n) for i, n in enumerate(request.nodes)]
         sessions = [_wanted_session(s) for s in request.sessions]
-        steps = apply.plan(self.controller, nodes, sessions)
+        steps = apply.plan(self.controller, nodes, sessions, prune=request.prune)
         reply = pb.ApplyReply()
         if request.dry_run:
             reply.changes.extend(_change(s) for s in steps)
