@@ -52,7 +52,8 @@ which live on a TUN device this daemon owns::
   missed events (:mod:`sixlab.ilnp.links`). A link deleted and made again (a new
   interface index) gets a new ring and the fast path's ingress program again.
 * **Zero configuration.** A locator given that no link holds gets its locator|NID
-  address on its link (:mod:`sixlab.ilnp.addresses`); without ``--locator`` the
+  address on its link (:mod:`sixlab.ilnp.addresses`), again whenever the link comes
+  back from an administrative down, which flushed it; without ``--locator`` the
   locators, and DNS servers, come from Router Advertisements
   (:mod:`sixlab.ilnp.autoconf`); names resolved go to the names file
   (:mod:`sixlab.ilnp.names`).
@@ -82,7 +83,7 @@ from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
 from sixlab.ilnp._errors import ConfigError, DaemonError
-from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.addresses import add_addresses, claim_addresses, release_addresses
 from sixlab.ilnp.autoconf import RouterAdvertisements
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
@@ -380,6 +381,8 @@ class IlnpDaemon:
         #: zero configuration; tests give their own.
         self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
         self._claimed: list[tuple[str, str]] = []
+        #: Links back up whose claimed addresses are not added again yet (_reclaim).
+        self._reclaim_on: set[str] = set()
         #: Names resolved through ``--name`` and ``add-peer``, and why others were not.
         self._named: dict[str, Resolution] = {}
         self._name_errors: dict[str, str] = {}
@@ -784,6 +787,8 @@ class IlnpDaemon:
             self._write_names()
         hops = {name: state.hops for name, state in self.links.states.items()}
         new_home = self.links.refresh()
+        if self._reclaim():
+            new_home |= self.links.refresh()
         new_home |= hops != {name: state.hops for name, state in self.links.states.items()}
         self.egress.set_links(self.links.states)
         for ring in self._rings:
@@ -803,6 +808,33 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _reclaim(self) -> bool:
+        """Add again the claimed addresses of links back up from an administrative
+        down, which flushed them (:mod:`sixlab.ilnp.links`); whether any was. A link
+        is retried at the next poll when adding fails."""
+        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+
+        states = self.links.states
+        # One down again meanwhile comes back through take_returned when it is up.
+        self._reclaim_on = {n for n in self._reclaim_on if states[n].admin_up}
+        self._reclaim_on |= self.links.take_returned()
+        if not self._reclaim_on:
+            return False
+        lost = [
+            (name, address)
+            for name, address in self._claimed
+            if name in self._reclaim_on
+            and int(ipaddress.IPv6Address(address)) >> 64 not in states[name].prefixes
+        ]
+        try:
+            add_addresses(lost)
+        except (OSError, IndexError, NetlinkError):  # gone again, or raced: next poll
+            self.events["address_reclaim_errors"] += 1
+            return False
+        self._reclaim_on.clear()
+        self.events["addresses_reclaimed"] += len(lost)
+        return bool(lost)
 
     def _flush_dead_links(self) -> None:
         """Free what the fast path sent into links that are not usable (egress module

@@ -69,7 +69,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sixlab.ilnp.links import LinkState
+from sixlab.ilnp.links import LinkState, netlink_messages
 
 __all__ = [
     "HOLD_S",
@@ -142,16 +142,10 @@ def neighbour_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
     Other messages, other families and truncated ones are skipped.
     """
     out = []
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size or offset + length > len(data):
-            break
-        body = offset + _NLMSGHDR.size
-        if kind in (_RTM_NEWNEIGH, _RTM_DELNEIGH) and length >= _NLMSGHDR.size + _NDMSG.size:
+    for kind, body, end in netlink_messages(data):
+        if kind in (_RTM_NEWNEIGH, _RTM_DELNEIGH) and end - body >= _NDMSG.size:
             family, _p1, _p2, ifindex, state, _fl, _type = _NDMSG.unpack_from(data, body)
             attr = body + _NDMSG.size
-            end = offset + length
             while family == socket.AF_INET6 and attr + _RTATTR.size <= end:
                 alen, atype = _RTATTR.unpack_from(data, attr)
                 if alen < _RTATTR.size:
@@ -161,7 +155,6 @@ def neighbour_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
                     out.append((kind, ifindex, state, address))
                     break
                 attr += (alen + 3) & ~3
-        offset += (length + 3) & ~3
     return out
 
 

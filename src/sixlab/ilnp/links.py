@@ -40,6 +40,17 @@ old value back when it closes.
 An interface deleted and made again has a new index, which a capture socket bound to
 the old one never sees: the daemon compares its rings' indexes with the ones read
 here and makes a ring again when they differ.
+
+A link taken administratively down loses its IPv6 addresses (``keep_addr_on_down`` is
+0 by default, ``Documentation/networking/ip-sysctl.rst``), the daemon's own
+locator|NID addresses with them (:mod:`sixlab.ilnp.addresses`), and up again it gets
+only its link-local one back. So the watcher notes every link it sees down — an
+``RTM_NEWLINK`` without ``IFF_UP`` or an ``RTM_DELLINK`` among the events (the only
+part of a message read), a read that finds it down or absent, or a new interface
+index — and :meth:`LinkWatcher.take_returned` names those up again, for the daemon to
+claim its addresses there again. The events matter: ``ip link set X down; ip link set
+X up`` is over before the next read. A down and up that both go to an overrun of the
+event socket are missed.
 """
 
 from __future__ import annotations
@@ -47,8 +58,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import struct
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +72,9 @@ __all__ = [
     "clsact_filters",
     "default_interfaces",
     "device_drops",
+    "downed_indexes",
     "link_states",
+    "netlink_messages",
     "read_links",
 ]
 
@@ -68,6 +82,11 @@ __all__ = [
 _RTMGRP_LINK = 0x1
 _RTMGRP_IPV6_IFADDR = 0x100
 _RTMGRP_IPV6_ROUTE = 0x400
+_RTM_NEWLINK = 16
+_RTM_DELLINK = 17
+#: ``struct nlmsghdr`` and ``struct ifinfomsg`` (<linux/netlink.h>, <linux/rtnetlink.h>).
+_NLMSGHDR = struct.Struct("=IHHII")
+_IFINFOMSG = struct.Struct("=BxHiII")
 _RT_TABLE_MAIN = 254
 _RTN_UNICAST = 1
 _IFF_UP = 0x1
@@ -166,6 +185,29 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
     return out
 
 
+def netlink_messages(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(type, start of the body, end) of each message in ``data``, one read of a
+    netlink socket; a malformed or cut message ends the walk (what came before
+    stands)."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > len(data):
+            return
+        yield kind, offset + _NLMSGHDR.size, offset + length
+        offset += (length + 3) & ~3  # NLMSG_ALIGN
+
+
+def downed_indexes(data: bytes) -> Iterator[int]:
+    """The interface index of each ``RTM_NEWLINK`` without ``IFF_UP`` and each
+    ``RTM_DELLINK`` in ``data`` (module doc)."""
+    for kind, body, end in netlink_messages(data):
+        if kind in (_RTM_NEWLINK, _RTM_DELLINK) and end - body >= _IFINFOMSG.size:
+            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, body)
+            if kind == _RTM_DELLINK or not flags & _IFF_UP:
+                yield index
+
+
 def link_states(names: Iterable[str]) -> LinkStates:
     """:func:`read_links` as :mod:`sixlab.ilnp.config` takes it: name to (usable,
     the /64 prefixes on it)."""
@@ -240,6 +282,8 @@ class LinkWatcher:
         self._route: dict[int, str] = {}
         #: ``ignore_routes_with_linkdown`` of each link before we set it (module doc).
         self._saved: dict[str, str] = {}
+        #: Links seen down (or gone, or made again) since :meth:`take_returned`.
+        self._downed: set[str] = set()
 
     def open(self) -> None:
         """The event socket, and dead links' routes ignored (module doc)."""
@@ -290,9 +334,12 @@ class LinkWatcher:
             return
         while True:
             try:
-                if not sock.recv(65536):
+                data = sock.recv(65536)
+                if not data:
                     return
                 self.counters["link_events"] += 1
+                for index in downed_indexes(data):
+                    self._downed.update(n for n, s in self.states.items() if s.ifindex == index)
             except BlockingIOError:
                 return
             except OSError:  # ENOBUFS: events were lost; the caller's re-read covers them
@@ -308,6 +355,9 @@ class LinkWatcher:
             return False
         new_home = False
         for name, state in states.items():
+            old = self.states.get(name)
+            if not state.admin_up or (old is not None and old.ifindex not in (0, state.ifindex)):
+                self._downed.add(name)
             for prefix in state.prefixes:
                 homes = self.homes.setdefault(prefix, set())
                 if name not in homes:
@@ -322,6 +372,13 @@ class LinkWatcher:
                     self._route[locator] = name
                     break
         return new_home
+
+    def take_returned(self) -> set[str]:
+        """The links seen down (module doc) since the last call that are up now: the
+        kernel flushed their IPv6 addresses on the way."""
+        back = {name for name in self._downed if self.states[name].admin_up}
+        self._downed -= back
+        return back
 
     def link_for(self, locator: int) -> str | None:
         """The usable interface holding ``locator`` (the first by name), if any."""
