@@ -655,6 +655,9 @@ class PaperPoint:
     trials: list[PaperTrial] = field(default_factory=list)
     seconds: float = 0.0
     max_rate: float = 0.0
+    #: The machine's 1-minute load average when the search began (the SUT and the
+    #: generator themselves add up to 2 while they run).
+    loadavg: float = 0.0
 
 
 def _pdr_point(
@@ -679,6 +682,7 @@ def _pdr_point(
                            elapsed_s=t.elapsed_s)  # fmt: skip
 
     started = time.monotonic()
+    loadavg = os.getloadavg()[0]
     result = search_pdr(
         trial,
         min_rate=settings.min_rate,
@@ -691,7 +695,7 @@ def _pdr_point(
         log=log,
     )
     return PaperPoint(role, impl.name, fraction, repetition, result.pdr, trials,
-                      time.monotonic() - started, max_rate)  # fmt: skip
+                      time.monotonic() - started, max_rate, loadavg)  # fmt: skip
 
 
 def run_paper(
@@ -753,7 +757,7 @@ def run_paper(
                         handled += sum(t.stamp_handled for t in point.trials)
                         log(f"rep {rep + 1}, {role:9} {impl.name:10} {fraction:8.2%} STAMP: "
                             f"PDR {point.pdr:12,.0f} frames/s ({len(point.trials)} trials, "
-                            f"{point.seconds:.0f} s)")  # fmt: skip
+                            f"{point.seconds:.0f} s, load {point.loadavg:.1f})")  # fmt: skip
                         if on_point is not None:
                             on_point(point)
                 finally:
