@@ -149,7 +149,8 @@ __all__ = [
 
 Role = Literal["collector", "reflector"]
 ROLES: tuple[Role, ...] = ("collector", "reflector")
-PLANES = ("scapy", "mmap", "socket", "xdp")
+#: sixlab's planes in the figures: all of ``sixlab.dataplane.base.PLANES``.
+PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
 BASELINE = "baseline"
 #: The paper's STAMP fractions (Figs 15, 16): 0, 0.05, 0.1, 0.5, 1, 5, 10, 20, 50, 100 %.
 PAPER_FRACTIONS = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -473,10 +474,11 @@ class PaperBench:
                       else "SCHED_OTHER")  # fmt: skip
             return (f"receive path: threaded NAPI on {self.tb.sut_if} (kthread "
                     f"{self.napi_pid}, CPU {self.sut_cpu}, {policy}): the SUT's forwarding and "
-                    f"the xdp plane's programs run on the SUT's CPU {self.sut_cpu}")  # fmt: skip
+                    f"the xdp and afxdp planes' XDP programs run on the SUT's CPU "
+                    f"{self.sut_cpu}")  # fmt: skip
         return (f"receive path: RPS to CPU {self.sut_cpu}; on a veth an XDP program runs on "
-                f"the CPU that sent the frame: the xdp plane's programs run on the "
-                f"GENERATOR's CPU {self.gen_cpu}, its figures are not the SUT's "
+                f"the CPU that sent the frame: the xdp and afxdp planes' XDP programs run "
+                f"on the GENERATOR's CPU {self.gen_cpu}, their figures are not the SUT's "
                 "(use --rx-path napi)")  # fmt: skip
 
     def measure_ceiling(self, seconds: float = 2.0) -> float:
