@@ -270,6 +270,17 @@ def test_report_tables_ratios_and_plots(tmp_path: Path) -> None:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_ratios_of_planes_the_paper_has_not() -> None:
+    pdrs = {("reflector", BASELINE, 0.0): [1e6], ("reflector", "afxdp", 0.0): [8e5],
+            ("reflector", "afxdp", 1.0): [3e5], ("reflector", "mmap", 1.0): [1e5]}  # fmt: skip
+    ratios = {r["what"]: r for r in paper_ratios(summarize(_run(pdrs)))}
+    row = ratios["Fig 13: afxdp / baseline, 0 % STAMP"]
+    assert (row["ours"], row["paper"]) == (pytest.approx(0.8), None)
+    row = ratios["Fig 14b: afxdp / mmap, 100 % STAMP"]
+    assert (row["ours"], row["paper"]) == (pytest.approx(3.0), None)
+    assert ratios["Fig 12: afxdp / baseline, 0 % STAMP"]["ours"] is None  # no point
+
+
 def test_implementation_roles() -> None:
     assert Implementation("x", "sixlab", plane="xdp").roles() == ("collector", "reflector")
     assert [i.name for i in sixlab_planes(["scapy"])] == [BASELINE, "scapy"]
