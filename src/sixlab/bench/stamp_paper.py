@@ -43,9 +43,11 @@ stopped, at most a tenth of a 5 s confirmation trial, and the next trial starts 
 once every counter has stood still (the backlog drained, uncounted).
 
 Implementations (:class:`Implementation`): ``baseline`` (no STAMP process at all,
-only at 0 % STAMP, the paper's reference), ``scapy``, ``mmap``, ``socket`` and ``xdp``
-(sixlab's planes, each pinned to the SUT's CPU), and any number of ``external`` ones
-(a command started in the SUT's namespace, pinned likewise).
+only at 0 % STAMP, the paper's reference), ``scapy``, ``mmap``, ``socket``, ``xdp`` and
+``afxdp`` (sixlab's planes, each pinned to the SUT's CPU; ``afxdp``'s XDP program steers
+the STAMP frames into its socket, user space answers or collects them in batches), and
+any number of ``external`` ones (a command started in the SUT's namespace, pinned
+likewise).
 
 Figures. For each role the STAMP fraction is swept (``PAPER_FRACTIONS``); Fig 12 (the
 collector) and Fig 13 (the reflector) are its 0 % points next to the baseline, Fig 14
@@ -63,8 +65,8 @@ turn behind a busy STAMP process would let the veth's ring of 256 frames overflo
 within a scheduler slice (at 100 kframes/s, 3 ms is 300 frames), a loss a NIC's larger
 ring and interrupt would not have. ``rps``: the receive path of the
 older benchmarks (RPS to the SUT's CPU); an XDP program on a veth then runs on the
-*generator's* CPU (the veth's NAPI poll runs where the frame was sent), so the xdp
-plane's figures are the generator's, not the SUT's: the run says so. Either way the
+*generator's* CPU (the veth's NAPI poll runs where the frame was sent), so the xdp and
+afxdp planes' figures are partly the generator's, not the SUT's: the run says so. Either way the
 generator's veth runs the XDP_PASS program (frames an XDP program sends with XDP_TX on
 a veth are lost unless its peer has one too), and what comes back to the generator and
 the sink is counted in the softirq of the CPU that sent it, the SUT's: a few hundred ns
