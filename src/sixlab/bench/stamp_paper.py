@@ -900,7 +900,8 @@ def check(
     * the xdp plane's kernel program handled at least ``XDP_KERNEL_SHARE`` of what the
       bench counted as handled by that plane, in each role and repetition;
     * with ``compare_speed``, at 100 % STAMP the xdp plane reaches
-      ``XDP_SHARE_OF_USER_SPACE`` of the best user-space plane, in each role.
+      ``XDP_SHARE_OF_USER_SPACE`` of the best user-space plane (``scapy``, ``mmap``,
+      ``socket``; not ``afxdp``, whose frames an XDP program steers too), in each role.
     """
     problems: list[str] = []
     repeat = int(meta.get("repeat", 1))
