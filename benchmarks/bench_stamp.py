@@ -241,7 +241,8 @@ def main() -> None:
     p.add_argument("--final", type=float, default=5.0, help="final trial seconds")
     p.add_argument("--residual", type=float, default=RESIDUAL_S,
                    help="seconds after a trial in which answers still count")  # fmt: skip
-    p.add_argument("--min-rate", type=float, default=500.0)
+    p.add_argument("--min-rate", type=float, default=SearchSettings().min_rate,
+                   help="lowest rate searched (a PDR of 0: lost more already there)")  # fmt: skip
     p.add_argument("--max-rate", type=float, default=0.0, help="0: the generator's ceiling")
     p.add_argument("--method", choices=["mlrsearch", "bisect"], default="mlrsearch")
     p.add_argument("--out", type=Path)

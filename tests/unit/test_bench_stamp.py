@@ -17,6 +17,7 @@ from sixlab.bench.stamp_paper import (
     Implementation,
     PaperPoint,
     PaperTrial,
+    SearchSettings,
     check,
     collector_frame,
     load_points,
@@ -26,7 +27,7 @@ from sixlab.bench.stamp_paper import (
     summarize,
     write_results,
 )
-from sixlab.bench.stamp_report import markdown, paper_ratios, plot_figures
+from sixlab.bench.stamp_report import PAPER, markdown, paper_ratios, plot_figures
 from sixlab.dataplane.base import DataplaneConfig
 from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec
 from sixlab.dataplane.memory import MemoryNetwork
@@ -279,6 +280,19 @@ def test_ratios_of_planes_the_paper_has_not() -> None:
     row = ratios["Fig 14b: afxdp / mmap, 100 % STAMP"]
     assert (row["ours"], row["paper"]) == (pytest.approx(3.0), None)
     assert ratios["Fig 12: afxdp / baseline, 0 % STAMP"]["ours"] is None  # no point
+
+
+def test_lowest_rate_searched_is_below_the_papers_slowest_figure() -> None:
+    # The paper's Scapy reflector at 100 % STAMP: 0.47 kframes/s. With the lowest rate
+    # above it, a plane as slow has PDR 0 and the run's invariants fail.
+    assert SearchSettings().min_rate < min(PAPER.values()) * 1e3
+
+
+def test_report_says_what_a_pdr_of_zero_means() -> None:
+    pdrs = {("reflector", BASELINE, 0.0): [1e6], ("reflector", "scapy", 1.0): [0.0]}
+    text = markdown(_run(pdrs), {"settings": {"min_rate": 100.0}})
+    assert "lowest rate (100.0 frames/s) already lost more than 0.5 %" in text
+    assert "lowest rate" not in markdown(_run({("reflector", BASELINE, 0.0): [1e6]}), {})
 
 
 def test_implementation_roles() -> None:

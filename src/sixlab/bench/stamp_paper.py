@@ -642,7 +642,9 @@ class SearchSettings:
     precision: float = 0.02
     trial_seconds: float = 1.0
     final_seconds: float = 2.0
-    min_rate: float = 500.0
+    #: The lowest rate searched: below the slowest figure of the paper (its Scapy
+    #: reflector at 100 % STAMP, 470 frames/s), so that a plane as slow still has a PDR.
+    min_rate: float = 100.0
     max_rate: float = 0.0  # 0: the generator's ceiling
     method: Literal["mlrsearch", "bisect"] = "mlrsearch"
 

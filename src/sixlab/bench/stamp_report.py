@@ -155,6 +155,10 @@ def markdown(points: Sequence[PaperPoint], meta: dict[str, Any]) -> str:
         f"Generator ceiling {_ceiling_text(meta)}. {meta.get('xdp_note', '')}.",
         "",
     ]
+    if any(s.mean == 0 for s in summaries):
+        lowest = (meta.get("settings") or {}).get("min_rate", "?")
+        lines += [f"A PDR of 0.0: the search's lowest rate ({lowest} frames/s) already lost "
+                  "more than 0.5 %.", ""]  # fmt: skip
     if meta.get("machine") is not None:
         lines += [f"Machine at the start: {meta['machine']}; at the end: "
                   f"{meta.get('machine_end')}.", ""]  # fmt: skip
