@@ -127,6 +127,7 @@ __all__ = [
     "NAPI_FIFO_PRIORITY",
     "PAPER_FRACTIONS",
     "PLANES",
+    "PREFLIGHT_RATE",
     "QUICK_FRACTIONS",
     "RESIDUAL_S",
     "ROLES",
@@ -178,6 +179,10 @@ RESIDUAL_S = 0.5
 #: SCHED_FIFO priority of the SUT's NAPI kthread (``rx_path="napi"``): that of a
 #: threaded interrupt handler (``kernel/irq/manage.c``), module doc.
 NAPI_FIFO_PRIORITY = 50
+#: Frames/s of the light trial before an implementation's searches, half of them STAMP:
+#: less STAMP than the slowest figure of the paper (its Scapy reflector at 100 % STAMP,
+#: 470 frames/s), so that a plane as slow passes it on a loaded machine.
+PREFLIGHT_RATE = 400.0
 #: Test packets primed beyond the trial's share: the generator's count is exact, this
 #: covers rounding.
 _PRIME_SLACK = 64
@@ -613,12 +618,12 @@ class PaperBench:
 
     def preflight(self, role: Role, sut: Sut | None, *, attempts: int = 20) -> PaperTrial:
         """A light trial that must pass (half of it STAMP unless baseline): the SUT is up
-        and the counting works, or the run stops here with the reason."""
+        and the counting works; :class:`GeneratorError` with the reason if not."""
         fraction = 0.0 if sut is None else 0.5
         last: PaperTrial | GeneratorError | None = None
         for _ in range(attempts):
             try:
-                last = self._run(role, sut, fraction, 2_000.0, 0.5)
+                last = self._run(role, sut, fraction, PREFLIGHT_RATE, 0.5)
             except GeneratorError as exc:  # an external still starting, say
                 last = exc
             else:
@@ -719,19 +724,25 @@ def run_paper(
     log: Callable[[str], None] = print,
     search_log: Callable[[str], None] | None = None,
     out: Path | None = None,
+    preflight_attempts: int = 20,
 ) -> tuple[list[PaperPoint], dict[str, object]]:
     """Every point of Figs 12–16: each repetition, role, implementation and fraction.
 
     The implementations' order rotates with the repetition (so drift of the machine
     does not favour one); an implementation is started once per role and repetition
-    and serves every fraction. The baseline has only the 0 % point. Returns the points
-    and what the run found about the bench (ceiling, where the work ran).
+    and serves every fraction. The baseline has only the 0 % point. An implementation
+    that does not pass the light trial before its searches (``preflight``, up to
+    ``preflight_attempts`` times) gets none in that role and repetition: the reason is
+    in ``failed`` and the run goes on. Returns the points and what the run found about
+    the bench (ceiling, where the work ran, what failed).
     """
     settings = settings or SearchSettings()
     bench = PaperBench(
         tb, rx_path=rx_path, napi_priority=napi_priority, residual_s=residual_s, log=log
     )
-    info: dict[str, object] = {"rx_path": rx_path, "xdp_note": bench.xdp_note()}
+    failed: dict[str, str] = {}
+    info: dict[str, object] = {"rx_path": rx_path, "xdp_note": bench.xdp_note(),
+                               "failed": failed}  # fmt: skip
     log(bench.xdp_note())
     ceiling = bench.measure_ceiling()
     log(f"generator ceiling: {ceiling:,.0f} frames/s (data only, flat out)")
@@ -754,7 +765,15 @@ def run_paper(
                 sut = bench.start(impl, role, logfile)
                 handled = 0
                 try:
-                    handled += bench.preflight(role, sut).stamp_handled
+                    try:
+                        handled += bench.preflight(
+                            role, sut, attempts=preflight_attempts
+                        ).stamp_handled
+                    except GeneratorError as exc:
+                        # Its points stay missing (``check`` names them); the run goes on.
+                        log(f"rep {rep + 1}, {role:9} {impl.name:10}: no searches: {exc}")
+                        failed[f"{rep}/{role}/{impl.name}"] = str(exc)
+                        impl_fractions = []
                     for fraction in impl_fractions:
                         point = _pdr_point(bench, role, sut, impl, fraction, repetition=rep,
                                            settings=settings, max_rate=max_rate,
@@ -892,7 +911,8 @@ def check(
     """The harness's invariants over a run; what does not hold, one line each.
 
     * every configuration (role, implementation, fraction; the baseline at 0 % only)
-      has a point in every repetition, with a PDR above zero;
+      has a point in every repetition, with a PDR above zero; an implementation that
+      failed its light trial (``failed`` in ``meta``) is named with the reason;
     * every trial's counts add up: the STAMP frames are the requested share of those
       offered (to one frame), nothing is received or handled that was not offered, and
       nothing is handled at 0 % STAMP;
@@ -933,6 +953,7 @@ def check(
                                 f"{t.stamp_offered}")  # fmt: skip
             if t.input_drops > t.offered:
                 problems.append(f"{where}: {t.input_drops} input drops of {t.offered}")
+    problems += [f"{key}: no searches ({why})" for key, why in meta.get("failed", {}).items()]
     sut_counters = meta.get("sut_counters", {})
     for key, counters in sut_counters.items():
         role = key.split("/")[1]
