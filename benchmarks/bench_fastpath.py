@@ -12,7 +12,9 @@ process spent, whatever else CPU 1 ran; the receive work that the kernel does ou
 the process, in softirq or on the generator's CPU, is not in it). Last, one trial flat
 out with the plane in place: what the generator still offers (on a veth an XDP program
 and the copy into an AF_XDP socket run on the sending CPU) and how many replies come
-back (the maximum receive rate, MRR).
+back (the maximum receive rate, MRR). A plane whose search ends at PDR 0 (too much loss
+even at the minimum rate) is reported with ``-`` in the at-PDR columns and its
+reflector's counters; there is no trial at 0 frames/s.
 
 Planes: ``scapy``, ``mmap-main`` (the ``mmap`` plane of another source tree, e.g. the
 main branch exported with ``git archive``: ``--before-src``), ``mmap``, ``afxdp``,
@@ -39,9 +41,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from ipaddress import IPv6Address
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the reflector role imports from the tree under test only
+    from sixlab.bench.generator import TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Any SID: the segment the probe visited before the reflector (never routed to here).
@@ -82,6 +88,115 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
     return int(fields[11]) * tick, int(fields[12]) * tick
 
 
+_AT_PDR_FIELDS = (
+    "cpu_busy", "ns_per_reply", "process_user_ns", "process_sys_ns", "loss_at_pdr",
+    "offered_at_pdr", "replies_at_pdr",
+)  # fmt: skip
+
+
+#: The table's at-PDR columns: (row field, format).
+_AT_PDR_COLUMNS = (
+    ("offered_at_pdr", "{:,.0f}"),
+    ("replies_at_pdr", "{:,.0f}"),
+    ("cpu_busy", "{:.0%}"),
+    ("ns_per_reply", "{:,.0f}"),
+    ("process_user_ns", "{:,.0f}"),
+    ("process_sys_ns", "{:,.0f}"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AtPdr:
+    """The trial at the PDR: what came back, CPU 1's busy share, the reflector
+    process's user and system time over it (ns)."""
+
+    trial: TrialResult
+    busy: float
+    user_ns: float
+    system_ns: float
+
+
+class _Runner(Protocol):
+    def trial(self, rate: float, seconds: float) -> TrialResult: ...
+
+
+def measure_at_pdr(runner: _Runner, pid: int, pdr: float, seconds: float) -> AtPdr | None:
+    """One trial of ``seconds`` at ``pdr`` with CPU 1's busy share and the process's
+    CPU time; None when the PDR is 0: a search whose minimum rate already lost too much
+    has no rate to re-check (and a generator asked for 0 frames/s refuses to run)."""
+    from sixlab.bench.ilnp_study import CpuBusy  # noqa: PLC0415
+
+    if pdr <= 0:
+        return None
+    before = _proc_cpu(pid)
+    with CpuBusy(1) as cpu:
+        trial = runner.trial(pdr, seconds)
+    user, system = (b - a for a, b in zip(before, _proc_cpu(pid), strict=True))
+    return AtPdr(trial, cpu.busy or 0.0, user, system)
+
+
+def plane_row(
+    name: str, pdr: float, at: AtPdr | None, flat: TrialResult, counters: dict[str, Any]
+) -> dict[str, Any]:
+    """The JSON row of one plane; the at-PDR fields are None when the PDR is 0."""
+    row: dict[str, Any] = {"plane": name, "pdr": pdr}
+    if at is None:
+        row.update(dict.fromkeys(_AT_PDR_FIELDS))
+    else:
+        t = at.trial
+        replies = max(t.received, 1)
+        row.update(
+            {
+                "cpu_busy": at.busy,
+                "ns_per_reply": at.busy * 1e9 * t.elapsed_s / replies,
+                "process_user_ns": at.user_ns / replies,
+                "process_sys_ns": at.system_ns / replies,
+                "loss_at_pdr": t.loss_ratio,
+                # What the generator really sent when asked for the PDR: on a veth the
+                # plane's XDP work shares its CPU, and it may fall short.
+                "offered_at_pdr": t.offered_rate,
+                "replies_at_pdr": t.received / t.elapsed_s if t.elapsed_s else 0,
+            }
+        )
+    row["flat_out_offered"] = flat.offered_rate
+    row["flat_out_replies"] = flat.received / flat.elapsed_s if flat.elapsed_s else 0
+    row["reflector"] = counters
+    return row
+
+
+def summary_line(row: dict[str, Any], seconds: float) -> str:
+    """One line per plane as it finishes."""
+    name, pdr = row["plane"], row["pdr"]
+    if row["cpu_busy"] is None:
+        return (f"{name}: PDR 0 (loss above the target at the search's minimum rate); "
+                f"reflector {json.dumps(row['reflector'])} ({seconds:.0f} s)")  # fmt: skip
+    return (f"{name}: PDR {pdr:,.0f}/s, CPU 1 busy {row['cpu_busy']:.0%} at it, "
+            f"{row['ns_per_reply']:,.0f} ns per reply; reflector process user "
+            f"{row['process_user_ns']:,.0f} + system {row['process_sys_ns']:,.0f} ns per "
+            f"reply ({seconds:.0f} s)")  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The side-by-side table; a plane whose PDR is 0 shows ``-`` for the at-PDR columns."""
+    base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
+    heads = ("PDR pps", "vs mmap-main", "offered@PDR", "replies@PDR", "CPU1 busy", "ns/reply",
+             "proc user", "proc sys", "flat offered", "flat replies")  # fmt: skip
+    widths = (10, 13, 12, 12, 10, 9, 10, 9, 13, 13)
+    lines = [f"{'plane':10} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True))]
+    for r in rows:
+        cells = [
+            f"{r['pdr']:,.0f}",
+            f"{r['pdr'] / base:.2f}" if base else "-",
+            *("-" if r[k] is None else fmt.format(r[k]) for k, fmt in _AT_PDR_COLUMNS),
+            f"{r['flat_out_offered']:,.0f}",
+            f"{r['flat_out_replies']:,.0f}",
+        ]
+        lines.append(
+            f"{r['plane']:10} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+        )
+    return "".join(line + "\n" for line in lines)
+
+
 def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the benchmark
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--planes", default="scapy,mmap-main,mmap,afxdp,xdp")
@@ -113,7 +228,6 @@ def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the ben
         generator_ceiling,
         prepare_bench,
     )
-    from sixlab.bench.ilnp_study import CpuBusy  # noqa: PLC0415
     from sixlab.bench.pdr import search_pdr  # noqa: PLC0415
     from sixlab.dataplane.xdp_plane import attach_xdp_pass  # noqa: PLC0415
     from sixlab.testbed import entered, two_node_bench  # noqa: PLC0415
@@ -179,17 +293,14 @@ def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the ben
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != b"ready":
                 raise SystemExit(f"{name}: reflector did not start")
-            started = time.monotonic()
+            started, first = time.monotonic(), len(runner.trials)
             result = search_pdr(
                 runner.trial, min_rate=200.0, max_rate=ceiling, loss_ratio=args.loss,
                 precision=args.precision, trial_seconds=args.trial, final_seconds=args.final,
                 log=functools.partial(_log, name),
             )  # fmt: skip
             runner.settle()  # the search's last backlog is drained before counting CPU
-            before = _proc_cpu(proc.pid)
-            with CpuBusy(1) as cpu:
-                at_pdr = runner.trial(result.pdr, args.cpu_trial)
-            user, system = (b - a for a, b in zip(before, _proc_cpu(proc.pid), strict=True))
+            at = measure_at_pdr(runner, proc.pid, result.pdr, args.cpu_trial)
             # Flat out with the plane in place: what the generator's CPU can still offer
             # (on a veth, XDP programs and the copy into an AF_XDP socket run there).
             flat = runner.trial(1e9, 2.0)
@@ -197,53 +308,18 @@ def main() -> None:  # noqa: PLR0915 - the flags, then one linear run of the ben
             counters = json.loads(out.splitlines()[-1])
             if plane == "xdp":
                 tb.testbed.exec_in(tb.gen, ["ip", "link", "set", "dev", tb.gen_if, "xdp", "off"])
-            busy = cpu.busy or 0.0
-            replies = max(at_pdr.received, 1)
-            per_packet = busy * 1e9 * at_pdr.elapsed_s / replies
-            user_ns, sys_ns = user / replies, system / replies
-            print(f"{name}: PDR {result.pdr:,.0f}/s, CPU 1 busy {busy:.0%} at it, "
-                  f"{per_packet:,.0f} ns per reply; reflector process user {user_ns:,.0f} + "
-                  f"system {sys_ns:,.0f} ns per reply ({time.monotonic() - started:.0f} s)",
-                  flush=True)  # fmt: skip
-            rows.append(
-                {
-                    "plane": name,
-                    "pdr": result.pdr,
-                    "cpu_busy": busy,
-                    "ns_per_reply": per_packet,
-                    "process_user_ns": user_ns,
-                    "process_sys_ns": sys_ns,
-                    "loss_at_pdr": at_pdr.loss_ratio,
-                    # What the generator really sent when asked for the PDR: on a veth the
-                    # plane's XDP work shares its CPU, and it may fall short.
-                    "offered_at_pdr": at_pdr.offered_rate,
-                    "replies_at_pdr": at_pdr.received / at_pdr.elapsed_s if at_pdr.elapsed_s else 0,
-                    "trials_detail": [
-                        (t.rate, t.offered_rate, t.loss_ratio)
-                        for t in runner.trials[-len(result.trials) - 2 :]
-                    ],
-                    "flat_out_offered": flat.offered_rate,
-                    "flat_out_replies": flat.received / flat.elapsed_s if flat.elapsed_s else 0,
-                    "trials": len(result.trials),
-                    "reflector": counters,
-                }
-            )
+            row = plane_row(name, result.pdr, at, flat, counters)
+            row["trials"] = len(result.trials)
+            row["trials_detail"] = [
+                (t.rate, t.offered_rate, t.loss_ratio) for t in runner.trials[first:]
+            ]
+            print(summary_line(row, time.monotonic() - started), flush=True)
+            rows.append(row)
     load = os.getloadavg()
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"\nSRH probes, PDR at {args.loss:.1%} loss, {stamp}; load average {load[0]:.1f}; "
           f"generator ceiling {ceiling:,.0f}/s")  # fmt: skip
-    base = next((r["pdr"] for r in rows if r["plane"] == "mmap-main"), 0.0)
-    heads = ("PDR pps", "vs mmap-main", "offered@PDR", "replies@PDR", "CPU1 busy", "ns/reply",
-             "proc user", "proc sys", "flat offered", "flat replies")  # fmt: skip
-    widths = (10, 13, 12, 12, 10, 9, 10, 9, 13, 13)
-    print(f"{'plane':10} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
-    for r in rows:
-        ratio = f"{r['pdr'] / base:13.2f}" if base else f"{'-':>13}"
-        print(f"{r['plane']:10} {r['pdr']:10,.0f} {ratio} {r['offered_at_pdr']:12,.0f} "
-              f"{r['replies_at_pdr']:12,.0f} {r['cpu_busy']:10.0%} "
-              f"{r['ns_per_reply']:9,.0f} {r['process_user_ns']:10,.0f} "
-              f"{r['process_sys_ns']:9,.0f} {r['flat_out_offered']:13,.0f} "
-              f"{r['flat_out_replies']:13,.0f}")  # fmt: skip
+    print(table(rows), end="")
     if args.json is not None:
         document = {"date": stamp, "ceiling": ceiling, "load": load, "rows": rows}
         args.json.write_text(json.dumps(document, indent=1))

@@ -6,9 +6,9 @@ STAMP paper's reflector does: every probe carries an SRH (Segments Left 0 at the
 reflector) and every reply a new one. The sessions must measure the emulated delays
 (median within ±1 ms, nine records in ten within ±2 ms); the reflector's exit summary
 must show that the plane's fast path sent the replies (``fast_replies``), not the
-general path; and every reply, captured where it enters R2, must decode with scapy (an
-independent decoder) as IPv6 + SRH + UDP + STAMP with the configured return path, a
-UDP checksum that scapy computes the same, and the probe's SSID.
+general path; and every reply, captured where it enters R2, must decode with scapy and
+with tshark (two independent decoders) as IPv6 + SRH + UDP + STAMP with the configured
+return path, a UDP checksum that each computes the same, and the probe's SSID.
 """
 
 from __future__ import annotations
@@ -143,6 +143,32 @@ def _check_replies(frames: list[bytes], tb: SRv6TwoPaths, sessions: dict[int, SR
     return checked
 
 
+def _check_replies_tshark(pcap: Path, tb: SRv6TwoPaths, sessions: dict[int, SRv6Path]) -> int:
+    """The same replies through tshark (Wireshark's dissectors, checksum verification
+    on); the number of replies checked."""
+    fields = (
+        "ipv6.src", "ipv6.dst", "ipv6.routing.type", "ipv6.routing.segleft",
+        "ipv6.routing.srh.addr", "udp.checksum.status", "udp.length", "data.data",
+    )  # fmt: skip
+    out = subprocess.run(
+        ["tshark", "-r", str(pcap), "-o", "udp.check_checksum:TRUE", "-d", "udp.port==862,data",
+         "-Y", "udp.srcport == 862", "-T", "fields", "-E", "separator=/t",
+         *(a for f in fields for a in ("-e", f))],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.splitlines()  # fmt: skip
+    for line in out:
+        src, dst, rtype, segleft, addrs, csum, length, data = line.split("\t")
+        path = sessions[int(data[28:32], 16)]  # the SSID: STAMP bytes 14-15
+        assert src == tb.reflector_addr
+        assert dst == path.return_segments[0]
+        assert (rtype, int(segleft)) == ("4", len(path.return_segments) - 1)  # an SRH
+        # Segment List[0] is the last segment (RFC 8754 §2).
+        assert addrs.split(",") == list(reversed(path.return_segments))
+        assert csum == "1"  # PROTO_CHECKSUM_E_GOOD (Wireshark's epan/proto.h)
+        assert (int(length), len(data) // 2) == (8 + 44, 44)
+    return len(out)
+
+
 @pytest.mark.parametrize(
     "mode", [[], ["--stateful"], ["--ptp"]], ids=["stateless", "stateful", "ptp"]
 )
@@ -175,3 +201,4 @@ def test_fast_path_answers_both_srv6_paths(
         assert counters["fast_replies"] >= COUNT + WARMUP - 1, summary
     checked = _check_replies(frames, tb, {1: a, 2: b})
     assert checked == 2 * (COUNT + WARMUP), (checked, len(frames), summaries)
+    assert _check_replies_tshark(tmp_path / "replies.pcap", tb, {1: a, 2: b}) == checked

@@ -50,9 +50,9 @@ def test_parser_builds_host_status_cache() -> None:
             "/tmp/x.sock",
         ]
     )
-    assert args.locator == [
-        LocatorEntry(0x2001_0DB8_000A_0000, 10),
-        LocatorEntry(0x2001_0DB8_000D_0000, 20),
+    assert args.locator == [  # each with the link named by @IF (none here)
+        (LocatorEntry(0x2001_0DB8_000A_0000, 10), None),
+        (LocatorEntry(0x2001_0DB8_000D_0000, 20), None),
     ]
     assert args.nid == 0xA
     assert args.interface == ["eth0", "eth1"]

@@ -31,7 +31,13 @@ from sixlab.linux.cbpf import (
     Assembler,
     BpfInstruction,
 )
-from sixlab.linux.packetring import PacketRing
+from sixlab.linux.packetring import (
+    BLOCK_STATUS,
+    BLOCK_STATUS_OFFSET,
+    TP_STATUS_KERNEL,
+    TP_STATUS_USER,
+    PacketRing,
+)
 from sixlab.testbed import Node, Testbed
 from sixlab.testbed._netns import entered
 
@@ -138,6 +144,84 @@ def test_mmap_plane_clears_the_ring_error_after_a_link_flap(pair: Pair, path: st
             batch = plane.reflect_batch(reflect_nothing, time.time_ns)
             assert batch.consumed == 0
         assert select.select([fd], [], [], 0.3)[0] == []
+    finally:
+        with warnings.catch_warnings(), entered(pair.h.ns):  # nft(8) removes its table
+            warnings.simplefilter("ignore", ResourceWarning)
+            plane.close()
+            gc.collect()
+
+
+def _blocks_handed_over(ring: PacketRing) -> list[int]:
+    """The blocks whose status is the user's, in ring order."""
+    return [
+        b
+        for b in range(ring.block_count)
+        if BLOCK_STATUS.unpack_from(ring.map, b * ring.block_size + BLOCK_STATUS_OFFSET)[0]
+        & TP_STATUS_USER
+    ]
+
+
+def _lose_place(pair: Pair, ring: PacketRing, port: int) -> None:
+    """Three datagrams in three blocks (each retired on its own timer), then the
+    cursor's block handed back to the kernel unread: the ring's cursor now points at a
+    block the kernel owns, with the user's blocks after it. The state the ``mmap``
+    plane was seen in after overload (benchmarks/README.md, issue 14 section): the
+    reader waited there while the kernel filled every other block, and answered each
+    probe one lap of the ring late."""
+    with pair.p.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sender:
+        for i in range(3):
+            sender.sendto(b"lost-%d" % i, (H_ADDR, port))
+            time.sleep(0.02)  # > the ring's retire_ms: one block per datagram
+    wait_until(lambda: len(_blocks_handed_over(ring)) == 3, what="three blocks handed over")
+    assert ring.block == 0
+    BLOCK_STATUS.pack_into(ring.map, BLOCK_STATUS_OFFSET, TP_STATUS_KERNEL)
+
+
+def test_ring_that_lost_its_place_goes_on_at_the_oldest_user_block(pair: Pair) -> None:
+    with entered(pair.h.ns):
+        ring = PacketRing("eth0", program=_udp_port_filter(PORT))
+    try:
+        _lose_place(pair, ring, PORT)
+        got = [bytes(f.data[-6:]) for f in ring.frames()]
+        assert got == [b"lost-1", b"lost-2"]  # block 0's datagram went back unread
+        assert ring.resyncs == 1
+        assert _blocks_handed_over(ring) == []
+        with pair.p.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sender:
+
+            def arrives() -> bool:
+                sender.sendto(b"in-step", (H_ADDR, PORT))
+                time.sleep(0.05)
+                return any(f.data.endswith(b"in-step") for f in ring.frames())
+
+            wait_until(arrives, what="the next datagram, read in step")
+        assert ring.resyncs == 1
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("path", ["receive", "reflect_batch"])
+def test_mmap_plane_goes_on_at_the_oldest_user_block(pair: Pair, path: str) -> None:
+    with entered(pair.h.ns):
+        plane = MmapDataplane(DataplaneConfig(port=862, interface="eth0"))
+        plane.open()
+    try:
+        ring = plane._rxring
+        assert ring is not None
+        _lose_place(pair, ring, 862)
+        if path == "receive":
+            assert [rx.payload for rx in plane.receive()] == [b"lost-1", b"lost-2"]
+        else:
+            seen: list[bytes] = []
+
+            def reflect_nothing(
+                data: bytes, t2: int, clock: Callable[[], int], hop: int, /, *, flow: object
+            ) -> None:
+                seen.append(bytes(data))
+
+            batch = plane.reflect_batch(reflect_nothing, time.time_ns)
+            assert batch.consumed == 2
+            assert seen == [b"lost-1", b"lost-2"]
+        assert plane.counters()["rx_ring_resyncs"] == 1
     finally:
         with warnings.catch_warnings(), entered(pair.h.ns):  # nft(8) removes its table
             warnings.simplefilter("ignore", ResourceWarning)

@@ -81,7 +81,7 @@ def pair() -> Iterator[Pair]:
 
 def start_reflector(p: Pair, *args: str, plane: str = "socket") -> subprocess.Popen[bytes]:
     argv = [*SIXLAB, "reflector", "--port", str(PORT), "--dataplane", plane, *args]
-    if plane == "xdp":
+    if plane in ("xdp", "afxdp"):
         argv += ["--interface", "eth0"]
     proc = p.ref.run(argv, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -206,12 +206,14 @@ def test_two_senders_with_one_ssid_have_their_own_stateful_counts(pair: Pair, pl
         assert (doc["forward_lost"], doc["backward_lost"], doc["unclassified_lost"]) == (0, 0, 0)
 
 
-@pytest.mark.parametrize("version", [6, 4])
+@pytest.mark.parametrize(
+    ("version", "plane"), [(6, "socket"), (4, "socket"), (6, "afxdp")], ids=["6", "4", "6-afxdp"]
+)
 def test_class_of_service_reports_what_arrived_and_answers_with_dscp1(
-    pair: Pair, version: int
+    pair: Pair, version: int, plane: str
 ) -> None:
     me, reflector, _ = ADDR[version]
-    proc = start_reflector(pair)
+    proc = start_reflector(pair, plane=plane)
     sock = udp(pair.snd, version, me, SPORT)
     if version == 6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, (10 << 2) | 0b01)
@@ -250,7 +252,8 @@ def test_ipv4_session_from_the_cli(pair: Pair, listen: str | None) -> None:
     assert doc["reflector_ssid_zero"] is False
 
 
-def test_ipv4_on_an_ipv6_only_plane_is_a_clear_error(pair: Pair) -> None:
+@pytest.mark.parametrize("plane", ["mmap", "afxdp"])
+def test_ipv4_on_an_ipv6_only_plane_is_a_clear_error(pair: Pair, plane: str) -> None:
     out = pair.ref.exec(
         [
             *SIXLAB,
@@ -258,7 +261,7 @@ def test_ipv4_on_an_ipv6_only_plane_is_a_clear_error(pair: Pair) -> None:
             "--listen",
             ADDR[4][1],
             "--dataplane",
-            "mmap",
+            plane,
             "--interface",
             "eth0",
         ],

@@ -1,5 +1,5 @@
 """Differential: the same recorded sender packets through the ``scapy``, ``mmap``,
-``socket`` and ``xdp`` reflectors give byte-identical replies, timestamps aside.
+``socket``, ``xdp`` and ``afxdp`` reflectors give byte-identical replies, timestamps aside.
 
 ::
 
@@ -9,7 +9,8 @@
 G writes whole Ethernet frames on ``g0`` with a packet socket (the recording: plain and
 SRv6-delivered probes, a stateful session with a configured return SID list and the
 SSID-agnostic default session, an Extra Padding TLV, a short RFC 8762 §4.6 packet and a
-Return Path TLV, RFC 9503) and captures what comes back on the same link. Every plane
+Return Path TLV, RFC 9503, a probe with a non-zero Traffic Class) and captures what
+comes back on the same link. Every plane
 gets the same frames in the same order, one at a time, with a fresh ``Reflector`` core,
 so stateful sequence numbers agree too. The replies' IPv6 packets must be equal once T2,
 T3 (the only fields RFC 8762 §4.3 lets differ: they are clock readings) and the UDP
@@ -18,7 +19,13 @@ checksum that covers them are zeroed; each checksum must be right on its own.
 The xdp plane answers the first five kinds in the kernel and passes the short packet
 and the Return Path TLV to its user-space path; the kernel counters say so.
 
-Set-up facts: ``g0`` runs the plain XDP_PASS program (frames sent with XDP_TX on a veth
+Class of Service (RFC 8972 §4.4) is compared among the planes that set a reply's
+Traffic Class (``sets_tclass``: ``socket``, ``xdp``, ``afxdp``): the reply carries the
+probe's DSCP and ECN in the TLV, RP 0, and leaves with DSCP1. The others report RP 1
+and the received DSCP as unknown, as RFC 8972 §4.4 lets a reflector that cannot set it.
+
+Set-up facts: R knows G's MAC address from the start (a permanent neighbour entry),
+``g0`` runs the plain XDP_PASS program (frames sent with XDP_TX on a veth
 are lost unless the peer runs XDP), both veths have tx checksum offload off (complete
 checksums in every frame an XDP program reads), and R has
 ``net.ipv6.auto_flowlabels = 0`` so that replies sent through kernel sockets carry Flow
@@ -39,7 +46,7 @@ import pytest
 
 from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import ReflectorEngine
-from sixlab.dataplane.xdp_plane import XdpDataplane, attach_xdp_pass
+from sixlab.dataplane.xdp_plane import attach_xdp_pass
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.testbed import Testbed
 from sixlab.testbed._netns import entered
@@ -63,7 +70,11 @@ PORT = 862
 SENDER_PORT = 50862
 ETH_P_IPV6 = 0x86DD
 PACKET_OUTGOING = 4
-PLANES = ("scapy", "mmap", "socket", "xdp")
+PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
+#: The planes that apply a reply's Traffic Class (``Dataplane.sets_tclass``).
+TCLASS_PLANES = ("socket", "xdp", "afxdp")
+#: What the Class of Service probes carry: DSCP 46 (EF), ECN 01 (ECT(1)).
+PROBE_TCLASS = 46 << 2 | 1
 STATEFUL_SSID = 7
 DEFAULT_SSID = 8  # no session of its own: the default session answers
 EE = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.NTP)
@@ -85,6 +96,10 @@ def pair() -> Iterator[Pair]:
         tb.add_link(g, r, if_a="g0", if_b="r0", addr_a=str(G_ADDR), addr_b=str(R_ADDR))
         r.add_route("fc00:77::/32", via=str(G_ADDR))
         r.sysctl({"net.ipv6.auto_flowlabels": 0})
+        # G's address resolved from the start: every plane's first reply takes its fast
+        # path (an unresolved neighbour sends the user-space planes through the kernel).
+        r.exec(["ip", "-6", "neigh", "replace", str(G_ADDR), "lladdr", g.mac("g0"),
+                "dev", "r0", "nud", "permanent"])  # fmt: skip
         for node, ifname in ((g, "g0"), (r, "r0")):
             node.exec(["ethtool", "-K", ifname, "tx", "off"])
         with entered(g.ns):
@@ -102,12 +117,20 @@ def _probe(seq: int, ssid: int, tlvs: bytes = b"") -> bytes:
     return wire.encode_sender(wire.SenderPacket(seq, t1, EE, ssid, tlvs))
 
 
-def _ip(payload: bytes, *, srv6: bool = False) -> bytes:
+def _ip(payload: bytes, *, srv6: bool = False, tclass: int = 0) -> bytes:
     """G → R, plain or as an SRv6 packet at its last segment (Segments Left 0)."""
     if not srv6:
-        return build_udp_packet(G_ADDR, R_ADDR, SENDER_PORT, PORT, payload)
+        return build_udp_packet(G_ADDR, R_ADDR, SENDER_PORT, PORT, payload, traffic_class=tclass)
     pkt = bytearray(
-        build_udp_packet(G_ADDR, R_ADDR, SENDER_PORT, PORT, payload, segments=(FORWARD_SID, R_ADDR))
+        build_udp_packet(
+            G_ADDR,
+            R_ADDR,
+            SENDER_PORT,
+            PORT,
+            payload,
+            segments=(FORWARD_SID, R_ADDR),
+            traffic_class=tclass,
+        )
     )
     pkt[24:40] = R_ADDR.packed  # as FORWARD_SID's End leaves it
     pkt[43] = 0
@@ -126,11 +149,24 @@ def _recording() -> list[tuple[str, bytes]]:
         ("default srv6", _ip(_probe(4, DEFAULT_SSID), srv6=True)),
         ("default short", _ip(short)),
         ("default return path tlv", _ip(_probe(5, DEFAULT_SSID, back))),
+        ("default plain dscp", _ip(_probe(6, DEFAULT_SSID), tclass=PROBE_TCLASS)),
     ]
 
 
-def _replies(p: Pair, plane_name: str, frames: list[tuple[str, bytes]]) -> list[bytes]:
-    """Each recorded frame sent to a fresh reflector on ``plane_name``; the replies."""
+def _cos_recording() -> list[tuple[str, bytes]]:
+    cos = tlv.ClassOfService(dscp1=10, ecn1=2).to_tlv().encode()
+    return [
+        ("stateful cos", _ip(_probe(0, STATEFUL_SSID, cos), tclass=PROBE_TCLASS)),
+        ("default cos srv6", _ip(_probe(1, DEFAULT_SSID, cos), srv6=True, tclass=PROBE_TCLASS)),
+        ("default cos dscp 0", _ip(_probe(2, DEFAULT_SSID, cos))),
+    ]
+
+
+def _replies(
+    p: Pair, plane_name: str, frames: list[tuple[str, bytes]]
+) -> tuple[list[bytes], dict[str, int]]:
+    """Each recorded frame sent to a fresh reflector on ``plane_name``; the replies and
+    the plane's counters."""
     with entered(p.r.ns):
         plane = create(plane_name, DataplaneConfig(PORT, interface="r0"))
         plane.open()
@@ -167,8 +203,6 @@ def _replies(p: Pair, plane_name: str, frames: list[tuple[str, bytes]]) -> list[
                     reply = data[14:]
             assert reply is not None, (plane_name, name)
             out.append(reply)
-        if isinstance(plane, XdpDataplane):
-            assert plane.counters() == {"reflected": 5, "pass-short": 1, "pass-tlv": 1}
     finally:
         with warnings.catch_warnings():
             if plane_name == "mmap":
@@ -177,13 +211,14 @@ def _replies(p: Pair, plane_name: str, frames: list[tuple[str, bytes]]) -> list[
                 # the owner's, which leaves the engine thread's asyncio loop unclosed.
                 warnings.simplefilter("ignore", ResourceWarning)
             engine.shutdown()
+            counters = plane.counters()  # the engine's thread counts after it sends
             with entered(p.r.ns):  # the capture planes remove their nftables table: nft(8)
                 plane.close()
             gc.collect()
         tx.close()
         sink.close()
     assert engine.error is None
-    return out
+    return out, counters
 
 
 def _dst_port(ip: bytes) -> int | None:
@@ -206,7 +241,13 @@ def _masked(ip: bytes) -> bytes:
 
 def test_planes_give_byte_identical_replies_but_timestamps(pair: Pair) -> None:
     frames = _recording()
-    got = {name: _replies(pair, name, frames) for name in PLANES}
+    got: dict[str, list[bytes]] = {}
+    for name in PLANES:
+        got[name], counters = _replies(pair, name, frames)
+        if name == "xdp":
+            assert counters == {"reflected": 6, "pass-short": 1, "pass-tlv": 1}
+        if name == "afxdp":  # everything but the short packet and the TLV took the batch path
+            assert counters["fast_replies"] == 6, counters
     reference = got["scapy"]
     for name in PLANES[1:]:
         for (kind, _), want, have in zip(frames, reference, got[name], strict=True):
@@ -225,5 +266,22 @@ def test_planes_give_byte_identical_replies_but_timestamps(pair: Pair) -> None:
             assert rx.srh.travel_order == (RETURN_SID, G_ADDR), kind
         else:
             assert rx.srh is None, kind
+        assert rx.traffic_class == 0, kind  # no Class of Service TLV: the default
     stateful = [wire.decode_reflector(bytes(parse_udp_packet(ip).payload[:44])) for ip in reference]
     assert [r.seq for r in stateful[:3]] == [0, 1, 2]  # the reflector's own count
+
+
+def test_class_of_service_where_the_plane_sets_the_traffic_class(pair: Pair) -> None:
+    frames = _cos_recording()
+    got = {name: _replies(pair, name, frames)[0] for name in TCLASS_PLANES}
+    reference = got["socket"]
+    for name in TCLASS_PLANES[1:]:
+        for (kind, _), want, have in zip(frames, reference, got[name], strict=True):
+            assert _masked(have).hex() == _masked(want).hex(), (name, kind)
+    for (kind, ip), reply in zip(frames, reference, strict=True):
+        sent, rx = parse_udp_packet(ip), parse_udp_packet(reply)
+        assert rx.traffic_class == 10 << 2, kind  # DSCP1, ECN 0 (RFC 8972 §4.4)
+        (cos,) = tlv.decode_tlvs(bytes(rx.payload[wire.UNAUTH_PACKET_SIZE :]))
+        value = tlv.ClassOfService.from_tlv(cos)
+        assert (value.dscp2, value.ecn2) == (sent.traffic_class >> 2, sent.traffic_class & 3)
+        assert value.rp == 0, kind

@@ -86,7 +86,10 @@ def test_cli_move_and_add_peer() -> None:
         ["ilnp", "host", "--nid", "::a", "--locator", "2001:db8:a1::/64", "--interface", "e"]
     )
     assert args.nid == 0xA
-    assert args.locator == [LocatorEntry(L64, 0)]
+    assert args.locator == [(LocatorEntry(L64, 0), None)]
+    args = _parse(["ilnp", "host", "--nid", "::a", "--locator", "2001:db8:a1::,5@eth1"])
+    assert args.locator == [(LocatorEntry(L64, 5), "eth1")]
+    assert args.interface is None  # every Ethernet link that is up (the daemon decides)
 
 
 def test_names_file_lists_identifier_addresses(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """``sixlab ilnp``: the host daemon and the tools that talk to it.
 
 * ``sixlab ilnp host --nid NID --locator L64[,PREF] ... --interface IF --policy P`` runs
-  :class:`sixlab.ilnp.daemon.IlnpDaemon` in the foreground until SIGTERM/SIGINT; it
+  :class:`sixlab.ilnp.daemon.IlnpDaemon` in the foreground until SIGTERM/SIGINT (without
+  ``--locator``, locators come from Router Advertisements: :mod:`sixlab.ilnp.autoconf`); it
   prints one ``ready ...`` line once the TUN device, rings, nft table and control socket
   exist.
 * ``sixlab ilnp status`` and ``sixlab ilnp cache`` ask a running daemon over its
@@ -45,18 +46,23 @@ def add_parsers(sub: Any) -> None:
     host.add_argument(
         "--locator",
         action="append",
-        required=True,
-        type=_locator,
-        metavar="L64[,PREF[,LIFETIME]]",
+        type=_host_locator,
+        metavar="L64[,PREF[,LIFETIME]][@IF]",
         help="one of our locators, e.g. 2001:db8:a::/64 (repeat for multihoming); lower "
-        "PREF is preferred",
+        "PREF is preferred; @IF: the link its address goes on when no link holds one; "
+        "without any, locators are learned from Router Advertisements",
+    )
+    host.add_argument(
+        "--ra-wait",
+        type=argtypes.seconds,
+        default=10.0,
+        help="without --locator: how long to wait at start for a Router Advertisement",
     )
     host.add_argument(
         "--interface",
         action="append",
-        required=True,
         type=argtypes.text,
-        help="link to serve (repeatable)",
+        help="link to serve (repeatable; default: every Ethernet link that is up)",
     )
     host.add_argument("--policy", choices=POLICIES.names(), default="socket")
     host.add_argument("--store", choices=STORES.names(), default="hash")
@@ -69,6 +75,14 @@ def add_parsers(sub: Any) -> None:
         metavar="PATH",
         type=argtypes.text,
         help="write the identifier addresses of known names here, /etc/hosts format",
+    )
+    host.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        type=argtypes.text,
+        help="a correspondent's name to resolve at start (hosts file, then DNS NID and L64 "
+        "records): in the --names file, reachable at its identifier address (repeatable)",
     )
     host.add_argument(
         "--tun", type=argtypes.text, default="ilnp0", help="TUN device for identifier addresses"
@@ -139,6 +153,14 @@ def _locator(text: str) -> LocatorEntry:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _host_locator(text: str) -> tuple[LocatorEntry, str | None]:
+    """``L64[,PREF[,LIFETIME]][@IF]``: a locator and the link its address goes on."""
+    spec, at, link = text.partition("@")
+    if at and not link:
+        raise argparse.ArgumentTypeError(f"locator {text!r}: an interface name after @")
+    return _locator(spec), link or None
+
+
 def _format_spec(entry: LocatorEntry) -> str:
     """A parsed locator back in the control socket's ``L64,PREF,LIFETIME`` notation."""
     from sixlab.ilnp.config import format_l64  # noqa: PLC0415
@@ -162,14 +184,30 @@ def _run_host(args: argparse.Namespace) -> int:
     from sixlab.ilnp.daemon import DaemonConfig, default_control, run_daemon  # noqa: PLC0415
     from sixlab.ilnp.host import check_locator_set  # noqa: PLC0415
 
+    given = args.locator or []
+    locators = tuple(entry for entry, _link in given)
+    links = tuple((entry.locator, link) for entry, link in given if link is not None)
     try:
-        check_locator_set(args.locator)
+        if locators:  # none: learned from Router Advertisements
+            check_locator_set(locators)
     except ConfigError as exc:
         print(f"sixlab ilnp host: {exc}", file=sys.stderr)
         return 2
+    if not args.interface:
+        from sixlab.ilnp.links import default_interfaces  # noqa: PLC0415
+
+        args.interface = list(default_interfaces())
+        if not args.interface:
+            print("sixlab ilnp host: no Ethernet link is up: give --interface", file=sys.stderr)
+            return 2
+    for _value, link in links:
+        if link not in args.interface:
+            print(f"sixlab ilnp host: locator @{link}: not an --interface link", file=sys.stderr)
+            return 2
     config = DaemonConfig(
         nid=args.nid,
-        locators=tuple(args.locator),
+        locators=locators,
+        locator_links=links,
         interfaces=tuple(args.interface),
         policy=args.policy,
         store=args.store,
@@ -181,6 +219,8 @@ def _run_host(args: argparse.Namespace) -> int:
         bounded_capacity=args.capacity,
         bounded_idle=args.idle,
         fastpath=args.fastpath,
+        ra_wait=args.ra_wait,
+        resolve_names=tuple(args.name),
     )
 
     def announce(line: str) -> None:

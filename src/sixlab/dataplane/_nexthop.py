@@ -11,7 +11,6 @@ packet.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass
 from ipaddress import IPv6Address
@@ -58,13 +57,16 @@ def resolve_next_hop(ipr: Any, first_hop: IPv6Address) -> NextHop:
     ethernet = b""
     ifname = ""
     if route["type"] != _RTN_LOCAL and oif:
-        ifname = socket.if_indextoname(oif)
         neighbour = route.get_attr("RTA_GATEWAY") or str(first_hop)
         try:
             entries = ipr.neigh("get", dst=neighbour, ifindex=oif)
         except NetlinkError:
             entries = []
-        link = ipr.get_links(oif)[0].get_attr("IFLA_ADDRESS")
+        # The name from netlink, not if_indextoname(3): ``ipr`` answers for the
+        # namespace the plane was opened in, which the calling thread may not be in.
+        info = ipr.get_links(oif)[0]
+        ifname = info.get_attr("IFLA_IFNAME") or ""
+        link = info.get_attr("IFLA_ADDRESS")
         for entry in entries:
             lladdr = entry.get_attr("NDA_LLADDR")
             if lladdr and entry["state"] & _NUD_USABLE and link:

@@ -12,6 +12,16 @@ whole frames in the UMEM through the fill, RX, TX and completion rings
 ``sendto`` per 32 transmitted frames in copy mode (the kernel's batch), none to
 receive while frames keep coming.
 
+Queues: an AF_XDP socket receives from one receive queue, and ``stamp_xsk`` redirects
+a frame to the socket of the queue it arrived on (a frame of a queue without one goes
+to the kernel). The plane binds one socket per receive queue of the interface
+(``IFLA_NUM_RX_QUEUES``; a queue the driver does not run ends the list), each with its
+own UMEM (``RX_FRAMES`` shared out, at least ``MIN_RX_FRAMES`` each, plus
+``TX_FRAMES``), and answers each queue's frames on that queue's socket; with more than
+one, ``fileno`` is an epoll descriptor over all of them. A queue that another socket
+holds (a live afxdp plane on the same interface) makes ``open`` fail with that said,
+before anything of the other plane's is touched.
+
 Zero-copy where the driver has it, copy mode where it does not (veth): the socket is
 bound without forcing either, so the kernel picks (``zero_copy`` tells which). The
 program attaches in the driver's native XDP mode where there is one.
@@ -46,6 +56,14 @@ Ethernet header from the kernel's tables (``sixlab.dataplane._nexthop``); while 
 neighbour is unresolved, or when the route leaves by another interface, the packet
 goes through an ``AF_INET6``/``IPPROTO_RAW`` socket instead (the kernel resolves it).
 
+Traffic Class (``sets_tclass``): ``send`` writes its ``tclass`` into the IPv6 header,
+and every received frame's Traffic Class reaches the reflector core, so a Class of
+Service TLV (RFC 8972 §4.4) is answered as the ``socket`` and ``xdp`` planes answer it:
+DSCP2/ECN from the probe, the reply sent with DSCP1, RP 0. Such probes take the
+reference core (the batch path takes Extra Padding only). Every other reply carries
+Traffic Class 0 and Flow Label 0, as the ``xdp`` plane's program and a kernel socket
+(``net.ipv6.auto_flowlabels = 0``) give them.
+
 On a veth testbed, frames sent by a local socket with tx checksum offload on carry an
 unfinished UDP checksum (the ``xdp`` plane's docstring explains why): ``stamp_xsk``
 passes them to the kernel, which has no socket on the port; turn the offload off on the
@@ -64,6 +82,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import select
 import socket
 import struct
 import time
@@ -103,12 +122,16 @@ FRAME_SIZE = 2048
 #: Frames the kernel may receive into (all in the fill ring at rest): 64 MiB, about
 #: 40 ms of a stalled Python process at 800 kpps (the fill ring ran empty with 8192
 #: under load: ``rx_fill_ring_empty_descs``); the RX, fill and completion rings have as
-#: many entries.
+#: many entries. With several receive queues each socket gets a share (``_rx_frames``).
 RX_FRAMES = 32768
 RING_SIZE = RX_FRAMES
+#: Receive frames per queue at least, however many queues.
+MIN_RX_FRAMES = 4096
 #: Frames for transmit (reply frames wait in the TX ring until the kernel sends them).
 TX_FRAMES = 4096
 FRAME_COUNT = RX_FRAMES + TX_FRAMES
+_EBUSY = 16
+_EINVAL = 22
 _META = 8  # bytes of XDP metadata before each received frame: the arrival time (TAI ns)
 _DEFAULT_KEY = 0x10000  # STAMP_DEFAULT_SSID: the default session
 _U32 = struct.Struct("<I")
@@ -172,6 +195,11 @@ def _sum16(block: U8) -> npt.NDArray[np.uint64]:
     return out
 
 
+def _tclass(first: int, second: int) -> int:
+    """The Traffic Class of an IPv6 header from its first two bytes (RFC 8200 §3)."""
+    return (int(first) & 0x0F) << 4 | int(second) >> 4
+
+
 def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: int) -> Received:
     """Row ``i`` of a classified group (``AfXdpDataplane._classify``) as a ``Received``."""
     frame = frames[i]
@@ -184,7 +212,27 @@ def _received(frames: U8, t4: npt.NDArray[np.int64], udp: int, length: int, i: i
         int.from_bytes(ports[2:], "big"),
         int(frame[_IP_HOP]),
         int(t4[i]),
+        _tclass(frame[_ETH], frame[_ETH + 1]),
     )
+
+
+def _rx_frames(queues: int) -> int:
+    """Receive frames (and ring entries) per queue: ``RX_FRAMES`` shared out, a power of
+    two (the rings' sizes must be), at least ``MIN_RX_FRAMES``."""
+    share = RX_FRAMES // max(1, queues)
+    return max(MIN_RX_FRAMES, 1 << (share.bit_length() - 1))
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One receive queue's socket, its UMEM and the UMEM's free transmit frames."""
+
+    index: int
+    umem: xsk.Umem
+    sock: xsk.XskSocket
+    free: npt.NDArray[np.int64]
+    nfree: int
+    received: int = 0  # frames taken off this socket's RX ring
 
 
 def _detach_ours(ifindex: int) -> None:
@@ -201,6 +249,7 @@ class AfXdpDataplane(Dataplane):
     """STAMP frames through an AF_XDP socket on ``config.interface`` (module doc)."""
 
     name = "afxdp"
+    sets_tclass = True
 
     #: Frames per ``reflect_frames`` call; the engine takes this as its batch.
     fast_batch: int = DEFAULT_BATCH
@@ -221,6 +270,11 @@ class AfXdpDataplane(Dataplane):
         self.tai_offset_ns = 0
         self.ifindex = 0
         self._obj: libbpf.BpfObject | None = None
+        #: One socket per receive queue (module doc, "Queues"); the methods below work
+        #: on the active one: ``_umem``, ``_xsk``, ``_free``/``_nfree`` (``_activate``).
+        self._queues: list[_Queue] = []
+        self._active: _Queue | None = None
+        self._epoll: select.epoll | None = None
         self._umem: xsk.Umem | None = None
         self._xsk: xsk.XskSocket | None = None
         self._attached = False
@@ -228,7 +282,7 @@ class AfXdpDataplane(Dataplane):
         self._l3: socket.socket | None = None
         self._ipr: Any = None
         self._hops: dict[IPv6Address, NextHop] = {}
-        self._heads: dict[tuple[bytes, int], _Head] = {}
+        self._heads: dict[tuple[bytes, int, int], _Head] = {}
         #: Free transmit frames: a stack, ``_free[:_nfree]`` (UMEM addresses).
         self._free = np.empty(TX_FRAMES, np.int64)
         self._nfree = 0
@@ -247,6 +301,7 @@ class AfXdpDataplane(Dataplane):
             raise DataplaneError("afxdp: the afxdp data plane needs an interface (--interface)")
         if not 0 < config.port <= 0xFFFF:
             raise DataplaneError(f"afxdp: needs a fixed UDP port, got {config.port}")
+        require_ipv6("afxdp", config.source)  # an IPv4 listen address: a clear error
         try:
             self.ifindex = socket.if_nametoindex(ifname)
         except OSError as exc:
@@ -256,24 +311,21 @@ class AfXdpDataplane(Dataplane):
 
         try:
             self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-            _detach_ours(self.ifindex)
             self.tai_offset_ns = measure_tai_offset_ns()
             obj = libbpf.BpfObject(paths[PROGRAM_NAME])
             self._obj = obj
             obj.load()
             cfg = pack_config(config.port, _HOP_LIMIT, self.tai_offset_ns)
             obj.map("stamp_cfg").update(_U32.pack(0), cfg)
-            self._umem = xsk.Umem(FRAME_COUNT, FRAME_SIZE, RING_SIZE)
-            self._xsk = xsk.XskSocket(
-                ifname, 0, self._umem, ring_size=RING_SIZE, bind_flags=self.bind_flags
-            )
-            obj.map("xsk_sockets").update(_U32.pack(0), _U32.pack(self._xsk.fd))
-            self._fill_rx(np.arange(RX_FRAMES, dtype=np.uint64) * np.uint64(FRAME_SIZE))
-            self._free = np.arange(RX_FRAMES, FRAME_COUNT, dtype=np.int64) * FRAME_SIZE
-            self._nfree = TX_FRAMES
-            self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             # Netlink in the namespace of ``open`` (the engine's thread may be elsewhere).
             self._ipr = pyroute2.IPRoute()
+            self._open_queues(ifname, self._rx_queue_count())
+            for q in self._queues:
+                obj.map("xsk_sockets").update(_U32.pack(q.index), _U32.pack(q.sock.fd))
+            self._l3 = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            # Only now, with every queue bound: a live plane's sockets would have
+            # refused ours (EBUSY), and its program must not be touched.
+            _detach_ours(self.ifindex)
             with _in_netns(self._netns):
                 libbpf.xdp_attach(
                     self.ifindex,
@@ -300,12 +352,16 @@ class AfXdpDataplane(Dataplane):
             with contextlib.suppress(LinuxError, DataplaneError), _in_netns(self._netns):
                 libbpf.xdp_detach(self.ifindex, self.xdp_flags & 0x6)
             self._attached = False
-        if self._xsk is not None:
-            self._xsk.close()
-            self._xsk = None
-        if self._umem is not None:
-            self._umem.close()
-            self._umem = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+        for q in self._queues:
+            q.sock.close()
+            q.umem.close()
+        self._queues = []
+        self._active = None
+        self._xsk = None
+        self._umem = None
         if self._obj is not None:
             self._obj.close()
             self._obj = None
@@ -324,7 +380,65 @@ class AfXdpDataplane(Dataplane):
         self._heads.clear()
         self._hops.clear()
 
+    def _rx_queue_count(self) -> int:
+        """The interface's receive queues (``IFLA_NUM_RX_QUEUES``); 1 if not said."""
+        assert self._ipr is not None
+        links = self._ipr.get_links(self.ifindex)
+        count = links[0].get_attr("IFLA_NUM_RX_QUEUES") if links else None
+        return max(1, int(count or 1))
+
+    def _open_queues(self, ifname: str, count: int) -> None:
+        """One UMEM and socket per receive queue ``0..count-1`` (module doc, "Queues").
+
+        A queue the driver does not run (EINVAL: fewer real queues than allocated)
+        ends the list; one another socket holds (EBUSY) is an error that names it.
+        """
+        rx_frames = _rx_frames(count)
+        for index in range(count):
+            umem = xsk.Umem(rx_frames + TX_FRAMES, FRAME_SIZE, rx_frames)
+            try:
+                sock = xsk.XskSocket(
+                    ifname, index, umem, ring_size=rx_frames, bind_flags=self.bind_flags
+                )
+            except xsk.XskError as exc:
+                umem.close()
+                if exc.errno == _EINVAL and index > 0:
+                    break
+                if exc.errno == _EBUSY:
+                    raise DataplaneError(
+                        f"afxdp: queue {index} of {ifname} already has an AF_XDP socket "
+                        "(another afxdp plane on this interface?)"
+                    ) from exc
+                raise
+            free = np.arange(rx_frames, rx_frames + TX_FRAMES, dtype=np.int64) * FRAME_SIZE
+            q = _Queue(index, umem, sock, free, TX_FRAMES)
+            self._queues.append(q)
+            self._activate(q)
+            self._fill_rx(np.arange(rx_frames, dtype=np.uint64) * np.uint64(FRAME_SIZE))
+        if len(self._queues) > 1:
+            self._epoll = select.epoll()
+            for q in self._queues:
+                self._epoll.register(q.sock.fd, select.EPOLLIN)
+        self._activate(self._queues[0])
+
+    def _activate(self, q: _Queue) -> None:
+        """Make ``q`` the queue the ring methods work on (its free stack kept)."""
+        if self._active is not None:
+            self._active.nfree = self._nfree
+        self._active = q
+        self._umem, self._xsk = q.umem, q.sock
+        self._free, self._nfree = q.free, q.nfree
+
+    @property
+    def queues(self) -> int:
+        """Receive queues served, one AF_XDP socket each."""
+        return len(self._queues)
+
     def fileno(self) -> int:
+        """The socket's descriptor; with several queues an epoll descriptor over all of
+        them (readable when any socket is)."""
+        if self._epoll is not None:
+            return self._epoll.fileno()
         return self._socket().fd
 
     def zero_copy(self) -> bool:
@@ -333,8 +447,12 @@ class AfXdpDataplane(Dataplane):
 
     def counters(self) -> dict[str, int]:
         out = dataclasses.asdict(self.stats)
-        if self._xsk is not None:
-            out.update(self._xsk.statistics())
+        out["queues"] = len(self._queues)
+        for q in self._queues:  # frames per queue, then the kernel's counts, summed
+            out[f"rx_q{q.index}"] = q.received
+        for q in self._queues:
+            for name, value in q.sock.statistics().items():
+                out[name] = out.get(name, 0) + value
         return out
 
     def _socket(self) -> xsk.XskSocket:
@@ -413,6 +531,8 @@ class AfXdpDataplane(Dataplane):
             return empty, empty
         descs = rx.entries[rx.slots(first, n)]
         rx.release(n)
+        if self._active is not None:
+            self._active.received += n
         return descs["addr"].astype(np.int64), descs["len"].astype(np.int64)
 
     def _transmit(self, addrs: npt.NDArray[np.int64], lengths: npt.NDArray[Any] | int) -> int:
@@ -447,6 +567,16 @@ class AfXdpDataplane(Dataplane):
     # -- receive ------------------------------------------------------------------------
 
     def receive(self, max_batch: int = 64) -> list[Received]:
+        if len(self._queues) <= 1:
+            return self._receive_one(max_batch)
+        out: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            out += self._receive_one(max_batch)
+        self._activate(self._queues[0])
+        return out
+
+    def _receive_one(self, max_batch: int) -> list[Received]:
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
         if not len(addrs):
@@ -478,7 +608,7 @@ class AfXdpDataplane(Dataplane):
         udp = packet.udp
         return Received(
             packet.payload, packet.src, packet.dst, udp.src_port, udp.dst_port,
-            packet.hop_limit, rx_ns,
+            packet.hop_limit, rx_ns, _tclass(data[_ETH], data[_ETH + 1]),
         )  # fmt: skip
 
     # -- reflector fast path ------------------------------------------------------------
@@ -489,8 +619,26 @@ class AfXdpDataplane(Dataplane):
         """Answer up to ``max_batch`` received frames with the batch core (module doc).
 
         Returns what was taken off the ring, handed to the core, failed to send, and
-        the frames left to the general path as ``Received``, in arrival order.
+        the frames left to the general path as ``Received``, in arrival order (per
+        queue: with several, each gives up to ``max_batch``, and the sums come back).
         """
+        if len(self._queues) <= 1:
+            return self._reflect_one(reflector, clock, max_batch)
+        consumed = handled = failed = 0
+        slow: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            got = self._reflect_one(reflector, clock, max_batch)
+            consumed += got.consumed
+            handled += got.handled
+            failed += got.send_failed
+            slow += got.slow
+        self._activate(self._queues[0])
+        return FastBatch(consumed, handled, failed, slow)
+
+    def _reflect_one(
+        self, reflector: Reflector, clock: Callable[[], int], max_batch: int
+    ) -> FastBatch:
         umem = self._umem_()
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
@@ -577,7 +725,23 @@ class AfXdpDataplane(Dataplane):
         """The sender side's fast path: up to ``max_batch`` received frames as groups of
         (UDP payloads as an ``(n, L)`` array, T4 in UTC ns, row ``i`` as a ``Received``)
         for ``sixlab.stamp.batch.receive_batch`` and the rows the engine must take one by
-        one, and the frames the classification left (``_classify``) as ``Received``."""
+        one, and the frames the classification left (``_classify``) as ``Received``
+        (with several queues, up to ``max_batch`` from each)."""
+        if len(self._queues) <= 1:
+            return self._collect_one(max_batch)
+        groups: list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]] = []
+        slow: list[Received] = []
+        for q in self._queues:
+            self._activate(q)
+            got, rest = self._collect_one(max_batch)
+            groups += got
+            slow += rest
+        self._activate(self._queues[0])
+        return groups, slow
+
+    def _collect_one(
+        self, max_batch: int
+    ) -> tuple[list[tuple[U8, npt.NDArray[np.int64], Callable[[int], Received]]], list[Received]]:
         umem = self._umem_()
         self._reap()
         addrs, lengths = self._take_rx(max_batch)
@@ -641,6 +805,7 @@ class AfXdpDataplane(Dataplane):
             context = PacketContext(
                 IPv6Address(src), IPv6Address(dst.tobytes()),
                 int.from_bytes(ports[:2], "big"), int.from_bytes(ports[2:], "big"),
+                _tclass(frame[_ETH], frame[_ETH + 1]), True,
             )  # fmt: skip
             return reflector.reflect(
                 payloads[i].tobytes(), int(t2[i]), clock, int(hops[i]), context,
@@ -651,7 +816,9 @@ class AfXdpDataplane(Dataplane):
         failed = 0
         for i, reply in out.fallback.items():
             if reply is not None:
-                failed += self._send_reply(data[i], udp, reply.payload, reply.return_path)
+                failed += self._send_reply(
+                    data[i], udp, reply.payload, reply.return_path, reply.tclass
+                )
         answered = np.flatnonzero(out.answered)
         if not len(answered):
             return len(data), failed
@@ -714,15 +881,12 @@ class AfXdpDataplane(Dataplane):
 
     def _head(self, key: bytes, route: Any, size: int, now: float) -> _Head | None:
         """The reply head towards the probe addresses and ports in ``key`` along
-        ``route`` (None: leave it to ``send``: unresolved, or another interface)."""
-        cache_key = (key, id(route))
+        ``route`` for a payload of ``size`` bytes (None: leave it to ``send``:
+        unresolved, or another interface). The head carries the payload's length (UDP
+        Length, IPv6 Payload Length and their share of the checksum): one per size."""
+        cache_key = (key, id(route), size)
         head = self._heads.get(cache_key)
-        if (
-            head is not None
-            and head.expires >= now
-            and head.route is route
-            and len(head.head) + 2 + size <= FRAME_SIZE
-        ):
+        if head is not None and head.expires >= now and head.route is route:
             return head
         peer = IPv6Address(key[:16])
         path = full_path(peer, route.segments)
@@ -759,16 +923,23 @@ class AfXdpDataplane(Dataplane):
     def _hop(self, first_hop: IPv6Address, now: float) -> NextHop:
         hop = self._hops.get(first_hop)
         if hop is None or hop.expires < now:
-            if self._ipr is None:
-                from pyroute2 import IPRoute  # noqa: PLC0415
+            # In the namespace of ``open``: pyroute2 opens its netlink socket in the
+            # namespace of the thread that first uses it, and the engine's thread may
+            # be elsewhere (a test's, a lab's).
+            with _in_netns(self._netns):
+                if self._ipr is None:
+                    from pyroute2 import IPRoute  # noqa: PLC0415
 
-                self._ipr = IPRoute()
-            hop = resolve_next_hop(self._ipr, first_hop)
+                    self._ipr = IPRoute()
+                hop = resolve_next_hop(self._ipr, first_hop)
             self._hops[first_hop] = hop
         return hop
 
-    def _send_reply(self, frame: U8, udp: int, payload: bytes, route: Any) -> int:
-        """A reply by ``send`` to the probe in ``frame``; 1 if it failed, else 0."""
+    def _send_reply(
+        self, frame: U8, udp: int, payload: bytes, route: Any, tclass: int | None = None
+    ) -> int:
+        """A reply by ``send`` to the probe in ``frame`` (with ``tclass``, the Traffic
+        Class the reflector core asked for); 1 if it failed, else 0."""
         dst = route.address if route.address is not None else None
         if dst is None:
             dst = IPv6Address(frame[_IP_SRC : _IP_SRC + 16].tobytes())
@@ -777,7 +948,7 @@ class AfXdpDataplane(Dataplane):
         src = IPv6Address(frame[_IP_SRC + 16 : _IP_END].tobytes())
         port = int(frame[udp]) << 8 | int(frame[udp + 1])
         try:
-            self.send(payload, dst, port, segments=route.segments, src=src)
+            self.send(payload, dst, port, segments=route.segments, src=src, tclass=tclass)
         except DataplaneError:
             return 1
         return 0
@@ -794,7 +965,6 @@ class AfXdpDataplane(Dataplane):
         src: IPAddress | None = None,
         tclass: int | None = None,
     ) -> None:
-        del tclass  # not applied: ``sets_tclass`` is False
         dst6 = require_ipv6("afxdp", dst)
         assert dst6 is not None
         dst, src = dst6, require_ipv6("afxdp", src)
@@ -813,7 +983,7 @@ class AfXdpDataplane(Dataplane):
         try:
             packet = build_udp_packet(
                 source, dst, self.config.port, dst_port, payload, hop_limit=_HOP_LIMIT,
-                segments=list(path) if path is not None else None,
+                segments=list(path) if path is not None else None, traffic_class=tclass or 0,
             )  # fmt: skip
         except WireError as exc:
             raise DataplaneError(f"afxdp: cannot send to [{dst}]:{dst_port}: {exc}") from exc

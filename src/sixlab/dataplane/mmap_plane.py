@@ -435,7 +435,12 @@ class MmapDataplane(Dataplane):
         """``MmapCounters`` by field name: what the ring gave that the engine never saw,
         and how often a reply took the kernel's route or the device refused a frame."""
         stats = getattr(self, "stats", None)
-        return {} if stats is None else dataclasses.asdict(stats)
+        if stats is None:
+            return {}
+        out = dataclasses.asdict(stats)
+        if self._rxring is not None:  # cursor moves of the RX ring (PacketRing.resync)
+            out["rx_ring_resyncs"] = self._rxring.resyncs
+        return out
 
     def kernel_stats(self) -> tuple[int, int]:
         """(packets, drops) the kernel counted for the ring since the last call."""
@@ -459,8 +464,10 @@ class MmapDataplane(Dataplane):
         while len(out) < max_batch:
             if rxr.left == 0:
                 if not rxr.next_block():
-                    if taken == 0:  # woken for nothing: a socket error (ring doc)
+                    if taken == 0:  # woken for nothing: a socket error or a lost place
                         rxr.clear_error()
+                        if rxr.resync():
+                            continue
                     break
                 continue
             off = rxr.offset
@@ -546,8 +553,10 @@ class MmapDataplane(Dataplane):
             if left == 0:
                 rxr.left = 0
                 if not rxr.next_block():
-                    if consumed == 0:  # woken for nothing: a socket error (ring doc)
+                    if consumed == 0:  # woken for nothing: a socket error or a lost place
                         rxr.clear_error()
+                        if rxr.resync():
+                            continue
                     break
                 left, offset = rxr.left, rxr.offset
                 continue

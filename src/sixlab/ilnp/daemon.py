@@ -47,6 +47,11 @@ which live on a TUN device this daemon owns::
   back when the link does: multihoming failover. A netlink socket subscribed to link
   and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
   missed events (:mod:`sixlab.ilnp.links`).
+* **Zero configuration.** A locator given that no link holds gets its locator|NID
+  address on its link (:mod:`sixlab.ilnp.addresses`); without ``--locator`` the
+  locators, and DNS servers, come from Router Advertisements
+  (:mod:`sixlab.ilnp.autoconf`); names resolved go to the names file
+  (:mod:`sixlab.ilnp.names`).
 
 One thread, one ``selectors`` loop, time from ``time.monotonic`` passed in as ``now``.
 """
@@ -66,13 +71,14 @@ import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._control import ControlClient, ControlServer, control_request, default_control
 from sixlab.ilnp._errors import ConfigError, DaemonError
 from sixlab.ilnp.addresses import claim_addresses, release_addresses
+from sixlab.ilnp.autoconf import RouterAdvertisements
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
 from sixlab.ilnp.egress import Egress
@@ -93,6 +99,8 @@ from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
     ACCEPT_SNAPLEN,
     BPF_ABS,
+    BPF_B,
+    BPF_H,
     BPF_JEQ,
     BPF_JMP,
     BPF_K,
@@ -153,6 +161,7 @@ _LATENCY_SAMPLES = 20000
 #: Host timers are looked at no more often than this (see ``IlnpDaemon._run_timers``).
 _TIMER_GRANULARITY = 0.01
 _READ_BATCH = 64
+_UDP = 17
 
 
 def format_locator(locator: int) -> str:
@@ -187,28 +196,42 @@ class DaemonConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     #: Where to write identifier addresses of known names (sixlab.ilnp.names); None: not.
     names: str | None = None
+    #: Without ``locators``: how long to wait at start for a Router Advertisement's
+    #: prefix (:mod:`sixlab.ilnp.autoconf`).
+    ra_wait: float = 10.0
+    #: Locators given with the link their address goes on (``L64@IF``), as
+    #: (locator, interface): :func:`sixlab.ilnp.addresses.place_locators`.
+    locator_links: tuple[tuple[int, str], ...] = ()
+    #: Names resolved at start (hosts file, then DNS NID/L64 records, RFC 6742): in the
+    #: names file, and reachable at their identifier addresses (``--name``).
+    resolve_names: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------- kernel drop
 
 
-def kernel_drop(nid: int, interfaces: tuple[str, ...]) -> KernelDrop:
+def kernel_drop(nid: int, interfaces: tuple[str, ...], dns_port: int = 0) -> KernelDrop:
     """The nftables table that stops the kernel from handling our ILNP packets.
 
     The input hook runs after AF_PACKET taps, so the ring still sees what is dropped
     here. Matching the destination's NID (not its locator) keeps the rule valid across
     moves; Neighbour Discovery is let through so the link keeps resolving our address.
     The table is named after the NID: a dead run's leftover is replaced, a live
-    daemon's with the same NID refused (see :mod:`sixlab.linux.nftdrop`).
+    daemon's with the same NID refused (see :mod:`sixlab.linux.nftdrop`). Answers to
+    the daemon's own DNS queries (UDP to ``dns_port``, not 0) go to the kernel: they are
+    plain IPv6 to a locator|NID address (docs/ilnp-field.md, "Zero configuration").
     """
     ifaces = ", ".join(f'"{i}"' for i in interfaces)
     match = (
         f"iifname {{ {ifaces} }} ip6 daddr & ::ffff:ffff:ffff:ffff == {ipaddress.IPv6Address(nid)}"
     )
     nd = "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
+    rules = [f"{match} icmpv6 type {{ {nd}, nd-redirect }} accept"]
+    if dns_port:
+        rules.append(f"{match} udp dport {dns_port} accept")
     return KernelDrop(
         f"sixlab_ilnp_{nid:016x}",
-        [f"{match} icmpv6 type {{ {nd}, nd-redirect }} accept", f"{match} counter drop"],
+        [*rules, f"{match} counter drop"],
         priority="-300",
         purpose=f"another ILNP daemon with NID {nid:016x} runs in this namespace",
     )
@@ -217,17 +240,26 @@ def kernel_drop(nid: int, interfaces: tuple[str, ...]) -> KernelDrop:
 # --------------------------------------------------------------------- ring
 
 
-def ring_filter(nid: int, prefix: int = IDENTIFIER_PREFIX) -> tuple[BpfInstruction, ...]:
+def ring_filter(
+    nid: int, prefix: int = IDENTIFIER_PREFIX, dns_port: int = 0
+) -> tuple[BpfInstruction, ...]:
     """Classic BPF for the ring: Ethernet frames whose IPv6 destination ends in our NID
     and does not start with the identifier prefix (:meth:`IlnpDaemon._is_ours` in the
-    kernel, bar Neighbour Discovery). The rest of the link's traffic never reaches user
-    space; a fast-path packet never reaches the ring at all (redirected at tc ingress,
-    before the ring's tap)."""
+    kernel, bar Neighbour Discovery), and that are not UDP to ``dns_port`` (answers to
+    the daemon's DNS queries, which the kernel delivers: :func:`kernel_drop`). The rest
+    of the link's traffic never reaches user space; a fast-path packet never reaches
+    the ring at all (redirected at tc ingress, before the ring's tap)."""
     dst = 14 + 24  # Ethernet header + offset of the IPv6 Destination Address
     asm = Assembler()
     for offset, word in ((dst + 8, nid >> 32), (dst + 12, nid & 0xFFFFFFFF)):
         asm.emit(BPF_LD | BPF_W | BPF_ABS, offset)
         asm.emit(BPF_JMP | BPF_JEQ | BPF_K, word, jt=0, jf="drop")
+    if dns_port:
+        asm.emit(BPF_LD | BPF_B | BPF_ABS, 14 + 6)  # Next Header
+        asm.emit(BPF_JMP | BPF_JEQ | BPF_K, _UDP, jt=0, jf="prefix")
+        asm.emit(BPF_LD | BPF_H | BPF_ABS, 14 + IPV6_HEADER_SIZE + 2)  # UDP destination port
+        asm.emit(BPF_JMP | BPF_JEQ | BPF_K, dns_port, jt="drop", jf="prefix")
+        asm.label("prefix")
     asm.emit(BPF_LD | BPF_W | BPF_ABS, dst)
     asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix >> 32, jt=0, jf="accept")
     asm.emit(BPF_LD | BPF_W | BPF_ABS, dst + 4)
@@ -250,6 +282,14 @@ def _open_tun(name: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _free_udp_port() -> int:
+    """A UDP port free now, for the daemon's DNS queries (dnspython binds it per query)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+        probe.bind(("::", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def _configure_tun(name: str, address: ipaddress.IPv6Address) -> None:
@@ -285,9 +325,13 @@ class IlnpDaemon:
         *,
         clock: Callable[[], float] = time.monotonic,
         policy: AdmissionPolicy | None = None,
+        autoconf: RouterAdvertisements | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        #: Locators (and DNS servers) learned from Router Advertisements (None: given
+        #: by ``--locator``).
+        self.autoconf = autoconf
         self.socket_table: KernelSocketTable | None = None
         if policy is None:
             policy = self._make_policy(config)
@@ -304,11 +348,14 @@ class IlnpDaemon:
             store=config.store,
         )
         self.resolver = Resolver.from_file(config.hosts)
+        self.resolver.source_port = _free_udp_port()  # its answers pass (kernel_drop)
+        if autoconf is not None:
+            self.resolver.learned_servers = autoconf.dns_servers
         self.identifier = identifier_address(config.nid)
         self.events: Counter[str] = Counter()
         self.latency_ns: deque[int] = deque(maxlen=_LATENCY_SAMPLES)
         self.wire: Counter[str] = Counter()
-        self.drop = kernel_drop(config.nid, config.interfaces)
+        self.drop = kernel_drop(config.nid, config.interfaces, self.resolver.source_port)
         self._configured = config.locators
         self._withdrawn: set[int] = set()
         self.links = LinkWatcher(config.interfaces)
@@ -317,7 +364,10 @@ class IlnpDaemon:
         #: zero configuration; tests give their own.
         self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
         self._claimed: list[tuple[str, str]] = []
-        self._named: dict[str, Resolution] = {}  # names resolved through add-peer
+        #: Names resolved through ``--name`` and ``add-peer``, and why others were not.
+        self._named: dict[str, Resolution] = {}
+        self._name_errors: dict[str, str] = {}
+        self._dns_asked: list[str] = []  # the DNS servers of the last _resolve_names
         self._nid_bytes = config.nid.to_bytes(8, "big")
         self._prefix_bytes = IDENTIFIER_PREFIX.to_bytes(8, "big")
         self._selector = selectors.DefaultSelector()
@@ -362,17 +412,18 @@ class IlnpDaemon:
 
     def open(self) -> None:
         """Create TUN, rings, raw socket, kernel drop and control socket."""
-        for name in self.config.interfaces:  # before anything is made: nothing to undo
-            try:
-                socket.if_nametoindex(name)
-            except (OSError, ValueError):  # ValueError: a NUL in the name
-                raise ConfigError(f"interface {name!r}: no such interface") from None
+        _check_interfaces(self.config.interfaces)  # before anything is made: nothing to undo
         try:
             # First: a live daemon on the same path refuses us before we touch anything.
             self.control.open()
-            self._claimed = claim_addresses(  # zero configuration: locator|NID on the link
-                self.config.nid, self._configured, self.config.interfaces, self.read_links()
+            self._claimed = claim_addresses(  # zero configuration: locator|NID on its link
+                self.config.nid,
+                self._configured,
+                self.config.interfaces,
+                self.read_links(),
+                named=dict(self.config.locator_links),
             )
+            self._resolve_names()
             self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
             _configure_tun(self.config.tun_name, self.identifier)
@@ -381,7 +432,7 @@ class IlnpDaemon:
                 ring = PacketRing(
                     ifname,
                     protocol=ETH_P_IPV6,
-                    program=ring_filter(self.config.nid),
+                    program=ring_filter(self.config.nid, dns_port=self.resolver.source_port),
                     geometry=_RING_GEOMETRY,
                 )
                 self._rings.append(ring)
@@ -485,6 +536,8 @@ class IlnpDaemon:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(self.links.fileno())
         self.links.close()
+        if self.autoconf is not None:
+            self.autoconf.close()
         if self._tun_fd >= 0:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
@@ -616,7 +669,7 @@ class IlnpDaemon:
             now = self.clock()
             nid = int.from_bytes(packet[32:40], "big")
             if packet[24:32] == self._prefix_bytes and not self.host.can_reach(nid, now):
-                found = self.resolver.by_nid(nid)
+                found = self.resolver.by_nid(nid) or self._named_nid(nid)
                 if found is not None:
                     self.host.add_correspondent(nid, found.locators, now)
                     self.events["resolved"] += 1
@@ -648,6 +701,8 @@ class IlnpDaemon:
 
     def set_locators(self, locators: tuple[LocatorEntry, ...]) -> None:
         """A move or a new uplink: configured set replaced, Locator Updates sent."""
+        if self.autoconf is not None:
+            raise ConfigError("locators: learned from Router Advertisements, not set by hand")
         check_held(check_locator_set(locators), self.read_links())  # L64s links hold
         self.host.set_local_locators(locators, self.clock())  # checks them first
         self._configured = locators
@@ -659,8 +714,17 @@ class IlnpDaemon:
         """Withdraw locators whose links are unusable; restore them when one is back.
 
         :mod:`sixlab.ilnp.links` says which locator lives where and which links are
-        up with carrier. A link made again gets new capture sockets.
+        up with carrier. A link made again gets new capture sockets. Locators learned
+        from Router Advertisements are read first (:mod:`sixlab.ilnp.autoconf`).
         """
+        learned = None if self.autoconf is None else self.autoconf.poll(now)
+        if learned is not None:
+            self._configured = learned
+            self.events["locators_learned"] += 1
+        servers = [] if self.autoconf is None else self.autoconf.dns_servers()
+        if self._name_errors and servers and servers != self._dns_asked:
+            self._resolve_names()  # new DNS servers (a later RA): ask them once
+            self._write_names()
         new_home = self.links.refresh()
         self.egress.set_links(self.links.states)
         for ring in self._rings:
@@ -670,7 +734,7 @@ class IlnpDaemon:
         if new_home:
             self._sync_fastpath(everything=True)  # egress interfaces may be known now
         down = self.links.down(e.locator for e in self._configured)
-        if down == self._withdrawn:
+        if down == self._withdrawn and learned is None:
             return
         usable = tuple(e for e in self._configured if e.locator not in down)
         if not usable:
@@ -734,8 +798,29 @@ class IlnpDaemon:
         found = self.resolver.by_name(name)
         self.host.add_correspondent(found.nid, found.locators, self.clock())
         self._named[found.name] = found
+        self._name_errors.pop(name, None)
         self._write_names()
         return {"ok": True, "nid": format_locator(found.nid)}
+
+    def _resolve_names(self) -> None:
+        """Resolve ``--name`` names (blocking, before the loop runs); a name that does
+        not resolve is reported in ``status``, not fatal (the DNS may come later:
+        ``add-peer`` asks again)."""
+        self._dns_asked = self.resolver.learned_servers()
+        for name in self.config.resolve_names:
+            if name in self._named:
+                continue
+            try:
+                found = self.resolver.by_name(name)
+            except ResolveError as exc:
+                self._name_errors[name] = str(exc)
+                continue
+            self._named[found.name] = found
+            self._name_errors.pop(name, None)
+
+    def _named_nid(self, nid: int) -> Resolution | None:
+        """A name resolved through DNS (``--name``, ``add-peer``) with this NID."""
+        return next((r for r in self._named.values() if r.nid == nid), None)
 
     def _write_names(self) -> None:
         if self.config.names is not None:
@@ -767,6 +852,8 @@ class IlnpDaemon:
                 if e.locator not in self._withdrawn
             ],
             "withdrawn": [format_locator(x) for x in sorted(self._withdrawn)],
+            "router_advertisements": None if self.autoconf is None else self.autoconf.json(),
+            "names": {"resolved": sorted(self._named), "errors": dict(self._name_errors)},
             "interfaces": list(self.config.interfaces),
             "links": self.links.json(),
             "egress": self.egress.json(),
@@ -875,8 +962,33 @@ def run_daemon(config: DaemonConfig, *, announce: Callable[[str], None] = print)
         raise DaemonError(str(exc)) from exc
 
 
+def _check_interfaces(names: tuple[str, ...]) -> None:
+    """:class:`ConfigError` naming the first of ``names`` that is no interface."""
+    for name in names:
+        try:
+            socket.if_nametoindex(name)
+        except (OSError, ValueError):  # ValueError: a NUL in the name
+            raise ConfigError(f"interface {name!r}: no such interface") from None
+
+
 def _run_daemon(config: DaemonConfig, announce: Callable[[str], None]) -> int:
-    daemon = IlnpDaemon(config)
+    autoconf = None
+    if not config.locators:  # learned from Router Advertisements (sixlab.ilnp.autoconf)
+        _check_interfaces(config.interfaces)
+        autoconf = RouterAdvertisements(config.nid, config.interfaces)
+        autoconf.open()
+        try:
+            autoconf.wait(config.ra_wait)
+        except BaseException:
+            autoconf.close()
+            raise
+        config = replace(config, locators=autoconf.take(time.monotonic()))
+    try:
+        daemon = IlnpDaemon(config, autoconf=autoconf)
+    except BaseException:
+        if autoconf is not None:
+            autoconf.close()
+        raise
     with StopOnSignal(daemon.stop):  # the daemon's loop ends on its own flag
         try:
             daemon.open()

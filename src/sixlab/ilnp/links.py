@@ -54,6 +54,7 @@ __all__ = [
     "LinkState",
     "LinkWatcher",
     "clsact_filters",
+    "default_interfaces",
     "device_drops",
     "link_states",
     "read_links",
@@ -158,6 +159,21 @@ def link_states(names: Iterable[str]) -> LinkStates:
     """:func:`read_links` as :mod:`sixlab.ilnp.config` takes it: name to (usable,
     the /64 prefixes on it)."""
     return {name: (s.usable, set(s.prefixes)) for name, s in read_links(names).items()}
+
+
+def default_interfaces(sysfs: Path = Path("/sys/class/net")) -> tuple[str, ...]:
+    """The links a daemon serves when none is named: every Ethernet interface (ARPHRD_ETHER:
+    veth, NICs; not loopback, not a TUN device) that is administratively up, by name."""
+    found = []
+    for device in sorted(sysfs.iterdir()):
+        try:
+            kind = (device / "type").read_text().strip()
+            flags = int((device / "flags").read_text().strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if kind == "1" and flags & _IFF_UP:
+            found.append(device.name)
+    return tuple(found)
 
 
 def device_drops(name: str) -> dict[str, int]:

@@ -3,7 +3,7 @@
 Applications on an ILNP host reach a correspondent at its identifier address
 (:func:`sixlab.wire.ilnp.identifier_address`), not at a locator. Rather than a
 name-service plugin, the daemon writes ``/etc/hosts``-format lines, one per name it can
-resolve (its I-LV hosts file, and names resolved in DNS through ``add-peer``), to a
+resolve (its I-LV hosts file, and names resolved in DNS: ``--name``, ``add-peer``), to a
 file it owns (``--names PATH``): pointing the system's ``/etc/hosts`` at it (a symlink,
 or ``/etc/netns/NAME/hosts``, which ``ip netns exec NAME`` mounts over ``/etc/hosts``)
 makes ``getaddrinfo("bob")`` give ``fd00:2ff::b``. The file is rewritten whole and

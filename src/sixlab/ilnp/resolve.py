@@ -26,7 +26,7 @@ can answer a NID lookup (DNS has no NID-to-locators map).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,12 +150,15 @@ def parse_hosts(text: str) -> HostsFile:
     return hosts
 
 
-def resolve_dns(name: str, resolver: dns.resolver.Resolver | None = None) -> Resolution:
-    """Look up the NID and L64 records of ``name`` (RFC 6742)."""
+def resolve_dns(
+    name: str, resolver: dns.resolver.Resolver | None = None, source_port: int = 0
+) -> Resolution:
+    """Look up the NID and L64 records of ``name`` (RFC 6742), from ``source_port``
+    (0: any)."""
     res = resolver if resolver is not None else dns.resolver.Resolver()
     try:
-        nid_answer = res.resolve(name, dns.rdatatype.NID)
-        l64_answer = res.resolve(name, dns.rdatatype.L64)
+        nid_answer = res.resolve(name, dns.rdatatype.NID, source_port=source_port)
+        l64_answer = res.resolve(name, dns.rdatatype.L64, source_port=source_port)
     except dns.exception.DNSException as exc:
         raise ResolveError(f"{name}: {exc}") from exc
     nids = sorted((r.preference, ILV.parse(f"0:0:0:0/{r.nodeid}").nid) for r in nid_answer)
@@ -177,6 +180,11 @@ class Resolver:
     ) -> None:
         self.hosts = hosts if hosts is not None else HostsFile()
         self.dns_resolver = dns_resolver
+        #: UDP source port of DNS queries (0: any); the host daemon fixes one.
+        self.source_port = 0
+        #: DNS servers the links' Router Advertisements gave (RDNSS, RFC 8106): when
+        #: there are any, they are asked instead of /etc/resolv.conf's.
+        self.learned_servers: Callable[[], list[str]] = list
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> Resolver:
@@ -200,4 +208,14 @@ class Resolver:
             return found
         if not use_dns:
             raise ResolveError(f"{name}: not in the hosts file")
-        return resolve_dns(name, self.dns_resolver)
+        return resolve_dns(name, self._dns(), self.source_port)
+
+    def _dns(self) -> dns.resolver.Resolver | None:
+        if self.dns_resolver is not None:
+            return self.dns_resolver
+        servers = self.learned_servers()
+        if not servers:
+            return None  # the system's configuration
+        learned = dns.resolver.Resolver(configure=False)
+        learned.nameservers = list(servers)
+        return learned

@@ -31,6 +31,20 @@ reader calls it whenever it was woken and found nothing (:meth:`frames` does so
 itself). An interface that is deleted and made again has a new index the old socket
 will never see: :meth:`reopen` makes a new socket and ring on the same name.
 
+Losing the place
+----------------
+The kernel fills the blocks in ring order and the reader must take them in the same
+order: a reader whose cursor rests on a block the kernel owns while later blocks are
+the user's waits there until the kernel comes round to that block, and every packet is
+then read one lap of the ring late while the kernel drops what does not fit. The
+``mmap`` plane was seen in that state after overload (its cursor's block handed back
+with its packets unread, the next blocks the user's; benchmarks/README.md, issue 14
+section); what put it there is not known. A reader that was woken and found nothing
+calls :meth:`resync` (:meth:`frames` does so itself), which moves the cursor to the
+oldest block the user holds (the lowest ``seq_num`` of ``struct tpacket_hdr_v1``),
+counted in :attr:`PacketRing.resyncs`. In step, a wake-up for nothing finds no block
+of the user's, and the scan (one status read per block) changes nothing.
+
 Two ways to read
 ----------------
 :meth:`frames` yields :class:`Frame` objects (packet bytes, kernel receive time,
@@ -38,7 +52,8 @@ lengths, status, packet type): what the ILNP daemon reads. A reader that cannot 
 an object per packet (the STAMP ``mmap`` plane's reflector loop) walks the blocks
 itself with the public cursor (:attr:`map`, :attr:`block`, :attr:`left`,
 :attr:`offset`, :meth:`next_block`, :meth:`release`) and the layout constants of this
-module; it must call :meth:`clear_error` on an empty wake-up like :meth:`frames` does.
+module; it must call :meth:`clear_error` and :meth:`resync` on an empty wake-up like
+:meth:`frames` does.
 The ``mmap`` plane's reflector loop keeps the cursor in locals and writes it back per
 batch, as it did on its own ring: its PDR measured the same on both (benchmarks/
 README.md, "One receive ring").
@@ -61,6 +76,8 @@ from sixlab.linux.cbpf import BpfInstruction, attach_filter
 __all__ = [
     "BLOCK_PKTS",
     "BLOCK_PKTS_OFFSET",
+    "BLOCK_SEQ",
+    "BLOCK_SEQ_OFFSET",
     "BLOCK_STATUS",
     "BLOCK_STATUS_OFFSET",
     "ETH_P_ALL",
@@ -98,6 +115,9 @@ BLOCK_STATUS = struct.Struct("=I")
 BLOCK_STATUS_OFFSET = 8
 BLOCK_PKTS = struct.Struct("=II")
 BLOCK_PKTS_OFFSET = 12
+#: tpacket_hdr_v1.seq_num: the kernel numbers the blocks as it opens them.
+BLOCK_SEQ = struct.Struct("=Q")
+BLOCK_SEQ_OFFSET = 24
 #: struct tpacket3_hdr up to tp_net: next_offset, sec, nsec, snaplen, len, status, mac, net.
 PKT_HEADER = struct.Struct("=6I2H")
 #: TPACKET_ALIGN(sizeof(struct tpacket3_hdr)): where the sockaddr_ll follows.
@@ -180,6 +200,8 @@ class PacketRing:
         self.drops = 0
         #: Times the socket was made again (:meth:`reopen`).
         self.reopened = 0
+        #: Times the cursor was moved to the oldest user block (:meth:`resync`).
+        self.resyncs = 0
         self.sock, self.map, self.ifindex = self._open()
         self.block = 0
         self.left = 0
@@ -280,6 +302,29 @@ class PacketRing:
             self.release()
         return True
 
+    def resync(self) -> bool:
+        """If the cursor's block is the kernel's while others are the user's, move the
+        cursor to the oldest of those (module doc, "Losing the place"); True if it moved.
+
+        Call it after a wake-up found nothing; a partly read block stays as it is.
+        """
+        if self.left:
+            return False
+        size, ring = self.block_size, self.map
+        oldest = None
+        for block in range(self.block_count):
+            base = block * size
+            (status,) = BLOCK_STATUS.unpack_from(ring, base + BLOCK_STATUS_OFFSET)
+            if status & TP_STATUS_USER:
+                (seq,) = BLOCK_SEQ.unpack_from(ring, base + BLOCK_SEQ_OFFSET)
+                if oldest is None or seq < oldest[0]:
+                    oldest = (seq, block)
+        if oldest is None or oldest[1] == self.block:
+            return False
+        self.block = oldest[1]
+        self.resyncs += 1
+        return True
+
     def release(self) -> None:
         """Hand the current block back to the kernel and move to the next one."""
         BLOCK_STATUS.pack_into(
@@ -290,8 +335,9 @@ class PacketRing:
     def frames(self, limit: int = 64) -> Iterator[Frame]:
         """Up to ``limit`` packets the kernel has handed over, in arrival order.
 
-        A call that finds nothing clears the socket's error (module doc): a wake-up
-        for nothing is how an error shows. Stop iterating early and the rest stay for
+        A call that finds nothing clears the socket's error and puts a cursor that
+        lost its place back in step (module doc): a wake-up for nothing is how either
+        shows. Stop iterating early and the rest stay for
         the next call.
         """
         view = self.map
@@ -302,6 +348,8 @@ class PacketRing:
                 if not self.next_block():
                     if count == 0:
                         self.clear_error()
+                        if self.resync():
+                            continue
                     return
                 continue
             offset = self.offset

@@ -291,6 +291,8 @@ class XskSocket:
         self.fd: int = lib.xsk_socket__fd(self.handle)
         self.rx.attach()
         self.tx.attach()
+        #: Bound with ``XDP_USE_NEED_WAKEUP``: the TX ring's flag says when to kick.
+        self.need_wakeup = bool(bind_flags & XDP_USE_NEED_WAKEUP)
 
     def zero_copy(self) -> bool:
         """Whether the kernel bound the socket in zero-copy mode (``XDP_OPTIONS``)."""
@@ -317,7 +319,15 @@ class XskSocket:
 
     def kick(self) -> int:
         """``sendto`` with no data: transmit what the TX ring holds. Returns the calls
-        made; stops on a refusal other than EAGAIN (the caller counts unsent frames)."""
+        made; stops on a refusal other than EAGAIN (the caller counts unsent frames).
+
+        With ``XDP_USE_NEED_WAKEUP`` and the TX ring's flag clear, the driver is
+        already working through the ring (zero-copy drivers clear it while their NAPI
+        transmits; af_xdp.rst, "XDP_USE_NEED_WAKEUP bind flag") and no call is made.
+        Copy mode keeps the flag set, so there every kick is a ``sendto``.
+        """
+        if self.need_wakeup and not self.tx.needs_wakeup():
+            return 0
         libc = _libc()
         calls = 0
         for _ in range(1 + self.tx.size // 32):
