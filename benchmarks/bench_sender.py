@@ -48,7 +48,7 @@ def _pct(data: list[int], p: float) -> int:
     return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
     from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec  # noqa: PLC0415
     from sixlab.stamp import PacketSent, StampResult  # noqa: PLC0415
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Nobody reads the results here: FIFOs of 2 records, as short as a collecting
     # controller keeps them. (With 64 per session, 640,000 records waited, and the
     # garbage collector's full passes over them slipped packets by up to 190 ms.)
-    engine = SenderEngine(dp, on_event=on_event, fifo_capacity=2)
+    engine = SenderEngine(dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3))
     engine.start()
     n = args.sessions
     for ssid in range(1, n + 1):
@@ -96,22 +96,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(args.warmup)
     skipped0 = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1))
     measuring[0] = True
-    c0, w0 = time.process_time(), time.monotonic()
+    c0, w0 = os.times(), time.monotonic()
     time.sleep(args.seconds)
-    c1, w1 = time.process_time(), time.monotonic()
+    c1, w1 = os.times(), time.monotonic()
     measuring[0] = False
     skipped = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1)) - skipped0
     engine.shutdown()
     dp.close()
     span = w1 - w0
+    user, system = c1.user - c0.user, c1.system - c0.system
+    sent = max(counts["sent"], 1)
     return {
+        "tick_us": tick_us,
         "sessions": n,
         "rate_per_session": args.rate,
         "offered_pps": n * args.rate,
         "sent_pps": round(counts["sent"] / span),
         "results_per_s": round(counts["results"] / span),
-        "cpu_of_one_core": round((c1 - c0) / span, 3),
-        "cpu_us_per_probe": round((c1 - c0) / max(counts["sent"], 1) * 1e6, 1),
+        "cpu_of_one_core": round((user + system) / span, 3),
+        "cpu_us_per_probe": round((user + system) / sent * 1e6, 1),
+        "user_us_per_probe": round(user / sent * 1e6, 1),
+        "system_us_per_probe": round(system / sent * 1e6, 1),
         "slip_us_p50": round(_pct(slips, 50) / 1e3, 1) if slips else None,
         "slip_us_p99": round(_pct(slips, 99) / 1e3, 1) if slips else None,
         "slip_us_max": round(max(slips) / 1e3, 1) if slips else None,
@@ -120,17 +125,94 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
+    """The same packets at the same rate and tick through the kernel with no engine: one
+    ``sendto`` per probe and ``recvmsg`` until the socket is empty, once per tick, on a
+    socket with the socket plane's options. What is left per probe is the kernel's send
+    (on loopback it also delivers to the reflector's socket) and receive, the wake-ups,
+    and the least Python can do around them."""
+    import socket  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    from sixlab.dataplane import udpsocket as u  # noqa: PLC0415
+
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, u.SO_TIMESTAMPNS, 1)
+    for option in (u.IPV6_RECVHOPLIMIT, u.IPV6_RECVPKTINFO, u.IPV6_RECVTCLASS):
+        sock.setsockopt(socket.IPPROTO_IPV6, option, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind(("::", 0))
+    sock.setblocking(False)
+    head = struct.Struct("!IQHH28x")
+    pps = args.sessions * args.rate
+    tick = max(tick_us * 1e-6, 1 / pps)
+    address = ("::1", args.port)
+
+    def drain() -> int:
+        got = 0
+        while True:
+            try:
+                sock.recvmsg(9000, 256)
+            except BlockingIOError:
+                return got
+            got += 1
+
+    sent = received = 0
+    begin = time.monotonic()
+    end = begin + args.warmup + args.seconds
+    c0 = w0 = None
+    n0 = r0 = 0
+    while (now := time.monotonic()) < end:
+        if c0 is None and now >= begin + args.warmup:
+            c0, w0, n0, r0 = os.times(), now, sent, received
+        for _ in range(int((now - begin) * pps) - sent):
+            sock.sendto(head.pack(sent & 0xFFFF_FFFF, 0, 1, 1 + sent % 1000), address)
+            sent += 1
+        received += drain()
+        time.sleep(max(0.0, begin + (int((now - begin) / tick) + 1) * tick - time.monotonic()))
+    c1, w1 = os.times(), time.monotonic()
+    sock.close()
+    assert c0 is not None
+    assert w0 is not None
+    span, n = w1 - w0, max(sent - n0, 1)
+    user, system = c1.user - c0.user, c1.system - c0.system
+    return {
+        "floor": "sendto + recvmsg, no engine",
+        "tick_us": tick_us,
+        "offered_pps": pps,
+        "sent_pps": round((sent - n0) / span),
+        "results_per_s": round((received - r0) / span),
+        "cpu_of_one_core": round((user + system) / span, 3),
+        "cpu_us_per_probe": round((user + system) / n * 1e6, 1),
+        "user_us_per_probe": round(user / n * 1e6, 1),
+        "system_us_per_probe": round(system / n * 1e6, 1),
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "reflector":
         _reflector(int(sys.argv[2]))
         return
+    from sixlab.dataplane.engine import DEFAULT_TICK_NS  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=10.0, help="packets/s per session")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--port", type=int, default=PORT, help="the reflector's UDP port")
+    parser.add_argument(
+        "--tick-us", default=str(DEFAULT_TICK_NS / 1e3),
+        help="the engine's tick (µs); a comma-separated list runs each in turn, side by side",
+    )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the tick list")
+    parser.add_argument(
+        "--floor", action="store_true",
+        help="also run each tick with bare sendto/recvmsg and no engine (the kernel's share)",
+    )  # fmt: skip
     args = parser.parse_args()
+    ticks = [float(x) for x in args.tick_us.split(",")]
     reflector = subprocess.Popen(
         [sys.executable, __file__, "reflector", str(args.port)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -138,7 +220,11 @@ def main() -> None:
     try:
         assert reflector.stdout is not None
         reflector.stdout.readline()
-        print(json.dumps(run(args)), flush=True)
+        for _ in range(args.repeat):
+            for tick in ticks:
+                print(json.dumps(run(args, tick)), flush=True)
+                if args.floor:
+                    print(json.dumps(floor(args, tick)), flush=True)
     finally:
         assert reflector.stdin is not None
         reflector.stdin.close()

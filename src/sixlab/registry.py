@@ -6,6 +6,7 @@ sixlab picks several parts by name from configuration: the STAMP data plane
 :data:`sixlab.ilnp.ilcc.STORES`). Each kind has one :class:`Registry`; the command
 line offers its :meth:`~Registry.names` as choices and builds what :meth:`~Registry.get`
 returns, so adding an implementation is adding one entry, and nothing else lists names.
+The STAMP TLV codecs (:data:`sixlab.wire.stamp_tlv.TLV_CODECS`) are one too.
 
 An entry is the implementation itself (:meth:`~Registry.add`), or the path
 ``"package.module:attribute"`` of one whose module is slow to import or needs optional
@@ -13,7 +14,7 @@ software (:meth:`~Registry.add_lazy`): its name is known at once, its module is
 imported the first time :meth:`~Registry.get` asks for it. An implementation that
 states its own ``name`` (a class attribute) must state the name of its entry.
 
-This module sits at the bottom of the package: it imports nothing else from sixlab, so
+This module is the bottom layer of the package: it imports nothing else from sixlab, so
 every package may use it.
 """
 

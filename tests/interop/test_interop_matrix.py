@@ -122,7 +122,7 @@ def sixlab_reflector(request: pytest.FixtureRequest) -> Iterator[tuple[str, int,
     engine = ReflectorEngine(plane, reflector)
     engine.start()
     try:
-        yield address, plane.local_port, reflector  # type: ignore[attr-defined]
+        yield address, plane.local_port, reflector
     finally:
         engine.shutdown()
         plane.close()
@@ -207,7 +207,7 @@ def test_tshark_decodes_sixlab_sessions(
     splane = create("socket", DataplaneConfig(port=0, source=source))
     rplane.open()
     splane.open()
-    port = rplane.local_port  # type: ignore[attr-defined]
+    port = rplane.local_port
     pcap = tmp_path / "stamp.pcap"
     cap = subprocess.Popen(
         [tshark, "-q", "-i", "lo", "-f", f"udp port {port}", "-w", str(pcap)],

@@ -37,7 +37,7 @@ def test_tshark_decodes_a_session_as_twamp_test(tmp_path: Path) -> None:
     splane = create("socket", DataplaneConfig(port=0, source=LO))
     rplane.open()
     splane.open()
-    port = rplane.local_port  # type: ignore[attr-defined]
+    port = rplane.local_port
     pcap = tmp_path / "stamp.pcap"
     cap = subprocess.Popen(
         [tshark, "-q", "-i", "lo", "-f", f"udp port {port}", "-w", str(pcap)],

@@ -23,7 +23,7 @@ from sixlab.stamp.sender import SenderConfig, State
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
 from sixlab.wire import stamp_tlv as t
-from sixlab.wire.timestamp import ns_from_ntp
+from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp
 
 R_ADDR = IPv6Address("fd00::2")
 S = 1_000_000_000
@@ -173,7 +173,7 @@ def test_unknown_ssid_replies_are_counted(
     stray = network.plane(DataplaneConfig(port=0, source=IPv6Address("fd00::7")))
     stray.open()
     try:
-        port = sender.dataplane.local_port  # type: ignore[attr-defined]
+        port = sender.dataplane.local_port
         stray.send(bytes(44), S_ADDR, port)
         deadline = time.monotonic() + 5
         while not sender.counters.no_session and time.monotonic() < deadline:
@@ -374,6 +374,113 @@ def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
     assert engine._timeout() <= 0.1
     splane.close()
     sink.close()
+
+
+@pytest.mark.parametrize("tick_us", [0, 250])
+def test_timers_run_at_most_once_per_tick_and_replies_wait_for_that_run(tick_us: int) -> None:
+    """Slots 50 µs apart: with a tick of 250 µs the loop runs the timers once for all the
+    slots that fall within it (and, the next run being so near, reads the data plane
+    then rather than when it turns readable); without a tick it wakes for every slot."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    tick = tick_us * 1000
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono, tick_ns=tick)
+    for ssid in range(1, 5):
+        cfg = SenderConfig(ssid=ssid, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        engine.start_session(ssid)
+        clocks.advance(50_000)
+    assert len(sink.receive(100)) == 4
+    clocks.advance(10 * MS - 200_000)  # session 1's second slot
+    engine._on_tick()
+    assert len(sink.receive(100)) == 1
+    wait, poll = engine._wait()
+    if tick:
+        assert wait == pytest.approx(250e-6)  # sessions 2-4 wait one tick
+        assert poll
+        clocks.advance(tick)
+        engine._on_tick()
+        assert len(sink.receive(100)) == 3
+        assert [engine.snapshot(s).schedule.late_ns_max for s in (2, 3, 4)] == [
+            200_000,
+            150_000,
+            100_000,
+        ]
+    else:
+        assert wait == pytest.approx(50e-6)  # session 2's slot
+        assert not poll
+    wait, poll = engine._wait()
+    assert not poll  # the next run is further than a tick: the plane wakes the loop
+    splane.close()
+    sink.close()
+
+
+def _run_sessions(fast_path: bool) -> tuple[list[bytes], list[Any], list[Any]]:
+    """Sessions of several kinds through an engine driven tick by tick, every third
+    probe unanswered, some replies read after their loss timeout: what it sent, and
+    each session's records, losses, counters and schedule."""
+    clocks = SteppedClocks()
+    network = MemoryNetwork(clock=clocks.wall)
+    rplane = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    rplane.open()
+    splane.open()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono, fast_path=fast_path)
+    reflector = Reflector(ReflectorSessionConfig(None))
+    reflector.add_session(ReflectorSessionConfig(ssid=3, mode=ReflectorMode.STATEFUL))
+    reflector.add_session(ReflectorSessionConfig(ssid=4, key=b"k" * 16))
+    pad = t.ExtraPadding(bytes(8)).to_tlv().encode()
+    configs = [
+        SenderConfig(ssid=1, interval_ns=3 * MS, loss_timeout_ns=5 * MS),
+        SenderConfig(ssid=2, interval_ns=4 * MS, fmt=TimestampFormat.PTP, tlvs=pad, count=9),
+        SenderConfig(ssid=3, interval_ns=5 * MS, reflector_stateful=True, duration_ns=60 * MS),
+        SenderConfig(ssid=4, interval_ns=3 * MS, key=b"k" * 16),  # the reference either way
+    ]
+    for cfg in configs:
+        engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+        engine.start_session(cfg.ssid)
+        clocks.advance(MS // 3)
+    sent: list[bytes] = []
+    for k in range(120):
+        clocks.advance(MS)
+        engine._on_tick()
+        for rx in rplane.receive(100):
+            sent.append(rx.payload)
+            if len(sent) % 3 == 0:
+                continue
+            out = reflector.reflect(rx.payload, clocks.wall(), clocks.wall, 64)
+            assert out is not None
+            rplane.send(out.payload, S_ADDR, splane.local_port)
+        if k % 7 == 0:  # replies read late now and then, some past their timeout
+            engine._on_readable()
+    engine._on_readable()
+    records: list[Any] = []
+    rest: list[Any] = []
+    for cfg in configs:
+        snap = engine.snapshot(cfg.ssid)
+        records.append(engine.results(cfg.ssid))
+        rest.append((engine.lost(cfg.ssid), snap.counters, snap.state, snap.schedule))
+    assert {e.template is not None for e in engine._entries.values()} == (
+        {True, False} if fast_path else {False}
+    )
+    splane.close()
+    rplane.close()
+    return sent, records, rest
+
+
+def test_the_fast_path_sends_and_records_what_the_reference_does() -> None:
+    """The same sessions on the engine's fast path (``send_due``, ``receive_one``, the
+    plane's ``sender``) and on the core's reference: the same bytes on the wire (the
+    clocks are the same), the same records, losses, counters and schedule."""
+    fast = _run_sessions(fast_path=True)
+    ref = _run_sessions(fast_path=False)
+    assert len(ref[0]) > 100
+    assert sum(len(r) for r in ref[1]) > 50
+    assert fast == ref
 
 
 def test_a_reply_is_late_by_its_arrival_not_by_when_the_loop_reads_it() -> None:

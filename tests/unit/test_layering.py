@@ -9,7 +9,8 @@
     southbound                       the agents' gRPC API
     dataplane                        STAMP planes and engines
     stamp | ilnp                     sans-I/O STAMP; the ILNP host and its daemon
-    wire | linux | registry          codecs; kernel plumbing; the name registry
+    wire | linux                     codecs; kernel plumbing
+    registry                         the name registry (any package may use it)
 
 Packages side by side on one layer do not import each other (STAMP and ILNP are two
 systems; codecs and kernel plumbing know nothing of each other). ``sixlab`` itself and
@@ -24,7 +25,8 @@ import pytest
 from tests.unit._imports import PACKAGE_DIR, Import, imports_of, package_of, source_files
 
 LAYERS: list[set[str]] = [
-    {"wire", "linux", "registry"},
+    {"registry"},
+    {"wire", "linux"},
     {"stamp", "ilnp"},
     {"dataplane"},
     {"southbound"},

@@ -14,14 +14,23 @@ replies, NTP and PTP, a stateless and a stateful reflector.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from ipaddress import IPv6Address
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sixlab.stamp.batch import BatchReflector, receive_batch
+from sixlab.stamp._events import PacketSent
+from sixlab.stamp.batch import (
+    BatchReflector,
+    receive_batch,
+    receive_one,
+    send_due,
+    send_template,
+)
 from sixlab.stamp.reflector import (
     PacketContext,
     Reflection,
@@ -310,3 +319,140 @@ def _unknown(seq: int, fmt: TimestampFormat) -> bytes:
     """A probe this session never sent (Seq past the count)."""
     ee = ErrorEstimate.for_error_ns(1000, fmt=fmt)
     return wire.encode_sender(wire.SenderPacket(seq, encode_timestamp(T0, fmt), ee, 9))
+
+
+# ---------------------------------------------------- the sender, packet by packet
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(  # whole slots often, so that a timer meets a deadline exactly
+            st.sampled_from([INTERVAL // 2, INTERVAL, 3 * INTERVAL]), st.integers(1, 5 * INTERVAL)
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    fmt=st.sampled_from([TimestampFormat.NTP, TimestampFormat.PTP]),
+    count=st.sampled_from([None, 0, 3, 25]),
+    duration=st.sampled_from([None, 7 * INTERVAL]),
+    padding=st.booleans(),
+    answer=st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_send_due_equals_handle_timer(
+    steps: list[int],
+    fmt: TimestampFormat,
+    count: int | None,
+    duration: int | None,
+    padding: bool,
+    answer: list[bool],
+) -> None:
+    """``send_due`` against ``handle_timer`` (timers early, on time and late by several
+    slots; a count and a duration that end the session; some packets answered, the
+    rest expiring): the same bytes, state, counters and events but ``PacketSent``."""
+    area = tlv.ExtraPadding(bytes(6)).to_tlv().encode() if padding else b""
+    config = SenderConfig(
+        ssid=9,
+        interval_ns=INTERVAL,
+        count=count,
+        duration_ns=duration,
+        fmt=fmt,
+        tlvs=area,
+        loss_timeout_ns=3 * INTERVAL,
+    )
+    template = send_template(config)
+    assert template is not None
+    ref, fast = SenderSession(config), SenderSession(config)
+    ref.start(M0, T0)
+    fast.start(M0, T0)  # the first packet goes out through start, as the engine does it
+    assert fast.datagrams_to_send() == ref.datagrams_to_send()
+    assert _state(fast) == _state(ref)
+    now = M0
+    for step, reply in zip(steps, answer, strict=False):
+        now += step
+        wall = T0 + now - M0 + 17  # T1 off the monotonic grid
+        ref.handle_timer(now, wall)
+        sent = send_due(fast, template, now, wall)
+        want = ref.datagrams_to_send()
+        assert want == ([sent] if sent is not None else [])
+        assert fast.datagrams_to_send() == []
+        ref_state = _state(ref)
+        assert isinstance(ref_state, tuple)
+        events, counters, state = ref_state
+        assert _state(fast) == (
+            [e for e in events if not isinstance(e, PacketSent)],
+            counters,
+            state,
+        )
+        assert [e.seq for e in events if isinstance(e, PacketSent)] == (
+            [int.from_bytes(sent[:4])] if sent is not None else []
+        )
+        assert fast.get_timer() == ref.get_timer()
+        if sent is not None and reply:  # answered at once: the same reply to both
+            refl = Reflector(ReflectorSessionConfig(None))
+            back = refl.reflect(sent, wall + 5, itertools.repeat(wall + 6).__next__, 64)
+            assert back is not None
+            ref.receive(back.payload, now + 1, wall + 9)
+            receive_one(fast, back.payload, now + 1, wall + 9)
+            assert _state(fast) == _state(ref)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.lists(replies, min_size=1, max_size=30),
+    fmt=st.sampled_from([TimestampFormat.NTP, TimestampFormat.PTP]),
+    stateful=st.booleans(),
+    padding=st.booleans(),
+    strict=st.booleans(),
+    cut=st.sampled_from([None, 0, 14, 43]),
+    t3_units=st.integers(0, (1 << 32) - 1),
+)
+def test_receive_one_equals_receive(
+    batch: list[Reply],
+    fmt: TimestampFormat,
+    stateful: bool,
+    padding: bool,
+    strict: bool,
+    cut: int | None,
+    t3_units: int,
+) -> None:
+    """``receive_one`` against ``receive``, reply by reply, with the replies of
+    ``test_receive_batch_equals_reference`` (and one cut short, when ``cut``); T3 moved
+    by any number of timestamp units, so that it is no round trip of a nanosecond."""
+    ref, probes = _sender(fmt, stateful=stateful, strict=strict)
+    fast, _ = _sender(fmt, stateful=stateful, strict=strict)
+    area = tlv.ExtraPadding(bytes(6)).to_tlv(flags=0).encode() if padding else b""
+    arrivals = []
+    for r in batch:
+        probe = probes[r.seq] if r.seq < len(probes) else _unknown(r.seq, fmt)
+        data = _reply(probe, r, fmt, area)
+        t3 = (int.from_bytes(data[4:12]) + t3_units) & ((1 << 64) - 1)
+        data = data[:4] + t3.to_bytes(8) + data[12:]
+        arrivals.append((T0 + r.seq * INTERVAL + r.delay_ns, data))
+    arrivals.sort(key=lambda item: item[0])
+    if cut is not None:
+        t4, data = arrivals[-1]
+        arrivals[-1] = (t4, data[:cut])
+    for t4, data in arrivals:
+        ref.receive(data, M0 + t4 - T0, t4)
+        receive_one(fast, data, M0 + t4 - T0, t4)
+        assert _state(fast) == _state(ref)
+    fast.stop()
+    ref.stop()
+    receive_one(fast, arrivals[0][1], M0 + 10**12, T0 + 10**12)  # after the end: dropped
+    ref.receive(arrivals[0][1], M0 + 10**12, T0 + 10**12)
+    assert _state(fast) == _state(ref)
+
+
+def test_send_template_refuses_what_changes_per_packet() -> None:
+    """Authenticated (HMAC), loopback, flow-labelled and Direct Measurement sessions
+    keep the reference: their packets or records are not the template's."""
+    assert send_template(SenderConfig(ssid=1)) is not None
+    changes: list[dict[str, Any]] = [
+        {"key": b"k" * 16},
+        {"loopback": True},
+        {"flow_labels": (1, 2)},
+        {"direct_measurement": True},
+    ]
+    for changed in changes:
+        assert send_template(SenderConfig(ssid=1, **changed)) is None

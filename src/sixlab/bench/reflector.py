@@ -74,9 +74,9 @@ def run(plane: str, interface: str | None, port: int = STAMP_PORT) -> dict[str, 
             "send_failed": engine.counters.send_failed,
         }
         counters["plane"] = dp.counters()
-        kernel_stats = getattr(dp, "kernel_stats", None)
-        if callable(kernel_stats):
-            counters["ring"] = list(kernel_stats())
+        ring = dp.kernel_stats()
+        if ring is not None:
+            counters["ring"] = list(ring)
         return counters
     finally:
         dp.close()

@@ -182,7 +182,16 @@ def add_parsers(sub: Any) -> None:
     )
     cmds = group.add_subparsers(dest="controller_command", required=True, metavar="COMMAND")
     _add_serve(cmds)
+    client, as_json = _client_parents()
+    _add_node(cmds, client, as_json)
+    _add_session(cmds, client, as_json)
+    _add_results(cmds, client, as_json)
+    _add_apply_export(cmds, client, as_json)
+    _add_stats_events(cmds, client, as_json)
 
+
+def _client_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The parent parsers of the client commands: where the controller is, and --json."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
         "--controller",
@@ -205,7 +214,10 @@ def add_parsers(sub: Any) -> None:
     )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return client, as_json
 
+
+def _add_node(cmds: Any, client: argparse.ArgumentParser, as_json: argparse.ArgumentParser) -> None:
     node = cmds.add_parser("node", help="register, initialise and list nodes (agents)")
     node_cmds = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     add = node_cmds.add_parser("add", parents=[client], help="register a node's agent")
@@ -236,6 +248,10 @@ def add_parsers(sub: Any) -> None:
     )
     ls.set_defaults(handler=_client_handler(_node_list))
 
+
+def _add_session(
+    cmds: Any, client: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
     session = cmds.add_parser("session", help="create, start, stop, destroy and list sessions")
     s_cmds = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
     create = s_cmds.add_parser(
@@ -267,6 +283,10 @@ def add_parsers(sub: Any) -> None:
     s_ls.add_argument("--all", action="store_true", help="also destroyed sessions")
     s_ls.set_defaults(handler=_client_handler(_session_list))
 
+
+def _add_results(
+    cmds: Any, client: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
     results = cmds.add_parser("results", parents=[client, as_json], help="stored results")
     results.add_argument("name", type=_name)
     results.add_argument(
@@ -280,6 +300,10 @@ def add_parsers(sub: Any) -> None:
     )
     results.set_defaults(handler=_client_handler(_results))
 
+
+def _add_apply_export(
+    cmds: Any, client: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
     apply = cmds.add_parser(
         "apply",
         parents=[client, as_json],
@@ -303,6 +327,10 @@ def add_parsers(sub: Any) -> None:
     )
     export.set_defaults(handler=_client_handler(_export))
 
+
+def _add_stats_events(
+    cmds: Any, client: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
     stats = cmds.add_parser("stats", parents=[client, as_json], help="delay, jitter and loss")
     stats.add_argument("name", type=_name)
     stats.add_argument(
@@ -616,6 +644,31 @@ def _run_serve(args: argparse.Namespace) -> int:
         controller.close()
         store.close()
         return 2
+    _serve_until_stopped(
+        args,
+        address,
+        server=server,
+        controller=controller,
+        store=store,
+        replicas=replicas,
+        housekeeper=housekeeper,
+        socket_path=socket_path,
+    )
+    return 0
+
+
+def _serve_until_stopped(
+    args: argparse.Namespace,
+    address: str,
+    *,
+    server: Any,
+    controller: Any,
+    store: Any,
+    replicas: Any,
+    housekeeper: Any,
+    socket_path: Path | None,
+) -> None:
+    """Run the started server until SIGTERM/SIGINT, then close everything."""
     with StopOnSignal() as stop:
         try:
             if replicas is not None:
@@ -641,7 +694,6 @@ def _run_serve(args: argparse.Namespace) -> int:
             if socket_path is not None:
                 with contextlib.suppress(OSError):
                     socket_path.unlink()
-    return 0
 
 
 def _socket_dir(address: str) -> Path | None:

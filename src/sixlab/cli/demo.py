@@ -523,7 +523,7 @@ def _loopback(
         duration_ns=round(args.duration * NS_PER_S),
         loss_timeout_ns=NS_PER_S,
     )
-    sender.add_session(SenderSessionSpec(config, lo, rplane.local_port))  # type: ignore[attr-defined]
+    sender.add_session(SenderSessionSpec(config, lo, rplane.local_port))
     paths = [_Path("loopback", (), None)]
     records: list[ev.StampResult] = []
     lost = 0

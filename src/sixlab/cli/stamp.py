@@ -28,7 +28,12 @@ from sixlab.dataplane.engine import (
 from sixlab.linux import FlowCounters, LinuxError
 from sixlab.linux.signals import StopOnSignal
 from sixlab.stamp import DataLoss, data_loss_total, per_flow_stats
-from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
+from sixlab.stamp.reflector import (
+    Reflector,
+    ReflectorCounters,
+    ReflectorMode,
+    ReflectorSessionConfig,
+)
 from sixlab.stamp.sender import SenderConfig, SenderCounters
 from sixlab.stamp.stats import DelaySummary, PathStats, summarize
 from sixlab.wire import stamp_tlv as tlv
@@ -220,7 +225,16 @@ def _run_reflector(args: argparse.Namespace) -> int:
             plane.close()
             if counters is not None:
                 counters.remove()
-    c = reflector.counters
+    _print_reflector_counters(args, reflector.counters, kernel)
+    if engine.error is not None:
+        print(f"sixlab stamp reflector: {engine.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_reflector_counters(
+    args: argparse.Namespace, c: ReflectorCounters, kernel: dict[str, int]
+) -> None:
     drops = ", ".join(f"{k}={v}" for k, v in sorted(c.dropped.items())) or "none"
     print(f"received {c.received}, reflected {c.reflected}, dropped: {drops}", file=sys.stderr)
     if c.integrity_failed:  # answered without acting on their TLVs (RFC 8972 §4.8)
@@ -228,10 +242,6 @@ def _run_reflector(args: argparse.Namespace) -> int:
     if kernel:  # packets the plane answered or dropped itself (xdp), never seen above
         handled = ", ".join(f"{k}={v}" for k, v in sorted(kernel.items()))
         print(f"{args.dataplane} data plane: {handled}", file=sys.stderr)
-    if engine.error is not None:
-        print(f"sixlab stamp reflector: {engine.error}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _summary_json(s: DelaySummary | None) -> dict[str, int] | None:
@@ -444,18 +454,24 @@ def _report_sender(
             print(line)
 
 
-def _run_sender(args: argparse.Namespace) -> int:
+def _checked_sender_config(args: argparse.Namespace) -> SenderConfig | str:
+    """The sender session's configuration, or what is wrong with the arguments."""
     problem = _address_error(args)
     if problem is not None:
-        print(f"sixlab stamp sender: {problem}", file=sys.stderr)
-        return 2
+        return problem
     tlvs = b""
     if args.return_segments:
         tlvs = tlv.ReturnPath((tlv.Srv6SegmentList(args.return_segments),)).to_tlv().encode()
     try:
-        config = _sender_config(args, tlvs)
+        return _sender_config(args, tlvs)
     except ev.SessionConfigError as exc:
-        print(f"sixlab stamp sender: {exc}", file=sys.stderr)
+        return str(exc)
+
+
+def _run_sender(args: argparse.Namespace) -> int:
+    config = _checked_sender_config(args)
+    if isinstance(config, str):
+        print(f"sixlab stamp sender: {config}", file=sys.stderr)
         return 2
     plane = create(
         args.dataplane,
@@ -474,7 +490,7 @@ def _run_sender(args: argparse.Namespace) -> int:
         print(f"sixlab stamp sender: {exc}", file=sys.stderr)
         return 1
     engine = SenderEngine(plane, on_event=_printer(args))
-    port = int(getattr(plane, "local_port", 0)) if args.loopback else args.port
+    port = plane.local_port if args.loopback else args.port
     spec = SenderSessionSpec(
         config,
         args.reflector,
@@ -493,14 +509,7 @@ def _run_sender(args: argparse.Namespace) -> int:
         return 2
     engine.start()
     try:
-        engine.start_session(args.ssid)
-        deadline = args.count * args.interval + args.timeout + 5
-        start = time.monotonic()
-        while not engine.wait_finished(args.ssid, 0.2):
-            if time.monotonic() - start > deadline or not engine.running:
-                break
-    except KeyboardInterrupt:
-        engine.stop_session(args.ssid)
+        _run_session(args, engine)
     finally:
         records = engine.results(args.ssid)
         snap = engine.snapshot(args.ssid)
@@ -517,3 +526,16 @@ def _run_sender(args: argparse.Namespace) -> int:
         print(f"sixlab stamp sender: {engine.error}", file=sys.stderr)
         return 1
     return 0 if snap.counters.received else 1
+
+
+def _run_session(args: argparse.Namespace, engine: SenderEngine) -> None:
+    """Start the session; wait until it ends (or Ctrl-C stops it)."""
+    try:
+        engine.start_session(args.ssid)
+        deadline = args.count * args.interval + args.timeout + 5
+        start = time.monotonic()
+        while not engine.wait_finished(args.ssid, 0.2):
+            if time.monotonic() - start > deadline or not engine.running:
+                break
+    except KeyboardInterrupt:
+        engine.stop_session(args.ssid)

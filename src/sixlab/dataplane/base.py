@@ -72,12 +72,17 @@ class DataplaneConfig:
     peer_ports: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Received:
     """One datagram, as the core needs it. Addresses are packed: 16 bytes for IPv6, 4 for
     IPv4 (``ipaddress.ip_address`` reads either). ``hop_limit`` is the IPv6 Hop Limit or
     the IPv4 TTL; ``tclass`` the IPv6 Traffic Class or IPv4 TOS byte, None where the
-    plane cannot read it."""
+    plane cannot read it.
+
+    A value: nothing changes one once made. It is not ``frozen`` because a frozen
+    dataclass sets each field through ``object.__setattr__``, which made building one
+    cost about four times as much, once per datagram (benchmarks/README.md, "One sender
+    agent, socket plane"); it hashes by its fields as a frozen one would."""
 
     payload: bytes
     src: bytes
@@ -186,6 +191,22 @@ class Dataplane(abc.ABC):
         others ignore it). An IPv4 ``dst`` on a plane without IPv4 raises DataplaneError.
         """
 
+    def sender(
+        self,
+        dst: IPAddress,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPAddress | None = None,
+    ) -> Callable[[bytes], None]:
+        """``send`` to one destination, as a function of the payload alone: a plane may
+        work out once what every packet to it shares (the socket plane: the address)."""
+
+        def send(payload: bytes) -> None:
+            self.send(payload, dst, dst_port, segments=segments, src=src)
+
+        return send
+
     def send_labelled(
         self,
         payload: bytes,
@@ -233,6 +254,17 @@ class Dataplane(abc.ABC):
         ``max_batch`` waiting packets with ``reflect`` itself, and return the ones it
         cannot answer in ``FastBatch.slow`` for the engine's general path."""
         raise NotImplementedError(f"{type(self).__name__} has no reflector fast path")
+
+    @property
+    def local_port(self) -> int:
+        """The local UDP port: the configured one, or the one the kernel chose for a plane
+        that binds a socket to port 0."""
+        return self.config.port
+
+    def kernel_stats(self) -> tuple[int, int] | None:
+        """(packets, drops) the kernel counted for the plane's receive ring since the last
+        call; None for a plane without one."""
+        return None
 
     def counters(self) -> dict[str, int]:
         """The plane's own packet counters by name (e.g. ``reflected``, ``drop-*``) for

@@ -56,7 +56,7 @@ from sixlab.dataplane.base import (
     ReflectFn,
 )
 from sixlab.stamp import DropReason
-from sixlab.stamp.batch import receive_batch
+from sixlab.stamp.batch import receive_batch, receive_one, send_due, send_template
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
@@ -64,6 +64,7 @@ from sixlab.wire import stamp as wire
 
 __all__ = [
     "DEFAULT_FIFO_CAPACITY",
+    "DEFAULT_TICK_NS",
     "EngineCounters",
     "ReflectorEngine",
     "ScheduleStats",
@@ -76,6 +77,12 @@ IPv6Address = ipaddress.IPv6Address
 ip_address = ipaddress.ip_address
 #: Records kept per session until fetched: at 1000 packets/s, about 100 s of results.
 DEFAULT_FIFO_CAPACITY = 100_000
+#: The least time between two runs of a sender engine's timers: with thousands of
+#: sessions their slots are microseconds apart, and a wake-up per slot (a select, the
+#: kernel's timer, the loop's own work) would cost more than the packet it sends. Every
+#: slot that falls within a tick is served at its end, so a packet leaves up to a tick
+#: after its slot (benchmarks/README.md, "One sender agent, socket plane").
+DEFAULT_TICK_NS = 250_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -154,13 +161,16 @@ class _Loop:
 
     def _run(self) -> None:
         fds = [self.dataplane.fileno(), self._waker.r]
+        waker = fds[1:]
         try:
             while not self._stop.is_set():
-                timeout = self._timeout()
-                readable, _, _ = select.select(fds, [], [], timeout)
+                timeout, poll = self._wait()
+                # ``poll``: the next wake-up is near anyway, so the data plane does not
+                # wake the loop; what it has is read at that wake-up (_wait).
+                readable, _, _ = select.select(waker if poll else fds, [], [], timeout)
                 if self._waker.r in readable:
                     self._waker.drain()
-                if fds[0] in readable:
+                if poll or fds[0] in readable:
                     self._on_readable()
                 self._on_tick()
                 self.dataplane.flush()
@@ -176,6 +186,11 @@ class _Loop:
 
     def _timeout(self) -> float:
         return _IDLE_WAKE_S
+
+    def _wait(self) -> tuple[float, bool]:
+        """How long the loop may sleep (s), and whether it reads the data plane at its
+        next wake-up whatever the plane says (False: the plane's descriptor wakes it)."""
+        return self._timeout(), False
 
     def _on_batch(self, batch: list[Received]) -> None:
         raise NotImplementedError
@@ -358,13 +373,18 @@ def _announced(spec: SenderSessionSpec, plane: Dataplane) -> bool:
 
 
 def _batchable(spec: SenderSessionSpec) -> bool:
-    """Whether the session's replies may go to ``receive_batch`` as arrays: plain
-    reflector packets of an unauthenticated session without flow labels that counts
-    no data flow (records of the batch path carry neither; a
-    loopback session's replies are its own Session-Sender packets, docs/srpm.md)."""
+    """Whether the session's packets and replies may take ``sixlab.stamp.batch``
+    (``send_due``, ``receive_one``, ``receive_batch`` on arrays): plain reflector packets
+    of an unauthenticated session without flow labels or Direct Measurement TLV that
+    counts no data flow (records of the batch path carry neither; a loopback session's
+    replies are its own Session-Sender packets, docs/srpm.md)."""
     cfg = spec.config
     return not (
-        cfg.authenticated or cfg.loopback or cfg.flow_labels or spec.data_counters is not None
+        cfg.authenticated
+        or cfg.loopback
+        or cfg.flow_labels
+        or cfg.direct_measurement
+        or spec.data_counters is not None
     )
 
 
@@ -419,11 +439,23 @@ class _SenderEntry:
     first_id: int = 1
     #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
     timer: int | None = None
+    #: The session's fixed packet after Seq and T1 when its packets and replies take
+    #: ``send_due`` and ``receive_one`` (``_batchable``), else None: the reference.
+    template: bytes | None = None
+    #: Sends to the session's reflector (``Dataplane.sender``), made at the first send.
+    sender: Callable[[bytes], None] | None = None
     #: The schedule's origin (monotonic ns; None until started), the slot of the last
-    #: packet sent, and the schedule's statistics.
+    #: packet sent, and the schedule's statistics (``ScheduleStats``' fields).
     start: int | None = None
     last_slot: int = -1
-    schedule: ScheduleStats = ScheduleStats()
+    skipped: int = 0
+    on_slot: int = 0
+    late_ns_total: int = 0
+    late_ns_max: int = 0
+
+    @property
+    def schedule(self) -> ScheduleStats:
+        return ScheduleStats(self.skipped, self.on_slot, self.late_ns_total, self.late_ns_max)
 
     def index_after(self, record_id: int) -> int:
         """Index in ``fifo`` of the first record with an id above ``record_id``."""
@@ -445,10 +477,20 @@ class SenderEngine(_Loop):
         on_event: Callable[[ev.Event], None] | None = None,
         *,
         monotonic: Clock = time.monotonic_ns,
+        tick_ns: int = DEFAULT_TICK_NS,
+        fast_path: bool = True,
     ) -> None:
-        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock."""
+        """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
+        ``tick_ns``: the least time between two runs of the timers (0: none), see
+        ``DEFAULT_TICK_NS``; ``fast_path=False`` keeps every session on the core's
+        reference ``handle_timer`` and ``receive`` (else the sessions ``_batchable``
+        takes go through ``send_due`` and ``receive_one``, sixlab.stamp.batch)."""
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
+        self.tick_ns = tick_ns
+        self.fast_path = fast_path
+        #: When timers last ran (monotonic ns).
+        self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
@@ -460,6 +502,8 @@ class SenderEngine(_Loop):
         #: Bumped whenever a waiter may have something new: a record, a session
         #: finished or removed (see ``wait_change``).
         self._version = 0
+        #: Records or ends filed that waiters have not been woken for (``_notify_pending``).
+        self._pending = False
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -474,6 +518,8 @@ class SenderEngine(_Loop):
                     "labels (the socket plane can)"
                 )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            if self.fast_path and _batchable(spec):
+                entry.template = send_template(spec.config)
             self._entries[ssid] = entry
             if not _announced(spec, self.dataplane):
                 return
@@ -492,6 +538,7 @@ class SenderEngine(_Loop):
             entry.start = now
             self._pump(entry, now)
             self._arm(entry)
+            self._notify_pending()
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -500,6 +547,7 @@ class SenderEngine(_Loop):
             entry.session.stop()
             self._pump(entry)
             self._arm(entry)
+            self._notify_pending()
         self.wake()
 
     def remove_session(self, ssid: int) -> None:
@@ -651,12 +699,20 @@ class SenderEngine(_Loop):
         return None
 
     def _timeout(self) -> float:
+        return self._wait()[0]
+
+    def _wait(self) -> tuple[float, bool]:
+        """Until the earliest timer, but no sooner than one tick after the last run of
+        timers; while the next run is due within a tick, replies wait for it (their T4
+        is the kernel's, their age moves ``now`` back: ``_deliver``)."""
         with self.lock:
             entry = self._due()
             if entry is None or entry.timer is None:
-                return _IDLE_WAKE_S
-            wait = (entry.timer - self.monotonic()) / 1e9
-        return min(_IDLE_WAKE_S, max(0.0, wait))
+                return _IDLE_WAKE_S, False
+            now = self.monotonic()
+            wait = max(entry.timer - now, self._last_run + self.tick_ns - now)
+        poll = 0 < wait <= self.tick_ns
+        return min(_IDLE_WAKE_S, max(0.0, wait / 1e9)), poll
 
     def _on_batch(self, batch: list[Received]) -> None:
         with self.lock:
@@ -664,6 +720,7 @@ class SenderEngine(_Loop):
             self.counters.received += len(batch)
             for rx in batch:
                 self._deliver(rx, mono, wall)
+            self._notify_pending()
 
     def _deliver(self, rx: Received, mono: int, wall: int) -> None:
         """One reflected packet to its session (lock held); ``mono``/``wall``: the
@@ -677,8 +734,11 @@ class SenderEngine(_Loop):
         # the monotonic time back to its arrival.
         t4 = rx.rx_ns or wall
         arrived = mono - max(0, wall - t4)
-        self._feed_data(entry)
-        entry.session.receive(rx.payload, arrived, t4)
+        if entry.template is not None:
+            receive_one(entry.session, rx.payload, arrived, t4)
+        else:
+            self._feed_data(entry)
+            entry.session.receive(rx.payload, arrived, t4)
         self._pump(entry)
         self._arm(entry)
 
@@ -700,6 +760,7 @@ class SenderEngine(_Loop):
                 for payloads, t4, received in groups:
                     self.counters.received += len(t4)
                     self._deliver_arrays(payloads, t4, received, mono, wall)
+                self._notify_pending()
             if slow:
                 self._on_batch(slow)
             if taken < _FRAMES_BATCH:
@@ -771,12 +832,38 @@ class SenderEngine(_Loop):
             while (entry := self._due()) is not None and entry.timer is not None:
                 if entry.timer > now:
                     break
+                self._last_run = now
                 heapq.heappop(self._heap)
                 entry.timer = None
-                self._feed_data(entry)
-                entry.session.handle_timer(now, wall)
-                self._pump(entry, now)
+                if entry.template is not None:
+                    self._fire(entry, entry.template, now, wall)
+                else:
+                    self._feed_data(entry)
+                    entry.session.handle_timer(now, wall)
+                    self._pump(entry, now)
                 self._arm(entry)
+            self._notify_pending()
+
+    def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
+        """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""
+        payload = send_due(entry.session, template, now, wall)
+        if payload is not None:
+            send = entry.sender
+            try:
+                if send is None:
+                    spec = entry.spec
+                    send = entry.sender = self.dataplane.sender(
+                        spec.reflector, spec.reflector_port, segments=spec.segments, src=spec.source
+                    )
+                send(payload)
+            except DataplaneError:
+                self.counters.send_failed += 1
+            if entry.start is not None:
+                self._slip(entry, now)
+            if self.on_event is not None:
+                seq = int.from_bytes(payload[:4])
+                self.on_event(ev.PacketSent(entry.spec.config.ssid, seq, wall))
+        self._pump(entry)  # what else the timer produced: losses, the end
 
     def _feed_data(self, entry: _SenderEntry) -> None:
         """Hand the session its data flow's counts, if it has a source (lock held)."""
@@ -821,24 +908,27 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 self.on_event(event)
         if notify:
-            self._notify()
+            self._pending = True
 
     @staticmethod
     def _slip(entry: _SenderEntry, now: int) -> None:
         """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
         assert entry.start is not None
-        interval = entry.spec.config.interval_ns
-        slot = (now - entry.start) // interval
-        late = now - entry.start - slot * interval
-        s = entry.schedule
-        entry.schedule = ScheduleStats(
-            skipped=s.skipped + max(0, slot - entry.last_slot - 1),
-            sent=s.sent + 1,
-            late_ns_total=s.late_ns_total + late,
-            late_ns_max=max(s.late_ns_max, late),
-        )
+        slot, late = divmod(now - entry.start, entry.spec.config.interval_ns)
+        if slot > entry.last_slot + 1:
+            entry.skipped += slot - entry.last_slot - 1
+        entry.on_slot += 1
+        entry.late_ns_total += late
+        entry.late_ns_max = max(entry.late_ns_max, late)
         entry.last_slot = slot
 
     def _notify(self) -> None:
         self._version += 1
         self._cond.notify_all()
+
+    def _notify_pending(self) -> None:
+        """Wake the waiters once for every record and end ``_pump`` filed since the last
+        call (lock held): once per batch of replies or run of timers, not per record."""
+        if self._pending:
+            self._pending = False
+            self._notify()

@@ -39,8 +39,9 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv6Address
+from typing import Any
 
 from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received, full_path
 from sixlab.wire.ipv6 import NextHeader
@@ -84,6 +85,9 @@ _CMSG_SPACE = (
 #: would be 1232 bytes, but jumbo-frame links exist; 9000 covers them.
 _MAX_PAYLOAD = 9000
 _V4_MAPPED = bytes(10) + b"\xff\xff"
+#: What ``sendmsg`` needs for one destination: the routing header the socket must hold
+#: (None: IPv4, none applies), the control messages, the address, and the destination.
+_Route = tuple[bytes | None, list[tuple[int, int, bytes]], tuple[Any, ...], IPAddress]
 
 
 def _unmap(packed: bytes) -> bytes:
@@ -256,7 +260,38 @@ class SocketDataplane(Dataplane):
         tclass: int | None = None,
         flowinfo: int = 0,
     ) -> None:
-        sock = self._socket()
+        route = self._route(dst, dst_port, segments, src, tclass=tclass, flowinfo=flowinfo)
+        self._transmit(payload, *route)
+
+    def sender(
+        self,
+        dst: IPAddress,
+        dst_port: int,
+        *,
+        segments: Sequence[IPv6Address] | None = None,
+        src: IPAddress | None = None,
+    ) -> Callable[[bytes], None]:
+        """``send`` with the checks, the address and the control data worked out once."""
+        route = self._route(dst, dst_port, segments, src)
+        transmit = self._transmit
+
+        def send(payload: bytes) -> None:
+            transmit(payload, *route)
+
+        return send
+
+    def _route(
+        self,
+        dst: IPAddress,
+        dst_port: int,
+        segments: Sequence[IPv6Address] | None,
+        src: IPAddress | None,
+        *,
+        tclass: int | None = None,
+        flowinfo: int = 0,
+    ) -> _Route:
+        """What ``sendmsg`` needs to send to ``dst`` (DataplaneError when it cannot)."""
+        self._socket()
         v4 = isinstance(dst, IPv4Address)
         if v4 and segments:
             raise DataplaneError(f"socket: SRv6 needs IPv6, not the IPv4 address {dst}")
@@ -266,16 +301,9 @@ class SocketDataplane(Dataplane):
             raise DataplaneError(f"socket: bound to the IPv6 address {self.config.source}")
         if not v4 and self._family == socket.AF_INET:
             raise DataplaneError(f"socket: bound to the IPv4 address {self.config.source}")
+        rthdr = None  # IPv4: the socket's routing header does not apply
         if isinstance(dst, IPv6Address):
             rthdr = self._srh(dst, segments) if segments else b""
-            if rthdr != self._rthdr:
-                try:
-                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
-                except OSError as exc:
-                    raise DataplaneError(
-                        f"socket: the kernel refused the SRH: {exc.strerror}"
-                    ) from exc
-                self._rthdr = rthdr
         cmsgs = []
         if v4:
             if src is not None:
@@ -290,14 +318,31 @@ class SocketDataplane(Dataplane):
             if tclass is not None:
                 cmsgs.append((socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tclass)))
             where = str(dst)
+        address = (where, dst_port, flowinfo, 0) if flowinfo else (where, dst_port)
+        return rthdr, cmsgs, address, dst
+
+    def _transmit(
+        self,
+        payload: bytes,
+        rthdr: bytes | None,
+        cmsgs: list[tuple[int, int, bytes]],
+        address: tuple[Any, ...],
+        dst: IPAddress,
+    ) -> None:
+        sock = self._socket()
+        if rthdr is not None and rthdr != self._rthdr:
+            try:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
+            except OSError as exc:
+                raise DataplaneError(f"socket: the kernel refused the SRH: {exc.strerror}") from exc
+            self._rthdr = rthdr
         try:
-            address = (where, dst_port, flowinfo, 0) if flowinfo else (where, dst_port)
             sock.sendmsg([payload], cmsgs, 0, address)
         except BlockingIOError:
             raise DataplaneError("socket: send buffer full") from None
         except OSError as exc:
             raise DataplaneError(
-                f"socket: cannot send to [{dst}]:{dst_port}: {exc.strerror}"
+                f"socket: cannot send to [{dst}]:{address[1]}: {exc.strerror}"
             ) from exc
 
     def _srh(self, dst: IPv6Address, segments: Sequence[IPv6Address]) -> bytes:

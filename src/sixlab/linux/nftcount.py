@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from sixlab.linux.errors import LinuxError
-from sixlab.linux.nftdrop import _OWNER, _alive, _nft
+from sixlab.linux.nftdrop import _alive, _nft, _table_owner
 
 __all__ = ["FlowCounters", "FlowCountersError", "FlowMatch"]
 
@@ -166,11 +166,7 @@ class FlowCounters:
         return f'table ip6 {self.table} {{\n  comment "sixlab pid={os.getpid()}"\n{body}}}\n'
 
     def _owner(self) -> int | None:
-        listing = _nft("list", "table", "ip6", self.table, check=False)
-        if listing.returncode != 0:
-            return None
-        match = _OWNER.search(listing.stdout)
-        return int(match.group(1)) if match else 0
+        return _table_owner(self.table)
 
     def install(self) -> None:
         """Create the table (counters from 0); replace a dead owner's, refuse a live one's."""

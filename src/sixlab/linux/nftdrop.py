@@ -38,6 +38,16 @@ _OWNER = re.compile(r'comment "sixlab pid=(\d+)"')
 _NFT_TIMEOUT_S = 10.0
 
 
+def _table_owner(table: str) -> int | None:
+    """The pid in the comment of sixlab's ``ip6`` table ``table`` (0: none there), or None
+    when there is no such table."""
+    listing = _nft("list", "table", "ip6", table, check=False)
+    if listing.returncode != 0:
+        return None
+    match = _OWNER.search(listing.stdout)
+    return int(match.group(1)) if match else 0
+
+
 class KernelDropError(LinuxError):
     """nftables is missing or refused the rule (the message says which)."""
 
@@ -101,11 +111,7 @@ class KernelDrop:
 
     def owner(self) -> int | None:
         """The pid named by the existing table, or None when there is no table."""
-        listing = _nft("list", "table", "ip6", self.table, check=False)
-        if listing.returncode != 0:
-            return None
-        match = _OWNER.search(listing.stdout)
-        return int(match.group(1)) if match else 0
+        return _table_owner(self.table)
 
     def ruleset(self) -> str:
         """The ``nft -f`` script that creates the table."""

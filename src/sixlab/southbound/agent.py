@@ -364,24 +364,7 @@ def _sender_spec(
         else init_source
     )
     if request.loopback:
-        # docs/srpm.md: the packets come back to this agent's own address and port.
-        if not segments:
-            raise _invalid("sid_list: a loopback session needs the SID list of its loop")
-        if source is None:
-            raise _invalid(
-                "source_address: a loopback session needs this agent's own address "
-                "(source_address, or Init's)"
-            )
-        if (
-            request.reflector_address
-            and _address("reflector_address", request.reflector_address) != source
-        ):
-            raise _invalid("reflector_address: a loopback session's is its own (source_address)")
-        if request.reflector_mode == pb.REFLECTOR_MODE_STATEFUL:
-            raise _invalid("reflector_mode: a loopback session has no reflector")
-        request = _copy(request)
-        request.reflector_address = str(source)
-        request.reflector_udp_port = bound_port
+        request = _loopback_request(request, segments, source, bound_port)
     if not request.reflector_address:
         raise _invalid("reflector_address: required on a sender")
     reflector = _unicast("reflector_address", request.reflector_address)
@@ -405,18 +388,7 @@ def _sender_spec(
         },
     )
     key = _key(request)
-    tlvs = bytes(request.tlvs)
-    return_sids = _sid_list("return_sid_list", request.return_sid_list)
-    if request.request_return_path:
-        if not return_sids:
-            raise _invalid("return_sid_list: request_return_path needs a return SID list")
-        # RFC 9503 §4: the Return Path TLV with an SRv6 Segment List sub-TLV (§4.4). It
-        # goes first so that an HMAC TLV in ``tlvs`` stays last (RFC 8972 §4.8).
-        tlvs = ReturnPath((Srv6SegmentList(return_sids),)).to_tlv().encode() + tlvs
-    elif return_sids:
-        raise _invalid("return_sid_list: a sender uses it only with request_return_path")
-    if len(tlvs) > MAX_TLV_BYTES:
-        raise _invalid(f"tlvs: {len(tlvs)} bytes of TLVs, at most {MAX_TLV_BYTES}")
+    tlvs = _sender_tlvs(request)
     config = SenderConfig(
         ssid=ssid,
         interval_ns=interval,
@@ -436,6 +408,51 @@ def _sender_spec(
     )
     spec = SenderSessionSpec(config, reflector, reflector_port, segments, source)
     return spec, delay_mode
+
+
+def _loopback_request(
+    request: pb.CreateStampSessionRequest,
+    segments: tuple[IPv6Address, ...] | None,
+    source: IPAddress | None,
+    bound_port: int,
+) -> pb.CreateStampSessionRequest:
+    """A loopback session's request, checked, with this agent as its reflector."""
+    # docs/srpm.md: the packets come back to this agent's own address and port.
+    if not segments:
+        raise _invalid("sid_list: a loopback session needs the SID list of its loop")
+    if source is None:
+        raise _invalid(
+            "source_address: a loopback session needs this agent's own address "
+            "(source_address, or Init's)"
+        )
+    if (
+        request.reflector_address
+        and _address("reflector_address", request.reflector_address) != source
+    ):
+        raise _invalid("reflector_address: a loopback session's is its own (source_address)")
+    if request.reflector_mode == pb.REFLECTOR_MODE_STATEFUL:
+        raise _invalid("reflector_mode: a loopback session has no reflector")
+    request = _copy(request)
+    request.reflector_address = str(source)
+    request.reflector_udp_port = bound_port
+    return request
+
+
+def _sender_tlvs(request: pb.CreateStampSessionRequest) -> bytes:
+    """The TLVs a sender session sends: ``tlvs``, after a Return Path TLV when asked."""
+    tlvs = bytes(request.tlvs)
+    return_sids = _sid_list("return_sid_list", request.return_sid_list)
+    if request.request_return_path:
+        if not return_sids:
+            raise _invalid("return_sid_list: request_return_path needs a return SID list")
+        # RFC 9503 §4: the Return Path TLV with an SRv6 Segment List sub-TLV (§4.4). It
+        # goes first so that an HMAC TLV in ``tlvs`` stays last (RFC 8972 §4.8).
+        tlvs = ReturnPath((Srv6SegmentList(return_sids),)).to_tlv().encode() + tlvs
+    elif return_sids:
+        raise _invalid("return_sid_list: a sender uses it only with request_return_path")
+    if len(tlvs) > MAX_TLV_BYTES:
+        raise _invalid(f"tlvs: {len(tlvs)} bytes of TLVs, at most {MAX_TLV_BYTES}")
+    return tlvs
 
 
 def _copy(request: pb.CreateStampSessionRequest) -> pb.CreateStampSessionRequest:
@@ -663,7 +680,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         dataplane = create(name, config)
         dataplane.open()
         try:
-            bound = int(getattr(dataplane, "local_port", port))
+            bound = dataplane.local_port
             rt = _Runtime(dataplane, name, bound, source)
             if self.role is Role.SENDER:
                 rt.sender = SenderEngine(dataplane, self._clock, self._fifo_capacity)

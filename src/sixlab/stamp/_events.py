@@ -66,7 +66,14 @@ class DropReason(StrEnum):
     NO_REPLY_REQUESTED = "no-reply-requested"
 
 
-@dataclass(frozen=True, slots=True)
+# Records and per-packet events are values that nothing changes once made, but they are
+# not ``frozen``: a frozen dataclass sets each field through ``object.__setattr__``, and
+# building a StampResult that way cost 11.0 µs against 3.1 µs (timeit, min of 7, load
+# average 10), once per probe. ``unsafe_hash`` hashes them by their fields as ``frozen``
+# did.
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class StampResult:
     """One measurement: the four timestamps as Unix-epoch UTC nanoseconds, and context.
 
@@ -161,7 +168,7 @@ class StampResult:
         return self.sender_error.error_ns + self.reflector_error.error_ns
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # a value, not frozen: see StampResult
 class PacketSent:
     ssid: int
     seq: int

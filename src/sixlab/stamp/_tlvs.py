@@ -35,13 +35,15 @@ is copied back in place, then
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sixlab.wire import WireError
 from sixlab.wire import stamp_tlv as t
 from sixlab.wire.stamp_auth import hmac16
 
-__all__ = ["TlvContext", "TlvReflection", "reflect_tlvs", "resign_hmac_tlv"]
+__all__ = ["TLV_HANDLERS", "TlvContext", "TlvReflection", "reflect_tlvs", "resign_hmac_tlv"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -88,81 +90,150 @@ class TlvReflection:
     integrity_failed: bool = False
 
 
-def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:  # noqa: PLR0912 - one branch per TLV type the reflector acts on
+@dataclass(slots=True)
+class _Answer:
+    """One ``reflect_tlvs`` call as its handlers see it: the TLV being answered (its
+    ``flags`` and ``value`` as they will go back) and what the area asks of the reply."""
+
+    ctx: TlvContext
+    flags: int = 0
+    value: bytes = b""
+    segments: tuple[ipaddress.IPv6Address, ...] | None = None
+    address: IPAddress | None = None
+    reply: bool = True
+    tclass: int | None = None
+    cos_done: bool = False
+
+
+_V = TypeVar("_V", bound=t.TlvValue)
+_Handler = Callable[[_V, _Answer], None]
+
+#: What this reflector does with each TLV type it decodes, by codec class. Every codec of
+#: ``sixlab.wire.stamp_tlv.TLV_CODECS`` has one (tests/unit/test_stamp_tlv_registry.py);
+#: it runs with U already cleared on ``answer.flags``.
+TLV_HANDLERS: dict[type[t.TlvValue], _Handler[Any]] = {}
+
+
+def _reflects(*codecs: type[_V]) -> Callable[[_Handler[_V]], _Handler[_V]]:
+    """Enter the decorated function as the handler of the TLVs of ``codecs``."""
+
+    def enter(handler: _Handler[_V]) -> _Handler[_V]:
+        for codec in codecs:
+            if codec in TLV_HANDLERS:
+                raise ValueError(f"{codec.__name__} has a reflector handler already")
+            TLV_HANDLERS[codec] = handler
+        return handler
+
+    return enter
+
+
+def reflect_tlvs(area: bytes, ctx: TlvContext) -> TlvReflection:
     """The TLV area to send back for ``area`` and what its TLVs ask for."""
     scan = t.scan_tlvs(area)
     if ctx.key is not None and not _integrity_ok(area, scan, ctx.seq_field, ctx.key):
         return TlvReflection(_mark_all(area, scan, t.TlvFlag.I), integrity_failed=True)
     out: list[bytes] = []
-    segments: tuple[ipaddress.IPv6Address, ...] | None = None
-    address: IPAddress | None = None
-    reply = True
-    tclass: int | None = None
-    cos_done = False
+    answer = _Answer(ctx)
     for tlv in scan.tlvs:
-        flags, value = tlv.flags, tlv.value
+        answer.flags, answer.value = tlv.flags, tlv.value
         try:
             parsed = t.parse_value(tlv)
         except WireError:
             parsed = None
-            flags |= t.TlvFlag.M
-        if parsed is not None:
-            flags &= ~t.TlvFlag.U
-            if isinstance(parsed, t.Location):
-                value = _fill_location(parsed, ctx).to_tlv().value
-            elif isinstance(parsed, t.TimestampInfo):
-                # In and Out alike; optional sub-TLVs kept, so the size stays symmetric.
-                codes = bytes((ctx.sync_source, ctx.timestamp_method) * 2)
-                value = codes + parsed.sub_tlvs
-            elif isinstance(parsed, t.ClassOfService):
-                if ctx.tclass is None or cos_done:
-                    flags |= t.TlvFlag.U  # received DSCP unknown (or a second CoS TLV)
-                else:
-                    cos_done = True
-                    if ctx.set_tclass:
-                        tclass = parsed.dscp1 << 2
-                    cos = t.ClassOfService(
-                        dscp1=parsed.dscp1,
-                        ecn1=parsed.ecn1,
-                        dscp2=ctx.tclass >> 2 & 0x3F,
-                        ecn2=ctx.tclass & 0x3,
-                        rp=0 if ctx.set_tclass else 1,
-                    )
-                    value = cos.to_tlv().value
-            elif isinstance(parsed, t.DirectMeasurement):
-                value = (
-                    t.DirectMeasurement(
-                        parsed.s_txc, ctx.received & 0xFFFF_FFFF, ctx.transmitted & 0xFFFF_FFFF
-                    )
-                    .to_tlv()
-                    .value
-                )
-            elif isinstance(parsed, t.FollowUpTelemetry):
-                if ctx.follow_up is None:
-                    flags |= t.TlvFlag.U  # no transmit time of a previous reply known
-                else:
-                    value = t.FollowUpTelemetry(*ctx.follow_up).to_tlv().value
-            elif isinstance(parsed, t.AccessReport | t.MicroSessionId):
-                # Parsed, but nothing here acts on them (no access steering, RFC 8972
-                # §4.6; no LAG micro-sessions, RFC 9534): not reported as understood.
-                flags |= t.TlvFlag.U
-            elif isinstance(parsed, t.HmacTlv):
-                if ctx.key is None:
-                    flags |= t.TlvFlag.I  # no key to verify it with
-            elif isinstance(parsed, t.DestinationNodeAddress):
-                if ctx.dst is not None and parsed.address != ctx.dst:
-                    flags |= t.TlvFlag.U
-            elif isinstance(parsed, t.ReturnPath):
-                if parsed.segment_list is not None:
-                    segments = parsed.segment_list.segments
-                if parsed.return_address is not None:
-                    address = parsed.return_address.address
-                if parsed.control_code is not None and not parsed.control_code.reply_request:
-                    reply = False
-        out.append(t.Tlv(tlv.type, flags & 0xFF, value).encode())
+            answer.flags |= t.TlvFlag.M
+        handler = None if parsed is None else TLV_HANDLERS.get(type(parsed))
+        if handler is not None:
+            answer.flags &= ~t.TlvFlag.U
+            handler(parsed, answer)
+        out.append(t.Tlv(tlv.type, answer.flags & 0xFF, answer.value).encode())
     if scan.malformed_at is not None:
         out.append(t.mark_malformed(area[scan.malformed_at :]))
-    return TlvReflection(b"".join(out), segments, address, reply, tclass)
+    return TlvReflection(
+        b"".join(out), answer.segments, answer.address, answer.reply, answer.tclass
+    )
+
+
+@_reflects(t.ExtraPadding)
+def _extra_padding(_parsed: t.ExtraPadding, answer: _Answer) -> None:
+    """Understood; returned as received (RFC 8972 §4.1)."""
+
+
+@_reflects(t.Location)
+def _location(parsed: t.Location, answer: _Answer) -> None:
+    answer.value = _fill_location(parsed, answer.ctx).to_tlv().value
+
+
+@_reflects(t.TimestampInfo)
+def _timestamp_info(parsed: t.TimestampInfo, answer: _Answer) -> None:
+    # In and Out alike; optional sub-TLVs kept, so the size stays symmetric.
+    codes = bytes((answer.ctx.sync_source, answer.ctx.timestamp_method) * 2)
+    answer.value = codes + parsed.sub_tlvs
+
+
+@_reflects(t.ClassOfService)
+def _class_of_service(parsed: t.ClassOfService, answer: _Answer) -> None:
+    ctx = answer.ctx
+    if ctx.tclass is None or answer.cos_done:
+        answer.flags |= t.TlvFlag.U  # received DSCP unknown (or a second CoS TLV)
+        return
+    answer.cos_done = True
+    if ctx.set_tclass:
+        answer.tclass = parsed.dscp1 << 2
+    cos = t.ClassOfService(
+        dscp1=parsed.dscp1,
+        ecn1=parsed.ecn1,
+        dscp2=ctx.tclass >> 2 & 0x3F,
+        ecn2=ctx.tclass & 0x3,
+        rp=0 if ctx.set_tclass else 1,
+    )
+    answer.value = cos.to_tlv().value
+
+
+@_reflects(t.DirectMeasurement)
+def _direct_measurement(parsed: t.DirectMeasurement, answer: _Answer) -> None:
+    ctx = answer.ctx
+    counts = t.DirectMeasurement(
+        parsed.s_txc, ctx.received & 0xFFFF_FFFF, ctx.transmitted & 0xFFFF_FFFF
+    )
+    answer.value = counts.to_tlv().value
+
+
+@_reflects(t.FollowUpTelemetry)
+def _follow_up_telemetry(_parsed: t.FollowUpTelemetry, answer: _Answer) -> None:
+    if answer.ctx.follow_up is None:
+        answer.flags |= t.TlvFlag.U  # no transmit time of a previous reply known
+    else:
+        answer.value = t.FollowUpTelemetry(*answer.ctx.follow_up).to_tlv().value
+
+
+@_reflects(t.AccessReport, t.MicroSessionId)
+def _not_acted_on(_parsed: t.TlvValue, answer: _Answer) -> None:
+    """Parsed, but nothing here acts on them (no access steering, RFC 8972 §4.6; no LAG
+    micro-sessions, RFC 9534): not reported as understood."""
+    answer.flags |= t.TlvFlag.U
+
+
+@_reflects(t.HmacTlv)
+def _hmac(_parsed: t.HmacTlv, answer: _Answer) -> None:
+    """Verified before any TLV is handled when the session has a key (``_integrity_ok``)."""
+    if answer.ctx.key is None:
+        answer.flags |= t.TlvFlag.I  # no key to verify it with
+
+
+@_reflects(t.DestinationNodeAddress)
+def _destination_node_address(parsed: t.DestinationNodeAddress, answer: _Answer) -> None:
+    if answer.ctx.dst is not None and parsed.address != answer.ctx.dst:
+        answer.flags |= t.TlvFlag.U
+
+
+@_reflects(t.ReturnPath)
+def _return_path(parsed: t.ReturnPath, answer: _Answer) -> None:
+    if parsed.segment_list is not None:
+        answer.segments = parsed.segment_list.segments
+    if parsed.return_address is not None:
+        answer.address = parsed.return_address.address
+    if parsed.control_code is not None and not parsed.control_code.reply_request:
+        answer.reply = False
 
 
 def _integrity_ok(area: bytes, scan: t.TlvScan, seq_field: bytes, key: bytes) -> bool:

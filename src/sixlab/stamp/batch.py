@@ -45,6 +45,7 @@ row with a clock that returns the T3 given to ``set_t3``, and the same counters
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +55,17 @@ import numpy.typing as npt
 
 from sixlab.stamp._events import DropReason, DuplicateReceived, StampResult
 from sixlab.stamp.reflector import Reflection, Reflector, ReturnPath, _Session
-from sixlab.stamp.sender import SenderSession, State
+from sixlab.stamp.sender import SenderConfig, SenderSession, State, _Input
+from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
 from sixlab.wire.stamp_tlv import TlvFlag, TlvType
-from sixlab.wire.timestamp import NTP_MAX_NS, NTP_UNIX_OFFSET_S, ErrorEstimate
+from sixlab.wire.timestamp import (
+    NTP_MAX_NS,
+    NTP_UNIX_OFFSET_S,
+    ErrorEstimate,
+    TimestampFormat,
+    encode_timestamp,
+)
 
 __all__ = [
     "REFLECTOR_DTYPE",
@@ -65,6 +73,9 @@ __all__ = [
     "BatchReflection",
     "BatchReflector",
     "receive_batch",
+    "receive_one",
+    "send_due",
+    "send_template",
 ]
 
 U8 = npt.NDArray[np.uint8]
@@ -564,3 +575,111 @@ def _match_fields(
             reflector_seq=rseq, tlvs=tlvs,
         )
     )  # fmt: skip
+
+
+# ------------------------------------------------------- the sender, packet by packet
+#
+# An engine with thousands of sessions serves a handful of them per wake-up, one packet
+# each: too few rows for arrays (a NumPy call costs about a microsecond whatever its
+# size). What it can save is the per-packet objects of the reference, the
+# ``SenderPacket`` and ``ReflectorPacket`` dataclasses with their field checks, the
+# ``ErrorEstimate`` of every reply and the ``PacketSent`` event: ``send_due`` writes Seq
+# and T1 into the session's fixed packet (RFC 8762 §4.2.1: nothing else of an
+# unauthenticated packet without a Direct Measurement TLV changes between packets),
+# ``receive_one`` reads a reply with one ``struct`` call. Both keep the session's state,
+# counters, events and records exactly as ``handle_timer`` and ``receive`` do
+# (tests/unit/test_stamp_batch.py checks it), but for the ``PacketSent`` events, which
+# the adapter reports itself.
+
+_HEAD = struct.Struct("!IQ")  # Seq, Timestamp: what send_due writes
+_HALF = 1 << 31  # half an NTP fraction unit's 2^32: rounds to nearest
+#: ErrorEstimate by wire value: frozen, shared by every record that carries it.
+_ESTIMATES: dict[int, ErrorEstimate] = {}
+
+
+def send_template(config: SenderConfig) -> bytes | None:
+    """The fixed part of the session's packets after Seq and Timestamp (Error Estimate,
+    SSID, MBZ, TLVs), or None when its packets differ otherwise or its replies need the
+    reference: authenticated (HMAC per packet), loopback, flow labels (records carry the
+    label), a Direct Measurement TLV (S_TxC per packet, counters in the records)."""
+    if config.authenticated or config.loopback or config.flow_labels:
+        return None
+    if config.direct_measurement:
+        return None
+    head = wire.SENDER_UNAUTH.pack(0, 0, config.effective_error_estimate.to_int(), config.ssid)
+    return head[_HEAD.size :] + config.tlvs
+
+
+def send_due(session: SenderSession, template: bytes, now: int, wall: int) -> bytes | None:
+    """``session.handle_timer(now, wall)`` with ``template`` (``send_template``): the
+    same state, counters and events but ``PacketSent``; the packet it sent (at most one:
+    the core never bursts) is returned instead of queued for ``datagrams_to_send``."""
+    out = None
+    cfg = session.config
+    due = session._next_send_ns
+    if session.state is State.RUNNING and due is not None and due <= now:
+        if (cfg.count is not None and session._next_seq >= cfg.count) or (
+            session._end_ns is not None and due >= session._end_ns
+        ):
+            session._next_send_ns = None
+            session._transition(_Input.STOP)
+        else:
+            seq = session._next_seq
+            session._next_seq = (seq + 1) & 0xFFFF_FFFF
+            ptp = cfg.fmt is TimestampFormat.PTP
+            stamp = encode_timestamp(wall + cfg.tai_utc_offset_ns if ptp else wall, cfg.fmt)
+            out = _HEAD.pack(seq, stamp) + template
+            session._outstanding[seq] = wall
+            session._deadlines.append((now + cfg.loss_timeout_ns, seq))
+            session.counters.sent += 1
+            session._next_send_ns = due + ((now - due) // cfg.interval_ns + 1) * cfg.interval_ns
+    session._expire(now)
+    session._maybe_drained()
+    return out
+
+
+def _utc(session: SenderSession, timestamp: int, ee: int) -> tuple[int, bool]:
+    """``SenderSession._to_utc`` of a timestamp in the format of Error Estimate ``ee``,
+    and whether the reference would refuse it. NTP, the common case, inline: the
+    arithmetic of ``ns_from_ntp`` (RFC 4330 §3 era pivot) without its range check, which
+    a 64-bit field always passes."""
+    if ee & _Z_BIT:
+        try:
+            return session._to_utc(timestamp, TimestampFormat.PTP), False
+        except WireError:
+            return 0, True
+    seconds = timestamp >> 32
+    if not seconds & _HALF_ERA_S:
+        seconds += _ERA_S
+    ns = (seconds - NTP_UNIX_OFFSET_S) * _NS + (((timestamp & 0xFFFF_FFFF) * _NS + _HALF) >> 32)
+    return min(ns, NTP_MAX_NS - 1), False
+
+
+def receive_one(session: SenderSession, data: bytes, now: int, t4: int) -> None:
+    """``session.receive(data, now, t4)`` for a session with a ``send_template``."""
+    if session.state not in (State.RUNNING, State.DRAINING):
+        session._drop(DropReason.NOT_RUNNING)
+        return
+    session._expire(now)
+    if len(data) < _UNAUTH:
+        session._drop(DropReason.TOO_SHORT)
+        session._maybe_drained()
+        return
+    rseq, t3w, r_ee, ssid, t2w, seq, t1w, s_ee, ttl = wire.REFLECTOR_UNAUTH.unpack_from(data)
+    cfg = session.config
+    ssid_zero = False
+    if ssid != cfg.ssid:
+        if ssid != 0 or cfg.strict_ssid:
+            session._drop(DropReason.SSID_ZERO if ssid == 0 else DropReason.NO_SESSION)
+            session._maybe_drained()
+            return
+        ssid_zero = True  # an RFC 8762-only reflector (RFC 8972 §3)
+    if not r_ee & 0xFF:
+        session._drop(DropReason.MULTIPLIER_ZERO)
+    else:
+        t1, bad1 = _utc(session, t1w, s_ee)
+        t2, bad2 = _utc(session, t2w, r_ee)
+        t3, bad3 = _utc(session, t3w, r_ee)
+        row = (t4, seq, rseq, ttl, r_ee, t1, t2, t3, bad1 or bad2 or bad3)
+        _match_fields(session, row, tlvs=data[_UNAUTH:], estimates=_ESTIMATES, ssid_zero=ssid_zero)
+    session._maybe_drained()

@@ -381,15 +381,9 @@ class Reflector:
         else:
             seq, ts, ee = _SENDER_SHORT.unpack_from(data)
             ssid = int.from_bytes(data[14:16]) if size >= 16 else 0
-        sess = self._unauth.get(ssid)
+        sess = self._unauth.get(ssid) or self._fallback_session(ssid)
         if sess is None:
-            if ssid in self._auth:
-                self._drop(self._auth[ssid], DropReason.AUTH_REQUIRED)
-                return None
-            sess = self._default
-            if sess is None or sess.config.key is not None:
-                self._drop(None, DropReason.NO_SESSION)
-                return None
+            return None
         state = sess.flow((ssid, flow))
         state.received += 1
         if not ee & 0xFF:
@@ -452,6 +446,18 @@ class Reflector:
         if sess is None or sess.config.key is not None:
             return payload
         return payload[:4] + sess.timestamp(t3_ns).to_bytes(8) + payload[12:]
+
+    def _fallback_session(self, ssid: int) -> _Session | None:
+        """The session of an unauthenticated packet whose SSID names none: the default
+        one if it is unauthenticated; else None, and the drop is counted."""
+        if ssid in self._auth:
+            self._drop(self._auth[ssid], DropReason.AUTH_REQUIRED)
+            return None
+        sess = self._default
+        if sess is None or sess.config.key is not None:
+            self._drop(None, DropReason.NO_SESSION)
+            return None
+        return sess
 
     def _auth_session(self, data: bytes) -> _Session | None:
         """The authenticated session of a packet of at least ``_AUTH`` bytes, or None.

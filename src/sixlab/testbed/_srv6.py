@@ -153,21 +153,31 @@ class SRv6TwoPaths(ClosingContext):
 
         behind_r2 = ["fd00:0:2::/64", "fc00:0:2::/48", "fc00:0:12::/48"]
         if link_far is not None:
-            self.far = far = tb.add_node("far", router=True)
-            self.far_addr = self.FAR_ADDR
-            lf = tb.add_link(
-                r2, far, if_a="to_far", if_b="eth0", addr_a="fd00:0:3::1", addr_b=self.FAR_ADDR,
-                emulation=link_far,
-            )  # fmt: skip
-            assert lf.emulator is not None
-            self.links["F"] = lf.emulator
-            far.add_route("default", via="fd00:0:3::1")
-            r2.add_route("fc00:0:13::/48", via=self.FAR_ADDR)
-            far.add_seg6local(self.sids["far.end"], "End", dev="eth0")
-            behind_r2 += ["fd00:0:3::/64", "fc00:0:13::/48"]
+            behind_r2 += self._add_far(link_far)
+        self._add_routes(behind_r2, ecmp=ecmp)
+        self._add_sids()
+        self._name_paths(link_a, link_b, link_far)
 
-        # Plain routes: hosts default to their router; routers reach the far side over A
-        # (over A and B with ``ecmp``).
+    def _add_far(self, link_far: LinkEmulation) -> list[str]:
+        """The host *far* behind R2 over link F; the prefixes it adds behind R2."""
+        tb, r2 = self.testbed, self.r2
+        self.far = far = tb.add_node("far", router=True)
+        self.far_addr = self.FAR_ADDR
+        lf = tb.add_link(
+            r2, far, if_a="to_far", if_b="eth0", addr_a="fd00:0:3::1", addr_b=self.FAR_ADDR,
+            emulation=link_far,
+        )  # fmt: skip
+        assert lf.emulator is not None
+        self.links["F"] = lf.emulator
+        far.add_route("default", via="fd00:0:3::1")
+        r2.add_route("fc00:0:13::/48", via=self.FAR_ADDR)
+        far.add_seg6local(self.sids["far.end"], "End", dev="eth0")
+        return ["fd00:0:3::/64", "fc00:0:13::/48"]
+
+    def _add_routes(self, behind_r2: list[str], *, ecmp: bool) -> None:
+        """Plain routes: hosts default to their router; routers reach the far side over A
+        (over A and B with ``ecmp``)."""
+        s, r1, r2, rf = self.sender, self.r1, self.r2, self.reflector
         s.add_route("default", via="fd00:0:1::2")
         rf.add_route("default", via="fd00:0:2::1")
         if ecmp:
@@ -182,7 +192,8 @@ class SRv6TwoPaths(ClosingContext):
             r2.add_route(dst, via="fd00:0:a::1")
         r2.add_route("fc00:0:12::/48", via="fd00:0:2::2")
 
-        # SIDs.
+    def _add_sids(self) -> None:
+        s, r1, r2, rf = self.sender, self.r1, self.r2, self.reflector
         r1.add_seg6local(self.sids["r1.end"], "End", dev="to_snd")
         r1.add_seg6local(self.sids["r1.endx_a"], "End.X", nh6="fd00:0:a::2", dev="to_r2a")
         r1.add_seg6local(self.sids["r1.endx_b"], "End.X", nh6="fd00:0:b::2", dev="to_r2b")
@@ -192,6 +203,10 @@ class SRv6TwoPaths(ClosingContext):
         s.add_seg6local(self.sids["sender.dt6"], "End.DT6", dev="eth0", table=255)
         rf.add_seg6local(self.sids["reflector.dt6"], "End.DT6", dev="eth0", table=255)
 
+    def _name_paths(
+        self, link_a: LinkEmulation, link_b: LinkEmulation, link_far: LinkEmulation | None
+    ) -> None:
+        """The paths over A and B, the loops over A, B and (with *far*) F."""
         self.paths: dict[str, SRv6Path] = {}
         for name, emu in (("A", link_a), ("B", link_b)):
             x = name.lower()

@@ -14,7 +14,13 @@ Theory of operation
 -------------------
 - A frame's deadline is its *kernel* receive timestamp (``SO_TIMESTAMPNS``, taken when
   veth hands the frame to the middle namespace) plus the delay, so time spent before
-  this process reads the frame does not add to the delay.
+  this process reads the frame does not add to the delay. Deadlines are on the
+  monotonic clock (docs/architecture.md, time rule): the kernel stamps the frame with
+  the wall clock, so its age (wall clock now less the stamp, never below zero) is taken
+  off the monotonic clock's now. A step of the wall clock then neither holds frames
+  back nor lets the held ones out early; only a frame read across the step has a wrong
+  age (a backward step: it is held its delay from the read; a forward one: it leaves
+  at once).
 - Deadlines sit in a heap. The loop sleeps in ``select`` until the earliest deadline
   minus a short *spin* window, then busy-waits the rest: ``select`` timeouts are
   microsecond-grained and the timer slack is lowered to 1 ns (``PR_SET_TIMERSLACK``),
@@ -58,6 +64,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -123,7 +130,8 @@ class _Direction:
         self.last_deadline = 0
 
     def deadline(self, rx_ns: int) -> int | None:
-        """The instant the frame leaves, or None when it is lost."""
+        """The instant the frame leaves, or None when it is lost (``rx_ns``: arrival,
+        both on the monotonic clock)."""
         cfg = self.cfg
         if cfg.loss and self.rng.random() < cfg.loss:
             self.stats.dropped_loss += 1
@@ -162,12 +170,98 @@ def _tune_process(realtime: bool) -> None:
     gc.disable()
 
 
-def _rx_timestamp(ancdata: list[tuple[int, int, bytes]]) -> int:
+def _rx_timestamp(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The kernel's receive time (wall clock, ns); None without one (should not happen)."""
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
             sec, nsec = _TIMESPEC.unpack_from(data)
             return int(sec) * _NS_PER_S + int(nsec)
-    return time.time_ns()  # no kernel timestamp (should not happen): use now
+    return None
+
+
+class _DelayLine:
+    """The frames held back, by deadline on the monotonic clock ``mono``.
+
+    ``wall`` is the clock the kernel's receive timestamps are on (``CLOCK_REALTIME``);
+    it only ever measures how long ago a frame arrived.
+    """
+
+    __slots__ = ("_heap", "_seq", "mono", "wall")
+
+    def __init__(
+        self,
+        wall: Callable[[], int] = time.time_ns,
+        mono: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.wall = wall
+        self.mono = mono
+        self._heap: list[tuple[int, int, _Direction, bytes]] = []
+        self._seq = 0
+
+    def hold(self, d: _Direction, frame: bytes, rx_wall_ns: int | None) -> None:
+        """Hold ``frame``, received at ``rx_wall_ns`` by the kernel, for ``d``'s delay
+        (or count it lost)."""
+        # Wall clock first: a pause between the two readings then makes the frame late,
+        # never early.
+        age = 0 if rx_wall_ns is None else max(0, self.wall() - rx_wall_ns)
+        due = d.deadline(self.mono() - age)
+        if due is not None:
+            self._seq += 1
+            heapq.heappush(self._heap, (due, self._seq, d, frame))
+
+    def next_deadline(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: int) -> tuple[int, _Direction, bytes] | None:
+        """The earliest frame whose deadline is ``now`` or earlier, taken out; or None."""
+        heap = self._heap
+        if not heap or heap[0][0] > now:
+            return None
+        deadline, _, d, frame = heapq.heappop(heap)
+        return deadline, d, frame
+
+    def pending(self) -> list[_Direction]:
+        """The direction of every frame held."""
+        return [d for _, _, d, _ in self._heap]
+
+
+def _send_due(line: _DelayLine, now: int) -> None:
+    """Send every frame due at ``now``; count what happened and how late it left."""
+    while (due := line.pop_due(now)) is not None:
+        deadline, d, frame = due
+        late = line.mono() - deadline
+        try:
+            d.out.send(frame)
+        except OSError:
+            d.stats.send_errors += 1  # interface down, frame too big: count it
+            continue
+        st = d.stats
+        st.forwarded += 1
+        st.late_ns_sum += late
+        st.late_ns_max = max(st.late_ns_max, late)
+
+
+def _wait(
+    readers: list[socket.socket], line: _DelayLine, now: int, spin_ns: int
+) -> list[socket.socket]:
+    """Sleep until a frame arrives or the spin window before the next deadline opens;
+    the sockets with frames waiting."""
+    deadline = line.next_deadline()
+    # Inside the spin window the timeout is 0: poll without blocking and go round again.
+    timeout = 0.5 if deadline is None else max(0, deadline - now - spin_ns) / _NS_PER_S
+    ready: list[socket.socket] = select.select(readers, [], [], timeout)[0]
+    return ready
+
+
+def _read_all(sock: socket.socket, d: _Direction, line: _DelayLine) -> None:
+    """Hold every frame waiting on ``sock``."""
+    while True:
+        try:
+            frame, ancdata, _, _ = sock.recvmsg(_RECV_SIZE, 64)
+        except BlockingIOError:
+            return
+        d.stats.received += 1
+        line.hold(d, frame, _rx_timestamp(ancdata))
 
 
 def run(
@@ -189,15 +283,13 @@ def run(
         sock_a.fileno(): _Direction(ab, sock_b, f"{seed}:ab", reorder),
         sock_b.fileno(): _Direction(ba, sock_a, f"{seed}:ba", reorder),
     }
-    socks = {sock_a.fileno(): sock_a, sock_b.fileno(): sock_b}
     named = {"ab": dirs[sock_a.fileno()], "ba": dirs[sock_b.fileno()]}
-    heap: list[tuple[int, int, _Direction, bytes]] = []
-    seq = 0
+    line = _DelayLine()
 
     def counters() -> dict[str, dict[str, int]]:
         for d in named.values():
             d.stats.pending = 0
-        for _, _, d, _ in heap:
+        for d in line.pending():
             d.stats.pending += 1
         return {name: asdict(d.stats) for name, d in named.items()}
 
@@ -223,46 +315,13 @@ def run(
         sys.stdout.flush()
 
         spin_ns = spin_us * 1000
-        readers = list(socks.values())
-        time_ns = time.time_ns
+        readers = [sock_a, sock_b]
+        mono = line.mono
         while not stop.stopped:
-            # 1. Send everything that is due (the heap is ordered by deadline).
-            now = time_ns()
-            while heap and heap[0][0] <= now:
-                deadline, _, d, frame = heapq.heappop(heap)
-                late = time_ns() - deadline
-                try:
-                    d.out.send(frame)
-                except OSError:
-                    d.stats.send_errors += 1  # interface down, frame too big: count it
-                    continue
-                st = d.stats
-                st.forwarded += 1
-                st.late_ns_sum += late
-                st.late_ns_max = max(st.late_ns_max, late)
-            # 2. Sleep until a frame arrives or the spin window before the next deadline.
-            if heap:
-                wait_ns = heap[0][0] - now - spin_ns
-                if wait_ns <= 0:
-                    # Inside the spin window: poll without blocking and go round again.
-                    ready, _, _ = select.select(readers, [], [], 0)
-                else:
-                    ready, _, _ = select.select(readers, [], [], wait_ns / _NS_PER_S)
-            else:
-                ready, _, _ = select.select(readers, [], [], 0.5)
-            # 3. Read every frame waiting on the ready sockets.
-            for sock in ready:
-                d = dirs[sock.fileno()]
-                while True:
-                    try:
-                        frame, ancdata, _, _ = sock.recvmsg(_RECV_SIZE, 64)
-                    except BlockingIOError:
-                        break
-                    d.stats.received += 1
-                    due = d.deadline(_rx_timestamp(ancdata))
-                    if due is not None:
-                        seq += 1
-                        heapq.heappush(heap, (due, seq, d, frame))
+            now = mono()
+            _send_due(line, now)
+            for sock in _wait(readers, line, now, spin_ns):
+                _read_all(sock, dirs[sock.fileno()], line)
         result = counters()
         dump()
     sock_a.close()

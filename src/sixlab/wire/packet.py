@@ -204,56 +204,9 @@ def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> Parse
     NIC has yet to fill in (checksum offload).
     """
     view = memoryview(data)
-    size = len(view)
-    if size < IPV6_HEADER_SIZE:
-        raise TruncatedError(f"IPv6 packet of {size} bytes, need {IPV6_HEADER_SIZE}")
-    first, plen, first_nh, hlim, src, dst = IPV6_HEADER.unpack_from(view)
-    if first >> 28 != IPV6_VERSION:
-        raise InvalidFieldError(f"IP version {first >> 28}, expected {IPV6_VERSION}")
+    first, plen, first_nh, hlim, src, dst = _fixed_header(view)
     end = IPV6_HEADER_SIZE + plen
-    if end > size:
-        raise TruncatedError(f"Payload Length {plen} but only {size - IPV6_HEADER_SIZE} bytes")
-
-    offset = IPV6_HEADER_SIZE
-    nh = first_nh
-    final_dst = dst
-    srh_offset: int | None = None
-    srh_data: bytes | None = None
-    routing_seen = False
-    for count in range(MAX_EXTENSION_HEADERS + 1):
-        if nh == _NH_UDP:
-            break
-        if count == MAX_EXTENSION_HEADERS:
-            raise InvalidFieldError(f"more than {MAX_EXTENSION_HEADERS} extension headers")
-        if nh not in _NH_SKIPPED:
-            raise InvalidFieldError(f"next header {nh} is not UDP nor a header sixlab skips")
-        if offset + 2 > end:
-            raise TruncatedError(f"extension header {nh} at {offset} past the payload")
-        next_nh, ext_len = _EXT.unpack_from(view, offset)
-        length = 8 * (ext_len + 1)  # RFC 8200 §4.3-4.6: 8-octet units after the first 8
-        if offset + length > end:
-            raise TruncatedError(f"extension header {nh} of {length} bytes past the payload")
-        if nh == _NH_HBH and offset != IPV6_HEADER_SIZE:
-            raise InvalidFieldError("Hop-by-Hop Options header not right after IPv6 header")
-        if nh == _NH_ROUTING:
-            if routing_seen:
-                raise InvalidFieldError("more than one Routing header")
-            routing_seen = True
-            routing_type, left = _ROUTING.unpack_from(view, offset + 2)
-            if routing_type == ROUTING_TYPE_SRH:
-                validate_srh(view[:end], offset)
-                srh_offset = offset
-                srh_data = bytes(view[offset : offset + length])
-                if left:
-                    start = offset + _SEGMENT0_OFFSET
-                    final_dst = bytes(view[start : start + _ADDRESS_SIZE])
-            elif left:
-                raise InvalidFieldError(
-                    f"Routing Type {routing_type} with Segments Left {left} is not supported"
-                )
-        offset += length
-        nh = next_nh
-
+    offset, final_dst, srh_offset, srh_data = _extension_chain(view, first_nh, end, dst)
     if offset + UDP_HEADER_SIZE > end:
         raise TruncatedError(f"UDP header at {offset} past the payload")
     sport, dport, udp_length, checksum = UDP_HEADER.unpack_from(view, offset)
@@ -281,3 +234,84 @@ def parse_udp_packet(data: BytesLike, *, verify_checksum: bool = False) -> Parse
         srh_offset,
         srh_data,
     )
+
+
+def _fixed_header(view: memoryview) -> tuple[int, int, int, int, bytes, bytes]:
+    """The IPv6 fixed header's (version/class/label word, Payload Length, Next Header,
+    Hop Limit, Source, Destination), checked against the buffer."""
+    size = len(view)
+    if size < IPV6_HEADER_SIZE:
+        raise TruncatedError(f"IPv6 packet of {size} bytes, need {IPV6_HEADER_SIZE}")
+    first, plen, first_nh, hlim, src, dst = IPV6_HEADER.unpack_from(view)
+    if first >> 28 != IPV6_VERSION:
+        raise InvalidFieldError(f"IP version {first >> 28}, expected {IPV6_VERSION}")
+    if IPV6_HEADER_SIZE + plen > size:
+        raise TruncatedError(f"Payload Length {plen} but only {size - IPV6_HEADER_SIZE} bytes")
+    return first, plen, first_nh, hlim, src, dst
+
+
+def _extension_chain(
+    view: memoryview, nh: int, end: int, dst: bytes
+) -> tuple[int, bytes, int | None, bytes | None]:
+    """Walk the extension headers up to UDP: (UDP offset, final destination, SRH offset,
+    SRH bytes)."""
+    offset = IPV6_HEADER_SIZE
+    final_dst = dst
+    srh_offset: int | None = None
+    srh_data: bytes | None = None
+    routing_seen = False
+    for count in range(MAX_EXTENSION_HEADERS + 1):
+        if nh == _NH_UDP:
+            break
+        next_nh, length = _extension_header(view, nh, offset, end, count)
+        if nh == _NH_ROUTING:
+            if routing_seen:
+                raise InvalidFieldError("more than one Routing header")
+            routing_seen = True
+            srh = _routing_header(view, offset, length, end)
+            if srh is not None:
+                srh_offset = offset
+                srh_data, segment = srh
+                final_dst = segment or final_dst
+        offset += length
+        nh = next_nh
+    return offset, final_dst, srh_offset, srh_data
+
+
+def _extension_header(
+    view: memoryview, nh: int, offset: int, end: int, count: int
+) -> tuple[int, int]:
+    """(Next Header, length in octets) of the ``count``-th extension header, type ``nh``."""
+    if count == MAX_EXTENSION_HEADERS:
+        raise InvalidFieldError(f"more than {MAX_EXTENSION_HEADERS} extension headers")
+    if nh not in _NH_SKIPPED:
+        raise InvalidFieldError(f"next header {nh} is not UDP nor a header sixlab skips")
+    if offset + 2 > end:
+        raise TruncatedError(f"extension header {nh} at {offset} past the payload")
+    next_nh, ext_len = _EXT.unpack_from(view, offset)
+    length = 8 * (ext_len + 1)  # RFC 8200 §4.3-4.6: 8-octet units after the first 8
+    if offset + length > end:
+        raise TruncatedError(f"extension header {nh} of {length} bytes past the payload")
+    if nh == _NH_HBH and offset != IPV6_HEADER_SIZE:
+        raise InvalidFieldError("Hop-by-Hop Options header not right after IPv6 header")
+    return next_nh, length
+
+
+def _routing_header(
+    view: memoryview, offset: int, length: int, end: int
+) -> tuple[bytes, bytes | None] | None:
+    """An SRH: (its bytes, the final destination when Segments Left > 0); None for
+    another Routing Type with Segments Left 0 (skipped, RFC 8200 §4.4)."""
+    routing_type, left = _ROUTING.unpack_from(view, offset + 2)
+    if routing_type == ROUTING_TYPE_SRH:
+        validate_srh(view[:end], offset)
+        srh_data = bytes(view[offset : offset + length])
+        if not left:
+            return srh_data, None
+        start = offset + _SEGMENT0_OFFSET
+        return srh_data, bytes(view[start : start + _ADDRESS_SIZE])
+    if left:
+        raise InvalidFieldError(
+            f"Routing Type {routing_type} with Segments Left {left} is not supported"
+        )
+    return None

@@ -27,8 +27,10 @@ Three layers, all pure:
    the reflected one: same bytes, same size (packets stay symmetric, RFC 8762 §4.3), the
    M flag set in the Flags byte of the first malformed TLV.
 3. Typed values (``ExtraPadding`` … ``MicroSessionId``), each ``from_tlv(tlv)`` /
-   ``to_tlv(flags)``; ``parse_value`` dispatches on the type and returns ``None`` for a
-   type this module does not know, so a reflector can tell "understood" from "not".
+   ``to_tlv(flags)`` (the ``TlvValue`` protocol), entered in ``TLV_CODECS`` by the
+   ``@tlv_codec`` on their class: that is the one list of the types this module knows.
+   ``parse_value`` dispatches on the type and returns ``None`` for a type not in it, so
+   a reflector can tell "understood" from "not".
 
 The HMAC TLV (type 8, RFC 8972 §4.8) carries HMAC-SHA-256 truncated to 16 bytes over the
 Sequence Number field of the base packet (its first 4 bytes, in both modes) followed by
@@ -48,14 +50,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from ipaddress import IPv4Address, IPv6Address
-from typing import ClassVar, Self, TypeAlias, TypeVar
+from typing import ClassVar, Protocol, Self, TypeAlias, TypeVar
 
+from sixlab.registry import Registry
 from sixlab.wire._errors import InvalidFieldError, TruncatedError, WireError, check_uint
 from sixlab.wire.stamp_auth import HMAC_SIZE, hmac16
 
 __all__ = [
     "HMAC_TLV_VALUE_SIZE",
     "SEQ_FIELD_SIZE",
+    "TLV_CODECS",
     "TLV_HEADER_SIZE",
     "AccessId",
     "AccessReport",
@@ -92,6 +96,7 @@ __all__ = [
     "mark_malformed",
     "parse_value",
     "scan_tlvs",
+    "tlv_codec",
     "verify_hmac_tlv",
 ]
 
@@ -137,6 +142,41 @@ class TlvType(IntEnum):
     DESTINATION_NODE_ADDRESS = 9
     RETURN_PATH = 10
     MICRO_SESSION_ID = 11
+
+
+class TlvValue(Protocol):
+    """A typed TLV value: the codec of one TLV type, ``TYPE``."""
+
+    TYPE: ClassVar[TlvType]
+
+    def to_tlv(self, flags: int = ...) -> Tlv:
+        """The raw TLV, with ``flags`` (U by default: what a Session-Sender sends)."""
+
+    @classmethod
+    def from_tlv(cls, tlv: Tlv) -> Self:
+        """Decode ``tlv`` (``InvalidFieldError`` for a wrong type, length or content)."""
+
+
+#: The TLV codecs, one per type, named after their ``TlvType`` (``"extra-padding"``, …).
+#: Adding a TLV type is its ``TlvType`` member and a codec class marked ``@tlv_codec``;
+#: the Session-Reflector then needs a handler for it (``sixlab.stamp`` registers one per
+#: codec, and tests/unit/test_stamp_tlv_registry.py fails while one is missing).
+TLV_CODECS: Registry[type[TlvValue]] = Registry("STAMP TLV type", InvalidFieldError)
+#: The same codecs by type number, for ``parse_value``; filled only by ``tlv_codec``.
+_CODEC_OF_TYPE: dict[int, type[TlvValue]] = {}
+
+_V = TypeVar("_V", bound=TlvValue)
+
+
+def tlv_codec(codec: type[_V]) -> type[_V]:
+    """Enter ``codec`` in ``TLV_CODECS`` under the name of its ``TYPE`` (class decorator).
+
+    It must sit above ``@dataclass``: a slotted dataclass is a new class.
+    """
+    tlv_type = TlvType(codec.TYPE)
+    TLV_CODECS.add(tlv_type.name.lower().replace("_", "-"), codec)
+    _CODEC_OF_TYPE[tlv_type] = codec
+    return codec
 
 
 def _check_value(name: str, value: bytes) -> None:
@@ -295,6 +335,7 @@ def _check_address(what: str, address: object) -> None:
 # ------------------------------------------------------------------ RFC 8972 §4.1–4.8
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class ExtraPadding:
     """Extra Padding TLV (RFC 8972 §4.1): opaque bytes that make the packet larger."""
@@ -376,6 +417,7 @@ class LocationSubTlv:
         return Tlv(self.type, self.flags, self.value)
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class Location:
     """Location TLV (RFC 8972 §4.2): Destination Port(2) Source Port(2), then sub-TLVs.
@@ -439,6 +481,7 @@ def _enum_or_int(enum: type[_E], value: int) -> _E | int:
         return value
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class TimestampInfo:
     """Timestamp Information TLV (RFC 8972 §4.3): four 1-byte codes, then optional sub-TLVs.
@@ -483,6 +526,7 @@ class TimestampInfo:
         )
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class ClassOfService:
     """Class of Service TLV (RFC 8972 §4.4), 4-byte value, bits from the most significant::
@@ -538,6 +582,7 @@ class ClassOfService:
         )
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class DirectMeasurement:
     """Direct Measurement TLV (RFC 8972 §4.5): three 32-bit packet counters.
@@ -572,6 +617,7 @@ class AccessId(IntEnum):
     NON_THREE_GPP = 2
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class AccessReport:
     """Access Report TLV (RFC 8972 §4.6): ID(4 bits) Resv(4) Return Code(8) Reserved(16)."""
@@ -594,6 +640,7 @@ class AccessReport:
         return cls(_enum_or_int(AccessId, first >> 4), code)
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class FollowUpTelemetry:
     """Follow-Up Telemetry TLV (RFC 8972 §4.7): Seq(4) Follow-Up Timestamp(8) Mode(1) Rsv(3).
@@ -623,6 +670,7 @@ class FollowUpTelemetry:
         return cls(seq, ts, _enum_or_int(TimestampMethod, mode))
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class HmacTlv:
     """HMAC TLV (RFC 8972 §4.8): 16 bytes; see ``append_hmac_tlv`` / ``verify_hmac_tlv``."""
@@ -646,6 +694,7 @@ class HmacTlv:
 # ------------------------------------------------------------------------ RFC 9503
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class DestinationNodeAddress:
     """Destination Node Address TLV (RFC 9503 §3): the address (4 or 16 bytes) the Sender
@@ -814,6 +863,7 @@ _RETURN_PATH_SUBS: dict[
 }
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class ReturnPath:
     """Return Path TLV (RFC 9503 §4): a list of sub-TLVs telling the Reflector how to reply.
@@ -862,6 +912,7 @@ class ReturnPath:
 # ------------------------------------------------------------------------ RFC 9534
 
 
+@tlv_codec
 @dataclass(frozen=True, slots=True)
 class MicroSessionId:
     """Micro-session ID TLV (RFC 9534): Sender ID(16) Reflector ID(16), one per LAG member."""
@@ -885,45 +936,14 @@ class MicroSessionId:
 
 # ------------------------------------------------------------------------ dispatch
 
-TlvValue: TypeAlias = (
-    ExtraPadding
-    | Location
-    | TimestampInfo
-    | ClassOfService
-    | DirectMeasurement
-    | AccessReport
-    | FollowUpTelemetry
-    | HmacTlv
-    | DestinationNodeAddress
-    | ReturnPath
-    | MicroSessionId
-)
-
-_DECODERS: dict[int, type[TlvValue]] = {
-    cls.TYPE: cls
-    for cls in (
-        ExtraPadding,
-        Location,
-        TimestampInfo,
-        ClassOfService,
-        DirectMeasurement,
-        AccessReport,
-        FollowUpTelemetry,
-        HmacTlv,
-        DestinationNodeAddress,
-        ReturnPath,
-        MicroSessionId,
-    )
-}
-
 
 def parse_value(tlv: Tlv) -> TlvValue | None:
-    """The typed value of ``tlv``; ``None`` if its type is not one this module knows.
+    """The typed value of ``tlv``; ``None`` if no codec in ``TLV_CODECS`` has its type.
 
     A known type with a bad value raises ``InvalidFieldError`` (the reflector sets M).
     """
-    kind = _DECODERS.get(tlv.type)
-    return None if kind is None else kind.from_tlv(tlv)
+    codec = _CODEC_OF_TYPE.get(tlv.type)
+    return None if codec is None else codec.from_tlv(tlv)
 
 
 # ------------------------------------------------------------------------ HMAC TLV
