@@ -56,7 +56,7 @@ from sixlab.controller.client import (
     SessionStats,
     default_address,
 )
-from sixlab.controller.core import CollectMode, SessionSpec
+from sixlab.controller.core import COMMIT_INTERVAL_S, STREAM_WINDOW_NS, CollectMode, SessionSpec
 from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.client import ClientTls
@@ -316,6 +316,12 @@ def _add_apply_export(
     apply.add_argument(
         "--dry-run", action="store_true", help="print the changes without making them"
     )
+    apply.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove a node the file does not list even if sessions ran on it, deleting "
+        "their stored results (without it, such a node stops the apply before any change)",
+    )
     apply.set_defaults(handler=_client_handler(_apply))
     export = cmds.add_parser(
         "export",
@@ -439,6 +445,22 @@ def _add_serve(cmds: Any) -> None:
         type=argtypes.timeout,
         default=DEFAULT_POLL_INTERVAL_S,
         help=f"seconds between result polls (default {DEFAULT_POLL_INTERVAL_S})",
+    )
+    serve.add_argument(
+        "--stream-window",
+        metavar="S",
+        type=argtypes.timeout,
+        default=STREAM_WINDOW_NS / 1e9,
+        help="stream mode: each sender agent gathers records this long into one message"
+        f" (default {STREAM_WINDOW_NS / 1e9:g})",
+    )
+    serve.add_argument(
+        "--commit-interval",
+        metavar="S",
+        type=argtypes.timeout,
+        default=COMMIT_INTERVAL_S,
+        help="stream mode: a sender's messages are stored together in one transaction for"
+        f" up to this long (default {COMMIT_INTERVAL_S:g}); both add to collection lag",
     )
     serve.add_argument(
         "--max-workers",
@@ -618,7 +640,14 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)
         return 2
     metrics = ControllerMetrics()
-    controller = Controller(store, metrics, poll_interval_s=args.poll_interval, **agent_factory)
+    controller = Controller(
+        store,
+        metrics,
+        poll_interval_s=args.poll_interval,
+        stream_window_s=args.stream_window,
+        commit_interval_s=args.commit_interval,
+        **agent_factory,
+    )
     try:
         replicas, housekeeper = _replicas(args, controller, address, retention)
     except ValueError as exc:
@@ -1084,7 +1113,7 @@ def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
         config = load(args.file)
     except _ConfigFileError as exc:
         raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
-    reply = c.apply(config, dry_run=args.dry_run)
+    reply = c.apply(config, dry_run=args.dry_run, prune=args.prune)
     if args.json:
         _print_json(
             {
