@@ -271,32 +271,35 @@ def _fast_udp(data: bytes, snaplen: int, verify: bool) -> int:
     else:
         return 0
     ulen = snaplen - udp
-    if not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD:
+    if (
+        not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD
+        or (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER
+        or (data[udp + 4] << 8 | data[udp + 5]) != ulen
+    ):
         return 0
-    if (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER or (
-        data[udp + 4] << 8 | data[udp + 5]
-    ) != ulen:
-        return 0
-    pos = udp + _UDP_HEADER + _STAMP_BASE
-    while pos < snaplen:  # the TLV area: Flags, Type, Length (2), Value (RFC 8972 §4)
-        if pos + 4 > snaplen or data[pos + 1] != _TLV_EXTRA_PADDING:
-            return 0
+    # The TLV area: Flags, Type, Length (2), Value (RFC 8972 §4). Every TLV must be
+    # Extra Padding and end inside the packet, the last one at its end; a TLV that runs
+    # past the end goes to the core, which marks it (M).
+    base = udp + _UDP_HEADER + _STAMP_BASE
+    pos = base
+    while pos + 4 <= snaplen and data[pos + 1] == _TLV_EXTRA_PADDING:
         pos += 4 + (data[pos + 2] << 8 | data[pos + 3])
-    if pos > snaplen > udp + _UDP_HEADER + _STAMP_BASE:
-        return 0  # the last TLV runs past the end: the core marks it (M), general path
-    if verify:
-        if data[udp + 6] == data[udp + 7] == 0:
-            return 0  # a zero checksum is invalid over IPv6 (RFC 8200 §8.1)
-        # The words of the pseudo-header and the datagram must sum to -0; mod 0xFFFF
-        # (2**16 = 1) that is 0. An odd datagram is summed padded with a zero byte.
-        area = data[udp:] if not ulen & 1 else data[udp:] + b"\0"
-        if (
+    if pos != snaplen and snaplen > base:
+        return 0
+    # A zero checksum is invalid over IPv6 (RFC 8200 §8.1). Otherwise the words of the
+    # pseudo-header and the datagram must sum to -0; mod 0xFFFF (2**16 = 1) that is 0.
+    # An odd datagram is summed padded with a zero byte.
+    if verify and (
+        data[udp + 6] == data[udp + 7] == 0
+        or (
             int.from_bytes(data[_ADDRS:_IPV6_HEADER], "big")
-            + int.from_bytes(area, "big")
+            + int.from_bytes(data[udp:] + b"\0" if ulen & 1 else data[udp:], "big")
             + ulen
             + _IPPROTO_UDP
-        ) % 0xFFFF:
-            return 0
+        )
+        % 0xFFFF
+    ):
+        return 0
     return udp
 
 
@@ -507,7 +510,7 @@ class MmapDataplane(Dataplane):
 
     # -- reflector fast path ----------------------------------------------------------------
 
-    def reflect_batch(  # noqa: PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
+    def reflect_batch(  # noqa: PLR0912, PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
         self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
     ) -> FastBatch:
         """Answer up to ``max_batch`` ring packets with ``reflect`` (module doc, "Fast path").
