@@ -249,13 +249,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         address = f"unix:{tmp}/ctl.sock"
         ctl = subprocess.Popen(
             [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
-             "--grpc", address],
+             "--grpc", address, *args.serve_arg],
             stdout=subprocess.PIPE, stderr=(tmp / "controller.log").open("w"), text=True,
         )  # fmt: skip
         procs.append(ctl)
         assert ctl.stdout is not None
         ctl.stdout.readline()
-        with ControllerClient(address, timeout=60) as client:
+        # An Apply of 10,000 sessions takes a minute or more on a loaded machine.
+        with ControllerClient(address, timeout=600) as client:
             if args.create == "api":
                 timing = _create_api(client, ctl.pid, nodes, specs)
             elif args.create == "apply":
@@ -272,6 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate_per_session": args.rate,
             "offered_per_s": args.sessions * args.rate,
             "create": args.create,
+            "serve_args": args.serve_arg,
             "create_s": round(timing[0], 2),
             "create_start_s": round(timing[1], 2),
             "create_start_cpu_s": round(timing[2], 2),
@@ -305,6 +307,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--loss-every", type=int, default=0)
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="an argument more for the controller's serve, e.g. --serve-arg=--commit-interval=0.1",
+    )
     parser.add_argument(
         "--create",
         choices=("apply", "batch", "api"),

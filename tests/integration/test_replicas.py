@@ -1,4 +1,5 @@
-"""Controller replicas on one PostgreSQL: shared work, failover after kill -9, exactly once.
+"""Controller replicas on one PostgreSQL: shared work, failover after kill -9, exactly once;
+a replica that lost its lease (fencing).
 
 Three ``sixlab controller serve --replica`` processes share a real PostgreSQL (the lab's
 server) and collect 100 sessions from two simulated sender agents (50 each) and one
@@ -9,6 +10,7 @@ in the end every (session, epoch, Seq) the agents produced is stored exactly onc
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -18,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
-from sixlab.controller import SessionSpec
+from sixlab.controller import Controller, ReplicaManager, SessionSpec
 from sixlab.controller.client import ControllerClient
 from sixlab.controller.pgstore import PostgresStore
 from sixlab.controller.store import open_store
@@ -184,3 +187,74 @@ def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
         watch.close()
         for r in replicas.values():
             r.close()
+
+
+def test_a_replica_that_lost_its_lease_stores_nothing_after_the_takeover(
+    pg_url: str, agents: dict[str, AgentServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica A stops heartbeating (as if paused past its lease, or cut off from the
+    database) while its streams go on; B takes the senders over. A's next transaction of
+    results carries a stale fencing token: refused, counted, logged, and A stops
+    collecting; every record is stored once."""
+    ttl, tick = 1.5, 0.5
+    a = Controller(open_store(pg_url), poll_interval_s=0.05)
+    b: Controller | None = None
+    rb: ReplicaManager | None = None
+    try:
+        for name, server in agents.items():
+            role = "reflector" if name.startswith("r") else "sender"
+            a.register_node(name, f"127.0.0.1:{server.port}", role)
+        ra = ReplicaManager(a, "A", ttl_s=ttl, tick_s=tick)
+        ra.tick()  # A's one heartbeat: it holds every lease, and never renews them
+        assert ra.owned == {"s1", "s2", "r1", "housekeeping"}
+        for name in agents:
+            a.init_node(name)
+        specs = [
+            SessionSpec(f"p{i}", f"s{i % 2 + 1}", "r1", "2001:db8::2", interval_ns=INTERVAL_NS,
+                        loss_timeout_ns=200_000_000, collect="stream")
+            for i in range(20)
+        ]  # fmt: skip
+        _, errors = a.create_sessions(specs)
+        assert not errors
+        assert not a.start_sessions([s.name for s in specs])
+        _wait("A to store", lambda: all(a.store.session(s.name).cursor > 0 for s in specs), 30)
+
+        time.sleep(ttl + 0.2)  # A's leases expire; B claims them all
+        b = Controller(open_store(pg_url), poll_interval_s=0.05)
+        rb = ReplicaManager(b, "B", ttl_s=ttl, tick_s=tick)
+        with caplog.at_level(logging.WARNING, logger="sixlab.controller.core"):
+            rb.start()
+            assert rb.owned == {"s1", "s2", "r1", "housekeeping"}
+            cursors = {s.name: b.store.session(s.name).cursor for s in specs}
+            _wait(
+                "B to store",
+                lambda: all(b.store.session(n).cursor > c + 10 for n, c in cursors.items()),
+                30,
+            )
+            # A's stores were refused: it stopped collecting each sender's sessions.
+            _wait("A to stop collecting", lambda: not any(a.collecting(s.name) for s in specs),
+                  10)  # fmt: skip
+        exposed = generate_latest(a.metrics.registry).decode()
+        for node in ("s1", "s2"):
+            assert f'sixlab_fenced_stores_total{{node="{node}"}}' in exposed
+            assert any(
+                f"node {node}: lease {node}: held by B" in r.getMessage() for r in caplog.records
+            )
+        assert "sixlab_fenced_stores_total{" not in generate_latest(b.metrics.registry).decode()
+
+        for spec in specs:
+            b.stop_session(spec.name)
+        for spec in specs:
+            assert b.wait_finished(spec.name, 60)
+        for spec in specs:
+            row = b.store.session(spec.name)
+            seqs = [r.seq for _, r in b.store.records(row.id)]
+            assert seqs == [s for s in range(row.sent) if s % LOSS_EVERY != LOSS_EVERY - 1]
+            assert row.lost == row.sent // LOSS_EVERY
+    finally:
+        if rb is not None:
+            rb.close()
+        for c in (a, b):
+            if c is not None:
+                c.close()
+                c.store.close()

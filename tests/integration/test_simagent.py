@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,55 @@ def test_controller_collects_every_simulated_record_once(
             assert records[1][1].t1_ns - first.t1_ns == 10_000_000
     finally:
         ctl.close()
+
+
+def _collection_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(("collect-", "poll-",
+                                                                         "stream-"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("collect", ["stream", "poll"])
+def test_collection_takes_a_thread_per_sender_agent_not_per_session(
+    sim_pair: tuple[AgentServer, AgentServer], tmp_path: Path, collect: str
+) -> None:
+    sender, reflector = sim_pair
+    other = serve_simulated("127.0.0.1:0", "sender")
+    ctl = Controller(SqliteStore(tmp_path / "c.db"), poll_interval_s=0.05)
+    try:
+        assert _collection_threads() == []
+        ctl.register_node("s", f"127.0.0.1:{sender.port}", "sender")
+        ctl.register_node("s2", f"127.0.0.1:{other.port}", "sender")
+        ctl.register_node("r", f"127.0.0.1:{reflector.port}", "reflector")
+        for node in ("s", "s2", "r"):
+            ctl.init_node(node)
+        specs = [
+            SessionSpec(f"p{i}", "s" if i % 2 else "s2", "r", "2001:db8::2",
+                        interval_ns=20_000_000, loss_timeout_ns=200_000_000, collect=collect)
+            for i in range(40)
+        ]  # fmt: skip
+        _, errors = ctl.create_sessions(specs)
+        assert not errors
+        assert not ctl.start_sessions([s.name for s in specs])
+        deadline = time.monotonic() + 30
+        while not all(ctl.store.session(s.name).cursor > 10 for s in specs):
+            assert time.monotonic() < deadline, "results not collected"
+            time.sleep(0.1)
+        # 40 running sessions on two sender agents: two collecting threads.
+        assert sorted(_collection_threads()) == [f"{collect}-s", f"{collect}-s2"]
+        for spec in specs:
+            ctl.stop_session(spec.name)
+        for spec in specs:
+            assert ctl.wait_finished(spec.name, 30)
+        for spec in specs:
+            row = ctl.store.session(spec.name)
+            seqs = [r.seq for _, r in ctl.store.records(row.id)]
+            # Every record once; the first sender loses every 10th Seq (``sim_pair``).
+            every = 10 if spec.sender == "s" else 0
+            assert seqs == [s for s in range(row.sent) if not every or s % every != every - 1]
+    finally:
+        ctl.close()
+        other.stop(None)
+    assert _collection_threads() == []
 
 
 def test_simulated_agent_counts_overflow_past_its_fifo() -> None:

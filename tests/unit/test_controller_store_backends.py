@@ -18,6 +18,8 @@ from sixlab.controller.rollup import MINUTE_NS, merged_stats
 from sixlab.controller.store import (
     SCHEMA_VERSION,
     Counters,
+    Fence,
+    FencedError,
     ResultBatch,
     SqliteStore,
     StaleEpochError,
@@ -285,6 +287,34 @@ def test_a_replica_that_leaves_frees_its_leases_at_once(store: Store) -> None:
     assert set(store.lease_owners().values()) == {None}
     assert store.replicas() == []
     assert store.lease_tick("B", GROUPS, TTL).owned == {"s1", "s2", "r1", "housekeeping"}
+
+
+def test_a_stale_fence_stores_nothing_once_another_replica_took_the_lease(
+    store: Store,
+) -> None:
+    (sid,) = _sessions(store, 1)
+    short = 300_000_000
+    a = store.lease_tick("A", GROUPS, short)
+    fence_a = Fence("s1", "A", a.generations["s1"])
+    assert store.store_many([ResultBatch(sid, 0, [(1, _r(0))], None)], 1, fence=fence_a) == [1]
+    time.sleep(0.4)  # A is paused past its lease; B takes s1 over
+    b = store.lease_tick("B", GROUPS, short)
+    assert "s1" in b.owned
+    assert b.generations["s1"] == a.generations["s1"] + 1
+    before = store.session("p0")
+    counters = Counters(99, 7, None, 0)
+    with pytest.raises(FencedError, match="held by B"):
+        store.store_many([ResultBatch(sid, 0, [(2, _r(1))], counters)], 2, fence=fence_a)
+    after = store.session("p0")
+    assert store.count_results(sid) == 1  # nothing of A's went in: rows, cursor, counters
+    assert (after.cursor, after.sent, after.lost) == (before.cursor, before.sent, before.lost)
+    # B's token holds; A, back, holds nothing and gets a fence that never holds.
+    fence_b = Fence("s1", "B", b.generations["s1"])
+    assert store.store_many([ResultBatch(sid, 0, [(2, _r(1))], counters)], 3, fence=fence_b) == [1]
+    assert "s1" not in store.lease_tick("A", GROUPS, TTL).generations
+    with pytest.raises(FencedError):
+        store.store_many([ResultBatch(sid, 0, [(3, _r(2))], None)], 4, fence=Fence("s1", "A", -1))
+    assert store.count_results(sid) == 2
 
 
 def test_sr_pm_columns_and_events_on_both_stores(store: Store) -> None:

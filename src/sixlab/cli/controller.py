@@ -56,7 +56,7 @@ from sixlab.controller.client import (
     SessionStats,
     default_address,
 )
-from sixlab.controller.core import CollectMode, SessionSpec
+from sixlab.controller.core import COMMIT_INTERVAL_S, STREAM_WINDOW_NS, CollectMode, SessionSpec
 from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.client import ClientTls
@@ -441,6 +441,22 @@ def _add_serve(cmds: Any) -> None:
         help=f"seconds between result polls (default {DEFAULT_POLL_INTERVAL_S})",
     )
     serve.add_argument(
+        "--stream-window",
+        metavar="S",
+        type=argtypes.timeout,
+        default=STREAM_WINDOW_NS / 1e9,
+        help="stream mode: each sender agent gathers records this long into one message"
+        f" (default {STREAM_WINDOW_NS / 1e9:g})",
+    )
+    serve.add_argument(
+        "--commit-interval",
+        metavar="S",
+        type=argtypes.timeout,
+        default=COMMIT_INTERVAL_S,
+        help="stream mode: a sender's messages are stored together in one transaction for"
+        f" up to this long (default {COMMIT_INTERVAL_S:g}); both add to collection lag",
+    )
+    serve.add_argument(
         "--max-workers",
         type=argtypes.workers,
         default=DEFAULT_MAX_WORKERS,
@@ -618,7 +634,14 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: cannot open the store {args.db}: {exc}", file=sys.stderr)
         return 2
     metrics = ControllerMetrics()
-    controller = Controller(store, metrics, poll_interval_s=args.poll_interval, **agent_factory)
+    controller = Controller(
+        store,
+        metrics,
+        poll_interval_s=args.poll_interval,
+        stream_window_s=args.stream_window,
+        commit_interval_s=args.commit_interval,
+        **agent_factory,
+    )
     try:
         replicas, housekeeper = _replicas(args, controller, address, retention)
     except ValueError as exc:

@@ -29,6 +29,7 @@ Errors
      │    ├── InUseError            the node still carries a live session
      │    ├── StaleEpochError       results of an epoch the session has left
      │    ├── ConcurrentPassError   another replica's roll-up pass came first
+     │    ├── FencedError           this replica's lease of the node changed hands
      │    └── StoreUnavailableError the database could not be reached
      ├── RequestRefusedError        the northbound server refuses a request (with a code)
      └── NorthboundError            a controller refused our call, or could not be
@@ -52,6 +53,7 @@ from sixlab.controller.replica import ReplicaManager
 from sixlab.controller.store import (
     AlreadyExistsError,
     ConcurrentPassError,
+    FencedError,
     InUseError,
     NotFoundError,
     SqliteStore,
@@ -71,6 +73,7 @@ __all__ = [
     "ControllerError",
     "ControllerMetrics",
     "ControllerServer",
+    "FencedError",
     "Housekeeper",
     "InUseError",
     "NoFreeSsidError",

@@ -11,14 +11,17 @@ nodes, creates the session on the reflector, then on the sender (undoing the fir
 the second fails), and starts them.
 
 Collection. Results are read in cursor mode (records stay on the agent until
-acknowledged), either by polling (``GetStampSessionResults``, the paper's way; a thread
-per session) or by a server stream (push): one ``StreamResults`` per sender agent
-carrying all its stream-mode sessions, reopened from the stored cursors whenever that
-set changes (an agent spends a worker thread per open stream, so one per session would
-exhaust it). Every batch is stored with the new cursor and the sender's counters in one
-transaction (``Store.store_results``), then acknowledged; so a result is stored exactly
-once, even if the controller is killed at any point and restarted (``resume`` restarts
-collection from the stored cursors).
+acknowledged), either by polling (``GetStampSessionResults``, the paper's way) or by a
+server stream (push). Either way one thread per sender agent, not per session, collects:
+a poller polls all the agent's poll-mode sessions in rounds (the calls of a round in
+flight together on the agent's channel), and one ``StreamResults`` carries all its
+stream-mode sessions, reopened from the stored cursors whenever that set changes (an
+agent spends a worker thread per open stream, so one per session would exhaust it).
+What a round or a stream message brings, for all its sessions, is stored with their new
+cursors and the sender's counters in one transaction (``Store.store_many``), then
+acknowledged in one call; so a result is stored exactly once, even if the controller is
+killed at any point and restarted (``resume`` restarts collection from the stored
+cursors).
 
 Health and repair. A supervisor thread asks every node's agent how it is
 (``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
@@ -86,6 +89,8 @@ from sixlab.controller.store import (
     Counters,
     EpochRow,
     EventRow,
+    Fence,
+    FencedError,
     NodeRow,
     NotFoundError,
     ResultBatch,
@@ -142,6 +147,8 @@ STREAM_WINDOW_NS = 250_000_000
 STREAM_COUNTERS_NS = 2_000_000_000
 #: Stream messages are gathered for up to this long (s) into one transaction.
 COMMIT_INTERVAL_S = 0.5
+#: Poll-mode sessions of one sender polled, stored and acknowledged together.
+POLL_ROUND = 256
 #: A sender's stream, changed, is reopened after this pause (s), once for a burst.
 REOPEN_DEBOUNCE_S = 0.05
 #: A healthy node's ``last_seen`` is written at most this often (ns).
@@ -371,12 +378,17 @@ def _v6(label: str, text: str) -> None:
 
 
 @dataclass
-class _Collector:
-    """The poll loop of one poll-mode session."""
+class _Poller:
+    """The poll loop of one sender node, polling all its poll-mode sessions in rounds."""
 
-    name: str
-    thread: threading.Thread = field(init=False)
+    node: str
+    #: The sessions it polls (their names).
+    names: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread = field(init=False)
+    #: Sessions the agent said it does not have: when to poll them again (monotonic s)
+    #: and the back-off after that.
+    retry: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -559,11 +571,13 @@ def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
 ClientFactory = Callable[[str], AgentClient]
 
 
-def _open_stream(client: AgentClient, *, after: dict[int, int]) -> ResultStream[pb.ResultBatches]:
+def _open_stream(
+    client: AgentClient, *, after: dict[int, int], window_ns: int
+) -> ResultStream[pb.ResultBatches]:
     return client.stream_many(
         after,
         max_batch=BATCH,
-        batch_window_ns=STREAM_WINDOW_NS,
+        batch_window_ns=window_ns,
         counters_interval_ns=STREAM_COUNTERS_NS,
     )
 
@@ -579,6 +593,7 @@ class Controller:
         poll_interval_s: float = 0.5,
         supervise_interval_s: float | None = SUPERVISE_INTERVAL_S,
         commit_interval_s: float = COMMIT_INTERVAL_S,
+        stream_window_s: float = STREAM_WINDOW_NS / 1e9,
     ) -> None:
         """``clock`` gives the Unix ns stored with nodes and sessions. ``supervise_interval_s``
         None: no supervisor thread (health and repairs only through ``check_node``)."""
@@ -588,10 +603,14 @@ class Controller:
         self.poll_interval_s = poll_interval_s
         #: A sender's stream messages are stored together for up to this long (s).
         self.commit_interval_s = commit_interval_s
+        #: A sender agent gathers records this long into one stream message (s).
+        self.stream_window_s = stream_window_s
         self.supervise_interval_s = supervise_interval_s
         self._client_factory = client_factory
         self._clients: dict[str, AgentClient] = {}
-        self._collectors: dict[str, _Collector] = {}
+        #: Poll-mode sessions being collected (by name), and each sender node's poller.
+        self._collectors: dict[str, _Poller] = {}
+        self._pollers: dict[str, _Poller] = {}
         self._streamers: dict[str, _Streamer] = {}
         self._lock = threading.RLock()
         #: Slots skipped by each (session id, epoch)'s sender, last seen (for warnings).
@@ -612,6 +631,8 @@ class Controller:
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
+        #: The fencing token results of a node are stored under (None: no replicas).
+        self._fence: Callable[[str], Fence | None] = lambda _node: None
         self._supervisor: threading.Thread | None = None
         #: Threshold events: which are raised, and each (session id, epoch)'s loss
         #: window and stored-record count (``_judge``).
@@ -872,24 +893,37 @@ class Controller:
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
 
-    def _call(self, node: str, fn: Callable[[AgentClient], Any]) -> Any:
-        """One call to a node's agent; its health follows the outcome."""
+    def _call(self, node: str, fn: Callable[[AgentClient], Any], *, refresh: bool = True) -> Any:
+        """One call to a node's agent; its health follows the outcome (``refresh``
+        False: a healthy node's ``last_seen`` is left to other calls)."""
         try:
             out = fn(self.client(node))
         except SouthboundError as exc:
             if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._health(node, healthy=False, error=exc.details)
             raise
-        self._health(node, healthy=True)
+        self._health(node, healthy=True, refresh=refresh)
         return out
 
-    def _health(self, node: str, *, healthy: bool, error: str | None = None) -> None:
+    def _health(
+        self, node: str, *, healthy: bool, error: str | None = None, refresh: bool = True
+    ) -> None:
         """Record the node's health: in the store when it changes, and at most once a
-        second while it stays healthy (``last_seen``), not at every call."""
+        second while it stays healthy (``last_seen``), not at every call.
+
+        Collection passes ``refresh`` False: a write of ``last_seen`` would queue behind
+        the other agents' result transactions (SQLite has one writer) between storing
+        and acknowledging, while the sessions' locks are held; the supervisor's
+        GetAgentInfo refreshes it every second anyway."""
         now = self.clock()
         with self._lock:
             last = self._health_seen.get(node)
-            if last is not None and healthy and last[0] and now - last[1] < HEALTH_WRITE_NS:
+            if (
+                last is not None
+                and healthy
+                and last[0]
+                and (not refresh or now - last[1] < HEALTH_WRITE_NS)
+            ):
                 return
             self._health_seen[node] = (healthy, now)
         self.store.set_health(node, healthy, now, error)
@@ -1341,6 +1375,13 @@ class Controller:
 
     def _judge(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
         """Judge the session's thresholds over its last window after a stored batch."""
+        p = row.params  # no thresholds: the common case, told cheaply
+        if (
+            p.get("max_delay_ms") is None
+            and p.get("max_jitter_ms") is None
+            and (p.get("max_loss_ratio") is None)
+        ):
+            return
         th = self._spec(row).thresholds()
         if th is None:
             return
@@ -1370,14 +1411,18 @@ class Controller:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            names = list(self._collectors)
+            pollers = list(self._pollers.values())
+            self._pollers.clear()
+            self._collectors.clear()
             streamers = list(self._streamers.values())
             self._streamers.clear()
         self._wake.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(INFO_TIMEOUT_S + 10)
-        for name in names:
-            self._stop_collector(name)
+        for p in pollers:
+            p.stop.set()
+        for p in pollers:
+            p.thread.join(10)
         for st in streamers:
             st.stop.set()
             st.poke()
@@ -1413,18 +1458,33 @@ class Controller:
                 return
             if name in self._collectors:
                 return
-            col = _Collector(name)
-            col.thread = threading.Thread(
-                target=self._collect, args=(col,), name=f"collect-{name}", daemon=True
-            )
-            self._collectors[name] = col
-            col.thread.start()
+            p = self._pollers.get(row.sender)
+            if p is None:
+                p = self._pollers[row.sender] = _Poller(row.sender)
+                p.thread = threading.Thread(
+                    target=self._poll_loop, args=(p,), name=f"poll-{row.sender}", daemon=True
+                )
+                p.thread.start()
+            p.names.add(name)
+            self._collectors[name] = p
 
     # -- ownership (replicas) -------------------------------------------------------------
 
-    def set_ownership(self, owns: Callable[[str], bool]) -> None:
-        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``)."""
+    def set_ownership(
+        self, owns: Callable[[str], bool], fence: Callable[[str], Fence | None] | None = None
+    ) -> None:
+        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``), and
+        store a node's results only while ``fence(node)`` holds (``Store.store_many``)."""
         self._owns = owns
+        if fence is not None:
+            self._fence = fence
+
+    def _fenced(self, node: str, exc: FencedError) -> None:
+        """This replica lost the node's lease to another while collecting it (it was
+        paused or cut off past the lease): nothing was stored; stop collecting it."""
+        log.warning("node %s: %s; another replica collects it, stopping here", node, exc)
+        self.metrics.fenced(node)
+        self.drop_node(node)
 
     def collecting(self, name: str) -> bool:
         """Is the session's collection running here (its poll loop or stream)?"""
@@ -1447,31 +1507,34 @@ class Controller:
         """Stop collecting the node's sessions (another replica owns it now)."""
         with self._lock:
             st = self._streamers.pop(node, None)
-            polled = list(self._collectors)
-        if st is not None:
-            st.stop.set()
-            st.poke()
-            if st.thread is not threading.current_thread():
-                st.thread.join(10)
-        for name in polled:
-            try:
-                sender = self.store.session(name).sender
-            except NotFoundError:
+            p = self._pollers.pop(node, None)
+            if p is not None:
+                for name in p.names:
+                    self._collectors.pop(name, None)
+        for worker in (st, p):
+            if worker is None:
                 continue
-            if sender == node:
-                self._stop_collector(name)
+            worker.stop.set()
+            if isinstance(worker, _Streamer):
+                worker.poke()
+            if worker.thread is not threading.current_thread():
+                worker.thread.join(10)
 
     def _stop_collector(self, name: str) -> None:
+        """Stop collecting the session; once this returns, no batch of it is being
+        stored (a poll round holding its lock has ended)."""
         with self._lock:
-            col = self._collectors.pop(name, None)
+            p = self._collectors.pop(name, None)
+            if p is not None:
+                p.names.discard(name)
+                p.retry.pop(name, None)
             for st in self._streamers.values():
                 if name in st.names:
                     st.names.discard(name)
                     st.poke()
-        if col is not None:
-            col.stop.set()
-            if col.thread is not threading.current_thread():
-                col.thread.join(10)
+        if p is not None and p.thread is not threading.current_thread():
+            with self._session_lock(name):
+                pass
 
     def _backoff(
         self, what: str, exc: SouthboundError, delay: float, stop: threading.Event
@@ -1485,41 +1548,107 @@ class Controller:
         stop.wait(delay + random.uniform(0, delay / 4))  # noqa: S311 - jitter
         return min(delay * 2, RETRY_MAX_S)
 
-    def _collect(self, col: _Collector) -> None:
+    def _poll_loop(self, p: _Poller) -> None:
+        """Poll the node's poll-mode sessions in rounds, every ``poll_interval_s``."""
         delay = RETRY_MIN_S
-        while not col.stop.is_set():
+        while not p.stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                names = sorted(n for n in p.names if n not in p.retry or p.retry[n][0] <= now)
             try:
-                done = self._poll_once(col.name)
+                for i in range(0, len(names), POLL_ROUND):
+                    if p.stop.is_set():
+                        return
+                    self._poll_round(p, names[i : i + POLL_ROUND])
             except SouthboundError as exc:
-                delay = self._backoff(f"session {col.name}", exc, delay, col.stop)
+                delay = self._backoff(f"poll of {p.node}", exc, delay, p.stop)
                 continue
+            except FencedError as exc:
+                self._fenced(p.node, exc)
+                return
             except Exception:
                 # A bug or a store error must not end collection for good: nothing was
                 # acknowledged, so retrying later loses nothing.
-                log.exception("session %s: collection failed; retrying", col.name)
-                col.stop.wait(RETRY_MAX_S)
+                log.exception("poll of %s: collection failed; retrying", p.node)
+                p.stop.wait(RETRY_MAX_S)
                 continue
             delay = RETRY_MIN_S
-            if done:
-                with self._lock:
-                    if self._collectors.get(col.name) is col:
-                        del self._collectors[col.name]
-                    self._finished.notify_all()
-                return
-            col.stop.wait(self.poll_interval_s)
+            p.stop.wait(self.poll_interval_s)
 
-    def _store(
-        self, row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters
-    ) -> int:
-        """Store a batch of the session's current epoch (session lock held); its cursor.
+    def _poll_round(self, p: _Poller, names: Sequence[str]) -> None:
+        """One poll of some of the node's sessions: their results read with the calls in
+        flight together, stored in one transaction, acknowledged in one call.
 
-        Raises StaleEpochError if the session moved to another epoch since ``row``.
+        The sessions' locks are held from reading their rows to the acknowledgement: a
+        batch is read, stored and acknowledged within one epoch.
         """
-        batch = _batch(row, results, counters)
-        now = self.clock()
-        self.store.store_results(row.id, batch.records, batch.counters, epoch=row.epoch, now_ns=now)
-        self._stored(row, batch, now)
-        return batch.records[-1][0] if batch.records else row.cursor
+        with contextlib.ExitStack() as locks:
+            for name in names:
+                locks.enter_context(self._session_lock(name))
+            with self._lock:  # stopped meanwhile (``_stop_collector``)
+                names = [n for n in names if self._collectors.get(n) is p]
+            rows = {r.name: r for r in self.store.sessions_named(names)}
+            over = [n for n in names if n not in rows]
+            live = [r for n in names if (r := rows.get(n)) is not None]
+            over += [r.name for r in live if r.state not in ("running", "stopping")]
+            live = [r for r in live if r.state in ("running", "stopping")]
+            replies: list[Any] = []
+            if live:
+                requests = [
+                    pb.GetStampSessionResultsRequest(
+                        ssid=r.ssid, max_results=BATCH, after_id=r.cursor
+                    )
+                    for r in live
+                ]
+                replies = self.client(p.node).call_many("GetStampSessionResults", requests)
+            todo: list[tuple[SessionRow, pb.GetStampSessionResultsReply, ResultBatch]] = []
+            now_m = time.monotonic()
+            for row, reply in zip(live, replies, strict=True):
+                if isinstance(reply, SouthboundError):
+                    if reply.code in _UNREACHABLE:  # the whole node backs off
+                        self._health(p.node, healthy=False, error=reply.details)
+                        raise reply
+                    if reply.code in _MISSING:
+                        # The sender lost the session (restart, Reset): the supervisor
+                        # creates it again; let it look now rather than at its next round.
+                        self._wake.set()
+                    _, before = p.retry.get(row.name, (0.0, RETRY_MIN_S / 2))
+                    wait = min(before * 2, RETRY_MAX_S)
+                    log.info("session %s: %s; retrying in %.1f s", row.name, reply.details, wait)
+                    with self._lock:
+                        p.retry[row.name] = (now_m + wait, wait)
+                    continue
+                with self._lock:
+                    p.retry.pop(row.name, None)
+                todo.append((row, reply, _batch(row, reply.results, reply.counters)))
+            if live and len(todo) == len(live):
+                self._health(p.node, healthy=True, refresh=False)
+            now = self.clock()
+            news = (
+                self.store.store_many([b for _, _, b in todo], now, fence=self._fence(p.node))
+                if todo
+                else []
+            )
+            acks: dict[int, int] = {}
+            for (row, reply, stored), new in zip(todo, news, strict=True):
+                if new is None:  # the session left that epoch (or was destroyed)
+                    continue
+                self._stored(row, stored, now)
+                if stored.records:
+                    acks[row.ssid] = stored.records[-1][0]
+                elif reply.state == pb.SESSION_STATE_FINISHED:
+                    self._finish(row)
+                    over.append(row.name)
+            if acks:
+                self._call(p.node, lambda c: c.acknowledge_many(acks), refresh=False)
+            if over:
+                with self._lock:
+                    for name in over:
+                        if self._collectors.get(name) is p:
+                            del self._collectors[name]
+                        p.names.discard(name)
+                        p.retry.pop(name, None)
+                    self._finished.notify_all()
 
     def _stored(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
         """What follows a stored batch: warnings and metrics."""
@@ -1560,22 +1689,6 @@ class Controller:
             self._finished.notify_all()
         return True
 
-    def _poll_once(self, name: str) -> bool:
-        """One poll: store what came, acknowledge it. True when the session is over."""
-        with self._session_lock(name):
-            row = self.store.session(name)
-            if row.state not in ("running", "stopping"):
-                return True
-            reply = self._call(
-                row.sender, lambda c: c.results(row.ssid, BATCH, after_id=row.cursor)
-            )
-            cursor = self._store(row, reply.results, reply.counters)
-            if reply.results:
-                self._call(row.sender, lambda c: c.acknowledge(row.ssid, cursor))
-            if reply.state == pb.SESSION_STATE_FINISHED and not reply.results:
-                return self._finish(row)
-            return False
-
     def _stream_loop(self, st: _Streamer) -> None:
         """Read the node's stream: open it on the sessions it carries, each from its
         stored cursor; reopen it when they change or it fails."""
@@ -1604,7 +1717,12 @@ class Controller:
                 continue
             after = {ssid: row.cursor for ssid, row in subs.items()}
             try:
-                stream = self._call(st.node, functools.partial(_open_stream, after=after))
+                stream = self._call(
+                    st.node,
+                    functools.partial(
+                        _open_stream, after=after, window_ns=round(self.stream_window_s * 1e9)
+                    ),
+                )
                 st.call = stream
                 if st.changed.is_set():  # changed while it was being opened
                     continue
@@ -1630,6 +1748,9 @@ class Controller:
                         break
             except SouthboundError as exc:
                 delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
+                continue
+            except FencedError as exc:
+                self._fenced(st.node, exc)
                 continue
             except grpc.RpcError as exc:  # from an acknowledgement of a cancelled stream
                 delay = self._backoff(
@@ -1671,7 +1792,7 @@ class Controller:
                 todo.append((sub, batch, _batch(sub, batch.results, counters)))
             # One transaction for the whole message; the store checks each epoch.
             now = self.clock()
-            news = self.store.store_many([b for _, _, b in todo], now)
+            news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
             for (sub, batch, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
                     del subs[batch.ssid]
@@ -1687,4 +1808,4 @@ class Controller:
                         st.names.discard(sub.name)
                     self._finish(sub)
             if acks:
-                self._call(st.node, lambda c: c.acknowledge_many(acks))
+                self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)

@@ -39,6 +39,9 @@ metric                                         meaning
 ``sixlab_session_events_total``                threshold events by path, kind and state
                                                (``raised``, ``cleared``)
 ``sixlab_agent_up``                            1 while the node's agent answers, else 0
+``sixlab_fenced_stores_total``                 result transactions of the node refused
+                                               because this replica's lease of it had
+                                               changed hands (``controller.replica``)
 ``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
 ``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
 =============================================  ==========================================
@@ -58,9 +61,10 @@ A destroyed session's series go with it; a finished one keeps them.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +73,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from sixlab.stamp import DataCounters, StampResult, data_loss
-from sixlab.stamp.stats import ipdv
 
 __all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]
 
@@ -136,12 +139,33 @@ class _Histogram:
         self.buckets[bisect.bisect_left(DELAY_BUCKETS_S, value)] += 1
         self.sum += value
 
+    def observe_ns(self, values_ns: Iterable[int]) -> None:
+        """``observe`` of each delay, given in ns."""
+        buckets, find, total = self.buckets, bisect.bisect_left, 0.0
+        for ns in values_ns:
+            value = ns / _NS
+            buckets[find(DELAY_BUCKETS_S, value)] += 1
+            total += value
+        self.sum += total
+
     def cumulative(self) -> list[tuple[str, float]]:
         out, total = [], 0
         for bound, n in zip((*map(str, DELAY_BUCKETS_S), "+Inf"), self.buckets, strict=True):
             total += n
             out.append((bound, float(total)))
         return out
+
+
+def _ipdv(items: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
+    """RFC 3393 IPDV of each consecutive-sequence pair (``sixlab.stamp.stats.ipdv``) of
+    (Seq, delay, delay) tuples: of the first delays, and of the second."""
+    if len(items) < 2:
+        return [], []
+    pairs = list(itertools.pairwise(items))
+    if any(b[0] < a[0] for a, b in pairs):  # records mostly come in Seq order already
+        pairs = list(itertools.pairwise(sorted(items, key=lambda p: p[0])))
+    pairs = [(a, b) for a, b in pairs if b[0] == a[0] + 1]
+    return [b[1] - a[1] for a, b in pairs], [b[2] - a[2] for a, b in pairs]
 
 
 class ControllerMetrics:
@@ -153,6 +177,7 @@ class ControllerMetrics:
         self._lag: dict[str, float] = {}
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
+        self._fenced: dict[str, int] = {}
         self._flow_delay: dict[tuple[str, int, str], float] = {}
         #: Direct-mode loss: (path, direction, outcome) -> packets, and each path's last
         #: sample (Seq, T1, counters) to join the next batch's first to.
@@ -168,23 +193,40 @@ class ControllerMetrics:
     def observe(self, path: str, records: Sequence[StampResult]) -> None:
         """Results just stored for ``path``: delay histograms, jitter, flow-label delays,
         data packets."""
-        two_way = [r for r in records if not r.loopback]
-        looped = [r for r in records if r.loopback]
+        # One pass over the records (this runs for every stored batch): each delay once.
+        direct: list[int] = []
+        back: list[int] = []
+        rtt: list[int] = []
+        two_way: list[tuple[int, int, int]] = []
+        looped: list[tuple[int, int, int]] = []
+        extra = False
+        for r in records:
+            t1, t2, t3, t4 = r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns
+            rt = (t4 - t1) - (t3 - t2)
+            rtt.append(rt)
+            if r.loopback:
+                looped.append((r.seq, rt, 0))
+            else:
+                direct.append(t2 - t1)
+                back.append(t4 - t3)
+                two_way.append((r.seq, t2 - t1, t4 - t3))
+            extra = extra or r.flow_label is not None or r.data is not None
         with self._lock:
-            for r in two_way:
-                for direction, ns in (("direct", r.direct_ns), ("return", r.return_ns)):
-                    self._delay.setdefault((path, direction), _Histogram()).observe(ns / _NS)
-            for r in records:
-                self._delay.setdefault((path, "rtt"), _Histogram()).observe(r.rtt_ns / _NS)
+            for direction, values in (("direct", direct), ("return", back), ("rtt", rtt)):
+                if values:
+                    hist = self._delay.get((path, direction))
+                    if hist is None:
+                        hist = self._delay[(path, direction)] = _Histogram()
+                    hist.observe_ns(values)
+            direct_ipdv, return_ipdv = _ipdv(two_way)
             for direction, values in (
-                ("direct", ipdv(two_way)),
-                ("return", ipdv(two_way, lambda r: r.return_ns)),
-                ("rtt", ipdv(looped, lambda r: r.rtt_ns)),
-            ):
+                ("direct", direct_ipdv), ("return", return_ipdv), ("rtt", _ipdv(looped)[0]),
+            ):  # fmt: skip
                 if values:
                     self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
-            self._observe_flows(path, records)
-            self._observe_data(path, records)
+            if extra:
+                self._observe_flows(path, records)
+                self._observe_data(path, records)
 
     def _observe_flows(self, path: str, records: Sequence[StampResult]) -> None:
         by_label: dict[int, list[StampResult]] = {}
@@ -224,6 +266,11 @@ class ControllerMetrics:
             self._last_read[path] = now_ns / _NS
             if records:
                 self._lag[path] = max(0, now_ns - min(r.t4_ns for r in records)) / _NS
+
+    def fenced(self, node: str) -> None:
+        """A transaction of the node's results was refused: its lease changed hands."""
+        with self._lock:
+            self._fenced[node] = self._fenced.get(node, 0) + 1
 
     def set_agent_up(self, node: str, up: bool) -> None:
         with self._lock:
@@ -269,6 +316,7 @@ class _Exporter(Collector):
             delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
             jitter = dict(m._jitter)
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
+            fenced = dict(m._fenced)
             flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
 
@@ -370,7 +418,14 @@ class _Exporter(Collector):
             restarts.add_metric([agent.node], agent.restarts)
             if agent.started_ns is not None:
                 started.add_metric([agent.node], agent.started_ns / _NS)
-        yield from (up_gauge, restarts, started)
+        refused = CounterMetricFamily(
+            "sixlab_fenced_stores",
+            "Result transactions refused: this replica's lease of the node changed hands",
+            labels=["node"],
+        )
+        for node, n in sorted(fenced.items()):
+            refused.add_metric([node], n)
+        yield from (up_gauge, restarts, started, refused)
 
 
 def _srpm_families(

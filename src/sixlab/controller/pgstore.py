@@ -277,6 +277,7 @@ class PostgresStore(Store):
     _integrity_errors = (psycopg.errors.IntegrityError,)
     _now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)"
     _row_lock_sql = " FOR UPDATE"
+    _share_lock_sql = " FOR SHARE"
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from sixlab.controller.core import Controller
 from sixlab.controller.housekeeping import HOUSEKEEPING
-from sixlab.controller.store import Store
+from sixlab.controller.store import Fence, Store
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -81,12 +81,14 @@ class ReplicaManager:
         self.tick_s = tick_s
         self.address = address
         self._owned: frozenset[str] = frozenset()
+        #: The generation of each lease held: the fencing token of its node's results.
+        self._generations: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: Called with the lease names gained and lost at each heartbeat (tests, logs).
         self.on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None
-        controller.set_ownership(self.owns)
+        controller.set_ownership(self.owns, self.fence)
 
     @property
     def owned(self) -> frozenset[str]:
@@ -94,6 +96,13 @@ class ReplicaManager:
 
     def owns(self, name: str) -> bool:
         return name in self._owned
+
+    def fence(self, name: str) -> Fence:
+        """The fencing token for storing the node's results: the lease's generation as
+        this replica last saw it held (-1, never valid, for a lease it does not hold)."""
+        with self._lock:
+            generation = self._generations.get(name, -1) if name in self._owned else -1
+        return Fence(name, self.id, generation)
 
     def start(self) -> None:
         """Take a first share now, then keep heartbeating in a thread."""
@@ -143,6 +152,7 @@ class ReplicaManager:
         with self._lock:
             before = self._owned
             self._owned = state.owned - state.surplus
+            self._generations = dict(state.generations)
             now = self._owned
         lost = before - now
         gained = now - before

@@ -73,6 +73,8 @@ __all__ = [
     "Counters",
     "EpochRow",
     "EventRow",
+    "Fence",
+    "FencedError",
     "InUseError",
     "LeaseState",
     "NodeRow",
@@ -274,6 +276,11 @@ class StoreUnavailableError(StoreError):
     """The database could not be reached, or dropped the connection (PostgreSQL)."""
 
 
+class FencedError(StoreError):
+    """The replica's lease of the node changed hands since it was given its ``Fence``:
+    it must not store that node's results (another replica collects them now)."""
+
+
 class StaleEpochError(StoreError):
     """Results of an epoch the session has left (it was created again meanwhile)."""
 
@@ -393,6 +400,23 @@ class LeaseState:
     owned: frozenset[str]
     #: Held beyond the fair share: to let go of, then ``release``.
     surplus: frozenset[str]
+    #: The generation of each lease held (times it changed hands): its fencing token.
+    generations: Mapping[str, int] = field(default_factory=dict)
+
+
+class Fence(NamedTuple):
+    """A fencing token: the right of ``replica`` to store the results of a node while
+    it holds the node's lease in the ``generation`` it was given (``LeaseState``).
+
+    A store that carries one checks it in the storing transaction, on the lease's row
+    (locked shared on PostgreSQL, so that a claim waits for the transaction and the
+    claimer then reads the cursors it committed): a replica paused or cut off past its
+    lease while another took the node over stores nothing, even before it notices.
+    """
+
+    lease: str
+    replica: str
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +482,8 @@ class Store(ABC):
     #: Appended to the query that reads the epochs of the sessions a batch stores for:
     #: PostgreSQL locks their rows (SQLite's write transaction excludes every other).
     _row_lock_sql: ClassVar[str] = ""
+    #: Appended to a SELECT to lock its rows against updates but not other readers.
+    _share_lock_sql: ClassVar[str] = ""
     #: The driver's integrity error class(es), caught around inserts.
     _integrity_errors: ClassVar[tuple[type[Exception], ...]]
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
@@ -836,13 +862,35 @@ class Store(ABC):
         return new
 
     def store_many(
-        self, batches: Sequence[ResultBatch], now_ns: int | None = None
+        self,
+        batches: Sequence[ResultBatch],
+        now_ns: int | None = None,
+        *,
+        fence: Fence | None = None,
     ) -> list[int | None]:
         """``store_results`` for many sessions in one transaction (one commit and one bulk
         insert, not one per session). Per batch: how many rows were new, or None for a
-        stale one (its session left that epoch or was destroyed), which stores nothing."""
+        stale one (its session left that epoch or was destroyed), which stores nothing.
+
+        Raises FencedError, storing nothing, if ``fence`` no longer holds."""
         with self._transaction() as db:
+            if fence is not None:
+                self._check_fence(db, fence)
             return self._store(db, batches, now_ns, False)
+
+    def _check_fence(self, db: _Db, fence: Fence) -> None:
+        row = db.execute(
+            "SELECT owner, generation FROM leases WHERE name=?"  # noqa: S608 - a constant
+            + self._share_lock_sql,
+            (fence.lease,),
+        ).fetchone()
+        if row is None or row[0] != fence.replica or _int(row[1]) != fence.generation:
+            held = "nobody" if row is None or row[0] is None else f"{row[0]}"
+            gen = "-" if row is None else _int(row[1])
+            raise FencedError(
+                f"lease {fence.lease}: held by {held} in generation {gen}, not by"
+                f" {fence.replica} in generation {fence.generation}: not stored"
+            )
 
     def _store(
         self, db: _Db, batches: Sequence[ResultBatch], now_ns: int | None, strict: bool
@@ -1242,7 +1290,14 @@ class Store(ABC):
                         mine.append(name)
                 owned.update(mine)
                 surplus.update(sorted(mine)[share:])
-        return LeaseState(now, live, frozenset(owned), frozenset(surplus))
+            generations = {
+                r[0]: _int(r[1])
+                for r in db.execute(
+                    "SELECT name, generation FROM leases WHERE owner=?", (replica,)
+                ).fetchall()
+                if r[0] in owned
+            }
+        return LeaseState(now, live, frozenset(owned), frozenset(surplus), generations)
 
     def release(self, replica: str, names: Collection[str]) -> None:
         """Give up leases the replica holds (it no longer acts on them)."""

@@ -84,21 +84,23 @@ def _error_estimate(value: int) -> ErrorEstimate:
 
 def result_from_proto(record: pb.StampResult) -> StampResult:
     """An API record as the core's ``StampResult`` (with its delay properties)."""
+    # Positional arguments, in StampResult's field order: a controller converts tens of
+    # thousands of records a second.
     return StampResult(
-        ssid=record.ssid,
-        seq=record.seq,
-        t1_ns=record.t1_ns,
-        t2_ns=record.t2_ns,
-        t3_ns=record.t3_ns,
-        t4_ns=record.t4_ns,
-        sender_error=_error_estimate(record.sender_error_estimate),
-        reflector_error=_error_estimate(record.reflector_error_estimate),
-        ses_sender_ttl=record.ses_sender_ttl,
-        reflector_seq=record.reflector_seq,
-        tlvs=record.tlvs,
-        loopback=record.loopback,
-        flow_label=record.flow_label if record.HasField("flow_label") else None,
-        data=DataCounters(
+        record.ssid,
+        record.seq,
+        record.t1_ns,
+        record.t2_ns,
+        record.t3_ns,
+        record.t4_ns,
+        _error_estimate(record.sender_error_estimate),
+        _error_estimate(record.reflector_error_estimate),
+        record.ses_sender_ttl,
+        record.reflector_seq,
+        record.tlvs,
+        record.flow_label if record.HasField("flow_label") else None,
+        record.loopback,
+        DataCounters(
             record.data.s_txc,
             record.data.r_rxc,
             record.data.r_txc,
