@@ -266,3 +266,51 @@ def test_a_killed_daemons_token_is_cleared_by_the_next_one(net: tuple[IlnpNet, R
     second.proc.terminate()
     second.proc.wait(timeout=10)
     assert network.a.exec(["ip", "-6", "token", "get", "dev", "eth0"]).stdout.split()[1] == "::"
+
+
+def test_a_learned_locator_comes_back_after_its_link_is_downed_and_upped(
+    net: tuple[IlnpNet, Radvd],
+) -> None:
+    """The admin down flushes the kernel's autoconfigured address as any other; on up
+    the kernel solicits, the router answers, the kernel forms prefix|NID again (the
+    token survives the down) and the locator returns to the set, B is told, and the
+    flow goes back to it."""
+    network, radvd = net
+    network.ip(network.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+    network.ip(network.a, "addr", "del", "2001:db8:d::a/64", "dev", "eth1")
+    radvd.configure({"ra": [("2001:db8:a::/64", 600, 300)], "ra2": [("2001:db8:d::/64", 600, 300)]})
+    da = network.start(network.a, "::a", [], interfaces=("eth0", "eth1"), policy="none")
+    db = network.start(network.b, "::b", ["2001:db8:b::/64"], policy="none")
+    wait_until(lambda: len(_locators(da)) == 2, timeout=10, what="both prefixes learned")
+    echo = EchoServer(network.b, ID_B)
+    flow = UdpFlow(network.a, ID_A, ID_B, gap=0.05).start()
+    try:
+        wait_until(lambda: len(flow.answered) >= 10, what="flow over eth0")
+        network.a.exec(["sh", "-c", "ip link set eth0 down; ip link set eth0 up"])
+        network.ip(
+            network.a,
+            "route",
+            "replace",
+            "default",
+            "via",
+            "fe80::1",
+            "dev",
+            "eth0",
+            "metric",
+            "100",
+        )
+        wait_until(
+            lambda: (
+                [loc for loc, _ in _locators(da)] == ["2001:db8:a:0", "2001:db8:d:0"]
+                and _in_use(da) == "2001:db8:a:0"
+            ),
+            timeout=15,
+            what="a:0 learned again and in use",
+        )
+        wait_until(lambda: "2001:db8:a:0" in _peer_locators(db), what="B told of a:0 again")
+        network.ip(network.r, "link", "set", "ra2", "down")  # only eth0 left
+        answered = len(flow.answered)
+        wait_until(lambda: len(flow.answered) >= answered + 10, what="flow over eth0 again")
+    finally:
+        flow.stop()
+        echo.close()

@@ -19,6 +19,7 @@ from tests.integration.test_ilnp_daemon import (
     ID_A,
     ID_B,
     PREFIX,
+    Daemon,
     EchoServer,
     IlnpNet,
     UdpFlow,
@@ -73,6 +74,86 @@ def test_multihomed_host_claims_each_locator_on_its_own_link(net: IlnpNet) -> No
     finally:
         flow.stop()
         echo.close()
+    da.proc.terminate()
+    da.proc.wait(timeout=10)
+    assert "2001:db8:a::a" not in _addresses(net, "eth0")
+    assert "2001:db8:d::a" not in _addresses(net, "eth1")
+
+
+def _in_use(daemon: Daemon) -> list[str]:
+    return [e["locator"] for e in daemon.status()["locators"] if e["in_use"]]
+
+
+def _peer_locators(daemon: Daemon) -> list[str]:
+    (entry,) = daemon.request("cache")["entries"]
+    return [p["locator"] for p in entry["locators"]]
+
+
+def _up_again(net: IlnpNet, ifname: str) -> None:
+    """``ip link set IF up``, and the admin's default route through it that the down
+    flushed with the addresses (a Router Advertisement would give it again): the
+    route is not the daemon's, the address is."""
+    net.ip(net.a, "link", "set", ifname, "up")
+    net.ip(net.a, "route", "replace", "default", "via", "fe80::1", "dev", ifname, "metric", "100")
+
+
+def test_a_claimed_address_comes_back_after_its_link_is_downed_and_upped(
+    net: IlnpNet,
+) -> None:
+    """Linux flushes a link's IPv6 addresses on admin down (``keep_addr_on_down`` 0).
+    The daemon adds its locator|NID address again when the link is up: after ``ip link
+    set eth0 down; ip link set eth0 up`` typed in one go (over before the daemon reads
+    the links), and after a down long enough to withdraw the locator (B is told) and an
+    up, which brings it back (B is told again). Traffic then uses eth0 once eth1 is
+    gone (carrier loss); the address still goes at exit."""
+    net.ip(net.a, "addr", "del", "2001:db8:a::a/64", "dev", "eth0")
+    net.ip(net.a, "addr", "del", "2001:db8:d::a/64", "dev", "eth1")
+    da = net.start(
+        net.a,
+        "::a",
+        ["2001:db8:a::/64,10@eth0", "2001:db8:d::/64,20@eth1"],
+        interfaces=("eth0", "eth1"),
+        policy="none",
+    )
+    db = net.start(net.b, "::b", ["2001:db8:b::/64"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    flow = UdpFlow(net.a, ID_A, ID_B, gap=0.05).start()
+
+    def back_on_eth0() -> None:
+        wait_until(
+            lambda: "2001:db8:a::a/64" in _addresses(net, "eth0"),
+            timeout=10,
+            what="the claimed address back on eth0",
+        )
+        wait_until(lambda: da.status()["withdrawn"] == [], what="a:0 back")
+        wait_until(lambda: _in_use(da) == ["2001:db8:a:0"], what="a:0 in use again")
+        answered = len(flow.answered)
+        wait_until(lambda: len(flow.answered) >= answered + 10, what="flow after the up")
+
+    try:
+        wait_until(lambda: len(flow.answered) >= 10, what="flow over eth0")
+        net.a.exec(["sh", "-c", "ip link set eth0 down; ip link set eth0 up"])
+        _up_again(net, "eth0")
+        back_on_eth0()
+
+        net.ip(net.a, "link", "set", "eth0", "down")
+        wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="a:0 withdrawn")
+        wait_until(lambda: _peer_locators(db) == ["2001:db8:d:0"], what="B told of eth1 only")
+        _up_again(net, "eth0")
+        back_on_eth0()
+        wait_until(
+            lambda: _peer_locators(db) == ["2001:db8:a:0", "2001:db8:d:0"],
+            what="B told of a:0 again",
+        )
+
+        net.ip(net.r, "link", "set", "ra2", "down")  # carrier loss on eth1: only eth0 left
+        wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:d:0"], what="d:0 withdrawn")
+        answered = len(flow.answered)
+        wait_until(lambda: len(flow.answered) >= answered + 10, what="flow over eth0 alone")
+    finally:
+        flow.stop()
+        echo.close()
+    assert da.status()["events"]["addresses_reclaimed"] == 2
     da.proc.terminate()
     da.proc.wait(timeout=10)
     assert "2001:db8:a::a" not in _addresses(net, "eth0")

@@ -7,6 +7,10 @@ under the locator yet, and removes what it added when it stops. Added without du
 address detection: the NID is the node's own identifier, and the address is usable at
 once.
 
+A link taken administratively down loses its addresses; the daemon adds its claimed
+ones again when the link comes back up (:func:`add_addresses`, what
+:mod:`sixlab.ilnp.links` notes; docs/ilnp-field.md, "Zero configuration").
+
 A multihomed host has a locator per link (RFC 6740 §3: a locator names the subnetwork
 an interface is on), so each locator's address goes on the link of its subnetwork
 (:func:`place_locators`), the first rule that answers deciding:
@@ -29,7 +33,7 @@ from sixlab.ilnp.config import LinkStates, held_locators
 from sixlab.ilnp.links import read_links
 from sixlab.wire.ilnp import ILV, LocatorEntry
 
-__all__ = ["claim_addresses", "place_locators", "release_addresses"]
+__all__ = ["add_addresses", "claim_addresses", "place_locators", "release_addresses"]
 
 _IFA_F_NODAD = 0x02
 
@@ -81,25 +85,31 @@ def claim_addresses(
 ) -> list[tuple[str, str]]:
     """Add locator|NID/64 for every locator no interface holds, each on its link
     (:func:`place_locators`); (interface, address) added."""
-    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
-
     held = held_locators(states)
     order = [e.locator for e in locators]
     if all(locator in held for locator in order) or not interfaces:
         return []
     routes = {name: state.routes for name, state in read_links(interfaces).items()}
     placed = place_locators(order, interfaces, named=named, routes=routes)
-    added: list[tuple[str, str]] = []
+    added = [
+        (placed[locator], str(ILV(locator, nid).address))
+        for locator in order
+        if locator not in held
+    ]
+    add_addresses(added)
+    return added
+
+
+def add_addresses(addresses: Iterable[tuple[str, str]]) -> None:
+    """Add each (interface, locator|NID address) as a /64, without duplicate address
+    detection (module doc): at start, and again on a link whose addresses the kernel
+    flushed when it went down (:mod:`sixlab.ilnp.links`)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
     with IPRoute() as ipr:
-        for locator in order:
-            if locator in held:
-                continue
-            name = placed[locator]
-            address = str(ILV(locator, nid).address)
+        for name, address in addresses:
             index = ipr.link_lookup(ifname=name)[0]
             ipr.addr("add", index=index, address=address, prefixlen=64, flags=_IFA_F_NODAD)
-            added.append((name, address))
-    return added
 
 
 def release_addresses(added: Iterable[tuple[str, str]]) -> None:

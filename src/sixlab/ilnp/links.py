@@ -16,7 +16,11 @@ sent there is lost.
 Each link also carries its routes (main table, through that link), ordered as the
 kernel's lookup picks them: longest prefix first, then lowest metric. A destination
 whose chosen route has no gateway is a neighbour, whose link-layer address the kernel
-must resolve first (:mod:`sixlab.ilnp.egress` needs to know).
+must resolve first (:mod:`sixlab.ilnp.egress` needs to know). The kernel fast path
+is told each correspondent's next hop on the link that holds the local locator
+(:meth:`LinkWatcher.next_hop`): its own route lookup would take the host's preferred
+route, whatever link that goes through, and look for that route's gateway on our
+link, where it never answers.
 
 Changes arrive on a netlink socket subscribed to link, IPv6 address and route events, which
 wakes the daemon's loop at once; the message itself is not parsed (the links are read
@@ -36,6 +40,17 @@ old value back when it closes.
 An interface deleted and made again has a new index, which a capture socket bound to
 the old one never sees: the daemon compares its rings' indexes with the ones read
 here and makes a ring again when they differ.
+
+A link taken administratively down loses its IPv6 addresses (``keep_addr_on_down`` is
+0 by default, ``Documentation/networking/ip-sysctl.rst``), the daemon's own
+locator|NID addresses with them (:mod:`sixlab.ilnp.addresses`), and up again it gets
+only its link-local one back. So the watcher notes every link it sees down — an
+``RTM_NEWLINK`` without ``IFF_UP`` or an ``RTM_DELLINK`` among the events (the only
+part of a message read), a read that finds it down or absent, or a new interface
+index — and :meth:`LinkWatcher.take_returned` names those up again, for the daemon to
+claim its addresses there again. The events matter: ``ip link set X down; ip link set
+X up`` is over before the next read. A down and up that both go to an overrun of the
+event socket are missed.
 """
 
 from __future__ import annotations
@@ -43,8 +58,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import struct
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +72,9 @@ __all__ = [
     "clsact_filters",
     "default_interfaces",
     "device_drops",
+    "downed_indexes",
     "link_states",
+    "netlink_messages",
     "read_links",
 ]
 
@@ -64,6 +82,11 @@ __all__ = [
 _RTMGRP_LINK = 0x1
 _RTMGRP_IPV6_IFADDR = 0x100
 _RTMGRP_IPV6_ROUTE = 0x400
+_RTM_NEWLINK = 16
+_RTM_DELLINK = 17
+#: ``struct nlmsghdr`` and ``struct ifinfomsg`` (<linux/netlink.h>, <linux/rtnetlink.h>).
+_NLMSGHDR = struct.Struct("=IHHII")
+_IFINFOMSG = struct.Struct("=BxHiII")
 _RT_TABLE_MAIN = 254
 _RTN_UNICAST = 1
 _IFF_UP = 0x1
@@ -90,6 +113,9 @@ class LinkState:
     #: Main-table routes through it in lookup order (longest prefix, then lowest
     #: metric): (network as a 128-bit integer, prefix length, on-link: no gateway).
     routes: tuple[tuple[int, int, bool], ...] = ()
+    #: The same routes' next hops, where one is known: (network, prefix length, the
+    #: gateway as a 128-bit integer; 0: on-link, the destination itself).
+    hops: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -138,11 +164,14 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                     r["type"] == _RTN_UNICAST
                     and r.get("RTA_GATEWAY") is None
                     and r.get("RTA_MULTIPATH") is None,
+                    int(ipaddress.IPv6Address(r.get("RTA_GATEWAY") or "::")),
+                    r["type"] == _RTN_UNICAST and r.get("RTA_MULTIPATH") is None,
                 )
                 for r in routes
                 if r.get("RTA_OIF") == index
             )
-            link_routes = tuple((net, -neg, onlink) for neg, _m, net, onlink in ordered)
+            link_routes = tuple((net, -neg, onlink) for neg, _m, net, onlink, _g, _u in ordered)
+            hops = tuple((net, -neg, gw) for neg, _m, net, _o, gw, unicast in ordered if unicast)
             out[name] = LinkState(
                 name,
                 ifindex=index,
@@ -151,8 +180,32 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 operstate=str(link.get("operstate", "UNKNOWN")),
                 prefixes=prefixes,
                 routes=link_routes,
+                hops=hops,
             )
     return out
+
+
+def netlink_messages(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(type, start of the body, end) of each message in ``data``, one read of a
+    netlink socket; a malformed or cut message ends the walk (what came before
+    stands)."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > len(data):
+            return
+        yield kind, offset + _NLMSGHDR.size, offset + length
+        offset += (length + 3) & ~3  # NLMSG_ALIGN
+
+
+def downed_indexes(data: bytes) -> Iterator[int]:
+    """The interface index of each ``RTM_NEWLINK`` without ``IFF_UP`` and each
+    ``RTM_DELLINK`` in ``data`` (module doc)."""
+    for kind, body, end in netlink_messages(data):
+        if kind in (_RTM_NEWLINK, _RTM_DELLINK) and end - body >= _IFINFOMSG.size:
+            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, body)
+            if kind == _RTM_DELLINK or not flags & _IFF_UP:
+                yield index
 
 
 def link_states(names: Iterable[str]) -> LinkStates:
@@ -229,6 +282,8 @@ class LinkWatcher:
         self._route: dict[int, str] = {}
         #: ``ignore_routes_with_linkdown`` of each link before we set it (module doc).
         self._saved: dict[str, str] = {}
+        #: Links seen down (or gone, or made again) since :meth:`take_returned`.
+        self._downed: set[str] = set()
 
     def open(self) -> None:
         """The event socket, and dead links' routes ignored (module doc)."""
@@ -254,6 +309,10 @@ class LinkWatcher:
     def opened(self) -> bool:
         return self._sock is not None
 
+    def changed_settings(self) -> dict[str, str]:
+        """Each sysctl file :meth:`open` wrote, with the value it found there."""
+        return {_SYSCTL.format(name): old for name, old in self._saved.items()}
+
     def fileno(self) -> int:
         assert self._sock is not None, "open() first"
         return self._sock.fileno()
@@ -275,9 +334,12 @@ class LinkWatcher:
             return
         while True:
             try:
-                if not sock.recv(65536):
+                data = sock.recv(65536)
+                if not data:
                     return
                 self.counters["link_events"] += 1
+                for index in downed_indexes(data):
+                    self._downed.update(n for n, s in self.states.items() if s.ifindex == index)
             except BlockingIOError:
                 return
             except OSError:  # ENOBUFS: events were lost; the caller's re-read covers them
@@ -293,6 +355,9 @@ class LinkWatcher:
             return False
         new_home = False
         for name, state in states.items():
+            old = self.states.get(name)
+            if not state.admin_up or (old is not None and old.ifindex not in (0, state.ifindex)):
+                self._downed.add(name)
             for prefix in state.prefixes:
                 homes = self.homes.setdefault(prefix, set())
                 if name not in homes:
@@ -308,6 +373,13 @@ class LinkWatcher:
                     break
         return new_home
 
+    def take_returned(self) -> set[str]:
+        """The links seen down (module doc) since the last call that are up now: the
+        kernel flushed their IPv6 addresses on the way."""
+        back = {name for name in self._downed if self.states[name].admin_up}
+        self._downed -= back
+        return back
+
     def link_for(self, locator: int) -> str | None:
         """The usable interface holding ``locator`` (the first by name), if any."""
         return self._route.get(locator)
@@ -322,6 +394,18 @@ class LinkWatcher:
                     name = home
                     break
         return None if name is None else self.states[name].ifindex or None
+
+    def next_hop(self, locator: int, dst: int) -> int | None:
+        """Where a packet from ``locator`` to ``dst`` goes first on the interface
+        :meth:`ifindex_for` names: the gateway of the first route through that link that
+        covers ``dst``, or ``dst`` itself on-link; None when that link has no such
+        route (or the locator no interface)."""
+        index = self.ifindex_for(locator)
+        state = next((s for s in self.states.values() if index and s.ifindex == index), None)
+        for net, plen, gateway in () if state is None else state.hops:
+            if dst >> (128 - plen) == net >> (128 - plen):
+                return gateway or dst
+        return None
 
     def down(self, locators: Iterable[int]) -> set[int]:
         """Of ``locators``, those no usable interface holds now."""
