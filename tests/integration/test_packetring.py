@@ -227,3 +227,28 @@ def test_mmap_plane_goes_on_at_the_oldest_user_block(pair: Pair, path: str) -> N
             warnings.simplefilter("ignore", ResourceWarning)
             plane.close()
             gc.collect()
+
+
+def test_records_stopped_early_leaves_the_rest_for_the_next_walk(pair: Pair) -> None:
+    """The walk keeps the cursor in the generator: a loop that breaks, or a limit,
+    must leave the packets it did not take for the next call, in order, none twice."""
+    with entered(pair.h.ns):
+        ring = PacketRing("eth0", program=_udp_port_filter(PORT))
+    try:
+        sent = [f"walk-{i}".encode() for i in range(6)]
+        with pair.p.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sender:
+            for payload in sent:
+                sender.sendto(payload, (H_ADDR, PORT))
+        wait_until(lambda: ring.statistics()[0] >= len(sent), what="six datagrams")
+        time.sleep(0.05)  # past retire_ms: the last block is handed over
+        got: list[bytes] = []
+        for record in ring.records():
+            got.append(bytes(record[0][-6:]))
+            if len(got) == 2:
+                break
+        got += [bytes(record[0][-6:]) for record in ring.records(limit=1)]
+        got += [bytes(frame.data[-6:]) for frame in ring.frames()]
+        assert got == sent
+        assert list(ring.records()) == []
+    finally:
+        ring.close()

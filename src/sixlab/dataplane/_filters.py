@@ -56,7 +56,6 @@ from collections.abc import Sequence
 from ipaddress import IPv6Address
 
 from sixlab.linux.cbpf import (
-    ACCEPT_SNAPLEN,
     BPF_ABS,
     BPF_ALU,
     BPF_AND,
@@ -69,7 +68,6 @@ from sixlab.linux.cbpf import (
     BPF_LD,
     BPF_LSH,
     BPF_MISC,
-    BPF_RET,
     BPF_TAX,
     BPF_W,
     Assembler,
@@ -143,10 +141,7 @@ def stamp_filter(
     asm.label("port")
     for port in wanted:
         asm.emit(BPF_JMP | BPF_JEQ | BPF_K, port, jt="accept", jf=0)
-    asm.label("drop")
-    asm.emit(BPF_RET | BPF_K, 0)
-    asm.label("accept")
-    asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
+    asm.verdicts()
     return asm.finish()
 
 

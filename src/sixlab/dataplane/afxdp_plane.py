@@ -775,7 +775,7 @@ class AfXdpDataplane(Dataplane):
                 out.append(rx)
         return out
 
-    def _reflect_group(  # noqa: PLR0915 - the per-frame hot loop, inlined: a call per frame costs more than its work
+    def _reflect_group(  # noqa: PLR0912, PLR0915 - the per-frame hot loop, inlined: a call per frame costs more than its work
         self,
         reflector: Reflector,
         clock: Callable[[], int],

@@ -19,9 +19,10 @@ header removed, so offsets are the same on every link type) with:
   ``tp_net`` offset, then a ``sockaddr_ll``) and hand the block back by writing
   ``TP_STATUS_KERNEL``. No system call per packet; ``poll`` (the engine's ``select`` on
   ``fileno()``) wakes when a block is retired. The ring is the shared
-  :class:`sixlab.linux.packetring.PacketRing`, walked through its cursor (no object per
-  packet); a call that finds no block clears the socket's error, which the kernel sets
-  when the link goes down and which would otherwise keep ``select`` waking.
+  :class:`sixlab.linux.packetring.PacketRing`, read with its one walk
+  (``PacketRing.records``: a plain tuple per packet, no object); a call that finds no
+  block clears the socket's error, which the kernel sets when the link goes down and
+  which would otherwise keep ``select`` waking, and resyncs a cursor that lost its place.
   ``retire_blk_tov`` = 1 ms bounds how long a lone packet waits in a half-filled block
   (the default grows with link speed and can reach 8+ ms, which at 1 probe/s would be
   pure added turnaround).
@@ -137,9 +138,6 @@ from sixlab.dataplane.base import (
 )
 from sixlab.linux.packetring import (
     ETH_P_IPV6,
-    PKT_HEADER,
-    SLL_OFFSET,
-    SLL_PKTTYPE,
     TP_STATUS_CSUM_VALID,
     TP_STATUS_CSUMNOTREADY,
     PacketRing,
@@ -273,32 +271,35 @@ def _fast_udp(data: bytes, snaplen: int, verify: bool) -> int:
     else:
         return 0
     ulen = snaplen - udp
-    if not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD:
+    if (
+        not _UDP_HEADER <= ulen <= _UDP_HEADER + FAST_MAX_PAYLOAD
+        or (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER
+        or (data[udp + 4] << 8 | data[udp + 5]) != ulen
+    ):
         return 0
-    if (data[4] << 8 | data[5]) != snaplen - _IPV6_HEADER or (
-        data[udp + 4] << 8 | data[udp + 5]
-    ) != ulen:
-        return 0
-    pos = udp + _UDP_HEADER + _STAMP_BASE
-    while pos < snaplen:  # the TLV area: Flags, Type, Length (2), Value (RFC 8972 §4)
-        if pos + 4 > snaplen or data[pos + 1] != _TLV_EXTRA_PADDING:
-            return 0
+    # The TLV area: Flags, Type, Length (2), Value (RFC 8972 §4). Every TLV must be
+    # Extra Padding and end inside the packet, the last one at its end; a TLV that runs
+    # past the end goes to the core, which marks it (M).
+    base = udp + _UDP_HEADER + _STAMP_BASE
+    pos = base
+    while pos + 4 <= snaplen and data[pos + 1] == _TLV_EXTRA_PADDING:
         pos += 4 + (data[pos + 2] << 8 | data[pos + 3])
-    if pos > snaplen > udp + _UDP_HEADER + _STAMP_BASE:
-        return 0  # the last TLV runs past the end: the core marks it (M), general path
-    if verify:
-        if data[udp + 6] == data[udp + 7] == 0:
-            return 0  # a zero checksum is invalid over IPv6 (RFC 8200 §8.1)
-        # The words of the pseudo-header and the datagram must sum to -0; mod 0xFFFF
-        # (2**16 = 1) that is 0. An odd datagram is summed padded with a zero byte.
-        area = data[udp:] if not ulen & 1 else data[udp:] + b"\0"
-        if (
+    if pos != snaplen and snaplen > base:
+        return 0
+    # A zero checksum is invalid over IPv6 (RFC 8200 §8.1). Otherwise the words of the
+    # pseudo-header and the datagram must sum to -0; mod 0xFFFF (2**16 = 1) that is 0.
+    # An odd datagram is summed padded with a zero byte.
+    if verify and (
+        data[udp + 6] == data[udp + 7] == 0
+        or (
             int.from_bytes(data[_ADDRS:_IPV6_HEADER], "big")
-            + int.from_bytes(area, "big")
+            + int.from_bytes(data[udp:] + b"\0" if ulen & 1 else data[udp:], "big")
             + ulen
             + _IPPROTO_UDP
-        ) % 0xFFFF:
-            return 0
+        )
+        % 0xFFFF
+    ):
+        return 0
     return udp
 
 
@@ -457,34 +458,23 @@ class MmapDataplane(Dataplane):
         rxr = self._rxring
         if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
-        ring = rxr.map
-        unpack = PKT_HEADER.unpack_from
+        decode = self._decode
         out: list[Received] = []
-        taken = 0
-        while len(out) < max_batch:
-            if rxr.left == 0:
-                if not rxr.next_block():
-                    if taken == 0:  # woken for nothing: a socket error or a lost place
-                        rxr.clear_error()
-                        if rxr.resync():
-                            continue
-                    break
-                continue
-            off = rxr.offset
-            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, off)
-            pkttype = ring[off + SLL_OFFSET + SLL_PKTTYPE]
-            data = ring[off + net : off + net + snaplen]
-            rxr.offset = off + next_offset
-            rxr.left -= 1
-            if rxr.left == 0:
-                rxr.release()
-            taken += 1
-            rx = self._decode(
-                data, sec * 1_000_000_000 + nsec,
-                snaplen=snaplen, length=length, status=status, pkttype=pkttype,
-            )  # fmt: skip
-            if rx is not None:
-                out.append(rx)
+        # Up to max_batch datagrams: packets the ring gave that are not ours (counted in
+        # _decode) do not shorten the batch, which the engine reads as "drained".
+        want = max_batch
+        while want > 0:
+            taken = 0
+            for data, rx_ns, length, snaplen, status, pkttype in rxr.records(want):
+                taken += 1
+                rx = decode(
+                    data, rx_ns, snaplen=snaplen, length=length, status=status, pkttype=pkttype
+                )
+                if rx is not None:
+                    out.append(rx)
+            if taken < want:  # the ring has no more
+                break
+            want = max_batch - len(out)
         return out
 
     def _decode(
@@ -520,7 +510,7 @@ class MmapDataplane(Dataplane):
 
     # -- reflector fast path ----------------------------------------------------------------
 
-    def reflect_batch(  # noqa: PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
+    def reflect_batch(  # noqa: PLR0912, PLR0915 - the hand-inlined hot loop: a call per packet costs as much as the reply
         self, reflect: ReflectFn, clock: Callable[[], int], max_batch: int = 64
     ) -> FastBatch:
         """Answer up to ``max_batch`` ring packets with ``reflect`` (module doc, "Fast path").
@@ -535,40 +525,21 @@ class MmapDataplane(Dataplane):
         rxr = self._rxring
         if rxr is None:
             raise DataplaneError("mmap: data plane is not open (Init first)")
-        ring = rxr.map
         slow: list[Received] = []
         consumed = handled = failed = pending = 0
         now = time.monotonic()
         templates = self._fast_templates
         txr = self._txr
-        unpack = PKT_HEADER.unpack_from
         tx_header = _TX_HEADER.pack_into
         tx_batch = self.tx_batch
         fast_udp = _fast_udp
         stats = self.stats
-        # The ring and TX cursors live in locals for the loop (attribute writes per
-        # packet cost a tenth of it) and go back to the object when it ends.
-        left, offset, tx_slot = rxr.left, rxr.offset, self._tx_slot
-        while consumed < max_batch:
-            if left == 0:
-                rxr.left = 0
-                if not rxr.next_block():
-                    if consumed == 0:  # woken for nothing: a socket error or a lost place
-                        rxr.clear_error()
-                        if rxr.resync():
-                            continue
-                    break
-                left, offset = rxr.left, rxr.offset
-                continue
-            next_offset, sec, nsec, snaplen, length, status, _mac, net = unpack(ring, offset)
-            pkttype = ring[offset + SLL_OFFSET + SLL_PKTTYPE]
-            data = ring[offset + net : offset + net + snaplen]
-            offset += next_offset
-            left -= 1
-            if left == 0:
-                rxr.release()
+        # The TX cursor lives in a local for the loop (attribute writes per packet cost
+        # a tenth of it) and goes back to the object when it ends; the RX ring's walk
+        # keeps its own cursor the same way (PacketRing.records).
+        tx_slot = self._tx_slot
+        for data, rx_ns, length, snaplen, status, pkttype in rxr.records(max_batch):
             consumed += 1
-            rx_ns = sec * 1_000_000_000 + nsec
             udp = (
                 fast_udp(data, snaplen, not status & _CSUM_TRUSTED)
                 if pkttype == PACKET_HOST and snaplen == length
@@ -635,7 +606,7 @@ class MmapDataplane(Dataplane):
                 self._kick()
                 pending = 0
                 tx_slot, txr = self._tx_slot, self._txr
-        rxr.left, rxr.offset, self._tx_slot = left, offset, tx_slot
+        self._tx_slot = tx_slot
         if pending:
             self._kick()
         return FastBatch(consumed, handled, failed, slow)

@@ -105,6 +105,34 @@ def _flowlabel_request(label: int, dst: IPv6Address) -> bytes:
     )
 
 
+def _ancillary(
+    ancdata: list[tuple[int, int, bytes]], dst: bytes
+) -> tuple[int, int, bytes, int | None]:
+    """(receive time ns, hop limit or TTL, destination address, traffic class or TOS)
+    from a datagram's control messages; ``dst`` when no packet-info message came."""
+    rx_ns = hop = 0
+    tclass = None
+    for level, kind, value in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = _TIMESPEC.unpack_from(value)
+            rx_ns = sec * 1_000_000_000 + nsec
+        elif level == socket.IPPROTO_IPV6:
+            if kind == IPV6_HOPLIMIT:
+                hop = _INT.unpack_from(value)[0]
+            elif kind == IPV6_PKTINFO:
+                dst = _unmap(_PKTINFO.unpack_from(value)[0])
+            elif kind == IPV6_TCLASS:
+                tclass = _INT.unpack_from(value)[0] & 0xFF
+        elif level == socket.IPPROTO_IP:
+            if kind == IP_TTL:
+                hop = _INT.unpack_from(value)[0]
+            elif kind == IP_PKTINFO:
+                dst = _IN_PKTINFO.unpack_from(value)[2]
+            elif kind == IP_TOS:
+                tclass = value[0]
+    return rx_ns, hop, dst, tclass
+
+
 class SocketDataplane(Dataplane):
     name = "socket"
     sets_tclass = True
@@ -184,28 +212,8 @@ class SocketDataplane(Dataplane):
                 if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                     continue
                 raise
-            rx_ns = hop = 0
-            tclass = None
             src = _unmap(socket.inet_pton(self._family, addr[0].split("%")[0]))
-            dst = bytes(len(src))
-            for level, kind, value in ancdata:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    sec, nsec = _TIMESPEC.unpack_from(value)
-                    rx_ns = sec * 1_000_000_000 + nsec
-                elif level == socket.IPPROTO_IPV6:
-                    if kind == IPV6_HOPLIMIT:
-                        hop = _INT.unpack_from(value)[0]
-                    elif kind == IPV6_PKTINFO:
-                        dst = _unmap(_PKTINFO.unpack_from(value)[0])
-                    elif kind == IPV6_TCLASS:
-                        tclass = _INT.unpack_from(value)[0] & 0xFF
-                elif level == socket.IPPROTO_IP:
-                    if kind == IP_TTL:
-                        hop = _INT.unpack_from(value)[0]
-                    elif kind == IP_PKTINFO:
-                        dst = _IN_PKTINFO.unpack_from(value)[2]
-                    elif kind == IP_TOS:
-                        tclass = value[0]
+            rx_ns, hop, dst, tclass = _ancillary(ancdata, bytes(len(src)))
             out.append(
                 Received(
                     payload=data,

@@ -106,7 +106,6 @@ from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
 from sixlab.ilnp.resolve import Resolution, ResolveError, Resolver, parse_locator_spec
 from sixlab.ilnp.socktable import KernelSocketTable
 from sixlab.linux.cbpf import (
-    ACCEPT_SNAPLEN,
     BPF_ABS,
     BPF_B,
     BPF_H,
@@ -114,7 +113,6 @@ from sixlab.linux.cbpf import (
     BPF_JMP,
     BPF_K,
     BPF_LD,
-    BPF_RET,
     BPF_W,
     Assembler,
     BpfInstruction,
@@ -281,10 +279,7 @@ def ring_filter(
     asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix >> 32, jt=0, jf="accept")
     asm.emit(BPF_LD | BPF_W | BPF_ABS, dst + 4)
     asm.emit(BPF_JMP | BPF_JEQ | BPF_K, prefix & 0xFFFFFFFF, jt="drop", jf="accept")
-    asm.label("drop")
-    asm.emit(BPF_RET | BPF_K, 0)
-    asm.label("accept")
-    asm.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
+    asm.verdicts()
     return asm.finish()
 
 

@@ -104,6 +104,14 @@ class Assembler:
     def label(self, name: str) -> None:
         self._labels[name] = len(self._code)
 
+    def verdicts(self) -> None:
+        """The program's tail: label ``drop`` returns 0 (the packet is not captured),
+        label ``accept`` returns :data:`ACCEPT_SNAPLEN` (all of it). Jumps name them."""
+        self.label("drop")
+        self.emit(BPF_RET | BPF_K, 0)
+        self.label("accept")
+        self.emit(BPF_RET | BPF_K, ACCEPT_SNAPLEN)
+
     def finish(self) -> tuple[BpfInstruction, ...]:
         out = []
         for pc, (code, jt, jf, k) in enumerate(self._code):

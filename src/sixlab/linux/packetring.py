@@ -45,18 +45,16 @@ oldest block the user holds (the lowest ``seq_num`` of ``struct tpacket_hdr_v1``
 counted in :attr:`PacketRing.resyncs`. In step, a wake-up for nothing finds no block
 of the user's, and the scan (one status read per block) changes nothing.
 
-Two ways to read
-----------------
-:meth:`frames` yields :class:`Frame` objects (packet bytes, kernel receive time,
-lengths, status, packet type): what the ILNP daemon reads. A reader that cannot afford
-an object per packet (the STAMP ``mmap`` plane's reflector loop) walks the blocks
-itself with the public cursor (:attr:`map`, :attr:`block`, :attr:`left`,
-:attr:`offset`, :meth:`next_block`, :meth:`release`) and the layout constants of this
-module; it must call :meth:`clear_error` and :meth:`resync` on an empty wake-up like
-:meth:`frames` does.
-The ``mmap`` plane's reflector loop keeps the cursor in locals and writes it back per
-batch, as it did on its own ring: its PDR measured the same on both (benchmarks/
-README.md, "One receive ring").
+Two ways to read, one walk
+--------------------------
+:meth:`records` walks the blocks and yields each packet as a plain tuple (packet bytes,
+kernel receive time, lengths, status, packet type): what the STAMP ``mmap`` plane's
+receive and reflector loops read, with no object per packet. :meth:`frames` gives the
+same as :class:`Frame` named tuples: what the ILNP daemon reads. The walk keeps its
+cursor in locals and writes it back to :attr:`left` and :attr:`offset` when it ends
+(:attr:`block` moves as each block is handed back): a write per packet would cost the
+reflector loop a tenth of its time. A wake-up for nothing clears the socket's error and
+resyncs the cursor in that one place.
 """
 
 from __future__ import annotations
@@ -91,6 +89,7 @@ __all__ = [
     "TP_STATUS_USER",
     "Frame",
     "PacketRing",
+    "Record",
     "RingGeometry",
 ]
 
@@ -160,6 +159,10 @@ class Frame(NamedTuple):
     status: int
     #: ``sll_pkttype``: ``PACKET_HOST`` (0), ``PACKET_OTHERHOST``, ...
     pkttype: int
+
+
+#: One packet as :meth:`PacketRing.records` yields it: :class:`Frame`'s fields in order.
+Record = tuple[bytes, int, int, int, int, int]
 
 
 class PacketRing:
@@ -332,36 +335,49 @@ class PacketRing:
         )
         self.block = (self.block + 1) % self.block_count
 
-    def frames(self, limit: int = 64) -> Iterator[Frame]:
-        """Up to ``limit`` packets the kernel has handed over, in arrival order.
+    def records(self, limit: int = 64) -> Iterator[Record]:
+        """Up to ``limit`` packets the kernel has handed over, in arrival order, each as
+        a plain tuple with :class:`Frame`'s fields: the one walk of the ring (module doc,
+        "Two ways to read").
 
         A call that finds nothing clears the socket's error and puts a cursor that
         lost its place back in step (module doc): a wake-up for nothing is how either
-        shows. Stop iterating early and the rest stay for
-        the next call.
+        shows. The cursor lives in the generator while it runs and is written back when
+        it ends or is closed (a ``for`` loop that breaks closes it), so stop iterating
+        early and the rest stay for the next call. One walk at a time: the cursor is
+        the ring's.
         """
         view = self.map
         unpack = PKT_HEADER.unpack_from
         count = 0
-        while count < limit:
-            if self.left == 0:
-                if not self.next_block():
-                    if count == 0:
-                        self.clear_error()
-                        if self.resync():
-                            continue
-                    return
-                continue
-            offset = self.offset
-            nxt, sec, nsec, snaplen, length, status, mac, net = unpack(view, offset)
-            pkttype = view[offset + SLL_OFFSET + SLL_PKTTYPE]
-            data = view[offset + net : offset + mac + snaplen]
-            self.offset = offset + nxt
-            self.left -= 1
-            if self.left == 0:
-                self.release()
-            count += 1
-            yield Frame(data, sec * 1_000_000_000 + nsec, length, snaplen, status, pkttype)
+        left, offset = self.left, self.offset
+        try:
+            while count < limit:
+                if left == 0:
+                    self.left = 0
+                    if not self.next_block():
+                        if count == 0:
+                            self.clear_error()
+                            if self.resync():
+                                continue
+                        return
+                    left, offset = self.left, self.offset
+                    continue
+                nxt, sec, nsec, snaplen, length, status, mac, net = unpack(view, offset)
+                pkttype = view[offset + SLL_OFFSET + SLL_PKTTYPE]
+                data = view[offset + net : offset + mac + snaplen]
+                offset += nxt
+                left -= 1
+                if left == 0:
+                    self.release()
+                count += 1
+                yield data, sec * 1_000_000_000 + nsec, length, snaplen, status, pkttype
+        finally:
+            self.left, self.offset = left, offset
+
+    def frames(self, limit: int = 64) -> Iterator[Frame]:
+        """:meth:`records` as :class:`Frame` objects."""
+        return map(Frame._make, self.records(limit))
 
     def _close_ring(self) -> None:
         with contextlib.suppress(BufferError):  # a view still exported: the GC frees it

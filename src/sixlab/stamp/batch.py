@@ -241,7 +241,7 @@ class BatchReflector:
         out._sess_of = state.sess_of
         return out
 
-    def _run(  # noqa: PLR0912, PLR0915 - column-wise steps over one batch, arrays kept local
+    def _run(
         self,
         payloads: U8,
         t2_ns: I64,
@@ -253,41 +253,14 @@ class BatchReflector:
         state: _RunState,
         flows: U8 | None,
     ) -> None:
-        """Answer rows ``lo:hi`` of the batch, all of them batch rows (module doc)."""
+        """Answer rows ``lo:hi`` of the batch, all of them batch rows (module doc):
+        column-wise steps, each over the whole run."""
         refl = self.reflector
-        counters = refl.counters
         count = hi - lo
-        counters.received += count
+        refl.counters.received += count
         probes = np.ascontiguousarray(payloads[lo:hi, :_UNAUTH]).view(SENDER_DTYPE)[:, 0]
         ssids = probes["ssid"]
-        first = int(ssids[0])
-        if (ssids == first).all():
-            distinct = [first]
-            inverse = np.zeros(count, np.intp)
-        else:
-            uniq, inverse = np.unique(ssids, return_inverse=True)
-            distinct = uniq.tolist()
-        default = refl._default
-        if default is not None and default.config.key is not None:
-            default = None
-        sess_idx = np.full(count, -1, np.intp)
-        present: list[int] = []  # session indices of this run, first-seen order
-        for k, ssid in enumerate(distinct):
-            sess = refl._unauth.get(ssid)
-            mask = inverse == k
-            if sess is None:
-                auth = refl._auth.get(ssid)
-                if auth is not None:  # an unauthenticated packet of an authenticated SSID
-                    _count_drop(refl, auth, DropReason.AUTH_REQUIRED, int(mask.sum()))
-                    continue
-                sess = default
-            if sess is None:
-                _count_drop(refl, None, DropReason.NO_SESSION, int(mask.sum()))
-                continue
-            j = state.index(sess)
-            sess_idx[mask] = j
-            if j not in present:
-                present.append(j)
+        sess_idx, present = _run_sessions(refl, state, ssids)
         found = sess_idx >= 0
         zero_mult = found & ((probes["ee"] & 0xFF) == 0)
         if zero_mult.any():
@@ -296,37 +269,7 @@ class BatchReflector:
                 if n_zero:
                     _count_drop(refl, state.sessions[j], DropReason.MULTIPLIER_ZERO, n_zero)
         ok = found & ~zero_mult
-        # Per flow (SSID + addresses + ports): packets received, the stateful Seq,
-        # replies sent — Reflector.reflect's FlowState, in arrival order.
-        seq = probes["seq"].astype(np.uint32)
-        keys = ssids.astype(">u2").view(np.uint8).reshape(count, 2)
-        if flows is not None:
-            keys = np.concatenate([keys, flows[lo:hi]], axis=1)
-        if found.all() and (keys == keys[0]).all():
-            groups: list[npt.NDArray[np.intp]] = [np.arange(count)]
-        else:
-            rows_found = np.flatnonzero(found)
-            if len(rows_found):
-                _, firsts, inv = np.unique(
-                    keys[rows_found], axis=0, return_index=True, return_inverse=True
-                )
-                inv = inv.ravel()
-                groups = [rows_found[inv == g] for g in np.argsort(firsts).tolist()]
-            else:
-                groups = []
-        for rows in groups:
-            head = int(rows[0])
-            sess = state.sessions[int(sess_idx[head])]
-            key = keys[head]
-            flow_key = None if flows is None else key[2:].tobytes()
-            flow = sess.flow((int(ssids[head]), flow_key))
-            flow.received += len(rows)
-            good = rows[ok[rows]]
-            k = len(good)
-            if not sess.stateless and k:
-                seq[good] = (flow.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
-                flow.next_seq = (flow.next_seq + k) & 0xFFFF_FFFF
-            flow.transmitted += k
+        seq = _run_flows(state, probes, sess_idx, ok, None if flows is None else flows[lo:hi])
         if not ok.any():
             state.extend(lo, sess_idx)
             return
@@ -337,28 +280,9 @@ class BatchReflector:
         reply["see"] = probes["ee"]
         reply["ttl"] = hop_limits[lo:hi]
         reply["seq"] = seq
-        answered = state.out.answered
-        route_of = state.out.route_of
-        if len(present) == 1:  # one session (the common case): whole columns
-            sess = state.sessions[present[0]]
-            reply["t2"] = _timestamps(sess, t2_ns[lo:hi])
-            reply["ee"] = sess.ee_int
-            sess.reflected += int(ok.sum())
-            route_of[lo:hi] = state.route_index(sess.return_path)
-        else:
-            t2 = np.zeros(count, np.uint64)
-            ee = np.zeros(count, np.uint16)
-            for j in present:
-                sess = state.sessions[j]
-                mask = ok & (sess_idx == j)
-                t2[mask] = _timestamps(sess, t2_ns[lo:hi][mask])
-                ee[mask] = sess.ee_int
-                sess.reflected += int(mask.sum())
-                route_of[lo:hi][mask] = state.route_index(sess.return_path)
-            reply["t2"] = t2
-            reply["ee"] = ee
-        counters.reflected += int(ok.sum())
-        answered[lo:hi] = ok
+        _run_sender_fields(state, reply, t2_ns[lo:hi], sess_idx, ok, present=present, lo=lo)
+        refl.counters.reflected += int(ok.sum())
+        state.out.answered[lo:hi] = ok
         out = state.out.replies
         out[lo:hi, :_UNAUTH] = reply.view(np.uint8).reshape(count, _UNAUTH)
         if pads:
@@ -367,8 +291,123 @@ class BatchReflector:
                 out[lo:hi, _UNAUTH + pos] &= 0xFF ^ _U
         if not ok.all():
             out[lo:hi][~ok] = 0
-            route_of[lo:hi][~ok] = -1
+            state.out.route_of[lo:hi][~ok] = -1
         state.extend(lo, sess_idx)
+
+
+def _run_sessions(
+    refl: Reflector, state: _RunState, ssids: npt.NDArray[Any]
+) -> tuple[npt.NDArray[np.intp], list[int]]:
+    """Each row's session index in ``state`` (-1: dropped, counted), and the indices
+    present in first-seen order."""
+    count = len(ssids)
+    first = int(ssids[0])
+    if (ssids == first).all():
+        distinct = [first]
+        inverse = np.zeros(count, np.intp)
+    else:
+        uniq, inverse = np.unique(ssids, return_inverse=True)
+        distinct = uniq.tolist()
+    default = refl._default
+    if default is not None and default.config.key is not None:
+        default = None
+    sess_idx = np.full(count, -1, np.intp)
+    present: list[int] = []  # session indices of this run, first-seen order
+    for k, ssid in enumerate(distinct):
+        sess = refl._unauth.get(ssid)
+        mask = inverse == k
+        if sess is None:
+            auth = refl._auth.get(ssid)
+            if auth is not None:  # an unauthenticated packet of an authenticated SSID
+                _count_drop(refl, auth, DropReason.AUTH_REQUIRED, int(mask.sum()))
+                continue
+            sess = default
+        if sess is None:
+            _count_drop(refl, None, DropReason.NO_SESSION, int(mask.sum()))
+            continue
+        j = state.index(sess)
+        sess_idx[mask] = j
+        if j not in present:
+            present.append(j)
+    return sess_idx, present
+
+
+def _run_flows(
+    state: _RunState,
+    probes: npt.NDArray[Any],
+    sess_idx: npt.NDArray[np.intp],
+    ok: npt.NDArray[np.bool_],
+    flows: U8 | None,
+) -> npt.NDArray[np.uint32]:
+    """Per flow (SSID + addresses + ports): packets received, the stateful Seq,
+    replies sent — Reflector.reflect's FlowState, in arrival order. The rows' reply
+    Seq (the probe's own where the session is stateless)."""
+    ssids = probes["ssid"]
+    count = len(ssids)
+    found = sess_idx >= 0
+    seq = probes["seq"].astype(np.uint32)
+    keys = ssids.astype(">u2").view(np.uint8).reshape(count, 2)
+    if flows is not None:
+        keys = np.concatenate([keys, flows], axis=1)
+    if found.all() and (keys == keys[0]).all():
+        groups: list[npt.NDArray[np.intp]] = [np.arange(count)]
+    else:
+        rows_found = np.flatnonzero(found)
+        if len(rows_found):
+            _, firsts, inv = np.unique(
+                keys[rows_found], axis=0, return_index=True, return_inverse=True
+            )
+            inv = inv.ravel()
+            groups = [rows_found[inv == g] for g in np.argsort(firsts).tolist()]
+        else:
+            groups = []
+    for rows in groups:
+        head = int(rows[0])
+        sess = state.sessions[int(sess_idx[head])]
+        flow_key = None if flows is None else keys[head][2:].tobytes()
+        flow = sess.flow((int(ssids[head]), flow_key))
+        flow.received += len(rows)
+        good = rows[ok[rows]]
+        k = len(good)
+        if not sess.stateless and k:
+            seq[good] = (flow.next_seq + np.arange(k, dtype=np.uint64)) & 0xFFFF_FFFF
+            flow.next_seq = (flow.next_seq + k) & 0xFFFF_FFFF
+        flow.transmitted += k
+    return seq
+
+
+def _run_sender_fields(
+    state: _RunState,
+    reply: npt.NDArray[Any],
+    t2_ns: I64,
+    sess_idx: npt.NDArray[np.intp],
+    ok: npt.NDArray[np.bool_],
+    *,
+    present: list[int],
+    lo: int,
+) -> None:
+    """T2, the error estimate and the return route of the answered rows, from their
+    sessions; counts each session's reflections."""
+    route_of = state.out.route_of
+    hi = lo + len(reply)
+    if len(present) == 1:  # one session (the common case): whole columns
+        sess = state.sessions[present[0]]
+        reply["t2"] = _timestamps(sess, t2_ns)
+        reply["ee"] = sess.ee_int
+        sess.reflected += int(ok.sum())
+        route_of[lo:hi] = state.route_index(sess.return_path)
+        return
+    t2 = np.zeros(len(reply), np.uint64)
+    ee = np.zeros(len(reply), np.uint16)
+    for j in present:
+        sess = state.sessions[j]
+        mask = ok & (sess_idx == j)
+        t2[mask] = _timestamps(sess, t2_ns[mask])
+        ee[mask] = sess.ee_int
+        sess.reflected += int(mask.sum())
+        route_of[lo:hi][mask] = state.route_index(sess.return_path)
+    reply["t2"] = t2
+    reply["ee"] = ee
 
 
 class _RunState:

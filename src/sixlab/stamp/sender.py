@@ -324,72 +324,28 @@ class SenderSession:
 
     def _match(self, data: bytes, now: int) -> None:
         cfg = self.config
-        if cfg.key is not None and not stamp_auth.verify(data, cfg.key):
-            self._drop(DropReason.HMAC_FAILED)
+        accepted = self._accept(data)
+        if accepted is None:
             return
-        try:
-            pkt = wire.decode_reflector(data, authenticated=cfg.authenticated)
-        except WireError:
-            self._drop(DropReason.TOO_SHORT)
-            return
-        ssid_zero = False
-        if pkt.ssid != cfg.ssid:
-            if pkt.ssid != 0:
-                self._drop(DropReason.NO_SESSION)
-                return
-            if cfg.strict_ssid:
-                self._drop(DropReason.SSID_ZERO)
-                return
-            ssid_zero = True
-        if not pkt.error_estimate.is_valid:
-            self._drop(DropReason.MULTIPLIER_ZERO)
-            return
+        pkt, ssid_zero = accepted
         seq = pkt.sender_seq
         t1 = self._outstanding.get(seq)
         if t1 is None:
-            if seq in self._answered:
-                self.counters.duplicates += 1
-                self._events.append(DuplicateReceived(cfg.ssid, seq))
-            elif seq < self._next_seq:
-                self._drop(DropReason.LATE)
-            else:
-                self._drop(DropReason.UNKNOWN_SEQ)
+            self._unmatched(seq)
             return
-        try:
-            echoed_t1 = self._to_utc(pkt.sender_timestamp, pkt.sender_error_estimate.fmt)
-            t2 = self._to_utc(pkt.receive_timestamp, pkt.error_estimate.fmt)
-            t3 = self._to_utc(pkt.timestamp, pkt.error_estimate.fmt)
-        except WireError:
-            self._drop(DropReason.BAD_TIMESTAMP)
+        times = self._reply_times(pkt, t1)
+        if times is None or not self._tlvs_pass(data, pkt.tlvs):
             return
-        if echoed_t1 != t1:  # exact: NTP rounds to nearest both ways (wire.timestamp)
-            self._drop(DropReason.BAD_TIMESTAMP)
-            return
-        if cfg.key is not None and pkt.tlvs:
-            scan = tlv.scan_tlvs(pkt.tlvs)
-            padding_only = scan.well_formed and all(
-                x.type == tlv.TlvType.EXTRA_PADDING for x in scan.tlvs
-            )
-            if not padding_only and not tlv.verify_hmac_tlv(data[:4], pkt.tlvs, cfg.key):
-                self._drop(DropReason.HMAC_TLV_FAILED)
-                return
-            if any(x.flags & tlv.TlvFlag.I for x in scan.tlvs):
-                self.counters.integrity_reported += 1
-        del self._outstanding[seq]
-        self._remember_answered(seq)
-        self.counters.received += 1
+        t2, t3 = times
+        in_order = self._count_received(seq)
         if ssid_zero:
             self.counters.ssid_zero += 1
-        if self._highest_seq is not None and seq < self._highest_seq:
-            self.counters.reordered += 1
-        else:
-            self._highest_seq = seq
-            if cfg.reflector_stateful:
-                self.counters.forward_lost = max(0, seq - pkt.seq)
-                above = self._lost_above
-                while above and above[0] <= seq:
-                    above.popleft()
-                self.counters.unclassified_lost = len(above)
+        if in_order and cfg.reflector_stateful:
+            self.counters.forward_lost = max(0, seq - pkt.seq)
+            above = self._lost_above
+            while above and above[0] <= seq:
+                above.popleft()
+            self.counters.unclassified_lost = len(above)
         self._events.append(
             StampResult(
                 ssid=cfg.ssid,
@@ -408,6 +364,83 @@ class SenderSession:
             )
         )
 
+    def _accept(self, data: bytes) -> tuple[wire.ReflectorPacket, bool] | None:
+        """The reply decoded, and whether it came with SSID 0 (RFC 8972 §3); None (the
+        drop counted) when its HMAC, length, SSID or error estimate rule it out."""
+        cfg = self.config
+        if cfg.key is not None and not stamp_auth.verify(data, cfg.key):
+            self._drop(DropReason.HMAC_FAILED)
+            return None
+        try:
+            pkt = wire.decode_reflector(data, authenticated=cfg.authenticated)
+        except WireError:
+            self._drop(DropReason.TOO_SHORT)
+            return None
+        reason = None
+        if pkt.ssid not in (cfg.ssid, 0):
+            reason = DropReason.NO_SESSION
+        elif pkt.ssid != cfg.ssid and cfg.strict_ssid:
+            reason = DropReason.SSID_ZERO
+        elif not pkt.error_estimate.is_valid:
+            reason = DropReason.MULTIPLIER_ZERO
+        if reason is not None:
+            self._drop(reason)
+            return None
+        return pkt, pkt.ssid != cfg.ssid
+
+    def _unmatched(self, seq: int) -> None:
+        """A reply whose Seq has no packet waiting: a duplicate, late, or unknown."""
+        if seq in self._answered:
+            self.counters.duplicates += 1
+            self._events.append(DuplicateReceived(self.config.ssid, seq))
+        elif seq < self._next_seq:
+            self._drop(DropReason.LATE)
+        else:
+            self._drop(DropReason.UNKNOWN_SEQ)
+
+    def _reply_times(self, pkt: wire.ReflectorPacket, t1: int) -> tuple[int, int] | None:
+        """(T2, T3) of a reply that echoes our T1 exactly; None (dropped) otherwise."""
+        try:
+            echoed_t1 = self._to_utc(pkt.sender_timestamp, pkt.sender_error_estimate.fmt)
+            t2 = self._to_utc(pkt.receive_timestamp, pkt.error_estimate.fmt)
+            t3 = self._to_utc(pkt.timestamp, pkt.error_estimate.fmt)
+        except WireError:
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return None
+        if echoed_t1 != t1:  # exact: NTP rounds to nearest both ways (wire.timestamp)
+            self._drop(DropReason.BAD_TIMESTAMP)
+            return None
+        return t2, t3
+
+    def _tlvs_pass(self, data: bytes, tlvs: bytes) -> bool:
+        """An authenticated session's TLVs: False (dropped) when the HMAC TLV fails
+        (RFC 8972 §4.8) on anything but Extra Padding; counts reported integrity."""
+        cfg = self.config
+        if cfg.key is None or not tlvs:
+            return True
+        scan = tlv.scan_tlvs(tlvs)
+        padding_only = scan.well_formed and all(
+            x.type == tlv.TlvType.EXTRA_PADDING for x in scan.tlvs
+        )
+        if not padding_only and not tlv.verify_hmac_tlv(data[:4], tlvs, cfg.key):
+            self._drop(DropReason.HMAC_TLV_FAILED)
+            return False
+        if any(x.flags & tlv.TlvFlag.I for x in scan.tlvs):
+            self.counters.integrity_reported += 1
+        return True
+
+    def _count_received(self, seq: int) -> bool:
+        """Seq is answered: counted and remembered; False if it came reordered (below
+        the highest Seq answered so far), True if it is the new highest."""
+        del self._outstanding[seq]
+        self._remember_answered(seq)
+        self.counters.received += 1
+        if self._highest_seq is not None and seq < self._highest_seq:
+            self.counters.reordered += 1
+            return False
+        self._highest_seq = seq
+        return True
+
     def _match_looped(self, data: bytes, now: int) -> None:
         """A loopback session's own packet came back (``sixlab.stamp.loopback``)."""
         cfg = self.config
@@ -418,13 +451,7 @@ class SenderSession:
         seq = pkt.seq
         t1 = self._outstanding.get(seq)
         if t1 is None:
-            if seq in self._answered:
-                self.counters.duplicates += 1
-                self._events.append(DuplicateReceived(cfg.ssid, seq))
-            elif seq < self._next_seq:
-                self._drop(DropReason.LATE)
-            else:
-                self._drop(DropReason.UNKNOWN_SEQ)
+            self._unmatched(seq)
             return
         try:
             echoed_t1 = self._to_utc(pkt.timestamp, pkt.error_estimate.fmt)
@@ -434,13 +461,7 @@ class SenderSession:
         if echoed_t1 != t1:
             self._drop(DropReason.BAD_TIMESTAMP)
             return
-        del self._outstanding[seq]
-        self._remember_answered(seq)
-        self.counters.received += 1
-        if self._highest_seq is not None and seq < self._highest_seq:
-            self.counters.reordered += 1
-        else:
-            self._highest_seq = seq
+        self._count_received(seq)
         self._events.append(
             StampResult(
                 ssid=cfg.ssid,
