@@ -12,7 +12,7 @@ Topology (``sixlab.testbed``)::
 ``sixlab ilnp host`` on A and B (policy ``socket``, ``--fastpath`` as given); a TCP
 connection between the identifier addresses (an unmodified socket pair, this process)
 carries a stream of random bytes from A to B for the whole run, the writer always
-ahead of the network. The receiver timestamps every ``recv``. Each round makes four
+ahead of the network. The receiver timestamps every ``recv``. Each round makes six
 events, ``--settle`` seconds apart:
 
 * ``admin down``: ``ip link set eth0 down`` on A (the host's own interface);
@@ -20,7 +20,11 @@ events, ``--settle`` seconds apart:
   would do), A moves back to its preferred locator;
 * ``carrier loss``: ``ip link set ra down`` on R: A's eth0 stays up, without carrier;
 * ``carrier back``: ``ra`` up again, with the router's addresses on it (its down
-  flushed them).
+  flushed them);
+* ``move``: A's eth0 is renumbered into 2001:db8:c::/64, make before break: the new
+  address is added, A is moved to the new locator (``set-locators``, what ``sixlab
+  ilnp move`` sends), then the old address is deleted;
+* ``move back``: the same back to 2001:db8:a::/64.
 
 For each event the *stall* is the longest gap between two receives in the window from
 the event to the next one, next to the longest gap in the second before the event
@@ -130,6 +134,7 @@ class Net:
         ):
             self.r.add_address(ifname, prefix)
             self.r.add_address(ifname, ll)
+        self.r.add_address("ra", "2001:db8:c::1")  # where A moves to
         self.ip(self.a, "route", "add", "default", "via", "fe80::1", "dev", "eth0", "metric", "100")
         self.ip(self.a, "route", "add", "default", "via", "fe80::2", "dev", "eth1", "metric", "200")
         self.ip(self.b, "route", "add", "default", "via", "fe80::1", "dev", "eth0")
@@ -172,11 +177,23 @@ class Net:
         return Stream(client, server)
 
 
-EVENTS = ("admin down", "admin up", "carrier loss", "carrier back")
+EVENTS = ("admin down", "admin up", "carrier loss", "carrier back", "move", "move back")
+#: The move's locators: (old address, new address, the locator set after the move).
+_MOVES = {
+    "move": ("2001:db8:a::a", "2001:db8:c::a", ["2001:db8:c:0,10", "2001:db8:d:0,20"]),
+    "move back": ("2001:db8:c::a", "2001:db8:a::a", ["2001:db8:a:0,10", "2001:db8:d:0,20"]),
+}
 
 
 def _event(net: Net, name: str) -> None:
-    if name == "admin down":
+    if name in _MOVES:
+        old, new, locators = _MOVES[name]
+        net.a.add_address("eth0", new)
+        reply = control_request(net.controls["a"], {"cmd": "set-locators", "locators": locators})
+        if not reply.get("ok"):
+            raise SystemExit(f"move refused: {reply}")
+        net.ip(net.a, "addr", "del", f"{old}/64", "dev", "eth0")
+    elif name == "admin down":
         net.ip(net.a, "link", "set", "eth0", "down")
     elif name == "admin up":
         net.ip(net.a, "link", "set", "eth0", "up")
@@ -186,8 +203,8 @@ def _event(net: Net, name: str) -> None:
         net.ip(net.r, "link", "set", "ra", "down")
     else:  # down flushed the router's addresses on ra: its configuration comes back
         net.ip(net.r, "link", "set", "ra", "up")
-        net.r.add_address("ra", "2001:db8:a::1")
-        net.r.add_address("ra", "fe80::1")
+        for address in ("2001:db8:a::1", "fe80::1", "2001:db8:c::1"):
+            net.r.add_address("ra", address)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fastpath", choices=["auto", "on", "off"], default="on")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of the four events")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the six events")
     parser.add_argument("--settle", type=float, default=4.0, help="seconds between events")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()

@@ -6,7 +6,7 @@
 
 ``paper`` (root): for each role (Session-Sender/Collector, Session-Reflector), each
 implementation (the baseline without any STAMP process, sixlab's ``scapy``, ``mmap``,
-``socket`` and ``xdp`` planes, and each ``--external``) and each STAMP share of the
+``socket``, ``xdp`` and ``afxdp`` planes, and each ``--external``) and each STAMP share of the
 traffic (the paper's 0, 0.05, 0.1, 0.5, 1, 5, 10, 20, 50, 100 %), the PDR at 0.5 % loss
 (MLRsearch) of the total traffic the SUT handles: data it forwards with SRv6 H.Encaps
 plus STAMP packets it reflects or collects (a collected packet counts only when the
@@ -30,6 +30,14 @@ prints how many records it has stored so far (its STAMP frames then all carry SS
 ``{ssid}``). Example, sixlab's own CLI as if it were someone else's reflector:
 
     --external 'cli=python -m sixlab stamp reflector --listen {address} --port {port}'
+
+Where the work runs. On a veth an XDP program runs in the NAPI poll of the CPU that
+sent the frame, the generator's. ``--rx-path napi`` (the default) makes that poll a
+kthread pinned to the SUT's CPU (``bench_xdp_pdr.py forward-cpu``'s method), so the
+SUT's forwarding and the xdp and afxdp planes' programs are charged to the SUT's CPU
+for every implementation alike; ``--rx-path rps`` is the older benchmarks' receive
+path, and the run then prints that the XDP-based planes' figures are partly the
+generator's. The run prints where the receive path ran (frames per CPU).
 
 ``report DIR``: the table and the PNGs again from ``DIR/stamp-paper.json``.
 
@@ -233,7 +241,8 @@ def main() -> None:
     p.add_argument("--final", type=float, default=5.0, help="final trial seconds")
     p.add_argument("--residual", type=float, default=RESIDUAL_S,
                    help="seconds after a trial in which answers still count")  # fmt: skip
-    p.add_argument("--min-rate", type=float, default=500.0)
+    p.add_argument("--min-rate", type=float, default=SearchSettings().min_rate,
+                   help="lowest rate searched (a PDR of 0: lost more already there)")  # fmt: skip
     p.add_argument("--max-rate", type=float, default=0.0, help="0: the generator's ceiling")
     p.add_argument("--method", choices=["mlrsearch", "bisect"], default="mlrsearch")
     p.add_argument("--out", type=Path)

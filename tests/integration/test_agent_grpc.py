@@ -33,6 +33,12 @@ from sixlab.southbound import (
     serve,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound.agent import (
+    MAX_COUNT,
+    MAX_DURATION_NS,
+    MAX_INTERVAL_NS,
+    MAX_LOSS_TIMEOUT_NS,
+)
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
 from tests.integration.conftest import TEST_PREFIX
@@ -325,6 +331,40 @@ def test_agent_survives_garbage(pair: Pair) -> None:
     _check_records(_poll_all(pair.sender, 20), 20)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("count", MAX_COUNT + 1),
+        ("count", 2**64 - 1),
+        ("interval_ns", MAX_INTERVAL_NS + 1),
+        ("interval_ns", 2**64 - 1),
+        ("duration_ns", MAX_DURATION_NS + 1),
+        ("duration_ns", 2**64 - 1),
+        ("loss_timeout_ns", MAX_LOSS_TIMEOUT_NS + 1),
+        ("loss_timeout_ns", 2**64 - 1),
+    ],
+)
+def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value: int) -> None:
+    """What the CLI and the northbound API refuse, the agent refuses over gRPC too:
+    INVALID_ARGUMENT naming the field; the bound itself is accepted."""
+    request = pb.CreateStampSessionRequest(ssid=1, reflector_address="::1")
+    setattr(request, field, value)
+    with pytest.raises(SouthboundError) as refused:
+        pair.sender.create_session(request)
+    assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details.startswith(f"{field}: {value}, at most "), refused.value.details
+    assert pair.sender.info().ssids == []
+    limit = {
+        "count": MAX_COUNT,
+        "interval_ns": MAX_INTERVAL_NS,
+        "duration_ns": MAX_DURATION_NS,
+        "loss_timeout_ns": MAX_LOSS_TIMEOUT_NS,
+    }[field]
+    setattr(request, field, limit)
+    pair.sender.create_session(request)
+    assert pair.sender.info().ssids == [1]
+
+
 # ------------------------------------------------------------------------------- TLS
 
 
@@ -446,6 +486,62 @@ def test_agent_subprocess() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+# ------------------------------------------------------------------- unix socket paths
+
+
+def test_a_live_agents_unix_socket_is_refused_and_kept(tmp_path: Path) -> None:
+    """A second agent started on a path a running agent serves is refused; the first
+    keeps its socket and its clients (gRPC alone would unlink and take the path)."""
+    address = f"unix:{tmp_path}/a.sock"
+    first = serve(address, "reflector")
+    try:
+        with AgentClient(address, timeout=5) as client:
+            client.wait_ready()
+            epoch = client.info().epoch
+        with pytest.raises(OSError, match=r"a\.sock: a server answers there .*another path"):
+            serve(address, "sender")
+        with AgentClient(address, timeout=5) as client:
+            assert client.info().epoch == epoch  # still the first agent
+    finally:
+        first.stop()
+
+
+def test_a_path_that_is_not_a_socket_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "a.sock"
+    path.write_text("precious")
+    with pytest.raises(OSError, match="exists and is not a socket"):
+        serve(f"unix:{path}", "reflector")
+    assert path.read_text() == "precious"
+
+
+def test_an_agent_killed_with_sigkill_restarts_on_its_socket(tmp_path: Path) -> None:
+    """kill -9 leaves the socket file; the next agent on that path replaces it, and
+    an agent started while one serves there exits 2 with the reason."""
+    path = tmp_path / "a.sock"
+    argv = _agent_command("--role", "reflector", "--grpc", f"unix:{path}")
+    first = _start_agent(argv)
+    first.kill()
+    first.wait(10)
+    assert first.stdout is not None
+    first.stdout.close()
+    assert path.is_socket()  # the dead agent's
+    second = _start_agent(argv)
+    try:
+        with AgentClient(f"unix:{path}", timeout=5) as client:
+            client.wait_ready()
+            assert not client.info().initialized
+        third = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert third.returncode == 2, third
+        assert "a server answers there" in third.stderr
+        with AgentClient(f"unix:{path}", timeout=5) as client:
+            client.info()  # still the second agent's socket
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(10) == 0
+        assert second.stdout is not None
+        second.stdout.close()
 
 
 # ------------------------------------------------------------------- SRv6 in a namespace

@@ -259,3 +259,42 @@ def test_unused_nodes_go_and_destroyed_sessions_come_back(world: World) -> None:
     ]
     states = [s.state for s in w.client.sessions(include_destroyed=True) if s.name == "b"]
     assert sorted(states) == ["created", "destroyed"]
+
+
+def test_a_node_that_measured_goes_only_with_prune(world: World) -> None:
+    """A node left out of the list, on which a session measured: apply refuses it
+    (FAILED_PRECONDITION naming the session, nothing changed) rather than keep it
+    quietly; --prune removes it with the session's stored results."""
+    w = world
+    path = w.tmp / "lab.toml"
+    spare = f'\n[nodes.spare]\naddress = "{w.reflector_addr}"\nrole = "reflector"\n'
+    measured = (
+        '\n[sessions.m]\nsender = "s"\nreflector = "spare"\nreflector-address = "::1"\n'
+        "port = 8620\ncount = 5\ninterval = 0.01\n"
+    )
+    path.write_text(_config(w, spare + SESSIONS + measured))
+    w.ok("apply", str(path))
+    w.client.wait_state("m", ("finished",), 30)
+    assert w.client.stats("m").received == 5
+    m_id = w.controller.store.session("m").id
+    assert w.controller.store.count_results(m_id) == 5
+
+    path.write_text(_config(w, SESSIONS))
+    for extra in ((), ("--dry-run",)):
+        out = w.cli("apply", str(path), *extra)
+        assert out.returncode != 0
+        assert "FAILED_PRECONDITION" in out.stderr, out.stderr
+        assert "'spare' is not in the list, but the stored results of session 'm'" in out.stderr
+        assert "--prune" in out.stderr
+    assert "m" in _sessions(w)  # refused before any change
+    assert "spare" in {n.name for n in w.client.nodes()}
+
+    assert w.ok("apply", str(path), "--prune").splitlines() == [
+        "- session m: destroy (not in the list)",
+        "- node spare: remove (not in the list; with the history of session 'm')",
+        "made 2 changes",
+    ]
+    assert "spare" not in {n.name for n in w.client.nodes()}
+    assert "m" not in {s.name for s in w.client.sessions(include_destroyed=True)}
+    assert w.controller.store.count_results(m_id) == 0
+    assert w.ok("apply", str(path)).strip() == "no changes: the controller matches the file"

@@ -22,6 +22,8 @@ import pytest
 
 from sixlab.bench.generator import Mix, build_generator, interface_mac, run_generator
 from sixlab.bench.stamp_paper import (
+    BASELINE,
+    Implementation,
     SearchSettings,
     collector_frame,
     parse_external,
@@ -36,7 +38,7 @@ from .conftest import TEST_PREFIX
 pytestmark = pytest.mark.root
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The quick run takes 2-4 minutes here, on a machine shared with other test runs.
+#: The quick run takes 3-5 minutes here, on a machine shared with other test runs.
 QUICK_TIMEOUT_S = 540
 ETH_P_IPV6 = 0x86DD
 
@@ -119,7 +121,7 @@ def test_quick_paper_run_holds_its_invariants(tmp_path: Path) -> None:
     got = {(p["role"], p["impl"], p["fraction"]) for p in document["points"]}
     for role in ("collector", "reflector"):
         assert (role, "baseline", 0.0) in got
-        for plane in ("scapy", "mmap", "socket", "xdp"):
+        for plane in ("scapy", "mmap", "socket", "xdp", "afxdp"):
             assert {(role, plane, f) for f in (0.0, 0.01, 1.0)} <= got
     assert {("reflector", "cli", f) for f in (0.0, 0.01, 1.0)} <= got
     assert not any(p[1] == "cli" for p in got if p[0] == "collector")  # no records command
@@ -174,3 +176,21 @@ def test_external_collector_is_counted_by_its_records_command(
     assert isinstance(counters, dict)
     handled = counters["0/collector/counting"]["handled"]
     assert 0 < handled <= int(count.read_text())  # what the bench counted, it reported
+
+
+@pytest.mark.parametrize("bench_testbed", [True], indirect=True)
+def test_an_implementation_that_never_answers_is_named_and_the_run_goes_on(
+    bench_testbed: BenchTestbed,
+) -> None:
+    mute = parse_external("mute=sleep 600")  # started, answers nothing
+    settings = SearchSettings(precision=0.3, trial_seconds=0.3, final_seconds=0.3,
+                              max_rate=20_000.0, method="bisect")  # fmt: skip
+    impls = [Implementation(BASELINE, "baseline"), mute]
+    points, info = run_paper(bench_testbed, impls, roles=["reflector"], fractions=[0.5],
+                             settings=settings, log=lambda _m: None,
+                             preflight_attempts=2)  # fmt: skip
+    assert [(p.impl, p.fraction) for p in points] == [(BASELINE, 0.0)]  # the run went on
+    failed = info["failed"]
+    assert isinstance(failed, dict)
+    assert list(failed) == ["0/reflector/mute"]
+    assert "a light trial does not pass" in failed["0/reflector/mute"]

@@ -46,8 +46,7 @@ class AgentProcess:
         self.start()
 
     def start(self) -> None:
-        # A killed agent leaves its socket file behind; a supervisor removes it.
-        self.path.unlink(missing_ok=True)
+        # A killed agent leaves its socket file behind: the agent replaces it itself.
         argv = [sys.executable, "-m", "sixlab", "stamp", "agent", "--role", self.role]
         self.proc = subprocess.Popen(
             [*argv, "--grpc", self.address],

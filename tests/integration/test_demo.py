@@ -45,13 +45,21 @@ def _marked_processes(mark: str) -> list[str]:
     return found
 
 
-def _marked_env(mark: str) -> dict[str, str]:
-    return {**os.environ, "SIXLAB_TEST_RUN": mark}
+def _marked_env(mark: str, tmp: Path) -> dict[str, str]:
+    """The environment of one demo run: its processes carry ``mark``, and its temporary
+    files (the testbed's and the agents' socket folders) go under ``tmp``, this run's
+    alone, so that what it leaves behind is seen whatever else runs on the machine."""
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "SIXLAB_TEST_RUN": mark, "TMPDIR": str(tmp)}
 
 
-def _own_processes(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if marker in line and "ps -eo" not in line]
+def _assert_left_nothing(pid: int, mark: str, tmp: Path) -> None:
+    """The demo of ``pid`` removed its namespaces (named ``sixlab-demo-PID-*``: other
+    demos' are theirs), stopped every process it started, and removed its temporary
+    files."""
+    assert not _namespaces(f"sixlab-demo-{pid}-")
+    assert not _marked_processes(mark)
+    assert not list(tmp.iterdir())
 
 
 #: Every plane the demo offers (``--dataplane``'s choices), once; the socket plane with
@@ -67,6 +75,7 @@ RUNS = [("socket", "stream"), ("socket", "poll")] + [
 
 @pytest.mark.parametrize(("plane", "collect"), RUNS)
 def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect: str) -> None:
+    mark = secrets.token_hex(8)
     proc = subprocess.Popen(
         [
             *DEMO,
@@ -89,6 +98,7 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=_marked_env(mark, tmp_path / "tmp"),
     )
     try:
         stdout, stderr = proc.communicate(timeout=120)
@@ -127,9 +137,7 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
     assert len(sqlite) == len(png) == 1
     assert png[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"results: {sqlite[0]}" in stderr
-    # Its own namespaces are gone (other demos may run on the machine meanwhile).
-    assert not _namespaces(f"sixlab-demo-{proc.pid}-")
-    assert not _own_processes(str(tmp_path))
+    _assert_left_nothing(proc.pid, mark, tmp_path / "tmp")
 
 
 def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
@@ -140,7 +148,7 @@ def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
             [*DEMO, "--duration", "60", "--out", str(tmp_path)],
             stdout=sink,
             stderr=sink,
-            env=_marked_env(mark),
+            env=_marked_env(mark, tmp_path / "tmp"),
         )
         try:
             deadline = time.monotonic() + 60
@@ -151,6 +159,7 @@ def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
             running = _marked_processes(mark)
             assert any("linkemu" in p for p in running), running  # what must go, seen
             assert any("stamp agent" in p for p in running), running
+            assert list((tmp_path / "tmp").iterdir())  # its socket folders, seen
             proc.send_signal(signal.SIGINT)
             assert proc.wait(60) == 130
         finally:
@@ -158,18 +167,26 @@ def test_demo_cleans_up_on_ctrl_c_and_runs_again(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
     assert "interrupted" in log.read_text()
-    assert not _namespaces(f"sixlab-demo-{proc.pid}-")
-    # Nothing it started is left (link emulators, agents); other runs' may exist.
-    assert not _marked_processes(mark)
-    # A second run right after works.
-    again = subprocess.run(
+    # Nothing it started is left (namespaces, link emulators, agents, socket folders);
+    # other runs' may exist.
+    _assert_left_nothing(proc.pid, mark, tmp_path / "tmp")
+    # A second run right after works, and leaves nothing either.
+    again = subprocess.Popen(
         [*DEMO, "--duration", "1", "--json", "--out", str(tmp_path)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
-        check=True,
+        env=_marked_env(mark, tmp_path / "tmp"),
     )
-    assert all(p["measured"]["received"] > 0 for p in json.loads(again.stdout)["paths"])
+    try:
+        stdout, stderr = again.communicate(timeout=120)
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait()
+    assert again.returncode == 0, stderr
+    assert all(p["measured"]["received"] > 0 for p in json.loads(stdout)["paths"])
+    _assert_left_nothing(again.pid, mark, tmp_path / "tmp")
 
 
 def test_demo_without_root_says_so(

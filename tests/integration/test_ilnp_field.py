@@ -296,10 +296,10 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     the hosts file to C's real address): ping, UDP and TCP, both directions."""
     with net.hosts.open("a") as hosts:
         hosts.write("2001:db8:e:0/0:0:0:c  carol\n")
-    # A veth leaves the sender's transport checksum to the receiver when both ends are
-    # on one machine (CHECKSUM_PARTIAL) and passes whole TSO segments; a NIC finishes
-    # both before the wire. C sends as a host on a real link would.
-    net.c.exec(["ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off"])
+    # A veth passes whole TSO segments on (a NIC cuts them before the wire): C sends
+    # segments as a host on a real link would. It also leaves C's transport checksums
+    # unfinished (CHECKSUM_PARTIAL), which A's daemon finishes itself.
+    net.c.exec(["ethtool", "-K", "eth0", "tso", "off", "gso", "off"])
     da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy=policy)
     echo_a = EchoServer(net.a, ID_A)
     echo_c = EchoServer(net.c, "::")
@@ -324,6 +324,7 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     status = da.status()
     assert status["drops"].get("no_nonce", 0) == 0
     assert status["counters"]["peer_not_ilnp"] == 1
+    assert status["wire"]["rx_checksum_finished"] > 0  # C's TCP, unfinished on the veth
 
 
 def _cli(node: Node, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -357,10 +357,80 @@ def test_start_is_quiet_and_exit_leaves_nothing(net: IlnpNet, fastpath: str) -> 
     assert not Path(control).exists()
 
 
+def test_fastpath_leaves_by_the_locators_link_not_the_preferred_route(net: IlnpNet) -> None:
+    """A prefers its eth1 locator while its preferred default route goes through eth0.
+    The kernel fast path sends out of eth1 to eth1's router: left to its own route
+    lookup it took eth0's gateway and looked for it on eth1, where nobody answers,
+    and every packet waited there and was lost."""
+    da = net.start(
+        net.a,
+        "0:0:0:a",
+        ["2001:db8:d:0,10", "2001:db8:a:0,20"],
+        interfaces=("eth0", "eth1"),
+        policy="none",
+    )
+    net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    echo = EchoServer(net.b, ID_B)
+    cap = net.capture("ra2")
+    try:
+        with a_client(net) as client:
+            echo_each(client, [b"first %d" % i for i in range(3)])
+            before = da.status()["fastpath"]["counters"]
+            echo_each(client, [b"kernel %d" % i for i in range(50)])
+            after = da.status()["fastpath"]["counters"]
+        flow = TcpFlow(net.a, net.b, ID_A, ID_B).start()
+        time.sleep(1.0)
+        flow.finish()
+    finally:
+        echo.close()
+    frames = cap.stop()
+    assert after["tx_fast"] >= before.get("tx_fast", 0) + 50
+    assert not flow.errors
+    assert flow.received == flow.sent > 100_000
+    assert after.get("tx_fast_tcp", 0) == 0 < da.status()["fastpath"]["counters"]["tx_fast_tcp"]
+    from_a = [f for f in frames if f[12:14] == b"\x86\xdd" and f[14 + 8 : 14 + 16] == LOC_D_BYTES]
+    assert len(from_a) >= 50
+
+
+@pytest.mark.parametrize("then", ["restart", "cleanup"])
+def test_a_killed_daemons_leavings_are_undone(net: IlnpNet, then: str) -> None:
+    """A daemon killed with SIGKILL leaves what it added: the clsact qdiscs, the
+    ``ignore_routes_with_linkdown`` it set, the address it claimed, its nft table. The
+    next daemon on the same TUN device (or ``sixlab ilnp cleanup``) puts the
+    namespace back as the dead one found it, and a clean exit then leaves nothing."""
+    before = _leavings(net)
+    argv = _host_argv("0:0:0:a", "2001:db8:a:0,10", "--control", str(net.tmp / "a.sock"))
+    argv[argv.index("--fastpath") + 1] = "on"
+    argv += ["--locator", "2001:db8:9:0,30", "--interface", "eth1"]  # 9: no link holds it
+    first = net.tb.run_in(net.a, argv, stdout=subprocess.PIPE)
+    assert first.stdout is not None
+    assert first.stdout.readline().startswith(b"ready ")
+    first.kill()
+    first.wait(timeout=10)
+    crashed = _leavings(net)
+    assert crashed["sysctl"].split() == ["1", "1"]
+    assert "2001:db8:9::a/64" in crashed["addresses"]
+    assert "clsact" in crashed["qdiscs"]
+    if then == "cleanup":
+        done = net.tb.exec_in(
+            net.a, [sys.executable, "-m", "sixlab.cli.ilnp", "cleanup"], check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert _leavings(net) == before
+        return
+    second = net.tb.run_in(net.a, argv, stdout=subprocess.PIPE)
+    assert second.stdout is not None
+    assert second.stdout.readline().startswith(b"ready ")
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=10) == 0
+    assert _leavings(net) == before
+
+
 def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
     """A's second interface is deleted and made again (a new index): the daemon's
-    capture socket on the old one would never see a packet again. It is made again,
-    and the link carries the failover as before."""
+    capture socket on the old one would never see a packet again, and the kernel fast
+    path's ingress program went with the old interface. Both are made again, and the
+    link carries the failover as before, through the kernel both ways."""
     da = start_multihomed(net)
     net.start(net.b, "0:0:0:b", ["2001:db8:b:0"])
     net.ip(net.a, "link", "del", "eth1")
@@ -372,12 +442,24 @@ def test_a_link_made_again_gets_a_new_ring(net: IlnpNet) -> None:
     net.ip(net.r, "addr", "add", "2001:db8:d::1/64", "dev", "ra2")
     net.ip(net.r, "addr", "add", "fe80::2/64", "dev", "ra2")
     wait_until(lambda: da.status()["events"].get("rings_reopened") == 1, what="a new ring")
+    wait_until(lambda: da.status()["events"].get("fastpath_reattached") == 1, what="program")
+    filters = net.tb.exec_in(net.a, ["tc", "filter", "show", "dev", "eth1", "ingress"])
+    assert "ilnp_ingress" in filters.stdout
     net.ip(net.a, "link", "set", "eth0", "down")
     wait_until(lambda: da.status()["withdrawn"] == ["2001:db8:a:0"], what="failover")
     echo = EchoServer(net.b, ID_B)
     try:
         with a_client(net) as client:
             echo_each(client, [b"over the new eth1 %d" % i for i in range(5)])
+            before = da.status()["fastpath"]["counters"]
+            echo_each(client, [b"in the kernel %d" % i for i in range(50)])
+            after = da.status()["fastpath"]["counters"]
     finally:
         echo.close()
-    assert da.status()["rings"]["eth1"]["reopened"] == 1
+    status = da.status()
+    assert status["rings"]["eth1"]["reopened"] == 1
+    # A adopted B (its client socket is connected): its requests leave through the
+    # kernel out of the new eth1, B's answers come in through the program on it.
+    assert after["tx_fast"] >= before.get("tx_fast", 0) + 45
+    assert after["rx_fast"] >= before.get("rx_fast", 0) + 45
+    assert not status["drops"]

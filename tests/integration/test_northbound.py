@@ -606,3 +606,19 @@ def test_sigkill_mid_session_resumes_without_gap_or_duplicate(
         assert ids == [(0, i) for i in range(1, count + 1)]  # agent ids 1..N once each
     finally:
         store.close()
+
+
+def test_a_live_controllers_unix_socket_is_refused_and_kept(
+    northbound: Northbound, tmp_path: Path
+) -> None:
+    """A second controller started on the path a running one serves is refused, and the
+    first keeps its socket and its clients (gRPC alone would unlink and take the path)."""
+    other = Controller(SqliteStore(tmp_path / "other.db"), supervise_interval_s=None)
+    try:
+        with pytest.raises(OSError, match=r"controller\.sock: a server answers there"):
+            serve_controller(northbound.address, other)
+    finally:
+        other.close()
+        other.store.close()
+    northbound.client.register_node("still-first", "unix:/nonexistent.sock", "sender")
+    assert "still-first" in [n.name for n in northbound.client.nodes()]

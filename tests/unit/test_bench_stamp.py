@@ -14,9 +14,11 @@ from sixlab.bench.collector import prime_session
 from sixlab.bench.generator import Mix
 from sixlab.bench.stamp_paper import (
     BASELINE,
+    PREFLIGHT_RATE,
     Implementation,
     PaperPoint,
     PaperTrial,
+    SearchSettings,
     check,
     collector_frame,
     load_points,
@@ -26,7 +28,7 @@ from sixlab.bench.stamp_paper import (
     summarize,
     write_results,
 )
-from sixlab.bench.stamp_report import markdown, paper_ratios, plot_figures
+from sixlab.bench.stamp_report import PAPER, markdown, paper_ratios, plot_figures
 from sixlab.dataplane.base import DataplaneConfig
 from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec
 from sixlab.dataplane.memory import MemoryNetwork
@@ -222,7 +224,8 @@ def test_check_names_what_does_not_hold() -> None:
     points[0].trials.append(_trial(0.0, 100, 1))  # STAMP handled at 0 % STAMP
     points[-1].trials.append(dataclasses.replace(_trial(1.0, 100, 50), stamp_offered=50))
     mmap = {"handled": 7, "engine": {"received": 6}}
-    meta = {"repeat": 2, "sut_counters": {"0/collector/mmap": mmap}}
+    failed = {"1/collector/mmap": "mmap (collector): a light trial does not pass"}
+    meta = {"repeat": 2, "sut_counters": {"0/collector/mmap": mmap}, "failed": failed}
     problems = check(points, meta, IMPLS, ["collector", "reflector"], [0.0, 1.0])
     text = "\n".join(problems)
     assert "collector/mmap/100.00%: 0 of 2 points" in text
@@ -232,6 +235,7 @@ def test_check_names_what_does_not_hold() -> None:
     assert "50 STAMP of 100 offered" in text
     assert "the bench counted 7 handled, the implementation 6" in text
     assert "reflector: xdp at 100 % STAMP" in text
+    assert "1/collector/mmap: no searches (mmap (collector): a light trial" in text
     quick = check(points, meta, IMPLS, ["collector", "reflector"], [0.0, 1.0], compare_speed=False)
     assert not any("xdp at 100 % STAMP" in line for line in quick)  # no speed in --quick
     assert set(quick) == set(problems) - {line for line in problems if "xdp at 100" in line}
@@ -268,6 +272,33 @@ def test_report_tables_ratios_and_plots(tmp_path: Path) -> None:
     assert sorted(written) == ["12", "13", "14", "15", "16"]
     for path in written.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ratios_of_planes_the_paper_has_not() -> None:
+    pdrs = {("reflector", BASELINE, 0.0): [1e6], ("reflector", "afxdp", 0.0): [8e5],
+            ("reflector", "afxdp", 1.0): [3e5], ("reflector", "mmap", 1.0): [1e5]}  # fmt: skip
+    ratios = {r["what"]: r for r in paper_ratios(summarize(_run(pdrs)))}
+    row = ratios["Fig 13: afxdp / baseline, 0 % STAMP"]
+    assert (row["ours"], row["paper"]) == (pytest.approx(0.8), None)
+    row = ratios["Fig 14b: afxdp / mmap, 100 % STAMP"]
+    assert (row["ours"], row["paper"]) == (pytest.approx(3.0), None)
+    assert ratios["Fig 12: afxdp / baseline, 0 % STAMP"]["ours"] is None  # no point
+
+
+def test_lowest_rates_are_below_the_papers_slowest_figure() -> None:
+    # The paper's Scapy reflector at 100 % STAMP: 0.47 kframes/s. A search starting
+    # above it gives a plane as slow PDR 0; a light trial with more STAMP than that
+    # stops a plane as slow before its searches.
+    slowest = min(PAPER.values()) * 1e3
+    assert SearchSettings().min_rate < slowest
+    assert slowest > PREFLIGHT_RATE * 0.5
+
+
+def test_report_says_what_a_pdr_of_zero_means() -> None:
+    pdrs = {("reflector", BASELINE, 0.0): [1e6], ("reflector", "scapy", 1.0): [0.0]}
+    text = markdown(_run(pdrs), {"settings": {"min_rate": 100.0}})
+    assert "lowest rate (100.0 frames/s) already lost more than 0.5 %" in text
+    assert "lowest rate" not in markdown(_run({("reflector", BASELINE, 0.0): [1e6]}), {})
 
 
 def test_implementation_roles() -> None:

@@ -1,13 +1,16 @@
-"""The shared unary wrapper of the agent and the controller servicers, without gRPC."""
+"""The shared unary wrapper of the agent and the controller servicers, without gRPC;
+claiming a unix socket address."""
 
 from __future__ import annotations
 
+import socket
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
 
-from sixlab.southbound.rpcserver import unary
+from sixlab.southbound.rpcserver import claim_unix_address, unary
 
 
 class _AbortedError(Exception):
@@ -73,3 +76,18 @@ def test_unmapped_error_is_reported_and_reraised() -> None:
         servicer.fails("other", _Context())
     assert unexpected == ["fails"]
     assert not servicer._lock.locked()
+
+
+@pytest.mark.parametrize("scheme", ["unix:", "unix://"])
+def test_claim_unix_address_replaces_dead_and_refuses_live(tmp_path: Path, scheme: str) -> None:
+    path = tmp_path / "a.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(path))  # the file stays, nobody listens
+    claim_unix_address(f"{scheme}{path}")
+    assert not path.exists()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
+        live.bind(str(path))
+        live.listen(1)
+        with pytest.raises(OSError, match="a server answers there"):
+            claim_unix_address(f"{scheme}{path}")
+        assert path.is_socket()

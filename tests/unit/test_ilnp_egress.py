@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sixlab.ilnp.egress import neighbour_messages, on_link, route_table
+from sixlab.ilnp.links import LinkState, LinkWatcher
 
 
 def _net(text: str) -> int:
@@ -67,3 +68,33 @@ def test_neighbour_messages_never_raises(data: bytes) -> None:
 def test_a_cut_message_is_skipped(cut: int) -> None:
     whole = _neigh(28, 1, 0x02, "2001:db8::1")
     assert neighbour_messages(whole[:cut]) == []
+
+
+def test_next_hop_is_the_local_locators_links_own_route() -> None:
+    """eth0 has the preferred default route; a locator on eth1 still goes through
+    eth1's gateway, a destination on eth1's subnet is its own next hop, and a link
+    without a route there has none."""
+    loc0, loc1 = 0x2001_0DB8_000A_0000, 0x2001_0DB8_000D_0000
+    peer = 0x2001_0DB8_000B_0000 << 64 | 0xB
+    gw0, gw1 = 0xFE80 << 112 | 1, 0xFE80 << 112 | 2
+    watcher = LinkWatcher(("eth0", "eth1", "eth2"))
+    watcher.states = {
+        "eth0": LinkState("eth0", 2, True, True, "UP", frozenset({loc0}), hops=((0, 0, gw0),)),
+        "eth1": LinkState(
+            "eth1",
+            3,
+            True,
+            True,
+            "UP",
+            frozenset({loc1}),
+            hops=((loc1 << 64, 64, 0), (0, 0, gw1)),
+        ),
+        "eth2": LinkState("eth2", 4, True, True, "UP", frozenset({0x99})),
+    }
+    watcher.homes = {loc0: {"eth0"}, loc1: {"eth1"}, 0x99: {"eth2"}}
+    watcher._route = {loc0: "eth0", loc1: "eth1", 0x99: "eth2"}
+    assert watcher.next_hop(loc0, peer) == gw0
+    assert watcher.next_hop(loc1, peer) == gw1
+    assert watcher.next_hop(loc1, loc1 << 64 | 0x77) == loc1 << 64 | 0x77
+    assert watcher.next_hop(0x99, peer) is None
+    assert watcher.next_hop(0x1234, peer) is None  # no interface holds it

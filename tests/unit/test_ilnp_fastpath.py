@@ -125,6 +125,29 @@ def test_established_entry_is_granted_both_directions() -> None:
     assert record.egress_until == peer_loc.valid_until
 
 
+def test_egress_names_the_next_hop_of_the_local_locators_link_or_is_not_granted() -> None:
+    """The kernel is told where the packet goes first on the egress link; a link with
+    no route to the peer gets no egress (the kernel's own lookup would pick another
+    link's gateway)."""
+    _a, b, entry = _pair()
+    asked: list[tuple[int, int]] = []
+
+    def via_router(local: int, dst: int) -> int:
+        asked.append((local, dst))
+        return 0xFE80 << 112 | 1
+
+    record = peer_record(entry, b.config, lambda _loc: 7, via_router)
+    assert record is not None
+    assert record.flags & F_EGRESS
+    assert record.next_hop == 0xFE80 << 112 | 1
+    assert asked == [(LOC_B, LOC_A << 64 | NID_A)]
+    assert int.from_bytes(record.pack()[-16:], "big") == 0xFE80 << 112 | 1
+    no_route = peer_record(entry, b.config, lambda _loc: 7, lambda _l, _d: None)
+    assert no_route is not None
+    assert not no_route.flags & F_EGRESS
+    assert no_route.flags & F_INGRESS
+
+
 def test_ingress_waits_until_the_host_has_seen_the_peer_answer() -> None:
     """While carry_nonce is set, the host still learns from the next packet."""
     a, b = _host(NID_A, LOC_A, always=False), _host(NID_B, LOC_B, always=False)
@@ -186,8 +209,9 @@ def test_aged_locators_stay_accepted_until_grace_and_egress_stops_at_first_deadl
 
 
 def test_packed_layouts_have_the_c_sizes() -> None:
-    # struct ilnp_peer: 3*8 + 8*8 + 8*8 + 2*8 + 4 + 4 + 3 + 5 + 12 + 12; ilnp_config: 88.
-    assert _PEER.size == 208
+    # struct ilnp_peer: 3*8 + 8*8 + 8*8 + 2*8 + 4 + 4 + 3 + 5 + 12 + 12 + 16 bytes, and
+    # struct ilnp_config 88 bytes
+    assert _PEER.size == 224
     assert _CONFIG.size == 88
 
 

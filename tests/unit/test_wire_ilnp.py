@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -27,6 +28,7 @@ from sixlab.wire.ilnp import (
     encode_locator_update,
     encode_nonce_header,
     encode_packet,
+    finish_partial_checksum,
     identifier_address,
     ipv6_checksum,
     is_ilnp_packet,
@@ -242,3 +244,67 @@ def test_nid_checksum_is_independent_of_locators_but_plain_is_not(
     recomputed = ipv6_checksum(ILV(loc_a, src_nid).packed, ILV(loc_b, dst_nid).packed, 17, udp)
     assert value == (recomputed or 0xFFFF)
     assert moved != filled or loc_a == loc_b == IDENTIFIER_PREFIX or value == expected
+
+
+def _partial(packet: IlnpPacket, pseudo_src: bytes, pseudo_dst: bytes) -> bytes:
+    """``packet`` as a Linux sender hands it to the device (CHECKSUM_PARTIAL): the
+    checksum field holds the pseudo-header sum over the given addresses, uncomplemented."""
+    offset = 6 if packet.next_header == 17 else 16
+    body = bytearray(packet.payload)
+    body[offset : offset + 2] = b"\0\0"
+    pseudo = ~ipv6_checksum(pseudo_src, pseudo_dst, packet.next_header, b"\0" * len(body))
+    # the pseudo-header alone: its sum, not complemented, is what the kernel writes
+    struct.pack_into("!H", body, offset, pseudo & 0xFFFF)
+    return encode_packet(replace(packet, payload=bytes(body)))
+
+
+@given(a=ilvs, b=ilvs, payload=st.binary(min_size=20, max_size=300), tcp=st.booleans())
+@SETTINGS
+def test_finish_partial_checksum_gives_what_a_device_writes(
+    a: ILV, b: ILV, payload: bytes, tcp: bool
+) -> None:
+    """Finishing a checksum started over identifier addresses gives the NID-only one,
+    whatever the locators and whether or not a nonce option sits in between."""
+    next_header = 6 if tcp else 17
+    body = payload if tcp else struct.pack("!HHHH", 1, 2, 8 + len(payload), 0) + payload
+    offset = 16 if tcp else 6
+    zeroed = bytearray(body)
+    zeroed[offset : offset + 2] = b"\0\0"
+    want = nid_checksum(a.nid, b.nid, next_header, bytes(zeroed))
+    if not tcp and want == 0:
+        want = 0xFFFF
+    for nonce in (None, Nonce(b"\1\2\3\4")):
+        packet = IlnpPacket(a, b, next_header, bytes(zeroed), nonce)
+        raw = _partial(packet, identifier_address(a.nid).packed, identifier_address(b.nid).packed)
+        finished = finish_partial_checksum(raw)
+        assert finished is not None
+        got = decode_packet(finished).payload
+        assert struct.unpack_from("!H", got, offset)[0] == want
+
+
+def test_finish_partial_checksum_over_real_addresses_is_the_plain_checksum() -> None:
+    """A plain IPv6 sender's unfinished checksum finishes to the plain one."""
+    a, b = ILV(0x20010DB8000E0000, 0xC), ILV(0x20010DB8000A0000, 0xA)
+    tcp = bytes(range(40))
+    zeroed = tcp[:16] + b"\0\0" + tcp[18:]
+    raw = _partial(IlnpPacket(a, b, 6, zeroed), a.packed, b.packed)
+    finished = finish_partial_checksum(raw)
+    assert finished is not None
+    assert struct.unpack_from("!H", finished, 40 + 16)[0] == ipv6_checksum(
+        a.packed, b.packed, 6, zeroed
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\x60" + bytes(38),  # shorter than the fixed header
+        b"\x40" + bytes(59),  # IPv4
+        encode_packet(IlnpPacket(ILV(1, 2), ILV(3, 4), 59, b"")),  # no next header
+        encode_packet(IlnpPacket(ILV(1, 2), ILV(3, 4), 6, bytes(10))),  # TCP cut short
+        encode_packet(IlnpPacket(ILV(1, 2), ILV(3, 4), 17, bytes(8)))[:-4],  # length lies
+    ],
+)
+def test_finish_partial_checksum_refuses_what_has_no_checksum_to_finish(raw: bytes) -> None:
+    assert finish_partial_checksum(raw) is None

@@ -8,12 +8,19 @@
 - :mod:`sixlab.bench.stamp_paper`: the STAMP paper's evaluation (Figs 12–16): data
   forwarded with H.Encaps (:mod:`sixlab.bench.forward`) and STAMP reflected
   (:mod:`sixlab.bench.reflector`) or collected (:mod:`sixlab.bench.collector`) in the
-  same trials, every plane; :mod:`sixlab.bench.stamp_report` draws its figures.
+  same trials, the baseline without STAMP and every plane (``scapy``, ``mmap``,
+  ``socket``, ``xdp``, ``afxdp``) and any external implementation, the receive path
+  on the SUT's CPU (threaded NAPI, :func:`sixlab.bench.forward.threaded_napi`);
+  :mod:`sixlab.bench.stamp_report` writes its tables and draws its figures.
 - :mod:`sixlab.bench.ilnp_echo`: UDP echo over ILNPv6 through the host daemon (a C
   echo server behind ``sixlab ilnp host``); :mod:`sixlab.bench.ilnp_study` the ILCC study.
 
-``benchmarks/bench_stamp.py paper`` runs the STAMP paper's evaluation (the one way to
-measure a STAMP PDR); ``benchmarks/bench_ilnp.py echo`` and ``study`` the ILNP ones.
+``benchmarks/bench_stamp.py paper`` runs the STAMP paper's evaluation, the PDR of the
+SUT in a STAMP role (``bench_pdr.py`` and ``bench_xdp_pdr.py pdr`` / ``forward`` are
+that command with fixed roles and STAMP shares); ``bench_xdp_pdr.py
+forward-cpu`` measures the CPU time per forwarded frame with the xdp plane attached
+instead, which a PDR cannot resolve. ``benchmarks/bench_ilnp.py echo`` and ``study``
+run the ILNP ones.
 
 Errors
 ------

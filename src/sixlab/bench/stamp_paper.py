@@ -43,9 +43,11 @@ stopped, at most a tenth of a 5 s confirmation trial, and the next trial starts 
 once every counter has stood still (the backlog drained, uncounted).
 
 Implementations (:class:`Implementation`): ``baseline`` (no STAMP process at all,
-only at 0 % STAMP, the paper's reference), ``scapy``, ``mmap``, ``socket`` and ``xdp``
-(sixlab's planes, each pinned to the SUT's CPU), and any number of ``external`` ones
-(a command started in the SUT's namespace, pinned likewise).
+only at 0 % STAMP, the paper's reference), ``scapy``, ``mmap``, ``socket``, ``xdp`` and
+``afxdp`` (sixlab's planes, each pinned to the SUT's CPU; ``afxdp``'s XDP program steers
+the STAMP frames into its socket, user space answers or collects them in batches), and
+any number of ``external`` ones (a command started in the SUT's namespace, pinned
+likewise).
 
 Figures. For each role the STAMP fraction is swept (``PAPER_FRACTIONS``); Fig 12 (the
 collector) and Fig 13 (the reflector) are its 0 % points next to the baseline, Fig 14
@@ -63,8 +65,8 @@ turn behind a busy STAMP process would let the veth's ring of 256 frames overflo
 within a scheduler slice (at 100 kframes/s, 3 ms is 300 frames), a loss a NIC's larger
 ring and interrupt would not have. ``rps``: the receive path of the
 older benchmarks (RPS to the SUT's CPU); an XDP program on a veth then runs on the
-*generator's* CPU (the veth's NAPI poll runs where the frame was sent), so the xdp
-plane's figures are the generator's, not the SUT's: the run says so. Either way the
+*generator's* CPU (the veth's NAPI poll runs where the frame was sent), so the xdp and
+afxdp planes' figures are partly the generator's, not the SUT's: the run says so. Either way the
 generator's veth runs the XDP_PASS program (frames an XDP program sends with XDP_TX on
 a veth are lost unless its peer has one too), and what comes back to the generator and
 the sink is counted in the softirq of the CPU that sent it, the SUT's: a few hundred ns
@@ -125,6 +127,7 @@ __all__ = [
     "NAPI_FIFO_PRIORITY",
     "PAPER_FRACTIONS",
     "PLANES",
+    "PREFLIGHT_RATE",
     "QUICK_FRACTIONS",
     "RESIDUAL_S",
     "ROLES",
@@ -149,7 +152,8 @@ __all__ = [
 
 Role = Literal["collector", "reflector"]
 ROLES: tuple[Role, ...] = ("collector", "reflector")
-PLANES = ("scapy", "mmap", "socket", "xdp")
+#: sixlab's planes in the figures: all of ``sixlab.dataplane.base.PLANES``.
+PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
 BASELINE = "baseline"
 #: The paper's STAMP fractions (Figs 15, 16): 0, 0.05, 0.1, 0.5, 1, 5, 10, 20, 50, 100 %.
 PAPER_FRACTIONS = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -175,6 +179,10 @@ RESIDUAL_S = 0.5
 #: SCHED_FIFO priority of the SUT's NAPI kthread (``rx_path="napi"``): that of a
 #: threaded interrupt handler (``kernel/irq/manage.c``), module doc.
 NAPI_FIFO_PRIORITY = 50
+#: Frames/s of the light trial before an implementation's searches, half of them STAMP:
+#: less STAMP than the slowest figure of the paper (its Scapy reflector at 100 % STAMP,
+#: 470 frames/s), so that a plane as slow passes it on a loaded machine.
+PREFLIGHT_RATE = 400.0
 #: Test packets primed beyond the trial's share: the generator's count is exact, this
 #: covers rounding.
 _PRIME_SLACK = 64
@@ -473,10 +481,11 @@ class PaperBench:
                       else "SCHED_OTHER")  # fmt: skip
             return (f"receive path: threaded NAPI on {self.tb.sut_if} (kthread "
                     f"{self.napi_pid}, CPU {self.sut_cpu}, {policy}): the SUT's forwarding and "
-                    f"the xdp plane's programs run on the SUT's CPU {self.sut_cpu}")  # fmt: skip
+                    f"the xdp and afxdp planes' XDP programs run on the SUT's CPU "
+                    f"{self.sut_cpu}")  # fmt: skip
         return (f"receive path: RPS to CPU {self.sut_cpu}; on a veth an XDP program runs on "
-                f"the CPU that sent the frame: the xdp plane's programs run on the "
-                f"GENERATOR's CPU {self.gen_cpu}, its figures are not the SUT's "
+                f"the CPU that sent the frame: the xdp and afxdp planes' XDP programs run "
+                f"on the GENERATOR's CPU {self.gen_cpu}, their figures are not the SUT's "
                 "(use --rx-path napi)")  # fmt: skip
 
     def measure_ceiling(self, seconds: float = 2.0) -> float:
@@ -609,12 +618,12 @@ class PaperBench:
 
     def preflight(self, role: Role, sut: Sut | None, *, attempts: int = 20) -> PaperTrial:
         """A light trial that must pass (half of it STAMP unless baseline): the SUT is up
-        and the counting works, or the run stops here with the reason."""
+        and the counting works; :class:`GeneratorError` with the reason if not."""
         fraction = 0.0 if sut is None else 0.5
         last: PaperTrial | GeneratorError | None = None
         for _ in range(attempts):
             try:
-                last = self._run(role, sut, fraction, 2_000.0, 0.5)
+                last = self._run(role, sut, fraction, PREFLIGHT_RATE, 0.5)
             except GeneratorError as exc:  # an external still starting, say
                 last = exc
             else:
@@ -638,7 +647,9 @@ class SearchSettings:
     precision: float = 0.02
     trial_seconds: float = 1.0
     final_seconds: float = 2.0
-    min_rate: float = 500.0
+    #: The lowest rate searched: below the slowest figure of the paper (its Scapy
+    #: reflector at 100 % STAMP, 470 frames/s), so that a plane as slow still has a PDR.
+    min_rate: float = 100.0
     max_rate: float = 0.0  # 0: the generator's ceiling
     method: Literal["mlrsearch", "bisect"] = "mlrsearch"
 
@@ -655,6 +666,9 @@ class PaperPoint:
     trials: list[PaperTrial] = field(default_factory=list)
     seconds: float = 0.0
     max_rate: float = 0.0
+    #: The machine's 1-minute load average when the search began (the SUT and the
+    #: generator themselves add up to 2 while they run).
+    loadavg: float = 0.0
 
 
 def _pdr_point(
@@ -679,6 +693,7 @@ def _pdr_point(
                            elapsed_s=t.elapsed_s)  # fmt: skip
 
     started = time.monotonic()
+    loadavg = os.getloadavg()[0]
     result = search_pdr(
         trial,
         min_rate=settings.min_rate,
@@ -691,7 +706,7 @@ def _pdr_point(
         log=log,
     )
     return PaperPoint(role, impl.name, fraction, repetition, result.pdr, trials,
-                      time.monotonic() - started, max_rate)  # fmt: skip
+                      time.monotonic() - started, max_rate, loadavg)  # fmt: skip
 
 
 def run_paper(
@@ -709,19 +724,25 @@ def run_paper(
     log: Callable[[str], None] = print,
     search_log: Callable[[str], None] | None = None,
     out: Path | None = None,
+    preflight_attempts: int = 20,
 ) -> tuple[list[PaperPoint], dict[str, object]]:
     """Every point of Figs 12–16: each repetition, role, implementation and fraction.
 
     The implementations' order rotates with the repetition (so drift of the machine
     does not favour one); an implementation is started once per role and repetition
-    and serves every fraction. The baseline has only the 0 % point. Returns the points
-    and what the run found about the bench (ceiling, where the work ran).
+    and serves every fraction. The baseline has only the 0 % point. An implementation
+    that does not pass the light trial before its searches (``preflight``, up to
+    ``preflight_attempts`` times) gets none in that role and repetition: the reason is
+    in ``failed`` and the run goes on. Returns the points and what the run found about
+    the bench (ceiling, where the work ran, what failed).
     """
     settings = settings or SearchSettings()
     bench = PaperBench(
         tb, rx_path=rx_path, napi_priority=napi_priority, residual_s=residual_s, log=log
     )
-    info: dict[str, object] = {"rx_path": rx_path, "xdp_note": bench.xdp_note()}
+    failed: dict[str, str] = {}
+    info: dict[str, object] = {"rx_path": rx_path, "xdp_note": bench.xdp_note(),
+                               "failed": failed}  # fmt: skip
     log(bench.xdp_note())
     ceiling = bench.measure_ceiling()
     log(f"generator ceiling: {ceiling:,.0f} frames/s (data only, flat out)")
@@ -744,7 +765,15 @@ def run_paper(
                 sut = bench.start(impl, role, logfile)
                 handled = 0
                 try:
-                    handled += bench.preflight(role, sut).stamp_handled
+                    try:
+                        handled += bench.preflight(
+                            role, sut, attempts=preflight_attempts
+                        ).stamp_handled
+                    except GeneratorError as exc:
+                        # Its points stay missing (``check`` names them); the run goes on.
+                        log(f"rep {rep + 1}, {role:9} {impl.name:10}: no searches: {exc}")
+                        failed[f"{rep}/{role}/{impl.name}"] = str(exc)
+                        impl_fractions = []
                     for fraction in impl_fractions:
                         point = _pdr_point(bench, role, sut, impl, fraction, repetition=rep,
                                            settings=settings, max_rate=max_rate,
@@ -753,7 +782,7 @@ def run_paper(
                         handled += sum(t.stamp_handled for t in point.trials)
                         log(f"rep {rep + 1}, {role:9} {impl.name:10} {fraction:8.2%} STAMP: "
                             f"PDR {point.pdr:12,.0f} frames/s ({len(point.trials)} trials, "
-                            f"{point.seconds:.0f} s)")  # fmt: skip
+                            f"{point.seconds:.0f} s, load {point.loadavg:.1f})")  # fmt: skip
                         if on_point is not None:
                             on_point(point)
                 finally:
@@ -882,7 +911,8 @@ def check(
     """The harness's invariants over a run; what does not hold, one line each.
 
     * every configuration (role, implementation, fraction; the baseline at 0 % only)
-      has a point in every repetition, with a PDR above zero;
+      has a point in every repetition, with a PDR above zero; an implementation that
+      failed its light trial (``failed`` in ``meta``) is named with the reason;
     * every trial's counts add up: the STAMP frames are the requested share of those
       offered (to one frame), nothing is received or handled that was not offered, and
       nothing is handled at 0 % STAMP;
@@ -892,7 +922,8 @@ def check(
     * the xdp plane's kernel program handled at least ``XDP_KERNEL_SHARE`` of what the
       bench counted as handled by that plane, in each role and repetition;
     * with ``compare_speed``, at 100 % STAMP the xdp plane reaches
-      ``XDP_SHARE_OF_USER_SPACE`` of the best user-space plane, in each role.
+      ``XDP_SHARE_OF_USER_SPACE`` of the best user-space plane (``scapy``, ``mmap``,
+      ``socket``; not ``afxdp``, whose frames an XDP program steers too), in each role.
     """
     problems: list[str] = []
     repeat = int(meta.get("repeat", 1))
@@ -922,6 +953,7 @@ def check(
                                 f"{t.stamp_offered}")  # fmt: skip
             if t.input_drops > t.offered:
                 problems.append(f"{where}: {t.input_drops} input drops of {t.offered}")
+    problems += [f"{key}: no searches ({why})" for key, why in meta.get("failed", {}).items()]
     sut_counters = meta.get("sut_counters", {})
     for key, counters in sut_counters.items():
         role = key.split("/")[1]

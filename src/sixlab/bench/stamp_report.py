@@ -8,8 +8,8 @@ fraction on a log scale for Figs 15–16, the generator's ceiling as a dashed li
 The paper's figures (``PAPER``) are those its text states ("High Performance Delay
 Monitoring for SRv6 Based SD-WANs", §VIII): its ``basic`` Scapy implementation is
 compared with sixlab's ``scapy`` plane, its ``optimized`` one (PACKET_MMAP) with
-``mmap``, its eBPF one (HIKe/XDP) with ``xdp``; sixlab's ``socket`` plane has no
-counterpart there.
+``mmap``, its eBPF one (HIKe/XDP) with ``xdp``; sixlab's ``socket`` and ``afxdp``
+planes (``NO_PAPER_PLANES``) have no counterpart there.
 """
 
 from __future__ import annotations
@@ -20,10 +20,21 @@ from typing import Any
 
 from sixlab.bench.stamp_paper import BASELINE, PaperPoint, Summary, summarize
 
-__all__ = ["FIGURES", "PAPER", "PAPER_PLANES", "markdown", "paper_ratios", "plot_figures"]
+__all__ = [
+    "FIGURES",
+    "NO_PAPER_PLANES",
+    "PAPER",
+    "PAPER_PLANES",
+    "markdown",
+    "paper_ratios",
+    "plot_figures",
+]
 
 #: Which of the paper's implementations each sixlab plane is compared with.
 PAPER_PLANES = {"scapy": "basic (Scapy)", "mmap": "optimized (PACKET_MMAP)", "xdp": "eBPF (XDP)"}
+
+#: sixlab's planes without a counterpart in the paper.
+NO_PAPER_PLANES = ("socket", "afxdp")
 
 #: PDR at 0.5 % loss in kframes/s that the paper's text states, by (role, plane, STAMP
 #: fraction). Fig 12/15 (collector) and 14: the numbers of §VIII's discussion of them.
@@ -105,10 +116,11 @@ def paper_ratios(summaries: Sequence[Summary]) -> list[dict[str, Any]]:
             rows.append({"what": f"Fig {fig}: {plane} / baseline, 0 % STAMP",
                          "ours": ratio(mean(role, plane, 0.0), base),
                          "paper": paper})  # fmt: skip
-        rows.append({"what": f"Fig {fig}: socket / baseline, 0 % STAMP",
-                     "ours": ratio(mean(role, "socket", 0.0), base), "paper": None})  # fmt: skip
+        rows += [{"what": f"Fig {fig}: {plane} / baseline, 0 % STAMP",
+                  "ours": ratio(mean(role, plane, 0.0), base), "paper": None}
+                 for plane in NO_PAPER_PLANES]  # fmt: skip
     for role, fig in (("collector", "14a"), ("reflector", "14b")):
-        for a, b in (("xdp", "mmap"), ("mmap", "scapy"), ("xdp", "socket")):
+        for a, b in (("xdp", "mmap"), ("mmap", "scapy"), ("xdp", "socket"), ("afxdp", "mmap")):
             pa, pb = PAPER.get((role, a, 1.0)), PAPER.get((role, b, 1.0))
             rows.append({"what": f"Fig {fig}: {a} / {b}, 100 % STAMP",
                          "ours": ratio(mean(role, a, 1.0), mean(role, b, 1.0)),
@@ -143,6 +155,10 @@ def markdown(points: Sequence[PaperPoint], meta: dict[str, Any]) -> str:
         f"Generator ceiling {_ceiling_text(meta)}. {meta.get('xdp_note', '')}.",
         "",
     ]
+    if any(s.mean == 0 for s in summaries):
+        lowest = (meta.get("settings") or {}).get("min_rate", "?")
+        lines += [f"A PDR of 0.0: the search's lowest rate ({lowest} frames/s) already lost "
+                  "more than 0.5 %.", ""]  # fmt: skip
     if meta.get("machine") is not None:
         lines += [f"Machine at the start: {meta['machine']}; at the end: "
                   f"{meta.get('machine_end')}.", ""]  # fmt: skip

@@ -316,6 +316,12 @@ def _add_apply_export(
     apply.add_argument(
         "--dry-run", action="store_true", help="print the changes without making them"
     )
+    apply.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove a node the file does not list even if sessions ran on it, deleting "
+        "their stored results (without it, such a node stops the apply before any change)",
+    )
     apply.set_defaults(handler=_client_handler(_apply))
     export = cmds.add_parser(
         "export",
@@ -1107,7 +1113,7 @@ def _apply(c: ControllerClient, args: argparse.Namespace) -> None:
         config = load(args.file)
     except _ConfigFileError as exc:
         raise NorthboundError(grpc.StatusCode.INVALID_ARGUMENT, f"{args.file}: {exc}") from None
-    reply = c.apply(config, dry_run=args.dry_run)
+    reply = c.apply(config, dry_run=args.dry_run, prune=args.prune)
     if args.json:
         _print_json(
             {

@@ -134,6 +134,15 @@ def add_parsers(sub: Any) -> None:
     peer.add_argument("--json", action="store_true", help="print the JSON reply")
     peer.set_defaults(handler=_query, query="add-peer")
 
+    cleanup = tools.add_parser(
+        "cleanup",
+        help="undo what a killed daemon left in this namespace (its state file says what)",
+    )
+    cleanup.add_argument(
+        "--tun", type=argtypes.text, default="ilnp0", help="the dead daemon's TUN device"
+    )
+    cleanup.set_defaults(handler=_cleanup)
+
 
 def _nid(text: str) -> int:
     from sixlab.ilnp.daemon import parse_nid  # noqa: PLC0415
@@ -263,6 +272,23 @@ def _query(args: argparse.Namespace) -> int:
     else:
         _print_cache(reply)
     return 0 if reply.get("ok") else 1
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from sixlab.ilnp import IlnpError  # noqa: PLC0415
+    from sixlab.ilnp.leftovers import state_path, undo  # noqa: PLC0415
+
+    path = state_path(args.tun)
+    try:
+        done = undo(path)
+    except (IlnpError, OSError) as exc:
+        print(f"sixlab ilnp cleanup: {exc}", file=sys.stderr)
+        return 1
+    for line in done:
+        print(line)
+    if not done:
+        print(f"nothing to undo ({path}: no dead daemon's state here)")
+    return 0
 
 
 def _print_status(reply: dict[str, Any]) -> None:

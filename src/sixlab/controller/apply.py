@@ -7,15 +7,19 @@ returns the steps that make them equal, in an order that always works:
 
 1. destroy the sessions that are not wanted, that differ (any field of their spec), or
    that run on a node about to be replaced or re-initialised;
-2. remove the nodes that are not wanted (unless sessions ran on them: their stored
-   results refer to the node, so it stays registered), point those whose address or
-   role differs at the new agent, add the new ones;
+2. remove the nodes that are not wanted, point those whose address or role differs at
+   the new agent, add the new ones;
 3. initialise the nodes whose Init parameters are new or differ (Reset first: an agent
    initialises once, and a Reset also drops what it carried);
 4. create the new and the destroyed-for-a-change sessions (the destroyed one keeps its
    results under its name, beside the new one: ``session list --all``);
 5. start the sessions wanted running that are created or stopped, and stop those wanted
    stopped that run.
+
+A node not wanted on which sessions ran (destroyed ones included: their stored results,
+epochs, events and rollups name the node) is removed only with ``prune``, and that
+history with it; without, ``plan`` refuses the list (``InUseError``, naming the sessions)
+rather than keep the node quietly: keep it in the list to keep the history.
 
 A session that finished (its count or duration reached) counts as running: it ran as
 asked, and applying the same list again does not start it again. Equal lists make an
@@ -33,7 +37,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from sixlab.controller.core import Controller, ControllerError, SessionSpec
-from sixlab.controller.store import SessionRow, Store
+from sixlab.controller.store import InUseError, SessionRow, Store, _listing
 
 __all__ = ["Step", "WantedNode", "WantedSession", "execute", "key_sha256", "plan", "spec_of"]
 
@@ -89,9 +93,14 @@ def _differs(a: SessionSpec, b: SessionSpec) -> list[str]:
 
 
 def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the steps run
-    controller: Controller, nodes: list[WantedNode], sessions: list[WantedSession]
+    controller: Controller,
+    nodes: list[WantedNode],
+    sessions: list[WantedSession],
+    *,
+    prune: bool = False,
 ) -> list[Step]:
-    """The steps that make the controller match; ControllerError if the list is wrong."""
+    """The steps that make the controller match; ControllerError if the list is wrong
+    (``prune``: see the module docstring)."""
     store: Store = controller.store
     wanted_nodes = _unique("node", [(n.name, n) for n in nodes])
     wanted = _unique("session", [(s.spec.name, s) for s in sessions])
@@ -144,12 +153,7 @@ def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the
         if name not in current:
             create[name] = (_resolve_key(want_s, None), "new session")
 
-    # A node that measured stays: its sessions' stored results refer to it.
-    steps.extend(
-        Step("remove", "node", name, "not in the list", _remove(controller, name))
-        for name in current_nodes
-        if name not in wanted_nodes and not store.has_history(name)
-    )
+    steps.extend(_removals(controller, [n for n in current_nodes if n not in wanted_nodes], prune))
     for name, want in wanted_nodes.items():
         where = f"{want.role} at {want.address}"
         if name in replaced:
@@ -269,8 +273,33 @@ def _step(action: str, kind: str, name: str, detail: str, controller: Controller
     return Step(action, kind, name, detail, lambda: fn(name))
 
 
-def _remove(controller: Controller, name: str) -> Callable[[], object]:
-    return lambda: controller.remove_node(name)
+def _removals(controller: Controller, names: list[str], prune: bool) -> list[Step]:
+    """The steps removing the nodes not wanted (module docstring: ``prune``)."""
+    if not names:
+        return []
+    ran: dict[str, list[str]] = {name: [] for name in names}
+    for row in controller.store.sessions(include_destroyed=True):
+        for node in {row.sender, row.reflector}:
+            if node in ran and row.name not in ran[node]:
+                ran[node].append(row.name)
+    steps = []
+    for name in names:
+        detail = "not in the list"
+        if ran[name]:
+            history = f"session{'s' * (len(ran[name]) > 1)} {_listing(ran[name])}"
+            if not prune:
+                raise InUseError(
+                    f"nodes: {name!r} is not in the list, but the stored results of {history} "
+                    "name it: keep the node in the list, or prune (apply --prune) to remove "
+                    "it with that history"
+                )
+            detail += f"; with the history of {history}"
+        steps.append(Step("remove", "node", name, detail, _remove(controller, name, prune)))
+    return steps
+
+
+def _remove(controller: Controller, name: str, prune: bool) -> Callable[[], object]:
+    return lambda: controller.remove_node(name, prune=prune)
 
 
 def _replace(controller: Controller, want: WantedNode) -> Callable[[], object]:

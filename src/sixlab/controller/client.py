@@ -585,11 +585,15 @@ class ControllerClient(GrpcClient):
 
     # -- declarative ------------------------------------------------------------------
 
-    def apply(self, config: pb.ApplyRequest, *, dry_run: bool = False) -> pb.ApplyReply:
-        """Make the controller's nodes and sessions those of ``config`` (one call)."""
+    def apply(
+        self, config: pb.ApplyRequest, *, dry_run: bool = False, prune: bool = False
+    ) -> pb.ApplyReply:
+        """Make the controller's nodes and sessions those of ``config`` (one call);
+        ``prune``: remove nodes not listed with their sessions' history (ApplyRequest)."""
         request = pb.ApplyRequest()
         request.CopyFrom(config)
         request.dry_run = dry_run
+        request.prune = prune
         reply: pb.ApplyReply = self._call("Apply", request)
         return reply
 

@@ -661,9 +661,10 @@ class Controller:
         self.store.add_node(name, address, role)
         self.check_node(name)
 
-    def remove_node(self, name: str) -> None:
-        """Forget a node that carries no session (and close its agent client)."""
-        self.store.remove_node(name)
+    def remove_node(self, name: str, *, prune: bool = False) -> None:
+        """Forget a node that carries no live session (and close its agent client);
+        ``prune``: with the stored history of its destroyed sessions (``Store.remove_node``)."""
+        self.store.remove_node(name, prune=prune)
         self._forget_client(name)
 
     def replace_node(self, name: str, address: str, role: str) -> None:

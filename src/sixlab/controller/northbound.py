@@ -65,7 +65,7 @@ from sixlab.controller.store import (
     StoreError,
 )
 from sixlab.southbound.client import SouthboundError
-from sixlab.southbound.rpcserver import server_credentials, unary
+from sixlab.southbound.rpcserver import claim_unix_address, server_credentials, unary
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import DelaySummary
 
@@ -603,7 +603,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     def Apply(self, request: pb.ApplyRequest) -> pb.ApplyReply:  # noqa: N802
         nodes = [_wanted_node(i, n) for i, n in enumerate(request.nodes)]
         sessions = [_wanted_session(s) for s in request.sessions]
-        steps = apply.plan(self.controller, nodes, sessions)
+        steps = apply.plan(self.controller, nodes, sessions, prune=request.prune)
         reply = pb.ApplyReply()
         if request.dry_run:
             reply.changes.extend(_change(s) for s in steps)
@@ -765,9 +765,12 @@ def serve_controller(
     With ``tls`` = (certificate chain, key, CA or None), PEM files, the server speaks
     TLS, and requires client certificates signed by the CA if one is given (mutual
     TLS). Returns once the server accepts calls. Raises
-    OSError if it cannot listen, ValueError if a TLS file cannot be read.
+    OSError if it cannot listen (a ``unix:`` path a live server answers on is refused,
+    a dead one's socket replaced: :func:`~sixlab.southbound.rpcserver.claim_unix_address`),
+    ValueError if a TLS file cannot be read.
     """
     credentials = None if tls is None else server_credentials(*tls)
+    claim_unix_address(address)
     servicer = ControllerServicer(controller)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-nb"),

@@ -234,6 +234,9 @@ _SELECT_NODES = (
     "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
     " agent_started_ns, restarts FROM nodes"
 )
+#: The tables whose rows belong to a session (``session_id REFERENCES sessions``): what
+#: ``remove_node(prune=True)`` deletes with the sessions of the node.
+_SESSION_TABLES = ("results", "epochs", "events", "rollups")
 #: The columns of ``results``, in the order of ``_result_row``.
 RESULT_COLUMNS = (
     "session_id", "epoch", "record_id", "seq", "t1_ns", "t2_ns", "t3_ns", "t4_ns",
@@ -604,7 +607,14 @@ class Store(ABC):
             )
         return restarted
 
-    def remove_node(self, name: str) -> None:
+    def remove_node(self, name: str, *, prune: bool = False) -> None:
+        """Forget a node that carries no live session.
+
+        Destroyed sessions that ran on it keep their results, epochs, events and
+        rollups, which name the node: without ``prune`` such a node is refused
+        (:class:`InUseError` naming those sessions); with it, that history goes too,
+        in the same transaction.
+        """
         with self._transaction() as db:
             busy = db.execute(
                 "SELECT name FROM sessions WHERE (sender=? OR reflector=?) AND state!='destroyed'",
@@ -612,6 +622,27 @@ class Store(ABC):
             ).fetchone()
             if busy:
                 raise InUseError(f"node: {name!r} still carries session {busy[0]!r}")
+            ran = [
+                r[0]
+                for r in db.execute(
+                    "SELECT name FROM sessions WHERE sender=? OR reflector=? ORDER BY id",
+                    (name, name),
+                ).fetchall()
+            ]
+            if ran and not prune:
+                raise InUseError(
+                    f"node: {name!r} is named by the stored history of destroyed "
+                    f"session{'s' * (len(ran) > 1)} {_listing(ran)}; prune removes that "
+                    "history with the node"
+                )
+            if ran:
+                of_node = "SELECT id FROM sessions WHERE sender=? OR reflector=?"
+                for table in _SESSION_TABLES:
+                    db.execute(
+                        f"DELETE FROM {table} WHERE session_id IN ({of_node})",  # noqa: S608
+                        (name, name),
+                    )
+                db.execute("DELETE FROM sessions WHERE sender=? OR reflector=?", (name, name))
             if not db.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount:
                 raise NotFoundError(f"node: no node named {name!r}")
 
@@ -1476,6 +1507,12 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         unclassified_lost=r[14],
         ssid_zero=r[15],
     )
+
+
+def _listing(names: Sequence[str], most: int = 5) -> str:
+    """``'a', 'b' and 3 more``: names in a message, not a page of them."""
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:

@@ -33,7 +33,8 @@ namespace), so daemons in different namespaces never meet on the default path wh
 
 :meth:`ControlServer.open` refuses a path where a live daemon answers (a connection
 succeeds) and a path that is not a socket; it replaces a socket nobody listens on (a
-daemon killed without cleaning up). :meth:`ControlServer.close` removes the path only
+daemon killed without cleaning up): :mod:`sixlab.linux.unixpath`, which the STAMP agent
+uses for its gRPC socket too. :meth:`ControlServer.close` removes the path only
 while it is still the socket this server made (same device and inode): a daemon never
 deletes another's socket.
 
@@ -49,7 +50,6 @@ import errno
 import json
 import selectors
 import socket
-import stat
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp._errors import ConfigError, ControlError
+from sixlab.linux.unixpath import SocketPathError, clear_stale_socket
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -158,30 +159,14 @@ class ControlServer:
     def _clear_leftover(self, path: Path) -> None:
         """Remove a dead daemon's socket at ``path``; refuse a live one or a non-socket."""
         try:
-            mode = path.lstat().st_mode
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(mode):
-            raise ConfigError(f"control socket {path}: exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(_PROBE_TIMEOUT)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # nobody listens: the leftover of a killed daemon
-            return
-        except OSError as exc:  # a full backlog, a timeout: someone is there
+            clear_stale_socket(path, timeout=_PROBE_TIMEOUT)
+        except SocketPathError as exc:
+            if not exc.live:
+                raise ConfigError(f"control socket {path}: {exc.reason}") from None
             raise ConfigError(
-                f"control socket {path}: in use ({exc.strerror or exc}); another daemon "
-                "serves there (give this one its own --control)"
+                f"control socket {path}: a running daemon answers there "
+                "(give this one its own --control)"
             ) from None
-        finally:
-            probe.close()
-        raise ConfigError(
-            f"control socket {path}: a running daemon answers there "
-            "(give this one its own --control)"
-        )
 
     def _remove_ours(self) -> None:
         """Unlink the path if it is still the socket this server made."""

@@ -25,7 +25,10 @@ which live on a TUN device this daemon owns::
   identifier addresses, which the daemon writes to the TUN device.
 * **Checksums.** The identifier prefix's words add up to 0xFFFF, so the checksum the
   kernel computes over identifier addresses *is* the NID-only ILNP checksum (RFC 6740
-  §6.3): neither direction touches it.
+  §6.3): neither direction touches it. A frame the ring flags
+  ``TP_STATUS_CSUMNOTREADY`` (a sender's TCP, left for a device to finish, came over
+  a veth that finishes nothing) has its checksum finished here first
+  (:func:`sixlab.wire.ilnp.finish_partial_checksum`).
 * **Kernel fast path.** Once an ILCC entry is established, a copy of it goes into a BPF
   map, and two tc programs (:mod:`sixlab.ilnp.fastpath`) carry its TCP and UDP packets
   in both directions without this process: the TUN device's egress rewrites to I-LVs
@@ -46,7 +49,8 @@ which live on a TUN device this daemon owns::
   (Locator Updates go out, from another locator and out of its link), and it comes
   back when the link does: multihoming failover. A netlink socket subscribed to link
   and IPv6 address changes wakes the loop the moment one happens; a slow poll covers
-  missed events (:mod:`sixlab.ilnp.links`).
+  missed events (:mod:`sixlab.ilnp.links`). A link deleted and made again (a new
+  interface index) gets a new ring and the fast path's ingress program again.
 * **Zero configuration.** A locator given that no link holds gets its locator|NID
   address on its link (:mod:`sixlab.ilnp.addresses`); without ``--locator`` the
   locators, and DNS servers, come from Router Advertisements
@@ -62,6 +66,7 @@ import contextlib
 import fcntl
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -81,7 +86,7 @@ from sixlab.ilnp.addresses import claim_addresses, release_addresses
 from sixlab.ilnp.autoconf import RouterAdvertisements
 from sixlab.ilnp.config import LinkStates, check_held
 from sixlab.ilnp.config import parse_nid as config_parse_nid
-from sixlab.ilnp.egress import Egress
+from sixlab.ilnp.egress import Egress, flush_unresolved
 from sixlab.ilnp.fastpath import (
     TC_HANDLE,
     TC_PRIORITY,
@@ -91,6 +96,9 @@ from sixlab.ilnp.fastpath import (
 )
 from sixlab.ilnp.host import Deliver, DropReason, HostConfig, IlnpHost, check_locator_set
 from sixlab.ilnp.ilcc import IlccEntry
+from sixlab.ilnp.leftovers import Leftovers, netns_cookie, process_start, state_path
+from sixlab.ilnp.leftovers import save as save_leftovers
+from sixlab.ilnp.leftovers import undo as undo_leftovers
 from sixlab.ilnp.links import LinkWatcher, clsact_filters, device_drops, link_states
 from sixlab.ilnp.names import render_names, write_names
 from sixlab.ilnp.policy import POLICIES, AdmissionPolicy, create_policy
@@ -113,7 +121,12 @@ from sixlab.linux.cbpf import (
 from sixlab.linux.errors import LinuxError
 from sixlab.linux.libbpf import tc_hook_destroy
 from sixlab.linux.nftdrop import KernelDrop
-from sixlab.linux.packetring import ETH_P_IPV6, PacketRing, RingGeometry
+from sixlab.linux.packetring import (
+    ETH_P_IPV6,
+    TP_STATUS_CSUMNOTREADY,
+    PacketRing,
+    RingGeometry,
+)
 from sixlab.linux.signals import StopOnSignal
 from sixlab.wire import WireError
 from sixlab.wire.ilnp import (
@@ -122,8 +135,11 @@ from sixlab.wire.ilnp import (
     IDENTIFIER_PREFIX,
     IPV6_HEADER_SIZE,
     LocatorEntry,
+    finish_partial_checksum,
     identifier_address,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DaemonConfig",
@@ -387,6 +403,9 @@ class IlnpDaemon:
         self._next_link_poll = 0.0
         #: Links whose clsact qdisc the daemon made (or inherited from a dead daemon).
         self._own_clsact: set[str] = set()
+        #: Where the daemon writes down what it changed (sixlab.ilnp.leftovers).
+        self._state = state_path(config.tun_name)
+        self._state_saved = False
         self._timer_check = 0.0
 
     def _make_policy(self, config: DaemonConfig) -> AdmissionPolicy:
@@ -414,7 +433,9 @@ class IlnpDaemon:
         """Create TUN, rings, raw socket, kernel drop and control socket."""
         _check_interfaces(self.config.interfaces)  # before anything is made: nothing to undo
         try:
-            # First: a live daemon on the same path refuses us before we touch anything.
+            # First what a killed daemon left here goes (a live one's file is refused),
+            # then a live daemon on the same control path refuses us.
+            self._undo_leftovers()
             self.control.open()
             self._claimed = claim_addresses(  # zero configuration: locator|NID on its link
                 self.config.nid,
@@ -423,6 +444,7 @@ class IlnpDaemon:
                 self.read_links(),
                 named=dict(self.config.locator_links),
             )
+            self._save_state()
             self._resolve_names()
             self._write_names()
             self._tun_fd = _open_tun(self.config.tun_name)
@@ -439,15 +461,40 @@ class IlnpDaemon:
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
             self.egress.open()
             self.links.open()
+            self._save_state()
             self._selector.register(self.links.fileno(), selectors.EVENT_READ, "links")
             self.links.refresh()
             self.egress.set_links(self.links.states)
             self._selector.register(self.egress.fileno(), selectors.EVENT_READ, "neighbours")
             self.drop.install()
             self._open_fastpath()
+            self._save_state()
         except BaseException:
             self.close()
             raise
+
+    # What the daemon changed in the namespace, on disk (sixlab.ilnp.leftovers).
+
+    def _undo_leftovers(self) -> None:
+        for line in undo_leftovers(self._state):
+            self.events["leftovers_undone"] += 1
+            log.info("leftover of a killed daemon: %s", line)
+
+    def _save_state(self) -> None:
+        files = [self.config.control, *([self.config.names] if self.config.names else [])]
+        leftovers = Leftovers(
+            pid=os.getpid(),
+            started=process_start(os.getpid()) or 0,
+            netns=netns_cookie(),
+            sysctls=self.links.changed_settings(),
+            clsact=sorted(self._own_clsact),
+            addresses=list(self._claimed),
+            filters=list(self.config.interfaces),
+            nft_table=self.drop.table if self.drop.installed else None,
+            files=files,
+        )
+        save_leftovers(self._state, leftovers)
+        self._state_saved = True
 
     def _open_fastpath(self) -> None:
         if self.config.fastpath not in ("auto", "on", "off"):
@@ -481,6 +528,7 @@ class IlnpDaemon:
         now = self.clock()
         self._next_link_poll = now + _LINK_POLL_S
         self._poll_links(now)
+        self._flush_dead_links()
 
     def _note_clsact(self) -> None:
         """Remember the links whose ``clsact`` qdisc is ours to remove at exit: those
@@ -542,6 +590,9 @@ class IlnpDaemon:
             os.close(self._tun_fd)  # the TUN device goes with its last descriptor
             self._tun_fd = -1
         self._selector.close()
+        if self._state_saved:  # everything it names is undone
+            Path(self._state).unlink(missing_ok=True)
+            self._state_saved = False
 
     def stop(self, *_args: object) -> None:
         self._stop = True
@@ -580,6 +631,7 @@ class IlnpDaemon:
         if now >= self._next_link_poll:
             self._next_link_poll = now + _LINK_POLL_S
             self._poll_links(now)
+            self._flush_dead_links()
         self._sync_fastpath()
 
     # ------------------------------------------------------------------ fast path
@@ -595,7 +647,9 @@ class IlnpDaemon:
         for nid in touched:
             entry = self.host.ilcc.get(nid)
             record = (
-                None if entry is None else peer_record(entry, self.host.config, self._ifindex_of)
+                None
+                if entry is None
+                else peer_record(entry, self.host.config, self._ifindex_of, self.links.next_hop)
             )
             fastpath.update(nid, record)
 
@@ -649,6 +703,9 @@ class IlnpDaemon:
             if not self._is_ours(packet):
                 continue
             self.wire["rx"] += 1
+            if frame.status & TP_STATUS_CSUMNOTREADY:  # a sender's veth left it unfinished
+                packet = finish_partial_checksum(packet) or packet
+                self.wire["rx_checksum_finished"] += 1
             if packet[6] == DSTOPTS_NEXT_HEADER:
                 self.wire["rx_nonce"] += 1
             self.host.receive(packet, self.clock())
@@ -725,14 +782,16 @@ class IlnpDaemon:
         if self._name_errors and servers and servers != self._dns_asked:
             self._resolve_names()  # new DNS servers (a later RA): ask them once
             self._write_names()
+        hops = {name: state.hops for name, state in self.links.states.items()}
         new_home = self.links.refresh()
+        new_home |= hops != {name: state.hops for name, state in self.links.states.items()}
         self.egress.set_links(self.links.states)
         for ring in self._rings:
             now_index = self.links.states[str(ring.ifname)].ifindex
             if now_index and now_index != ring.ifindex:  # the interface was made again
                 self._reopen_ring(ring)
-        if new_home:
-            self._sync_fastpath(everything=True)  # egress interfaces may be known now
+        if self._reattach_fastpath() or new_home:
+            self._sync_fastpath(everything=True)  # egress interfaces or next hops changed
         down = self.links.down(e.locator for e in self._configured)
         if down == self._withdrawn and learned is None:
             return
@@ -744,6 +803,43 @@ class IlnpDaemon:
         self.host.set_local_locators(usable, now)
         self._locators_changed()
         self._flush()
+
+    def _flush_dead_links(self) -> None:
+        """Free what the fast path sent into links that are not usable (egress module
+        doc): once the records say where to send, nothing new goes there."""
+        if self.fastpath is None:
+            return
+        self._sync_fastpath()
+        for state in self.links.states.values():
+            if state.ifindex and not state.usable:
+                try:
+                    self.events["neighbours_flushed"] += flush_unresolved(state.ifindex)
+                except OSError:
+                    self.events["neighbour_flush_errors"] += 1
+
+    def _reattach_fastpath(self) -> bool:
+        """Put the ingress program on each link made again since it was attached (a
+        new interface index); whether any was. Its clsact qdisc is then ours."""
+        from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+
+        if self.fastpath is None:
+            return False
+        done = False
+        for name, state in self.links.states.items():
+            if not state.ifindex or self.fastpath.attached_to(name) == state.ifindex:
+                continue
+            try:
+                fresh = clsact_filters(name) is None
+                self.fastpath.attach_link(name, state.ifindex)
+            except (LinuxError, OSError, NetlinkError):  # gone again: the next refresh retries
+                self.events["fastpath_reattach_errors"] += 1
+                continue
+            self.events["fastpath_reattached"] += 1
+            if fresh:
+                self._own_clsact.add(name)
+                self._save_state()
+            done = True
+        return done
 
     def _reopen_ring(self, ring: PacketRing) -> None:
         self._selector.unregister(ring.fileno())

@@ -45,6 +45,17 @@ crowd does.
 
 Every failure to send is counted by errno (``tx_error_ENOBUFS``, ...): the daemon's
 ``drops`` shows them next to every other loss.
+
+**The kernel fast path's packets** leave through the kernel's neighbour code
+(``bpf_redirect_neigh``), which parks a packet for an unresolved next hop in the
+neighbour's queue. Between a link's failure and the daemon's rewrite of the kernel's
+records a few packets still go to the dead link, whose neighbours the kernel flushed:
+each waits there for Neighbour Discovery to give up, three seconds, and a TCP segment
+that waits is never retransmitted meanwhile (the kernel does not resend a segment
+whose last copy is still queued in the host), so the connection stops for three
+seconds. :func:`flush_unresolved` deletes the unresolved neighbours of a link that is
+not usable, and their queues with them; the daemon calls it for such links whenever
+it reads the links.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ __all__ = [
     "MAX_PENDING",
     "QUEUE_PER_NEIGHBOUR",
     "Egress",
+    "flush_unresolved",
     "neighbour_messages",
     "on_link",
     "route_table",
@@ -151,6 +163,31 @@ def neighbour_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
                 attr += (alen + 3) & ~3
         offset += (length + 3) & ~3
     return out
+
+
+#: INCOMPLETE (resolution running, packets queued) and FAILED neighbour states.
+_NUD_UNRESOLVED = 0x01 | _NUD_FAILED
+
+
+def flush_unresolved(ifindex: int) -> int:
+    """Delete the unresolved neighbours of interface ``ifindex`` (and the packets they
+    hold, module doc); how many. A link that is gone has none."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+
+    flushed = 0
+    with IPRoute() as ipr:
+        try:
+            entries = ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex)
+        except NetlinkError:
+            return 0
+        for entry in entries:
+            dst = entry.get("NDA_DST")
+            if dst and entry["state"] & _NUD_UNRESOLVED:
+                with contextlib.suppress(NetlinkError):  # gone meanwhile
+                    ipr.neigh("del", dst=dst, ifindex=ifindex, family=socket.AF_INET6)
+                    flushed += 1
+    return flushed
 
 
 def on_link(routes: Iterable[tuple[int, int, bool]], dst: int) -> bool:

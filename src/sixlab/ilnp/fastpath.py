@@ -16,7 +16,9 @@ The host stays the authority. :func:`peer_record` is a pure function of an entry
 the host's configuration; it grants the kernel only what the host itself would do
 with the entry's next packet:
 
-* **egress** while the entry is ``ACTIVE`` or ``LU_PENDING`` and has a usable locator,
+* **egress** while the entry is ``ACTIVE`` or ``LU_PENDING`` and has a usable locator
+  that the link holding the local locator has a route to (the record names the next
+  hop on that link, :meth:`sixlab.ilnp.links.LinkWatcher.next_hop`),
   until the earliest deadline at which the host's choice of locator could change
   (then the packet goes to user space, whose ``send`` advances the entry, and the
   record is rewritten); the nonce goes in when the host would put it in;
@@ -107,6 +109,8 @@ COUNTER_NAMES = (
     "rx_not_our_locator",
     "activity_lost",
     "rx_no_room",
+    "rx_fast_tcp",
+    "tx_fast_tcp",
 )
 #: A ``u64`` deadline that never comes.
 _NEVER = (1 << 64) - 1
@@ -114,8 +118,8 @@ _NEVER = (1 << 64) - 1
 _CONFIG = struct.Struct(f"<QQ{MAX_LOCATORS}QII")
 # struct ilnp_peer: local/peer locator, egress_until_ns, accept[8], accept_until_ns[8],
 # last_report_ns, last_rx_report_ns, egress_ifindex, flags, nonce lengths, n_accept,
-# pad, the two nonces.
-_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQQIIBBB5x12s12s")
+# pad, the two nonces, the egress next hop.
+_PEER = struct.Struct(f"<QQQ{MAX_LOCATORS}Q{MAX_LOCATORS}QQQIIBBB5x12s12s16s")
 _KEY = struct.Struct("<Q")
 # struct activity: peer NID, heard (a packet from the peer, not to it).
 _ACTIVITY = struct.Struct("<QQ")
@@ -142,6 +146,8 @@ class PeerRecord:
     accept: tuple[tuple[int, float], ...]
     local_nonce: bytes
     peer_nonce: bytes
+    #: Egress: the next hop on the egress link (128-bit; the peer itself when on-link).
+    next_hop: int = 0
 
     def pack(self) -> bytes:
         accept = list(self.accept[:MAX_LOCATORS])
@@ -162,16 +168,22 @@ class PeerRecord:
             len(accept),
             self.local_nonce,
             self.peer_nonce,
+            self.next_hop.to_bytes(16, "big"),
         )
 
 
 def peer_record(
-    entry: IlccEntry, config: HostConfig, ifindex_of: Callable[[int], int | None]
+    entry: IlccEntry,
+    config: HostConfig,
+    ifindex_of: Callable[[int], int | None],
+    next_hop_of: Callable[[int, int], int | None] = lambda _loc, dst: dst,
 ) -> PeerRecord | None:
     """The kernel's copy of ``entry``, or None when the kernel should not know it.
 
     ``ifindex_of`` maps a local locator to the interface that holds it (None: unknown,
-    so no egress). The rules are the module docstring's.
+    so no egress); ``next_hop_of`` a local locator and a destination address to the
+    next hop on that interface (None: it has no route there, so no egress). The rules
+    are the module docstring's.
     """
     if entry.state not in (EntryState.ACTIVE, EntryState.LU_PENDING):
         return None
@@ -182,7 +194,10 @@ def peer_record(
     best = entry.best_locator()
     deadlines = [t for p in entry.locators if (t := p.next_deadline()) is not None]
     ifindex = ifindex_of(entry.local_locator)
-    if best is not None and deadlines and ifindex is not None:
+    hop = None
+    if best is not None:
+        hop = next_hop_of(entry.local_locator, (best.locator << 64) | entry.peer_nid)
+    if hop is not None and deadlines and ifindex is not None:
         flags |= F_EGRESS
     if config.always_carry_nonce or entry.carry_nonce or pending:
         flags |= F_CARRY_NONCE
@@ -206,6 +221,7 @@ def peer_record(
         accept=accept,
         local_nonce=entry.local_nonce.value,
         peer_nonce=b"" if entry.peer_nonce is None else entry.peer_nonce.value,
+        next_hop=hop or 0,
     )
 
 
@@ -224,6 +240,18 @@ def remove_leftovers(links: Iterable[str]) -> int:
         except (OSError, LinuxError):
             continue  # no such link, or no libbpf: nothing of ours can be attached
     return removed
+
+
+def _one_segment_per_packet(ifindex: int) -> None:
+    """Cap the TUN device's ``gso_max_segs`` at 1: TCP then hands it one segment per
+    packet, which ``ilnp_egress`` can carry, instead of segmentation offload packets of
+    up to 64 KiB, which it leaves to user space (the device has no TSO, so the kernel
+    cuts those into segments anyway, on their way to the daemon). The device is the
+    daemon's and goes with it: nothing to restore."""
+    from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only in the daemon
+
+    with IPRoute() as ipr:
+        ipr.link("set", index=ifindex, gso_max_segs=1)
 
 
 class FastPath:
@@ -253,6 +281,8 @@ class FastPath:
         self.installed: set[int] = set()
         self.tun_ifindex = 0
         self._attached: list[tuple[int, bool]] = []
+        #: The interface index each link's ingress program is attached to.
+        self._ingress: dict[str, int] = {}
         self._obj: BpfObject | None = None
         self._ring: RingBuffer | None = None
         self._cfg_map: BpfMap | None = None
@@ -287,14 +317,31 @@ class FastPath:
 
     def attach(self) -> None:
         """The ingress program on every link, the egress one on the TUN device."""
-        ingress = self.program("ilnp_ingress").fd
         for name in self.links:
-            ifindex = socket.if_nametoindex(name)
-            tc_attach(ifindex, ingress, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
-            self._attached.append((ifindex, False))
+            self.attach_link(name, socket.if_nametoindex(name))
         egress = self.program("ilnp_egress").fd
         tc_attach(self.tun_ifindex, egress, egress=True, handle=TC_HANDLE, priority=TC_PRIORITY)
         self._attached.append((self.tun_ifindex, True))
+        _one_segment_per_packet(self.tun_ifindex)
+
+    def attached_to(self, name: str) -> int | None:
+        """The interface index link ``name``'s ingress program is attached to."""
+        return self._ingress.get(name)
+
+    def attach_link(self, name: str, ifindex: int) -> bool:
+        """Attach the ingress program to link ``name``, now interface ``ifindex``, unless
+        it is there already; whether it was attached now. A link deleted and made again
+        has a new index and none of our filters (they went with the old interface)."""
+        if self._ingress.get(name) == ifindex:
+            return False
+        old = self._ingress.pop(name, None)
+        if old is not None:
+            self._attached.remove((old, False))
+        program = self.program("ilnp_ingress").fd
+        tc_attach(ifindex, program, egress=False, handle=TC_HANDLE, priority=TC_PRIORITY)
+        self._attached.append((ifindex, False))
+        self._ingress[name] = ifindex
+        return True
 
     def set_locators(self, locators: Iterable[int]) -> None:
         """Our locators: the ingress program takes packets addressed to these only."""
@@ -387,6 +434,7 @@ class FastPath:
             except LibbpfError:
                 self.stats["detach_errors"] += 1
         self._attached.clear()
+        self._ingress.clear()
         if self._ring is not None:
             self._ring.free()
             self._ring = None

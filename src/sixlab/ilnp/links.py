@@ -16,7 +16,11 @@ sent there is lost.
 Each link also carries its routes (main table, through that link), ordered as the
 kernel's lookup picks them: longest prefix first, then lowest metric. A destination
 whose chosen route has no gateway is a neighbour, whose link-layer address the kernel
-must resolve first (:mod:`sixlab.ilnp.egress` needs to know).
+must resolve first (:mod:`sixlab.ilnp.egress` needs to know). The kernel fast path
+is told each correspondent's next hop on the link that holds the local locator
+(:meth:`LinkWatcher.next_hop`): its own route lookup would take the host's preferred
+route, whatever link that goes through, and look for that route's gateway on our
+link, where it never answers.
 
 Changes arrive on a netlink socket subscribed to link, IPv6 address and route events, which
 wakes the daemon's loop at once; the message itself is not parsed (the links are read
@@ -90,6 +94,9 @@ class LinkState:
     #: Main-table routes through it in lookup order (longest prefix, then lowest
     #: metric): (network as a 128-bit integer, prefix length, on-link: no gateway).
     routes: tuple[tuple[int, int, bool], ...] = ()
+    #: The same routes' next hops, where one is known: (network, prefix length, the
+    #: gateway as a 128-bit integer; 0: on-link, the destination itself).
+    hops: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -138,11 +145,14 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                     r["type"] == _RTN_UNICAST
                     and r.get("RTA_GATEWAY") is None
                     and r.get("RTA_MULTIPATH") is None,
+                    int(ipaddress.IPv6Address(r.get("RTA_GATEWAY") or "::")),
+                    r["type"] == _RTN_UNICAST and r.get("RTA_MULTIPATH") is None,
                 )
                 for r in routes
                 if r.get("RTA_OIF") == index
             )
-            link_routes = tuple((net, -neg, onlink) for neg, _m, net, onlink in ordered)
+            link_routes = tuple((net, -neg, onlink) for neg, _m, net, onlink, _g, _u in ordered)
+            hops = tuple((net, -neg, gw) for neg, _m, net, _o, gw, unicast in ordered if unicast)
             out[name] = LinkState(
                 name,
                 ifindex=index,
@@ -151,6 +161,7 @@ def read_links(names: Iterable[str]) -> dict[str, LinkState]:
                 operstate=str(link.get("operstate", "UNKNOWN")),
                 prefixes=prefixes,
                 routes=link_routes,
+                hops=hops,
             )
     return out
 
@@ -254,6 +265,10 @@ class LinkWatcher:
     def opened(self) -> bool:
         return self._sock is not None
 
+    def changed_settings(self) -> dict[str, str]:
+        """Each sysctl file :meth:`open` wrote, with the value it found there."""
+        return {_SYSCTL.format(name): old for name, old in self._saved.items()}
+
     def fileno(self) -> int:
         assert self._sock is not None, "open() first"
         return self._sock.fileno()
@@ -322,6 +337,18 @@ class LinkWatcher:
                     name = home
                     break
         return None if name is None else self.states[name].ifindex or None
+
+    def next_hop(self, locator: int, dst: int) -> int | None:
+        """Where a packet from ``locator`` to ``dst`` goes first on the interface
+        :meth:`ifindex_for` names: the gateway of the first route through that link that
+        covers ``dst``, or ``dst`` itself on-link; None when that link has no such
+        route (or the locator no interface)."""
+        index = self.ifindex_for(locator)
+        state = next((s for s in self.states.values() if index and s.ifindex == index), None)
+        for net, plen, gateway in () if state is None else state.hops:
+            if dst >> (128 - plen) == net >> (128 - plen):
+                return gateway or dst
+        return None
 
     def down(self, locators: Iterable[int]) -> set[int]:
         """Of ``locators``, those no usable interface holds now."""

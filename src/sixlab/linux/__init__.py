@@ -16,6 +16,8 @@ from sixlab.
   received (the kernel's counts behind RFC 8972 §4.5 direct-mode loss); read with
   pyroute2's nftables netlink dump.
 - :mod:`sixlab.linux.signals`: run a foreground program until SIGTERM/SIGINT.
+- :mod:`sixlab.linux.unixpath`: claim a Unix socket path for a server (a dead server's
+  socket is replaced, a live one refused); the ILNP control socket and the STAMP agent.
 - :mod:`sixlab.linux.xsk`: AF_XDP sockets over the system libxdp, with NumPy views of
   the rings and the UMEM (imported on demand: it loads NumPy).
 
@@ -28,6 +30,7 @@ Errors
     ├── LibbpfError         a libbpf call failed (``errno`` set)
     ├── KernelDropError     nftables is missing or refused the table
     ├── FlowCountersError   nftables is missing, refused the counters, or cannot be read
+    ├── SocketPathError     a Unix socket path is served by a live server, or not a socket
     └── XskError            an AF_XDP call failed (``errno`` set)
 """
 
@@ -37,6 +40,7 @@ from sixlab.linux.libbpf import LibbpfError
 from sixlab.linux.nftcount import FlowCounters, FlowCountersError, FlowMatch
 from sixlab.linux.nftdrop import KernelDrop, KernelDropError
 from sixlab.linux.signals import StopOnSignal
+from sixlab.linux.unixpath import SocketPathError, clear_stale_socket
 
 __all__ = [
     "BuildError",
@@ -47,6 +51,8 @@ __all__ = [
     "KernelDropError",
     "LibbpfError",
     "LinuxError",
+    "SocketPathError",
     "StopOnSignal",
     "XskError",
+    "clear_stale_socket",
 ]

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from sixlab.linux.errors import LinuxError
 
-__all__ = ["KernelDrop", "KernelDropError"]
+__all__ = ["KernelDrop", "KernelDropError", "remove_orphan_table"]
 
 _OWNER = re.compile(r'comment "sixlab pid=(\d+)"')
 #: ``nft`` answers in milliseconds; ten seconds only bounds a hung one.
@@ -82,6 +82,15 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_orphan_table(table: str) -> bool:
+    """Delete ``ip6`` table ``table`` if a process of ours made it and is dead; whether
+    it did. A table without our comment, or of a live process, stays."""
+    owner = _table_owner(table)
+    if not owner or _alive(owner):
+        return False
+    return _nft("delete", "table", "ip6", table, check=False).returncode == 0
 
 
 class KernelDrop:

@@ -89,7 +89,7 @@ from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.rpcclient import RpcError
-from sixlab.southbound.rpcserver import abort_for, unary
+from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
@@ -100,7 +100,11 @@ from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
 __all__ = [
     "DEFAULT_MAX_WORKERS",
+    "MAX_COUNT",
+    "MAX_DURATION_NS",
+    "MAX_INTERVAL_NS",
     "MAX_KEY_BYTES",
+    "MAX_LOSS_TIMEOUT_NS",
     "MAX_MESSAGE_BYTES",
     "MAX_SIDS",
     "MAX_TLV_BYTES",
@@ -139,6 +143,15 @@ MAX_SIDS = 127
 MAX_KEY_BYTES = 1024
 #: Shortest interval accepted: below 1 µs the engine could only send back to back.
 MIN_INTERVAL_NS = 1_000
+#: Longest interval, duration and loss timeout accepted, as the CLI's (a day between
+#: packets, a year of sending): more is no measurement, and the engine adds them to
+#: monotonic ns, which must stay far inside 64 bits.
+MAX_INTERVAL_NS = 86_400 * NS_PER_S
+MAX_DURATION_NS = 366 * 86_400 * NS_PER_S
+MAX_LOSS_TIMEOUT_NS = 86_400 * NS_PER_S
+#: A STAMP Sequence Number is 32 bits (RFC 8762 §4.2.1): a session stopping after more
+#: packets would reuse numbers before it stopped.
+MAX_COUNT = 0xFFFF_FFFF
 #: TAI−UTC is 37 s today (IERS Bulletin C); accept up to an hour, never negative.
 MAX_TAI_UTC_OFFSET_NS = 3600 * NS_PER_S
 #: Linux interface names are at most IFNAMSIZ − 1 = 15 characters.
@@ -291,6 +304,11 @@ def _tai_offset(request: pb.CreateStampSessionRequest) -> dict[str, Any]:
     return {"tai_utc_offset_ns": offset}
 
 
+def _at_most(name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise _invalid(f"{name}: {value}, at most {limit}")
+
+
 def _local_port(name: str, value: int, bound: int) -> None:
     _port(name, value)
     if value not in (0, bound):
@@ -375,6 +393,10 @@ def _sender_spec(
     interval = request.interval_ns or NS_PER_S
     if interval < MIN_INTERVAL_NS:
         raise _invalid(f"interval_ns: {interval}, at least {MIN_INTERVAL_NS}")
+    _at_most("interval_ns", interval, MAX_INTERVAL_NS)
+    _at_most("count", request.count, MAX_COUNT)
+    _at_most("duration_ns", request.duration_ns, MAX_DURATION_NS)
+    _at_most("loss_timeout_ns", request.loss_timeout_ns, MAX_LOSS_TIMEOUT_NS)
     reflector_port = _port("reflector_udp_port", request.reflector_udp_port) or wire.STAMP_PORT
     _local_port("sender_udp_port", request.sender_udp_port, bound_port)
     fmt = _choice("timestamp_format", request.timestamp_format, _FORMATS)
@@ -1187,13 +1209,16 @@ def serve(
 ) -> AgentServer:
     """Start an agent serving gRPC on ``address`` (``"[::1]:50051"``, ``"unix:/path"``).
 
-    Port 0 picks a free port (``AgentServer.port``). Returns once the server accepts
-    calls; the agent is not initialised until a client calls Init.
+    Port 0 picks a free port (``AgentServer.port``). A unix socket left by a killed
+    agent is replaced; one a live server answers on is refused with ``OSError``
+    (:func:`~sixlab.southbound.rpcserver.claim_unix_address`). Returns once the server
+    accepts calls; the agent is not initialised until a client calls Init.
     """
     if dataplane not in available():
         raise ValueError(
             f"dataplane: unknown data plane {dataplane!r} (available: {', '.join(available())})"
         )
+    claim_unix_address(address)
     servicer = StampAgentServicer(
         role,
         dataplane,

@@ -31,7 +31,16 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-__all__ = ["StatusOf", "abort_for", "is_local", "server_credentials", "unary"]
+from sixlab.linux.unixpath import SocketPathError, clear_stale_socket
+
+__all__ = [
+    "StatusOf",
+    "abort_for",
+    "claim_unix_address",
+    "is_local",
+    "server_credentials",
+    "unary",
+]
 
 #: A server's error table: the status for an exception, or None for one it does not know.
 StatusOf = Callable[[Exception], tuple[grpc.StatusCode, str] | None]
@@ -113,6 +122,28 @@ def is_local(address: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def claim_unix_address(address: str) -> None:
+    """Ready a ``unix:PATH`` (or ``unix:///PATH``) server address for binding.
+
+    gRPC unlinks whatever socket is at the path before it binds: a restart after
+    SIGKILL works, but so would a second server started on a live one's path, taking it
+    (the first then serves nobody). So a socket nobody answers on is removed and a live
+    one refused (:mod:`sixlab.linux.unixpath`), as is a path that is not a socket.
+    Other addresses (``unix-abstract:`` has no file) are left alone. Raises ``OSError``.
+    """
+    if address.startswith("unix://"):
+        path = address.removeprefix("unix://")
+    elif address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+    else:
+        return
+    try:
+        clear_stale_socket(path)
+    except SocketPathError as exc:
+        hint = "; stop that server or choose another path" if exc.live else ""
+        raise OSError(f"{address}: {exc.reason}{hint}") from None
 
 
 def server_credentials(cert: Path, key: Path, ca: Path | None = None) -> Any:

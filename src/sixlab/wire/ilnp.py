@@ -46,10 +46,12 @@ from enum import IntEnum
 
 from sixlab.wire._errors import ChecksumError, InvalidFieldError, TruncatedError, check_uint
 from sixlab.wire.checksum import (
+    BytesLike,
     checksum_adjust,
     internet_checksum,
     ipv6_pseudo_header,
     ones_complement_sum,
+    udp_field,
 )
 from sixlab.wire.ipv6 import IPV6_HEADER
 
@@ -77,6 +79,7 @@ __all__ = [
     "encode_locator_update",
     "encode_nonce_header",
     "encode_packet",
+    "finish_partial_checksum",
     "identifier_address",
     "ipv6_checksum",
     "is_ilnp_packet",
@@ -165,6 +168,45 @@ def relocate_checksum(
     # The addresses are the pseudo-header's first 32 bytes, so their words line up.
     new = checksum_adjust(old, old_src + old_dst, new_src + new_dst, udp=next_header == 17)
     return upper_layer[:offset] + struct.pack("!H", new) + upper_layer[offset + 2 :]
+
+
+#: Extension headers walked to find the transport header (RFC 8200 §4): Hop-by-Hop,
+#: Routing, Destination Options; each is (Hdr Ext Len + 1) × 8 bytes long.
+_WALKED_EXTENSIONS = frozenset({0, 43, DSTOPTS_NEXT_HEADER})
+
+
+def finish_partial_checksum(packet: BytesLike) -> bytes | None:
+    """``packet`` with its transport checksum finished, for one a kernel left unfinished.
+
+    A Linux sender leaves the TCP (and some UDP) checksum to the device
+    (``CHECKSUM_PARTIAL``): the checksum field holds the pseudo-header sum, not
+    complemented, and the device adds the transport header and data and writes the
+    complement. A device that finishes nothing (a veth between namespaces) hands the
+    packet on like that, and a packet socket flags it ``TP_STATUS_CSUMNOTREADY``. This
+    does the device's part (RFC 1071 over the transport header and data, a UDP zero
+    sent as 0xFFFF, RFC 8200 §8.1); whatever pseudo-header the sender summed, over
+    real or identifier addresses, is what the result checks against.
+
+    None when there is no TCP, UDP or ICMPv6 header after the fixed header and
+    Hop-by-Hop, Routing or Destination Options headers, or the packet is cut short.
+    """
+    if len(packet) < IPV6_HEADER_SIZE or packet[0] >> 4 != 6:
+        return None
+    end = IPV6_HEADER_SIZE + int.from_bytes(packet[4:6], "big")
+    if end > len(packet):
+        return None
+    next_header, offset = packet[6], IPV6_HEADER_SIZE
+    while next_header in _WALKED_EXTENSIONS and offset + 2 <= end:
+        next_header, offset = packet[offset], offset + (packet[offset + 1] + 1) * 8
+    where = upper_layer_checksum_offset(next_header)
+    if where is None or offset + where + 2 > end:
+        return None
+    checksum = internet_checksum(packet[offset:end])
+    if next_header == 17:
+        checksum = udp_field(checksum)
+    out = bytearray(packet)
+    struct.pack_into("!H", out, offset + where, checksum)
+    return bytes(out)
 
 
 # --------------------------------------------------------------------- I-LV

@@ -972,8 +972,14 @@ class ApplyRequest(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    PRUNE_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
     """Report the changes without making them."""
+    prune: _builtins.bool
+    """Remove a node not in the list even if sessions ran on it, with their stored
+    history (results, epochs, events, rollups). Without it, such a node makes Apply
+    fail with FAILED_PRECONDITION naming the sessions, before any change.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeConfig]:
         """Every node and session wanted: any other is removed (nodes) or destroyed (sessions)."""
@@ -986,10 +992,11 @@ class ApplyRequest(_message.Message):
         nodes: _abc.Iterable[Global___NodeConfig] | None = ...,
         sessions: _abc.Iterable[Global___SessionConfig] | None = ...,
         dry_run: _builtins.bool = ...,
+        prune: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "nodes", b"nodes", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "nodes", b"nodes", "prune", b"prune", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

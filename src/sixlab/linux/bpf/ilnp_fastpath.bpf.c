@@ -8,11 +8,12 @@
  * so the daemon mirrors the entry into `ilnp_peers` and these two programs do it:
  *
  *  - ilnp_egress (tc egress of the TUN device): an application's packet on identifier
- *    addresses (prefix|our NID -> prefix|peer NID), UDP (TCP: see below), for a peer with a
+ *    addresses (prefix|our NID -> prefix|peer NID), TCP or UDP, for a peer with a
  *    ready entry: the Destination Options header with our nonce (RFC 6744) is inserted
  *    when the entry says so, the addresses become locator|NID (RFC 6740 I-LVs), an
  *    Ethernet header is pushed and bpf_redirect_neigh() sends it out of the interface
- *    that holds the local locator (the kernel's FIB and neighbour table fill in L2).
+ *    that holds the local locator, to the next hop the daemon read from that
+ *    interface's routes (the neighbour table fills in L2).
  *  - ilnp_ingress (tc ingress of each ILNP link): a packet for our NID on one of our
  *    locators, TCP or UDP, from a peer with a ready entry, carrying exactly the peer's
  *    nonce (or none, where the entry allows that) from a locator of the peer's set
@@ -23,6 +24,18 @@
  * The transport checksum is not touched in either direction: the identifier prefix's
  * four 16-bit words add up to 0xFFFF (ones' complement zero), so the checksum over
  * identifier addresses is the NID-only ILNP checksum (RFC 6740 §6.3).
+ *
+ * That holds for a checksum not finished yet too. TCP hands every segment to the
+ * device CHECKSUM_PARTIAL: the check field holds the pseudo-header sum (over identifier
+ * addresses, so the NID-only one) and csum_start/csum_offset say where the device is
+ * to finish it. Neither inserting the nonce option (bpf_skb_adjust_room moves the
+ * headers in front of the transport header, not the transport header) nor pushing the
+ * Ethernet header moves csum_start, so whoever finishes the sum - the link's NIC, or
+ * the stack in software when the link has no checksum offload - writes the NID-only
+ * checksum. Between namespaces a veth finishes nothing: the packet reaches the peer
+ * unfinished, as plain TCP between namespaces does, the peer's kernel trusts it and a
+ * packet socket sees TP_STATUS_CSUMNOTREADY (the ILNP daemon finishes those itself).
+ * UDP on a TUN without offloads is summed in full by the stack.
  *
  * Anything else goes on unchanged (TC_ACT_OK) to the daemon's user-space path, which
  * stays the one place where admission, Locator Updates, ICMP, unknown or malformed
@@ -88,6 +101,7 @@ struct ilnp_peer {
 	__u8 pad0[5];
 	__u8 local_nonce[12];
 	__u8 peer_nonce[12];
+	__u8 next_hop[16]; /* egress: the next hop on egress_ifindex; zero: look it up */
 };
 
 enum fp_counter {
@@ -103,14 +117,16 @@ enum fp_counter {
 	FP_TX_NO_PEER = 9,
 	FP_TX_NOT_READY = 10,
 	FP_TX_EXPIRED = 11,   /* the chosen locator's lifetime ran out: user space re-picks */
-	FP_TX_PROTOCOL = 12,  /* not UDP (TCP, ICMPv6, ...) */
+	FP_TX_PROTOCOL = 12,  /* not TCP or UDP (ICMPv6, ...) */
 	FP_TX_GSO = 13,       /* TCP segmentation offload packet */
 	FP_TX_NO_ROOM = 14,   /* the nonce did not fit (TUN MTU): user space sends it */
 	FP_TX_ERROR = 15,
 	FP_RX_LOCAL = 16,     /* our NID on a locator that is not ours */
 	FP_ACTIVITY_LOST = 17, /* activity ring buffer full */
 	FP_RX_NO_ROOM = 18,   /* bpf_skb_adjust_room refused to remove the option */
-	FP_MAX = 19,
+	FP_RX_FAST_TCP = 19,  /* of FP_RX_FAST, TCP */
+	FP_TX_FAST_TCP = 20,  /* of FP_TX_FAST, TCP */
+	FP_MAX = 21,
 };
 
 struct {
@@ -298,6 +314,8 @@ int ilnp_ingress(struct __sk_buff *skb)
 	}
 	report(peer, peer_nid, now, 1);
 	count(FP_RX_FAST);
+	if (nh == NH_TCP)
+		count(FP_RX_FAST_TCP);
 	return bpf_redirect(cfg->tun_ifindex, BPF_F_INGRESS);
 }
 
@@ -343,15 +361,13 @@ int ilnp_egress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	__u8 nh = ip6->nexthdr;
-	/* UDP only. TCP hands every segment to the device CHECKSUM_PARTIAL (the check field
-	 * holds the pseudo-header sum and the device finishes it); a tc program can neither
-	 * finish it and mark it done (no helper clears ip_summed) nor trust every path to
-	 * finish it (a veth does not, and the peer's user-space path reads the unfinished
-	 * sum). UDP on a TUN without offloads is summed in full by the stack. */
-	if (nh != NH_UDP) {
+	if (nh != NH_UDP && nh != NH_TCP) {
 		count(FP_TX_PROTOCOL);
 		return TC_ACT_OK;
 	}
+	/* A segmentation offload packet is left to user space: the TUN device (no TSO)
+	 * cuts it into segments on its way to the daemon. The daemon caps the device's
+	 * gso_max_segs at 1 while the fast path runs, so TCP builds none. */
 	if (skb->gso_segs > 1) {
 		count(FP_TX_GSO);
 		return TC_ACT_OK;
@@ -392,5 +408,14 @@ int ilnp_egress(struct __sk_buff *skb)
 	}
 	report(peer, peer_nid, now, 0);
 	count(FP_TX_FAST);
+	if (nh == NH_TCP)
+		count(FP_TX_FAST_TCP);
+	/* The next hop is the daemon's, from the routes through egress_ifindex: the
+	 * helper's own lookup takes the host's preferred route, whichever link it goes
+	 * through, and looks for its gateway on egress_ifindex, where it never answers. */
+	struct bpf_redir_neigh hop = {.nh_family = 10 /* AF_INET6 */};
+	__builtin_memcpy(hop.ipv6_nh, peer->next_hop, 16);
+	if (hop.ipv6_nh[0] | hop.ipv6_nh[1] | hop.ipv6_nh[2] | hop.ipv6_nh[3])
+		return bpf_redirect_neigh(peer->egress_ifindex, &hop, sizeof(hop), 0);
 	return bpf_redirect_neigh(peer->egress_ifindex, NULL, 0, 0);
 }

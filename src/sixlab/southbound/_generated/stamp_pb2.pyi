@@ -426,7 +426,7 @@ class CreateStampSessionRequest(_message.Message):
     ssid: _builtins.int
     """Session identifier (RFC 8972 §3), 0..65535; unique per agent."""
     interval_ns: _builtins.int
-    """Sender: time between two test packets, in ns, > 0. 0: one second."""
+    """Sender: time between two test packets, in ns, 1000..86400e9 (a day). 0: one second."""
     source_address: _builtins.str
     """Sender: address to send from. Empty: the Init source address, or the kernel's
     choice. Reflector: validated only (replies leave from the address the test packet
@@ -455,10 +455,11 @@ class CreateStampSessionRequest(_message.Message):
     what the peer does (stateful lets the sender count forward loss).
     """
     duration_ns: _builtins.int
-    """Sender: stop sending after this long, in ns. 0: no limit."""
+    """Sender: stop sending after this long, in ns, at most 366 days. 0: no limit."""
     count: _builtins.int
-    """Sender: stop after this many packets. 0: no limit. With neither a duration nor a
-    count, a session runs until StopStampSession.
+    """Sender: stop after this many packets, at most 2^32 - 1 (the Sequence Number is 32
+    bits, RFC 8762 §4.2.1). 0: no limit. With neither a duration nor a count, a session
+    runs until StopStampSession.
     """
     tlvs: _builtins.bytes
     """Sender: the raw TLV area appended to every test packet (RFC 8972 §4), at most 8888
@@ -470,7 +471,7 @@ class CreateStampSessionRequest(_message.Message):
     """
     loss_timeout_ns: _builtins.int
     """Sender: how long to wait for a reflected packet before declaring it lost, in ns.
-    0: 2 s (RFC 5357's TWAMP default).
+    0: 2 s (RFC 5357's TWAMP default). At most a day.
     """
     error_estimate: _builtins.int
     """The 16-bit Error Estimate the agent writes (RFC 8762 §4.2.1); its Z bit must match
