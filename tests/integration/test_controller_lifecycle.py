@@ -22,7 +22,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from sixlab.controller.client import ControllerClient
-from sixlab.controller.core import Controller, SessionExistsError, SessionSpec
+from sixlab.controller.core import (
+    STREAM_COUNTERS_NS,
+    Controller,
+    SessionExistsError,
+    SessionSpec,
+)
 from sixlab.controller.northbound import serve_controller
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound.client import AgentClient
@@ -166,19 +171,28 @@ def test_reflector_killed_and_restarted_is_repaired(lab: Lab, collect: str) -> N
         _until("the sender declares losses", lambda: c.store.session("p").lost > 0)
 
         lab.reflector.start()
-        _until("the reflector is seen up", lambda: c.store.node("r").healthy)
-        node = c.store.node("r")
-        assert node.agent_epoch != epoch_before
-        assert node.restarts == 1
+        # Healthy as soon as the new run answers; its epoch is recorded just after.
+        _until(
+            "the reflector is seen up in a new run",
+            lambda: c.store.node("r").healthy and c.store.node("r").agent_epoch != epoch_before,
+        )
+        assert c.store.node("r").restarts == 1
         assert 'sixlab_agent_restarts_total{node="r"} 1.0' in _metrics(c)
+        ssid = c.store.session("p").ssid
+        with AgentClient(lab.reflector.address) as r:
+            _until("the session is on the reflector again", lambda: ssid in r.info().ssids)
         stored = _stored(c)
         _until("results arrive again", lambda: _stored(c) >= stored + 20)
-        # Counters reach the store at least every second (a stream's counters interval).
-        time.sleep(1.5)
-        lost = c.store.session("p").lost
-        time.sleep(1.5)  # five loss timeouts: anything still unanswered would be lost
+        # Counters (sent, lost) reach the store with every poll, and on a stream at
+        # least every STREAM_COUNTERS_NS: one such interval past the loss timeout, every
+        # loss of the outage is declared and stored.
+        settle = STREAM_COUNTERS_NS / 1e9 + 0.5
+        time.sleep(settle)
+        before = c.store.session("p")
+        time.sleep(settle)  # eight loss timeouts: anything still unanswered would be lost
         row = c.store.session("p")
-        assert row.lost == lost  # loss stopped: the reflector answers again
+        assert row.sent > before.sent  # fresh counters arrived meanwhile ...
+        assert row.lost == before.lost  # ... and loss stopped: the reflector answers again
         assert row.epoch == 0  # the sender's session was never created again
         assert 'sixlab_agent_up{node="r"} 1.0' in _metrics(c)
         with AgentClient(lab.reflector.address) as r:

@@ -27,6 +27,8 @@ from sixlab.controller.client import ControllerClient
 from sixlab.controller.pgstore import PostgresStore
 from sixlab.controller.store import open_store
 from sixlab.southbound import AgentServer
+from sixlab.southbound import stamp_pb2 as pb
+from sixlab.southbound.client import AgentClient
 from sixlab.southbound.simagent import serve_simulated
 
 CONTROLLER_CMD = [
@@ -258,3 +260,70 @@ def test_a_replica_that_lost_its_lease_stores_nothing_after_the_takeover(
             if c is not None:
                 c.close()
                 c.store.close()
+
+
+def test_a_session_another_replica_creates_during_a_check_is_left_alone(
+    pg_url: str, agents: dict[str, AgentServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica B checks a node's agent while replica A creates a session on that node.
+    A creates on the agents first and stores the row after; B must not take a session
+    it sees in the store but not in the agent's answer it got before as lost: repaired
+    (destroyed and created again) while A starts it, A's start met NOT_FOUND. Made
+    deterministic: A creates a session right after each GetAgentInfo reply B gets, so
+    every answer B compares predates the session and every store read follows it."""
+    addresses = {f"127.0.0.1:{s.port}": name for name, s in agents.items()}
+    repairs: list[tuple[str, str, int]] = []
+    created: list[str] = []
+    a: Controller | None = None
+
+    def create_meanwhile() -> None:
+        assert a is not None
+        name = f"p{len(created)}"
+        a.create_session(
+            SessionSpec(name, "s1", "r1", "2001:db8::2", interval_ns=INTERVAL_NS, collect="stream")
+        )
+        created.append(name)
+
+    class Hooked(AgentClient):
+        """B's agent client: A's creation follows each info reply; repairs are recorded."""
+
+        armed = False
+
+        def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
+            reply = super().info(timeout)
+            if Hooked.armed:
+                create_meanwhile()
+            return reply
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            repairs.append((addresses[self.target], "create", request.ssid))
+            super().create_session(request)
+
+        def destroy_session(self, ssid: int) -> None:
+            repairs.append((addresses[self.target], "destroy", ssid))
+            super().destroy_session(ssid)
+
+    a = Controller(open_store(pg_url), supervise_interval_s=None)
+    b = Controller(open_store(pg_url), supervise_interval_s=None, client_factory=Hooked)
+    try:
+        for name, server in agents.items():
+            role = "reflector" if name.startswith("r") else "sender"
+            a.register_node(name, f"127.0.0.1:{server.port}", role)
+            a.init_node(name)
+        a.create_session(SessionSpec("p-first", "s1", "r1", "2001:db8::2", collect="stream"))
+        a.start_session("p-first")
+        with caplog.at_level(logging.WARNING, logger="sixlab.controller.core"):
+            Hooked.armed = True
+            for node in ("s1", "r1"):
+                b.reconcile_node(node)
+            Hooked.armed = False
+        assert created  # the interleaving took place
+        assert repairs == []
+        assert not [r for r in caplog.records if "creating it again" in r.getMessage()]
+        # A starts what it created: every session is on both agents as A made it.
+        assert a.start_sessions(created) == {}
+        assert all(a.store.session(n).state == "running" for n in created)
+    finally:
+        for c in (a, b):
+            c.close()
+            c.store.close()

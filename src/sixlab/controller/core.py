@@ -747,26 +747,34 @@ class Controller:
     def reconcile_node(self, name: str) -> None:
         """Make the node's agent carry what the store says it carries (module doc)."""
         # Asked outside the lock first: a node that does not answer must not hold up
-        # requests. A session created meanwhile is not in this answer, so whatever looks
-        # amiss is asked again under the lock before anything is repaired.
+        # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
         with self._ops:
-            if self._amiss(name, info):
+            # The store is read BEFORE the answer it is compared with. Whoever creates a
+            # session (this controller or another replica on the same database, whose
+            # requests ``_ops`` does not serialise) creates it on the agents first and
+            # stores its row after; so a session listed before the agent answered was
+            # on the agent before it answered, and one missing from that answer is
+            # lost. A session stored after the answer may be one being created right
+            # now: it is left alone here and checked at the next round.
+            node = self.store.node(name)
+            wanted = self._wanted_ssids(node)
+            if self._amiss(node, info, wanted):
+                wanted = self._wanted_ssids(node)
                 info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
             restarted = self.store.observe_agent(name, info.epoch, info.started_ns)
-            node = self.store.node(name)
             if restarted:
                 log.warning(
                     "node %s: its agent restarted (epoch %016x); restoring its sessions",
                     name,
                     info.epoch,
                 )
-            wanted = self._wanted_ssids(node)
             if not wanted:
                 return
             if info.initialized and not restarted and wanted <= set(info.ssids):
                 return  # the agent carries every one of them
-            expected = self._expected(node)
+            node = self.store.node(name)
+            expected = [r for r in self._expected(node) if r.ssid in wanted]
             if not info.initialized:
                 self._replay_init(node)
                 info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -791,13 +799,11 @@ class Controller:
         return {ssid for ssid, state in self.store.ssids_of(node.name, role=node.role)
                 if state in on}  # fmt: skip
 
-    def _amiss(self, name: str, info: pb.GetAgentInfoReply) -> bool:
+    def _amiss(self, node: NodeRow, info: pb.GetAgentInfoReply, wanted: set[int]) -> bool:
         """Whether the agent's answer calls for a repair (a new run, no Init, a session
-        missing)."""
-        node = self.store.node(name)
+        of ``wanted`` missing)."""
         if node.agent_epoch is not None and node.agent_epoch != f"{info.epoch:016x}":
             return True
-        wanted = self._wanted_ssids(node)
         return bool(wanted) and (not info.initialized or not wanted <= set(info.ssids))
 
     def _repair_reflector_half(self, row: SessionRow, *, present: bool) -> None:

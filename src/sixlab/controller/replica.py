@@ -23,7 +23,8 @@ noticed that its lease expired, store each record once).
 Any replica answers the northbound API: reads come from the shared database; a request
 that changes a session is carried out by the replica that received it (it calls the
 agents itself), and the owner of the session's sender node starts or stops collecting it
-at its next heartbeat.
+at its next heartbeat. The owner's repairs leave alone a session another replica is
+creating meanwhile (``Controller.reconcile_node``; docs/architecture.md).
 """
 
 from __future__ import annotations
