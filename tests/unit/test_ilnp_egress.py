@@ -10,7 +10,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sixlab.ilnp.egress import neighbour_messages, on_link, route_table
+from sixlab.ilnp.egress import Egress, neighbour_messages, on_link, route_table
 from sixlab.ilnp.links import LinkState, LinkWatcher
 
 
@@ -98,3 +98,23 @@ def test_next_hop_is_the_local_locators_links_own_route() -> None:
     assert watcher.next_hop(loc1, loc1 << 64 | 0x77) == loc1 << 64 | 0x77
     assert watcher.next_hop(0x99, peer) is None
     assert watcher.next_hop(0x1234, peer) is None  # no interface holds it
+
+
+def test_a_neighbour_is_usable_for_the_fast_path_only_once_resolved() -> None:
+    """The daemon names a next hop in a kernel record only while its neighbour is usable
+    and rewrites the record when that changes (module doc: a fast-path packet queued
+    behind an unresolved neighbour leaves without its Ethernet header)."""
+    egress = Egress(["eth0"])
+    router = bytes.fromhex("fe80" + "00" * 13 + "01")
+    assert not egress.neighbour_usable(2, router)
+    assert egress.take_changed() == set()
+    egress._on_neighbour(28, (2, router), 0x01)  # RTM_NEWNEIGH, NUD_INCOMPLETE
+    assert egress.take_changed() == set()
+    egress._on_neighbour(28, (2, router), 0x02)  # NUD_REACHABLE
+    assert egress.take_changed() == {(2, router)}
+    assert egress.neighbour_usable(2, router)
+    egress._on_neighbour(28, (2, router), 0x04)  # NUD_STALE: still usable, no change
+    assert egress.take_changed() == set()
+    egress._on_neighbour(29, (2, router), 0x04)  # RTM_DELNEIGH
+    assert egress.take_changed() == {(2, router)}
+    assert not egress.neighbour_usable(2, router)

@@ -138,6 +138,8 @@ from sixlab.wire.ilnp import (
     identifier_address,
 )
 
+_NID_MASK = (1 << 64) - 1
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -372,6 +374,8 @@ class IlnpDaemon:
         self._withdrawn: set[int] = set()
         self.links = LinkWatcher(config.interfaces)
         self.egress = Egress(config.interfaces)
+        #: Per peer NID, the neighbour (ifindex, address) its kernel record's next hop is.
+        self._hop_of: dict[int, tuple[int, bytes]] = {}
         #: The links' state (sixlab.ilnp.config.LinkStates) for the locator checks and
         #: zero configuration; tests give their own.
         self.read_links: Callable[[], LinkStates] = lambda: link_states(config.interfaces)
@@ -642,14 +646,31 @@ class IlnpDaemon:
         touched = self.host.take_touched()
         if everything:
             touched |= {entry.peer_nid for entry in self.host.ilcc} | fastpath.installed
+        if self.egress.opened:
+            changed = self.egress.take_changed()
+            touched |= {nid for nid, hop in self._hop_of.items() if hop in changed}
         for nid in touched:
             entry = self.host.ilcc.get(nid)
+            self._hop_of.pop(nid, None)
             record = (
                 None
                 if entry is None
-                else peer_record(entry, self.host.config, self._ifindex_of, self.links.next_hop)
+                else peer_record(entry, self.host.config, self._ifindex_of, self._next_hop)
             )
             fastpath.update(nid, record)
+
+    def _next_hop(self, locator: int, dst: int) -> int | None:
+        """The next hop a kernel record may name for ``dst`` (whose low 64 bits are the
+        peer's NID) from ``locator``: the link's, once its neighbour is usable. Until
+        then None (no egress: the daemon's path sends, the kernel resolves); the record
+        is rewritten when the neighbour changes (:mod:`sixlab.ilnp.egress`)."""
+        hop = self.links.next_hop(locator, dst)
+        ifindex = self.links.ifindex_for(locator)
+        if hop is None or not ifindex or not self.egress.opened:
+            return hop
+        key = (ifindex, hop.to_bytes(16, "big"))
+        self._hop_of[dst & _NID_MASK] = key
+        return hop if self.egress.neighbour_usable(*key) else None
 
     def _ifindex_of(self, locator: int) -> int | None:
         """The interface a local locator lives on (its usable home first)."""

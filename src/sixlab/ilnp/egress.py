@@ -56,6 +56,15 @@ whose last copy is still queued in the host), so the connection stops for three
 seconds. :func:`flush_unresolved` deletes the unresolved neighbours of a link that is
 not usable, and their queues with them; the daemon calls it for such links whenever
 it reads the links.
+
+A fast-path packet must not wait in that queue at all: it carries the TUN route's
+``dst``, and when the neighbour resolves the kernel sends what waited through the
+neighbour that ``dst`` names (one of the TUN device, which has no link layer), so it
+leaves the link with no Ethernet header and is lost. The daemon therefore names a next
+hop in a kernel record only while :meth:`Egress.neighbour_usable` says its neighbour is
+usable (asking the kernel to resolve it otherwise, packets meanwhile taking the
+daemon's path), and rewrites the records whose next hop :meth:`Egress.take_changed`
+reports.
 """
 
 from __future__ import annotations
@@ -240,6 +249,8 @@ class Egress:
         self._usable: set[_Key] = set()
         self._pending: dict[_Key, _Pending] = {}
         self._expiry: deque[tuple[float, _Key]] = deque()
+        #: Neighbours whose usability changed since :meth:`take_changed`.
+        self._changed: set[_Key] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -286,6 +297,7 @@ class Egress:
                 dst = entry.get("NDA_DST")
                 if dst and entry["state"] & _NUD_USABLE:
                     usable.add((int(entry["ifindex"]), ipaddress.IPv6Address(dst).packed))
+        self._changed |= usable ^ self._usable
         self._usable = usable
 
     # ------------------------------------------------------------------ sending
@@ -389,7 +401,23 @@ class Egress:
                 self._release(key)
         self.expire(now)
 
+    def neighbour_usable(self, ifindex: int, address: bytes) -> bool:
+        """Whether the kernel sends to ``address`` on ``ifindex`` without queueing the
+        packet; when not, the kernel is asked to resolve it (module doc)."""
+        key = (ifindex, address)
+        if key in self._usable:
+            return True
+        self._resolve(key)
+        return False
+
+    def take_changed(self) -> set[_Key]:
+        """The neighbours that became usable, or stopped being so, since the last call."""
+        changed, self._changed = self._changed, set()
+        return changed
+
     def _on_neighbour(self, kind: int, key: _Key, state: int) -> None:
+        if (kind == _RTM_NEWNEIGH and bool(state & _NUD_USABLE)) != (key in self._usable):
+            self._changed.add(key)
         if kind == _RTM_NEWNEIGH and state & _NUD_USABLE:
             self._usable.add(key)
             if key in self._pending:
