@@ -41,6 +41,7 @@ from sixlab.southbound.agent import (
 )
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
+from tests.integration._pki import make_pki
 from tests.integration.conftest import TEST_PREFIX
 
 MS = 1_000_000
@@ -368,33 +369,16 @@ def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value:
 # ------------------------------------------------------------------------------- TLS
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for localhost/::1 and a client certificate (openssl CLI)."""
-    d = tmp_path_factory.mktemp("pki")
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", "/CN=sixlab test CA", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
-    )  # fmt: skip
-    for name, ext in (
-        ("server", "subjectAltName=DNS:localhost,IP:::1,IP:127.0.0.1"),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl(
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
-        )  # fmt: skip
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl(
-            "x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
-            "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
-            "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"),
-        )  # fmt: skip
-    return d
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        (
+            ("server", "subjectAltName=DNS:localhost,IP:::1,IP:127.0.0.1"),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ),
+    )
 
 
 def test_tls(pki: Path) -> None:

@@ -19,41 +19,25 @@ from pathlib import Path
 import pytest
 
 from sixlab.southbound.client import AgentClient, ClientTls, SouthboundError
+from tests.integration._pki import make_pki
 
 pytestmark = pytest.mark.root
 
 SIXLAB = [sys.executable, "-m", "sixlab"]
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA; a certificate for the agent and the controller servers (localhost, ::1);
     client certificates for the controller (to the agents) and for an operator."""
-    d = tmp_path_factory.mktemp("pki")
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", "/CN=sixlab test CA", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
-    )  # fmt: skip
-    for name, ext in (
-        ("server", "subjectAltName=DNS:localhost,IP:::1"),
-        ("controller", "extendedKeyUsage=clientAuth"),
-        ("operator", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl(
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
-        )  # fmt: skip
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl(
-            "x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
-            "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
-            "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"),
-        )  # fmt: skip
-    return d
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        (
+            ("server", "subjectAltName=DNS:localhost,IP:::1"),
+            ("controller", "extendedKeyUsage=clientAuth"),
+            ("operator", "extendedKeyUsage=clientAuth"),
+        ),
+    )
 
 
 def _free_port() -> int:
