@@ -1139,14 +1139,7 @@ class Controller:
             with self._lock:
                 if self._closed:
                     return
-                st = self._streamers.get(row.sender)
-                if st is None:
-                    st = self._streamers[row.sender] = _Streamer(row.sender)
-                    st.thread = threading.Thread(
-                        target=self._stream_loop, args=(st,), name=f"stream-{row.sender}",
-                        daemon=True,
-                    )  # fmt: skip
-                    st.thread.start()
+                st = self._streamer(row.sender)
                 st.names.add(row.name)
                 poked[row.sender] = st
         for st in poked.values():
@@ -1452,14 +1445,7 @@ class Controller:
             if self._closed:
                 return
             if row.params["collect"] == CollectMode.STREAM:
-                st = self._streamers.get(row.sender)
-                if st is None:
-                    st = self._streamers[row.sender] = _Streamer(row.sender)
-                    st.thread = threading.Thread(
-                        target=self._stream_loop, args=(st,), name=f"stream-{row.sender}",
-                        daemon=True,
-                    )  # fmt: skip
-                    st.thread.start()
+                st = self._streamer(row.sender)
                 st.names.add(name)
                 st.poke()
                 return
@@ -1695,6 +1681,18 @@ class Controller:
         with self._finished:
             self._finished.notify_all()
         return True
+
+    def _streamer(self, sender: str) -> _Streamer:
+        """The results stream of ``sender``'s agent, started on first use (hold
+        ``self._lock``)."""
+        st = self._streamers.get(sender)
+        if st is None:
+            st = self._streamers[sender] = _Streamer(sender)
+            st.thread = threading.Thread(
+                target=self._stream_loop, args=(st,), name=f"stream-{sender}", daemon=True
+            )
+            st.thread.start()
+        return st
 
     def _stream_loop(self, st: _Streamer) -> None:
         """Read the node's stream: open it on the sessions it carries, each from its
