@@ -253,6 +253,33 @@ def test_timer_covers_loss_deadlines() -> None:
     assert session.get_timer() == T0 + 10 * S
 
 
+def test_timer_skips_the_deadlines_of_answered_packets() -> None:
+    """A packet answered needs no loss timer: the next timer is the next send, not the
+    deadline of a packet already answered (which would call handle_timer for nothing)."""
+    cfg = SenderConfig(ssid=1, interval_ns=S, loss_timeout_ns=500 * MS)
+    session, first = started(cfg)
+    assert session.get_timer() == T0 + 500 * MS  # seq 0 waits for its reply
+    session.receive(reply_by_hand(first), T0 + 5 * MS)
+    assert [e.seq for e in events(session) if isinstance(e, ev.StampResult)] == [0]
+    assert session.get_timer() == T0 + S
+
+
+def test_timer_skips_answered_deadlines_behind_a_lost_packet() -> None:
+    """Seq 1 answered while seq 0 still waits: once seq 0 is lost, the timer is the next
+    send, not seq 1's deadline."""
+    cfg = SenderConfig(ssid=1, interval_ns=100 * MS, loss_timeout_ns=150 * MS)
+    session, _ = started(cfg)
+    session.handle_timer(T0 + 100 * MS)
+    (second,) = session.datagrams_to_send()
+    session.receive(reply_by_hand(second), T0 + 110 * MS)
+    assert session.get_timer() == T0 + 150 * MS  # seq 0's deadline still guards it
+    session.handle_timer(T0 + 150 * MS)
+    assert [e.seq for e in events(session) if isinstance(e, ev.PacketLost)] == [0]
+    session.handle_timer(T0 + 200 * MS)
+    assert len(session.datagrams_to_send()) == 1
+    assert session.get_timer() == T0 + 300 * MS  # not seq 1's deadline (250 ms)
+
+
 # ------------------------------------------------------------------ configuration
 
 

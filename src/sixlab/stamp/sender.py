@@ -516,13 +516,14 @@ class SenderSession:
         return out
 
     def get_timer(self) -> int | None:
-        """When ``handle_timer`` must next be called (on ``now``'s clock), or None."""
-        candidates = []
-        if self.state is State.RUNNING and self._next_send_ns is not None:
-            candidates.append(self._next_send_ns)
-        if self._deadlines:
-            candidates.append(self._deadlines[0][0])
-        return min(candidates) if candidates else None
+        """When ``handle_timer`` must next be called (on ``now``'s clock), or None: the
+        next send, or the loss deadline of the oldest packet still unanswered, if
+        sooner (a packet answered has no deadline left: ``_remember_answered``)."""
+        send = self._next_send_ns if self.state is State.RUNNING else None
+        if not self._deadlines:
+            return send
+        deadline = self._deadlines[0][0]
+        return deadline if send is None or deadline < send else send
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
@@ -586,8 +587,11 @@ class SenderSession:
         return signed + self._trailing
 
     def _expire(self, now: int) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, seq = self._deadlines.popleft()
+        deadlines = self._deadlines
+        if not deadlines or deadlines[0][0] > now:
+            return
+        while deadlines and deadlines[0][0] <= now:
+            _, seq = deadlines.popleft()
             t1 = self._outstanding.pop(seq, None)
             if t1 is not None:
                 self.counters.lost += 1
@@ -597,6 +601,7 @@ class SenderSession:
                     self._lost_above.append(seq)
                     self.counters.unclassified_lost = len(self._lost_above)
                 self._events.append(PacketLost(self.config.ssid, seq, t1))
+        self._drop_settled_deadlines()
 
     def _maybe_drained(self) -> None:
         if self.state is State.DRAINING and not self._outstanding:
@@ -605,10 +610,23 @@ class SenderSession:
             self._events.append(SessionFinished(self.config.ssid))
 
     def _remember_answered(self, seq: int) -> None:
+        """Seq is answered (and out of ``_outstanding``): kept for duplicate detection,
+        and its loss deadline dropped if it was the oldest."""
         self._answered.add(seq)
         self._answered_order.append(seq)
         if len(self._answered_order) > DUPLICATE_WINDOW:
             self._answered.discard(self._answered_order.popleft())
+        self._drop_settled_deadlines()
+
+    def _drop_settled_deadlines(self) -> None:
+        """Drop the loss deadlines at the front whose packets are no longer waiting
+        (answered), so that ``get_timer`` names the oldest deadline that still guards a
+        packet. Otherwise an answered packet's deadline, which falls near a later send
+        slot whenever the loss timeout is a multiple of the interval, would call
+        ``handle_timer`` once more for nothing."""
+        deadlines, outstanding = self._deadlines, self._outstanding
+        while deadlines and deadlines[0][1] not in outstanding:
+            deadlines.popleft()
 
     def _to_utc(self, timestamp: int, fmt: TimestampFormat) -> int:
         ns = decode_timestamp(timestamp, fmt)
