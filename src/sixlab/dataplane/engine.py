@@ -718,8 +718,9 @@ class SenderEngine(_Loop):
         with self.lock:
             mono, wall = self.monotonic(), self.clock()
             self.counters.received += len(batch)
+            deliver = self._deliver
             for rx in batch:
-                self._deliver(rx, mono, wall)
+                deliver(rx, mono, wall)
             self._notify_pending()
 
     def _deliver(self, rx: Received, mono: int, wall: int) -> None:
@@ -733,13 +734,15 @@ class SenderEngine(_Loop):
         # its age (a short difference of wall times, T4 from the kernel) moves
         # the monotonic time back to its arrival.
         t4 = rx.rx_ns or wall
-        arrived = mono - max(0, wall - t4)
+        arrived = mono - wall + t4 if t4 < wall else mono
+        session = entry.session
         if entry.template is not None:
-            receive_one(entry.session, rx.payload, arrived, t4)
+            receive_one(session, rx.payload, arrived, t4)
         else:
             self._feed_data(entry)
-            entry.session.receive(rx.payload, arrived, t4)
-        self._pump(entry)
+            session.receive(rx.payload, arrived, t4)
+        if session.has_output:
+            self._pump(entry)
         self._arm(entry)
 
     def _on_readable(self) -> None:
@@ -825,15 +828,21 @@ class SenderEngine(_Loop):
         return found
 
     def _on_tick(self) -> None:
-        """Run every timer that is due, earliest first, from the heap."""
+        """Run every timer that is due, earliest first, from the heap: one pass over
+        the slots of the tick, with the clocks read once for all of them."""
+        heap, entries, pop = self._heap, self._entries, heapq.heappop
         with self.lock:
             now = self.monotonic()
             wall = self.clock()
-            while (entry := self._due()) is not None and entry.timer is not None:
-                if entry.timer > now:
+            while heap:
+                when, _, ssid = heap[0]
+                if when > now:
                     break
+                pop(heap)
+                entry = entries.get(ssid)
+                if entry is None or entry.timer != when:
+                    continue  # stale: the session re-armed or went
                 self._last_run = now
-                heapq.heappop(self._heap)
                 entry.timer = None
                 if entry.template is not None:
                     self._fire(entry, entry.template, now, wall)
@@ -846,7 +855,8 @@ class SenderEngine(_Loop):
 
     def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
         """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""
-        payload = send_due(entry.session, template, now, wall)
+        session = entry.session
+        payload = send_due(session, template, now, wall)
         if payload is not None:
             send = entry.sender
             try:
@@ -863,7 +873,8 @@ class SenderEngine(_Loop):
             if self.on_event is not None:
                 seq = int.from_bytes(payload[:4])
                 self.on_event(ev.PacketSent(entry.spec.config.ssid, seq, wall))
-        self._pump(entry)  # what else the timer produced: losses, the end
+        if session.has_output:
+            self._pump(entry)  # what else the timer produced: losses, the end
 
     def _feed_data(self, entry: _SenderEntry) -> None:
         """Hand the session its data flow's counts, if it has a source (lock held)."""
@@ -877,8 +888,9 @@ class SenderEngine(_Loop):
         """Send what the session produced and file its events (lock held). ``now``: the
         monotonic time of the timer that made them, to measure the schedule's slip."""
         spec = entry.spec
+        session = entry.session
         labels = spec.config.flow_labels
-        for payload in entry.session.datagrams_to_send():
+        for payload in session.datagrams_to_send():
             label = flow_label_for(labels, int.from_bytes(payload[:4])) if labels else None
             self._send(
                 payload,
@@ -889,15 +901,18 @@ class SenderEngine(_Loop):
                 flow_label=label,
             )
         notify = False
-        while (event := entry.session.next_event()) is not None:
-            if isinstance(event, ev.PacketSent) and now is not None and entry.start is not None:
-                self._slip(entry, now)
-            if isinstance(event, ev.StampResult):
+        on_event = self.on_event
+        next_event = session.next_event
+        while (event := next_event()) is not None:
+            if isinstance(event, ev.StampResult):  # the common case first
                 if len(entry.fifo) >= self.fifo_capacity:
                     entry.pop_oldest()
                     entry.overflow += 1
                 entry.fifo.append(event)
                 notify = True
+            elif isinstance(event, ev.PacketSent):
+                if now is not None and entry.start is not None:
+                    self._slip(entry, now)
             elif isinstance(event, ev.PacketLost):
                 if len(entry.lost) >= self.fifo_capacity:
                     del entry.lost[0]
@@ -905,8 +920,8 @@ class SenderEngine(_Loop):
                 entry.lost.append(event)
             elif isinstance(event, ev.SessionFinished):
                 notify = True
-            if self.on_event is not None:
-                self.on_event(event)
+            if on_event is not None:
+                on_event(event)
         if notify:
             self._pending = True
 

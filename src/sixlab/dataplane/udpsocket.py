@@ -85,6 +85,9 @@ _CMSG_SPACE = (
 #: would be 1232 bytes, but jumbo-frame links exist; 9000 covers them.
 _MAX_PAYLOAD = 9000
 _V4_MAPPED = bytes(10) + b"\xff\xff"
+_ZEROS = {4: bytes(4), 16: bytes(16)}
+#: Source addresses remembered in packed form (``_source``) before the cache starts over.
+_SOURCES_KEPT = 4096
 #: What ``sendmsg`` needs for one destination: the routing header the socket must hold
 #: (None: IPv4, none applies), the control messages, the address, and the destination.
 _Route = tuple[bytes | None, list[tuple[int, int, bytes]], tuple[Any, ...], IPAddress]
@@ -105,27 +108,35 @@ def _flowlabel_request(label: int, dst: IPv6Address) -> bytes:
     )
 
 
+_SOL_SOCKET = socket.SOL_SOCKET
+_IPPROTO_IPV6 = socket.IPPROTO_IPV6
+_IPPROTO_IP = socket.IPPROTO_IP
+_timespec = _TIMESPEC.unpack_from
+_int = _INT.unpack_from
+
+
 def _ancillary(
     ancdata: list[tuple[int, int, bytes]], dst: bytes
 ) -> tuple[int, int, bytes, int | None]:
     """(receive time ns, hop limit or TTL, destination address, traffic class or TOS)
-    from a datagram's control messages; ``dst`` when no packet-info message came."""
+    from a datagram's control messages; ``dst`` when no packet-info message came.
+    (Called once per datagram: the module's names are bound to locals above.)"""
     rx_ns = hop = 0
     tclass = None
     for level, kind, value in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-            sec, nsec = _TIMESPEC.unpack_from(value)
-            rx_ns = sec * 1_000_000_000 + nsec
-        elif level == socket.IPPROTO_IPV6:
+        if level == _IPPROTO_IPV6:
             if kind == IPV6_HOPLIMIT:
-                hop = _INT.unpack_from(value)[0]
+                hop = _int(value)[0]
             elif kind == IPV6_PKTINFO:
                 dst = _unmap(_PKTINFO.unpack_from(value)[0])
             elif kind == IPV6_TCLASS:
-                tclass = _INT.unpack_from(value)[0] & 0xFF
-        elif level == socket.IPPROTO_IP:
+                tclass = _int(value)[0] & 0xFF
+        elif level == _SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = _timespec(value)
+            rx_ns = sec * 1_000_000_000 + nsec
+        elif level == _IPPROTO_IP:
             if kind == IP_TTL:
-                hop = _INT.unpack_from(value)[0]
+                hop = _int(value)[0]
             elif kind == IP_PKTINFO:
                 dst = _IN_PKTINFO.unpack_from(value)[2]
             elif kind == IP_TOS:
@@ -141,12 +152,14 @@ class SocketDataplane(Dataplane):
     _family: socket.AddressFamily = socket.AF_INET6
     _leased: set[int]
     _srh_cache: dict[tuple[IPv6Address, ...], bytes]
+    _sources: dict[str, bytes]
     _rthdr: bytes = b""  # the sticky routing header currently set on the socket
 
     def open(self) -> None:
         if self._sock is not None:
             return
         self._srh_cache = {}
+        self._sources = {}
         self._rthdr = b""
         self._leased = set()
         source = self.config.source
@@ -199,11 +212,13 @@ class SocketDataplane(Dataplane):
         return self._socket().fileno()
 
     def receive(self, max_batch: int = 64) -> list[Received]:
-        sock = self._socket()
+        recvmsg = self._socket().recvmsg
+        port = self.config.port
+        sources = self._sources
         out: list[Received] = []
         for _ in range(max_batch):
             try:
-                data, ancdata, _flags, addr = sock.recvmsg(_MAX_PAYLOAD, _CMSG_SPACE)
+                data, ancdata, _flags, addr = recvmsg(_MAX_PAYLOAD, _CMSG_SPACE)
             except BlockingIOError:
                 break
             except OSError as exc:
@@ -212,21 +227,20 @@ class SocketDataplane(Dataplane):
                 if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                     continue
                 raise
-            src = _unmap(socket.inet_pton(self._family, addr[0].split("%")[0]))
-            rx_ns, hop, dst, tclass = _ancillary(ancdata, bytes(len(src)))
-            out.append(
-                Received(
-                    payload=data,
-                    src=src,
-                    dst=dst,
-                    src_port=addr[1],
-                    dst_port=self.config.port,
-                    hop_limit=hop,
-                    rx_ns=rx_ns,
-                    tclass=tclass,
-                )
-            )
+            src = sources.get(addr[0])
+            if src is None:
+                src = self._source(addr[0])
+            rx_ns, hop, dst, tclass = _ancillary(ancdata, _ZEROS[len(src)])
+            out.append(Received(data, src, dst, addr[1], port, hop, rx_ns, tclass))
         return out
+
+    def _source(self, text: str) -> bytes:
+        """A source address as the kernel reports it, packed (IPv4-mapped ones as IPv4),
+        remembered: a sender hears from few reflectors, each thousands of times."""
+        if len(self._sources) >= _SOURCES_KEPT:
+            self._sources.clear()
+        src = self._sources[text] = _unmap(socket.inet_pton(self._family, text.split("%")[0]))
+        return src
 
     def send_labelled(
         self,

@@ -510,6 +510,12 @@ class SenderSession:
 
     # -- outputs ----------------------------------------------------------------------
 
+    @property
+    def has_output(self) -> bool:
+        """Whether ``datagrams_to_send`` or ``next_event`` has anything (an adapter
+        with thousands of sessions asks this before draining them)."""
+        return bool(self._tx or self._events)
+
     def datagrams_to_send(self) -> list[bytes]:
         """STAMP payloads to send now (the adapter adds UDP, IPv6 and the SRH)."""
         out, self._tx = self._tx, []
