@@ -376,6 +376,31 @@ def test_five_hundred_sessions_keep_their_grid_and_report_their_slip() -> None:
     sink.close()
 
 
+def test_replies_wait_for_a_run_due_within_eight_ticks() -> None:
+    """With a tick of 250 µs the data plane does not wake the loop while the next run of
+    the timers is due within 2 ms (its replies are read at that run), and does when the
+    run is further off."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono, tick_ns=250_000)
+    cfg = SenderConfig(ssid=1, interval_ns=10 * MS, loss_timeout_ns=10 * S)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(1)
+    wait, poll = engine._wait()
+    assert wait == pytest.approx(10e-3)
+    assert not poll  # 10 ms off: a reply wakes the loop
+    clocks.advance(8 * MS)
+    wait, poll = engine._wait()
+    assert wait == pytest.approx(2e-3)
+    assert poll  # 2 ms off: replies wait for the run
+    splane.close()
+    sink.close()
+
+
 @pytest.mark.parametrize("tick_us", [0, 250])
 def test_timers_run_at_most_once_per_tick_and_replies_wait_for_that_run(tick_us: int) -> None:
     """Slots 50 µs apart: with a tick of 250 µs the loop runs the timers once for all the

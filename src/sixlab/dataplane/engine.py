@@ -83,6 +83,13 @@ DEFAULT_FIFO_CAPACITY = 100_000
 #: slot that falls within a tick is served at its end, so a packet leaves up to a tick
 #: after its slot (benchmarks/README.md, "One sender agent, socket plane").
 DEFAULT_TICK_NS = 250_000
+#: Replies wait for the next run of the timers, rather than wake the loop themselves,
+#: while that run is due within this many ticks (2 ms with the default tick): a
+#: reply's T4 is the kernel's and its age moves ``now`` back (``SenderEngine._deliver``),
+#: so only its record comes later, and at 1,000 packets/s a wake-up per reply would
+#: nearly double the wake-ups, each of which costs more than the packet it serves
+#: (benchmarks/README.md, "One sender agent, socket plane").
+_HOLD_TICKS = 8
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -703,15 +710,15 @@ class SenderEngine(_Loop):
 
     def _wait(self) -> tuple[float, bool]:
         """Until the earliest timer, but no sooner than one tick after the last run of
-        timers; while the next run is due within a tick, replies wait for it (their T4
-        is the kernel's, their age moves ``now`` back: ``_deliver``)."""
+        timers; while the next run is due within ``_HOLD_TICKS`` ticks, replies wait for
+        it (their T4 is the kernel's, their age moves ``now`` back: ``_deliver``)."""
         with self.lock:
             entry = self._due()
             if entry is None or entry.timer is None:
                 return _IDLE_WAKE_S, False
             now = self.monotonic()
             wait = max(entry.timer - now, self._last_run + self.tick_ns - now)
-        poll = 0 < wait <= self.tick_ns
+        poll = 0 < wait <= _HOLD_TICKS * self.tick_ns
         return min(_IDLE_WAKE_S, max(0.0, wait / 1e9)), poll
 
     def _on_batch(self, batch: list[Received]) -> None:
