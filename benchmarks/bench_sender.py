@@ -10,7 +10,9 @@ window: the sender process's CPU (share of one core: user + system, the engine t
 and the kernel's work for its sockets), packets sent and results received per second,
 and the schedule slip of every packet (how long after its slot, start + k × interval
 with the engine's own origin, the engine finished sending it: monotonic clock, measured
-in the engine's event hook right after the send), p50/p99/max, and the slots skipped.
+in the engine's event hook right after the send), p50/p99/max, and the slots skipped,
+with the garbage collector's passes in the window (how many, their time, the full ones
+and the longest full one: a full pass stops the engine for as long as it takes).
 
     sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
 """
@@ -18,6 +20,7 @@ in the engine's event hook right after the send), p50/p99/max, and the slots ski
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -93,16 +96,32 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
         for ssid, entry in engine._entries.items():
             assert entry.start is not None
             base[ssid] = entry.start
+    if args.gc_freeze:
+        gc.freeze()  # the sessions' objects: out of every later collection
     time.sleep(args.warmup)
     skipped0 = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1))
+    pauses: list[tuple[int, int]] = []  # (generation, ns) of each collection measured
+    began = [0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter_ns()
+        else:
+            pauses.append((info["generation"], time.perf_counter_ns() - began[0]))
+
     measuring[0] = True
+    gc.callbacks.append(on_gc)
     c0, w0 = os.times(), time.monotonic()
     time.sleep(args.seconds)
     c1, w1 = os.times(), time.monotonic()
+    gc.callbacks.remove(on_gc)
     measuring[0] = False
     skipped = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1)) - skipped0
     engine.shutdown()
     dp.close()
+    if args.gc_freeze:
+        gc.unfreeze()
+    full = [ns for generation, ns in pauses if generation == 2]
     span = w1 - w0
     user, system = c1.user - c0.user, c1.system - c0.system
     sent = max(counts["sent"], 1)
@@ -121,6 +140,11 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
         "slip_us_p99": round(_pct(slips, 99) / 1e3, 1) if slips else None,
         "slip_us_max": round(max(slips) / 1e3, 1) if slips else None,
         "skipped_slots": skipped,
+        "gc_collections": len(pauses),
+        "gc_ms_total": round(sum(ns for _, ns in pauses) / 1e6, 1),
+        "gc_full_collections": len(full),
+        "gc_full_ms_max": round(max(full, default=0) / 1e6, 1),
+        "gc_freeze": args.gc_freeze,
         "load_average": os.getloadavg()[0],
     }
 
@@ -207,6 +231,11 @@ def main() -> None:
         help="the engine's tick (µs); a comma-separated list runs each in turn, side by side",
     )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the tick list")
+    parser.add_argument(
+        "--gc-freeze", action="store_true",
+        help="gc.freeze() once the sessions are started: what the garbage collector's "
+        "full passes over them cost the schedule",
+    )  # fmt: skip
     parser.add_argument(
         "--floor", action="store_true",
         help="also run each tick with bare sendto/recvmsg and no engine (the kernel's share)",

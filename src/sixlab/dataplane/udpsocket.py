@@ -239,7 +239,8 @@ class SocketDataplane(Dataplane):
         remembered: a sender hears from few reflectors, each thousands of times."""
         if len(self._sources) >= _SOURCES_KEPT:
             self._sources.clear()
-        src = self._sources[text] = _unmap(socket.inet_pton(self._family, text.split("%")[0]))
+        address = text.partition("%")[0]  # without a scope id
+        src = self._sources[text] = _unmap(socket.inet_pton(self._family, address))
         return src
 
     def send_labelled(
