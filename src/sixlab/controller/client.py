@@ -89,6 +89,7 @@ _STATE_NAMES = {
     pb.SESSION_STATE_STOPPED: "stopped",
     pb.SESSION_STATE_FINISHED: "finished",
     pb.SESSION_STATE_DESTROYED: "destroyed",
+    pb.SESSION_STATE_DESTROYING: "destroying",
 }
 
 

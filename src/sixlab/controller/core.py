@@ -124,6 +124,7 @@ __all__ = [
     "CollectMode",
     "Controller",
     "ControllerError",
+    "DestroyPendingError",
     "EpochStats",
     "NoFreeSsidError",
     "SessionExistsError",
@@ -155,6 +156,12 @@ REOPEN_DEBOUNCE_S = 0.05
 HEALTH_WRITE_NS = 1_000_000_000
 #: ``stats`` over a range longer than this reads the per-minute rollups (ns).
 RAW_STATS_NS = 3600 * 1_000_000_000
+#: How long ``destroy_session`` waits for the replica that owns the session's sender to
+#: carry the destroy out (s): its supervisor does within a round, or a replica that
+#: takes the lease over after it died, within the lease time and a heartbeat.
+DESTROY_WAIT_S = 30.0
+#: Rounds of records a destroy collects from the sender before destroying the session.
+FINAL_ROUNDS = 4
 #: How often the supervisor asks every agent how it is (s).
 SUPERVISE_INTERVAL_S = 1.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
@@ -184,6 +191,11 @@ class WrongStateError(ControllerError):
 
 class NoFreeSsidError(ControllerError):
     """Every SSID is taken on the sender or the reflector."""
+
+
+class DestroyPendingError(ControllerError):
+    """The destroy is recorded but the replica that owns the session's sender has not
+    carried it out within the wait (it will, or the replica that takes its lease over)."""
 
 
 class CollectMode:
@@ -745,7 +757,11 @@ class Controller:
         return self.store.node(name).healthy
 
     def reconcile_node(self, name: str) -> None:
-        """Make the node's agent carry what the store says it carries (module doc)."""
+        """Make the node's agent carry what the store says it carries (module doc); the
+        owner of a sender node first carries out the destroys recorded for its sessions
+        (``destroy_sessions``)."""
+        if self._owns(name) and self.store.node(name).role == "sender":
+            self._carry_out_destroys(name)
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -1231,19 +1247,115 @@ class Controller:
             self.store.stop_epoch(name, self.clock())
             self.store.set_state(name, "stopping")
 
-    def destroy_session(self, name: str) -> None:
-        with self._ops:
-            row = self.store.session(name)
-            if row.state == "destroyed":
-                raise WrongStateError(f"name: session {name!r} is already destroyed")
-            self._stop_collector(name)
+    def destroy_session(self, name: str, *, wait_s: float = DESTROY_WAIT_S) -> None:
+        """Destroy the session (``destroy_sessions``); raises why it was not."""
+        errors = self.destroy_sessions([name], wait_s=wait_s)
+        if name in errors:
+            raise errors[name]
+
+    def destroy_sessions(
+        self, names: Sequence[str], *, wait_s: float = DESTROY_WAIT_S
+    ) -> dict[str, Exception]:
+        """Destroy sessions: each is marked ``destroying`` in the store, then the owner of
+        its sender node (this controller, or another replica) collects what its sender
+        still holds, destroys it on both agents and marks it ``destroyed``
+        (``_carry_out_destroy``; docs/architecture.md, "Session lifecycle across
+        replicas"). Returns once every one is destroyed or ``wait_s`` passed: by name,
+        why a session was not destroyed (``DestroyPendingError``: recorded, not yet
+        carried out)."""
+        errors: dict[str, Exception] = {}
+        rows = {r.name: r for r in self.store.mark_destroying(names)}
+        for name in names:
+            if name not in rows:
+                try:
+                    self.store.session(name)
+                except NotFoundError as exc:
+                    errors[name] = exc
+                else:
+                    errors[name] = WrongStateError(f"name: session {name!r} is already destroyed")
+        waiting: dict[int, SessionRow] = {}
+        failed: dict[str, Exception] = {}
+        for row in rows.values():
+            if self._owns(row.sender):
+                try:
+                    with self._ops:
+                        self._carry_out_destroy(row)
+                except (ControllerError, SouthboundError) as exc:
+                    failed[row.name] = exc  # e.g. fenced: its new owner carries it out
+            waiting[row.id] = row
+        self._wake.set()
+        deadline = time.monotonic() + wait_s
+        while waiting:
+            for sid, state in self.store.states(list(waiting)).items():
+                if state == "destroyed":
+                    waiting.pop(sid)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for row in waiting.values():
+            errors[row.name] = failed.get(
+                row.name,
+                DestroyPendingError(
+                    f"name: session {row.name!r}: the destroy is recorded; the replica that"
+                    f" holds sender {row.sender!r} has not carried it out within {wait_s:g} s"
+                    " (it will)"
+                ),
+            )
+        return errors
+
+    def _carry_out_destroys(self, sender: str) -> None:
+        """Carry out the destroys recorded for the sessions of a sender node this
+        controller owns (any replica may have recorded them)."""
+        names = self.store.destroying(sender)
+        if not names:
+            return
+        for row in self.store.sessions_named(names):
+            try:
+                with self._ops:
+                    self._carry_out_destroy(row)
+            except (ControllerError, SouthboundError) as exc:
+                log.warning("session %s: destroy not carried out yet: %s", row.name, exc)
+
+    def _carry_out_destroy(self, row: SessionRow) -> None:
+        """The owner of the session's sender destroys it (hold ``_ops``): stops
+        collecting it, stores what its sender still holds, destroys it on both agents,
+        then marks it destroyed. The session's state stays ``destroying`` until then, so
+        that no repair (this replica's or another's) creates it again meanwhile."""
+        self._stop_collector(row.name)
+        with self._session_lock(row.name):
+            if self.store.states([row.id]).get(row.id) != "destroying":
+                return  # carried out already
+            try:
+                self._final_collect(row)
+            except SouthboundError as exc:
+                log.info("session %s: final collection: %s", row.name, exc.details)
             self._destroy_on_agents(row)
-            with self._session_lock(name):
-                self.store.end_epoch(name, self.clock(), "destroyed")
-                self.store.set_state(name, "destroyed")
-                self.metrics.remove_path(name)
-            with self._finished:
-                self._finished.notify_all()
+            self.store.finish_destroy(row.id, self.clock())
+            self.metrics.remove_path(row.name)
+        with self._lock:
+            self._pending_restarts.pop(row.name, None)
+        with self._finished:
+            self._finished.notify_all()
+
+    def _final_collect(self, row: SessionRow) -> None:
+        """Store the records the session's sender still holds (session lock held), a few
+        rounds at most: its results up to the destroy are kept with it."""
+        client = self.client(row.sender)
+        for _ in range(FINAL_ROUNDS):
+            cur = self.store.session(row.name)
+            if cur.id != row.id:
+                return
+            reply = client.results(cur.ssid, BATCH, after_id=cur.cursor)
+            if not reply.results:
+                return
+            batch = _batch(cur, reply.results, reply.counters)
+            now = self.clock()
+            (new,) = self.store.store_many([batch], now, fence=self._fence(row.sender))
+            if new is None:
+                self.metrics.dropped(row.sender, len(batch.records))
+                return
+            self._stored(cur, batch, now)
+            client.acknowledge(cur.ssid, batch.records[-1][0])
 
     def wait_finished(self, name: str, timeout: float) -> bool:
         """Wait until the session has finished (every result stored) or was destroyed."""
@@ -1625,6 +1737,7 @@ class Controller:
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
+                    self.metrics.dropped(p.node, len(stored.records))
                     continue
                 self._stored(row, stored, now)
                 if stored.records:
@@ -1789,6 +1902,7 @@ class Controller:
                 if batch.gone:
                     # Gone from the agent, or created again there: the supervisor
                     # repairs it; a new epoch's start reopens the stream with it.
+                    self.metrics.dropped(st.node, len(batch.results))
                     del subs[batch.ssid]
                     self._wake.set()
                     continue
@@ -1799,7 +1913,8 @@ class Controller:
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
             for (sub, batch, stored), new in zip(todo, news, strict=True):
-                if new is None:  # the session left that epoch (or was destroyed)
+                if new is None:  # the session left that epoch, was destroyed or pruned
+                    self.metrics.dropped(st.node, len(stored.records))
                     del subs[batch.ssid]
                     continue
                 self._stored(sub, stored, now)
