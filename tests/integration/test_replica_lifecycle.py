@@ -11,6 +11,7 @@ southbound gRPC API.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,9 +20,10 @@ from collections.abc import Iterator, Mapping
 import pytest
 from prometheus_client import generate_latest
 
-from sixlab.controller import Controller, ReplicaManager, SessionSpec
+from sixlab.controller import Controller, ReplicaManager, SessionExistsError, SessionSpec
 from sixlab.controller.apply import WantedNode, WantedSession, execute, plan
-from sixlab.controller.store import open_store
+from sixlab.controller.pgstore import PostgresStore
+from sixlab.controller.store import AlreadyExistsError, Store, open_store
 from sixlab.southbound import AgentServer
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, ResultStream
@@ -76,6 +78,7 @@ def _replicas(
     agents: dict[str, AgentServer],
     a_client: type[AgentClient] = AgentClient,
     b_client: type[AgentClient] = AgentClient,
+    b_store: Store | None = None,
 ) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager]:
     """A, holding every lease (nodes registered and initialised), and B, holding none."""
     # Every stream message is stored as it comes (no gathering): a message held by a
@@ -92,7 +95,7 @@ def _replicas(
     ra.start()
     assert ra.owned == {*agents, "housekeeping"}
     b = Controller(
-        open_store(pg_url), supervise_interval_s=0.2, client_factory=b_client,
+        b_store or open_store(pg_url), supervise_interval_s=0.2, client_factory=b_client,
         commit_interval_s=0.0,
     )  # fmt: skip
     rb = ReplicaManager(b, "B", ttl_s=TTL_S, tick_s=TICK_S)
@@ -268,5 +271,164 @@ def test_apply_prune_through_another_replica_with_results_in_flight(
         exposed = generate_latest(a.metrics.registry).decode()
         assert 'sixlab_dropped_results_total{node="s1"}' in exposed
         _exactly_once(a, keep)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def _finished(a: Controller, names: list[str]) -> None:
+    """Run the sessions until they stored results, then stop them until finished."""
+    _, errors = a.create_sessions([_spec(n) for n in names])
+    assert not errors
+    assert not a.start_sessions(names)
+    _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+    for name in names:
+        a.stop_session(name)
+    for name in names:
+        assert a.wait_finished(name, 30), name
+
+
+def test_a_restart_through_another_replica_is_not_taken_for_a_lost_reflector_session(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session whose nodes A owns: B destroys the session on
+    both agents and creates it afresh. A checks the reflector right after B destroyed
+    the reflector's half: A must not take the half for lost and create it again under
+    B (whose creation would then meet ALREADY_EXISTS)."""
+    a: Controller | None = None
+    fired: list[int] = []
+
+    class Hooked(AgentClient):
+        victim = 0
+
+        def destroy_session(self, ssid: int) -> None:
+            super().destroy_session(ssid)
+            r1 = f"127.0.0.1:{agents['r1'].port}"
+            if ssid == Hooked.victim and self.target == r1 and not fired:
+                fired.append(ssid)
+                assert a is not None
+                owner = a
+                t = threading.Thread(target=lambda: owner.check_node("r1"), daemon=True)
+                t.start()
+                t.join(5)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Hooked)
+    try:
+        _finished(a, ["p0"])
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        b.start_session("p0")
+
+        assert fired
+        assert b.store.session("p0").state == "running"
+        assert row.ssid in _carried(agents, "s1")
+        assert row.ssid in _carried(agents, "r1")
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_destroy_during_a_restart_through_another_replica_leaves_nothing_on_the_agents(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session; A (the owner) destroys it while B is between
+    its calls to the agents (the reflector's half created again, the sender's not yet).
+    Whatever each call answers, in the end the session is destroyed and neither agent
+    carries it: B's creations after A's destroy are undone."""
+    a: Controller | None = None
+    fired: list[int] = []
+    outcome: list[BaseException | None] = []
+
+    class Hooked(AgentClient):
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if request.ssid == Hooked.victim and self.target == s1 and not fired:
+                fired.append(request.ssid)
+                assert a is not None
+                owner = a
+
+                def destroy() -> None:
+                    try:
+                        owner.destroy_session("p0", wait_s=10)
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        outcome.append(exc)
+                    else:
+                        outcome.append(None)
+
+                t = threading.Thread(target=destroy, daemon=True)
+                t.start()
+                t.join(15)
+            super().create_session(request)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Hooked)
+    try:
+        _finished(a, ["p0", "p1"])
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        with contextlib.suppress(Exception):  # refused, or done and destroyed after
+            b.start_session("p0")
+
+        assert fired
+        assert outcome == [None]
+        assert a.store.session("p0").state == "destroyed"
+        for _ in range(3):
+            a.check_node("s1")
+            a.check_node("r1")
+        assert row.ssid not in _carried(agents, "s1")
+        assert row.ssid not in _carried(agents, "r1")
+        # The other session is untouched, and starts again.
+        b.start_session("p1")
+        _wait("p1's new epoch", lambda: a.store.session("p1").cursor > 0, 30)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_two_replicas_creating_one_name_at_once_leave_one_session_on_the_agents(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """apply (or create) through A and B at once with the same new session: B finds
+    the name free, A creates the session meanwhile, B picks another SSID and creates
+    its halves on the agents, and the store keeps A's row. B's halves must not stay on
+    the agents (sending probes no row accounts for, holding an SSID the store thinks
+    free): B destroys them and says the name is taken. Once for one session, once for
+    a batch of two (one of which is taken)."""
+    a: Controller | None = None
+    race: list[str] = []
+
+    class HookedStore(PostgresStore):
+        """B's store: A creates ``race[0]`` just before B picks an SSID."""
+
+        def used_ssids(self, node: str) -> set[int]:
+            if race:
+                name = race.pop()
+                assert a is not None
+                a.create_session(_spec(name))
+            return super().used_ssids(node)
+
+    a, ra, b, rb = _replicas(pg_url, agents, b_store=HookedStore(pg_url))
+    try:
+        race.append("p0")
+        with pytest.raises((SessionExistsError, AlreadyExistsError)):
+            b.create_session(_spec("p0"))
+        assert not race
+        live = {r.ssid for r in a.store.sessions()}
+        assert len(live) == 1
+        assert _carried(agents, "s1") == live
+        assert _carried(agents, "r1") == live
+
+        race.append("p2")
+        rows, errors = b.create_sessions([_spec("p1"), _spec("p2")])
+        assert not race
+        assert [r.name for r in rows] == ["p1"]
+        assert set(errors) == {"p2"}
+        assert isinstance(errors["p2"], SessionExistsError | AlreadyExistsError)
+        live = {r.ssid for r in a.store.sessions()}
+        assert len(live) == 3
+        assert _carried(agents, "s1") == live
+        assert _carried(agents, "r1") == live
     finally:
         _close(rb, ra, b, a)

@@ -42,7 +42,7 @@ from sixlab.controller.store import InUseError, SessionRow, Store, _listing
 __all__ = ["Step", "WantedNode", "WantedSession", "execute", "key_sha256", "plan", "spec_of"]
 
 #: A session the user counts as started (see the module docstring).
-_STARTED = ("running", "stopping", "finished")
+_STARTED = ("running", "starting", "stopping", "finished")
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,7 @@ _STATE_NAMES = {
     pb.SESSION_STATE_FINISHED: "finished",
     pb.SESSION_STATE_DESTROYED: "destroyed",
     pb.SESSION_STATE_DESTROYING: "destroying",
+    pb.SESSION_STATE_STARTING: "starting",
 }
 
 

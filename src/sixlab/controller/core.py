@@ -86,6 +86,7 @@ from sixlab.controller.events import (
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
+    AlreadyExistsError,
     Counters,
     EpochRow,
     EventRow,
@@ -840,6 +841,8 @@ class Controller:
             with contextlib.suppress(SouthboundError):
                 self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
         self._create_reflector_half(spec, row.ssid)
+        if self._undo_if_destroyed(row):
+            return  # a destroy was recorded meanwhile (another replica carries it out)
         if row.state != "created" and not afresh:
             self._call(row.reflector, lambda c: c.start_session(row.ssid))
 
@@ -894,7 +897,11 @@ class Controller:
                     self._pending_restarts.pop(name, None)
                 if row.state == "finished":  # else a user started or destroyed it meanwhile
                     log.warning("session %s: starting it afresh (%s)", name, reason)
-                    self._restart(row)
+                    try:
+                        self._start_again(row)
+                    except WrongStateError as exc:  # started or destroyed meanwhile
+                        log.info("session %s: %s", name, exc)
+                        continue
                     self._start_collector(name)
 
     def _supervise(self) -> None:
@@ -977,14 +984,27 @@ class Controller:
                 raise NoFreeSsidError("ssid: no free SSID left on these nodes")
             self._create_on_agents(spec, ssid)
             params = asdict(spec)
-            return self.store.add_session(
-                spec.name,
-                ssid,
-                sender=spec.sender,
-                reflector=reflector_node,
-                params=params,
-                now_ns=self.clock(),
-            )
+            try:
+                return self.store.add_session(
+                    spec.name,
+                    ssid,
+                    sender=spec.sender,
+                    reflector=reflector_node,
+                    params=params,
+                    now_ns=self.clock(),
+                )
+            except AlreadyExistsError:
+                # Another replica created a session of that name meanwhile (the check
+                # above is not a lock across replicas): its row won; ours goes.
+                self._undo_create(spec, ssid)
+                raise SessionExistsError(f"name: session {spec.name!r} already exists") from None
+
+    def _undo_create(self, spec: SessionSpec, ssid: int) -> None:
+        """Destroy the halves of a session created on the agents whose row the store
+        refused."""
+        for node in (spec.sender,) if spec.loopback else (spec.sender, spec.reflector):
+            with contextlib.suppress(SouthboundError):
+                self._call(node, lambda c: c.destroy_session(ssid))
 
     def create_sessions(
         self, specs: Sequence[SessionSpec]
@@ -1046,13 +1066,26 @@ class Controller:
             self._many_calls(undo, "reflector", "DestroyStampSession",
                              lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
             now = self.clock()
-            rows = self.store.add_sessions(
-                [
-                    (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
-                    for sp, i in done
-                ],
-                now_ns=now,
-            )
+            items = [
+                (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
+                for sp, i in done
+            ]
+            try:
+                rows = self.store.add_sessions(items, now_ns=now)
+            except AlreadyExistsError:
+                # Another replica created one of these names meanwhile: one by one, and
+                # the halves of those refused are destroyed (``create_session``).
+                rows = []
+                for item, (spec, ssid) in zip(items, done, strict=True):
+                    name, _, sender, reflector, params = item
+                    try:
+                        rows.append(self.store.add_session(
+                            name, ssid, sender=sender, reflector=reflector, params=params,
+                            now_ns=now,
+                        ))  # fmt: skip
+                    except AlreadyExistsError:
+                        self._undo_create(spec, ssid)
+                        errors[name] = SessionExistsError(f"name: session {name!r} already exists")
         return rows, errors
 
     def _many(
@@ -1214,8 +1247,35 @@ class Controller:
                 self._call(row.sender, lambda c: c.start_session(row.ssid))
                 self.store.set_state(name, "running")
             else:
-                self._restart(row)
+                self._start_again(row)
             self._start_collector(name)
+
+    def _start_again(self, row: SessionRow) -> None:
+        """``_restart`` a stopped or finished session, in the ``starting`` state: the
+        repairs of the replicas that own its nodes leave it alone while its halves are
+        destroyed and created again, and a second start (through another replica) is
+        refused. A destroy recorded meanwhile wins: what this start created on the
+        agents is destroyed again (docs/architecture.md, "Session lifecycle across
+        replicas")."""
+        if not self.store.claim_state(row.name, row.state, "starting"):
+            state = self.store.session(row.name).state
+            raise WrongStateError(f"name: session {row.name!r} is {state}, not startable")
+        try:
+            self._restart(row)
+        except BaseException:
+            self.store.claim_state(row.name, "starting", row.state)
+            self._undo_if_destroyed(row)
+            raise
+        if self._undo_if_destroyed(row):
+            raise WrongStateError(f"name: session {row.name!r} was destroyed while it started")
+
+    def _undo_if_destroyed(self, row: SessionRow) -> bool:
+        """If a destroy of the session was recorded, destroy its halves on the agents
+        (created by a start that ran meanwhile); whether it was."""
+        if self.store.states([row.id]).get(row.id) not in ("destroying", "destroyed"):
+            return False
+        self._destroy_on_agents(row)
+        return True
 
     def _agent(self, node: str) -> str | None:
         return self.store.node(node).agent_epoch

@@ -130,6 +130,7 @@ _STATES_PB = {
     "finished": pb.SESSION_STATE_FINISHED,
     "destroyed": pb.SESSION_STATE_DESTROYED,
     "destroying": pb.SESSION_STATE_DESTROYING,
+    "starting": pb.SESSION_STATE_STARTING,
 }
 
 #: The core's and the store's refusals, and the status each means; any other
@@ -640,7 +641,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
                 pb.SessionConfig(
                     spec=request,
                     key_sha256=key_sha256(spec.key_hex),
-                    running=srow.state in ("running", "finished"),
+                    running=srow.state in ("running", "starting", "finished"),
                 )
             )
         return out

@@ -779,6 +779,15 @@ class Store(ABC):
                 (state, name),
             )
 
+    def claim_state(self, name: str, old: str, new: str) -> bool:
+        """Move the live session of that name from ``old`` to ``new`` if it is still in
+        ``old`` (one replica wins a race between requests of several); True if moved."""
+        with self._lock:
+            moved: int = self._db.execute(
+                "UPDATE sessions SET state=? WHERE name=? AND state=?", (new, name, old)
+            ).rowcount
+        return moved == 1
+
     def mark_destroying(self, names: Sequence[str]) -> list[SessionRow]:
         """Record that the live sessions of these names are to be destroyed (any replica
         may; the owner of each one's sender carries it out: ``finish_destroy``), in one
