@@ -52,6 +52,11 @@ a data flow for direct-mode loss (``data_loss``). Thresholds (``max_delay_ms``,
 last ``event_window_s`` (``sixlab.controller.events``): events are stored, logged and
 exported as metrics.
 
+Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
+state by whichever replica receives it and carried out by the replica holding the
+sender node's lease; a start-again runs in the ``starting`` state; repairs leave rows in
+either state alone (docs/architecture.md, "Session lifecycle across replicas").
+
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
 acknowledgement of the old epoch's ids would remove unstored records of the new one).
@@ -159,8 +164,10 @@ HEALTH_WRITE_NS = 1_000_000_000
 RAW_STATS_NS = 3600 * 1_000_000_000
 #: How long ``destroy_session`` waits for the replica that owns the session's sender to
 #: carry the destroy out (s): its supervisor does within a round, or a replica that
-#: takes the lease over after it died, within the lease time and a heartbeat.
-DESTROY_WAIT_S = 30.0
+#: takes the lease over after it died, within the lease time and a heartbeat. Shorter
+#: than a northbound client's deadline (``client.DEFAULT_TIMEOUT_S``), so that the
+#: caller hears why.
+DESTROY_WAIT_S = 20.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
 #: How often the supervisor asks every agent how it is (s).
