@@ -387,6 +387,47 @@ def test_a_destroy_during_a_restart_through_another_replica_leaves_nothing_on_th
         _close(rb, ra, b, a)
 
 
+class RacingStore(PostgresStore):
+    """B's store: when B reads the SSIDs in use on r1 (the last node it reads) with a
+    name in ``race``, the other controller creates a session of that name just before
+    that read or, ``after``, just after it (B's read is then stale)."""
+
+    def __init__(self, url: str, *, after: bool) -> None:
+        super().__init__(url)
+        self.after = after
+        self.race: list[str] = []
+        self.other: Controller | None = None
+
+    def used_ssids(self, node: str) -> set[int]:
+        if not self.race or node != "r1":
+            return super().used_ssids(node)
+        assert self.other is not None
+        if self.after:
+            used = super().used_ssids(node)
+            self.other.create_session(_spec(self.race.pop()))
+            return used
+        self.other.create_session(_spec(self.race.pop()))
+        return super().used_ssids(node)
+
+
+def _racing(
+    pg_url: str, agents: dict[str, AgentServer], *, after: bool
+) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager, list[str]]:
+    """``_replicas`` with B on a RacingStore whose other controller is A; its race list."""
+    store = RacingStore(pg_url, after=after)
+    a, ra, b, rb = _replicas(pg_url, agents, b_store=store)
+    store.other = a
+    return a, ra, b, rb, store.race
+
+
+def _one_each(c: Controller, agents: dict[str, AgentServer], sessions: int) -> None:
+    """The store has ``sessions`` live sessions, and the agents carry their SSIDs only."""
+    live = {r.ssid for r in c.store.sessions()}
+    assert len(live) == sessions
+    assert _carried(agents, "s1") == live
+    assert _carried(agents, "r1") == live
+
+
 def test_two_replicas_creating_one_name_at_once_leave_one_session_on_the_agents(
     pg_url: str, agents: dict[str, AgentServer]
 ) -> None:
@@ -396,29 +437,13 @@ def test_two_replicas_creating_one_name_at_once_leave_one_session_on_the_agents(
     the agents (sending probes no row accounts for, holding an SSID the store thinks
     free): B destroys them and says the name is taken. Once for one session, once for
     a batch of two (one of which is taken)."""
-    a: Controller | None = None
-    race: list[str] = []
-
-    class HookedStore(PostgresStore):
-        """B's store: A creates ``race[0]`` just before B picks an SSID."""
-
-        def used_ssids(self, node: str) -> set[int]:
-            if race:
-                name = race.pop()
-                assert a is not None
-                a.create_session(_spec(name))
-            return super().used_ssids(node)
-
-    a, ra, b, rb = _replicas(pg_url, agents, b_store=HookedStore(pg_url))
+    a, ra, b, rb, race = _racing(pg_url, agents, after=False)
     try:
         race.append("p0")
         with pytest.raises((SessionExistsError, AlreadyExistsError)):
             b.create_session(_spec("p0"))
         assert not race
-        live = {r.ssid for r in a.store.sessions()}
-        assert len(live) == 1
-        assert _carried(agents, "s1") == live
-        assert _carried(agents, "r1") == live
+        _one_each(a, agents, 1)
 
         race.append("p2")
         rows, errors = b.create_sessions([_spec("p1"), _spec("p2")])
@@ -426,9 +451,28 @@ def test_two_replicas_creating_one_name_at_once_leave_one_session_on_the_agents(
         assert [r.name for r in rows] == ["p1"]
         assert set(errors) == {"p2"}
         assert isinstance(errors["p2"], SessionExistsError | AlreadyExistsError)
-        live = {r.ssid for r in a.store.sessions()}
-        assert len(live) == 3
-        assert _carried(agents, "s1") == live
-        assert _carried(agents, "r1") == live
+        _one_each(a, agents, 3)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_two_replicas_picking_one_ssid_at_once_both_create_their_sessions(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B reads the SSIDs in use on its nodes, then A creates another session there
+    (B's read is stale): B picks the SSID A took, and the agent refuses it
+    (ALREADY_EXISTS). B tries the next free one rather than fail the request (or the
+    apply); every session ends with halves of its own SSID on the agents."""
+    a, ra, b, rb, race = _racing(pg_url, agents, after=True)
+    try:
+        race.append("a0")
+        b.create_session(_spec("b0"))
+        assert not race
+        race.append("a1")
+        rows, errors = b.create_sessions([_spec("b1"), _spec("b2")])
+        assert not race
+        assert errors == {}
+        assert sorted(r.name for r in rows) == ["b1", "b2"]
+        _one_each(a, agents, 5)
     finally:
         _close(rb, ra, b, a)

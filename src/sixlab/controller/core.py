@@ -170,6 +170,9 @@ RAW_STATS_NS = 3600 * 1_000_000_000
 DESTROY_WAIT_S = 20.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
+#: SSIDs a creation tries on its nodes: another replica creating a session there at the
+#: same time may have taken the first (its row not stored yet when it was picked).
+SSID_TRIES = 3
 #: How often the supervisor asks every agent how it is (s).
 SUPERVISE_INTERVAL_S = 1.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
@@ -342,6 +345,11 @@ class SessionSpec:
             )
         if self.direct_measurement:
             raise ControllerError("dm_*: direct-mode loss needs a reflector's counters")
+
+
+def _taken(exc: Exception | None) -> bool:
+    """Did an agent refuse a creation because the SSID is in use there?"""
+    return isinstance(exc, SouthboundError) and exc.code is grpc.StatusCode.ALREADY_EXISTS
 
 
 def _flow_match(name: str, text: str) -> FlowMatch:
@@ -985,11 +993,7 @@ class Controller:
                 live = False
             if live:  # a destroyed session's name can be used again
                 raise SessionExistsError(f"name: session {spec.name!r} already exists")
-            used = self.store.used_ssids(spec.sender) | self.store.used_ssids(reflector_node)
-            ssid = next((i for i in range(1, 0x10000) if i not in used), None)
-            if ssid is None:
-                raise NoFreeSsidError("ssid: no free SSID left on these nodes")
-            self._create_on_agents(spec, ssid)
+            ssid = self._create_with_free_ssid(spec, reflector_node)
             params = asdict(spec)
             try:
                 return self.store.add_session(
@@ -1005,6 +1009,24 @@ class Controller:
                 # above is not a lock across replicas): its row won; ours goes.
                 self._undo_create(spec, ssid)
                 raise SessionExistsError(f"name: session {spec.name!r} already exists") from None
+
+    def _create_with_free_ssid(self, spec: SessionSpec, reflector_node: str) -> int:
+        """Create the session on its agents with an SSID free on both nodes; the SSID."""
+        avoid: set[int] = set()
+        while True:
+            used = self.store.used_ssids(spec.sender) | self.store.used_ssids(reflector_node)
+            used |= avoid
+            ssid = next((i for i in range(1, 0x10000) if i not in used), None)
+            if ssid is None:
+                raise NoFreeSsidError("ssid: no free SSID left on these nodes")
+            try:
+                self._create_on_agents(spec, ssid)
+            except SouthboundError as exc:
+                if not _taken(exc) or len(avoid) + 1 >= SSID_TRIES:
+                    raise
+                avoid.add(ssid)  # another replica is creating a session with it
+                continue
+            return ssid
 
     def _undo_create(self, spec: SessionSpec, ssid: int) -> None:
         """Destroy the halves of a session created on the agents whose row the store
@@ -1034,10 +1056,7 @@ class Controller:
             wanted.append(spec)
         with self._ops:
             live = self.store.live_names([w.name for w in wanted])
-            used: dict[str, set[int]] = {}
-            #: Per (sender, reflector): SSIDs below this are taken (the sets only grow).
-            floor: dict[tuple[str, str], int] = {}
-            todo: list[tuple[SessionSpec, int]] = []
+            pending: list[SessionSpec] = []
             seen: set[str] = set()
             for spec in wanted:
                 if spec.name in live or spec.name in seen:
@@ -1046,32 +1065,24 @@ class Controller:
                     )
                     continue
                 seen.add(spec.name)
-                # A loopback session's row names its sender as its reflector.
-                reflector = spec.sender if spec.loopback else spec.reflector
-                for node in (spec.sender, reflector):
-                    if node not in used:
-                        used[node] = self.store.used_ssids(node)
-                a, b = used[spec.sender], used[reflector]
-                pair = (spec.sender, reflector)
-                ssid = next(
-                    (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
-                    None,
-                )
-                if ssid is None:
-                    errors[spec.name] = NoFreeSsidError("ssid: no free SSID left on these nodes")
-                    continue
-                floor[pair] = ssid + 1
-                a.add(ssid)
-                b.add(ssid)
-                todo.append((spec, ssid))
-            # A loopback session has no reflector half (docs/srpm.md).
-            made = [t for t in todo if t[0].loopback] + self._many(
-                [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
-            )
-            done = self._many(made, "sender", _sender_request, errors)
-            undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
-            self._many_calls(undo, "reflector", "DestroyStampSession",
-                             lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
+                pending.append(spec)
+            used: dict[str, set[int]] = {}
+            #: Per (sender, reflector): SSIDs below this are taken (the sets only grow).
+            floor: dict[tuple[str, str], int] = {}
+            done: list[tuple[SessionSpec, int]] = []
+            for attempt in range(SSID_TRIES):
+                todo = self._pick_ssids(pending, used, floor, errors)
+                done += self._create_many(todo, errors)
+                # An SSID another replica took meanwhile (its row not stored yet when
+                # the SSIDs in use were read): those sessions try the next free one.
+                clash = [sp for sp, _ in todo if _taken(errors.get(sp.name))]
+                if not clash or attempt == SSID_TRIES - 1:
+                    break
+                for spec in clash:
+                    del errors[spec.name]
+                for node in used:
+                    used[node] |= self.store.used_ssids(node)
+                pending = clash
             now = self.clock()
             items = [
                 (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
@@ -1094,6 +1105,53 @@ class Controller:
                         self._undo_create(spec, ssid)
                         errors[name] = SessionExistsError(f"name: session {name!r} already exists")
         return rows, errors
+
+    def _pick_ssids(
+        self,
+        specs: Sequence[SessionSpec],
+        used: dict[str, set[int]],
+        floor: dict[tuple[str, str], int],
+        errors: dict[str, Exception],
+    ) -> list[tuple[SessionSpec, int]]:
+        """An SSID free on both nodes for each session (``used``: the SSIDs in use per
+        node, read on first need and added to; ``floor``: per node pair, the SSIDs
+        below it are taken)."""
+        todo: list[tuple[SessionSpec, int]] = []
+        for spec in specs:
+            # A loopback session's row names its sender as its reflector.
+            reflector = spec.sender if spec.loopback else spec.reflector
+            for node in (spec.sender, reflector):
+                if node not in used:
+                    used[node] = self.store.used_ssids(node)
+            a, b = used[spec.sender], used[reflector]
+            pair = (spec.sender, reflector)
+            ssid = next(
+                (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
+                None,
+            )
+            if ssid is None:
+                errors[spec.name] = NoFreeSsidError("ssid: no free SSID left on these nodes")
+                continue
+            floor[pair] = ssid + 1
+            a.add(ssid)
+            b.add(ssid)
+            todo.append((spec, ssid))
+        return todo
+
+    def _create_many(
+        self, todo: list[tuple[SessionSpec, int]], errors: dict[str, Exception]
+    ) -> list[tuple[SessionSpec, int]]:
+        """Create the sessions on their agents, reflectors first; those created on both
+        (a reflector half whose sender half failed is destroyed again)."""
+        # A loopback session has no reflector half (docs/srpm.md).
+        made = [t for t in todo if t[0].loopback] + self._many(
+            [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
+        )
+        done = self._many(made, "sender", _sender_request, errors)
+        undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
+        self._many_calls(undo, "reflector", "DestroyStampSession",
+                         lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
+        return done
 
     def _many(
         self,
