@@ -413,6 +413,7 @@ def test_postgresql_prune_waits_for_a_transaction_storing_its_sessions_results(
                 deadline = time.monotonic() + 30
                 while not watch.execute(
                     "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
                 ).fetchone():
                     assert time.monotonic() < deadline, "the prune never waited for a lock"
                     time.sleep(0.02)
