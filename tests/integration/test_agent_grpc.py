@@ -34,10 +34,12 @@ from sixlab.southbound import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import (
+    DEFAULT_RESULTS,
     MAX_COUNT,
     MAX_DURATION_NS,
     MAX_INTERVAL_NS,
     MAX_LOSS_TIMEOUT_NS,
+    MAX_RESULTS,
 )
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
@@ -364,6 +366,42 @@ def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value:
     setattr(request, field, limit)
     pair.sender.create_session(request)
     assert pair.sender.info().ssids == [1]
+
+
+def _finished(client: AgentClient, ssid: int, timeout: float = 20.0) -> pb.SessionCounters:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        (session,) = client.counters(ssid).sessions
+        if session.state == pb.SESSION_STATE_FINISHED:
+            return session
+        time.sleep(0.05)
+    pytest.fail(f"session {ssid} did not finish in {timeout} s")
+
+
+def test_results_reply_is_bounded(pair: Pair) -> None:
+    """GetStampSessionResults never answers with everything queued: max_results 0 means
+    DEFAULT_RESULTS records, and more than MAX_RESULTS is INVALID_ARGUMENT naming the
+    field, in drain and cursor mode alike (a reply must fit gRPC's message limit)."""
+    pair.reflector.create_reflector_session(31)
+    pair.reflector.start_session(31)
+    _run(pair, 31, count=DEFAULT_RESULTS + 200, interval_ns=100_000, loss_timeout_ns=300 * MS)
+    queued = _finished(pair.sender, 31).queued
+    assert queued > DEFAULT_RESULTS  # loopback may lose a few, never 200
+    for after_id in (None, 0):
+        for too_many in (MAX_RESULTS + 1, 2**32 - 1):
+            with pytest.raises(SouthboundError) as refused:
+                pair.sender.results(31, too_many, after_id=after_id)
+            assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details == f"max_results: {too_many}, at most {MAX_RESULTS}"
+    peeked = pair.sender.results(31, after_id=0)  # cursor mode: the records stay queued
+    assert len(peeked.results) == DEFAULT_RESULTS
+    assert peeked.remaining == queued
+    drained = pair.sender.results(31)
+    assert [r.seq for r in drained.results] == [r.seq for r in peeked.results]
+    assert drained.remaining == queued - DEFAULT_RESULTS
+    rest = pair.sender.results(31, MAX_RESULTS)  # the bound itself is accepted
+    assert len(rest.results) == queued - DEFAULT_RESULTS
+    assert rest.remaining == 0
 
 
 # ------------------------------------------------------------------------------- TLS
