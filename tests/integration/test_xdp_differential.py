@@ -20,7 +20,7 @@ The xdp plane answers the first five kinds in the kernel and passes the short pa
 and the Return Path TLV to its user-space path; the kernel counters say so.
 
 Class of Service (RFC 8972 §4.4) is compared among the planes that set a reply's
-Traffic Class (``sets_tclass``: ``socket``, ``xdp``, ``afxdp``): the reply carries the
+Traffic Class (``sets_tclass``: ``socket``, ``mmap``, ``xdp``, ``afxdp``): the reply carries the
 probe's DSCP and ECN in the TLV, RP 0, and leaves with DSCP1. The others report RP 1
 and the received DSCP as unknown, as RFC 8972 §4.4 lets a reflector that cannot set it.
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 import gc
 import socket
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv6Address
@@ -72,7 +71,7 @@ ETH_P_IPV6 = 0x86DD
 PACKET_OUTGOING = 4
 PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
 #: The planes that apply a reply's Traffic Class (``Dataplane.sets_tclass``).
-TCLASS_PLANES = ("socket", "xdp", "afxdp")
+TCLASS_PLANES = ("socket", "mmap", "xdp", "afxdp")
 #: What the Class of Service probes carry: DSCP 46 (EF), ECN 01 (ECT(1)).
 PROBE_TCLASS = 46 << 2 | 1
 STATEFUL_SSID = 7
@@ -204,17 +203,11 @@ def _replies(
             assert reply is not None, (plane_name, name)
             out.append(reply)
     finally:
-        with warnings.catch_warnings():
-            if plane_name == "mmap":
-                # Known leak, not this test's subject: the mmap plane makes its pyroute2
-                # IPRoute in the engine thread (first routed reply) and closes it from
-                # the owner's, which leaves the engine thread's asyncio loop unclosed.
-                warnings.simplefilter("ignore", ResourceWarning)
-            engine.shutdown()
-            counters = plane.counters()  # the engine's thread counts after it sends
-            with entered(p.r.ns):  # the capture planes remove their nftables table: nft(8)
-                plane.close()
-            gc.collect()
+        engine.shutdown()
+        counters = plane.counters()  # the engine's thread counts after it sends
+        with entered(p.r.ns):  # the capture planes remove their nftables table: nft(8)
+            plane.close()
+        gc.collect()
         tx.close()
         sink.close()
     assert engine.error is None
