@@ -9,9 +9,9 @@ the Traffic Class of its replies, checked by scapy on a capture.
 The plane is opened with the thread inside R's namespace; its engine thread, like the
 threads that call ``send``, stays in the test's own namespace (as an agent's gRPC and
 engine threads do when it opens a plane in a lab node). R knows G's MAC from the start
-(a permanent neighbour), so a reply whose next hop is looked up in R's tables leaves
-by the packet socket on r0 without the kernel's help; looked up anywhere else, it
-cannot.
+(the pair of tests/integration/_pair.py), so a reply whose next hop is looked up in R's
+tables leaves by the packet socket on r0 without the kernel's help; looked up anywhere
+else, it cannot.
 """
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import ReflectorEngine
 from sixlab.dataplane.mmap_plane import MmapDataplane
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
-from sixlab.testbed import Testbed
 from sixlab.testbed._netns import entered
-from sixlab.testbed._topology import Node
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
-from .conftest import TEST_PREFIX
+from ._pair import Pair, veth_pair
 
 pytestmark = pytest.mark.root
 
@@ -57,28 +55,21 @@ EE = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.NTP)
 
 
 @dataclass
-class Lab:
-    g: Node
-    r: Node
+class Lab(Pair):
     plane: MmapDataplane
 
 
 @pytest.fixture
 def lab() -> Iterator[Lab]:
-    with Testbed(prefix=TEST_PREFIX) as tb:
-        g = tb.add_node("g")
-        r = tb.add_node("r")
-        tb.add_link(g, r, if_a="g0", if_b="r0", addr_a=str(G_ADDR), addr_b=str(R_ADDR))
-        r.exec(["ip", "-6", "neigh", "replace", str(G_ADDR), "lladdr", g.mac("g0"),
-                "dev", "r0", "nud", "permanent"])  # fmt: skip
-        with entered(r.ns):
+    with veth_pair(str(G_ADDR), str(R_ADDR)) as p:
+        with entered(p.r.ns):
             plane = create("mmap", DataplaneConfig(PORT, interface="r0", source=R_ADDR))
             plane.open()
         assert isinstance(plane, MmapDataplane)
         try:
-            yield Lab(g, r, plane)
+            yield Lab(p.tb, p.g, p.r, plane)
         finally:
-            with entered(r.ns):  # the plane removes its nftables table: nft(8)
+            with entered(p.r.ns):  # the plane removes its nftables table: nft(8)
                 plane.close()
 
 
