@@ -3,6 +3,7 @@ migrations, bytes per result."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -328,3 +329,104 @@ def test_sr_pm_columns_and_events_on_both_stores(store: Store) -> None:
     store.add_event(sid, SessionEvent("p0", EventKind.LOSS, EventState.RAISED, 0.5, 0.1, 9))
     assert store.raised(sid) == ["loss"]
     assert [(e.session, e.value) for e in store.events("p0")] == [("p0", 0.5)]
+
+
+def test_a_session_being_destroyed_keeps_that_state_until_the_destroy_is_finished(
+    store: Store,
+) -> None:
+    """``destroying`` is left only by ``finish_destroy`` (docs/architecture.md, "Session
+    lifecycle across replicas"): a collector's or a start's state change meanwhile is a
+    no-op, no epoch begins, and results of the epoch are still stored until it ends."""
+    sid, other = _sessions(store, 2)
+    assert [r.name for r in store.mark_destroying(["p0", "nope"])] == ["p0"]
+    for state in ("running", "finished", "starting"):
+        store.set_state("p0", state)
+        store.set_states(["p0"], state)
+    assert not store.claim_state("p0", "finished", "starting")
+    assert store.session("p0").state == "destroying"
+    with pytest.raises(StoreError, match="being destroyed"):
+        store.begin_epoch("p0", 2)
+    assert store.destroying("s1") == ["p0"]
+    assert store.store_many([ResultBatch(sid, 0, [(1, _r(0))], None)], 3) == [1]
+    assert store.finish_destroy(sid, 4)
+    assert not store.finish_destroy(sid, 5)
+    assert store.states([sid, other]) == {sid: "destroyed", other: "created"}
+    (epoch,) = store.epochs(sid)
+    assert (epoch.ended_ns, epoch.end_reason, epoch.received) == (4, "destroyed", 1)
+    assert store.store_many([ResultBatch(sid, 0, [(2, _r(1))], None)], 6) == [None]
+    assert store.destroying("s1") == []
+    # A start claims the session once: a second claim (another replica's) fails.
+    store.set_state("p1", "finished")
+    assert store.claim_state("p1", "finished", "starting")
+    assert not store.claim_state("p1", "finished", "starting")
+
+
+def test_a_batch_of_a_session_pruned_meanwhile_is_stale_and_the_others_are_stored(
+    store: Store,
+) -> None:
+    """Results read before ``remove_node(prune=True)`` deleted their session's row are
+    stored after it: that batch stores nothing (None), the others of the transaction go
+    in."""
+    (keep,) = _sessions(store, 1)
+    store.add_node("r2", "127.0.0.1:5003", "reflector")
+    gone = store.add_session("g", 9, sender="s1", reflector="r2", params={}, now_ns=0).id
+    store.begin_epoch("g", 1)
+    store.mark_destroying(["g"])
+    store.finish_destroy(gone, 2)
+    store.remove_node("r2", prune=True)
+    batches = [ResultBatch(keep, 0, [(1, _r(0))], None), ResultBatch(gone, 0, [(1, _r(0))], None)]
+    assert store.store_many(batches, 3) == [1, None]
+    assert store.count_results(keep) == 1
+    assert store.count_results(gone) == 0
+
+
+def test_postgresql_prune_waits_for_a_transaction_storing_its_sessions_results(
+    pg_url: str,
+) -> None:
+    """A transaction storing results holds its sessions' rows (``FOR UPDATE``) from its
+    start. ``remove_node(prune=True)`` meanwhile must wait for it and delete what it
+    stored with the rest, not delete first and then fail on the results it committed
+    (a foreign key violation: ``apply --prune`` failing)."""
+    store = open_store(pg_url)
+    try:
+        store.add_node("s1", "127.0.0.1:5001", "sender")
+        store.add_node("r2", "127.0.0.1:5003", "reflector")
+        sid = store.add_session("g", 9, sender="s1", reflector="r2", params={}, now_ns=0).id
+        store.begin_epoch("g", 1)
+        store.mark_destroying(["g"])
+        store.finish_destroy(sid, 2)
+        outcome: list[BaseException | None] = []
+        with psycopg.connect(pg_url) as storing:  # a storing transaction, as _store opens
+            storing.execute("SELECT id FROM sessions WHERE id = %s FOR UPDATE", (sid,))
+
+            def prune() -> None:
+                try:
+                    store.remove_node("r2", prune=True)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    outcome.append(exc)
+                else:
+                    outcome.append(None)
+
+            t = threading.Thread(target=prune)
+            t.start()
+            with psycopg.connect(pg_url, autocommit=True) as watch:
+                deadline = time.monotonic() + 30
+                while not watch.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                ).fetchone():
+                    assert time.monotonic() < deadline, "the prune never waited for a lock"
+                    time.sleep(0.02)
+            storing.execute(
+                "INSERT INTO results (session_id, epoch, record_id, seq, t1_ns, t2_ns, t3_ns,"
+                " t4_ns, sender_ee, reflector_ee, ttl, reflector_seq)"
+                " VALUES (%s, 0, 1, 0, 1, 2, 3, 4, 0, 0, 64, 0)",
+                (sid,),
+            )
+            storing.commit()
+            t.join(30)
+        assert outcome == [None]
+        assert "r2" not in {n.name for n in store.nodes()}
+        assert store.count_results(sid) == 0
+    finally:
+        store.close()

@@ -23,6 +23,8 @@ Errors
      ├── SessionExistsError         a session of that name exists already
      ├── WrongStateError            the session's state forbids the request
      ├── NoFreeSsidError            every SSID is taken on the sender or the reflector
+     ├── DestroyPendingError        a destroy is recorded, not yet carried out by the
+     │                              replica that owns the session's sender
      ├── StoreError                 the store refuses a node or session
      │    ├── NotFoundError         no node or session of that name
      │    ├── AlreadyExistsError    a node or session of that name exists already
@@ -40,6 +42,7 @@ from sixlab.controller.client import ControllerClient, NorthboundError
 from sixlab.controller.core import (
     CollectMode,
     Controller,
+    DestroyPendingError,
     NoFreeSsidError,
     SessionExistsError,
     SessionSpec,
@@ -73,6 +76,7 @@ __all__ = [
     "ControllerError",
     "ControllerMetrics",
     "ControllerServer",
+    "DestroyPendingError",
     "FencedError",
     "Housekeeper",
     "InUseError",

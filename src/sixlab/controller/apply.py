@@ -42,7 +42,7 @@ from sixlab.controller.store import InUseError, SessionRow, Store, _listing
 __all__ = ["Step", "WantedNode", "WantedSession", "execute", "key_sha256", "plan", "spec_of"]
 
 #: A session the user counts as started (see the module docstring).
-_STARTED = ("running", "stopping", "finished")
+_STARTED = ("running", "starting", "stopping", "finished")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +138,13 @@ def plan(  # noqa: PLR0912 - one branch per kind of difference, in the order the
     create: dict[str, tuple[SessionSpec, str]] = {}
     for name, row in current.items():
         want_s = wanted.get(name)
+        if row.state == "destroying":
+            # Being destroyed (through another request or replica): the destroy step
+            # waits until it is, then a wanted one is created afresh.
+            steps.append(_step("destroy", "session", name, "being destroyed", controller))
+            if want_s is not None:
+                create[name] = (_resolve_key(want_s, spec_of(row)), "being destroyed")
+            continue
         if want_s is None:
             steps.append(_step("destroy", "session", name, "not in the list", controller))
             continue
@@ -183,9 +190,10 @@ def execute(steps: list[Step], controller: Controller | None = None) -> list[Ste
     ``done`` (the steps made before it) attached.
 
     With ``controller``, a run of consecutive session creations is one
-    ``Controller.create_sessions`` call and a run of starts one ``start_sessions`` (their
-    agent calls pipelined): the steps of a run that succeed are done even when another
-    of the run failed, and ``done`` says so."""
+    ``Controller.create_sessions`` call, a run of starts one ``start_sessions`` (their
+    agent calls pipelined) and a run of destroys one ``destroy_sessions`` (one wait for
+    the replicas that carry them out): the steps of a run that succeed are done even
+    when another of the run failed, and ``done`` says so."""
     done: list[Step] = []
     i = 0
     while i < len(steps):
@@ -211,7 +219,9 @@ def _batchable(steps: list[Step], i: int) -> int:
     def kind(step: Step) -> str:
         if step.kind == "session" and step.action in ("create", "recreate") and step.spec:
             return "create"
-        return "start" if step.kind == "session" and step.action == "start" else ""
+        if step.kind == "session" and step.action in ("start", "destroy"):
+            return step.action
+        return ""
 
     first = kind(steps[i])
     if not first:
@@ -226,6 +236,8 @@ def _run_batch(controller: Controller, steps: list[Step], done: list[Step]) -> N
     """Create or start the sessions of a run of steps at once (see ``execute``)."""
     if steps[0].action == "start":
         errors = controller.start_sessions([s.name for s in steps])
+    elif steps[0].action == "destroy":
+        errors = controller.destroy_sessions([s.name for s in steps])
     else:
         _, errors = controller.create_sessions([s.spec for s in steps if s.spec is not None])
     done.extend(s for s in steps if s.name not in errors)

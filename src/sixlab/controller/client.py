@@ -89,6 +89,8 @@ _STATE_NAMES = {
     pb.SESSION_STATE_STOPPED: "stopped",
     pb.SESSION_STATE_FINISHED: "finished",
     pb.SESSION_STATE_DESTROYED: "destroyed",
+    pb.SESSION_STATE_DESTROYING: "destroying",
+    pb.SESSION_STATE_STARTING: "starting",
 }
 
 

@@ -52,6 +52,11 @@ a data flow for direct-mode loss (``data_loss``). Thresholds (``max_delay_ms``,
 last ``event_window_s`` (``sixlab.controller.events``): events are stored, logged and
 exported as metrics.
 
+Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
+state by whichever replica receives it and carried out by the replica holding the
+sender node's lease; a start-again runs in the ``starting`` state; repairs leave rows in
+either state alone (docs/architecture.md, "Session lifecycle across replicas").
+
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
 acknowledgement of the old epoch's ids would remove unstored records of the new one).
@@ -86,6 +91,7 @@ from sixlab.controller.events import (
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
+    AlreadyExistsError,
     Counters,
     EpochRow,
     EventRow,
@@ -101,11 +107,11 @@ from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import (
     AgentClient,
+    ReflectorSession,
     ResultStream,
+    SenderSession,
     SouthboundError,
-    reflector_session_request,
     result_from_proto,
-    sender_session_request,
 )
 from sixlab.stamp import (
     DataLoss,
@@ -124,6 +130,7 @@ __all__ = [
     "CollectMode",
     "Controller",
     "ControllerError",
+    "DestroyPendingError",
     "EpochStats",
     "NoFreeSsidError",
     "SessionExistsError",
@@ -155,6 +162,17 @@ REOPEN_DEBOUNCE_S = 0.05
 HEALTH_WRITE_NS = 1_000_000_000
 #: ``stats`` over a range longer than this reads the per-minute rollups (ns).
 RAW_STATS_NS = 3600 * 1_000_000_000
+#: How long ``destroy_session`` waits for the replica that owns the session's sender to
+#: carry the destroy out (s): its supervisor does within a round, or a replica that
+#: takes the lease over after it died, within the lease time and a heartbeat. Shorter
+#: than a northbound client's deadline (``client.DEFAULT_TIMEOUT_S``), so that the
+#: caller hears why.
+DESTROY_WAIT_S = 20.0
+#: Rounds of records a destroy collects from the sender before destroying the session.
+FINAL_ROUNDS = 4
+#: SSIDs a creation tries on its nodes: another replica creating a session there at the
+#: same time may have taken the first (its row not stored yet when it was picked).
+SSID_TRIES = 3
 #: How often the supervisor asks every agent how it is (s).
 SUPERVISE_INTERVAL_S = 1.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
@@ -184,6 +202,11 @@ class WrongStateError(ControllerError):
 
 class NoFreeSsidError(ControllerError):
     """Every SSID is taken on the sender or the reflector."""
+
+
+class DestroyPendingError(ControllerError):
+    """The destroy is recorded but the replica that owns the session's sender has not
+    carried it out within the wait (it will, or the replica that takes its lease over)."""
 
 
 class CollectMode:
@@ -322,6 +345,11 @@ class SessionSpec:
             )
         if self.direct_measurement:
             raise ControllerError("dm_*: direct-mode loss needs a reflector's counters")
+
+
+def _taken(exc: Exception | None) -> bool:
+    """Did an agent refuse a creation because the SSID is in use there?"""
+    return isinstance(exc, SouthboundError) and exc.code is grpc.StatusCode.ALREADY_EXISTS
 
 
 def _flow_match(name: str, text: str) -> FlowMatch:
@@ -527,18 +555,18 @@ def _check_spec(spec: SessionSpec, nodes: dict[str, NodeRow]) -> None:
 
 
 def _reflector_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
-    return reflector_session_request(
+    return ReflectorSession(
         ssid,
         stateful=spec.stateful,
         key=bytes.fromhex(spec.key_hex) or None,
         ptp=spec.ptp,
         return_sid_list=() if spec.return_path_tlv else spec.return_segments,
         direct_measurement=_dm(spec.dm_reflector_sent, spec.dm_reflector_received),
-    )
+    ).request()
 
 
 def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
-    return sender_session_request(
+    return SenderSession(
         ssid,
         spec.reflector_address,
         sid_list=spec.segments,
@@ -556,7 +584,7 @@ def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionReques
         loopback=spec.loopback,
         flow_labels=spec.flow_labels,
         direct_measurement=_dm(spec.dm_sender_sent, spec.dm_sender_received),
-    )
+    ).request()
 
 
 def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
@@ -745,7 +773,11 @@ class Controller:
         return self.store.node(name).healthy
 
     def reconcile_node(self, name: str) -> None:
-        """Make the node's agent carry what the store says it carries (module doc)."""
+        """Make the node's agent carry what the store says it carries (module doc); the
+        owner of a sender node first carries out the destroys recorded for its sessions
+        (``destroy_sessions``)."""
+        if self._owns(name) and self.store.node(name).role == "sender":
+            self._carry_out_destroys(name)
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -824,6 +856,8 @@ class Controller:
             with contextlib.suppress(SouthboundError):
                 self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
         self._create_reflector_half(spec, row.ssid)
+        if self._undo_if_destroyed(row):
+            return  # a destroy was recorded meanwhile (another replica carries it out)
         if row.state != "created" and not afresh:
             self._call(row.reflector, lambda c: c.start_session(row.ssid))
 
@@ -878,7 +912,11 @@ class Controller:
                     self._pending_restarts.pop(name, None)
                 if row.state == "finished":  # else a user started or destroyed it meanwhile
                     log.warning("session %s: starting it afresh (%s)", name, reason)
-                    self._restart(row)
+                    try:
+                        self._start_again(row)
+                    except WrongStateError as exc:  # started or destroyed meanwhile
+                        log.info("session %s: %s", name, exc)
+                        continue
                     self._start_collector(name)
 
     def _supervise(self) -> None:
@@ -955,20 +993,47 @@ class Controller:
                 live = False
             if live:  # a destroyed session's name can be used again
                 raise SessionExistsError(f"name: session {spec.name!r} already exists")
+            ssid = self._create_with_free_ssid(spec, reflector_node)
+            params = asdict(spec)
+            try:
+                return self.store.add_session(
+                    spec.name,
+                    ssid,
+                    sender=spec.sender,
+                    reflector=reflector_node,
+                    params=params,
+                    now_ns=self.clock(),
+                )
+            except AlreadyExistsError:
+                # Another replica created a session of that name meanwhile (the check
+                # above is not a lock across replicas): its row won; ours goes.
+                self._undo_create(spec, ssid)
+                raise SessionExistsError(f"name: session {spec.name!r} already exists") from None
+
+    def _create_with_free_ssid(self, spec: SessionSpec, reflector_node: str) -> int:
+        """Create the session on its agents with an SSID free on both nodes; the SSID."""
+        avoid: set[int] = set()
+        while True:
             used = self.store.used_ssids(spec.sender) | self.store.used_ssids(reflector_node)
+            used |= avoid
             ssid = next((i for i in range(1, 0x10000) if i not in used), None)
             if ssid is None:
                 raise NoFreeSsidError("ssid: no free SSID left on these nodes")
-            self._create_on_agents(spec, ssid)
-            params = asdict(spec)
-            return self.store.add_session(
-                spec.name,
-                ssid,
-                sender=spec.sender,
-                reflector=reflector_node,
-                params=params,
-                now_ns=self.clock(),
-            )
+            try:
+                self._create_on_agents(spec, ssid)
+            except SouthboundError as exc:
+                if not _taken(exc) or len(avoid) + 1 >= SSID_TRIES:
+                    raise
+                avoid.add(ssid)  # another replica is creating a session with it
+                continue
+            return ssid
+
+    def _undo_create(self, spec: SessionSpec, ssid: int) -> None:
+        """Destroy the halves of a session created on the agents whose row the store
+        refused."""
+        for node in (spec.sender,) if spec.loopback else (spec.sender, spec.reflector):
+            with contextlib.suppress(SouthboundError):
+                self._call(node, lambda c: c.destroy_session(ssid))
 
     def create_sessions(
         self, specs: Sequence[SessionSpec]
@@ -991,10 +1056,7 @@ class Controller:
             wanted.append(spec)
         with self._ops:
             live = self.store.live_names([w.name for w in wanted])
-            used: dict[str, set[int]] = {}
-            #: Per (sender, reflector): SSIDs below this are taken (the sets only grow).
-            floor: dict[tuple[str, str], int] = {}
-            todo: list[tuple[SessionSpec, int]] = []
+            pending: list[SessionSpec] = []
             seen: set[str] = set()
             for spec in wanted:
                 if spec.name in live or spec.name in seen:
@@ -1003,41 +1065,93 @@ class Controller:
                     )
                     continue
                 seen.add(spec.name)
-                # A loopback session's row names its sender as its reflector.
-                reflector = spec.sender if spec.loopback else spec.reflector
-                for node in (spec.sender, reflector):
-                    if node not in used:
-                        used[node] = self.store.used_ssids(node)
-                a, b = used[spec.sender], used[reflector]
-                pair = (spec.sender, reflector)
-                ssid = next(
-                    (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
-                    None,
-                )
-                if ssid is None:
-                    errors[spec.name] = NoFreeSsidError("ssid: no free SSID left on these nodes")
-                    continue
-                floor[pair] = ssid + 1
-                a.add(ssid)
-                b.add(ssid)
-                todo.append((spec, ssid))
-            # A loopback session has no reflector half (docs/srpm.md).
-            made = [t for t in todo if t[0].loopback] + self._many(
-                [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
-            )
-            done = self._many(made, "sender", _sender_request, errors)
-            undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
-            self._many_calls(undo, "reflector", "DestroyStampSession",
-                             lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
+                pending.append(spec)
+            used: dict[str, set[int]] = {}
+            #: Per (sender, reflector): SSIDs below this are taken (the sets only grow).
+            floor: dict[tuple[str, str], int] = {}
+            done: list[tuple[SessionSpec, int]] = []
+            for attempt in range(SSID_TRIES):
+                todo = self._pick_ssids(pending, used, floor, errors)
+                done += self._create_many(todo, errors)
+                # An SSID another replica took meanwhile (its row not stored yet when
+                # the SSIDs in use were read): those sessions try the next free one.
+                clash = [sp for sp, _ in todo if _taken(errors.get(sp.name))]
+                if not clash or attempt == SSID_TRIES - 1:
+                    break
+                for spec in clash:
+                    del errors[spec.name]
+                for node in used:
+                    used[node] |= self.store.used_ssids(node)
+                pending = clash
             now = self.clock()
-            rows = self.store.add_sessions(
-                [
-                    (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
-                    for sp, i in done
-                ],
-                now_ns=now,
-            )
+            items = [
+                (sp.name, i, sp.sender, sp.sender if sp.loopback else sp.reflector, asdict(sp))
+                for sp, i in done
+            ]
+            try:
+                rows = self.store.add_sessions(items, now_ns=now)
+            except AlreadyExistsError:
+                # Another replica created one of these names meanwhile: one by one, and
+                # the halves of those refused are destroyed (``create_session``).
+                rows = []
+                for item, (spec, ssid) in zip(items, done, strict=True):
+                    name, _, sender, reflector, params = item
+                    try:
+                        rows.append(self.store.add_session(
+                            name, ssid, sender=sender, reflector=reflector, params=params,
+                            now_ns=now,
+                        ))  # fmt: skip
+                    except AlreadyExistsError:
+                        self._undo_create(spec, ssid)
+                        errors[name] = SessionExistsError(f"name: session {name!r} already exists")
         return rows, errors
+
+    def _pick_ssids(
+        self,
+        specs: Sequence[SessionSpec],
+        used: dict[str, set[int]],
+        floor: dict[tuple[str, str], int],
+        errors: dict[str, Exception],
+    ) -> list[tuple[SessionSpec, int]]:
+        """An SSID free on both nodes for each session (``used``: the SSIDs in use per
+        node, read on first need and added to; ``floor``: per node pair, the SSIDs
+        below it are taken)."""
+        todo: list[tuple[SessionSpec, int]] = []
+        for spec in specs:
+            # A loopback session's row names its sender as its reflector.
+            reflector = spec.sender if spec.loopback else spec.reflector
+            for node in (spec.sender, reflector):
+                if node not in used:
+                    used[node] = self.store.used_ssids(node)
+            a, b = used[spec.sender], used[reflector]
+            pair = (spec.sender, reflector)
+            ssid = next(
+                (i for i in range(floor.get(pair, 1), 0x10000) if i not in a and i not in b),
+                None,
+            )
+            if ssid is None:
+                errors[spec.name] = NoFreeSsidError("ssid: no free SSID left on these nodes")
+                continue
+            floor[pair] = ssid + 1
+            a.add(ssid)
+            b.add(ssid)
+            todo.append((spec, ssid))
+        return todo
+
+    def _create_many(
+        self, todo: list[tuple[SessionSpec, int]], errors: dict[str, Exception]
+    ) -> list[tuple[SessionSpec, int]]:
+        """Create the sessions on their agents, reflectors first; those created on both
+        (a reflector half whose sender half failed is destroyed again)."""
+        # A loopback session has no reflector half (docs/srpm.md).
+        made = [t for t in todo if t[0].loopback] + self._many(
+            [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
+        )
+        done = self._many(made, "sender", _sender_request, errors)
+        undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
+        self._many_calls(undo, "reflector", "DestroyStampSession",
+                         lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
+        return done
 
     def _many(
         self,
@@ -1198,8 +1312,35 @@ class Controller:
                 self._call(row.sender, lambda c: c.start_session(row.ssid))
                 self.store.set_state(name, "running")
             else:
-                self._restart(row)
+                self._start_again(row)
             self._start_collector(name)
+
+    def _start_again(self, row: SessionRow) -> None:
+        """``_restart`` a stopped or finished session, in the ``starting`` state: the
+        repairs of the replicas that own its nodes leave it alone while its halves are
+        destroyed and created again, and a second start (through another replica) is
+        refused. A destroy recorded meanwhile wins: what this start created on the
+        agents is destroyed again (docs/architecture.md, "Session lifecycle across
+        replicas")."""
+        if not self.store.claim_state(row.name, row.state, "starting"):
+            state = self.store.session(row.name).state
+            raise WrongStateError(f"name: session {row.name!r} is {state}, not startable")
+        try:
+            self._restart(row)
+        except BaseException:
+            self.store.claim_state(row.name, "starting", row.state)
+            self._undo_if_destroyed(row)
+            raise
+        if self._undo_if_destroyed(row):
+            raise WrongStateError(f"name: session {row.name!r} was destroyed while it started")
+
+    def _undo_if_destroyed(self, row: SessionRow) -> bool:
+        """If a destroy of the session was recorded, destroy its halves on the agents
+        (created by a start that ran meanwhile); whether it was."""
+        if self.store.states([row.id]).get(row.id) not in ("destroying", "destroyed"):
+            return False
+        self._destroy_on_agents(row)
+        return True
 
     def _agent(self, node: str) -> str | None:
         return self.store.node(node).agent_epoch
@@ -1231,19 +1372,115 @@ class Controller:
             self.store.stop_epoch(name, self.clock())
             self.store.set_state(name, "stopping")
 
-    def destroy_session(self, name: str) -> None:
-        with self._ops:
-            row = self.store.session(name)
-            if row.state == "destroyed":
-                raise WrongStateError(f"name: session {name!r} is already destroyed")
-            self._stop_collector(name)
+    def destroy_session(self, name: str, *, wait_s: float = DESTROY_WAIT_S) -> None:
+        """Destroy the session (``destroy_sessions``); raises why it was not."""
+        errors = self.destroy_sessions([name], wait_s=wait_s)
+        if name in errors:
+            raise errors[name]
+
+    def destroy_sessions(
+        self, names: Sequence[str], *, wait_s: float = DESTROY_WAIT_S
+    ) -> dict[str, Exception]:
+        """Destroy sessions: each is marked ``destroying`` in the store, then the owner of
+        its sender node (this controller, or another replica) collects what its sender
+        still holds, destroys it on both agents and marks it ``destroyed``
+        (``_carry_out_destroy``; docs/architecture.md, "Session lifecycle across
+        replicas"). Returns once every one is destroyed or ``wait_s`` passed: by name,
+        why a session was not destroyed (``DestroyPendingError``: recorded, not yet
+        carried out)."""
+        errors: dict[str, Exception] = {}
+        rows = {r.name: r for r in self.store.mark_destroying(names)}
+        for name in names:
+            if name not in rows:
+                try:
+                    self.store.session(name)
+                except NotFoundError as exc:
+                    errors[name] = exc
+                else:
+                    errors[name] = WrongStateError(f"name: session {name!r} is already destroyed")
+        waiting: dict[int, SessionRow] = {}
+        failed: dict[str, Exception] = {}
+        for row in rows.values():
+            if self._owns(row.sender):
+                try:
+                    with self._ops:
+                        self._carry_out_destroy(row)
+                except (ControllerError, SouthboundError) as exc:
+                    failed[row.name] = exc  # e.g. fenced: its new owner carries it out
+            waiting[row.id] = row
+        self._wake.set()
+        deadline = time.monotonic() + wait_s
+        while waiting:
+            for sid, state in self.store.states(list(waiting)).items():
+                if state == "destroyed":
+                    waiting.pop(sid)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for row in waiting.values():
+            errors[row.name] = failed.get(
+                row.name,
+                DestroyPendingError(
+                    f"name: session {row.name!r}: the destroy is recorded; the replica that"
+                    f" holds sender {row.sender!r} has not carried it out within {wait_s:g} s"
+                    " (it will)"
+                ),
+            )
+        return errors
+
+    def _carry_out_destroys(self, sender: str) -> None:
+        """Carry out the destroys recorded for the sessions of a sender node this
+        controller owns (any replica may have recorded them)."""
+        names = self.store.destroying(sender)
+        if not names:
+            return
+        for row in self.store.sessions_named(names):
+            try:
+                with self._ops:
+                    self._carry_out_destroy(row)
+            except (ControllerError, SouthboundError) as exc:
+                log.warning("session %s: destroy not carried out yet: %s", row.name, exc)
+
+    def _carry_out_destroy(self, row: SessionRow) -> None:
+        """The owner of the session's sender destroys it (hold ``_ops``): stops
+        collecting it, stores what its sender still holds, destroys it on both agents,
+        then marks it destroyed. The session's state stays ``destroying`` until then, so
+        that no repair (this replica's or another's) creates it again meanwhile."""
+        self._stop_collector(row.name)
+        with self._session_lock(row.name):
+            if self.store.states([row.id]).get(row.id) != "destroying":
+                return  # carried out already
+            try:
+                self._final_collect(row)
+            except SouthboundError as exc:
+                log.info("session %s: final collection: %s", row.name, exc.details)
             self._destroy_on_agents(row)
-            with self._session_lock(name):
-                self.store.end_epoch(name, self.clock(), "destroyed")
-                self.store.set_state(name, "destroyed")
-                self.metrics.remove_path(name)
-            with self._finished:
-                self._finished.notify_all()
+            self.store.finish_destroy(row.id, self.clock())
+            self.metrics.remove_path(row.name)
+        with self._lock:
+            self._pending_restarts.pop(row.name, None)
+        with self._finished:
+            self._finished.notify_all()
+
+    def _final_collect(self, row: SessionRow) -> None:
+        """Store the records the session's sender still holds (session lock held), a few
+        rounds at most: its results up to the destroy are kept with it."""
+        client = self.client(row.sender)
+        for _ in range(FINAL_ROUNDS):
+            cur = self.store.session(row.name)
+            if cur.id != row.id:
+                return
+            reply = client.results(cur.ssid, BATCH, after_id=cur.cursor)
+            if not reply.results:
+                return
+            batch = _batch(cur, reply.results, reply.counters)
+            now = self.clock()
+            (new,) = self.store.store_many([batch], now, fence=self._fence(row.sender))
+            if new is None:
+                self.metrics.dropped(row.sender, len(batch.records))
+                return
+            self._stored(cur, batch, now)
+            client.acknowledge(cur.ssid, batch.records[-1][0])
 
     def wait_finished(self, name: str, timeout: float) -> bool:
         """Wait until the session has finished (every result stored) or was destroyed."""
@@ -1625,6 +1862,7 @@ class Controller:
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
+                    self.metrics.dropped(p.node, len(stored.records))
                     continue
                 self._stored(row, stored, now)
                 if stored.records:
@@ -1789,6 +2027,7 @@ class Controller:
                 if batch.gone:
                     # Gone from the agent, or created again there: the supervisor
                     # repairs it; a new epoch's start reopens the stream with it.
+                    self.metrics.dropped(st.node, len(batch.results))
                     del subs[batch.ssid]
                     self._wake.set()
                     continue
@@ -1799,7 +2038,8 @@ class Controller:
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
             for (sub, batch, stored), new in zip(todo, news, strict=True):
-                if new is None:  # the session left that epoch (or was destroyed)
+                if new is None:  # the session left that epoch, was destroyed or pruned
+                    self.metrics.dropped(st.node, len(stored.records))
                     del subs[batch.ssid]
                     continue
                 self._stored(sub, stored, now)

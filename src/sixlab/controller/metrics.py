@@ -42,6 +42,9 @@ metric                                         meaning
 ``sixlab_fenced_stores_total``                 result transactions of the node refused
                                                because this replica's lease of it had
                                                changed hands (``controller.replica``)
+``sixlab_dropped_results_total``               results read from the node's agent and
+                                               not stored: their session had left that
+                                               epoch, been destroyed, or been pruned
 ``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
 ``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
 =============================================  ==========================================
@@ -178,6 +181,7 @@ class ControllerMetrics:
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
         self._fenced: dict[str, int] = {}
+        self._dropped: dict[str, int] = {}
         self._flow_delay: dict[tuple[str, int, str], float] = {}
         #: Direct-mode loss: (path, direction, outcome) -> packets, and each path's last
         #: sample (Seq, T1, counters) to join the next batch's first to.
@@ -272,6 +276,13 @@ class ControllerMetrics:
         with self._lock:
             self._fenced[node] = self._fenced.get(node, 0) + 1
 
+    def dropped(self, node: str, results: int) -> None:
+        """Results read from the node's agent were not stored: their session had left
+        that epoch, been destroyed, or its row was deleted (``apply --prune``)."""
+        if results:
+            with self._lock:
+                self._dropped[node] = self._dropped.get(node, 0) + results
+
     def set_agent_up(self, node: str, up: bool) -> None:
         with self._lock:
             self._up[node] = up
@@ -317,6 +328,7 @@ class _Exporter(Collector):
             jitter = dict(m._jitter)
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
             fenced = dict(m._fenced)
+            dropped = dict(m._dropped)
             flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
 
@@ -425,7 +437,15 @@ class _Exporter(Collector):
         )
         for node, n in sorted(fenced.items()):
             refused.add_metric([node], n)
-        yield from (up_gauge, restarts, started, refused)
+        gone = CounterMetricFamily(
+            "sixlab_dropped_results",
+            "Results read from the node's agent and not stored: their session had left"
+            " that epoch, been destroyed, or been pruned",
+            labels=["node"],
+        )
+        for node, n in sorted(dropped.items()):
+            gone.add_metric([node], n)
+        yield from (up_gauge, restarts, started, refused, gone)
 
 
 def _srpm_families(

@@ -17,8 +17,10 @@ Failures become gRPC statuses in one place (``_status_of``):
                                          NOT_FOUND, already exists → ALREADY_EXISTS,
                                          a session in the wrong state or a node in
                                          use → FAILED_PRECONDITION, no SSID left →
-                                         RESOURCE_EXHAUSTED; the bases (a bad field)
-                                         → INVALID_ARGUMENT
+                                         RESOURCE_EXHAUSTED, a destroy recorded but
+                                         not carried out in time by the replica that
+                                         owns the sender → DEADLINE_EXCEEDED; the
+                                         bases (a bad field) → INVALID_ARGUMENT
 ``SouthboundError`` (an agent refused)   INVALID_ARGUMENT if the agent refused a value
                                          the caller chose; UNAVAILABLE if it could not
                                          be reached; else FAILED_PRECONDITION. The
@@ -50,6 +52,7 @@ from sixlab.controller.core import (
     CollectMode,
     Controller,
     ControllerError,
+    DestroyPendingError,
     EpochStats,
     NoFreeSsidError,
     SessionExistsError,
@@ -126,6 +129,8 @@ _STATES_PB = {
     "stopped": pb.SESSION_STATE_STOPPED,
     "finished": pb.SESSION_STATE_FINISHED,
     "destroyed": pb.SESSION_STATE_DESTROYED,
+    "destroying": pb.SESSION_STATE_DESTROYING,
+    "starting": pb.SESSION_STATE_STARTING,
 }
 
 #: The core's and the store's refusals, and the status each means; any other
@@ -135,6 +140,7 @@ _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCo
     (NotFoundError, Code.NOT_FOUND),
     ((WrongStateError, InUseError), Code.FAILED_PRECONDITION),
     (NoFreeSsidError, Code.RESOURCE_EXHAUSTED),
+    (DestroyPendingError, Code.DEADLINE_EXCEEDED),
 )
 
 
@@ -635,7 +641,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
                 pb.SessionConfig(
                     spec=request,
                     key_sha256=key_sha256(spec.key_hex),
-                    running=srow.state in ("running", "finished"),
+                    running=srow.state in ("running", "starting", "finished"),
                 )
             )
         return out

@@ -21,10 +21,13 @@ repeat, so even two replicas collecting one node for a moment, one of which has 
 noticed that its lease expired, store each record once).
 
 Any replica answers the northbound API: reads come from the shared database; a request
-that changes a session is carried out by the replica that received it (it calls the
-agents itself), and the owner of the session's sender node starts or stops collecting it
-at its next heartbeat. The owner's repairs leave alone a session another replica is
-creating meanwhile (``Controller.reconcile_node``; docs/architecture.md).
+that creates, starts or stops a session is carried out by the replica that received it
+(it calls the agents itself), and the owner of the session's sender node starts or stops
+collecting it at its next heartbeat. A destroy is recorded (``destroying``) and carried
+out by the owner of the sender node; a start-again runs in the ``starting`` state. The
+owner's repairs leave alone a session another replica is creating, starting or
+destroying meanwhile (``Controller.reconcile_node``; docs/architecture.md, "Session
+lifecycle across replicas").
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     sender      TEXT NOT NULL REFERENCES nodes(name),
     reflector   TEXT NOT NULL REFERENCES nodes(name),
     params      TEXT NOT NULL,          -- JSON: segments, return segments, interval, ...
-    state       TEXT NOT NULL,          -- created, running, stopped, destroyed
+    state       TEXT NOT NULL,          -- created, running, ..., destroying, destroyed
     epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
     cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
     sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the sums over its epochs
@@ -636,6 +636,16 @@ class Store(ABC):
                     "history with the node"
                 )
             if ran:
+                # The sessions' rows are locked first (PostgreSQL), as a transaction
+                # storing their results locks them first: a store that came first
+                # commits before the rows go (and its results go with them); one that
+                # comes later finds no row and stores nothing (``_store``), rather
+                # than inserting results for a row being deleted.
+                db.execute(
+                    "SELECT id FROM sessions WHERE sender=? OR reflector=? ORDER BY id"  # noqa: S608
+                    + self._row_lock_sql,
+                    (name, name),
+                ).fetchall()
                 of_node = "SELECT id FROM sessions WHERE sender=? OR reflector=?"
                 for table in _SESSION_TABLES:
                     db.execute(
@@ -726,7 +736,8 @@ class Store(ABC):
         if names:
             with self._transaction() as db:
                 db.executemany(
-                    "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'",
+                    "UPDATE sessions SET state=? WHERE name=? AND state NOT IN"
+                    " ('destroying', 'destroyed')",
                     [(state, n) for n in names],
                 )
 
@@ -759,11 +770,75 @@ class Store(ABC):
         return [_session_row(r) for r in rows]
 
     def set_state(self, name: str, state: str) -> None:
-        """Set the state of the live session of that name (a destroyed one keeps its own)."""
+        """Set the state of the live session of that name; one being destroyed keeps its
+        state until ``finish_destroy`` (a destroyed one keeps its own)."""
         with self._lock:
             self._db.execute(
-                "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'", (state, name)
+                "UPDATE sessions SET state=? WHERE name=? AND state NOT IN"
+                " ('destroying', 'destroyed')",
+                (state, name),
             )
+
+    def claim_state(self, name: str, old: str, new: str) -> bool:
+        """Move the live session of that name from ``old`` to ``new`` if it is still in
+        ``old`` (one replica wins a race between requests of several); True if moved."""
+        with self._lock:
+            moved: int = self._db.execute(
+                "UPDATE sessions SET state=? WHERE name=? AND state=?", (new, name, old)
+            ).rowcount
+        return moved == 1
+
+    def mark_destroying(self, names: Sequence[str]) -> list[SessionRow]:
+        """Record that the live sessions of these names are to be destroyed (any replica
+        may; the owner of each one's sender carries it out: ``finish_destroy``), in one
+        transaction. Returns their rows, now ``destroying`` (names without a live
+        session are left out)."""
+        if names:
+            with self._transaction() as db:
+                db.executemany(
+                    "UPDATE sessions SET state='destroying' WHERE name=? AND state != 'destroyed'",
+                    [(n,) for n in names],
+                )
+        return self.sessions_named(names)
+
+    def finish_destroy(self, session_id: int, now_ns: int) -> bool:
+        """The session being destroyed is gone from its agents: its current epoch ends
+        and it is destroyed, in one transaction. False if it was not being destroyed."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT epoch FROM sessions WHERE id=? AND state='destroying'"  # noqa: S608
+                + self._row_lock_sql,
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return False
+            _end_epoch(db, session_id, row[0], now_ns, "destroyed")
+            db.execute("UPDATE sessions SET state='destroyed' WHERE id=?", (session_id,))
+        return True
+
+    def destroying(self, sender: str) -> list[str]:
+        """Names of the sessions of this sender node being destroyed, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name FROM sessions WHERE sender=? AND state='destroying' ORDER BY id",
+                (sender,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def states(self, session_ids: Collection[int]) -> dict[int, str]:
+        """The state of each of these sessions (by id; those that exist)."""
+        out: dict[int, str] = {}
+        ids = sorted(session_ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT id, state FROM sessions WHERE id IN ("  # noqa: S608 - placeholders
+                    + ",".join("?" * len(chunk)) + ")",
+                    chunk,
+                ).fetchall()  # fmt: skip
+            out.update((r[0], r[1]) for r in rows)
+        return out
 
     def begin_epoch(
         self, name: str, now_ns: int, *, sender_agent: str | None = None, reason: str = ""
@@ -901,7 +976,8 @@ class Store(ABC):
     ) -> list[int | None]:
         """``store_results`` for many sessions in one transaction (one commit and one bulk
         insert, not one per session). Per batch: how many rows were new, or None for a
-        stale one (its session left that epoch or was destroyed), which stores nothing.
+        stale one (its session left that epoch, was destroyed, or its row was deleted),
+        which stores nothing.
 
         Raises FencedError, storing nothing, if ``fence`` no longer holds."""
         with self._transaction() as db:
@@ -933,7 +1009,12 @@ class Store(ABC):
         for i, b in enumerate(batches):
             state = current.get(b.session_id)
             if state is None:
-                raise NotFoundError(f"session: no session with id {b.session_id}")
+                # Its row was deleted (a node removed with its history: ``remove_node``)
+                # after the batch was read: stale like a destroyed session's.
+                if strict:
+                    raise NotFoundError(f"session: no session with id {b.session_id}")
+                stale.add(i)
+                continue
             if state[1] == "destroyed" or state[0] != b.epoch:
                 if strict:
                     raise StaleEpochError(
@@ -1711,11 +1792,13 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
 def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reason: str) -> int:
     """The body of ``Store.begin_epoch`` (in the caller's transaction)."""
     row = db.execute(
-        "SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
+        "SELECT id, epoch, state FROM sessions WHERE name=? AND state != 'destroyed'", (name,)
     ).fetchone()
     if row is None:
         raise NotFoundError(f"session: no session named {name!r}")
-    sid, epoch = row
+    sid, epoch, state = row
+    if state == "destroying":
+        raise StoreError(f"session: {name!r} is being destroyed")
     if db.execute("SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)).fetchone():
         _end_epoch(db, sid, epoch, now_ns, reason)
         epoch += 1

@@ -110,6 +110,14 @@ class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionS
     """
     SESSION_STATE_DESTROYED: _SessionState.ValueType  # 6
     """Removed from the agents; its results remain in the store."""
+    SESSION_STATE_DESTROYING: _SessionState.ValueType  # 7
+    """To be destroyed: recorded, not yet carried out by the controller replica that
+    holds its sender node (docs/architecture.md, "Session lifecycle across replicas").
+    """
+    SESSION_STATE_STARTING: _SessionState.ValueType  # 8
+    """Being started again (a new epoch): its halves are being created afresh on the
+    agents.
+    """
 
 class SessionState(_SessionState, metaclass=_SessionStateEnumTypeWrapper):
     """Where a session is in its life, as the controller sees it."""
@@ -129,6 +137,14 @@ startable again.
 """
 SESSION_STATE_DESTROYED: SessionState.ValueType  # 6
 """Removed from the agents; its results remain in the store."""
+SESSION_STATE_DESTROYING: SessionState.ValueType  # 7
+"""To be destroyed: recorded, not yet carried out by the controller replica that
+holds its sender node (docs/architecture.md, "Session lifecycle across replicas").
+"""
+SESSION_STATE_STARTING: SessionState.ValueType  # 8
+"""Being started again (a new epoch): its halves are being created afresh on the
+agents.
+"""
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 
 @_typing.final

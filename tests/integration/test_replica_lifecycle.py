@@ -1,0 +1,478 @@
+"""Session lifecycle across controller replicas on one PostgreSQL: a destroy through a
+replica that does not own the session's sender, and ``apply --prune`` while results of
+a pruned session are in flight (docs/architecture.md, "Session lifecycle across
+replicas").
+
+Two Controllers in one process share a real PostgreSQL (the lab's server), each with
+its ReplicaManager: A holds every lease (it came first), B holds none and answers
+requests. The agents are simulated (``sixlab.southbound.simagent``): the real
+southbound gRPC API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+import pytest
+from prometheus_client import generate_latest
+
+from sixlab.controller import Controller, ReplicaManager, SessionExistsError, SessionSpec
+from sixlab.controller.apply import WantedNode, WantedSession, execute, plan
+from sixlab.controller.pgstore import PostgresStore
+from sixlab.controller.store import AlreadyExistsError, Store, open_store
+from sixlab.southbound import AgentServer
+from sixlab.southbound import stamp_pb2 as pb
+from sixlab.southbound.client import AgentClient, ResultStream
+from sixlab.southbound.simagent import serve_simulated
+
+INTERVAL_NS = 50_000_000  # 20 packets/s per session
+LOSS_EVERY = 25
+TTL_S, TICK_S = 3.0, 0.5
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, AgentServer]]:
+    servers = {
+        "s1": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
+        "r1": serve_simulated("127.0.0.1:0", "reflector"),
+        "r2": serve_simulated("127.0.0.1:0", "reflector"),
+    }
+    try:
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop(None)
+
+
+def _wait(what: str, check: object, timeout: float) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _spec(name: str, reflector: str = "r1") -> SessionSpec:
+    return SessionSpec(
+        name, "s1", reflector, "2001:db8::2", interval_ns=INTERVAL_NS,
+        loss_timeout_ns=200_000_000, collect="stream",
+    )  # fmt: skip
+
+
+def _carried(agents: dict[str, AgentServer], node: str) -> set[int]:
+    """The SSIDs the node's agent carries now."""
+    client = AgentClient(f"127.0.0.1:{agents[node].port}")
+    try:
+        return set(client.info(5).ssids)
+    finally:
+        client.close()
+
+
+def _replicas(
+    pg_url: str,
+    agents: dict[str, AgentServer],
+    a_client: type[AgentClient] = AgentClient,
+    b_client: type[AgentClient] = AgentClient,
+    b_store: Store | None = None,
+) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager]:
+    """A, holding every lease (nodes registered and initialised), and B, holding none."""
+    # Every stream message is stored as it comes (no gathering): a message held by a
+    # test is stored right after it is let go.
+    a = Controller(
+        open_store(pg_url), supervise_interval_s=0.2, client_factory=a_client,
+        commit_interval_s=0.0,
+    )  # fmt: skip
+    for name, server in agents.items():
+        role = "reflector" if name.startswith("r") else "sender"
+        a.register_node(name, f"127.0.0.1:{server.port}", role)
+        a.init_node(name)
+    ra = ReplicaManager(a, "A", ttl_s=TTL_S, tick_s=TICK_S)
+    ra.start()
+    assert ra.owned == {*agents, "housekeeping"}
+    b = Controller(
+        b_store or open_store(pg_url), supervise_interval_s=0.2, client_factory=b_client,
+        commit_interval_s=0.0,
+    )  # fmt: skip
+    rb = ReplicaManager(b, "B", ttl_s=TTL_S, tick_s=TICK_S)
+    rb.start()
+    assert rb.owned == frozenset()
+    return a, ra, b, rb
+
+
+def _close(*items: Controller | ReplicaManager | None) -> None:
+    for item in items:
+        if isinstance(item, ReplicaManager):
+            item.close()
+    for item in items:
+        if isinstance(item, Controller):
+            item.close()
+            item.store.close()
+
+
+def _exactly_once(c: Controller, names: list[str]) -> None:
+    for name in names:
+        c.stop_session(name)
+    for name in names:
+        assert c.wait_finished(name, 60), name
+    for name in names:
+        row = c.store.session(name)
+        seqs = [r.seq for _, r in c.store.records(row.id)]
+        assert seqs == [s for s in range(row.sent) if s % LOSS_EVERY != LOSS_EVERY - 1], name
+
+
+def test_a_session_destroyed_through_a_replica_that_does_not_own_its_sender_stays_destroyed(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B destroys a running session whose sender A owns. A's repair runs at the worst
+    moment: right after the session left the sender agent (A's stream is told it is
+    gone and wakes A's supervisor), while the session's row is not yet destroyed. A
+    must not take it for a session its agent lost and create it again: the session is
+    destroyed on both agents, no new epoch begins, and the other sessions go on."""
+    a: Controller | None = None
+    fired: list[str] = []
+
+    class Hooked(AgentClient):
+        """The client of both controllers: once the sender half of the session is
+        destroyed, whoever did it, the owner checks the sender node (in a thread of its
+        own, as its supervisor would) before the destroyer goes on."""
+
+        victim = 0
+
+        def destroy_session(self, ssid: int) -> None:
+            super().destroy_session(ssid)
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if ssid == Hooked.victim and self.target == s1 and not fired:
+                fired.append("s1")
+                assert a is not None
+                owner = a
+                t = threading.Thread(target=lambda: owner.check_node("s1"), daemon=True)
+                t.start()
+                t.join(5)
+
+    a, ra, b, rb = _replicas(pg_url, agents, Hooked, Hooked)
+    try:
+        names = [f"p{i}" for i in range(3)]
+        _, errors = a.create_sessions([_spec(n) for n in names])
+        assert not errors
+        assert not a.start_sessions(names)
+        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        victim = a.store.session("p0")
+        Hooked.victim = victim.ssid
+
+        b.destroy_session("p0")
+
+        assert b.store.session("p0").state == "destroyed"
+        assert victim.ssid not in _carried(agents, "s1")
+        assert victim.ssid not in _carried(agents, "r1")
+        # The owner's next checks leave it destroyed.
+        for _ in range(3):
+            a.check_node("s1")
+            a.check_node("r1")
+        time.sleep(1.0)
+        assert a.store.session("p0").state == "destroyed"
+        assert victim.ssid not in _carried(agents, "s1")
+        assert victim.ssid not in _carried(agents, "r1")
+        assert [e.epoch for e in a.store.epochs(victim.id)] == [0]
+        assert a.store.epochs(victim.id)[0].end_reason == "destroyed"
+        _exactly_once(a, names[1:])
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_apply_prune_through_another_replica_with_results_in_flight(
+    pg_url: str, agents: dict[str, AgentServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``apply --prune`` through B drops a session (and its reflector node, with the
+    session's history) while A's stream holds a message with results of that session
+    and of the sessions that stay. The message is stored without the pruned session's
+    results, which are dropped and counted; the stream goes on (no failed transaction),
+    nothing is stored for the deleted row, and the other sessions' results are stored
+    exactly once."""
+    a: Controller | None = None
+    b: Controller | None = None
+    pruned: list[int] = []
+
+    class Hooked(AgentClient):
+        """A's client: the first stream message carrying results of the session to
+        prune is held until B's apply --prune has run."""
+
+        victim = 0
+
+        def stream_many(
+            self,
+            after_ids: Mapping[int, int],
+            *,
+            max_batch: int = 0,
+            batch_window_ns: int = 0,
+            counters_interval_ns: int = 0,
+        ) -> ResultStream[pb.ResultBatches]:
+            inner = super().stream_many(
+                after_ids, max_batch=max_batch, batch_window_ns=batch_window_ns,
+                counters_interval_ns=counters_interval_ns,
+            )  # fmt: skip
+            return Held(inner)
+
+    class Held(ResultStream[pb.ResultBatches]):
+        """The stream, its first message with results of the victim held for the prune."""
+
+        def __init__(self, inner: ResultStream[pb.ResultBatches]) -> None:
+            self.inner = inner
+
+        def cancel(self) -> None:
+            self.inner.cancel()
+
+        def __iter__(self) -> Iterator[pb.ResultBatches]:
+            for message in self.inner:
+                if (
+                    Hooked.victim
+                    and not pruned
+                    and any(m.ssid == Hooked.victim and len(m.results) for m in message.batches)
+                ):
+                    pruned.append(Hooked.victim)
+                    prune()
+                yield message
+
+    def prune() -> None:
+        assert b is not None
+        nodes = [
+            WantedNode("s1", f"127.0.0.1:{agents['s1'].port}", "sender", None),
+            WantedNode("r1", f"127.0.0.1:{agents['r1'].port}", "reflector", None),
+        ]
+        wanted = [WantedSession(_spec(f"k{i}"), "", running=True) for i in range(3)]
+        steps = plan(b, nodes, wanted, prune=True)
+        assert [(s.action, s.name) for s in steps] == [("destroy", "gone"), ("remove", "r2")]
+        execute(steps, b)
+
+    a, ra, b, rb = _replicas(pg_url, agents, a_client=Hooked)
+    try:
+        keep = [f"k{i}" for i in range(3)]
+        _, errors = a.create_sessions([*(_spec(n) for n in keep), _spec("gone", "r2")])
+        assert not errors
+        gone = a.store.session("gone")
+        with caplog.at_level(logging.WARNING, logger="sixlab.controller.core"):
+            Hooked.victim = gone.ssid
+            assert not a.start_sessions([*keep, "gone"])
+            _wait("the prune", lambda: bool(pruned), 30)
+            cursors = {n: a.store.session(n).cursor for n in keep}
+            _wait(
+                "the stream to go on",
+                lambda: all(a.store.session(n).cursor > c + 10 for n, c in cursors.items()),
+                30,
+            )
+        failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert failed == []
+        assert "r2" not in {n.name for n in a.store.nodes()}
+        assert a.store.count_results(gone.id) == 0
+        exposed = generate_latest(a.metrics.registry).decode()
+        assert 'sixlab_dropped_results_total{node="s1"}' in exposed
+        _exactly_once(a, keep)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def _finished(a: Controller, names: list[str]) -> None:
+    """Run the sessions until they stored results, then stop them until finished."""
+    _, errors = a.create_sessions([_spec(n) for n in names])
+    assert not errors
+    assert not a.start_sessions(names)
+    _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+    for name in names:
+        a.stop_session(name)
+    for name in names:
+        assert a.wait_finished(name, 30), name
+
+
+def test_a_restart_through_another_replica_is_not_taken_for_a_lost_reflector_session(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session whose nodes A owns: B destroys the session on
+    both agents and creates it afresh. A checks the reflector right after B destroyed
+    the reflector's half: A must not take the half for lost and create it again under
+    B (whose creation would then meet ALREADY_EXISTS)."""
+    a: Controller | None = None
+    fired: list[int] = []
+
+    class Hooked(AgentClient):
+        victim = 0
+
+        def destroy_session(self, ssid: int) -> None:
+            super().destroy_session(ssid)
+            r1 = f"127.0.0.1:{agents['r1'].port}"
+            if ssid == Hooked.victim and self.target == r1 and not fired:
+                fired.append(ssid)
+                assert a is not None
+                owner = a
+                t = threading.Thread(target=lambda: owner.check_node("r1"), daemon=True)
+                t.start()
+                t.join(5)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Hooked)
+    try:
+        _finished(a, ["p0"])
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        b.start_session("p0")
+
+        assert fired
+        assert b.store.session("p0").state == "running"
+        assert row.ssid in _carried(agents, "s1")
+        assert row.ssid in _carried(agents, "r1")
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_destroy_during_a_restart_through_another_replica_leaves_nothing_on_the_agents(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session; A (the owner) destroys it while B is between
+    its calls to the agents (the reflector's half created again, the sender's not yet).
+    Whatever each call answers, in the end the session is destroyed and neither agent
+    carries it: B's creations after A's destroy are undone."""
+    a: Controller | None = None
+    fired: list[int] = []
+    outcome: list[BaseException | None] = []
+
+    class Hooked(AgentClient):
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if request.ssid == Hooked.victim and self.target == s1 and not fired:
+                fired.append(request.ssid)
+                assert a is not None
+                owner = a
+
+                def destroy() -> None:
+                    try:
+                        owner.destroy_session("p0", wait_s=10)
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        outcome.append(exc)
+                    else:
+                        outcome.append(None)
+
+                t = threading.Thread(target=destroy, daemon=True)
+                t.start()
+                t.join(15)
+            super().create_session(request)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Hooked)
+    try:
+        _finished(a, ["p0", "p1"])
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        with contextlib.suppress(Exception):  # refused, or done and destroyed after
+            b.start_session("p0")
+
+        assert fired
+        assert outcome == [None]
+        assert a.store.session("p0").state == "destroyed"
+        for _ in range(3):
+            a.check_node("s1")
+            a.check_node("r1")
+        assert row.ssid not in _carried(agents, "s1")
+        assert row.ssid not in _carried(agents, "r1")
+        # The other session is untouched, and starts again.
+        b.start_session("p1")
+        _wait("p1's new epoch", lambda: a.store.session("p1").cursor > 0, 30)
+    finally:
+        _close(rb, ra, b, a)
+
+
+class RacingStore(PostgresStore):
+    """B's store: when B reads the SSIDs in use on r1 (the last node it reads) with a
+    name in ``race``, the other controller creates a session of that name just before
+    that read or, ``after``, just after it (B's read is then stale)."""
+
+    def __init__(self, url: str, *, after: bool) -> None:
+        super().__init__(url)
+        self.after = after
+        self.race: list[str] = []
+        self.other: Controller | None = None
+
+    def used_ssids(self, node: str) -> set[int]:
+        if not self.race or node != "r1":
+            return super().used_ssids(node)
+        assert self.other is not None
+        if self.after:
+            used = super().used_ssids(node)
+            self.other.create_session(_spec(self.race.pop()))
+            return used
+        self.other.create_session(_spec(self.race.pop()))
+        return super().used_ssids(node)
+
+
+def _racing(
+    pg_url: str, agents: dict[str, AgentServer], *, after: bool
+) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager, list[str]]:
+    """``_replicas`` with B on a RacingStore whose other controller is A; its race list."""
+    store = RacingStore(pg_url, after=after)
+    a, ra, b, rb = _replicas(pg_url, agents, b_store=store)
+    store.other = a
+    return a, ra, b, rb, store.race
+
+
+def _one_each(c: Controller, agents: dict[str, AgentServer], sessions: int) -> None:
+    """The store has ``sessions`` live sessions, and the agents carry their SSIDs only."""
+    live = {r.ssid for r in c.store.sessions()}
+    assert len(live) == sessions
+    assert _carried(agents, "s1") == live
+    assert _carried(agents, "r1") == live
+
+
+def test_two_replicas_creating_one_name_at_once_leave_one_session_on_the_agents(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """apply (or create) through A and B at once with the same new session: B finds
+    the name free, A creates the session meanwhile, B picks another SSID and creates
+    its halves on the agents, and the store keeps A's row. B's halves must not stay on
+    the agents (sending probes no row accounts for, holding an SSID the store thinks
+    free): B destroys them and says the name is taken. Once for one session, once for
+    a batch of two (one of which is taken)."""
+    a, ra, b, rb, race = _racing(pg_url, agents, after=False)
+    try:
+        race.append("p0")
+        with pytest.raises((SessionExistsError, AlreadyExistsError)):
+            b.create_session(_spec("p0"))
+        assert not race
+        _one_each(a, agents, 1)
+
+        race.append("p2")
+        rows, errors = b.create_sessions([_spec("p1"), _spec("p2")])
+        assert not race
+        assert [r.name for r in rows] == ["p1"]
+        assert set(errors) == {"p2"}
+        assert isinstance(errors["p2"], SessionExistsError | AlreadyExistsError)
+        _one_each(a, agents, 3)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_two_replicas_picking_one_ssid_at_once_both_create_their_sessions(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B reads the SSIDs in use on its nodes, then A creates another session there
+    (B's read is stale): B picks the SSID A took, and the agent refuses it
+    (ALREADY_EXISTS). B tries the next free one rather than fail the request (or the
+    apply); every session ends with halves of its own SSID on the agents."""
+    a, ra, b, rb, race = _racing(pg_url, agents, after=True)
+    try:
+        race.append("a0")
+        b.create_session(_spec("b0"))
+        assert not race
+        race.append("a1")
+        rows, errors = b.create_sessions([_spec("b1"), _spec("b2")])
+        assert not race
+        assert errors == {}
+        assert sorted(r.name for r in rows) == ["b1", "b2"]
+        _one_each(a, agents, 5)
+    finally:
+        _close(rb, ra, b, a)
