@@ -51,8 +51,10 @@ from tests.integration.conftest import TEST_PREFIX
 MS = 1_000_000
 COUNT = 50
 INTERVAL_NS = 5 * MS
-#: Loopback delays are microseconds; anything near this bound means something is wrong.
-SANE_DELAY_NS = 50 * MS
+#: Loopback delays are microseconds, yet a loaded shared VM has held a process 51 ms; a
+#: wrong time stamp (another clock, another epoch, a byte order slip) is off by far more
+#: than this bound.
+SANE_DELAY_NS = 500 * MS
 
 
 @dataclass

@@ -43,6 +43,12 @@ from tests.integration._stamp_helpers import SIXLAB, run_sender
 pytestmark = pytest.mark.root
 
 TOLERANCE_MS = 1.0
+#: Nine records in ten within this of the emulated delay (medians within TOLERANCE_MS).
+#: A program's T2/T4 is read in the veth's NAPI poll, which a loaded kernel defers to
+#: ksoftirqd: a second mode about 1 ms above the first in a few records (as in
+#: test_fastpath_srv6), which failed the nine-in-ten rule at 1 ms with old and new code
+#: alike at load average 5-6.
+SPREAD_MS = 2.0
 MS = 1_000_000
 COUNT = 20
 
@@ -104,7 +110,7 @@ def _check(doc: dict[str, Any], path: SRv6Path, count: int = COUNT) -> tuple[flo
     assert abs(direct - path.forward_delay_ms) <= TOLERANCE_MS, (direct, path)
     assert abs(back - path.return_delay_ms) <= TOLERANCE_MS, (back, path)
     for key, want in (("direct_ns", path.forward_delay_ms), ("return_ns", path.return_delay_ms)):
-        close = [abs(r[key] / 1e6 - want) <= TOLERANCE_MS for r in doc["records"]]
+        close = [abs(r[key] / 1e6 - want) <= SPREAD_MS for r in doc["records"]]
         assert sum(close) >= 0.9 * len(close), (key, [r[key] for r in doc["records"]])
     return direct, back
 
@@ -217,7 +223,7 @@ def _records(sender: AgentClient, ssid: int) -> list[StampResult]:
 
 
 def _near(values: list[int], want_ms: float) -> bool:
-    close = [abs(v / 1e6 - want_ms) <= TOLERANCE_MS for v in values]
+    close = [abs(v / 1e6 - want_ms) <= SPREAD_MS for v in values]
     return abs(median(values) / 1e6 - want_ms) <= TOLERANCE_MS and sum(close) >= 0.9 * len(close)
 
 
