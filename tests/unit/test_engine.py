@@ -586,11 +586,18 @@ def _stop(senders: list[SenderEngine], rengine: ReflectorEngine) -> None:
 def test_ssid_zero_replies_reach_their_sessions_by_address_port_and_seq() -> None:
     reflector = Rfc8762Reflector(ReflectorSessionConfig(ssid=None))
     _, (sender,), rengine = _engines(reflector, S_ADDR)
+    # Replies are matched by address, port and Seq, not by time: a loss timeout long enough
+    # that a loaded machine's pauses (over 200 ms seen) never count one lost.
+    slack = 5000 * MS
     try:
-        sender.add_session(_spec(1, 10))
         sender.add_session(
             SenderSessionSpec(
-                SenderConfig(ssid=3, interval_ns=MS, count=10, loss_timeout_ns=200 * MS, key=b"k"),
+                SenderConfig(ssid=1, interval_ns=MS, count=10, loss_timeout_ns=slack), R_ADDR, 862
+            )
+        )
+        sender.add_session(
+            SenderSessionSpec(
+                SenderConfig(ssid=3, interval_ns=MS, count=10, loss_timeout_ns=slack, key=b"k"),
                 R_ADDR,
                 862,
             )
