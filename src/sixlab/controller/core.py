@@ -64,6 +64,7 @@ import functools
 import ipaddress
 import itertools
 import logging
+import queue
 import random
 import threading
 import time
@@ -145,8 +146,13 @@ STREAM_WINDOW_NS = 250_000_000
 #: How often an agent sends each session's counters on the stream (ns): sent and lost
 #: totals are this fresh (a session's last batch always has them).
 STREAM_COUNTERS_NS = 2_000_000_000
-#: Stream messages are gathered for up to this long (s) into one transaction.
-COMMIT_INTERVAL_S = 0.5
+#: Stream messages are gathered for up to this long (s) into one transaction; 0: group
+#: commit (a message is stored as soon as it comes, together with those that came while
+#: the sender's previous transaction ran).
+COMMIT_INTERVAL_S = 0.0
+#: Stream messages read but not stored yet, at most, per sender: beyond them the reader
+#: stops reading and gRPC's flow control holds the rest on the agent.
+STREAM_INBOX = 64
 #: Poll-mode sessions of one sender polled, stored and acknowledged together.
 POLL_ROUND = 256
 #: A sender's stream, changed, is reopened after this pause (s), once for a burst.
@@ -580,6 +586,22 @@ def _open_stream(
         batch_window_ns=window_ns,
         counters_interval_ns=STREAM_COUNTERS_NS,
     )
+
+
+#: What the reader of a stream hands its collector: a message and when it came (Unix
+#: ns); then how the stream ended: StopIteration, or the exception that ended it.
+_Inbound = tuple[int, pb.ResultBatches] | BaseException
+
+
+def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
+    """Put the stream's messages into ``inbox`` as they come, then how it ended."""
+    try:
+        for message in stream:
+            inbox.put((time.time_ns(), message))
+    except BaseException as exc:  # noqa: BLE001 - handed to the collector, which raises it
+        inbox.put(exc)
+        return
+    inbox.put(StopIteration())
 
 
 class Controller:
@@ -1594,6 +1616,7 @@ class Controller:
                     for r in live
                 ]
                 replies = self.client(p.node).call_many("GetStampSessionResults", requests)
+            read_ns = time.time_ns()
             todo: list[tuple[SessionRow, pb.GetStampSessionResultsReply, ResultBatch]] = []
             now_m = time.monotonic()
             for row, reply in zip(live, replies, strict=True):
@@ -1617,11 +1640,14 @@ class Controller:
             if live and len(todo) == len(live):
                 self._health(p.node, healthy=True, refresh=False)
             now = self.clock()
-            news = (
-                self.store.store_many([b for _, _, b in todo], now, fence=self._fence(p.node))
-                if todo
-                else []
-            )
+            news: list[int | None] = []
+            if todo:
+                begun = time.time_ns()
+                news = self.store.store_many(
+                    [b for _, _, b in todo], now, fence=self._fence(p.node)
+                )
+                arrivals = [(read_ns, [r.t4_ns for r in reply.results]) for _, reply, _ in todo]
+                self.metrics.collection_stages(arrivals, begun, time.time_ns())
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
@@ -1731,26 +1757,7 @@ class Controller:
                 st.call = stream
                 if st.changed.is_set():  # changed while it was being opened
                     continue
-                # Messages are gathered for up to commit_interval_s and stored in one
-                # transaction: a session's rows then share the pages they land on (the
-                # store's cost is pages written per commit, not rows).
-                pending: dict[int, pb.ResultBatch] = {}
-                since = 0.0
-                for message in stream:
-                    for b in message.batches:
-                        _merge(pending, b)
-                    now = time.monotonic()
-                    since = since or now
-                    if (
-                        now - since >= self.commit_interval_s
-                        or st.changed.is_set()
-                        or any(b.final or b.gone for b in message.batches)
-                    ):
-                        self._store_batches(st, subs, list(pending.values()))
-                        pending.clear()
-                        since = 0.0
-                    if st.changed.is_set() or not subs:
-                        break
+                self._collect_stream(st, stream, subs)
             except SouthboundError as exc:
                 delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
                 continue
@@ -1772,10 +1779,81 @@ class Controller:
                     call.cancel()
             delay = RETRY_MIN_S
 
+    def _collect_stream(
+        self, st: _Streamer, stream: ResultStream[pb.ResultBatches], subs: dict[int, SessionRow]
+    ) -> None:
+        """Store the stream's messages until it ends or its sessions change.
+
+        A reader thread takes the messages off the stream as they come, so that the
+        sender's transaction starts as soon as a message is there (group commit): a
+        transaction holds the message that started it and every one that came while the
+        previous transaction ran, or, with ``commit_interval_s``, those that came within
+        that long of the first.
+        """
+        inbox: queue.Queue[_Inbound] = queue.Queue(STREAM_INBOX)
+        reader = threading.Thread(
+            target=_read_stream, args=(stream, inbox), name=f"stream-read-{st.node}", daemon=True
+        )
+        reader.start()
+        end: BaseException | None = None
+        try:
+            while end is None:
+                got, end = self._gather(st, inbox)
+                if got:
+                    self._store_messages(st, subs, got)
+                if st.changed.is_set() or not subs:
+                    return
+            if not isinstance(end, StopIteration):
+                raise end
+        finally:
+            stream.cancel()
+            while end is None:  # let the reader put its last item and end
+                item = inbox.get()
+                if isinstance(item, BaseException):
+                    end = item
+            reader.join()
+
+    def _gather(
+        self, st: _Streamer, inbox: queue.Queue[_Inbound]
+    ) -> tuple[list[tuple[int, pb.ResultBatches]], BaseException | None]:
+        """The messages of the sender's next transaction (waiting for the first), and how
+        the stream ended if it did meanwhile (``_read_stream``)."""
+        got: list[tuple[int, pb.ResultBatches]] = []
+        item = inbox.get()
+        deadline = time.monotonic() + self.commit_interval_s
+        while isinstance(item, tuple):
+            got.append(item)
+            if st.changed.is_set() or any(b.final or b.gone for b in item[1].batches):
+                return got, None  # stored at once: the stream is about to change
+            try:
+                wait = deadline - time.monotonic()
+                item = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
+            except queue.Empty:
+                return got, None
+        return got, item
+
+    def _store_messages(
+        self,
+        st: _Streamer,
+        subs: dict[int, SessionRow],
+        messages: Sequence[tuple[int, pb.ResultBatches]],
+    ) -> None:
+        """Store gathered stream messages in one transaction (a batch per session) and
+        observe how long their records took to get there, by stage."""
+        arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in messages]
+        pending: dict[int, pb.ResultBatch] = {}
+        for _, message in messages:
+            for b in message.batches:
+                _merge(pending, b)
+        begun = time.time_ns()
+        committed = self._store_batches(st, subs, list(pending.values()))
+        self.metrics.collection_stages(arrivals, begun, committed)
+
     def _store_batches(
         self, st: _Streamer, subs: dict[int, SessionRow], batches: Iterable[pb.ResultBatch]
-    ) -> None:
-        """Store one stream message (a batch per session) and acknowledge it at once.
+    ) -> int:
+        """Store a batch per session in one transaction and acknowledge them at once;
+        when the transaction committed (Unix ns).
 
         The sessions' locks are held from the epoch checks to the acknowledgement.
         """
@@ -1798,6 +1876,7 @@ class Controller:
             # One transaction for the whole message; the store checks each epoch.
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
+            committed = time.time_ns()
             for (sub, batch, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
                     del subs[batch.ssid]
@@ -1814,3 +1893,4 @@ class Controller:
                     self._finish(sub)
             if acks:
                 self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+        return committed
