@@ -61,13 +61,13 @@ class _GatedClient(AgentClient):
 
 
 class _SlowStore(SqliteStore):
-    """Records each transaction's results (record ids per session); while ``block`` is
-    set, a transaction with results waits for it to clear."""
+    """Records each transaction's results (record ids per session); a transaction with
+    results of a session in ``blocked`` waits until it is emptied."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.cond = threading.Condition()
-        self.block = False
+        self.blocked: set[int] = set()
         self.waiting = False
         self.calls: list[dict[int, list[int]]] = []
 
@@ -78,11 +78,11 @@ class _SlowStore(SqliteStore):
         *,
         fence: Fence | None = None,
     ) -> list[int | None]:
-        if any(b.records for b in batches):
+        if any(b.records and b.session_id in self.blocked for b in batches):
             with self.cond:
-                self.waiting = self.block
+                self.waiting = True
                 self.cond.notify_all()
-                self.cond.wait_for(lambda: not self.block, timeout=60)
+                self.cond.wait_for(lambda: not self.blocked, timeout=60)
                 self.waiting = False
         out = super().store_many(batches, now_ns, fence=fence)
         if any(b.records for b in batches):
@@ -92,6 +92,11 @@ class _SlowStore(SqliteStore):
                 )
                 self.cond.notify_all()
         return out
+
+    def unblock(self) -> None:
+        with self.cond:
+            self.blocked.clear()
+            self.cond.notify_all()
 
 
 @pytest.fixture
@@ -168,7 +173,7 @@ def test_messages_that_came_during_a_transaction_are_stored_in_the_next_one(
         ctl.create_session(SessionSpec("p", "s", "r", "2001:db8::2", interval_ns=10_000_000,
                                        collect="stream"))  # fmt: skip
         with store.cond:
-            store.block = True
+            store.blocked.add(ctl.store.session("p").id)
         ctl.start_session("p")
         _wait(store.cond, lambda: store.waiting, "no transaction began")
         with sender.cond:
@@ -178,9 +183,7 @@ def test_messages_that_came_during_a_transaction_are_stored_in_the_next_one(
         _wait(sender.cond, lambda: len(sender.messages) >= seen + 3, "the stream was not read")
         with sender.cond:
             came = sender.messages[seen : seen + 2]
-        with store.cond:
-            store.block = False
-            store.cond.notify_all()
+        store.unblock()
         ids = [r.record_id for m in came for b in m.batches for r in b.results]
         _wait(store.cond, lambda: len(store.calls) >= 2, "nothing more was stored")
         with store.cond:
@@ -188,10 +191,49 @@ def test_messages_that_came_during_a_transaction_are_stored_in_the_next_one(
         # Every record of the messages that came meanwhile is in the one next transaction.
         assert set(ids) <= set(second)
     finally:
-        with store.cond:
-            store.block = False
-            store.cond.notify_all()
+        store.unblock()
         ctl.close()
+
+
+def test_a_senders_messages_wait_for_anothers_transaction_and_go_in_one(
+    sim: tuple[AgentServer, AgentServer], tmp_path: Path
+) -> None:
+    """Stream transactions run one at a time: while one sender's runs, another's
+    messages pile up and are stored together in its next one."""
+    other = serve_simulated("127.0.0.1:0", "sender")
+    store = _SlowStore(tmp_path / "c.db")
+    ctl, _ = _controller(sim, store, stream_window_s=0.05)
+    try:
+        ctl.register_node("s2", f"127.0.0.1:{other.port}", "sender")
+        ctl.init_node("s2")
+        for name, sender in (("a", "s"), ("b", "s2")):
+            ctl.create_session(SessionSpec(name, sender, "r", "2001:db8::2",
+                                           interval_ns=10_000_000, collect="stream"))  # fmt: skip
+        b_id = ctl.store.session("b").id
+        client = ctl.client("s2")
+        assert isinstance(client, _GatedClient)
+        with store.cond:
+            store.blocked.add(ctl.store.session("a").id)
+        ctl.start_session("a")
+        _wait(store.cond, lambda: store.waiting, "no transaction of a began")
+        ctl.start_session("b")
+        # b's messages come while a's transaction runs; when the third is read, the
+        # reader has handed over the two before it.
+        _wait(client.cond, lambda: len(client.messages) >= 3, "b's stream was not read")
+        with client.cond:
+            came = client.messages[:2]
+        with store.cond:
+            assert not any(b_id in c for c in store.calls)  # b waited for a's transaction
+        store.unblock()
+        ids = [r.record_id for m in came for b in m.batches for r in b.results]
+        _wait(store.cond, lambda: any(b_id in c for c in store.calls), "b was not stored")
+        with store.cond:
+            first_b = next(c[b_id] for c in store.calls if b_id in c)
+        assert set(ids) <= set(first_b)
+    finally:
+        store.unblock()
+        ctl.close()
+        other.stop(None)
 
 
 @pytest.mark.parametrize("collect", ["stream", "poll"])

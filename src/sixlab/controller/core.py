@@ -645,6 +645,8 @@ class Controller:
         #: Sessions to start afresh once drained, with why their epoch ends.
         self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
+        #: Stream transactions run one at a time (``_store_messages``).
+        self._commit_slot = threading.Lock()
         self._closed = False
         #: Each node's health as last written to the store, and when (``_health``).
         self._health_seen: dict[str, tuple[bool, int]] = {}
@@ -1784,11 +1786,10 @@ class Controller:
     ) -> None:
         """Store the stream's messages until it ends or its sessions change.
 
-        A reader thread takes the messages off the stream as they come, so that the
-        sender's transaction starts as soon as a message is there (group commit): a
-        transaction holds the message that started it and every one that came while the
-        previous transaction ran, or, with ``commit_interval_s``, those that came within
-        that long of the first.
+        A reader thread takes the messages off the stream as they come. The storer
+        waits for the first, then for the commit slot (``_store_messages``), and stores
+        every message there by then in one transaction (group commit). With
+        ``commit_interval_s``, it gathers that long from the first message before.
         """
         inbox: queue.Queue[_Inbound] = queue.Queue(STREAM_INBOX)
         reader = threading.Thread(
@@ -1798,9 +1799,10 @@ class Controller:
         end: BaseException | None = None
         try:
             while end is None:
-                got, end = self._gather(st, inbox)
+                got: list[tuple[int, pb.ResultBatches]] = []
+                end = self._gather(st, inbox, got, self.commit_interval_s)
                 if got:
-                    self._store_messages(st, subs, got)
+                    end = self._store_messages(st, subs, inbox, got) or end
                 if st.changed.is_set() or not subs:
                     return
             if not isinstance(end, StopIteration):
@@ -1814,46 +1816,81 @@ class Controller:
             reader.join()
 
     def _gather(
-        self, st: _Streamer, inbox: queue.Queue[_Inbound]
-    ) -> tuple[list[tuple[int, pb.ResultBatches]], BaseException | None]:
-        """The messages of the sender's next transaction (waiting for the first), and how
-        the stream ended if it did meanwhile (``_read_stream``)."""
-        got: list[tuple[int, pb.ResultBatches]] = []
-        item = inbox.get()
-        deadline = time.monotonic() + self.commit_interval_s
-        while isinstance(item, tuple):
-            got.append(item)
-            if st.changed.is_set() or any(b.final or b.gone for b in item[1].batches):
-                return got, None  # stored at once: the stream is about to change
+        self,
+        st: _Streamer,
+        inbox: queue.Queue[_Inbound],
+        got: list[tuple[int, pb.ResultBatches]],
+        wait_s: float,
+    ) -> BaseException | None:
+        """Add the messages in ``inbox`` to ``got``: waiting for one if ``got`` is empty,
+        then for more for up to ``wait_s``. How the stream ended, if it did meanwhile
+        (``_read_stream``)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if got and (st.changed.is_set() or any(b.final or b.gone for b in got[-1][1].batches)):
+                return None  # stored at once: the stream is about to change
             try:
-                wait = deadline - time.monotonic()
-                item = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
+                if not got:
+                    item = inbox.get()
+                else:
+                    wait = deadline - time.monotonic()
+                    item = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
             except queue.Empty:
-                return got, None
-        return got, item
+                return None
+            if not isinstance(item, tuple):
+                return item
+            got.append(item)
 
     def _store_messages(
         self,
         st: _Streamer,
         subs: dict[int, SessionRow],
-        messages: Sequence[tuple[int, pb.ResultBatches]],
-    ) -> None:
-        """Store gathered stream messages in one transaction (a batch per session) and
-        observe how long their records took to get there, by stage."""
-        arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in messages]
-        pending: dict[int, pb.ResultBatch] = {}
-        for _, message in messages:
-            for b in message.batches:
-                _merge(pending, b)
-        begun = time.time_ns()
-        committed = self._store_batches(st, subs, list(pending.values()))
+        inbox: queue.Queue[_Inbound],
+        got: list[tuple[int, pb.ResultBatches]],
+    ) -> BaseException | None:
+        """Store gathered stream messages in one transaction (a batch per session), with
+        those that came while waiting for the commit slot; observe how long their records
+        took to get there, by stage. How the stream ended, if it did meanwhile.
+
+        The slot lets one sender's transaction run at a time, from gathering to commit
+        (not the acknowledgement): while it is taken, the other senders' messages pile
+        up and go in their next transaction together, so an idle store stores a message
+        as soon as it comes and a busy one commits fewer, larger transactions rather
+        than falling behind (SQLite's cost is per page written per commit; PostgreSQL's
+        per statement and commit).
+        """
+        slot, held = self._commit_slot, True
+        slot.acquire()
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                slot.release()
+
+        try:
+            end = self._gather(st, inbox, got, 0.0)
+            pending: dict[int, pb.ResultBatch] = {}
+            arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got]
+            for _, message in got:
+                for b in message.batches:
+                    _merge(pending, b)
+            begun = time.time_ns()
+            committed = self._store_batches(st, subs, list(pending.values()), release)
+        finally:
+            release()
         self.metrics.collection_stages(arrivals, begun, committed)
+        return end
 
     def _store_batches(
-        self, st: _Streamer, subs: dict[int, SessionRow], batches: Iterable[pb.ResultBatch]
+        self,
+        st: _Streamer,
+        subs: dict[int, SessionRow],
+        batches: Iterable[pb.ResultBatch],
+        committed: Callable[[], None] = lambda: None,
     ) -> int:
         """Store a batch per session in one transaction and acknowledge them at once;
-        when the transaction committed (Unix ns).
+        when the transaction committed (Unix ns). ``committed`` is called once it has.
 
         The sessions' locks are held from the epoch checks to the acknowledgement.
         """
@@ -1876,7 +1913,8 @@ class Controller:
             # One transaction for the whole message; the store checks each epoch.
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
-            committed = time.time_ns()
+            done = time.time_ns()
+            committed()
             for (sub, batch, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
                     del subs[batch.ssid]
@@ -1893,4 +1931,4 @@ class Controller:
                     self._finish(sub)
             if acks:
                 self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
-        return committed
+        return done
