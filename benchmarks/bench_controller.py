@@ -111,7 +111,11 @@ def _stages(address: str) -> dict[str, tuple[list[tuple[float, float]], float]]:
 
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    with urlopen(f"http://{address}/metrics", timeout=30) as reply:
+    # Only this histogram: a whole scrape reads every session's totals from the store.
+    query = "&".join(
+        f"name[]=sixlab_collection_stage_seconds_{s}" for s in ("bucket", "sum", "count")
+    )
+    with urlopen(f"http://{address}/metrics?{query}", timeout=30) as reply:
         text = reply.read().decode()
     out: dict[str, tuple[list[tuple[float, float]], float]] = {}
     for family in text_string_to_metric_families(text):
@@ -286,6 +290,11 @@ def _measure(
     lags: list[tuple[float, float]] = []
     rss = []
     load0 = os.getloadavg()[0]
+    import sixlab.controller.metrics  # noqa: PLC0415
+
+    # A controller without the histogram would read the store for a restricted scrape too.
+    if not hasattr(sixlab.controller.metrics, "STAGES"):
+        metrics = None
     stages0 = _stages(metrics) if metrics else {}
     pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag0 = sum(_cpu_s(a) for a in agents)

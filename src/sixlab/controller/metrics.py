@@ -222,6 +222,7 @@ class ControllerMetrics:
         self._last_data: dict[str, tuple[int, int, DataCounters]] = {}
         self._totals: Callable[[], Totals] = Totals
         self.registry.register(_Exporter(self))
+        self.registry.register(_StageExporter(self))
 
     def bind(self, totals: Callable[[], Totals]) -> None:
         """Where the stored totals come from (the controller), read at each scrape."""
@@ -353,25 +354,55 @@ class ControllerMetrics:
         start_http_server(port, addr=addr, registry=self.registry)
 
 
+class _StageExporter(Collector):
+    """``sixlab_collection_stage_seconds``, on its own: cheap to scrape by name."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        return self.collect()
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self.m._lock:
+            stages = {k: (h.cumulative(), h.sum) for k, h in self.m._stages.items()}
+        family = HistogramMetricFamily(
+            "sixlab_collection_stage_seconds",
+            "How long stored results took, by stage (agent, queued, transaction; total: T4"
+            " to committed)",
+            labels=["stage"],
+        )
+        for stage, (buckets, total) in stages.items():
+            family.add_metric([stage], buckets, total)
+        yield family
+
+
 class _Exporter(Collector):
     """Every metric of a ControllerMetrics, built at scrape time."""
 
     def __init__(self, metrics: ControllerMetrics) -> None:
         self.m = metrics
 
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """The families without reading the store: a scrape restricted to other names
+        (``/metrics?name[]=...``) then leaves this collector, and the store, alone."""
+        return self._families(Totals())
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        m = self.m
         try:
-            totals = m._totals()
+            totals = self.m._totals()
         except Exception:
             # A scrape must not fail: the store-based metrics are left out of this one.
             log.exception("metrics: cannot read the stored totals")
             totals = Totals()
+        return self._families(totals)
+
+    def _families(self, totals: Totals) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        m = self.m
         with m._lock:
             delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
             jitter = dict(m._jitter)
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
-            stages = {k: (h.cumulative(), h.sum) for k, h in m._stages.items()}
             fenced = dict(m._fenced)
             flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
@@ -453,16 +484,7 @@ class _Exporter(Collector):
                 lag_gauge.add_metric([path], lag[path])
             if path in last_read:
                 read_gauge.add_metric([path], last_read[path])
-        stage_hist = HistogramMetricFamily(
-            "sixlab_collection_stage_seconds",
-            "How long stored results took, by stage (agent, queued, transaction; total: T4"
-            " to committed)",
-            labels=["stage"],
-        )
-        for stage, (buckets, total) in stages.items():
-            stage_hist.add_metric([stage], buckets, total)
         yield from (lag_gauge, read_gauge)
-        yield stage_hist  # type: ignore[misc]
 
         yield from _srpm_families(totals, live, flow_delay, data)
 
