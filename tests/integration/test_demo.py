@@ -68,6 +68,11 @@ def _assert_left_nothing(pid: int, mark: str, tmp: Path) -> None:
 #: T3 before it builds each packet with scapy layers (a Python-speed step on the send
 #: path: docs of ``sixlab.dataplane.scapy_plane``), so its delays include that cost.
 TOLERANCE_MS = {"scapy": 2.0}
+#: Emulated link directions a measurement crosses: a one-way delay one, path L's round
+#: trip four (B out, the far link both ways, A back). Each element's wake-up error adds
+#: (0.2-0.4 ms per element for whole runs on a busy shared VM), so the loop's tolerance
+#: is twice a one-way delay's.
+LOOP_TOLERANCE_FACTOR = 2
 RUNS = [("socket", "stream"), ("socket", "poll")] + [
     (plane, "stream") for plane in available() if plane != "socket"
 ]
@@ -116,7 +121,8 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
     assert (loop["mode"], loop["configured"]) == ("loopback", {"rtt_ms": 30.0})
     m = loop["measured"]
     assert (m["direct_ms"], m["return_ms"]) == (None, None)
-    assert abs(m["rtt_ms"]["p50"] - 30.0) <= TOLERANCE_MS.get(plane, 1.0), loop
+    loop_tolerance = LOOP_TOLERANCE_FACTOR * TOLERANCE_MS.get(plane, 1.0)
+    assert abs(m["rtt_ms"]["p50"] - 30.0) <= loop_tolerance, loop
     assert m["loss"] == 0
     assert m["received"] >= 50
     assert len(loop["segments"]) == 4

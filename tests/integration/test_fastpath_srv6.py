@@ -37,7 +37,10 @@ TOLERANCE_MS = 1.0
 #: records, at load average 5-6. The mmap plane's T2 is the kernel's time stamp taken
 #: before the backlog, which that deferral does not move.
 SPREAD_MS = 2.0
-COUNT = 10
+#: Thirty records per path: with ten, two records late on a busy machine (seen in a full
+#: suite run) already broke the nine-in-ten rule; the rule is about a plane's time
+#: stamps, which are wrong on every packet or on none.
+COUNT = 30
 WARMUP = 2
 PLANES = ["mmap", "afxdp"]
 

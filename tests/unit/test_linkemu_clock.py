@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from sixlab.testbed._emulation import DirectionConfig
-from sixlab.testbed.linkemu import _DelayLine, _Direction
+from sixlab.testbed.linkemu import LATE_BUCKETS, _DelayLine, _Direction, _send_due
 from tests.unit.test_engine import SteppedClocks as Clocks
 
 MS = 1_000_000
@@ -75,3 +75,21 @@ def test_without_a_kernel_timestamp_the_frame_counts_from_its_read(out: socket.s
     line.hold(d, b"frame", None)
     assert line.next_deadline() == clocks.mono() + 4 * MS
     assert line.pending() == [d]
+
+
+def test_lateness_is_counted_per_power_of_two_of_microseconds(out: socket.socket) -> None:
+    """The histogram shows the element's usual wake-up error where a mean would be moved
+    by one stall: three frames sent 0.5 µs, 3 µs and 40 ms after their deadlines."""
+    clocks = Clocks()
+    line = _DelayLine(wall=clocks.wall, mono=clocks.mono)
+    d = _Direction(DirectionConfig(delay_ms=1), out, "0:ab", reorder=False)
+    for late_ns in (500, 3_000, 40 * MS):
+        line.hold(d, b"frame", None)
+        clocks.advance(1 * MS + late_ns)
+        _send_due(line, clocks.mono())
+    hist = d.stats.late_us_log2
+    assert len(hist) == LATE_BUCKETS
+    # Below 1 µs; below 4 µs (2-3 µs); 40 ms is past the last bound (2**15 µs).
+    assert {i: n for i, n in enumerate(hist) if n} == {0: 1, 2: 1, LATE_BUCKETS - 1: 1}
+    assert d.stats.late_ns_sum == 500 + 3_000 + 40 * MS
+    assert d.stats.forwarded == 3

@@ -40,7 +40,8 @@ Theory of operation
   ``ethtool`` changes on the end interfaces.
 
 Counters (per direction ``ab`` and ``ba``: received, forwarded, dropped_loss,
-send_errors, pending, and the element's own lateness late_ns_max/late_ns_sum) are
+send_errors, pending, and the element's own lateness late_ns_max/late_ns_sum and its
+histogram late_us_log2) are
 written as JSON to ``--stats`` on ``SIGUSR1`` and at exit, with a ``generation`` number
 that grows with every dump, and printed on stdout at exit (``SIGTERM``/``SIGINT``).
 The first stdout line, ``{"event": "ready"}``, tells the parent that both sockets are
@@ -65,7 +66,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -98,6 +99,10 @@ _RCVBUF = 4 << 20
 #: Default busy-wait window before a deadline (µs): covers the late wake-up of
 #: ``select`` on the shared 2-core lab machines (tens of µs, more under load).
 DEFAULT_SPIN_US = 200
+#: Entries of the lateness histogram: below 1 µs, 2 µs, ... 2**15 µs (32.8 ms), the rest.
+LATE_BUCKETS = 17
+#: Lateness at or above 2**15 µs lands in the last entry.
+_LATE_CAP_US = (1 << (LATE_BUCKETS - 1)) - 1
 
 
 @dataclass(slots=True)
@@ -113,6 +118,10 @@ class DirectionStats:
     #: scheduling error.
     late_ns_max: int = 0
     late_ns_sum: int = 0
+    #: How many frames left within each power of two of microseconds late: entry ``i``
+    #: counts those late by less than 2**i µs (the last entry: the rest). A mean is moved
+    #: by one long stall of the machine; this shows the element's usual wake-up error.
+    late_us_log2: list[int] = field(default_factory=lambda: [0] * LATE_BUCKETS)
 
 
 class _Direction:
@@ -239,6 +248,7 @@ def _send_due(line: _DelayLine, now: int) -> None:
         st.forwarded += 1
         st.late_ns_sum += late
         st.late_ns_max = max(st.late_ns_max, late)
+        st.late_us_log2[min(max(late, 0) // 1000, _LATE_CAP_US).bit_length()] += 1
 
 
 def _wait(
