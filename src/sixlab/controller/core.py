@@ -16,12 +16,13 @@ server stream (push). Either way one thread per sender agent, not per session, c
 a poller polls all the agent's poll-mode sessions in rounds (the calls of a round in
 flight together on the agent's channel), and one ``StreamResults`` carries all its
 stream-mode sessions, reopened from the stored cursors whenever that set changes (an
-agent spends a worker thread per open stream, so one per session would exhaust it).
-What a round or a stream message brings, for all its sessions, is stored with their new
-cursors and the sender's counters in one transaction (``Store.store_many``), then
-acknowledged in one call; so a result is stored exactly once, even if the controller is
-killed at any point and restarted (``resume`` restarts collection from the stored
-cursors).
+agent spends a worker thread per open stream, so one per session would exhaust it); a
+reader thread takes its messages off as they come. What a round, or the stream
+messages there when the sender's turn at the commit slot comes (group commit,
+``_store_messages``), bring for all its sessions is stored with their new cursors and
+the sender's counters in one transaction (``Store.store_many``), then acknowledged in
+one call; so a result is stored exactly once, even if the controller is killed at any
+point and restarted (``resume`` restarts collection from the stored cursors).
 
 Health and repair. A supervisor thread asks every node's agent how it is
 (``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
