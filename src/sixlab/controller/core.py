@@ -148,8 +148,8 @@ STREAM_WINDOW_NS = 250_000_000
 #: totals are this fresh (a session's last batch always has them).
 STREAM_COUNTERS_NS = 2_000_000_000
 #: Stream messages are gathered for up to this long (s) into one transaction; 0: group
-#: commit (a message is stored as soon as it comes, together with those that came while
-#: the sender's previous transaction ran).
+#: commit (a message is stored as soon as the commit slot is free, together with those
+#: that came while it was not: ``Controller._store_messages``).
 COMMIT_INTERVAL_S = 0.0
 #: Stream messages read but not stored yet, at most, per sender: beyond them the reader
 #: stops reading and gRPC's flow control holds the rest on the agent.
@@ -1911,7 +1911,7 @@ class Controller:
                 sub = subs[batch.ssid]
                 counters = batch.counters if batch.HasField("counters") else None
                 todo.append((sub, batch, _batch(sub, batch.results, counters)))
-            # One transaction for the whole message; the store checks each epoch.
+            # One transaction for all the messages; the store checks each epoch.
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
             done = time.time_ns()
