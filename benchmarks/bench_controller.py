@@ -10,9 +10,22 @@ stream (one ``StreamResults`` per sender agent).
 
 Reported, once the sessions run: results stored per second (the store's counts over
 the measuring window), the controller's CPU (share of one core) and RSS (also per
-1,000 sessions), collection lag (50 sampled sessions are polled every 100 ms; each
-record that appeared counts now − T4: from its reception by the agent to its being
-seen stored, an upper bound by up to the polling period), and bytes per stored result.
+1,000 sessions), collection lag, and bytes per stored result.
+
+Collection lag is measured two ways. From outside: 50 sampled sessions are read
+every ``--poll`` seconds (0.1), in one query on a connection of the benchmark's own; a
+record that
+appeared counts now − T4 (``lag_ms_*``, an upper bound) and, as a lower bound, the
+previous look at that session − T4 (``lag_low_ms_*``: it was not stored then); the
+time between looks is ``poll_gap_ms_*``. From
+inside: the controller's ``sixlab_collection_stage_seconds`` histogram (every stored
+result; 50 ms buckets, quantiles interpolated within a bucket) by stage: ``agent`` (T4
+to the message's arrival at the controller), ``queued`` (to the transaction's start),
+``transaction``, ``total`` (T4 to commit); absent from a controller without it.
+``--collector none`` runs no controller: once the sessions are started, the benchmark
+reads each sender agent's stream itself, acknowledging every message at once, and
+reports the ``agent`` stage of an always-ready reader (the agent's batch window and
+gRPC delivery alone).
 
     .venv/bin/python benchmarks/bench_controller.py --db sqlite --sessions 1000 --agents 10 \\
         --rate 5 --seconds 20
@@ -25,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -64,20 +78,94 @@ def _stored(db: Any) -> int:
     return int(row[0])
 
 
-def _new_lags_ms(db: Any, seen: dict[tuple[int, int], int], placeholder: str) -> list[float]:
-    """For each sampled session, the records stored since the last look: now - T4 of
-    each (an upper bound of its collection lag, by at most the polling period)."""
+def _new_lags(
+    db: Any, seen: dict[tuple[int, int], tuple[int, int]], placeholder: str
+) -> list[tuple[float, float]]:
+    """The records of the sampled sessions stored since the last look, read in one
+    query: (now − T4, last look − T4) of each, ms: its collection lag lies between."""
+    terms = " OR ".join(
+        f"(session_id={placeholder} AND epoch={placeholder} AND record_id>{placeholder})"
+        for _ in seen
+    )
+    params = [v for (sid, epoch), (top, _) in seen.items() for v in (sid, epoch, top)]
+    rows = db.execute(
+        f"SELECT session_id, epoch, record_id, t4_ns FROM results WHERE {terms}",
+        params,
+    ).fetchall()
+    now = time.time_ns()
     out = []
-    for (sid, epoch), last in seen.items():
-        rows = db.execute(
-            f"SELECT record_id, t4_ns FROM results WHERE session_id={placeholder}"
-            f" AND epoch={placeholder} AND record_id > {placeholder} ORDER BY record_id",
-            (sid, epoch, last),
-        ).fetchall()
-        now = time.time_ns()
-        if rows:
-            seen[sid, epoch] = int(rows[-1][0])
-            out += [(now - int(t4)) / 1e6 for _, t4 in rows]
+    tops: dict[tuple[int, int], int] = {}
+    for sid, epoch, rid, t4 in rows:
+        looked = seen[sid, epoch][1]
+        out.append(((now - int(t4)) / 1e6, (looked - int(t4)) / 1e6))
+        tops[sid, epoch] = max(tops.get((sid, epoch), 0), int(rid))
+    for key, (top, _) in seen.items():
+        seen[key] = (tops.get(key, top), now)
+    return out
+
+
+def _stages(address: str) -> dict[str, tuple[list[tuple[float, float]], float]]:
+    """The controller's ``sixlab_collection_stage_seconds``: per stage, the cumulative
+    buckets (bound s, count) and the sum (s); {} if it has none."""
+    from urllib.request import urlopen  # noqa: PLC0415
+
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    # Only this histogram: a whole scrape reads every session's totals from the store.
+    query = "&".join(
+        f"name[]=sixlab_collection_stage_seconds_{s}" for s in ("bucket", "sum", "count")
+    )
+    with urlopen(f"http://{address}/metrics?{query}", timeout=30) as reply:
+        text = reply.read().decode()
+    out: dict[str, tuple[list[tuple[float, float]], float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "sixlab_collection_stage_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels["stage"]
+            buckets, total = out.get(stage, ([], 0.0))
+            if sample.name.endswith("_bucket"):
+                buckets.append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+            out[stage] = (buckets, total)
+    return out
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile of cumulative buckets, linear within its bucket (as PromQL's
+    ``histogram_quantile``); None without observations."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lo, below = 0.0, 0.0
+    for bound, n in buckets:
+        if n >= rank:
+            if bound == float("inf"):
+                return lo
+            return lo + (bound - lo) * ((rank - below) / (n - below) if n > below else 1.0)
+        lo, below = bound, n
+    return lo
+
+
+def _stage_figures(
+    before: dict[str, tuple[list[tuple[float, float]], float]],
+    after: dict[str, tuple[list[tuple[float, float]], float]],
+) -> dict[str, Any]:
+    """Per stage over the window: results, mean, p50, p99 (ms)."""
+    out: dict[str, Any] = {}
+    for stage, (buckets, total) in after.items():
+        old_b, old_total = before.get(stage, ([], 0.0))
+        old = dict(old_b)
+        delta = [(b, n - old.get(b, 0.0)) for b, n in buckets]
+        count = delta[-1][1] if delta else 0.0
+        p50, p99 = _quantile(delta, 0.5), _quantile(delta, 0.99)
+        out[stage] = {
+            "results": int(count),
+            "mean_ms": round((total - old_total) / count * 1e3, 1) if count else None,
+            "p50_ms": None if p50 is None else round(p50 * 1e3, 1),
+            "p99_ms": None if p99 is None else round(p99 * 1e3, 1),
+        }
     return out
 
 
@@ -174,7 +262,13 @@ def _create_apply(
 
 
 def _measure(
-    args: argparse.Namespace, url: str, pid: int, pg_pid: int | None, agents: list[int]
+    args: argparse.Namespace,
+    url: str,
+    pid: int,
+    pg_pid: int | None,
+    agents: list[int],
+    *,
+    metrics: str | None,
 ) -> dict[str, Any]:
     """The measuring window: stored per second, CPU, RSS, lag, bytes per result."""
     from sixlab.controller.store import open_store  # noqa: PLC0415
@@ -191,24 +285,38 @@ def _measure(
 
         conn, placeholder = sqlite3.connect(url), "?"
     rows = [(r.id, r.epoch) for r in db.sessions()]
-    seen = dict.fromkeys(random.Random(1).sample(rows, min(50, len(rows))), 0)
+    seen = dict.fromkeys(random.Random(1).sample(rows, min(50, len(rows))), (0, 0))
     time.sleep(args.warmup)
-    _new_lags_ms(conn, seen, placeholder)  # what was stored before the window
-    lags: list[float] = []
+    lags: list[tuple[float, float]] = []
     rss = []
+    load0 = os.getloadavg()[0]
+    import sixlab.controller.metrics  # noqa: PLC0415
+
+    # A controller without the histogram would read the store for a restricted scrape too.
+    if not hasattr(sixlab.controller.metrics, "STAGES"):
+        metrics = None
+    stages0 = _stages(metrics) if metrics else {}
     pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag0 = sum(_cpu_s(a) for a in agents)
     n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
+    # What was stored before the window; the first look in it is one period later (the
+    # figures above were read before this, so no look waits for them).
+    _new_lags(conn, seen, placeholder)
+    gaps: list[float] = []
     while time.monotonic() - t0 < args.seconds:
-        time.sleep(0.1)
-        lags += _new_lags_ms(conn, seen, placeholder)
+        time.sleep(args.poll)
+        before = next(iter(seen.values()))[1]
+        lags += _new_lags(conn, seen, placeholder)
+        gaps.append((next(iter(seen.values()))[1] - before) / 1e6)
         rss.append(_rss_mb(pid))
     n1, cpu1, t1 = _stored(conn), _cpu_s(pid), time.monotonic()
     pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag1 = sum(_cpu_s(a) for a in agents)
+    stages1 = _stages(metrics) if metrics else {}
     storage = db.storage()
     db.close()
     conn.close()
+    high, low = [hi for hi, _ in lags], [lo for _, lo in lags]
     return {
         "stored_per_s": round((n1 - n0) / (t1 - t0)),
         "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
@@ -216,12 +324,94 @@ def _measure(
         "agents_cpu": round((ag1 - ag0) / (t1 - t0), 3),
         "rss_mb": round(max(rss), 1),
         "rss_mb_per_1000_sessions": round(max(rss) / args.sessions * 1000, 1),
-        "lag_ms_p50": round(statistics.median(lags), 1) if lags else None,
-        "lag_ms_p99": round(_pct(lags, 99), 1) if lags else None,
+        "lag_ms_p50": round(statistics.median(high), 1) if lags else None,
+        "lag_ms_p99": round(_pct(high, 99), 1) if lags else None,
+        "lag_low_ms_p50": round(statistics.median(low), 1) if lags else None,
+        "lag_low_ms_p99": round(_pct(low, 99), 1) if lags else None,
+        "lag_samples": len(lags),
+        "poll_gap_ms_p50": round(statistics.median(gaps), 1) if gaps else None,
+        "poll_gap_ms_max": round(max(gaps), 1) if gaps else None,
+        "stages": _stage_figures(stages0, stages1),
         "bytes_per_result": (
             round(storage.bytes_per_result, 1) if storage.bytes_per_result else None
         ),
         "results_stored": storage.results,
+        "load_average_start": load0,
+    }
+
+
+def _read_agents(
+    args: argparse.Namespace, nodes: list[tuple[str, str, str]], url: str, agents: list[int]
+) -> dict[str, Any]:
+    """``--collector none``: each sender agent's stream read by a thread of the
+    benchmark that acknowledges every message at once and stores nothing; the agent
+    stage (message arrival − T4) of every record in the window."""
+    import threading  # noqa: PLC0415
+
+    from sixlab.controller.core import STREAM_COUNTERS_NS, STREAM_WINDOW_NS  # noqa: PLC0415
+    from sixlab.controller.store import open_store  # noqa: PLC0415
+    from sixlab.southbound import AgentClient  # noqa: PLC0415
+
+    db = open_store(url)
+    after: dict[str, dict[int, int]] = {}
+    for r in db.sessions():
+        after.setdefault(r.sender, {})[r.ssid] = r.cursor
+    db.close()
+    window = args.stream_window or STREAM_WINDOW_NS / 1e9
+    stop = threading.Event()
+    counting = threading.Event()
+    lags: list[float] = []
+    streams: list[Any] = []
+
+    def read(address: str, ssids: dict[int, int]) -> None:
+        client = AgentClient(address)
+        stream = client.stream_many(
+            ssids, max_batch=5000, batch_window_ns=round(window * 1e9),
+            counters_interval_ns=STREAM_COUNTERS_NS,
+        )  # fmt: skip
+        streams.append(stream)
+        for message in stream:
+            at = time.time_ns()
+            acks = {}
+            for b in message.batches:
+                if b.results:
+                    acks[b.ssid] = b.results[-1].record_id
+                    if counting.is_set():
+                        lags.extend((at - r.t4_ns) / 1e6 for r in b.results)
+            if acks:
+                client.acknowledge_many(acks)
+            if stop.is_set():
+                break
+        client.close()
+
+    readers = [
+        threading.Thread(target=read, args=(addr, after[name]), daemon=True)
+        for name, addr, role in nodes
+        if role == "sender" and name in after
+    ]
+    for t in readers:
+        t.start()
+    time.sleep(args.warmup)
+    load0 = os.getloadavg()[0]
+    ag0 = sum(_cpu_s(a) for a in agents)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    counting.set()
+    time.sleep(args.seconds)
+    counting.clear()
+    cpu1, t1 = time.process_time(), time.monotonic()
+    ag1 = sum(_cpu_s(a) for a in agents)
+    stop.set()
+    for stream in streams:
+        stream.cancel()
+    return {
+        "read_per_s": round(len(lags) / (t1 - t0)),
+        "reader_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
+        "agents_cpu": round((ag1 - ag0) / (t1 - t0), 3),
+        "agent_stage_ms_mean": round(statistics.fmean(lags), 1) if lags else None,
+        "agent_stage_ms_p50": round(statistics.median(lags), 1) if lags else None,
+        "agent_stage_ms_p99": round(_pct(lags, 99), 1) if lags else None,
+        "agent_stage_ms_max": round(max(lags), 1) if lags else None,
+        "load_average_start": load0,
     }
 
 
@@ -245,11 +435,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         interval_ns=int(1e9 / args.rate), collect="stream")
             for i in range(args.sessions)
         ]  # fmt: skip
+        if args.collector == "none":
+            timing = _create_batch(url, nodes, specs)
+            agents = [p.pid for p in procs]
+            return {
+                "db": args.db, "sessions": args.sessions, "agents": args.agents,
+                "rate_per_session": args.rate, "offered_per_s": args.sessions * args.rate,
+                "collector": "none", "stream_window": args.stream_window,
+                **_read_agents(args, nodes, url, agents),
+                "load_average": os.getloadavg()[0],
+            }  # fmt: skip
         timing = _create_batch(url, nodes, specs) if args.create == "batch" else []
         address = f"unix:{tmp}/ctl.sock"
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            metrics = f"127.0.0.1:{free.getsockname()[1]}"
         ctl = subprocess.Popen(
             [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
-             "--grpc", address, *args.serve_arg],
+             "--grpc", address, "--metrics", metrics, *args.serve_arg],
             stdout=subprocess.PIPE, stderr=(tmp / "controller.log").open("w"), text=True,
         )  # fmt: skip
         procs.append(ctl)
@@ -265,7 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if pg is not None:
                 pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
             agents = [p.pid for p in procs if p is not ctl]
-            measured = _measure(args, url, ctl.pid, pg_pid, agents)
+            measured = _measure(args, url, ctl.pid, pg_pid, agents, metrics=metrics)
         return {
             "db": args.db,
             "sessions": args.sessions,
@@ -307,6 +510,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--loss-every", type=int, default=0)
+    parser.add_argument(
+        "--poll", type=float, default=0.1, help="seconds between looks at the sampled sessions"
+    )
+    parser.add_argument(
+        "--collector",
+        choices=("controller", "none"),
+        default="controller",
+        help="none: no controller collects; the benchmark reads the streams itself",
+    )
+    parser.add_argument(
+        "--stream-window",
+        type=float,
+        default=0.0,
+        help="--collector none: the agents' batch window (s; 0: the controller's default)",
+    )
     parser.add_argument(
         "--serve-arg",
         action="append",

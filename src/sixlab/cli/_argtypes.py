@@ -41,6 +41,7 @@ __all__ = [
     "ssid",
     "text",
     "timeout",
+    "timeout_or_zero",
     "u64",
     "workers",
 ]
@@ -182,6 +183,8 @@ interval = seconds_in(MIN_INTERVAL_S, MAX_INTERVAL_S)
 duration = seconds_in(MIN_INTERVAL_S, MAX_DURATION_S)
 #: Loss timeouts, waits, poll periods.
 timeout = seconds_in(1e-3, MAX_TIMEOUT_S)
+#: The same, or 0 (none).
+timeout_or_zero = seconds_in(1e-3, MAX_TIMEOUT_S, zero=True)
 #: Any positive, finite duration up to a year.
 seconds = seconds_in(1e-9, MAX_DURATION_S)
 

@@ -457,10 +457,11 @@ def _add_serve(cmds: Any) -> None:
     serve.add_argument(
         "--commit-interval",
         metavar="S",
-        type=argtypes.timeout,
+        type=argtypes.timeout_or_zero,
         default=COMMIT_INTERVAL_S,
         help="stream mode: a sender's messages are stored together in one transaction for"
-        f" up to this long (default {COMMIT_INTERVAL_S:g}); both add to collection lag",
+        " up to this long; 0 (the default): each as soon as it comes, with those that came"
+        " while the previous transaction ran. Window and interval both add to collection lag",
     )
     serve.add_argument(
         "--max-workers",

@@ -16,12 +16,13 @@ server stream (push). Either way one thread per sender agent, not per session, c
 a poller polls all the agent's poll-mode sessions in rounds (the calls of a round in
 flight together on the agent's channel), and one ``StreamResults`` carries all its
 stream-mode sessions, reopened from the stored cursors whenever that set changes (an
-agent spends a worker thread per open stream, so one per session would exhaust it).
-What a round or a stream message brings, for all its sessions, is stored with their new
-cursors and the sender's counters in one transaction (``Store.store_many``), then
-acknowledged in one call; so a result is stored exactly once, even if the controller is
-killed at any point and restarted (``resume`` restarts collection from the stored
-cursors).
+agent spends a worker thread per open stream, so one per session would exhaust it); a
+reader thread takes its messages off as they come. What a round, or the stream
+messages there when the sender's turn at the commit slot comes (group commit,
+``_store_messages``), bring for all its sessions is stored with their new cursors and
+the sender's counters in one transaction (``Store.store_many``), then acknowledged in
+one call; so a result is stored exactly once, even if the controller is killed at any
+point and restarted (``resume`` restarts collection from the stored cursors).
 
 Health and repair. A supervisor thread asks every node's agent how it is
 (``GetAgentInfo``) every ``supervise_interval_s``; the answer, or its absence, is the
@@ -69,6 +70,7 @@ import functools
 import ipaddress
 import itertools
 import logging
+import queue
 import random
 import threading
 import time
@@ -152,8 +154,13 @@ STREAM_WINDOW_NS = 250_000_000
 #: How often an agent sends each session's counters on the stream (ns): sent and lost
 #: totals are this fresh (a session's last batch always has them).
 STREAM_COUNTERS_NS = 2_000_000_000
-#: Stream messages are gathered for up to this long (s) into one transaction.
-COMMIT_INTERVAL_S = 0.5
+#: Stream messages are gathered for up to this long (s) into one transaction; 0: group
+#: commit (a message is stored as soon as the commit slot is free, together with those
+#: that came while it was not: ``Controller._store_messages``).
+COMMIT_INTERVAL_S = 0.0
+#: Stream messages read but not stored yet, at most, per sender: beyond them the reader
+#: stops reading and gRPC's flow control holds the rest on the agent.
+STREAM_INBOX = 64
 #: Poll-mode sessions of one sender polled, stored and acknowledged together.
 POLL_ROUND = 256
 #: A sender's stream, changed, is reopened after this pause (s), once for a burst.
@@ -610,6 +617,22 @@ def _open_stream(
     )
 
 
+#: What the reader of a stream hands its collector: a message and when it came (Unix
+#: ns); then how the stream ended: StopIteration, or the exception that ended it.
+_Inbound = tuple[int, pb.ResultBatches] | BaseException
+
+
+def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
+    """Put the stream's messages into ``inbox`` as they come, then how it ended."""
+    try:
+        for message in stream:
+            inbox.put((time.time_ns(), message))
+    except BaseException as exc:  # noqa: BLE001 - handed to the collector, which raises it
+        inbox.put(exc)
+        return
+    inbox.put(StopIteration())
+
+
 class Controller:
     def __init__(
         self,
@@ -651,6 +674,8 @@ class Controller:
         #: Sessions to start afresh once drained, with why their epoch ends.
         self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
+        #: Stream transactions run one at a time (``_store_messages``).
+        self._commit_slot = threading.Lock()
         self._closed = False
         #: Each node's health as last written to the store, and when (``_health``).
         self._health_seen: dict[str, tuple[bool, int]] = {}
@@ -1831,6 +1856,7 @@ class Controller:
                     for r in live
                 ]
                 replies = self.client(p.node).call_many("GetStampSessionResults", requests)
+            read_ns = time.time_ns()
             todo: list[tuple[SessionRow, pb.GetStampSessionResultsReply, ResultBatch]] = []
             now_m = time.monotonic()
             for row, reply in zip(live, replies, strict=True):
@@ -1854,11 +1880,14 @@ class Controller:
             if live and len(todo) == len(live):
                 self._health(p.node, healthy=True, refresh=False)
             now = self.clock()
-            news = (
-                self.store.store_many([b for _, _, b in todo], now, fence=self._fence(p.node))
-                if todo
-                else []
-            )
+            news: list[int | None] = []
+            if todo:
+                begun = time.time_ns()
+                news = self.store.store_many(
+                    [b for _, _, b in todo], now, fence=self._fence(p.node)
+                )
+                arrivals = [(read_ns, [r.t4_ns for r in reply.results]) for _, reply, _ in todo]
+                self.metrics.collection_stages(arrivals, begun, time.time_ns())
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch (or was destroyed)
@@ -1969,26 +1998,7 @@ class Controller:
                 st.call = stream
                 if st.changed.is_set():  # changed while it was being opened
                     continue
-                # Messages are gathered for up to commit_interval_s and stored in one
-                # transaction: a session's rows then share the pages they land on (the
-                # store's cost is pages written per commit, not rows).
-                pending: dict[int, pb.ResultBatch] = {}
-                since = 0.0
-                for message in stream:
-                    for b in message.batches:
-                        _merge(pending, b)
-                    now = time.monotonic()
-                    since = since or now
-                    if (
-                        now - since >= self.commit_interval_s
-                        or st.changed.is_set()
-                        or any(b.final or b.gone for b in message.batches)
-                    ):
-                        self._store_batches(st, subs, list(pending.values()))
-                        pending.clear()
-                        since = 0.0
-                    if st.changed.is_set() or not subs:
-                        break
+                self._collect_stream(st, stream, subs)
             except SouthboundError as exc:
                 delay = self._backoff(f"stream of {st.node}", exc, delay, st.changed)
                 continue
@@ -2010,10 +2020,116 @@ class Controller:
                     call.cancel()
             delay = RETRY_MIN_S
 
-    def _store_batches(
-        self, st: _Streamer, subs: dict[int, SessionRow], batches: Iterable[pb.ResultBatch]
+    def _collect_stream(
+        self, st: _Streamer, stream: ResultStream[pb.ResultBatches], subs: dict[int, SessionRow]
     ) -> None:
-        """Store one stream message (a batch per session) and acknowledge it at once.
+        """Store the stream's messages until it ends or its sessions change.
+
+        A reader thread takes the messages off the stream as they come. The storer
+        waits for the first, then for the commit slot (``_store_messages``), and stores
+        every message there by then in one transaction (group commit). With
+        ``commit_interval_s``, it gathers that long from the first message before.
+        """
+        inbox: queue.Queue[_Inbound] = queue.Queue(STREAM_INBOX)
+        reader = threading.Thread(
+            target=_read_stream, args=(stream, inbox), name=f"stream-read-{st.node}", daemon=True
+        )
+        reader.start()
+        end: BaseException | None = None
+        try:
+            while end is None:
+                got: list[tuple[int, pb.ResultBatches]] = []
+                end = self._gather(st, inbox, got, self.commit_interval_s)
+                if got:
+                    end = self._store_messages(st, subs, inbox, got) or end
+                if st.changed.is_set() or not subs:
+                    return
+            if not isinstance(end, StopIteration):
+                raise end
+        finally:
+            stream.cancel()
+            while end is None:  # let the reader put its last item and end
+                item = inbox.get()
+                if isinstance(item, BaseException):
+                    end = item
+            reader.join()
+
+    def _gather(
+        self,
+        st: _Streamer,
+        inbox: queue.Queue[_Inbound],
+        got: list[tuple[int, pb.ResultBatches]],
+        wait_s: float,
+    ) -> BaseException | None:
+        """Add the messages in ``inbox`` to ``got``: waiting for one if ``got`` is empty,
+        then for more for up to ``wait_s``. How the stream ended, if it did meanwhile
+        (``_read_stream``)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if got and (st.changed.is_set() or any(b.final or b.gone for b in got[-1][1].batches)):
+                return None  # stored at once: the stream is about to change
+            try:
+                if not got:
+                    item = inbox.get()
+                else:
+                    wait = deadline - time.monotonic()
+                    item = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
+            except queue.Empty:
+                return None
+            if not isinstance(item, tuple):
+                return item
+            got.append(item)
+
+    def _store_messages(
+        self,
+        st: _Streamer,
+        subs: dict[int, SessionRow],
+        inbox: queue.Queue[_Inbound],
+        got: list[tuple[int, pb.ResultBatches]],
+    ) -> BaseException | None:
+        """Store gathered stream messages in one transaction (a batch per session), with
+        those that came while waiting for the commit slot; observe how long their records
+        took to get there, by stage. How the stream ended, if it did meanwhile.
+
+        The slot lets one sender's transaction run at a time, from gathering to commit
+        (not the acknowledgement): while it is taken, the other senders' messages pile
+        up and go in their next transaction together, so an idle store stores a message
+        as soon as it comes and a busy one commits fewer, larger transactions rather
+        than falling behind (SQLite's cost is per page written per commit; PostgreSQL's
+        per statement and commit).
+        """
+        slot, held = self._commit_slot, True
+        slot.acquire()
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                slot.release()
+
+        try:
+            end = self._gather(st, inbox, got, 0.0)
+            pending: dict[int, pb.ResultBatch] = {}
+            arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got]
+            for _, message in got:
+                for b in message.batches:
+                    _merge(pending, b)
+            begun = time.time_ns()
+            committed = self._store_batches(st, subs, list(pending.values()), release)
+        finally:
+            release()
+        self.metrics.collection_stages(arrivals, begun, committed)
+        return end
+
+    def _store_batches(
+        self,
+        st: _Streamer,
+        subs: dict[int, SessionRow],
+        batches: Iterable[pb.ResultBatch],
+        committed: Callable[[], None] = lambda: None,
+    ) -> int:
+        """Store a batch per session in one transaction and acknowledge them at once;
+        when the transaction committed (Unix ns). ``committed`` is called once it has.
 
         The sessions' locks are held from the epoch checks to the acknowledgement.
         """
@@ -2034,9 +2150,11 @@ class Controller:
                 sub = subs[batch.ssid]
                 counters = batch.counters if batch.HasField("counters") else None
                 todo.append((sub, batch, _batch(sub, batch.results, counters)))
-            # One transaction for the whole message; the store checks each epoch.
+            # One transaction for all the messages; the store checks each epoch.
             now = self.clock()
             news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
+            done = time.time_ns()
+            committed()
             for (sub, batch, stored), new in zip(todo, news, strict=True):
                 if new is None:  # the session left that epoch, was destroyed or pruned
                     self.metrics.dropped(st.node, len(stored.records))
@@ -2054,3 +2172,4 @@ class Controller:
                     self._finish(sub)
             if acks:
                 self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+        return done

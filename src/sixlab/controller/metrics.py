@@ -21,6 +21,13 @@ metric                                         meaning
                                                ``started-again``
 ``sixlab_collection_lag_seconds``              how long the oldest result of the path's
                                                last stored batch waited, T4 to stored
+``sixlab_collection_stage_seconds``            histogram over every stored result of how
+                                               long it took, by ``stage``: ``agent`` (T4
+                                               to its message's (poll: reply's) arrival at
+                                               the controller), ``queued`` (arrival to
+                                               its transaction's start), ``transaction``
+                                               (start to commit), ``total`` (T4 to
+                                               commit: the collection lag)
 ``sixlab_collection_last_success_timestamp``   when the path's results were last read
 ``_seconds``                                   (Unix s), whether or not any came
 ``sixlab_sender_schedule_skipped_total``       send slots the sender's engine skipped (it
@@ -77,7 +84,14 @@ from prometheus_client.registry import Collector
 
 from sixlab.stamp import DataCounters, StampResult, data_loss
 
-__all__ = ["DELAY_BUCKETS_S", "ControllerMetrics", "NodeTotals", "PathTotals", "Totals"]
+__all__ = [
+    "DELAY_BUCKETS_S",
+    "LAG_BUCKETS_S",
+    "ControllerMetrics",
+    "NodeTotals",
+    "PathTotals",
+    "Totals",
+]
 
 #: From 50 µs (a LAN hop) to 2.5 s (a satellite path under load), roughly ×2 steps.
 DELAY_BUCKETS_S = (
@@ -97,6 +111,23 @@ DELAY_BUCKETS_S = (
     1.0,
     2.5,
 )
+#: Collection stages: 50 ms steps up to 1.5 s (the collection lag's goal is 1 s, issue
+#: 15), coarser beyond.
+LAG_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    *(round(0.05 * i, 2) for i in range(1, 31)),
+    2.0,
+    2.5,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+#: The stages of ``sixlab_collection_stage_seconds`` (``ControllerMetrics.collection_stages``).
+STAGES = ("agent", "queued", "transaction", "total")
 _NS = 1e9
 log = logging.getLogger(__name__)
 
@@ -135,25 +166,30 @@ class Totals:
 
 @dataclass(slots=True)
 class _Histogram:
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DELAY_BUCKETS_S) + 1))
+    bounds: tuple[float, ...] = DELAY_BUCKETS_S
+    buckets: list[int] = field(init=False, default_factory=list)
     sum: float = 0.0
 
-    def observe(self, value: float) -> None:
-        self.buckets[bisect.bisect_left(DELAY_BUCKETS_S, value)] += 1
-        self.sum += value
+    def __post_init__(self) -> None:
+        self.buckets = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """``n`` observations of ``value``."""
+        self.buckets[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
 
     def observe_ns(self, values_ns: Iterable[int]) -> None:
-        """``observe`` of each delay, given in ns."""
-        buckets, find, total = self.buckets, bisect.bisect_left, 0.0
+        """``observe`` of each value, given in ns."""
+        bounds, buckets, find, total = self.bounds, self.buckets, bisect.bisect_left, 0.0
         for ns in values_ns:
             value = ns / _NS
-            buckets[find(DELAY_BUCKETS_S, value)] += 1
+            buckets[find(bounds, value)] += 1
             total += value
         self.sum += total
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, total = [], 0
-        for bound, n in zip((*map(str, DELAY_BUCKETS_S), "+Inf"), self.buckets, strict=True):
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.buckets, strict=True):
             total += n
             out.append((bound, float(total)))
         return out
@@ -178,6 +214,7 @@ class ControllerMetrics:
         self._delay: dict[tuple[str, str], _Histogram] = {}
         self._jitter: dict[tuple[str, str], float] = {}
         self._lag: dict[str, float] = {}
+        self._stages = {stage: _Histogram(LAG_BUCKETS_S) for stage in STAGES}
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
         self._fenced: dict[str, int] = {}
@@ -189,6 +226,7 @@ class ControllerMetrics:
         self._last_data: dict[str, tuple[int, int, DataCounters]] = {}
         self._totals: Callable[[], Totals] = Totals
         self.registry.register(_Exporter(self))
+        self.registry.register(_StageExporter(self))
 
     def bind(self, totals: Callable[[], Totals]) -> None:
         """Where the stored totals come from (the controller), read at each scrape."""
@@ -271,6 +309,24 @@ class ControllerMetrics:
             if records:
                 self._lag[path] = max(0, now_ns - min(r.t4_ns for r in records)) / _NS
 
+    def collection_stages(
+        self, arrivals: Sequence[tuple[int, Sequence[int]]], begun_ns: int, committed_ns: int
+    ) -> None:
+        """One transaction of collected results: ``arrivals`` are its messages (or
+        replies), each as when it reached the controller and the T4 of its records (Unix
+        ns); the transaction began and committed at ``begun_ns`` and ``committed_ns``.
+        T4 is the agent's clock: the ``agent`` and ``total`` stages include its offset
+        from the controller's."""
+        agent = self._stages["agent"]
+        with self._lock:
+            for at, t4s in arrivals:
+                if not t4s:
+                    continue
+                agent.observe_ns([at - t4 for t4 in t4s])
+                self._stages["queued"].observe(max(0, begun_ns - at) / _NS, len(t4s))
+                self._stages["transaction"].observe((committed_ns - begun_ns) / _NS, len(t4s))
+                self._stages["total"].observe_ns([committed_ns - t4 for t4 in t4s])
+
     def fenced(self, node: str) -> None:
         """A transaction of the node's results was refused: its lease changed hands."""
         with self._lock:
@@ -309,20 +365,51 @@ class ControllerMetrics:
         start_http_server(port, addr=addr, registry=self.registry)
 
 
+class _StageExporter(Collector):
+    """``sixlab_collection_stage_seconds``, on its own: cheap to scrape by name."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        return self.collect()
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self.m._lock:
+            stages = {k: (h.cumulative(), h.sum) for k, h in self.m._stages.items()}
+        family = HistogramMetricFamily(
+            "sixlab_collection_stage_seconds",
+            "How long stored results took, by stage (agent, queued, transaction; total: T4"
+            " to committed)",
+            labels=["stage"],
+        )
+        for stage, (buckets, total) in stages.items():
+            family.add_metric([stage], buckets, total)
+        yield family
+
+
 class _Exporter(Collector):
     """Every metric of a ControllerMetrics, built at scrape time."""
 
     def __init__(self, metrics: ControllerMetrics) -> None:
         self.m = metrics
 
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """The families without reading the store: a scrape restricted to other names
+        (``/metrics?name[]=...``) then leaves this collector, and the store, alone."""
+        return self._families(Totals())
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        m = self.m
         try:
-            totals = m._totals()
+            totals = self.m._totals()
         except Exception:
             # A scrape must not fail: the store-based metrics are left out of this one.
             log.exception("metrics: cannot read the stored totals")
             totals = Totals()
+        return self._families(totals)
+
+    def _families(self, totals: Totals) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        m = self.m
         with m._lock:
             delay = {k: (h.cumulative(), h.sum) for k, h in m._delay.items()}
             jitter = dict(m._jitter)
