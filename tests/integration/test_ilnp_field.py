@@ -299,10 +299,9 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     the hosts file to C's real address): ping, UDP and TCP, both directions."""
     with net.hosts.open("a") as hosts:
         hosts.write("2001:db8:e:0/0:0:0:c  carol\n")
-    # A veth passes whole TSO segments on (a NIC cuts them before the wire): C sends
-    # segments as a host on a real link would. It also leaves C's transport checksums
-    # unfinished (CHECKSUM_PARTIAL), which A's daemon finishes itself.
-    net.c.exec(["ethtool", "-K", "eth0", "tso", "off", "gso", "off"])
+    # A veth passes C's TSO packets on whole (a NIC would cut them before the wire),
+    # and A's ring takes them whole, as it does GRO aggregates; the veth also leaves
+    # C's transport checksums unfinished (CHECKSUM_PARTIAL), which A's daemon finishes.
     da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy=policy)
     echo_a = EchoServer(net.a, ID_A)
     echo_c = EchoServer(net.c, "::")
@@ -326,8 +325,11 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     served_c.join(timeout=5)
     status = da.status()
     assert status["drops"].get("no_nonce", 0) == 0
+    assert status["drops"].get("malformed", 0) == 0  # nothing cut short on the way
     assert status["counters"]["peer_not_ilnp"] == 1
     assert status["wire"]["rx_checksum_finished"] > 0  # C's TCP, unfinished on the veth
+    assert status["wire"]["rx_aggregate"] > 0  # C's TSO packets, delivered whole
+    assert not status["drops"].get("ring_truncated")
 
 
 def _cli(node: Node, *argv: str) -> subprocess.CompletedProcess[str]:
