@@ -29,6 +29,13 @@ which live on a TUN device this daemon owns::
   ``TP_STATUS_CSUMNOTREADY`` (a sender's TCP, left for a device to finish, came over
   a veth that finishes nothing) has its checksum finished here first
   (:func:`sixlab.wire.ilnp.finish_partial_checksum`).
+* **Aggregates.** A link with GRO on (or a veth passing a TSO packet on) hands the
+  ring TCP aggregates of up to 64 KiB; the ring's blocks hold them whole and its
+  virtio header (``PACKET_VNET_HDR``) says which frames they are. A TCP one is
+  delivered as one segment, its checksum finished NID-only when it carries a nonce
+  (GRO summed the pseudo-header over the locators); a UDP one, whose datagram
+  boundaries are gone, is a counted drop, as is a frame the ring kept only part of
+  (docs/ilnp-field.md, "Segments coalesced by the link").
 * **Kernel fast path.** Once an ILCC entry is established, a copy of it goes into a BPF
   map, and two tc programs (:mod:`sixlab.ilnp.fastpath`) carry its TCP and UDP packets
   in both directions without this process: the TUN device's egress rewrites to I-LVs

@@ -21,9 +21,11 @@
  *    become identifier addresses and the packet is redirected into the TUN device's
  *    receive path, so the kernel delivers it to the application's socket.
  *
- * The transport checksum is not touched in either direction: the identifier prefix's
- * four 16-bit words add up to 0xFFFF (ones' complement zero), so the checksum over
- * identifier addresses is the NID-only ILNP checksum (RFC 6740 §6.3).
+ * The transport checksum of a packet is not touched in either direction: the
+ * identifier prefix's four 16-bit words add up to 0xFFFF (ones' complement zero), so
+ * the checksum over identifier addresses is the NID-only ILNP checksum (RFC 6740 §6.3).
+ * A TCP aggregate that the link's GRO made is the exception (ilnp_ingress; docs/
+ * ilnp-field.md, "Segments coalesced by the link").
  *
  * That holds for a checksum not finished yet too. TCP hands every segment to the
  * device CHECKSUM_PARTIAL: the check field holds the pseudo-header sum (over identifier
