@@ -971,7 +971,7 @@ def test_bulk_tcp_into_a_host_whose_link_coalesces_segments(net: IlnpNet, fastpa
         assert fast.get("rx_gso", 0) == 0
         assert fast["rx_fast_gso"] > 0  # aggregates were made, and the kernel took them
         assert fast.get("rx_error", 0) == 0
-        assert wire.get("rx", 0) < 100  # the transfer did not go through B's daemon
+        assert wire.get("rx", 0) < fast["rx_fast_tcp"] / 20  # nor through B's daemon
     else:
         assert wire["rx_aggregate"] > 0  # aggregates reached the daemon, whole
     assert da.status()["fastpath"]["counters"]["tx_fast_tcp"] > 1000
