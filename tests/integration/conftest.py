@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sixlab.testbed import BenchTestbed, SRv6TwoPaths, srv6_two_paths, sweep, two_node_bench
+
+if TYPE_CHECKING:
+    from tests.integration._ilnp import IlnpNet
 
 #: Every namespace made by the test suite starts with this, so a crashed run can be
 #: found and swept (``sixlab.testbed.sweep("sixlab-t-")``) without touching a demo.
@@ -53,3 +58,12 @@ def bench_testbed(request: pytest.FixtureRequest) -> Iterator[BenchTestbed]:
     forward = bool(getattr(request, "param", False))
     with two_node_bench(forward=forward, prefix=TEST_PREFIX) as tb:
         yield tb
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[IlnpNet]:
+    """The ILNP test network of the test_ilnp_* files (tests/integration/_ilnp.py)."""
+    from tests.integration._ilnp import ilnp_net  # noqa: PLC0415 - it imports TEST_PREFIX
+
+    with ilnp_net(tmp_path) as network:
+        yield network

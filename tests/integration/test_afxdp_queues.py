@@ -19,7 +19,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -27,12 +26,11 @@ from sixlab.dataplane.afxdp_plane import AfXdpDataplane
 from sixlab.dataplane.base import DataplaneConfig, DataplaneError
 from sixlab.dataplane.engine import ReflectorEngine
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
-from sixlab.testbed import Node, Testbed
 from sixlab.testbed._netns import entered
 from sixlab.wire import stamp as wire
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
-from .conftest import TEST_PREFIX
+from ._pair import Pair, veth_pair
 
 pytestmark = pytest.mark.root
 
@@ -44,30 +42,10 @@ PORT = 862
 EE = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.NTP)
 
 
-@dataclass
-class Pair:
-    tb: Testbed
-    g: Node
-    r: Node
-
-
 @pytest.fixture
 def pair() -> Iterator[Pair]:
-    with Testbed(prefix=TEST_PREFIX) as tb:
-        g = tb.add_node("g")
-        r = tb.add_node("r")
-        q = str(QUEUES)
-        g.exec(["ip", "link", "add", "m0", "numtxqueues", q, "numrxqueues", q, "type", "veth",
-                "peer", "name", "m1", "numtxqueues", q, "numrxqueues", q])  # fmt: skip
-        g.exec(["ip", "link", "set", "m1", "netns", r.ns])
-        for node, ifname, addr in ((g, "m0", G_ADDR), (r, "m1", R_ADDR)):
-            node.exec(["ip", "link", "set", ifname, "up"])
-            node.exec(["ip", "-6", "addr", "add", f"{addr}/64", "dev", ifname, "nodad"])
-            # Complete UDP checksums in the frames the XDP program reads (the plane's doc).
-            node.exec(["ethtool", "-K", ifname, "tx", "off"])
-        g.add_neighbour("m0", R_ADDR, r.mac("m1"))
-        r.add_neighbour("m1", G_ADDR, g.mac("m0"))
-        yield Pair(tb, g, r)
+    with veth_pair(G_ADDR, R_ADDR, if_g="m0", if_r="m1", queues=QUEUES) as p:
+        yield p
 
 
 def _probe(seq: int) -> bytes:

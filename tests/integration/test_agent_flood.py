@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sixlab.southbound import AgentClient, AgentServer, serve
+from sixlab.southbound import AgentClient, AgentServer, ReflectorSession, SenderSession, serve
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
 from sixlab.wire.timestamp import ErrorEstimate
@@ -62,8 +62,8 @@ def test_flood_of_malformed_packets(
     agents: tuple[AgentClient, AgentClient, int, list[AgentServer]],
 ) -> None:
     sender, reflector, port, _servers = agents
-    reflector.create_reflector_session(5)
-    reflector.create_reflector_session(7, key=b"the-key")
+    reflector.create_reflector_session(ReflectorSession(5))
+    reflector.create_reflector_session(ReflectorSession(7, key=b"the-key"))
     reflector.start_session(5)
     reflector.start_session(7)
     rng = random.Random(8762)
@@ -97,7 +97,9 @@ def test_flood_of_malformed_packets(
     assert dict(rc.dropped) == expected
     # And the agent still measures.
     sender.create_sender_session(
-        5, "::1", reflector_port=port, count=20, interval_ns=5 * MS, loss_timeout_ns=500 * MS
+        SenderSession(
+            5, "::1", reflector_port=port, count=20, interval_ns=5 * MS, loss_timeout_ns=500 * MS
+        )
     )
     sender.start_session(5)
     deadline = time.monotonic() + 10

@@ -27,6 +27,8 @@ from sixlab.southbound import (
     AgentClient,
     AgentServer,
     ClientTls,
+    ReflectorSession,
+    SenderSession,
     SouthboundError,
     TlsFiles,
     result_from_proto,
@@ -34,10 +36,12 @@ from sixlab.southbound import (
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import (
+    DEFAULT_RESULTS,
     MAX_COUNT,
     MAX_DURATION_NS,
     MAX_INTERVAL_NS,
     MAX_LOSS_TIMEOUT_NS,
+    MAX_RESULTS,
 )
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
@@ -84,10 +88,12 @@ def _run(pair: Pair, ssid: int, **sender_args: object) -> None:
     }
     args.update(sender_args)
     pair.sender.create_sender_session(
-        ssid,
-        "::1",
-        reflector_port=pair.reflector_port,
-        **args,  # type: ignore[arg-type]
+        SenderSession(
+            ssid,
+            "::1",
+            reflector_port=pair.reflector_port,
+            **args,  # type: ignore[arg-type]
+        )
     )
     pair.sender.start_session(ssid)
 
@@ -124,7 +130,7 @@ def _check_records(records: list[pb.StampResult], ssid: int) -> None:
 
 
 def test_poll_results_stateless(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(11)
+    pair.reflector.create_reflector_session(ReflectorSession(11))
     pair.reflector.start_session(11)
     _run(pair, 11)
     records = _poll_all(pair.sender, 11)
@@ -150,7 +156,7 @@ def test_poll_results_stateless(pair: Pair) -> None:
 
 
 def test_stream_results_stateful(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(12, stateful=True)
+    pair.reflector.create_reflector_session(ReflectorSession(12, stateful=True))
     pair.reflector.start_session(12)
     _run(pair, 12, stateful_reflector=True)
     records: list[pb.StampResult] = []
@@ -176,7 +182,7 @@ def test_stream_results_stateful(pair: Pair) -> None:
 
 def test_authenticated_session(pair: Pair) -> None:
     key = b"sixlab-test-key-0123456789abcdef"
-    pair.reflector.create_reflector_session(13, key=key)
+    pair.reflector.create_reflector_session(ReflectorSession(13, key=key))
     pair.reflector.start_session(13)
     _run(pair, 13, key=key)
     _check_records(_poll_all(pair.sender, 13), 13)
@@ -195,7 +201,7 @@ def test_authenticated_session(pair: Pair) -> None:
 
 
 def test_ptp_session(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(15, ptp=True)
+    pair.reflector.create_reflector_session(ReflectorSession(15, ptp=True))
     pair.reflector.start_session(15)
     _run(pair, 15, ptp=True)
     records = _poll_all(pair.sender, 15)
@@ -208,7 +214,7 @@ def test_ptp_session(pair: Pair) -> None:
 
 
 def test_tlvs_are_reflected(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(16)
+    pair.reflector.create_reflector_session(ReflectorSession(16))
     pair.reflector.start_session(16)
     padding = ExtraPadding(bytes(24)).to_tlv().encode()  # sent with U set (RFC 8972 §4)
     _run(pair, 16, tlvs=padding)
@@ -231,7 +237,7 @@ def test_return_path_tlv_moves_the_reply_onto_the_sid_list(pair: Pair) -> None:
     """
     if Path("/proc/sys/net/ipv6/conf/lo/seg6_enabled").read_text().strip() != "0":
         pytest.skip("lo accepts SRv6 here; the namespace test covers the delivered case")
-    pair.reflector.create_reflector_session(21)
+    pair.reflector.create_reflector_session(ReflectorSession(21))
     pair.reflector.start_session(21)
     _run(pair, 21, count=3, return_sid_list=["::1"], loss_timeout_ns=200 * MS)
     assert _poll_all(pair.sender, 21) == []
@@ -241,7 +247,7 @@ def test_return_path_tlv_moves_the_reply_onto_the_sid_list(pair: Pair) -> None:
 
 
 def test_duration_ends_session_by_itself(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(17)
+    pair.reflector.create_reflector_session(ReflectorSession(17))
     pair.reflector.start_session(17)
     _run(pair, 17, count=0, duration_ns=100 * MS, interval_ns=10 * MS)
     records = _poll_all(pair.sender, 17, timeout=5)
@@ -249,7 +255,7 @@ def test_duration_ends_session_by_itself(pair: Pair) -> None:
 
 
 def test_stream_ends_on_cancel_and_aborts_on_destroy(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(18)
+    pair.reflector.create_reflector_session(ReflectorSession(18))
     pair.reflector.start_session(18)
     _run(pair, 18, count=0, interval_ns=10 * MS)  # runs until stopped
     stream = pair.sender.stream_results(18, batch_window_ns=20 * MS)
@@ -272,7 +278,7 @@ def test_stream_ends_on_cancel_and_aborts_on_destroy(pair: Pair) -> None:
 
 
 def test_reset_frees_the_port(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(19)
+    pair.reflector.create_reflector_session(ReflectorSession(19))
     pair.reflector.start_session(19)
     _run(pair, 19, count=0, interval_ns=10 * MS)
     sender_port = pair.sender.info().port
@@ -323,10 +329,10 @@ def test_agent_survives_garbage(pair: Pair) -> None:
             pb.CreateStampSessionRequest(ssid=2**32 - 1, reflector_address="::1")
         )
     with pytest.raises(SouthboundError):
-        pair.sender.create_sender_session(1, "::1", tlvs=bytes(100_000))
+        pair.sender.create_sender_session(SenderSession(1, "::1", tlvs=bytes(100_000)))
     # Still serving, and still measuring.
     assert pair.sender.info().initialized
-    pair.reflector.create_reflector_session(20)
+    pair.reflector.create_reflector_session(ReflectorSession(20))
     pair.reflector.start_session(20)
     _run(pair, 20)
     _check_records(_poll_all(pair.sender, 20), 20)
@@ -364,6 +370,42 @@ def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value:
     setattr(request, field, limit)
     pair.sender.create_session(request)
     assert pair.sender.info().ssids == [1]
+
+
+def _finished(client: AgentClient, ssid: int, timeout: float = 20.0) -> pb.SessionCounters:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        (session,) = client.counters(ssid).sessions
+        if session.state == pb.SESSION_STATE_FINISHED:
+            return session
+        time.sleep(0.05)
+    pytest.fail(f"session {ssid} did not finish in {timeout} s")
+
+
+def test_results_reply_is_bounded(pair: Pair) -> None:
+    """GetStampSessionResults never answers with everything queued: max_results 0 means
+    DEFAULT_RESULTS records, and more than MAX_RESULTS is INVALID_ARGUMENT naming the
+    field, in drain and cursor mode alike (a reply must fit gRPC's message limit)."""
+    pair.reflector.create_reflector_session(ReflectorSession(31))
+    pair.reflector.start_session(31)
+    _run(pair, 31, count=DEFAULT_RESULTS + 200, interval_ns=100_000, loss_timeout_ns=300 * MS)
+    queued = _finished(pair.sender, 31).queued
+    assert queued > DEFAULT_RESULTS  # loopback may lose a few, never 200
+    for after_id in (None, 0):
+        for too_many in (MAX_RESULTS + 1, 2**32 - 1):
+            with pytest.raises(SouthboundError) as refused:
+                pair.sender.results(31, too_many, after_id=after_id)
+            assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details == f"max_results: {too_many}, at most {MAX_RESULTS}"
+    peeked = pair.sender.results(31, after_id=0)  # cursor mode: the records stay queued
+    assert len(peeked.results) == DEFAULT_RESULTS
+    assert peeked.remaining == queued
+    drained = pair.sender.results(31)
+    assert [r.seq for r in drained.results] == [r.seq for r in peeked.results]
+    assert drained.remaining == queued - DEFAULT_RESULTS
+    rest = pair.sender.results(31, MAX_RESULTS)  # the bound itself is accepted
+    assert len(rest.results) == queued - DEFAULT_RESULTS
+    assert rest.remaining == 0
 
 
 # ------------------------------------------------------------------------------- TLS
@@ -456,7 +498,7 @@ def test_agent_subprocess() -> None:
         with AgentClient(f"[::1]:{port}") as client:
             client.wait_ready()
             udp = client.init(port=0, source="::1")
-            client.create_reflector_session(1)
+            client.create_reflector_session(ReflectorSession(1))
             client.start_session(1)
             assert client.info().initialized
         proc.send_signal(signal.SIGTERM)
@@ -575,17 +617,19 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
         ):
             rport = reflector.init(port=0, source="::1")
             sender.init(port=0, source="::1")
-            reflector.create_reflector_session(30)
+            reflector.create_reflector_session(ReflectorSession(30))
             reflector.start_session(30)
             sender.create_sender_session(
-                30,
-                "::1",
-                sid_list=["::1"],
-                reflector_port=rport,
-                count=10,
-                interval_ns=5 * MS,
-                return_sid_list=["::1"],
-                loss_timeout_ns=500 * MS,
+                SenderSession(
+                    30,
+                    "::1",
+                    sid_list=["::1"],
+                    reflector_port=rport,
+                    count=10,
+                    interval_ns=5 * MS,
+                    return_sid_list=["::1"],
+                    loss_timeout_ns=500 * MS,
+                )
             )
             sender.start_session(30)
             records = [r for batch in sender.stream_results(30) for r in batch.results]
@@ -599,10 +643,10 @@ def test_return_path_tlv_in_namespace(tmp_path: Path) -> None:
                 assert 0 < result_from_proto(record).rtt_ns < SANE_DELAY_NS
             # The STAMP paper's way (docs/papers.md): the return SID list configured on the
             # reflector's session.
-            reflector.create_reflector_session(31, return_sid_list=["::1"])
+            reflector.create_reflector_session(ReflectorSession(31, return_sid_list=["::1"]))
             reflector.start_session(31)
             sender.create_sender_session(
-                31, "::1", reflector_port=rport, count=10, interval_ns=5 * MS
+                SenderSession(31, "::1", reflector_port=rport, count=10, interval_ns=5 * MS)
             )
             sender.start_session(31)
             records = [r for batch in sender.stream_results(31) for r in batch.results]
@@ -649,7 +693,7 @@ def test_each_agent_run_has_its_own_epoch(pair: Pair) -> None:
 def test_cursor_mode_polling_is_exactly_once(pair: Pair) -> None:
     """A reader that stores what it reads loses nothing when it dies between a read and
     its store: records stay queued until acknowledged by the next read."""
-    pair.reflector.create_reflector_session(21)
+    pair.reflector.create_reflector_session(ReflectorSession(21))
     pair.reflector.start_session(21)
     _run(pair, 21)
     deadline = time.monotonic() + 10
@@ -675,7 +719,7 @@ def test_cursor_mode_polling_is_exactly_once(pair: Pair) -> None:
 
 
 def test_cursor_mode_stream_then_acknowledge(pair: Pair) -> None:
-    pair.reflector.create_reflector_session(22)
+    pair.reflector.create_reflector_session(ReflectorSession(22))
     pair.reflector.start_session(22)
     _run(pair, 22)
     seen: list[pb.StampResult] = []
@@ -696,12 +740,16 @@ def test_one_stream_carries_many_sessions(pair: Pair) -> None:
     unary calls keep working beside it; missing and destroyed sessions are `gone`."""
     ssids = list(range(100, 160))
     for ssid in ssids:
-        pair.reflector.create_reflector_session(ssid)
+        pair.reflector.create_reflector_session(ReflectorSession(ssid))
         pair.reflector.start_session(ssid)
         pair.sender.create_sender_session(
-            ssid, "::1", reflector_port=pair.reflector_port, count=10, interval_ns=20 * MS
+            SenderSession(
+                ssid, "::1", reflector_port=pair.reflector_port, count=10, interval_ns=20 * MS
+            )
         )
-    pair.sender.create_sender_session(99, "::1", reflector_port=pair.reflector_port, count=0)
+    pair.sender.create_sender_session(
+        SenderSession(99, "::1", reflector_port=pair.reflector_port, count=0)
+    )
     for ssid in ssids:
         pair.sender.start_session(ssid)
     got: dict[int, list[int]] = {ssid: [] for ssid in ssids}
@@ -740,7 +788,7 @@ def test_results_streams_beyond_the_limit_are_refused(tmp_path: Path) -> None:
         with AgentClient(f"unix:{tmp_path}/a.sock", timeout=5) as a:
             a.init(port=0, source="::1")
             for ssid in (1, 2, 3):
-                a.create_sender_session(ssid, "::1", reflector_port=9, count=0)
+                a.create_sender_session(SenderSession(ssid, "::1", reflector_port=9, count=0))
             one, many = a.stream_results(1), a.stream_many({2: 0})
             time.sleep(0.3)  # both are open and waiting on their worker threads
             with pytest.raises(SouthboundError) as err:

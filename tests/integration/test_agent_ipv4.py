@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sixlab.southbound import AgentClient, result_from_proto
+from sixlab.southbound import AgentClient, ReflectorSession, SenderSession, result_from_proto
 from sixlab.testbed import DirectionConfig, LinkEmulation, Node, Testbed
 from tests.integration.conftest import TEST_PREFIX
 
@@ -76,12 +76,12 @@ def test_a_session_over_ipv4_measured_end_to_end(lab: Lab) -> None:
     ):
         rport = reflector.init(port=0, source=REFLECTOR)
         sender.init(port=0, source=SENDER)
-        reflector.create_reflector_session(7)
+        reflector.create_reflector_session(ReflectorSession(7))
         reflector.start_session(7)
-        sender.create_sender_session(
+        sender.create_sender_session(SenderSession(
             7, REFLECTOR, reflector_port=rport, count=COUNT, interval_ns=20 * MS,
             loss_timeout_ns=1000 * MS,
-        )  # fmt: skip
+        ))  # fmt: skip
         sender.start_session(7)
         records = [result_from_proto(r) for b in sender.stream_results(7) for r in b.results]
         counters = sender.counters(7).sessions[0]

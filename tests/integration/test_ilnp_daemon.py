@@ -29,14 +29,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sixlab.ilnp.daemon import control_request
-from sixlab.testbed import Node, Testbed
+from sixlab.testbed import Node
 from sixlab.wire.checksum import internet_checksum, ipv6_pseudo_header, ones_complement_sum
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
@@ -54,6 +51,7 @@ from sixlab.wire.ilnp import (
     ipv6_checksum,
     nid_checksum,
 )
+from tests.integration._ilnp import Capture, Daemon, IlnpNet
 
 pytestmark = pytest.mark.root
 
@@ -70,12 +68,6 @@ LOC_A, LOC_A_NEW, LOC_A2, LOC_B, LOC_C = (
 LOC_FLOOD = 0x2001_0DB8_000F_0000
 ECHO_PORT = 7
 TCP_PORT = 5001
-HOSTS = """\
-# I-LV hosts file of the test network
-2001:db8:a:0/0:0:0:a,10  2001:db8:d:0/0:0:0:a,20  alice
-2001:db8:b:0/0:0:0:b  bob
-"""
-_ETH_P_ALL = 0x0003
 _ND = (133, 134, 135, 136, 137)
 
 
@@ -86,160 +78,6 @@ def wait_until(check: Callable[[], bool], timeout: float = 5.0, what: str = "con
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@dataclass
-class Daemon:
-    node: Node
-    proc: subprocess.Popen[bytes]
-    control: str
-
-    def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
-        return control_request(self.control, {"cmd": cmd, **fields})
-
-    def status(self) -> dict[str, Any]:
-        return self.request("status")
-
-    def counter(self, name: str) -> int:
-        status = self.status()
-        value: int = status["counters"].get(name, 0) + status["drops"].get(name, 0)
-        return value
-
-
-@dataclass
-class Capture:
-    """Frames seen by a raw AF_PACKET socket on a router interface."""
-
-    sock: socket.socket
-    frames: list[bytes] = field(default_factory=list)
-    #: Longest frame kept whole.
-    size: int = 65535
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.sock.settimeout(0.1)
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    self.frames.append(self.sock.recv(self.size))
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> list[bytes]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sock.close()
-        return self.frames
-
-    def ipv6(self) -> list[bytes]:
-        return [f[14:] for f in self.frames if f[12:14] == b"\x86\xdd"]
-
-    def write_pcap(self, path: Path) -> None:
-        with path.open("wb") as out:
-            out.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-            for frame in self.frames:
-                out.write(struct.pack("<IIII", 0, 0, len(frame), len(frame)) + frame)
-
-
-class IlnpNet:
-    def __init__(self, tb: Testbed, tmp: Path) -> None:
-        self.tb = tb
-        self.tmp = tmp
-        self.r = tb.add_node("r", router=True)
-        self.a = tb.add_node("a")
-        self.b = tb.add_node("b")
-        self.c = tb.add_node("c")
-        tb.add_link(self.a, self.r, if_a="eth0", if_b="ra", addr_a="2001:db8:a::a")
-        tb.add_link(self.a, self.r, if_a="eth1", if_b="ra2", addr_a="2001:db8:d::a")
-        tb.add_link(self.b, self.r, if_a="eth0", if_b="rb", addr_a="2001:db8:b::b")
-        tb.add_link(self.c, self.r, if_a="eth0", if_b="rc", addr_a="2001:db8:e::c")
-        for ifname, prefix, ll in (
-            ("ra", "2001:db8:a::1", "fe80::1"),
-            ("ra2", "2001:db8:d::1", "fe80::2"),
-            ("rb", "2001:db8:b::1", "fe80::1"),
-            ("rc", "2001:db8:e::1", "fe80::1"),
-        ):
-            self.r.add_address(ifname, prefix)
-            self.r.add_address(ifname, ll)
-        # Link-local gateways: the hosts' routes survive re-addressing (mobility).
-        self.ip(self.a, "route", "add", "default", "via", "fe80::1", "dev", "eth0", "metric", "100")
-        self.ip(self.a, "route", "add", "default", "via", "fe80::2", "dev", "eth1", "metric", "200")
-        for node in (self.b, self.c):
-            self.ip(node, "route", "add", "default", "via", "fe80::1", "dev", "eth0")
-        # The flood's source locator is routed to C through one next hop: answers to
-        # thousands of random NIDs must not make the router resolve each of them (the
-        # kernel's neighbour table is shared by every namespace, 1024 entries at most).
-        self.c.add_address("eth0", "fe80::c")
-        self.ip(self.r, "route", "add", "2001:db8:f::/64", "via", "fe80::c", "dev", "rc")
-        self.hosts = tmp / "hosts"
-        self.hosts.write_text(HOSTS)
-        self.daemons: list[Daemon] = []
-        #: ``--fastpath`` of the daemons started from now on.
-        self.fastpath = "on"
-
-    def ip(self, node: Node, *argv: str) -> None:
-        self.tb.exec_in(node, ["ip", "-6", *argv])
-
-    def start(
-        self,
-        node: Node,
-        nid: str,
-        locators: list[str],
-        *,
-        interfaces: tuple[str, ...] = ("eth0",),
-        policy: str = "socket",
-        extra: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-    ) -> Daemon:
-        control = str(self.tmp / f"{node.name}.sock")
-        argv = [sys.executable, "-m", "sixlab.cli.ilnp", "host", "--nid", nid]
-        for loc in locators:
-            argv += ["--locator", loc]
-        for ifname in interfaces:
-            argv += ["--interface", ifname]
-        argv += ["--policy", policy, "--control", control, "--hosts", str(self.hosts)]
-        argv += ["--fastpath", self.fastpath, *extra]
-        proc = self.tb.run_in(
-            node, argv, stdout=subprocess.PIPE, env=None if env is None else os.environ | env
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith(b"ready"), f"daemon on {node.name} did not start: {line!r}"
-        daemon = Daemon(node, proc, control)
-        self.daemons.append(daemon)
-        return daemon
-
-    def start_pair(self, policy_b: str = "socket", **kwargs: Any) -> tuple[Daemon, Daemon]:
-        a = self.start(self.a, "0:0:0:a", ["2001:db8:a:0,10"], **kwargs)
-        b = self.start(self.b, "0:0:0:b", ["2001:db8:b:0"], policy=policy_b)
-        return a, b
-
-    def capture(self, ifname: str) -> Capture:
-        sock = self.r.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
-        sock.bind((ifname, 0))
-        cap = Capture(sock)
-        cap.start()
-        return cap
-
-    def stop_daemons(self) -> None:
-        for daemon in self.daemons:
-            if daemon.proc.poll() is None:
-                daemon.proc.terminate()
-                daemon.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def net(tmp_path: Path) -> Iterator[IlnpNet]:
-    with Testbed(prefix=PREFIX) as tb:
-        network = IlnpNet(tb, tmp_path)
-        try:
-            yield network
-        finally:
-            network.stop_daemons()
 
 
 # --------------------------------------------------------------------- applications

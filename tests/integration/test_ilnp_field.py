@@ -15,13 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sixlab.testbed import Node, Testbed
+from sixlab.testbed import Node
 from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
+from tests.integration._ilnp import (
+    IlnpNet,
+)
 from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
     ID_A,
@@ -29,9 +31,7 @@ from tests.integration.test_ilnp_daemon import (
     LOC_B,
     LOC_FLOOD,
     NID_B,
-    PREFIX,
     EchoServer,
-    IlnpNet,
     UdpFlow,
     _udp,
     a_client,
@@ -39,16 +39,6 @@ from tests.integration.test_ilnp_daemon import (
 )
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def net(tmp_path: Path) -> Iterator[IlnpNet]:
-    with Testbed(prefix=PREFIX) as tb:
-        network = IlnpNet(tb, tmp_path)
-        try:
-            yield network
-        finally:
-            network.stop_daemons()
 
 
 def echo_retrying(client: socket.socket, payload: bytes, seconds: float) -> float:

@@ -25,8 +25,13 @@ from pathlib import Path
 import pytest
 
 from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
-from tests.integration.test_ilnp_daemon import (
+from tests.integration._ilnp import (
     _ETH_P_ALL,
+    Capture,
+    Daemon,
+    IlnpNet,
+)
+from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
     ID_A,
     ID_B,
@@ -35,20 +40,14 @@ from tests.integration.test_ilnp_daemon import (
     LOC_FLOOD,
     NID_A,
     NID_B,
-    Capture,
-    Daemon,
     EchoServer,
-    IlnpNet,
     TcpFlow,
     UdpFlow,
     _udp,
     a_client,
     echo_each,
-    net,
     wait_until,
 )
-
-__all__ = ["net"]  # the fixture, used by name
 
 pytestmark = pytest.mark.root
 

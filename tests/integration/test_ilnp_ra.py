@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 
 from sixlab.testbed import Node, Testbed
+from tests.integration._ilnp import (
+    Daemon,
+    IlnpNet,
+)
 from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
     ID_A,
     ID_B,
     PREFIX,
-    Daemon,
     EchoServer,
-    IlnpNet,
     UdpFlow,
     wait_until,
 )
@@ -84,15 +86,14 @@ def _peer_locators(daemon: Daemon) -> list[str]:
 
 
 @pytest.fixture
-def net(tmp_path: Path) -> Iterator[tuple[IlnpNet, Radvd]]:
-    with Testbed(prefix=PREFIX) as tb:
-        network = IlnpNet(tb, tmp_path)
-        radvd = Radvd(tb, network.r, tmp_path)
-        try:
-            yield network, radvd
-        finally:
-            network.stop_daemons()
-            radvd.stop()
+def net(net: IlnpNet, tmp_path: Path) -> Iterator[tuple[IlnpNet, Radvd]]:
+    """The ILNP test network (tests/integration/conftest.py) and a radvd on its router."""
+    radvd = Radvd(net.tb, net.r, tmp_path)
+    try:
+        yield net, radvd
+    finally:
+        net.stop_daemons()  # before radvd's last advertisements, as they always were
+        radvd.stop()
 
 
 def test_locators_come_from_router_advertisements_and_follow_renumbering(

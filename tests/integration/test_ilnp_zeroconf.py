@@ -9,19 +9,18 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sixlab.testbed import Testbed
+from tests.integration._ilnp import (
+    Daemon,
+    IlnpNet,
+)
 from tests.integration.test_ilnp_daemon import (
     ID_A,
     ID_B,
-    PREFIX,
-    Daemon,
     EchoServer,
-    IlnpNet,
     UdpFlow,
     a_client,
     wait_until,
@@ -29,16 +28,6 @@ from tests.integration.test_ilnp_daemon import (
 from tests.integration.test_ilnp_field import echo_retrying
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def net(tmp_path: Path) -> Iterator[IlnpNet]:
-    with Testbed(prefix=PREFIX) as tb:
-        network = IlnpNet(tb, tmp_path)
-        try:
-            yield network
-        finally:
-            network.stop_daemons()
 
 
 def _addresses(net: IlnpNet, ifname: str) -> str:

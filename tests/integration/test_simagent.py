@@ -12,7 +12,7 @@ import pytest
 
 from sixlab.controller import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
-from sixlab.southbound import AgentClient, AgentServer
+from sixlab.southbound import AgentClient, AgentServer, SenderSession
 from sixlab.southbound.simagent import record_times, serve_simulated
 
 
@@ -116,7 +116,7 @@ def test_simulated_agent_counts_overflow_past_its_fifo() -> None:
     client = AgentClient(f"127.0.0.1:{server.port}")
     try:
         client.init()
-        client.create_sender_session(1, "2001:db8::2", interval_ns=1_000_000)
+        client.create_sender_session(SenderSession(1, "2001:db8::2", interval_ns=1_000_000))
         client.start_session(1)
         time.sleep(0.1)
         reply = client.results(1, 5, after_id=0)

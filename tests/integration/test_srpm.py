@@ -297,6 +297,28 @@ def test_the_sender_command_runs_loopback_and_flow_label_sessions(
     assert "--source" in bad.stderr
 
 
+def _await_probes_leaving(tb: SRv6TwoPaths, count: int) -> None:
+    """Return once ``count`` frames with a Routing header (the sender's probes: no data
+    has been sent yet) have left the sender's ``eth0``."""
+    # ETH_P_ALL: the kernel shows sent frames only to sockets of every protocol.
+    sniffer = tb.sender.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+    try:
+        sniffer.bind(("eth0", 3))
+        sniffer.settimeout(20)
+        seen = 0
+        while seen < count:
+            frame, (_, _, pkttype, _, _) = sniffer.recvfrom(2048)
+            # Ethernet: EtherType at 12 (IPv6); IPv6 Next Header at 14 + 6: 43, Routing.
+            if (
+                pkttype == socket.PACKET_OUTGOING
+                and frame[12:14] == b"\x86\xdd"
+                and frame[20] == 43
+            ):
+                seen += 1
+    finally:
+        sniffer.close()
+
+
 def test_the_commands_count_direct_mode_data(srv6_testbed: SRv6TwoPaths) -> None:
     tb = srv6_testbed
     path = tb.paths["A"]
@@ -319,11 +341,14 @@ def test_the_commands_count_direct_mode_data(srv6_testbed: SRv6TwoPaths) -> None
     try:
         srh = SegmentRoutingHeader.from_path(_v6(path.forward_segments), NextHeader.UDP).encode()
         source.setsockopt(socket.IPPROTO_IPV6, 57, srh)  # IPV6_RTHDR
-        # Data only once the sender probes: its counters exist, then a few probes pass.
+        # Data only once the sender probes: its counters exist, then a few probes pass
+        # (seen leaving: on a loaded machine the first probe came over 0.3 s after the
+        # counters, and all the data fell before it, none between two probes).
         deadline = time.monotonic() + 20
         while "sixlab_dm_cli_sender" not in tb.sender.exec(["nft", "list", "tables"]).stdout:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        _await_probes_leaving(tb, 2)
         time.sleep(0.3)
         for _ in range(100):
             source.sendto(b"data", (tb.reflector_addr, DATA_PORT))

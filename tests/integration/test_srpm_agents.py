@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from sixlab.southbound import AgentClient, SouthboundError, result_from_proto
+from sixlab.southbound import (
+    AgentClient,
+    ReflectorSession,
+    SenderSession,
+    SouthboundError,
+    result_from_proto,
+)
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.stamp import data_loss_total, path_stats, per_flow_stats, spread_labels
 from sixlab.testbed import SRv6TwoPaths, srv6_two_paths
@@ -82,7 +88,9 @@ def test_loopback_over_the_agent_api(lab: Lab) -> None:
     loop = tb.loopback_paths["F"]
     for ssid, count in ((1, 2), (2, 20)):  # the first resolves neighbours
         lab.sender.create_sender_session(
-            ssid, "", sid_list=loop.segments, loopback=True, count=count, interval_ns=20 * MS
+            SenderSession(
+                ssid, "", sid_list=loop.segments, loopback=True, count=count, interval_ns=20 * MS
+            )
         )
         lab.sender.start_session(ssid)
         records = _records(lab.sender, ssid)
@@ -99,17 +107,17 @@ def test_loopback_over_the_agent_api(lab: Lab) -> None:
     ):
         args = {"loopback": True, "reflector": "", **kwargs}
         with pytest.raises(SouthboundError, match=field):
-            lab.sender.create_sender_session(9, **args)  # type: ignore[arg-type]
+            lab.sender.create_sender_session(SenderSession(9, **args))  # type: ignore[arg-type]
     with pytest.raises(SouthboundError, match="loopback"):
         lab.reflector.create_session(pb.CreateStampSessionRequest(ssid=9, loopback=True))
 
 
 def test_flow_labels_over_the_agent_api(lab: Lab) -> None:
     labels = spread_labels(16)
-    lab.reflector.create_reflector_session(3)
+    lab.reflector.create_reflector_session(ReflectorSession(3))
     lab.reflector.start_session(3)
     lab.sender.create_sender_session(
-        3, lab.tb.reflector_addr, flow_labels=labels, count=64, interval_ns=10 * MS
+        SenderSession(3, lab.tb.reflector_addr, flow_labels=labels, count=64, interval_ns=10 * MS)
     )
     lab.sender.start_session(3)
     records = [result_from_proto(r) for r in _records(lab.sender, 3)]
@@ -122,7 +130,9 @@ def test_flow_labels_over_the_agent_api(lab: Lab) -> None:
         links.add("A" if low < 15.0 else "B")
     assert links == {"A", "B"}
     with pytest.raises(SouthboundError, match="flow_labels"):
-        lab.sender.create_sender_session(9, lab.tb.reflector_addr, flow_labels=[0x80000])
+        lab.sender.create_sender_session(
+            SenderSession(9, lab.tb.reflector_addr, flow_labels=[0x80000])
+        )
 
 
 def _tables(node: object) -> str:
@@ -140,13 +150,13 @@ def test_direct_measurement_over_the_agent_api(lab: Lab) -> None:
         received=pb.DataFlowMatch(prefix=tb.reflector_addr, protocol="udp", port=port)
     )
     lab.reflector.create_reflector_session(
-        4, return_sid_list=path.return_segments, direct_measurement=dm_reflector
+        ReflectorSession(4, return_sid_list=path.return_segments, direct_measurement=dm_reflector)
     )
     lab.reflector.start_session(4)
-    lab.sender.create_sender_session(
+    lab.sender.create_sender_session(SenderSession(
         4, tb.reflector_addr, sid_list=path.forward_segments, count=30, interval_ns=50 * MS,
         direct_measurement=dm_sender,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert "sixlab_dm_sender_4" in _tables(tb.sender)
     assert "sixlab_dm_reflector_4" in _tables(tb.reflector)
     source = tb.sender.socket(socket.AF_INET6, socket.SOCK_DGRAM)
@@ -175,8 +185,10 @@ def test_direct_measurement_over_the_agent_api(lab: Lab) -> None:
     assert "sixlab_dm" not in _tables(tb.sender) + _tables(tb.reflector)
     with pytest.raises(SouthboundError, match="direct_measurement"):
         lab.sender.create_sender_session(
-            9, tb.reflector_addr, direct_measurement=pb.DirectMeasurement()
+            SenderSession(9, tb.reflector_addr, direct_measurement=pb.DirectMeasurement())
         )
     bad = pb.DirectMeasurement(sent=pb.DataFlowMatch(prefix="fd00::/64", port=80))
     with pytest.raises(SouthboundError, match=r"direct_measurement\.sent\.port"):
-        lab.sender.create_sender_session(9, tb.reflector_addr, direct_measurement=bad)
+        lab.sender.create_sender_session(
+            SenderSession(9, tb.reflector_addr, direct_measurement=bad)
+        )

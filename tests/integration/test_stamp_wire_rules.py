@@ -81,7 +81,7 @@ def pair() -> Iterator[Pair]:
 
 def start_reflector(p: Pair, *args: str, plane: str = "socket") -> subprocess.Popen[bytes]:
     argv = [*SIXLAB, "reflector", "--port", str(PORT), "--dataplane", plane, *args]
-    if plane in ("xdp", "afxdp"):
+    if plane in ("mmap", "xdp", "afxdp"):
         argv += ["--interface", "eth0"]
     proc = p.ref.run(argv, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -207,7 +207,9 @@ def test_two_senders_with_one_ssid_have_their_own_stateful_counts(pair: Pair, pl
 
 
 @pytest.mark.parametrize(
-    ("version", "plane"), [(6, "socket"), (4, "socket"), (6, "afxdp")], ids=["6", "4", "6-afxdp"]
+    ("version", "plane"),
+    [(6, "socket"), (4, "socket"), (6, "mmap"), (6, "afxdp")],
+    ids=["6", "4", "6-mmap", "6-afxdp"],
 )
 def test_class_of_service_reports_what_arrived_and_answers_with_dscp1(
     pair: Pair, version: int, plane: str

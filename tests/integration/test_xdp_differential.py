@@ -20,14 +20,13 @@ The xdp plane answers the first five kinds in the kernel and passes the short pa
 and the Return Path TLV to its user-space path; the kernel counters say so.
 
 Class of Service (RFC 8972 §4.4) is compared among the planes that set a reply's
-Traffic Class (``sets_tclass``: ``socket``, ``xdp``, ``afxdp``): the reply carries the
+Traffic Class (``sets_tclass``: ``socket``, ``mmap``, ``xdp``, ``afxdp``): the reply carries the
 probe's DSCP and ECN in the TLV, RP 0, and leaves with DSCP1. The others report RP 1
 and the received DSCP as unknown, as RFC 8972 §4.4 lets a reflector that cannot set it.
 
-Set-up facts: R knows G's MAC address from the start (a permanent neighbour entry),
-``g0`` runs the plain XDP_PASS program (frames sent with XDP_TX on a veth
-are lost unless the peer runs XDP), both veths have tx checksum offload off (complete
-checksums in every frame an XDP program reads), and R has
+Set-up facts: the pair of tests/integration/_pair.py (each end knows the other's MAC
+from the start, tx checksum offload off on both), ``g0`` runs the plain XDP_PASS
+program (frames sent with XDP_TX on a veth are lost unless the peer runs XDP), and R has
 ``net.ipv6.auto_flowlabels = 0`` so that replies sent through kernel sockets carry Flow
 Label 0 like those built in user space and in XDP (RFC 6437 lets a source choose either).
 """
@@ -37,9 +36,7 @@ from __future__ import annotations
 import gc
 import socket
 import time
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from ipaddress import IPv6Address
 
 import pytest
@@ -48,15 +45,13 @@ from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import ReflectorEngine
 from sixlab.dataplane.xdp_plane import attach_xdp_pass
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
-from sixlab.testbed import Testbed
 from sixlab.testbed._netns import entered
-from sixlab.testbed._topology import Node
 from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
-from .conftest import TEST_PREFIX
+from ._pair import Pair, veth_pair
 
 pytestmark = pytest.mark.root
 
@@ -72,7 +67,7 @@ ETH_P_IPV6 = 0x86DD
 PACKET_OUTGOING = 4
 PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
 #: The planes that apply a reply's Traffic Class (``Dataplane.sets_tclass``).
-TCLASS_PLANES = ("socket", "xdp", "afxdp")
+TCLASS_PLANES = ("socket", "mmap", "xdp", "afxdp")
 #: What the Class of Service probes carry: DSCP 46 (EF), ECN 01 (ECT(1)).
 PROBE_TCLASS = 46 << 2 | 1
 STATEFUL_SSID = 7
@@ -80,36 +75,23 @@ DEFAULT_SSID = 8  # no session of its own: the default session answers
 EE = ErrorEstimate.for_error_ns(1000, fmt=TimestampFormat.NTP)
 
 
-@dataclass
-class Pair:
-    tb: Testbed
-    g: Node
-    r: Node
-    frame_header: bytes
-
-
 @pytest.fixture
 def pair() -> Iterator[Pair]:
-    with Testbed(prefix=TEST_PREFIX) as tb:
-        g = tb.add_node("g")
-        r = tb.add_node("r")
-        tb.add_link(g, r, if_a="g0", if_b="r0", addr_a=str(G_ADDR), addr_b=str(R_ADDR))
-        r.add_route("fc00:77::/32", via=str(G_ADDR))
-        r.sysctl({"net.ipv6.auto_flowlabels": 0})
-        # G's address resolved from the start: every plane's first reply takes its fast
-        # path (an unresolved neighbour sends the user-space planes through the kernel).
-        r.exec(["ip", "-6", "neigh", "replace", str(G_ADDR), "lladdr", g.mac("g0"),
-                "dev", "r0", "nud", "permanent"])  # fmt: skip
-        for node, ifname in ((g, "g0"), (r, "r0")):
-            node.exec(["ethtool", "-K", ifname, "tx", "off"])
-        with entered(g.ns):
+    with veth_pair(str(G_ADDR), str(R_ADDR)) as p:
+        p.r.add_route("fc00:77::/32", via=str(G_ADDR))
+        p.r.sysctl({"net.ipv6.auto_flowlabels": 0})
+        with entered(p.g.ns):
             attach_xdp_pass("g0")
-        header = (
-            bytes.fromhex(r.mac("r0").replace(":", ""))
-            + bytes.fromhex(g.mac("g0").replace(":", ""))
-            + ETH_P_IPV6.to_bytes(2, "big")
-        )
-        yield Pair(tb, g, r, header)
+        yield p
+
+
+def _frame_header(p: Pair) -> bytes:
+    """The Ethernet header of a frame from G to R."""
+    return (
+        bytes.fromhex(p.r.mac("r0").replace(":", ""))
+        + bytes.fromhex(p.g.mac("g0").replace(":", ""))
+        + ETH_P_IPV6.to_bytes(2, "big")
+    )
 
 
 def _probe(seq: int, ssid: int, tlvs: bytes = b"") -> bytes:
@@ -183,6 +165,7 @@ def _replies(
     # A UDP socket on the sender port keeps G from answering replies with unreachables.
     sink = p.g.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     sink.bind((str(G_ADDR), SENDER_PORT))
+    header = _frame_header(p)
     engine.start()
     out: list[bytes] = []
     try:
@@ -191,7 +174,7 @@ def _replies(
         tx.settimeout(0.2)
         time.sleep(0.1)  # the planes' capture sockets are bound; let them settle
         for name, ip in frames:
-            tx.send(p.frame_header + ip)
+            tx.send(header + ip)
             deadline = time.monotonic() + 3
             reply = None
             while reply is None and time.monotonic() < deadline:
@@ -204,17 +187,11 @@ def _replies(
             assert reply is not None, (plane_name, name)
             out.append(reply)
     finally:
-        with warnings.catch_warnings():
-            if plane_name == "mmap":
-                # Known leak, not this test's subject: the mmap plane makes its pyroute2
-                # IPRoute in the engine thread (first routed reply) and closes it from
-                # the owner's, which leaves the engine thread's asyncio loop unclosed.
-                warnings.simplefilter("ignore", ResourceWarning)
-            engine.shutdown()
-            counters = plane.counters()  # the engine's thread counts after it sends
-            with entered(p.r.ns):  # the capture planes remove their nftables table: nft(8)
-                plane.close()
-            gc.collect()
+        engine.shutdown()
+        counters = plane.counters()  # the engine's thread counts after it sends
+        with entered(p.r.ns):  # the capture planes remove their nftables table: nft(8)
+            plane.close()
+        gc.collect()
         tx.close()
         sink.close()
     assert engine.error is None

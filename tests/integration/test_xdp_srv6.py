@@ -34,7 +34,7 @@ import pytest
 from sixlab.controller.core import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
 from sixlab.dataplane.xdp_plane import attach_xdp_pass
-from sixlab.southbound.client import AgentClient, result_from_proto
+from sixlab.southbound.client import AgentClient, ReflectorSession, SenderSession, result_from_proto
 from sixlab.stamp._events import StampResult
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
 from sixlab.testbed._netns import entered
@@ -238,18 +238,20 @@ def test_xdp_agents_measure_both_paths(xdp_testbed: SRv6TwoPaths, tmp_path: Path
                 path = tb.paths[name]
                 sid = ssid + (10 if warm else 0)
                 reflector.create_reflector_session(
-                    sid, stateful=True, return_sid_list=path.return_segments
+                    ReflectorSession(sid, stateful=True, return_sid_list=path.return_segments)
                 )
                 reflector.start_session(sid)
                 sender.create_sender_session(
-                    sid,
-                    tb.reflector_addr,
-                    sid_list=path.forward_segments,
-                    reflector_port=862,
-                    count=COUNT if warm else 2,
-                    interval_ns=20 * MS,
-                    stateful_reflector=True,
-                    loss_timeout_ns=1000 * MS,
+                    SenderSession(
+                        sid,
+                        tb.reflector_addr,
+                        sid_list=path.forward_segments,
+                        reflector_port=862,
+                        count=COUNT if warm else 2,
+                        interval_ns=20 * MS,
+                        stateful_reflector=True,
+                        loss_timeout_ns=1000 * MS,
+                    )
                 )
             for ssid in (1, 2):
                 sender.start_session(ssid + (10 if warm else 0))
@@ -278,13 +280,15 @@ def test_xdp_agents_measure_both_paths(xdp_testbed: SRv6TwoPaths, tmp_path: Path
         reflector.stop_session(11)
         sender.destroy_session(11)
         sender.create_sender_session(
-            11,
-            tb.reflector_addr,
-            sid_list=tb.paths["A"].forward_segments,
-            reflector_port=862,
-            count=3,
-            interval_ns=20 * MS,
-            loss_timeout_ns=300 * MS,
+            SenderSession(
+                11,
+                tb.reflector_addr,
+                sid_list=tb.paths["A"].forward_segments,
+                reflector_port=862,
+                count=3,
+                interval_ns=20 * MS,
+                loss_timeout_ns=300 * MS,
+            )
         )
         sender.start_session(11)
         assert _records(sender, 11) == []

@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from sixlab.southbound import AgentClient, AgentServer, SouthboundError, serve
+from sixlab.southbound import (
+    AgentClient,
+    AgentServer,
+    ReflectorSession,
+    SenderSession,
+    SouthboundError,
+    serve,
+)
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import MAX_TLV_BYTES
 
@@ -68,7 +75,12 @@ def _sender_request(**fields: object) -> pb.CreateStampSessionRequest:
 
 
 def test_create_before_init_is_failed_precondition(sender: AgentClient) -> None:
-    _refused(sender, lambda c: c.create_sender_session(1, "::1"), Code.FAILED_PRECONDITION, "Init")
+    _refused(
+        sender,
+        lambda c: c.create_sender_session(SenderSession(1, "::1")),
+        Code.FAILED_PRECONDITION,
+        "Init",
+    )
 
 
 def test_start_before_init_is_failed_precondition(sender: AgentClient) -> None:
@@ -126,14 +138,14 @@ def test_init_bad_dataplane_option_value(sender: AgentClient) -> None:
 @pytest.fixture
 def ready_sender(sender: AgentClient) -> AgentClient:
     sender.init(port=0, source="::1")
-    sender.create_sender_session(1, "::1", count=1)
+    sender.create_sender_session(SenderSession(1, "::1", count=1))
     return sender
 
 
 @pytest.fixture
 def ready_reflector(reflector: AgentClient) -> AgentClient:
     reflector.init(port=0, source="::1")
-    reflector.create_reflector_session(1)
+    reflector.create_reflector_session(ReflectorSession(1))
     return reflector
 
 
@@ -162,7 +174,7 @@ def test_unknown_ssid_on_reflector_is_not_found(ready_reflector: AgentClient) ->
 def test_duplicate_ssid_is_already_exists(ready_sender: AgentClient) -> None:
     _refused(
         ready_sender,
-        lambda c: c.create_sender_session(1, "::2", count=5),
+        lambda c: c.create_sender_session(SenderSession(1, "::2", count=5)),
         Code.ALREADY_EXISTS,
         "ssid",
     )
@@ -171,7 +183,7 @@ def test_duplicate_ssid_is_already_exists(ready_sender: AgentClient) -> None:
 def test_duplicate_ssid_on_reflector_is_already_exists(ready_reflector: AgentClient) -> None:
     _refused(
         ready_reflector,
-        lambda c: c.create_reflector_session(1, stateful=True),
+        lambda c: c.create_reflector_session(ReflectorSession(1, stateful=True)),
         Code.ALREADY_EXISTS,
         "ssid",
     )
@@ -257,7 +269,7 @@ def test_stream_bad_batch_is_invalid_argument(ready_sender: AgentClient) -> None
 
 
 def test_start_twice_is_failed_precondition(ready_sender: AgentClient) -> None:
-    ready_sender.create_sender_session(3, "::1", interval_ns=10**9)
+    ready_sender.create_sender_session(SenderSession(3, "::1", interval_ns=10**9))
     ready_sender.start_session(3)
     # The session sends at most once a second: nothing in the state moves meanwhile.
     _refused(ready_sender, lambda c: c.start_session(3), Code.FAILED_PRECONDITION, "start")

@@ -101,11 +101,11 @@ from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import (
     AgentClient,
+    ReflectorSession,
     ResultStream,
+    SenderSession,
     SouthboundError,
-    reflector_session_request,
     result_from_proto,
-    sender_session_request,
 )
 from sixlab.stamp import (
     DataLoss,
@@ -527,18 +527,18 @@ def _check_spec(spec: SessionSpec, nodes: dict[str, NodeRow]) -> None:
 
 
 def _reflector_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
-    return reflector_session_request(
+    return ReflectorSession(
         ssid,
         stateful=spec.stateful,
         key=bytes.fromhex(spec.key_hex) or None,
         ptp=spec.ptp,
         return_sid_list=() if spec.return_path_tlv else spec.return_segments,
         direct_measurement=_dm(spec.dm_reflector_sent, spec.dm_reflector_received),
-    )
+    ).request()
 
 
 def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionRequest:
-    return sender_session_request(
+    return SenderSession(
         ssid,
         spec.reflector_address,
         sid_list=spec.segments,
@@ -556,7 +556,7 @@ def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionReques
         loopback=spec.loopback,
         flow_labels=spec.flow_labels,
         direct_measurement=_dm(spec.dm_sender_sent, spec.dm_sender_received),
-    )
+    ).request()
 
 
 def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:

@@ -59,6 +59,17 @@ kernel routes it and resolves the neighbour, so the next packet takes the fast p
 ``send`` (the general path) uses one ``sendmsg`` per reply, so the packet leaves right
 after T3 is read (RFC 8762 §4.3: as late as possible before transmission).
 
+The route and neighbour tables are those of the namespace the plane was opened in:
+netlink is opened there and every lookup re-enters it, since the engine's thread (or a
+caller of ``send``) may be in another (an agent serving a lab node, a test).
+
+Traffic Class (``sets_tclass``): every received packet's Traffic Class reaches the
+reflector core, and ``send`` writes its ``tclass`` into the IPv6 header (the templates
+are cached per Traffic Class too), so a Class of Service TLV (RFC 8972 §4.4) is
+answered as on the ``socket`` plane: DSCP2/ECN from the probe, the reply sent with
+DSCP1, RP 0. Such probes take the general path (the fast path takes Extra Padding only);
+every other reply carries Traffic Class 0.
+
 Fast path (reflector)
 ---------------------
 ``reflect_batch`` is what ``ReflectorEngine`` calls on this plane: it reads packets off
@@ -113,6 +124,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import mmap
+import os
 import socket
 import struct
 import time
@@ -136,6 +148,7 @@ from sixlab.dataplane.base import (
     full_path,
     require_ipv6,
 )
+from sixlab.dataplane.xdp_plane import _in_netns
 from sixlab.linux.packetring import (
     ETH_P_IPV6,
     TP_STATUS_CSUM_VALID,
@@ -241,8 +254,9 @@ class _Template:
     zeros: bytes
 
 
-#: (source, final destination, destination port, SRv6 path in travel order, payload size)
-_TemplateKey = tuple[bytes, bytes, int, tuple[IPv6Address, ...] | None, int]
+#: (source, final destination, destination port, SRv6 path in travel order, payload size,
+#: Traffic Class)
+_TemplateKey = tuple[bytes, bytes, int, tuple[IPv6Address, ...] | None, int, int]
 
 
 def _fast_udp(data: bytes, snaplen: int, verify: bool) -> int:
@@ -313,6 +327,7 @@ def _default_hop_limit() -> int:
 class MmapDataplane(Dataplane):
     name = "mmap"
     has_fast_path = True
+    sets_tclass = True
     _rx: socket.socket | None = None
     _tx: socket.socket | None = None
     _l3: socket.socket | None = None
@@ -326,6 +341,8 @@ class MmapDataplane(Dataplane):
     tx_batch: int = DEFAULT_TX_BATCH
     _drop: _filters.KernelDrop | None = None
     _ipr: Any = None
+    #: The network namespace of ``open`` (an fd): where next hops are looked up.
+    _netns: int | None = None
 
     def open(self) -> None:
         if self._rx is not None:
@@ -341,10 +358,13 @@ class MmapDataplane(Dataplane):
         self._next_hops: dict[IPv6Address, _NextHop] = {}
         self._fast_templates: dict[bytes, _FastTemplate] = {}
         self._tx_slot = 0
-        # Import netlink now, not on the first packet (a ~100 ms stall under load).
-        import pyroute2  # noqa: F401, PLC0415
+        # Netlink now, not on the first packet (a ~100 ms stall under load), and in the
+        # namespace of ``open``: the engine's thread, or a caller's, may be elsewhere.
+        import pyroute2  # noqa: PLC0415
 
         try:
+            self._netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+            self._ipr = pyroute2.IPRoute()
             self._open_rx()
             self._open_tx_ring()
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
@@ -426,6 +446,9 @@ class MmapDataplane(Dataplane):
         if self._ipr is not None:
             self._ipr.close()
             self._ipr = None
+        if self._netns is not None:
+            os.close(self._netns)
+            self._netns = None
 
     def fileno(self) -> int:
         if self._rx is None:
@@ -506,6 +529,7 @@ class MmapDataplane(Dataplane):
             udp.dst_port,
             packet.hop_limit,
             rx_ns,
+            packet.traffic_class,
         )
 
     # -- reflector fast path ----------------------------------------------------------------
@@ -693,7 +717,6 @@ class MmapDataplane(Dataplane):
         src: IPAddress | None = None,
         tclass: int | None = None,
     ) -> None:
-        del tclass  # not applied: ``sets_tclass`` is False
         dst6 = require_ipv6("mmap", dst)
         assert dst6 is not None
         dst, src = dst6, require_ipv6("mmap", src)
@@ -714,10 +737,13 @@ class MmapDataplane(Dataplane):
         else:
             raise DataplaneError(f"mmap: no source address to reach {first_hop}")
         size = len(payload)
-        key = (source, dst.packed, dst_port, path, size)
+        key = (source, dst.packed, dst_port, path, size, tclass or 0)
         template = self._templates.get(key)
         if template is None:
-            template = self._template(key)
+            try:
+                template = self._template(key)
+            except WireError as exc:
+                raise DataplaneError(f"mmap: cannot send to [{dst}]:{dst_port}: {exc}") from exc
         odd = size & 1  # RFC 1071: an odd tail is summed padded with a zero byte
         checksum = checksum_adjust(
             template.checksum, template.zeros, payload + b"\0" if odd else payload, udp=True
@@ -734,7 +760,7 @@ class MmapDataplane(Dataplane):
             raise DataplaneError(f"mmap: cannot send to [{dst}]:{dst_port}: {exc}") from exc
 
     def _template(self, key: _TemplateKey) -> _Template:
-        source, dst, dst_port, path, size = key
+        source, dst, dst_port, path, size, tclass = key
         zeros = bytes(size + (size & 1))
         packet = build_udp_packet(
             source,
@@ -744,6 +770,7 @@ class MmapDataplane(Dataplane):
             bytes(size),
             hop_limit=self._hop_limit,
             segments=list(path) if path is not None else None,
+            traffic_class=tclass,
         )
         cut = len(packet) - size - _UDP_CHECKSUM_FROM_END
         template = _Template(
@@ -755,11 +782,13 @@ class MmapDataplane(Dataplane):
         return template
 
     def _resolve(self, first_hop: IPv6Address) -> _NextHop:
-        """Output interface, Ethernet header and source for ``first_hop`` (module doc)."""
+        """Output interface, Ethernet header and source for ``first_hop`` (module doc),
+        from the tables of the namespace the plane was opened in: pyroute2 opens its
+        netlink socket in the namespace of the thread that first uses it, and the
+        engine's thread, or a caller of ``send``, may be in another."""
         if self._ipr is None:
-            from pyroute2 import IPRoute  # noqa: PLC0415 - netlink only when a peer is new
-
-            self._ipr = IPRoute()
-        hop = resolve_next_hop(self._ipr, first_hop)
+            raise DataplaneError("mmap: data plane is not open (Init first)")
+        with _in_netns(self._netns):
+            hop = resolve_next_hop(self._ipr, first_hop)
         self._next_hops[first_hop] = hop
         return hop

@@ -31,7 +31,9 @@ from sixlab.southbound.agent import (
 from sixlab.southbound.client import (
     AgentClient,
     ClientTls,
+    ReflectorSession,
     ResultStream,
+    SenderSession,
     SouthboundError,
     result_from_proto,
 )
@@ -42,9 +44,11 @@ __all__ = [
     "AgentError",
     "AgentServer",
     "ClientTls",
+    "ReflectorSession",
     "ResultStream",
     "Role",
     "RpcError",
+    "SenderSession",
     "SouthboundError",
     "StampAgentServicer",
     "TlsFiles",

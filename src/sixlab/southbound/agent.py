@@ -161,6 +161,12 @@ DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
 DEFAULT_BATCH_WINDOW_NS = 100_000_000
 MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
+#: GetStampSessionResults: records per reply when max_results is 0, and the most a
+#: request may ask for. A record without TLVs is under 100 bytes on the wire, so a full
+#: reply stays well inside gRPC's default 4 MiB receive limit; ``remaining`` tells the
+#: client to ask again.
+DEFAULT_RESULTS = DEFAULT_BATCH
+MAX_RESULTS = 10_000
 #: How often a waiting stream looks at its client and its session (s).
 _STREAM_POLL_S = 0.25
 #: StreamResults: counters of each session at least this often, by default and at most.
@@ -850,11 +856,13 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     ) -> pb.GetStampSessionResultsReply:
         engine = self._sender_only("GetStampSessionResults")
         ssid = self._known(request.ssid)
+        limit = request.max_results or DEFAULT_RESULTS
+        if limit > MAX_RESULTS:
+            raise _invalid(f"max_results: {limit}, at most {MAX_RESULTS}")
         if request.HasField("after_id"):
-            limit = request.max_results or DEFAULT_BATCH
             protos = [result_to_proto(r, i) for i, r in engine.fetch(ssid, request.after_id, limit)]
         else:
-            protos = [result_to_proto(r) for r in engine.results(ssid, request.max_results or None)]
+            protos = [result_to_proto(r) for r in engine.results(ssid, limit)]
         lost = engine.lost(ssid)
         snap = engine.snapshot(ssid)
         self._senders[ssid].fetched += len(protos)

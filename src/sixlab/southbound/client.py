@@ -5,14 +5,16 @@ carrying the gRPC status code and the agent's message (which names the field)::
 
     with AgentClient("[::1]:50051") as sender:
         port = sender.init(port=0)
-        sender.create_sender_session(7, reflector="2001:db8::2", sid_list=[...], count=50,
-                                     interval_ns=5_000_000)
+        sender.create_sender_session(SenderSession(7, "2001:db8::2", sid_list=[...],
+                                                   count=50, interval_ns=5_000_000))
         sender.start_session(7)
         for batch in sender.stream_results(7):
             for record in batch.results:
                 print(result_from_proto(record).rtt_ns)
 
-Addresses may be given as text or ``ipaddress.IPv6Address``; times are integer ns.
+A session is described once, by ``SenderSession`` or ``ReflectorSession`` (the
+controller builds its requests from the same classes). Addresses may be given as text or
+``ipaddress.IPv6Address``; times are integer ns.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,11 +38,11 @@ __all__ = [
     "PIPELINE_WINDOW",
     "AgentClient",
     "ClientTls",
+    "ReflectorSession",
     "ResultStream",
+    "SenderSession",
     "SouthboundError",
-    "reflector_session_request",
     "result_from_proto",
-    "sender_session_request",
 ]
 
 Address = str | ipaddress.IPv6Address
@@ -136,94 +138,118 @@ def _texts(addresses: Iterable[Address]) -> list[str]:
     return [str(a) for a in addresses]
 
 
-def sender_session_request(
-    ssid: int,
-    reflector: Address,
-    *,
-    sid_list: Iterable[Address] = (),
-    interval_ns: int = 1_000_000_000,
-    count: int = 0,
-    duration_ns: int = 0,
-    source: Address | None = None,
-    reflector_port: int = 0,
-    sender_port: int = 0,
-    key: bytes | None = None,
-    ptp: bool = False,
-    one_way: bool = False,
-    stateful_reflector: bool = False,
-    tlvs: bytes = b"",
-    return_sid_list: Iterable[Address] = (),
-    loss_timeout_ns: int = 0,
-    error_estimate: int = 0,
-    tai_utc_offset_ns: int | None = None,
-    strict_ssid: bool = False,
-    loopback: bool = False,
-    flow_labels: Iterable[int] = (),
-    direct_measurement: pb.DirectMeasurement | None = None,
-) -> pb.CreateStampSessionRequest:
-    """The request that creates a Session-Sender session (``key`` set: authenticated mode).
+@dataclass(frozen=True, slots=True)
+class SenderSession:
+    """A Session-Sender session, as CreateStampSession carries it (``request``).
 
-    ``return_sid_list`` non-empty asks the reflector for that return path with an
-    RFC 9503 Return Path TLV. ``loopback``, ``flow_labels`` and ``direct_measurement``:
-    the SR performance-measurement modes (docs/srpm.md); a loopback session's
-    ``reflector`` may be ``""`` (the agent's own address).
+    ``key`` set: authenticated mode. ``return_sid_list`` non-empty asks the reflector for
+    that return path with an RFC 9503 Return Path TLV. ``loopback``, ``flow_labels`` and
+    ``direct_measurement``: the SR performance-measurement modes (docs/srpm.md); a
+    loopback session's ``reflector`` may be ``""`` (the agent's own address).
     """
-    returns = _texts(return_sid_list)
-    request = pb.CreateStampSessionRequest(
-        ssid=ssid,
-        reflector_address=str(reflector),
-        sid_list=_texts(sid_list),
-        interval_ns=interval_ns,
-        count=count,
-        duration_ns=duration_ns,
-        source_address="" if source is None else str(source),
-        reflector_udp_port=reflector_port,
-        sender_udp_port=sender_port,
-        auth_mode=pb.AUTH_MODE_AUTHENTICATED if key is not None else pb.AUTH_MODE_UNAUTHENTICATED,
-        key=key or b"",
-        timestamp_format=pb.TIMESTAMP_FORMAT_PTP if ptp else pb.TIMESTAMP_FORMAT_NTP,
-        delay_mode=pb.DELAY_MODE_ONE_WAY if one_way else pb.DELAY_MODE_TWO_WAY,
-        reflector_mode=(
-            pb.REFLECTOR_MODE_STATEFUL if stateful_reflector else pb.REFLECTOR_MODE_STATELESS
-        ),
-        tlvs=tlvs,
-        return_sid_list=returns,
-        request_return_path=bool(returns),
-        loss_timeout_ns=loss_timeout_ns,
-        error_estimate=error_estimate,
-        strict_ssid=strict_ssid,
-        loopback=loopback,
-        flow_labels=list(flow_labels),
-    )
-    if direct_measurement is not None:
-        request.direct_measurement.CopyFrom(direct_measurement)
-    if tai_utc_offset_ns is not None:
-        request.tai_utc_offset_ns = tai_utc_offset_ns
-    return request
+
+    ssid: int
+    reflector: Address
+    _: KW_ONLY
+    sid_list: Iterable[Address] = ()
+    interval_ns: int = 1_000_000_000
+    count: int = 0
+    duration_ns: int = 0
+    source: Address | None = None
+    reflector_port: int = 0
+    sender_port: int = 0
+    key: bytes | None = None
+    ptp: bool = False
+    one_way: bool = False
+    stateful_reflector: bool = False
+    tlvs: bytes = b""
+    return_sid_list: Iterable[Address] = ()
+    loss_timeout_ns: int = 0
+    error_estimate: int = 0
+    tai_utc_offset_ns: int | None = None
+    strict_ssid: bool = False
+    loopback: bool = False
+    flow_labels: Iterable[int] = ()
+    direct_measurement: pb.DirectMeasurement | None = None
+
+    def request(self) -> pb.CreateStampSessionRequest:
+        """The CreateStampSession request of this session."""
+        returns = _texts(self.return_sid_list)
+        request = pb.CreateStampSessionRequest(
+            ssid=self.ssid,
+            reflector_address=str(self.reflector),
+            sid_list=_texts(self.sid_list),
+            interval_ns=self.interval_ns,
+            count=self.count,
+            duration_ns=self.duration_ns,
+            source_address="" if self.source is None else str(self.source),
+            reflector_udp_port=self.reflector_port,
+            sender_udp_port=self.sender_port,
+            auth_mode=_auth_mode(self.key),
+            key=self.key or b"",
+            timestamp_format=_timestamp_format(self.ptp),
+            delay_mode=pb.DELAY_MODE_ONE_WAY if self.one_way else pb.DELAY_MODE_TWO_WAY,
+            reflector_mode=_reflector_mode(self.stateful_reflector),
+            tlvs=self.tlvs,
+            return_sid_list=returns,
+            request_return_path=bool(returns),
+            loss_timeout_ns=self.loss_timeout_ns,
+            error_estimate=self.error_estimate,
+            strict_ssid=self.strict_ssid,
+            loopback=self.loopback,
+            flow_labels=list(self.flow_labels),
+        )
+        return _finish(request, self.direct_measurement, self.tai_utc_offset_ns)
 
 
-def reflector_session_request(
-    ssid: int,
-    *,
-    stateful: bool = False,
-    key: bytes | None = None,
-    ptp: bool = False,
-    return_sid_list: Iterable[Address] = (),
-    error_estimate: int = 0,
-    tai_utc_offset_ns: int | None = None,
-    direct_measurement: pb.DirectMeasurement | None = None,
+@dataclass(frozen=True, slots=True)
+class ReflectorSession:
+    """A Session-Reflector session, as CreateStampSession carries it (``request``);
+    ``return_sid_list`` is its return path."""
+
+    ssid: int
+    _: KW_ONLY
+    stateful: bool = False
+    key: bytes | None = None
+    ptp: bool = False
+    return_sid_list: Iterable[Address] = ()
+    error_estimate: int = 0
+    tai_utc_offset_ns: int | None = None
+    direct_measurement: pb.DirectMeasurement | None = None
+
+    def request(self) -> pb.CreateStampSessionRequest:
+        """The CreateStampSession request of this session."""
+        request = pb.CreateStampSessionRequest(
+            ssid=self.ssid,
+            reflector_mode=_reflector_mode(self.stateful),
+            auth_mode=_auth_mode(self.key),
+            key=self.key or b"",
+            timestamp_format=_timestamp_format(self.ptp),
+            return_sid_list=_texts(self.return_sid_list),
+            error_estimate=self.error_estimate,
+        )
+        return _finish(request, self.direct_measurement, self.tai_utc_offset_ns)
+
+
+def _auth_mode(key: bytes | None) -> pb.AuthMode.ValueType:
+    return pb.AUTH_MODE_AUTHENTICATED if key is not None else pb.AUTH_MODE_UNAUTHENTICATED
+
+
+def _timestamp_format(ptp: bool) -> pb.TimestampFormat.ValueType:
+    return pb.TIMESTAMP_FORMAT_PTP if ptp else pb.TIMESTAMP_FORMAT_NTP
+
+
+def _reflector_mode(stateful: bool) -> pb.ReflectorMode.ValueType:
+    return pb.REFLECTOR_MODE_STATEFUL if stateful else pb.REFLECTOR_MODE_STATELESS
+
+
+def _finish(
+    request: pb.CreateStampSessionRequest,
+    direct_measurement: pb.DirectMeasurement | None,
+    tai_utc_offset_ns: int | None,
 ) -> pb.CreateStampSessionRequest:
-    """The request that creates a Session-Reflector session; ``return_sid_list`` is its
-    return path."""
-    request = pb.CreateStampSessionRequest(
-        ssid=ssid,
-        reflector_mode=pb.REFLECTOR_MODE_STATEFUL if stateful else pb.REFLECTOR_MODE_STATELESS,
-        auth_mode=pb.AUTH_MODE_AUTHENTICATED if key is not None else pb.AUTH_MODE_UNAUTHENTICATED,
-        key=key or b"",
-        timestamp_format=pb.TIMESTAMP_FORMAT_PTP if ptp else pb.TIMESTAMP_FORMAT_NTP,
-        return_sid_list=_texts(return_sid_list),
-        error_estimate=error_estimate,
-    )
+    """``request`` with the two fields a constructor cannot set (a message, an
+    ``optional``) when they are given."""
     if direct_measurement is not None:
         request.direct_measurement.CopyFrom(direct_measurement)
     if tai_utc_offset_ns is not None:
@@ -298,85 +324,13 @@ class AgentClient(GrpcClient):
         """CreateStampSession with a request built by the caller (any role)."""
         self._call("CreateStampSession", request)
 
-    def create_sender_session(
-        self,
-        ssid: int,
-        reflector: Address,
-        *,
-        sid_list: Iterable[Address] = (),
-        interval_ns: int = 1_000_000_000,
-        count: int = 0,
-        duration_ns: int = 0,
-        source: Address | None = None,
-        reflector_port: int = 0,
-        sender_port: int = 0,
-        key: bytes | None = None,
-        ptp: bool = False,
-        one_way: bool = False,
-        stateful_reflector: bool = False,
-        tlvs: bytes = b"",
-        return_sid_list: Iterable[Address] = (),
-        loss_timeout_ns: int = 0,
-        error_estimate: int = 0,
-        tai_utc_offset_ns: int | None = None,
-        strict_ssid: bool = False,
-        loopback: bool = False,
-        flow_labels: Iterable[int] = (),
-        direct_measurement: pb.DirectMeasurement | None = None,
-    ) -> None:
-        """Create a Session-Sender session (``sender_session_request``)."""
-        self.create_session(
-            sender_session_request(
-                ssid,
-                reflector,
-                sid_list=sid_list,
-                interval_ns=interval_ns,
-                count=count,
-                duration_ns=duration_ns,
-                source=source,
-                reflector_port=reflector_port,
-                sender_port=sender_port,
-                key=key,
-                ptp=ptp,
-                one_way=one_way,
-                stateful_reflector=stateful_reflector,
-                tlvs=tlvs,
-                return_sid_list=return_sid_list,
-                loss_timeout_ns=loss_timeout_ns,
-                error_estimate=error_estimate,
-                tai_utc_offset_ns=tai_utc_offset_ns,
-                strict_ssid=strict_ssid,
-                loopback=loopback,
-                flow_labels=flow_labels,
-                direct_measurement=direct_measurement,
-            )
-        )
+    def create_sender_session(self, session: SenderSession) -> None:
+        """Create a Session-Sender session."""
+        self.create_session(session.request())
 
-    def create_reflector_session(
-        self,
-        ssid: int,
-        *,
-        stateful: bool = False,
-        key: bytes | None = None,
-        ptp: bool = False,
-        return_sid_list: Iterable[Address] = (),
-        error_estimate: int = 0,
-        tai_utc_offset_ns: int | None = None,
-        direct_measurement: pb.DirectMeasurement | None = None,
-    ) -> None:
-        """Create a Session-Reflector session (``reflector_session_request``)."""
-        self.create_session(
-            reflector_session_request(
-                ssid,
-                stateful=stateful,
-                key=key,
-                ptp=ptp,
-                return_sid_list=return_sid_list,
-                error_estimate=error_estimate,
-                tai_utc_offset_ns=tai_utc_offset_ns,
-                direct_measurement=direct_measurement,
-            )
-        )
+    def create_reflector_session(self, session: ReflectorSession) -> None:
+        """Create a Session-Reflector session."""
+        self.create_session(session.request())
 
     def call_many(self, method: str, requests: Sequence[Any]) -> list[Any]:
         """One unary method for many requests, ``window`` of them in flight at a time on

@@ -43,8 +43,10 @@ from sixlab.southbound.agent import (
     DEFAULT_BATCH,
     DEFAULT_BATCH_WINDOW_NS,
     DEFAULT_COUNTERS_INTERVAL_NS,
+    DEFAULT_RESULTS,
     MAX_BATCH,
     MAX_MESSAGE_BYTES,
+    MAX_RESULTS,
     MIN_INTERVAL_NS,
     AgentError,
     AgentServer,
@@ -337,7 +339,9 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         now = self._clock()
         after = request.after_id if request.HasField("after_id") else s.acked
         s.acked = max(s.acked, min(after, s.arrived(now, self.loss_every)))
-        limit = request.max_results or MAX_BATCH
+        limit = request.max_results or DEFAULT_RESULTS
+        if limit > MAX_RESULTS:
+            raise AgentError(Code.INVALID_ARGUMENT, f"max_results: {limit}, at most {MAX_RESULTS}")
         results = self._take(s, after, limit, now)
         last = s.arrived(now, self.loss_every)
         remaining = last - (results[-1].record_id if results else max(after, s.acked))

@@ -909,7 +909,9 @@ class GetStampSessionResultsRequest(_message.Message):
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
-    """At most this many records. 0: all that are queued."""
+    """At most this many records per reply. 0: 1000. More than 10000: INVALID_ARGUMENT
+    (a reply must fit gRPC's message limit); `remaining` says when to ask again.
+    """
     after_id: _builtins.int
     """Cursor mode (exactly-once for a controller that stores what it reads): every
     record with an id up to after_id is acknowledged and removed; the following ones
