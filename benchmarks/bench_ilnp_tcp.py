@@ -1,7 +1,7 @@
 """TCP throughput over ILNP, configurations side by side in one run.
 
     sudo .venv/bin/python benchmarks/bench_ilnp_tcp.py [--seconds 5] [--repeat 3]
-        [--before TREE] [--json FILE]
+        [--before TREE] [--gro] [--json FILE]
 
 Topology (``sixlab.testbed``)::
 
@@ -26,7 +26,17 @@ Configurations:
 * ``plain``: no ILNP at all, plain IPv6 between the hosts' interface addresses (the
   namespaces' ceiling on this machine);
 * ``before``: ``--fastpath on`` from another source tree (``--before TREE``, e.g. an
-  export of main's ``src``), where the egress program left TCP to the daemon.
+  export of main's ``src``), where the egress program left TCP to the daemon;
+* ``before-daemon``: ``--fastpath off`` from that tree;
+* ``b-daemon`` (and ``before-b-daemon``, from the ``--before`` tree): the fast path on
+  A only: A's kernel sends, B's daemon receives everything from its ring;
+* ``fastpath-gro-off``, ``b-daemon-gro-off``: those without the ``--gro`` settings,
+  next to them in the same run.
+
+``--gro``: every configuration with GRO on B's link, as a NIC has it by default: B's
+``eth0`` gets ``gro on`` and threaded NAPI (frames wait for the poll thread, so GRO
+has several to coalesce, as after a NIC's interrupt coalescing), and the router's
+``rb`` TSO off (a veth feeds its peer's GRO only from a device that cannot segment).
 
 Nothing is asserted; the figures go in ``benchmarks/README.md`` with the load average.
 """
@@ -76,7 +86,8 @@ def _daemon(
     return proc, control
 
 
-def one_run(config: str, seconds: float, tree: str | None) -> dict[str, Any]:
+def one_run(config: str, seconds: float, tree: str | None, gro: bool = False) -> dict[str, Any]:
+    name = config
     tmp = Path(tempfile.mkdtemp(prefix="sixlab-bench-tcp-"))
     (tmp / "hosts").write_text(HOSTS)
     with Testbed(prefix="sixlab-btcp-") as tb:
@@ -93,12 +104,22 @@ def one_run(config: str, seconds: float, tree: str | None) -> dict[str, Any]:
             )
             if config == "fastpath-link-csum":
                 node.exec(["ethtool", "-K", "eth0", "tx", "off"])
-        fastpath = "off" if config == "daemon" else "on"
-        tree = tree if config == "before" else None
+        gro_here = gro and not config.endswith("-gro-off")
+        config = config.removesuffix("-gro-off")
+        if gro_here:
+            b.exec(["ethtool", "-K", "eth0", "gro", "on"])
+            b.exec(["sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"])
+            r.exec(["ethtool", "-K", "rb", "tso", "off"])
+        fastpath = "off" if config in ("daemon", "before-daemon") else "on"
+        b_fastpath = "off" if "b-daemon" in config else fastpath
+        tree = tree if config.startswith("before") else None
         daemons = []
         if config != "plain":
-            for node, nid, loc in ((a, "0:0:0:a", "2001:db8:a:0"), (b, "0:0:0:b", "2001:db8:b:0")):
-                daemons.append(_daemon(tb, node, nid, loc, tmp, fastpath=fastpath, tree=tree))
+            for node, nid, loc, mode in (
+                (a, "0:0:0:a", "2001:db8:a:0", fastpath),
+                (b, "0:0:0:b", "2001:db8:b:0", b_fastpath),
+            ):
+                daemons.append(_daemon(tb, node, nid, loc, tmp, fastpath=mode, tree=tree))
         src, dst = ("2001:db8:a::a", "2001:db8:b::b") if config == "plain" else (ID_A, ID_B)
         listener = b.socket(socket.AF_INET6, socket.SOCK_STREAM)
         listener.bind((dst, PORT))
@@ -142,19 +163,27 @@ def one_run(config: str, seconds: float, tree: str | None) -> dict[str, Any]:
         reader.join(timeout=30)
         for sock in (client, server, listener):
             sock.close()
-        fast = {
-            name: control_request(control, {"cmd": "status"})["fastpath"]["counters"]
+        status = {
+            name: control_request(control, {"cmd": "status"})
             for name, (_proc, control) in zip("ab", daemons, strict=False)
         }
+        fast = {name: s["fastpath"]["counters"] for name, s in status.items()}
+        b_wire = status.get("b", {}).get("wire", {})
+        b_drops = status.get("b", {}).get("drops", {})
     (t0, n0), (t1, n1) = marks
     moved = (n1 - n0) / 1e6
     return {
-        "config": config,
+        "config": name,
         "mb_per_s": round(moved / (t1 - t0), 1),
         "daemon_cpu_s_per_mb": round((cpu1 - cpu0) / moved, 4) if moved else None,
         "a_tx_fast_tcp": fast.get("a", {}).get("tx_fast_tcp", 0),
         "a_tx_gso": fast.get("a", {}).get("tx_gso", 0),
         "b_rx_fast_tcp": fast.get("b", {}).get("rx_fast_tcp", 0),
+        "b_rx_fast_gso": fast.get("b", {}).get("rx_fast_gso", 0),
+        "b_rx_gso": fast.get("b", {}).get("rx_gso", 0),
+        "b_daemon_rx": b_wire.get("rx", 0),
+        "b_daemon_rx_aggregate": b_wire.get("rx_aggregate", 0),
+        "b_drops": b_drops,
     }
 
 
@@ -163,19 +192,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--before", help="a source tree (its src/) to run as 'before'")
+    parser.add_argument("--gro", action="store_true", help="GRO on B's link (module doc)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--configs", help="comma-separated subset of the configurations")
     args = parser.parse_args()
-    configs = ["plain", "daemon", "fastpath", "fastpath-link-csum"]
+    configs = ["plain", "daemon", "fastpath", "fastpath-link-csum", "b-daemon"]
+    if args.gro:
+        configs += ["fastpath-gro-off", "b-daemon-gro-off"]
     if args.before:
-        configs.insert(1, "before")
+        configs[1:1] = ["before", "before-daemon", "before-b-daemon"]
     if args.configs:
         configs = [c for c in configs if c in args.configs.split(",")]
     load = [os.getloadavg()]
     runs = []
     for _ in range(args.repeat):
         for config in configs:
-            runs.append(one_run(config, args.seconds, args.before))
+            runs.append(one_run(config, args.seconds, args.before, args.gro))
             print(json.dumps(runs[-1]), flush=True)
     load.append(os.getloadavg())
     print(f"load average at start {load[0]}, at end {load[1]}")

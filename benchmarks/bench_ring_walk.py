@@ -38,6 +38,7 @@ class _SyntheticRing(pr.PacketRing):
         self.block = self.left = self.offset = 0
         self.resyncs = 0
         self.errors = Counter()
+        self.vnet_hdr = False
 
     def clear_error(self) -> int:
         return 0
@@ -91,7 +92,7 @@ def _inline(rxr: pr.PacketRing, limit: int) -> int:
 
 def _records(rxr: pr.PacketRing, limit: int) -> int:
     consumed = seen = 0
-    for data, rx_ns, length, snaplen, status, pkttype in rxr.records(limit):
+    for data, rx_ns, length, snaplen, status, pkttype, _gso in rxr.records(limit):
         consumed += 1
         seen += snaplen == length and pkttype == 0 and not status and rx_ns > 0 and len(data)
     return consumed

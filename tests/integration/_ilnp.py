@@ -54,6 +54,8 @@ class Capture:
 
     sock: socket.socket
     frames: list[bytes] = field(default_factory=list)
+    #: Longest frame kept whole.
+    size: int = 65535
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -63,7 +65,7 @@ class Capture:
         def loop() -> None:
             while not self._stop.is_set():
                 with contextlib.suppress(TimeoutError):
-                    self.frames.append(self.sock.recv(65535))
+                    self.frames.append(self.sock.recv(self.size))
 
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()

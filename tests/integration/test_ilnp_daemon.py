@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from sixlab.testbed import Node
+from sixlab.wire.checksum import internet_checksum, ipv6_pseudo_header, ones_complement_sum
 from sixlab.wire.ilnp import (
     DSTOPTS_NEXT_HEADER,
     ILV,
@@ -50,7 +51,7 @@ from sixlab.wire.ilnp import (
     ipv6_checksum,
     nid_checksum,
 )
-from tests.integration._ilnp import Daemon, IlnpNet
+from tests.integration._ilnp import Capture, Daemon, IlnpNet
 
 pytestmark = pytest.mark.root
 
@@ -726,6 +727,92 @@ def test_fastpath_tcp_reaches_a_daemon_without_one_unfinished(net: IlnpNet) -> N
     assert fast["tx_fast_tcp"] > 300
     assert fast.get("tx_gso", 0) == 0
     assert db.status()["wire"]["rx_checksum_finished"] >= fast["tx_fast_tcp"]
+
+
+def bulk_transfer(net: IlnpNet, size: int, timeout: float = 60.0) -> tuple[int, bool]:
+    """``size`` bytes from A to B as fast as TCP goes; (bytes B read, digests equal)."""
+    listener = net.b.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.bind((ID_B, TCP_PORT))
+    listener.listen(1)
+    client = net.a.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    client.bind((ID_A, 0))
+    client.settimeout(timeout)
+    data = random.Random(7).randbytes(size)
+    got = hashlib.sha256()
+    received = 0
+    try:
+        client.connect((ID_B, TCP_PORT))
+        conn, _ = listener.accept()
+        conn.settimeout(timeout)
+        writer = threading.Thread(target=client.sendall, args=(data,), daemon=True)
+        writer.start()
+        deadline = time.monotonic() + timeout
+        with conn, contextlib.suppress(TimeoutError):
+            while received < size and time.monotonic() < deadline:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                got.update(chunk)
+                received += len(chunk)
+        writer.join(timeout=1)
+    finally:
+        client.close()
+        listener.close()
+    return received, got.digest() == hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+def test_bulk_tcp_into_a_host_whose_link_coalesces_segments(net: IlnpNet, fastpath: str) -> None:
+    """GRO on B's link, as a NIC has it by default: B's kernel coalesces A's segments
+    into aggregates before tc ingress. Both the fast path (``on``) and the daemon's
+    ring (``off``) take them whole: the transfer completes, and no aggregate is left
+    to user space or cut short on the way.
+
+    The router's side of B's link has TSO off: a veth hands a frame to its peer's
+    GRO only when the sending device cannot segment (``veth_skb_is_eligible_for_gro``);
+    A keeps TSO and GSO on, as a host does."""
+    net.b.exec(["ethtool", "-K", "eth0", "gro", "on"])
+    net.r.exec(["ethtool", "-K", "rb", "tso", "off"])
+    # B's link polled by a kernel thread (threaded NAPI): frames wait for it to run and
+    # GRO has several to coalesce, as after a NIC's interrupt coalescing.
+    net.b.exec(["sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"])
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    net.fastpath = fastpath
+    db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
+    tun = net.b.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x86DD))
+    tun.bind(("ilnp0", 0))
+    tun_cap = Capture(tun, size=1 << 17)
+    tun_cap.start()
+    size = 8 << 20
+    received, same = bulk_transfer(net, size)
+    assert received == size
+    assert same
+    # What B's TCP was handed on the TUN device: aggregates (longer than the link's
+    # MTU) among the segments, each with its checksum right over the identifier
+    # addresses, finished or (CHECKSUM_PARTIAL, as GRO leaves it) its pseudo-header part.
+    aggregates = 0
+    for packet in tun_cap.stop():
+        if packet[6] != 6 or packet[8:24] != socket.inet_pton(socket.AF_INET6, ID_A):
+            continue
+        tcp = packet[40:]
+        pseudo = ipv6_pseudo_header(packet[8:24], packet[24:40], len(tcp), 6)
+        seed = ones_complement_sum(pseudo)
+        (field,) = struct.unpack_from("!H", tcp, 16)
+        assert internet_checksum(pseudo + tcp) == 0 or field % 0xFFFF == seed % 0xFFFF
+        aggregates += len(packet) > 1500
+    assert aggregates > 0
+    status = db.status()
+    wire, drops = status["wire"], status["drops"]
+    assert not {k: v for k, v in drops.items() if v and k != "ring_overflow"}, drops
+    if fastpath == "on":
+        fast = status["fastpath"]["counters"]
+        assert fast.get("rx_gso", 0) == 0
+        assert fast["rx_fast_gso"] > 0  # aggregates were made, and the kernel took them
+        assert fast.get("rx_error", 0) == 0
+        assert wire.get("rx", 0) < fast["rx_fast_tcp"] / 20  # nor through B's daemon
+    else:
+        assert wire["rx_aggregate"] > 0  # aggregates reached the daemon, whole
+    assert da.status()["fastpath"]["counters"]["tx_fast_tcp"] > 1000
 
 
 def test_fastpath_removed_entry_goes_back_to_user_space(net: IlnpNet) -> None:

@@ -289,10 +289,9 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     the hosts file to C's real address): ping, UDP and TCP, both directions."""
     with net.hosts.open("a") as hosts:
         hosts.write("2001:db8:e:0/0:0:0:c  carol\n")
-    # A veth passes whole TSO segments on (a NIC cuts them before the wire): C sends
-    # segments as a host on a real link would. It also leaves C's transport checksums
-    # unfinished (CHECKSUM_PARTIAL), which A's daemon finishes itself.
-    net.c.exec(["ethtool", "-K", "eth0", "tso", "off", "gso", "off"])
+    # A veth passes C's TSO packets on whole (a NIC would cut them before the wire),
+    # and A's ring takes them whole, as it does GRO aggregates; the veth also leaves
+    # C's transport checksums unfinished (CHECKSUM_PARTIAL), which A's daemon finishes.
     da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy=policy)
     echo_a = EchoServer(net.a, ID_A)
     echo_c = EchoServer(net.c, "::")
@@ -316,8 +315,37 @@ def test_plain_ipv6_host_and_ilnp_host_talk_both_ways(net: IlnpNet, policy: str)
     served_c.join(timeout=5)
     status = da.status()
     assert status["drops"].get("no_nonce", 0) == 0
+    assert status["drops"].get("malformed", 0) == 0  # nothing cut short on the way
     assert status["counters"]["peer_not_ilnp"] == 1
     assert status["wire"]["rx_checksum_finished"] > 0  # C's TCP, unfinished on the veth
+    assert status["wire"]["rx_aggregate"] > 0  # C's TSO packets, delivered whole
+    assert not status["drops"].get("ring_truncated")
+
+
+def test_plain_hosts_udp_segmentation_offload_packet_is_a_counted_drop(net: IlnpNet) -> None:
+    """C sends four UDP datagrams as one segmentation offload packet (``UDP_SEGMENT``);
+    the veths pass it on whole, as they do TSO packets. A's ring takes it whole, but
+    the datagrams' boundaries are gone from it: A's daemon counts it as a drop
+    (``ring_aggregate_not_tcp``) and delivers no run-together datagram. Datagrams sent
+    one by one still get their echo."""
+    with net.hosts.open("a") as hosts:
+        hosts.write("2001:db8:e:0/0:0:0:c  carol\n")
+    da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
+    echo_a = EchoServer(net.a, ID_A)
+    try:
+        _udp_echo_from(net.c, "2001:db8:a::a", ECHO_PORT)
+        with net.c.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.setsockopt(socket.IPPROTO_UDP, 103, 500)  # UDP_SEGMENT: 500-byte datagrams
+            sock.sendto(bytes(2000), ("2001:db8:a::a", ECHO_PORT))
+        wait_until(
+            lambda: da.status()["drops"].get("ring_aggregate_not_tcp", 0) == 1,
+            what="the UDP aggregate counted",
+        )
+        _udp_echo_from(net.c, "2001:db8:a::a", ECHO_PORT)
+    finally:
+        echo_a.close()
+    assert echo_a.answered == 10  # the two echo rounds, nothing of the aggregate
+    assert not da.status()["drops"].get("malformed")
 
 
 def _cli(node: Node, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -295,6 +295,23 @@ def test_finish_partial_checksum_over_real_addresses_is_the_plain_checksum() -> 
     )
 
 
+@given(a=ilvs, b=ilvs, payload=st.binary(min_size=20, max_size=3000))
+@SETTINGS
+def test_finish_partial_checksum_nid_only_ignores_a_seed_over_the_wire_addresses(
+    a: ILV, b: ILV, payload: bytes
+) -> None:
+    """A TCP aggregate the receiver's GRO made of an ILNP sender's segments holds the
+    pseudo-header sum over locator|NID (GRO's, not the sender's): finished ``nid_only``
+    it gets the NID-only checksum all the same."""
+    zeroed = payload[:16] + b"\0\0" + payload[18:]
+    packet = IlnpPacket(a, b, 6, zeroed, Nonce(b"\1\2\3\4"))
+    raw = _partial(packet, a.packed, b.packed)
+    finished = finish_partial_checksum(raw, nid_only=True)
+    assert finished is not None
+    got = struct.unpack_from("!H", decode_packet(finished).payload, 16)[0]
+    assert got == nid_checksum(a.nid, b.nid, 6, zeroed)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

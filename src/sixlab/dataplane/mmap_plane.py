@@ -488,7 +488,7 @@ class MmapDataplane(Dataplane):
         want = max_batch
         while want > 0:
             taken = 0
-            for data, rx_ns, length, snaplen, status, pkttype in rxr.records(want):
+            for data, rx_ns, length, snaplen, status, pkttype, _gso in rxr.records(want):
                 taken += 1
                 rx = decode(
                     data, rx_ns, snaplen=snaplen, length=length, status=status, pkttype=pkttype
@@ -562,7 +562,7 @@ class MmapDataplane(Dataplane):
         # a tenth of it) and goes back to the object when it ends; the RX ring's walk
         # keeps its own cursor the same way (PacketRing.records).
         tx_slot = self._tx_slot
-        for data, rx_ns, length, snaplen, status, pkttype in rxr.records(max_batch):
+        for data, rx_ns, length, snaplen, status, pkttype, _gso in rxr.records(max_batch):
             consumed += 1
             udp = (
                 fast_udp(data, snaplen, not status & _CSUM_TRUSTED)

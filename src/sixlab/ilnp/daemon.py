@@ -29,6 +29,13 @@ which live on a TUN device this daemon owns::
   ``TP_STATUS_CSUMNOTREADY`` (a sender's TCP, left for a device to finish, came over
   a veth that finishes nothing) has its checksum finished here first
   (:func:`sixlab.wire.ilnp.finish_partial_checksum`).
+* **Aggregates.** A link with GRO on (or a veth passing a TSO packet on) hands the
+  ring TCP aggregates of up to 64 KiB; the ring's blocks hold them whole and its
+  virtio header (``PACKET_VNET_HDR``) says which frames they are. A TCP one is
+  delivered as one segment, its checksum finished NID-only when it carries a nonce
+  (GRO summed the pseudo-header over the locators); a UDP one, whose datagram
+  boundaries are gone, is a counted drop, as is a frame the ring kept only part of
+  (docs/ilnp-field.md, "Segments coalesced by the link").
 * **Kernel fast path.** Once an ILCC entry is established, a copy of it goes into a BPF
   map, and two tc programs (:mod:`sixlab.ilnp.fastpath`) carry its TCP and UDP packets
   in both directions without this process: the TUN device's egress rewrites to I-LVs
@@ -123,6 +130,8 @@ from sixlab.linux.nftdrop import KernelDrop
 from sixlab.linux.packetring import (
     ETH_P_IPV6,
     TP_STATUS_CSUMNOTREADY,
+    VIRTIO_NET_HDR_GSO_ECN,
+    VIRTIO_NET_HDR_GSO_TCPV6,
     PacketRing,
     RingGeometry,
 )
@@ -157,10 +166,12 @@ __all__ = [
 _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
-#: Ring geometry: 256 blocks of 32 KiB (8 MiB) and a 1 ms block retire timeout: a block
+#: Ring geometry: 256 blocks of 128 KiB (32 MiB) and a 1 ms block retire timeout: a block
 #: is handed over when full or after 1 ms, which bounds the latency the ring adds; the
 #: 256 blocks let the daemon stall for at least a quarter of a second without a drop.
-_RING_GEOMETRY = RingGeometry(block_size=1 << 15, block_count=256, frame_size=2048, retire_ms=1)
+#: A block holds a whole GRO aggregate (up to 64 KiB of IPv6 packet, with the virtio
+#: and ring headers in front): docs/ilnp-field.md, "Segments coalesced by the link".
+_RING_GEOMETRY = RingGeometry(block_size=1 << 17, block_count=256, frame_size=2048, retire_ms=1)
 #: ICMPv6 Neighbour Discovery types (RFC 4861 §4): the kernel must keep answering these.
 _ND_TYPES = frozenset(range(133, 138))
 #: Identifier MTU: the links' 1500 bytes less the 16-byte nonce header (96-bit nonce)
@@ -458,6 +469,7 @@ class IlnpDaemon:
                     protocol=ETH_P_IPV6,
                     program=ring_filter(self.config.nid, dns_port=self.resolver.source_port),
                     geometry=_RING_GEOMETRY,
+                    vnet_hdr=True,
                 )
                 self._rings.append(ring)
                 self._selector.register(ring.fileno(), selectors.EVENT_READ, ring)
@@ -722,8 +734,20 @@ class IlnpDaemon:
             if not self._is_ours(packet):
                 continue
             self.wire["rx"] += 1
+            if frame.snaplen < frame.length:  # not whole: nothing to deliver
+                self.wire["rx_truncated"] += 1
+                continue
+            aggregate = frame.gso_type & ~VIRTIO_NET_HDR_GSO_ECN
+            if aggregate:  # several segments the link's GRO (or LRO) coalesced
+                if aggregate != VIRTIO_NET_HDR_GSO_TCPV6:
+                    self.wire["rx_aggregate_not_tcp"] += 1  # UDP: datagrams run together
+                    continue
+                self.wire["rx_aggregate"] += 1
             if frame.status & TP_STATUS_CSUMNOTREADY:  # a sender's veth left it unfinished
-                packet = finish_partial_checksum(packet) or packet
+                # GRO seeded an aggregate's sum over the wire's addresses: an ILNP
+                # sender's (a nonce) is NID-only, a plain node's stays as it is.
+                nid_only = bool(aggregate) and packet[6] == DSTOPTS_NEXT_HEADER
+                packet = finish_partial_checksum(packet, nid_only=nid_only) or packet
                 self.wire["rx_checksum_finished"] += 1
             if packet[6] == DSTOPTS_NEXT_HEADER:
                 self.wire["rx_nonce"] += 1
@@ -1025,6 +1049,9 @@ class IlnpDaemon:
         ``tun_queue_overflow``: applications' packets the TUN device dropped because
         its queue was full (not read in time); ``tun_rx_dropped``: packets written to
         the TUN device that the kernel dropped; ``tun_read_error``/``tun_write_error``;
+        ``ring_truncated``: frames the ring kept only part of; ``ring_aggregate_not_tcp``:
+        UDP (or IPv4) aggregates the link's GRO made, which the daemon cannot take
+        apart again;
         ``tx_error_<errno>``: sends that failed (:mod:`sixlab.ilnp.egress`);
         ``fastpath_rx_error``/``fastpath_tx_error``: packets the kernel programs
         dropped half-way through a rewrite.
@@ -1035,6 +1062,8 @@ class IlnpDaemon:
         drops["tun_rx_dropped"] = device.get("rx_dropped", 0)
         drops["tun_read_error"] = self.wire["tun_read_error"]
         drops["tun_write_error"] = self.wire["tun_error"]
+        drops["ring_truncated"] = self.wire["rx_truncated"]
+        drops["ring_aggregate_not_tcp"] = self.wire["rx_aggregate_not_tcp"]
         drops |= self.egress.drops()
         if self.fastpath is not None:
             fast = self.fastpath.counters()

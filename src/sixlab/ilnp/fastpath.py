@@ -111,6 +111,7 @@ COUNTER_NAMES = (
     "rx_no_room",
     "rx_fast_tcp",
     "tx_fast_tcp",
+    "rx_fast_gso",
 )
 #: A ``u64`` deadline that never comes.
 _NEVER = (1 << 64) - 1

@@ -87,6 +87,11 @@ __all__ = [
     "TP_STATUS_CSUM_VALID",
     "TP_STATUS_KERNEL",
     "TP_STATUS_USER",
+    "VIRTIO_NET_HDR_GSO_ECN",
+    "VIRTIO_NET_HDR_GSO_NONE",
+    "VIRTIO_NET_HDR_GSO_TCPV4",
+    "VIRTIO_NET_HDR_GSO_TCPV6",
+    "VIRTIO_NET_HDR_GSO_UDP_L4",
     "Frame",
     "PacketRing",
     "Record",
@@ -98,6 +103,7 @@ SOL_PACKET = 263
 PACKET_RX_RING = 5
 PACKET_STATISTICS = 6
 PACKET_VERSION = 10
+PACKET_VNET_HDR = 15
 PACKET_IGNORE_OUTGOING = 23
 TPACKET_V3 = 2
 TP_STATUS_KERNEL = 0
@@ -117,6 +123,14 @@ BLOCK_PKTS_OFFSET = 12
 #: tpacket_hdr_v1.seq_num: the kernel numbers the blocks as it opens them.
 BLOCK_SEQ = struct.Struct("=Q")
 BLOCK_SEQ_OFFSET = 24
+#: ``struct virtio_net_hdr`` (<linux/virtio_net.h>), 10 bytes in front of the link header
+#: on a ``vnet_hdr`` ring; ``gso_type`` is its second byte.
+VNET_HDR_SIZE = 10
+VIRTIO_NET_HDR_GSO_NONE = 0
+VIRTIO_NET_HDR_GSO_TCPV4 = 1
+VIRTIO_NET_HDR_GSO_UDP_L4 = 5
+VIRTIO_NET_HDR_GSO_TCPV6 = 4
+VIRTIO_NET_HDR_GSO_ECN = 0x80
 #: struct tpacket3_hdr up to tp_net: next_offset, sec, nsec, snaplen, len, status, mac, net.
 PKT_HEADER = struct.Struct("=6I2H")
 #: TPACKET_ALIGN(sizeof(struct tpacket3_hdr)): where the sockaddr_ll follows.
@@ -159,10 +173,14 @@ class Frame(NamedTuple):
     status: int
     #: ``sll_pkttype``: ``PACKET_HOST`` (0), ``PACKET_OTHERHOST``, ...
     pkttype: int
+    #: On a ``vnet_hdr`` ring, the ``gso_type`` of the packet's virtio header
+    #: (``VIRTIO_NET_HDR_GSO_*``): not NONE for an aggregate that GRO (or the device's
+    #: LRO) made of several segments; always NONE on other rings.
+    gso_type: int
 
 
 #: One packet as :meth:`PacketRing.records` yields it: :class:`Frame`'s fields in order.
-Record = tuple[bytes, int, int, int, int, int]
+Record = tuple[bytes, int, int, int, int, int, int]
 
 
 class PacketRing:
@@ -174,7 +192,12 @@ class PacketRing:
     offsets start at the network header) rather than ``SOCK_RAW``. Own outgoing
     packets are skipped (``PACKET_IGNORE_OUTGOING``, Linux 4.20) unless
     ``ignore_outgoing`` is False; on older kernels that option is silently absent.
-    Raises ``OSError`` (the socket is closed again) when the kernel refuses.
+    ``vnet_hdr`` (``PACKET_VNET_HDR``, raw sockets only) has the kernel put a
+    ``struct virtio_net_hdr`` in front of each packet, which says whether it is a
+    segmentation offload aggregate (:attr:`Frame.gso_type`); the kernel counts a packet
+    it cannot describe (a GSO type virtio has no name for) as a ring drop. A ring
+    that is to take aggregates whole needs blocks larger than 64 KiB. Raises
+    ``OSError`` (the socket is closed again) when the kernel refuses.
     """
 
     def __init__(
@@ -186,6 +209,7 @@ class PacketRing:
         geometry: RingGeometry | None = None,
         cooked: bool = False,
         ignore_outgoing: bool = True,
+        vnet_hdr: bool = False,
     ) -> None:
         self.ifname = ifname
         self.protocol = protocol
@@ -193,6 +217,7 @@ class PacketRing:
         self.geometry = geometry or RingGeometry()
         self.cooked = cooked
         self.ignore_outgoing = ignore_outgoing
+        self.vnet_hdr = vnet_hdr
         g = self.geometry
         self.block_size = g.block_size
         self.block_count = g.block_count
@@ -223,6 +248,8 @@ class PacketRing:
                 with contextlib.suppress(OSError):  # Linux >= 4.20
                     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
             sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
+            if self.vnet_hdr:  # before the ring: the kernel refuses it afterwards
+                sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
             frames = g.size // g.frame_size
             req = _REQ3.pack(g.block_size, g.block_count, g.frame_size, frames, g.retire_ms, 0, 0)
             sock.setsockopt(SOL_PACKET, PACKET_RX_RING, req)
@@ -349,6 +376,8 @@ class PacketRing:
         """
         view = self.map
         unpack = PKT_HEADER.unpack_from
+        # gso_type, the virtio header's second byte, ends 9 bytes before the link header.
+        gso_at = VNET_HDR_SIZE - 1 if self.vnet_hdr else 0
         count = 0
         left, offset = self.left, self.offset
         try:
@@ -366,12 +395,13 @@ class PacketRing:
                 nxt, sec, nsec, snaplen, length, status, mac, net = unpack(view, offset)
                 pkttype = view[offset + SLL_OFFSET + SLL_PKTTYPE]
                 data = view[offset + net : offset + mac + snaplen]
+                gso = view[offset + mac - gso_at] if gso_at else 0
                 offset += nxt
                 left -= 1
                 if left == 0:
                     self.release()
                 count += 1
-                yield data, sec * 1_000_000_000 + nsec, length, snaplen, status, pkttype
+                yield data, sec * 1_000_000_000 + nsec, length, snaplen, status, pkttype, gso
         finally:
             self.left, self.offset = left, offset
 

@@ -175,7 +175,7 @@ def relocate_checksum(
 _WALKED_EXTENSIONS = frozenset({0, 43, DSTOPTS_NEXT_HEADER})
 
 
-def finish_partial_checksum(packet: BytesLike) -> bytes | None:
+def finish_partial_checksum(packet: BytesLike, *, nid_only: bool = False) -> bytes | None:
     """``packet`` with its transport checksum finished, for one a kernel left unfinished.
 
     A Linux sender leaves the TCP (and some UDP) checksum to the device
@@ -186,6 +186,11 @@ def finish_partial_checksum(packet: BytesLike) -> bytes | None:
     does the device's part (RFC 1071 over the transport header and data, a UDP zero
     sent as 0xFFFF, RFC 8200 §8.1); whatever pseudo-header the sender summed, over
     real or identifier addresses, is what the result checks against.
+
+    ``nid_only``: the pseudo-header part is the ILNP one (``::NIDs``/``::NIDd``, RFC 6740
+    §6.3) whatever the field holds. For a TCP aggregate the receiver's GRO made out of
+    an ILNP sender's segments: GRO rewrites the field with the sum over the addresses
+    on the wire, locator|NID (``tcp6_gro_complete`` in Linux), not the sender's.
 
     None when there is no TCP, UDP or ICMPv6 header after the fixed header and
     Hop-by-Hop, Routing or Destination Options headers, or the packet is cut short.
@@ -201,7 +206,13 @@ def finish_partial_checksum(packet: BytesLike) -> bytes | None:
     where = upper_layer_checksum_offset(next_header)
     if where is None or offset + where + 2 > end:
         return None
-    checksum = internet_checksum(packet[offset:end])
+    if nid_only:
+        upper = bytearray(packet[offset:end])
+        upper[where : where + 2] = b"\0\0"
+        src, dst = int.from_bytes(packet[16:24], "big"), int.from_bytes(packet[32:40], "big")
+        checksum = nid_checksum(src, dst, next_header, bytes(upper))
+    else:
+        checksum = internet_checksum(packet[offset:end])
     if next_header == 17:
         checksum = udp_field(checksum)
     out = bytearray(packet)

@@ -21,9 +21,11 @@
  *    become identifier addresses and the packet is redirected into the TUN device's
  *    receive path, so the kernel delivers it to the application's socket.
  *
- * The transport checksum is not touched in either direction: the identifier prefix's
- * four 16-bit words add up to 0xFFFF (ones' complement zero), so the checksum over
- * identifier addresses is the NID-only ILNP checksum (RFC 6740 §6.3).
+ * The transport checksum of a packet is not touched in either direction: the
+ * identifier prefix's four 16-bit words add up to 0xFFFF (ones' complement zero), so
+ * the checksum over identifier addresses is the NID-only ILNP checksum (RFC 6740 §6.3).
+ * A TCP aggregate that the link's GRO made is the exception (ilnp_ingress; docs/
+ * ilnp-field.md, "Segments coalesced by the link").
  *
  * That holds for a checksum not finished yet too. TCP hands every segment to the
  * device CHECKSUM_PARTIAL: the check field holds the pseudo-header sum (over identifier
@@ -111,7 +113,7 @@ enum fp_counter {
 	FP_RX_NONCE = 3,      /* nonce missing, different or laid out otherwise */
 	FP_RX_LOCATOR = 4,    /* source locator not (or no longer) in the peer's set */
 	FP_RX_PROTOCOL = 5,   /* not TCP or UDP (ICMPv6, Locator Updates, ...) */
-	FP_RX_GSO = 6,        /* GRO aggregate */
+	FP_RX_GSO = 6,        /* GRO aggregate other than TCP, or over 64 KiB */
 	FP_RX_ERROR = 7,      /* rewrite failed half way: dropped */
 	FP_TX_FAST = 8,
 	FP_TX_NO_PEER = 9,
@@ -126,7 +128,8 @@ enum fp_counter {
 	FP_RX_NO_ROOM = 18,   /* bpf_skb_adjust_room refused to remove the option */
 	FP_RX_FAST_TCP = 19,  /* of FP_RX_FAST, TCP */
 	FP_TX_FAST_TCP = 20,  /* of FP_TX_FAST, TCP */
-	FP_MAX = 21,
+	FP_RX_FAST_GSO = 21,  /* of FP_RX_FAST_TCP, GRO aggregates */
+	FP_MAX = 22,
 };
 
 struct {
@@ -291,10 +294,22 @@ int ilnp_ingress(struct __sk_buff *skb)
 		count(FP_RX_LOCATOR);
 		return TC_ACT_OK;
 	}
-	if (skb->gso_segs > 1) {
+	/* A GRO aggregate (gso_size set): TCP only, and within the 16-bit payload length
+	 * (BIG TCP's larger ones say 0 there). UDP aggregates (GRO fraglist, UDP_GRO
+	 * sockets) are left to the daemon, whose ring takes them whole or counts them. */
+	int gso = skb->gso_size != 0;
+	if (gso && (nh != NH_TCP || !ip6->payload_len)) {
 		count(FP_RX_GSO);
 		return TC_ACT_OK;
 	}
+	/* GRO finished the aggregate's TCP header as the kernel does for a segment it will
+	 * cut again (tcp6_gro_complete): CHECKSUM_PARTIAL, the check field holding the
+	 * pseudo-header sum over the addresses on the wire, locator|NID. The NIDs stay; the
+	 * locators become the identifier prefix: the difference goes into that sum
+	 * (bpf_l4_csum_replace with BPF_F_PSEUDO_HDR updates a partial checksum's
+	 * pseudo-header part), so the sum is the one over identifier addresses again. A
+	 * single segment's checksum is left alone: a sender's, it already is. */
+	__u64 wire_locs[2] = {*(__u64 *)&ip6->saddr, *(__u64 *)&ip6->daddr}; /* as on the wire */
 	struct ip6_tail tail = {
 		.payload_len = bpf_htons(bpf_ntohs(ip6->payload_len) - optlen),
 		.nexthdr = nh,
@@ -304,7 +319,9 @@ int ilnp_ingress(struct __sk_buff *skb)
 		.dst_hi = bpf_cpu_to_be64(cfg->prefix),
 		.dst_lo = bpf_cpu_to_be64(cfg->nid),
 	};
-	if (optlen && bpf_skb_adjust_room(skb, -optlen, BPF_ADJ_ROOM_NET, 0)) {
+	/* FIXED_GSO: the aggregate's segment size stays the sender's MSS (by default the
+	 * helper would grow it by the bytes removed). */
+	if (optlen && bpf_skb_adjust_room(skb, -optlen, BPF_ADJ_ROOM_NET, BPF_F_ADJ_ROOM_FIXED_GSO)) {
 		count(FP_RX_NO_ROOM); /* nothing changed yet: user space takes it */
 		return TC_ACT_OK;
 	}
@@ -312,10 +329,22 @@ int ilnp_ingress(struct __sk_buff *skb)
 		count(FP_RX_ERROR);
 		return TC_ACT_SHOT;
 	}
+	if (gso) {
+		__u64 id_locs[2] = {tail.src_hi, tail.dst_hi};
+		__s64 diff = bpf_csum_diff((__be32 *)wire_locs, sizeof(wire_locs), (__be32 *)id_locs,
+					   sizeof(id_locs), 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, ETH_HLEN + IP6_HLEN + 16, 0, (__u32)diff,
+						    BPF_F_PSEUDO_HDR)) {
+			count(FP_RX_ERROR);
+			return TC_ACT_SHOT;
+		}
+	}
 	report(peer, peer_nid, now, 1);
 	count(FP_RX_FAST);
 	if (nh == NH_TCP)
 		count(FP_RX_FAST_TCP);
+	if (gso)
+		count(FP_RX_FAST_GSO);
 	return bpf_redirect(cfg->tun_ifindex, BPF_F_INGRESS);
 }
 
