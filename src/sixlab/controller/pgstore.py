@@ -352,13 +352,11 @@ class PostgresStore(Store):
             return "foreign"
         return "other"
 
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         assert isinstance(db, _PgDb)
         conn = db.conn
-        counts: dict[tuple[int, int], int] = {}
-        for row in rows:
-            key = (row[0], row[1])
-            counts[key] = counts.get(key, 0) + 1
         try:
             with (
                 conn.transaction(),

@@ -354,6 +354,17 @@ class ResultBatch:
     epoch: int
     records: Sequence[tuple[int, StampResult]]
     counters: Counters | None = None
+    #: The records as ``results`` rows already (``RESULT_COLUMNS`` order, this batch's
+    #: session and epoch), given instead of ``records``: a collector builds them
+    #: straight from the API's records (``Controller``), with no ``StampResult`` each.
+    rows: Sequence[tuple[Any, ...]] | None = None
+
+    def result_rows(self) -> Sequence[tuple[Any, ...]]:
+        """The batch's ``results`` rows."""
+        if self.rows is not None:
+            return self.rows
+        sid, epoch = self.session_id, self.epoch
+        return [_result_row(sid, epoch, rid, r) for rid, r in self.records]
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,10 +522,13 @@ class Store(ABC):
         """Which constraint an integrity error broke: ``unique``, ``foreign`` or ``other``."""
 
     @abstractmethod
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         """Insert result rows (``RESULT_COLUMNS``), skipping any whose (session, epoch,
         record id) or (session, epoch, Seq) is stored; inside the caller's transaction.
-        Returns how many were new per (session, epoch)."""
+        ``counts``: the rows of each (session, epoch). Returns how many were new per
+        (session, epoch)."""
 
     @abstractmethod
     def storage(self) -> Storage:
@@ -1025,23 +1039,27 @@ class Store(ABC):
                 stale.add(i)
                 continue
             fresh.append(b)
-        rows = [_result_row(b.session_id, b.epoch, rid, r) for b in fresh for rid, r in b.records]
-        new = self._insert_results(db, rows) if rows else {}
+        # Per batch, not per row: how many rows and the highest record id of each
+        # (session, epoch) (a caller may pass two batches of one session).
+        rows: list[tuple[Any, ...]] = []
+        counts: dict[tuple[int, int], int] = {}
+        tops: dict[tuple[int, int], int] = {}
+        for b in fresh:
+            got = b.result_rows()
+            if not got:
+                continue
+            rows += got
+            key = (b.session_id, b.epoch)
+            counts[key] = counts.get(key, 0) + len(got)
+            top = max(row[2] for row in got)
+            if top > tops.get(key, 0):
+                tops[key] = top
+        new = self._insert_results(db, rows, counts) if rows else {}
         # Rows are updated in (session, epoch) order: PostgreSQL transactions of two
         # threads then lock them in one order (no deadlock).
-        fresh.sort(key=lambda b: (b.session_id, b.epoch))
-        cursors = [
-            (b.session_id, b.epoch, top)
-            for b in fresh
-            if b.records
-            for top in [max(rid for rid, _ in b.records)]
-        ]
-        if cursors:
-            self._set_cursors(db, cursors)
-        tops: dict[tuple[int, int], int] = {}
-        for row in rows:
-            key = (row[0], row[1])
-            tops[key] = max(tops.get(key, 0), row[2])
+        ordered = sorted(tops.items())
+        if ordered:
+            self._set_cursors(db, [(sid, ep, top) for (sid, ep), top in ordered])
         received = [
             (sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in sorted(new.items()) if n
         ]
@@ -1500,8 +1518,9 @@ class SqliteStore(Store):
             return "foreign"
         return "other"
 
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
-        groups = dict(_by_epoch(rows))
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         # One statement for all rows, in a savepoint: a row already stored (a misbehaving
         # agent resent it) aborts it, and the rows go in again group by group, skipping
         # the repeats.
@@ -1515,9 +1534,9 @@ class SqliteStore(Store):
                 raise
         else:
             db.execute("RELEASE results_in")
-            return {key: len(group) for key, group in groups.items()}
+            return counts
         new: dict[tuple[int, int], int] = {}
-        for key, group in groups.items():
+        for key, group in _by_epoch(rows):
             # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
             # skipped: OR IGNORE would also swallow a NOT NULL violation.
             cur = db.executemany(_INSERT_RESULTS + " ON CONFLICT DO NOTHING", group)
