@@ -1065,33 +1065,39 @@ class Store(ABC):
         ]
         if received:
             self._add_received(db, received)
-        counted = [b for b in fresh if b.counters is not None]
+        counted = [(b.session_id, b.epoch, b.counters) for b in fresh if b.counters is not None]
         if counted:
-            db.executemany(
-                "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-                " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
-                " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
-                " lost=excluded.lost, forward_lost=excluded.forward_lost,"
-                " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
-                " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
-                " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
-                " ssid_zero=excluded.ssid_zero",
-                [(b.session_id, b.epoch, now_ns, *b.counters[:4], now_ns, *b.counters[4:])
-                 for b in counted if b.counters is not None],
-            )  # fmt: skip
-            db.executemany(
-                "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
-                " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
-                " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
-                " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
-                " FROM epochs WHERE session_id=?) WHERE id=?",
-                [(b.session_id, b.session_id) for b in counted],
-            )
+            self._set_counters(db, now_ns, counted)
         return [
             None if i in stale else new.get((b.session_id, b.epoch), 0)
             for i, b in enumerate(batches)
         ]
+
+    def _set_counters(
+        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters]]
+    ) -> None:
+        """Each epoch's counters as its sender last reported them (session id, epoch,
+        counters), read at ``now_ns``, and the sessions' totals: their sums."""
+        db.executemany(
+            "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+            " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
+            " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+            " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+            " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+            " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+            " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
+            " ssid_zero=excluded.ssid_zero",
+            [(sid, ep, now_ns, *c[:4], now_ns, *c[4:]) for sid, ep, c in counted],
+        )
+        db.executemany(
+            "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
+            " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
+            " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
+            " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
+            " FROM epochs WHERE session_id=?) WHERE id=?",
+            [(sid, sid) for sid, _, _ in counted],
+        )
 
     def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
         """Advance the cursors, (session id, epoch, highest record id stored)."""
