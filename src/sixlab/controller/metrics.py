@@ -295,12 +295,13 @@ class ControllerMetrics:
                 if hist is None:
                     hist = self._delay[(path, direction)] = _Histogram()
                 hist.observe_ns(values)
-        direct_ipdv, return_ipdv = _ipdv(two_way)
-        for direction, values in (
-            ("direct", direct_ipdv), ("return", return_ipdv), ("rtt", _ipdv(looped)[0]),
-        ):  # fmt: skip
-            if values:
-                self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
+        if len(rows) > 1:  # IPDV needs two records (a batch of one leaves jitter as it was)
+            direct_ipdv, return_ipdv = _ipdv(two_way)
+            for direction, values in (
+                ("direct", direct_ipdv), ("return", return_ipdv), ("rtt", _ipdv(looped)[0]),
+            ):  # fmt: skip
+                if values:
+                    self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
         if extra:
             if records is None:
                 records = [_row_result(row) for row in rows]
