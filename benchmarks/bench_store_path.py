@@ -12,7 +12,9 @@ controller's storer (``Controller._store_messages``: merging, the epoch check, t
 transaction with the results and the cursors, the metrics, the acknowledgement to a
 client that does nothing). Reported: the thread's CPU per stored result (µs) and per
 session batch, over ``--rounds`` rounds after ``--warmup`` rounds, for the parse and
-for the whole; ``--profile`` prints a cProfile of the measured rounds.
+for the whole; ``--profile`` prints a cProfile of the measured rounds. ``--messages M``
+stores M rounds' messages in one transaction, as group commit gathers a backlog (each
+session then has M batches to join).
 
     .venv/bin/python benchmarks/bench_store_path.py --db sqlite --sessions 1000 \\
         --records 5 --rounds 20
@@ -121,15 +123,25 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     ]
     parse_s = total_s = 0.0
     profile = cProfile.Profile() if args.profile else None
-    for n, round_data in enumerate(data):
+    step = args.messages
+    if args.warmup % step or args.rounds % step:
+        raise SystemExit("--warmup and --rounds must be multiples of --messages")
+    for n in range(0, total_rounds, step):
         measured = n >= args.warmup
         if measured and profile is not None:
             profile.enable()
         t0 = time.thread_time()
-        got = [(time.time_ns(), pb.ResultBatches.FromString(b)) for b in round_data]
+        got = [
+            (time.time_ns(), pb.ResultBatches.FromString(b))
+            for round_data in data[n : n + step]
+            for b in round_data
+        ]
         t1 = time.thread_time()
-        for item in got:
-            ctl._store_messages(st, subs, inbox, [item])
+        if step == 1:
+            for item in got:
+                ctl._store_messages(st, subs, inbox, [item])
+        else:
+            ctl._store_messages(st, subs, inbox, got)
         t2 = time.thread_time()
         if profile is not None:
             profile.disable()
@@ -152,6 +164,7 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "records_per_batch": args.records,
         "senders": args.senders,
         "rounds": args.rounds,
+        "messages_per_transaction": args.messages,
         "results_total": expected,
         "us_per_result": round(total_s / stored * 1e6, 2),
         "us_parse_per_result": round(parse_s / stored * 1e6, 2),
@@ -167,6 +180,10 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=5, help="records per session batch")
     ap.add_argument("--senders", type=int, default=1, help="stream messages per round")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument(
+        "--messages", type=int, default=1,
+        help="rounds stored per transaction (a backlog: several messages per session)",
+    )  # fmt: skip
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--counters-every", type=int, default=4)
     ap.add_argument("--profile", action="store_true")
