@@ -868,7 +868,11 @@ class SenderEngine(_Loop):
                 continue
             t4 = t4 or wall
             arrived = mono - wall + t4 if t4 < wall else mono
-            tlvs = bytes(data[at + wire.UNAUTH_PACKET_SIZE : at + size])
+            tlvs = (
+                bytes(data[at + wire.UNAUTH_PACKET_SIZE : at + size])
+                if size > wire.UNAUTH_PACKET_SIZE
+                else b""
+            )
             session = entry.session
             fields = (rseq, r_ee, ssid, seq, s_ee, ttl, t1, t2, t3)
             receive_record(session, arrived, t4, fields, tlvs)
