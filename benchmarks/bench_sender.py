@@ -246,8 +246,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the tick list")
     parser.add_argument(
         "--timer-slack-ns", type=int, default=None,
-        help="the engine thread's timer slack (0: the kernel's default, 50 µs; "
-        "unset: the engine's default)",
+        help="the engine thread's timer slack in ns (PR_SET_TIMERSLACK; unset or 0: "
+        "the kernel's default, 50 µs)",
     )  # fmt: skip
     parser.add_argument(
         "--python-path", action="store_true",
@@ -270,7 +270,8 @@ def main() -> None:
     )  # fmt: skip
     try:
         assert reflector.stdout is not None
-        reflector.stdout.readline()
+        if reflector.stdout.readline().strip() != "ready":  # e.g. its port is taken
+            sys.exit(f"bench_sender: the reflector did not start on port {args.port}")
         for _ in range(args.repeat):
             for tick in ticks:
                 print(json.dumps(run(args, tick)), flush=True)

@@ -506,7 +506,7 @@ class SenderEngine(_Loop):
         tick_ns: int = DEFAULT_TICK_NS,
         fast_path: bool = True,
         compiled: bool = True,
-        timer_slack_ns: int | None = 1,
+        timer_slack_ns: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
         ``tick_ns``: the least time between two runs of the timers (0: none), see
@@ -524,7 +524,8 @@ class SenderEngine(_Loop):
 
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
-        it with others)."""
+        it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
+        steadier slip (benchmarks/README.md, "One sender agent, socket plane")."""
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
         self.tick_ns = tick_ns
