@@ -36,6 +36,7 @@ from sixlab.wire import stamp as wire
 from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp
 
 LOOP = IPv6Address("::1")
+KEY = b"sixteen byte key"
 #: An Extra Padding TLV (RFC 8972 §4.1) of 8 bytes: the reflector copies it back.
 PADDING = b"\x00\x01\x00\x08" + bytes(8)
 
@@ -50,6 +51,7 @@ def reflector() -> Iterator[int]:
     engine = ReflectorEngine(plane, core)
     engine.add_session(ReflectorSessionConfig(2, mode=ReflectorMode.STATEFUL))
     engine.add_session(ReflectorSessionConfig(3, fmt=TimestampFormat.PTP))
+    engine.add_session(ReflectorSessionConfig(5, key=KEY))
     engine.start()
     try:
         yield plane.local_port
@@ -261,7 +263,10 @@ def _run_engine(port: int, compiled: bool) -> tuple[SenderEngine, dict[int, list
             port,
         )
     )
-    # A source address keeps a session on the Python path even when compiled.
+    # Integrity (HMAC, RFC 8762 §4.4) and a source address keep a session on the
+    # Python path even when compiled; its replies reach it through the C receive.
+    cfg = SenderConfig(5, interval_ns=5 * 10**6, count=6, key=KEY)
+    specs.append(SenderSessionSpec(cfg, LOOP, port))
     specs.append(
         SenderSessionSpec(SenderConfig(50, interval_ns=5 * 10**6, count=6), LOOP, port, source=LOOP)
     )
