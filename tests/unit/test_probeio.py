@@ -10,7 +10,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
-from ipaddress import IPv6Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 import pytest
@@ -317,3 +317,36 @@ def test_without_a_compiler_the_helper_is_not_built_and_the_engine_runs_python(
     engine, records = _run_engine(reflector, True)
     assert engine.probe_io is None
     assert all(len(r) == 6 for r in records.values())
+
+
+@pytest.mark.parametrize("bound", [None, IPv4Address("127.0.0.1")], ids=["dual-stack", "ipv4"])
+def test_ipv4_reflectors_through_the_c_path(bound: IPv4Address | None) -> None:
+    """An IPv4 reflector, from a dual-stack socket (IPv4-mapped addresses) and from an
+    IPv4 socket: every probe answered through ``sendmmsg``/``recvmmsg``."""
+    rplane = create("socket", DataplaneConfig(port=0, source=IPv4Address("127.0.0.1")))
+    rplane.open()
+    refl = ReflectorEngine(rplane, Reflector(ReflectorSessionConfig(None)))
+    refl.start()
+    plane = create("socket", DataplaneConfig(port=0, source=bound))
+    plane.open()
+    engine = SenderEngine(plane)
+    try:
+        target = IPv4Address("127.0.0.1")
+        for ssid in (1, 2):
+            cfg = SenderConfig(ssid, interval_ns=5 * 10**6, count=5)
+            engine.add_session(SenderSessionSpec(cfg, target, rplane.local_port))
+        engine.start()
+        assert engine.probe_io is not None
+        for ssid in (1, 2):
+            engine.start_session(ssid)
+        for ssid in (1, 2):
+            assert engine.wait_finished(ssid, 10.0)
+            records = engine.results(ssid)
+            assert [r.seq for r in records] == list(range(5))
+            assert all(r.t1_ns <= r.t2_ns <= r.t3_ns <= r.t4_ns for r in records)
+        assert engine.counters.no_session == 0
+    finally:
+        engine.shutdown()
+        plane.close()
+        refl.shutdown()
+        rplane.close()
