@@ -350,3 +350,9 @@ def test_ipv4_reflectors_through_the_c_path(bound: IPv4Address | None) -> None:
         plane.close()
         refl.shutdown()
         rplane.close()
+
+
+def test_an_unwritable_cache_leaves_the_python_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    assert probeio.build(blocker / "cache") is None  # a file where the directory goes

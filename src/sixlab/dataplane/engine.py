@@ -553,7 +553,8 @@ class SenderEngine(_Loop):
     def start(self) -> None:
         make = getattr(self.dataplane, "probe_io", None)
         if self.compiled and self.fast_path and make is not None and self.clock is time.time_ns:
-            self.probe_io = make()
+            with contextlib.suppress(DataplaneError):  # not open: the loop reports it
+                self.probe_io = make()
         super().start()
 
     def _run(self) -> None:

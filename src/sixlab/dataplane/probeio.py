@@ -69,8 +69,11 @@ def build(cache: Path | None = None) -> Path | None:
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         return None
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probeio-", suffix=".so")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probeio-", suffix=".so")
+    except OSError:  # no writable cache: the Python path
+        return None
     os.close(fd)
     try:
         subprocess.run(  # a fixed compiler command on the package's own source
@@ -93,8 +96,11 @@ def load() -> ctypes.CDLL | None:
             _tried = True
             if os.environ.get("SIXLAB_PROBEIO", "1") != "0":
                 path = build()
-                if path is not None:
-                    lib = ctypes.CDLL(str(path))
+                try:
+                    lib = None if path is None else ctypes.CDLL(str(path))
+                except OSError:  # e.g. a cache on a noexec mount
+                    lib = None
+                if lib is not None:
                     vp, i = ctypes.c_void_p, ctypes.c_int
                     lib.pio_send.argtypes = [i, vp, i, vp, vp, vp]
                     lib.pio_send.restype = i
