@@ -5,10 +5,10 @@ of its timers; on the pure-Python path each costs a ``sendmsg`` and a ``recvmsg`
 its control messages unpacked in Python and a ``Received`` built
 (benchmarks/README.md, "One sender agent, socket plane"). Here the packets due in one
 run go out in one ``sendmmsg(2)``, Seq and T1 written in C right before it (one wall
-clock reading for the batch, RFC 8762 §4.1: T1 as close to transmission as possible),
+clock reading for the batch: RFC 8762 §4.2.1, the Timestamp is when the packet is sent),
 and the replies come in through ``recvmmsg(2)`` as fixed-size records with the control
 messages and the RFC 8762 §4.3.1 fields decoded (``RECORD``), which the engine hands to
-``sixlab.stamp.batch.receive_fields``.
+``sixlab.stamp.batch.receive_record``.
 
 Build. ``gcc -O2 -shared -fPIC`` on ``probeio.c`` (next to this file), cached by the
 source's hash under ``$XDG_CACHE_HOME/sixlab/dataplane`` (``~/.cache``), written
