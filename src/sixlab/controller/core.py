@@ -93,6 +93,9 @@ from sixlab.controller.events import (
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
+    DESTROYED,
+    DESTROYING,
+    RESYNC,
     AlreadyExistsError,
     Counters,
     EpochRow,
@@ -175,6 +178,9 @@ RAW_STATS_NS = 3600 * 1_000_000_000
 #: than a northbound client's deadline (``client.DEFAULT_TIMEOUT_S``), so that the
 #: caller hears why.
 DESTROY_WAIT_S = 20.0
+#: How often ``destroy_session`` looks at the store while it waits, should no notice of
+#: the destroy come (s): the owner's notice (``Store.subscribe``) normally wakes it.
+DESTROY_POLL_S = 1.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
 #: SSIDs a creation tries on its nodes: another replica creating a session there at the
@@ -674,6 +680,14 @@ class Controller:
         #: Sessions to start afresh once drained, with why their epoch ends.
         self._pending_restarts: dict[str, str] = {}
         self._wake = threading.Event()
+        #: Sender nodes whose recorded destroys this controller is to carry out now (the
+        #: store's DESTROYING notices), and the thread that does (``_destroy_loop``).
+        self._to_destroy: set[str] = set()
+        self._destroy_wake = threading.Event()
+        self._destroyer: threading.Thread | None = None
+        #: Counts the store's DESTROYED notices: a destroy's waiter wakes on a change.
+        self._destroyed = threading.Condition(threading.Lock())
+        self._destroyed_seen = 0
         #: Stream transactions run one at a time (``_store_messages``).
         self._commit_slot = threading.Lock()
         self._closed = False
@@ -694,6 +708,7 @@ class Controller:
         self._loss_windows: dict[tuple[int, int], LossWindow] = {}
         self._received: dict[tuple[int, int], int] = {}
         self.metrics.bind(self._metric_totals)
+        store.subscribe(self._on_notice)
         if supervise_interval_s is not None:
             self._supervisor = threading.Thread(
                 target=self._supervise, name="controller-supervisor", daemon=True
@@ -1433,15 +1448,20 @@ class Controller:
                 except (ControllerError, SouthboundError) as exc:
                     failed[row.name] = exc  # e.g. fenced: its new owner carries it out
             waiting[row.id] = row
-        self._wake.set()
         deadline = time.monotonic() + wait_s
         while waiting:
+            with self._destroyed:
+                seen = self._destroyed_seen
             for sid, state in self.store.states(list(waiting)).items():
                 if state == "destroyed":
                     waiting.pop(sid)
-            if not waiting or time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
                 break
-            time.sleep(0.05)
+            # Woken by the owner's DESTROYED notice; the poll is the fallback.
+            with self._destroyed:
+                if self._destroyed_seen == seen:
+                    self._destroyed.wait(min(remaining, DESTROY_POLL_S))
         for row in waiting.values():
             errors[row.name] = failed.get(
                 row.name,
@@ -1452,6 +1472,51 @@ class Controller:
                 ),
             )
         return errors
+
+    def _on_notice(self, kind: str, arg: str) -> None:
+        """A notice of the store (``Store.subscribe``: this controller's changes, and on
+        PostgreSQL the other replicas'): act now rather than at the next round."""
+        if kind in (DESTROYING, RESYNC):
+            self._wake_destroyer(arg if kind == DESTROYING else None)
+        if kind in (DESTROYED, RESYNC):
+            with self._destroyed:
+                self._destroyed_seen += 1
+                self._destroyed.notify_all()
+
+    def _wake_destroyer(self, sender: str | None) -> None:
+        """Have the destroys recorded for ``sender`` (None: for every sender node this
+        controller owns) carried out now, by ``_destroy_loop``."""
+        with self._lock:
+            if self._closed:
+                return
+            if sender is None:
+                self._to_destroy.update(n.name for n in self.store.nodes() if n.role == "sender")
+            else:
+                self._to_destroy.add(sender)
+            if self._destroyer is None:
+                self._destroyer = threading.Thread(
+                    target=self._destroy_loop, name="controller-destroyer", daemon=True
+                )
+                self._destroyer.start()
+        self._destroy_wake.set()
+
+    def _destroy_loop(self) -> None:
+        """Carry out the destroys of the sender nodes the notices named, as they come
+        (the supervisor's round does too, should a notice be lost)."""
+        while not self._closed:
+            self._destroy_wake.wait()
+            self._destroy_wake.clear()
+            with self._lock:
+                nodes, self._to_destroy = self._to_destroy, set()
+            for node in sorted(nodes):
+                if self._closed:
+                    return
+                if not self._owns(node):
+                    continue
+                try:
+                    self._carry_out_destroys(node)
+                except Exception:  # the supervisor's round tries again
+                    log.exception("node %s: carrying out destroys failed", node)
 
     def _carry_out_destroys(self, sender: str) -> None:
         """Carry out the destroys recorded for the sessions of a sender node this
@@ -1679,8 +1744,12 @@ class Controller:
             streamers = list(self._streamers.values())
             self._streamers.clear()
         self._wake.set()
+        self._destroy_wake.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(INFO_TIMEOUT_S + 10)
+        destroyer = self._destroyer
+        if destroyer is not None and destroyer is not threading.current_thread():
+            destroyer.join(INFO_TIMEOUT_S + 10)
         for p in pollers:
             p.stop.set()
         for p in pollers:

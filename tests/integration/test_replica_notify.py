@@ -1,0 +1,158 @@
+"""Controller replicas told of each other's changes (``Store.subscribe``: LISTEN/NOTIFY on
+PostgreSQL, in-process on SQLite), orphan sessions on agents, and ``/metrics`` served
+from memory (docs/architecture.md, "Session lifecycle across replicas").
+
+The agents are simulated (``sixlab.southbound.simagent``): the real southbound gRPC API.
+Times are compared with the supervisor's round, set long here: what a replica does "at
+once" must not wait for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sixlab.controller import Controller, ReplicaManager, SessionSpec, core
+from sixlab.controller.store import SqliteStore, Store, open_store
+from sixlab.southbound import AgentServer
+from sixlab.southbound.client import AgentClient
+from sixlab.southbound.simagent import serve_simulated
+
+INTERVAL_NS = 50_000_000  # 20 packets/s per session
+LOSS_EVERY = 25
+TTL_S, TICK_S = 3.0, 0.5
+#: The supervisor's round in these tests (s): long, so that waiting for it shows.
+ROUND_S = 20.0
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, AgentServer]]:
+    servers = {
+        "s1": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
+        "r1": serve_simulated("127.0.0.1:0", "reflector"),
+    }
+    try:
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop(None)
+
+
+def _wait(what: str, check: object, timeout: float) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _spec(name: str) -> SessionSpec:
+    return SessionSpec(
+        name, "s1", "r1", "2001:db8::2", interval_ns=INTERVAL_NS,
+        loss_timeout_ns=200_000_000, collect="stream",
+    )  # fmt: skip
+
+
+def _carried(agents: dict[str, AgentServer], node: str) -> set[int]:
+    client = AgentClient(f"127.0.0.1:{agents[node].port}")
+    try:
+        return set(client.info(5).ssids)
+    finally:
+        client.close()
+
+
+def _owner(store: Store, agents: dict[str, AgentServer], **kwargs: float) -> Controller:
+    """A controller with the nodes registered and initialised."""
+    c = Controller(store, commit_interval_s=0.0, **kwargs)  # type: ignore[arg-type]
+    for name, server in agents.items():
+        role = "reflector" if name.startswith("r") else "sender"
+        c.register_node(name, f"127.0.0.1:{server.port}", role)
+        c.init_node(name)
+    return c
+
+
+def _running(c: Controller, names: list[str]) -> None:
+    _, errors = c.create_sessions([_spec(n) for n in names])
+    assert not errors
+    assert not c.start_sessions(names)
+    _wait("results", lambda: all(c.store.session(n).cursor > 0 for n in names), 30)
+
+
+def _pg_replicas(
+    pg_url: str, agents: dict[str, AgentServer], round_s: float
+) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager]:
+    """A, holding every lease, and B, holding none, with supervisor rounds of ``round_s``."""
+    a = _owner(open_store(pg_url), agents, supervise_interval_s=round_s)
+    ra = ReplicaManager(a, "A", ttl_s=TTL_S, tick_s=TICK_S)
+    ra.start()
+    assert ra.owned == {*agents, "housekeeping"}
+    b = Controller(open_store(pg_url), supervise_interval_s=round_s, commit_interval_s=0.0)
+    rb = ReplicaManager(b, "B", ttl_s=TTL_S, tick_s=TICK_S)
+    rb.start()
+    assert rb.owned == frozenset()
+    return a, ra, b, rb
+
+
+def _close(*items: Controller | ReplicaManager) -> None:
+    for item in items:
+        if isinstance(item, ReplicaManager):
+            item.close()
+    for item in items:
+        if isinstance(item, Controller):
+            item.close()
+            item.store.close()
+
+
+def _destroyed_at_once(
+    owner: Controller, other: Controller, agents: dict[str, AgentServer], name: str
+) -> None:
+    """``other`` destroys ``name``, whose sender ``owner`` holds: carried out, and the
+    caller told, within a fraction of a round (neither waits for one)."""
+    row = owner.store.session(name)
+    other.destroy_session(name, wait_s=ROUND_S / 4)  # DestroyPendingError if it waits
+    assert other.store.session(name).state == "destroyed"
+    assert row.ssid not in _carried(agents, "s1")
+    assert row.ssid not in _carried(agents, "r1")
+    assert [e.end_reason for e in owner.store.epochs(row.id)] == ["destroyed"]
+
+
+def test_a_destroy_through_a_replica_that_does_not_own_the_sender_is_carried_out_at_once(
+    pg_url: str, agents: dict[str, AgentServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B records the destroy; A, the sender's owner, hears of it (NOTIFY) and carries it
+    out at once rather than at its next round; B hears it is done (NOTIFY) rather than
+    at its next look at the store (set to a round here)."""
+    monkeypatch.setattr(core, "DESTROY_POLL_S", ROUND_S)
+    a, ra, b, rb = _pg_replicas(pg_url, agents, ROUND_S)
+    try:
+        names = [f"p{i}" for i in range(3)]
+        _running(a, names)
+        _destroyed_at_once(a, b, agents, "p0")
+        # A second one: the owner still listens after carrying one out.
+        _destroyed_at_once(a, b, agents, "p1")
+        assert a.store.session("p2").state == "running"
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_destroy_through_a_controller_that_does_not_own_the_sender_wakes_the_owner_in_process(
+    tmp_path: Path, agents: dict[str, AgentServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two controllers in one process on one SQLite store: the owner is woken directly."""
+    monkeypatch.setattr(core, "DESTROY_POLL_S", ROUND_S)
+    store = SqliteStore(tmp_path / "c.db")
+    a = _owner(store, agents, supervise_interval_s=ROUND_S)
+    b = Controller(store, supervise_interval_s=None)
+    b.set_ownership(lambda _node: False)
+    try:
+        _running(a, ["p0", "p1"])
+        _destroyed_at_once(a, b, agents, "p0")
+        assert a.store.session("p1").state == "running"
+    finally:
+        b.close()
+        a.close()
+        store.close()
