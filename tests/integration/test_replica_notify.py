@@ -12,13 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from sixlab.controller import Controller, ReplicaManager, SessionSpec, core
 from sixlab.controller.store import SqliteStore, Store, open_store
 from sixlab.southbound import AgentServer
-from sixlab.southbound.client import AgentClient
+from sixlab.southbound.client import (
+    AgentClient,
+    ReflectorSession,
+    SenderSession,
+    SouthboundError,
+)
 from sixlab.southbound.simagent import serve_simulated
 
 INTERVAL_NS = 50_000_000  # 20 packets/s per session
@@ -65,9 +72,9 @@ def _carried(agents: dict[str, AgentServer], node: str) -> set[int]:
         client.close()
 
 
-def _owner(store: Store, agents: dict[str, AgentServer], **kwargs: float) -> Controller:
+def _owner(store: Store, agents: dict[str, AgentServer], **kwargs: Any) -> Controller:
     """A controller with the nodes registered and initialised."""
-    c = Controller(store, commit_interval_s=0.0, **kwargs)  # type: ignore[arg-type]
+    c = Controller(store, commit_interval_s=0.0, **kwargs)
     for name, server in agents.items():
         role = "reflector" if name.startswith("r") else "sender"
         c.register_node(name, f"127.0.0.1:{server.port}", role)
@@ -156,3 +163,94 @@ def test_a_destroy_through_a_controller_that_does_not_own_the_sender_wakes_the_o
         b.close()
         a.close()
         store.close()
+
+
+#: The orphan grace of these tests (s).
+GRACE_S = 3.0
+
+
+def _orphan(agents: dict[str, AgentServer], ssid: int) -> None:
+    """Create a session on both agents, as a replica that died before storing its row
+    would have left it."""
+    for node, request in (
+        ("r1", ReflectorSession(ssid).request()),
+        ("s1", SenderSession(ssid, "2001:db8::2", interval_ns=INTERVAL_NS).request()),
+    ):
+        client = AgentClient(f"127.0.0.1:{agents[node].port}")
+        try:
+            client.create_session(request)
+        finally:
+            client.close()
+
+
+def _check(c: Controller) -> None:
+    for node in ("s1", "r1"):
+        assert c.check_node(node)
+
+
+def test_a_session_left_on_the_agents_without_a_row_is_destroyed_after_the_grace(
+    tmp_path: Path, agents: dict[str, AgentServer]
+) -> None:
+    """Sessions no row refers to are left alone for the grace (a creation through another
+    replica stores its row after the agents have the session), then destroyed; the
+    sessions of the store stay, whatever their state."""
+    c = _owner(SqliteStore(tmp_path / "c.db"), agents, supervise_interval_s=None)
+    c.orphan_grace_s = GRACE_S
+    try:
+        _running(c, ["live", "done"])
+        c.stop_session("done")
+        assert c.wait_finished("done", 30)
+        mine = {c.store.session(n).ssid for n in ("live", "done")}
+        orphan = 1000
+        _orphan(agents, orphan)
+        _check(c)
+        _check(c)  # within the grace: a creation may be storing its row right now
+        assert orphan in _carried(agents, "s1")
+        assert orphan in _carried(agents, "r1")
+        time.sleep(GRACE_S * 1.2)
+        _check(c)
+        assert _carried(agents, "s1") == mine
+        assert _carried(agents, "r1") == mine
+        assert c.store.session("live").state == "running"
+        assert c.store.session("done").state == "finished"
+    finally:
+        c.close()
+        c.store.close()
+
+
+def test_a_half_a_destroy_could_not_remove_is_destroyed_by_the_owners_repair(
+    tmp_path: Path, agents: dict[str, AgentServer]
+) -> None:
+    """A destroy whose call to the reflector failed leaves the reflector's half behind
+    (the row is destroyed all the same): the owner's repair removes it after the grace,
+    while an SSID taken again by a new session is kept."""
+    fail: list[int] = []
+
+    class Flaky(AgentClient):
+        def destroy_session(self, ssid: int) -> None:
+            if ssid in fail and self.target == f"127.0.0.1:{agents['r1'].port}":
+                fail.remove(ssid)
+                raise SouthboundError(grpc.StatusCode.UNAVAILABLE, "cut off")
+            super().destroy_session(ssid)
+
+    c = _owner(SqliteStore(tmp_path / "c.db"), agents, supervise_interval_s=None,
+               client_factory=Flaky)  # fmt: skip
+    c.orphan_grace_s = GRACE_S
+    try:
+        _running(c, ["a", "b"])
+        a = c.store.session("a")
+        fail.append(a.ssid)
+        c.destroy_session("a")
+        assert c.store.session("a").state == "destroyed"
+        assert a.ssid not in _carried(agents, "s1")
+        assert a.ssid in _carried(agents, "r1")  # the orphan
+        _check(c)
+        time.sleep(GRACE_S * 1.2)
+        _check(c)
+        b = c.store.session("b")
+        assert _carried(agents, "r1") == {b.ssid}
+        assert _carried(agents, "s1") == {b.ssid}
+        assert c.store.session("b").state == "running"
+    finally:
+        c.close()
+        c.store.close()

@@ -181,6 +181,11 @@ DESTROY_WAIT_S = 20.0
 #: How often ``destroy_session`` looks at the store while it waits, should no notice of
 #: the destroy come (s): the owner's notice (``Store.subscribe``) normally wakes it.
 DESTROY_POLL_S = 1.0
+#: A session on an agent that no live row refers to (an orphan) is destroyed once it has
+#: been one for this long (s): a creation through another replica puts the halves on
+#: the agents before it stores the row, and must not lose them meanwhile
+#: (docs/architecture.md, "Orphan sessions").
+ORPHAN_GRACE_S = 60.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
 #: SSIDs a creation tries on its nodes: another replica creating a session there at the
@@ -612,6 +617,10 @@ def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
 ClientFactory = Callable[[str], AgentClient]
 
 
+def _destroy(client: AgentClient, *, ssid: int) -> None:
+    client.destroy_session(ssid)
+
+
 def _open_stream(
     client: AgentClient, *, after: dict[int, int], window_ns: int
 ) -> ResultStream[pb.ResultBatches]:
@@ -695,6 +704,10 @@ class Controller:
         self._health_seen: dict[str, tuple[bool, int]] = {}
         #: ``stats`` over a longer range reads rollups rather than raw results (ns).
         self.raw_stats_ns = RAW_STATS_NS
+        #: Orphans are destroyed once they have been for this long (s), and when each
+        #: (node, SSID) was first seen as one, in which run of the agent.
+        self.orphan_grace_s = ORPHAN_GRACE_S
+        self._orphans: dict[tuple[str, int], tuple[int, float]] = {}
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
@@ -841,6 +854,8 @@ class Controller:
                     name,
                     info.epoch,
                 )
+            else:
+                self._remove_orphans(node, info, wanted)
             if not wanted:
                 return
             if info.initialized and not restarted and wanted <= set(info.ssids):
@@ -857,6 +872,46 @@ class Controller:
                         self._repair_sender_half(row)
                     else:
                         self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _remove_orphans(self, node: NodeRow, info: pb.GetAgentInfoReply, wanted: set[int]) -> None:
+        """Destroy the sessions of the node's agent that no live row refers to, once they
+        have been so for ``orphan_grace_s`` (hold ``_ops``): left by a replica that died
+        between creating them and storing their row, or by a destroy whose call to the
+        agent failed (docs/architecture.md, "Orphan sessions").
+
+        The store is read AFTER the agent's answer (``info``): a session created by
+        another replica, whose row is stored after the agents have it, may be taken for
+        an orphan for as long as the creation takes, which the grace outlasts."""
+        extra = set(info.ssids) - wanted
+        live: set[int] = set()
+        if extra:  # a finished or stopped session also stays on its agents
+            live = {ssid for ssid, _ in self.store.ssids_of(node.name, role=node.role)}
+        now = time.monotonic()
+        due: list[int] = []
+        with self._lock:
+            before = {k: v for k, v in self._orphans.items() if k[0] == node.name}
+            for key in before:
+                del self._orphans[key]
+            for ssid in extra - live:
+                first = before.get((node.name, ssid))
+                if first is None or first[0] != info.epoch:  # new, or another run's
+                    first = (info.epoch, now)
+                self._orphans[(node.name, ssid)] = first
+                if now - first[1] >= self.orphan_grace_s:
+                    due.append(ssid)
+        for ssid in sorted(due):
+            log.warning(
+                "node %s: destroying session SSID %d on its agent: no session of the store"
+                " refers to it (for %.0f s)", node.name, ssid, self.orphan_grace_s,
+            )  # fmt: skip
+            try:
+                self._call(node.name, functools.partial(_destroy, ssid=ssid))
+            except SouthboundError as exc:
+                if exc.code not in _MISSING:  # tried again at the next check
+                    log.info("node %s: SSID %d not destroyed: %s", node.name, ssid, exc.details)
+                    continue
+            with self._lock:
+                self._orphans.pop((node.name, ssid), None)
 
     def _expected(self, node: NodeRow) -> list[SessionRow]:
         """The sessions the node's agent should carry (the node's only: every node is
