@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sixlab.controller import Controller, ReplicaManager, SessionSpec, core
-from sixlab.controller.store import SqliteStore, Store, open_store
+from sixlab.controller.store import (
+    Counters,
+    EpochRow,
+    ResultBatch,
+    SqliteStore,
+    Store,
+    open_store,
+)
 from sixlab.southbound import AgentServer
 from sixlab.southbound.client import (
     AgentClient,
@@ -254,3 +264,120 @@ def test_a_half_a_destroy_could_not_remove_is_destroyed_by_the_owners_repair(
     finally:
         c.close()
         c.store.close()
+
+
+def _packets(c: Controller) -> dict[tuple[str, str], float]:
+    """``sixlab_stamp_packets_total`` of a scrape of the controller, by (path, outcome)."""
+    text = generate_latest(c.metrics.registry).decode()
+    return {
+        (s.labels["path"], s.labels["outcome"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "sixlab_stamp_packets_total"
+    }
+
+
+def _stored_packets(c: Controller, names: list[str]) -> dict[tuple[str, str], float]:
+    """The same totals, read from the store."""
+    out: dict[tuple[str, str], float] = {}
+    for name in names:
+        stats = c.epochs(name)
+        for outcome in ("sent", "received", "lost", "unknown"):
+            out[(name, outcome)] = float(sum(getattr(e, outcome) for e in stats))
+    return out
+
+
+def test_a_scrape_reads_no_session_from_the_store(tmp_path: Path) -> None:
+    """The first scrape reads every session's totals in a few queries, whatever their
+    number; the next ones read nothing (no store was changed but by results)."""
+    cold: list[int] = []
+    for n in (300, 3000):
+        store = SqliteStore(tmp_path / f"{n}.db")
+        store.add_node("s1", "127.0.0.1:1", "sender")
+        store.add_node("r1", "127.0.0.1:2", "reflector")
+        names = [f"p{i}" for i in range(n)]
+        store.add_sessions(
+            [(name, i + 1, "s1", "r1", asdict(_spec(name))) for i, name in enumerate(names)],
+            now_ns=time.time_ns(),
+        )
+        store.begin_epochs([(name, None) for name in names], time.time_ns())
+        rows = store.sessions()
+        store.store_many(
+            [
+                ResultBatch(r.id, r.epoch, [], Counters(10 + i, i % 3, None, 0))
+                for i, r in enumerate(rows)
+            ],
+            time.time_ns(),
+        )
+        c = Controller(store, supervise_interval_s=None)
+        try:
+            statements: list[str] = []
+            store._conn.set_trace_callback(statements.append)
+            first = _packets(c)
+            cold.append(len(statements))
+            statements.clear()
+            again = _packets(c)
+            assert statements == []
+            store._conn.set_trace_callback(None)
+            assert again == first
+            assert first == _stored_packets(c, names)
+            assert first[("p7", "sent")] == 17
+            assert first[("p7", "lost")] == 1
+        finally:
+            c.close()
+            store.close()
+    assert cold[0] == cold[1] < 10
+
+
+def test_metric_totals_kept_in_memory_match_the_store_after_a_takeover(
+    pg_url: str, agents: dict[str, AgentServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collects and exports its sessions' totals; A leaves, B takes the sender over,
+    reads the totals once and then counts what it stores: every scrape lies between the
+    store read just before and just after it, without reading the store again; and
+    once the sessions finished, it equals the store."""
+    a, ra, b, rb = _pg_replicas(pg_url, agents, 1.0)
+    names = [f"p{i}" for i in range(3)]
+    try:
+        _running(a, names)
+        assert {p for p, _ in _packets(a)} == set(names)
+        assert _packets(b) == {}  # B owns no sender: it exports none of their sessions
+        ra.close()
+        a.close()
+        _wait("the takeover", lambda: rb.owns("s1"), 10 * TTL_S)
+        cursors = {n: b.store.session(n).cursor for n in names}
+        _wait(
+            "B to collect", lambda: all(b.store.session(n).cursor > cursors[n] for n in names), 30
+        )
+        reads: list[int] = []
+        live_epochs = b.store.live_epochs
+
+        def counted() -> dict[int, list[EpochRow]]:
+            reads.append(1)
+            return live_epochs()
+
+        monkeypatch.setattr(b.store, "live_epochs", counted)
+        start = _packets(b)
+        assert len(reads) == 1  # the totals of a node taken over are read once
+        cursors = {n: b.store.session(n).cursor for n in names}
+        _wait(
+            "more results",
+            lambda: all(b.store.session(n).cursor > cursors[n] + 20 for n in names),
+            30,
+        )
+        before = _stored_packets(b, names)
+        time.sleep(0.1)  # what was stored by then is counted (right after its commit)
+        scraped = _packets(b)
+        after = _stored_packets(b, names)
+        assert len(reads) == 1
+        for key, value in scraped.items():
+            assert before[key] <= value <= after[key], key
+        for name in names:
+            assert scraped[(name, "received")] > start[(name, "received")] + 20
+        for name in names:
+            b.stop_session(name)
+        for name in names:
+            assert b.wait_finished(name, 60), name
+        assert _packets(b) == _stored_packets(b, names)
+    finally:
+        _close(rb, ra, b, a)

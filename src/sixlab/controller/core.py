@@ -55,8 +55,11 @@ exported as metrics.
 
 Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
 state by whichever replica receives it and carried out by the replica holding the
-sender node's lease; a start-again runs in the ``starting`` state; repairs leave rows in
-either state alone (docs/architecture.md, "Session lifecycle across replicas").
+sender node's lease, told at once by the store's notice (``Store.subscribe``; its
+supervisor's round is the fallback); a start-again runs in the ``starting`` state;
+repairs leave rows in either state alone, and destroy a session of an agent that no
+row refers to once it has been so for ``ORPHAN_GRACE_S`` (docs/architecture.md,
+"Session lifecycle across replicas", "Orphan sessions").
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
@@ -93,6 +96,7 @@ from sixlab.controller.events import (
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
+    CHANGED,
     DESTROYED,
     DESTROYING,
     RESYNC,
@@ -482,6 +486,64 @@ class EpochStats:
     late_ns_max: int = 0
 
 
+@dataclass(slots=True)
+class _PathCounts:
+    """A session's totals for the metrics, kept in memory (``Controller._metric_totals``)."""
+
+    name: str
+    sender: str
+    spec: SessionSpec
+    #: By epoch, as stored: updated as this controller stores results.
+    epochs: dict[int, EpochRow]
+    raised: tuple[str, ...]
+    event_counts: dict[tuple[str, str], int]
+
+    def totals(self) -> PathTotals:
+        stats = [epoch_stats(e, self.spec) for _, e in sorted(self.epochs.items())]
+        recreations: dict[str, int] = {}
+        for before, _after in itertools.pairwise(stats):
+            reason = before.end_reason or ""
+            if reason not in (SENDER_LOST, REFLECTOR_LOST):
+                reason = "started-again"
+            recreations[reason] = recreations.get(reason, 0) + 1
+        forward = [e.forward_lost for e in self.epochs.values() if e.forward_lost is not None]
+        return PathTotals(
+            path=self.name,
+            sent=sum(e.sent for e in stats),
+            received=sum(e.received for e in stats),
+            lost=sum(e.lost for e in stats),
+            unknown=sum(e.unknown for e in stats),
+            forward_lost=sum(forward) if forward else None,
+            recreations=recreations,
+            skipped=sum(e.skipped for e in stats),
+            late_ns_total=sum(e.late_ns_total for e in stats),
+            events_raised=self.raised,
+            event_counts=self.event_counts,
+        )
+
+    def stored(self, batch: ResultBatch, new: int, now: int) -> bool:
+        """Count a batch this controller stored (``new`` rows of it new, at ``now``);
+        False if its epoch is not known here (the totals are to be read again). Counting
+        one twice is harmless: a batch whose records the epoch's top already covers was
+        read with it, and an older snapshot of the counters does not replace a newer."""
+        e = self.epochs.get(batch.epoch)
+        if e is None:
+            return False
+        received, top = e.received, e.top
+        if batch.records and batch.records[-1][0] > top:
+            received, top = received + new, batch.records[-1][0]
+        c = batch.counters
+        if c is not None and (e.seen_ns is None or now >= e.seen_ns):
+            self.epochs[batch.epoch] = EpochRow(
+                e.epoch, e.started_ns, e.stopped_ns, e.ended_ns, e.end_reason, e.sender_agent,
+                c.sent, c.lost, c.forward_lost, c.overflow, now, c.skipped, c.late_ns_total,
+                c.late_ns_max, received, top,
+            )  # fmt: skip
+        elif top != e.top:
+            self.epochs[batch.epoch] = replace(e, received=received, top=top)
+        return True
+
+
 def _slots(spec: SessionSpec, span_ns: int) -> int:
     """Send slots of the session's schedule in its first ``span_ns`` (its sender sends
     at start + k × interval, up to its count and duration)."""
@@ -718,6 +780,12 @@ class Controller:
         #: window and stored-record count (``_judge``).
         self._monitor = ThresholdMonitor()
         self._restored: set[int] = set()
+        #: The sessions' and nodes' totals for the metrics, read from the store once and
+        #: then kept as results are stored (``_metric_totals``); stale: to read again.
+        self._counts: dict[int, _PathCounts] = {}
+        self._node_totals: list[NodeTotals] = []
+        self._counts_stale = True
+        self._counts_lock = threading.Lock()
         self._loss_windows: dict[tuple[int, int], LossWindow] = {}
         self._received: dict[tuple[int, int], int] = {}
         self.metrics.bind(self._metric_totals)
@@ -1531,6 +1599,8 @@ class Controller:
     def _on_notice(self, kind: str, arg: str) -> None:
         """A notice of the store (``Store.subscribe``: this controller's changes, and on
         PostgreSQL the other replicas'): act now rather than at the next round."""
+        if kind in (CHANGED, RESYNC):
+            self._counts_stale = True  # read again at the next scrape
         if kind in (DESTROYING, RESYNC):
             self._wake_destroyer(arg if kind == DESTROYING else None)
         if kind in (DESTROYED, RESYNC):
@@ -1624,7 +1694,7 @@ class Controller:
             if new is None:
                 self.metrics.dropped(row.sender, len(batch.records))
                 return
-            self._stored(cur, batch, now)
+            self._stored(cur, batch, new, now)
             client.acknowledge(cur.ssid, batch.records[-1][0])
 
     def wait_finished(self, name: str, timeout: float) -> bool:
@@ -1660,35 +1730,46 @@ class Controller:
         return [epoch_stats(e, spec) for e in self.store.epochs(row.id)]
 
     def _metric_totals(self) -> Totals:
-        """Every live session's and node's totals from the store (at each scrape)."""
-        epochs = self.store.live_epochs()
-        paths = []
-        for row in self.store.sessions():
-            spec = self._spec(row)
-            stats = [epoch_stats(e, spec) for e in epochs.get(row.id, [])]
-            recreations: dict[str, int] = {}
-            for before, _after in itertools.pairwise(stats):
-                reason = before.end_reason or ""
-                if reason not in (SENDER_LOST, REFLECTOR_LOST):
-                    reason = "started-again"
-                recreations[reason] = recreations.get(reason, 0) + 1
-            paths.append(
-                PathTotals(
-                    path=row.name,
-                    sent=sum(e.sent for e in stats),
-                    received=sum(e.received for e in stats),
-                    lost=sum(e.lost for e in stats),
-                    unknown=sum(e.unknown for e in stats),
-                    forward_lost=row.forward_lost,
-                    recreations=recreations,
-                    skipped=sum(e.skipped for e in stats),
-                    late_ns_total=sum(e.late_ns_total for e in stats),
-                    events_raised=tuple(self.store.raised(row.id)),
-                    event_counts=self.store.event_counts(row.id),
-                )
-            )
-        nodes = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in self.store.nodes()]
-        return Totals(paths, nodes)
+        """The totals of the sessions whose sender this controller owns, and of every
+        node, at each scrape: from memory (``_PathCounts``), without reading the store
+        unless something other than stored results changed since the last scrape (the
+        store's CHANGED notices, a node taken over). A scrape then costs no query per
+        session, however many there are."""
+        with self._counts_lock:
+            if self._counts_stale:
+                self._read_counts()
+            paths = [p.totals() for p in self._counts.values() if self._owns(p.sender)]
+            return Totals(paths, list(self._node_totals))
+
+    def _read_counts(self) -> None:
+        """Read every live session's and node's totals from the store, in a few queries
+        (hold ``_counts_lock``: results stored meanwhile are counted after)."""
+        self._counts_stale = False  # a change while reading makes it stale again
+        try:
+            rows = self.store.sessions()
+            epochs = self.store.live_epochs()
+            events = self.store.live_events()
+            nodes = self.store.nodes()
+        except BaseException:
+            self._counts_stale = True
+            raise
+        self._counts = {}
+        for row in rows:
+            raised, counts = events.get(row.id, ([], {}))
+            self._counts[row.id] = _PathCounts(
+                row.name, row.sender, self._spec(row),
+                {e.epoch: e for e in epochs.get(row.id, [])}, tuple(raised), counts,
+            )  # fmt: skip
+        self._node_totals = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in nodes]
+
+    def _count_stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
+        """Keep the metrics' totals of a batch just stored (``_PathCounts.stored``)."""
+        with self._counts_lock:
+            if self._counts_stale:
+                return  # read again with this batch in before the next scrape
+            counts = self._counts.get(row.id)
+            if counts is None or not counts.stored(batch, new, now):
+                self._counts_stale = True
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
         """The path's statistics since ``since_ns`` (None: over its whole life).
@@ -1855,6 +1936,7 @@ class Controller:
         """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``), and
         store a node's results only while ``fence(node)`` holds (``Store.store_many``)."""
         self._owns = owns
+        self._counts_stale = True
         if fence is not None:
             self._fence = fence
 
@@ -1880,6 +1962,7 @@ class Controller:
         if names:
             self._start_collectors([r for r in self.store.sessions_of(node) if r.name in names])
         if check:
+            self._counts_stale = True  # its sessions' totals are counted here now
             self._wake.set()
 
     def drop_node(self, node: str) -> None:
@@ -2017,7 +2100,7 @@ class Controller:
                 if new is None:  # the session left that epoch (or was destroyed)
                     self.metrics.dropped(p.node, len(stored.records))
                     continue
-                self._stored(row, stored, now)
+                self._stored(row, stored, new, now)
                 if stored.records:
                     acks[row.ssid] = stored.records[-1][0]
                 elif reply.state == pb.SESSION_STATE_FINISHED:
@@ -2034,8 +2117,9 @@ class Controller:
                         p.retry.pop(name, None)
                     self._finished.notify_all()
 
-    def _stored(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
-        """What follows a stored batch: warnings and metrics."""
+    def _stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
+        """What follows a stored batch (``new`` of its rows new): warnings and metrics."""
+        self._count_stored(row, batch, new, now)
         if batch.counters is not None:
             self._warn_skips(row, batch.counters.skipped)
         stored = [r for _, r in batch.records]
@@ -2284,7 +2368,7 @@ class Controller:
                     self.metrics.dropped(st.node, len(stored.records))
                     del subs[batch.ssid]
                     continue
-                self._stored(sub, stored, now)
+                self._stored(sub, stored, new, now)
                 cursor = stored.records[-1][0] if stored.records else sub.cursor
                 subs[batch.ssid] = _with_cursor(sub, cursor)
                 if stored.records:

@@ -397,6 +397,8 @@ class EpochRow:
     late_ns_max: int
     #: Results stored for this epoch.
     received: int
+    #: The highest record id stored for this epoch (``live_epochs`` only; 0 elsewhere).
+    top: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -955,7 +957,7 @@ class Store(ABC):
             rows = self._db.execute(
                 "SELECT e.session_id, e.epoch, started_ns, stopped_ns, ended_ns, end_reason,"
                 " sender_agent, e.sent, e.lost, e.forward_lost, e.overflow, seen_ns, skipped,"
-                " late_ns_total, late_ns_max, received FROM epochs e JOIN sessions s"
+                " late_ns_total, late_ns_max, received, top FROM epochs e JOIN sessions s"
                 " ON s.id = e.session_id WHERE s.state != 'destroyed'"
                 " ORDER BY e.session_id, e.epoch"
             ).fetchall()
@@ -1233,6 +1235,25 @@ class Store(ABC):
             ).fetchall()
         state: dict[str, str] = dict(rows)  # the last state of each kind wins
         return sorted(k for k, st in state.items() if st == "raised")
+
+    def live_events(self) -> dict[int, tuple[list[str], dict[tuple[str, str], int]]]:
+        """``raised`` and ``event_counts`` of every session that is not destroyed and had
+        events, by session id (one query)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.session_id, e.kind, e.state FROM events e JOIN sessions s"
+                " ON s.id = e.session_id WHERE s.state != 'destroyed' ORDER BY e.id"
+            ).fetchall()
+        last: dict[int, dict[str, str]] = {}
+        counts: dict[int, dict[tuple[str, str], int]] = {}
+        for sid, kind, state in rows:
+            last.setdefault(sid, {})[kind] = state  # the last state of each kind wins
+            by_kind = counts.setdefault(sid, {})
+            by_kind[(kind, state)] = by_kind.get((kind, state), 0) + 1
+        return {
+            sid: (sorted(k for k, st in last[sid].items() if st == "raised"), counts[sid])
+            for sid in counts
+        }
 
     def event_counts(self, session_id: int) -> dict[tuple[str, str], int]:
         """How many events of each (kind, state) the session had."""
