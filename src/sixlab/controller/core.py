@@ -699,6 +699,11 @@ def _open_stream(
 _Inbound = tuple[int, pb.ResultBatches] | BaseException
 
 
+def _names_of(subs: dict[int, SessionRow], got: list[tuple[int, pb.ResultBatches]]) -> set[str]:
+    """The sessions the messages carry batches of (those of ``subs``)."""
+    return {subs[b.ssid].name for _, m in got for b in m.batches if b.ssid in subs}
+
+
 def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
     """Put the stream's messages into ``inbox`` as they come, then how it ended."""
     try:
@@ -2305,29 +2310,59 @@ class Controller:
         as soon as it comes and a busy one commits fewer, larger transactions rather
         than falling behind (SQLite's cost is per page written per commit; PostgreSQL's
         per statement and commit).
+
+        The sessions' locks are taken before the slot, never while holding it: a lock
+        may be held for long (a destroy's final collection, a repair: both call agents),
+        and a sender waiting for one must not hold up the other senders' transactions.
+        Messages gathered once the slot is taken go in too if the locks of their
+        sessions are free at once; if not, the slot is let go and every lock taken
+        again, waiting, before the slot.
         """
-        slot, held = self._commit_slot, True
-        slot.acquire()
+        end: BaseException | None = None
+        names = _names_of(subs, got)
+        slot = self._commit_slot
+        while True:
+            with contextlib.ExitStack() as locks:
+                for name in sorted(names):
+                    locks.enter_context(self._session_lock(name))
+                held = True
+                slot.acquire()
 
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                slot.release()
+                def release() -> None:
+                    nonlocal held
+                    if held:
+                        held = False
+                        slot.release()
 
-        try:
-            end = self._gather(st, inbox, got, 0.0)
-            pending: dict[int, pb.ResultBatch] = {}
-            arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got]
-            for _, message in got:
-                for b in message.batches:
-                    _merge(pending, b)
-            begun = time.time_ns()
-            committed = self._store_batches(st, subs, list(pending.values()), release)
-        finally:
-            release()
+                try:
+                    end = self._gather(st, inbox, got, 0.0) or end
+                    more = _names_of(subs, got) - names
+                    if more and not self._try_session_locks(locks, more):
+                        names |= more
+                        continue
+                    pending: dict[int, pb.ResultBatch] = {}
+                    arrivals = [
+                        (at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got
+                    ]
+                    for _, message in got:
+                        for b in message.batches:
+                            _merge(pending, b)
+                    begun = time.time_ns()
+                    committed = self._store_batches(st, subs, list(pending.values()), release)
+                finally:
+                    release()
+            break
         self.metrics.collection_stages(arrivals, begun, committed)
         return end
+
+    def _try_session_locks(self, locks: contextlib.ExitStack, names: Iterable[str]) -> bool:
+        """Take the sessions' locks if they are free (into ``locks``); whether all were."""
+        for name in sorted(names):
+            lock = self._session_lock(name)
+            if not lock.acquire(blocking=False):
+                return False
+            locks.callback(lock.release)
+        return True
 
     def _store_batches(
         self,
@@ -2339,45 +2374,43 @@ class Controller:
         """Store a batch per session in one transaction and acknowledge them at once;
         when the transaction committed (Unix ns). ``committed`` is called once it has.
 
-        The sessions' locks are held from the epoch checks to the acknowledgement.
+        The caller holds the sessions' locks, from before the epoch checks to after the
+        acknowledgement.
         """
         batches = [b for b in batches if b.ssid in subs]
         acks: dict[int, int] = {}
-        with contextlib.ExitStack() as locks:
-            for name in sorted({subs[b.ssid].name for b in batches}):
-                locks.enter_context(self._session_lock(name))
-            todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
-            for batch in batches:
-                if batch.gone:
-                    # Gone from the agent, or created again there: the supervisor
-                    # repairs it; a new epoch's start reopens the stream with it.
-                    self.metrics.dropped(st.node, len(batch.results))
-                    del subs[batch.ssid]
-                    self._wake.set()
-                    continue
-                sub = subs[batch.ssid]
-                counters = batch.counters if batch.HasField("counters") else None
-                todo.append((sub, batch, _batch(sub, batch.results, counters)))
-            # One transaction for all the messages; the store checks each epoch.
-            now = self.clock()
-            news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
-            done = time.time_ns()
-            committed()
-            for (sub, batch, stored), new in zip(todo, news, strict=True):
-                if new is None:  # the session left that epoch, was destroyed or pruned
-                    self.metrics.dropped(st.node, len(stored.records))
-                    del subs[batch.ssid]
-                    continue
-                self._stored(sub, stored, new, now)
-                cursor = stored.records[-1][0] if stored.records else sub.cursor
-                subs[batch.ssid] = _with_cursor(sub, cursor)
-                if stored.records:
-                    acks[batch.ssid] = cursor
-                if batch.final:
-                    del subs[batch.ssid]
-                    with self._lock:
-                        st.names.discard(sub.name)
-                    self._finish(sub)
-            if acks:
-                self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+        todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
+        for batch in batches:
+            if batch.gone:
+                # Gone from the agent, or created again there: the supervisor
+                # repairs it; a new epoch's start reopens the stream with it.
+                self.metrics.dropped(st.node, len(batch.results))
+                del subs[batch.ssid]
+                self._wake.set()
+                continue
+            sub = subs[batch.ssid]
+            counters = batch.counters if batch.HasField("counters") else None
+            todo.append((sub, batch, _batch(sub, batch.results, counters)))
+        # One transaction for all the messages; the store checks each epoch.
+        now = self.clock()
+        news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
+        done = time.time_ns()
+        committed()
+        for (sub, batch, stored), new in zip(todo, news, strict=True):
+            if new is None:  # the session left that epoch, was destroyed or pruned
+                self.metrics.dropped(st.node, len(stored.records))
+                del subs[batch.ssid]
+                continue
+            self._stored(sub, stored, new, now)
+            cursor = stored.records[-1][0] if stored.records else sub.cursor
+            subs[batch.ssid] = _with_cursor(sub, cursor)
+            if stored.records:
+                acks[batch.ssid] = cursor
+            if batch.final:
+                del subs[batch.ssid]
+                with self._lock:
+                    st.names.discard(sub.name)
+                self._finish(sub)
+        if acks:
+            self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
         return done
