@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -379,5 +380,28 @@ def test_metric_totals_kept_in_memory_match_the_store_after_a_takeover(
         for name in names:
             assert b.wait_finished(name, 60), name
         assert _packets(b) == _stored_packets(b, names)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_destroy_whose_notices_are_lost_is_still_carried_out_and_answered(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """The replicas' listening connections are cut: what was notified meanwhile is lost.
+    Each store listens again and tells its controller it may have missed notices: the
+    owner looks at every sender it holds at once, rather than at its next round; and a
+    waiter that hears nothing still looks at the store (``DESTROY_POLL_S``)."""
+    a, ra, b, rb = _pg_replicas(pg_url, agents, ROUND_S)
+    try:
+        _running(a, ["p0", "p1"])
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            cut = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            ).fetchall()
+        assert len(cut) == 2  # A's and B's
+        _destroyed_at_once(a, b, agents, "p0")
+        b.store.unsubscribe(b._on_notice)  # B hears nothing from now on
+        _destroyed_at_once(a, b, agents, "p1")
     finally:
         _close(rb, ra, b, a)

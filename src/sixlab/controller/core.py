@@ -1884,6 +1884,7 @@ class Controller:
             self._collectors.clear()
             streamers = list(self._streamers.values())
             self._streamers.clear()
+        self.store.unsubscribe(self._on_notice)
         self._wake.set()
         self._destroy_wake.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():

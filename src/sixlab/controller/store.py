@@ -534,6 +534,11 @@ class Store(ABC):
         self._handlers.append(handler)
         self._listen()
 
+    def unsubscribe(self, handler: NoticeHandler) -> None:
+        """Be told no more (a closed controller)."""
+        with contextlib.suppress(ValueError):
+            self._handlers.remove(handler)
+
     def _listen(self) -> None:  # noqa: B027 - SQLite: one process, nothing to hear
         """Start hearing the notices of other processes (PostgreSQL)."""
 
