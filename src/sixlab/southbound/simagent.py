@@ -53,10 +53,14 @@ from sixlab.southbound.agent import (
     Role,
     _status_of,
 )
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, fit, framed, inner_budget
 from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
 
 __all__ = ["SimulatedAgentServicer", "serve_simulated"]
+
+#: The largest uint64: a field counted at its largest encoding.
+_U64_MAX = 2**64 - 1
 
 Code = grpc.StatusCode
 NS_PER_S = 1_000_000_000
@@ -179,9 +183,12 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         loss_every: int = 0,
         fifo_capacity: int = 100_000,
         clock: Callable[[], int] = time.time_ns,
+        reply_budget: int = REPLY_BUDGET_BYTES,
     ) -> None:
         if loss_every == 1 or loss_every < 0:
             raise ValueError("loss_every: 0 (no loss) or at least 2")
+        #: The largest results message sent, serialized (``sixlab.southbound.budget``).
+        self.reply_budget = reply_budget
         self.role = Role(role)
         self.loss_every = loss_every
         self.fifo_capacity = fifo_capacity
@@ -207,9 +214,13 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         if not self._initialized:
             raise AgentError(Code.FAILED_PRECONDITION, f"{call}: agent not initialised")
 
-    def _take(self, s: _SimSession, after: int, limit: int, now: int) -> list[pb.StampResult]:
-        """Records after ``after`` (never below the acknowledged ones), at most ``limit``;
-        the oldest beyond the FIFO's capacity become overflow."""
+    def _take(
+        self, s: _SimSession, after: int, limit: int, now: int, *, size: int, budget: int
+    ) -> list[pb.StampResult]:
+        """Records after ``after`` (never below the acknowledged ones), at most ``limit``
+        and as many as a message of ``size`` bytes takes within ``budget`` (the real
+        agent's rule, ``sixlab.southbound.budget``); the oldest beyond the FIFO's
+        capacity become overflow."""
         last = s.arrived(now, self.loss_every)
         floor = last - self.fifo_capacity
         if floor > s.acked:
@@ -217,7 +228,7 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
             s.acked = floor
         first = max(after, s.acked) + 1
         upto = min(last, first + limit - 1)
-        out = [s.result(i, self.loss_every) for i in range(first, upto + 1)]
+        out, _ = fit((s.result(i, self.loss_every) for i in range(first, upto + 1)), size, budget)
         s.fetched += len(out)
         return out
 
@@ -342,19 +353,23 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         limit = request.max_results or DEFAULT_RESULTS
         if limit > MAX_RESULTS:
             raise AgentError(Code.INVALID_ARGUMENT, f"max_results: {limit}, at most {MAX_RESULTS}")
-        results = self._take(s, after, limit, now)
+        reply = pb.GetStampSessionResultsReply(
+            overflow=s.overflow,
+            state=pb.SESSION_STATE_DRAINING,  # the state and the remaining counted at
+            remaining=_U64_MAX,  # their largest until known
+            counters=self._counters(s, now),
+        )
+        results = self._take(s, after, limit, now, size=reply.ByteSize(), budget=self.reply_budget)
         last = s.arrived(now, self.loss_every)
         remaining = last - (results[-1].record_id if results else max(after, s.acked))
         state = s.state(now)
         if state == pb.SESSION_STATE_FINISHED and remaining > 0:
             state = pb.SESSION_STATE_DRAINING
-        return pb.GetStampSessionResultsReply(
-            results=results,
-            overflow=s.overflow,
-            state=state,
-            remaining=max(0, remaining),
-            counters=self._counters(s, now),
-        )
+        reply.results.extend(results)
+        reply.overflow = s.overflow
+        reply.state = state
+        reply.remaining = max(0, remaining)
+        return reply
 
     @_unary
     def AcknowledgeStampSessionResults(  # noqa: N802
@@ -405,38 +420,70 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         ended = threading.Event()
         context.add_callback(ended.set)
         while subs and not ended.is_set():
-            batches: list[pb.ResultBatch] = []
-            more = False
             with self._lock:
-                now = self._clock()
-                for ssid, sub in list(subs.items()):
-                    s = sub.session
-                    if s is None or self._sessions.get(ssid) is not s:
-                        batches.append(pb.ResultBatch(ssid=ssid, gone=True))
-                        del subs[ssid]
-                        continue
-                    items = self._take(s, sub.cursor, max_batch, now)
-                    if items:
-                        sub.cursor = items[-1].record_id
-                    pending = s.arrived(now, self.loss_every) > sub.cursor
-                    more = more or pending
-                    final = s.state(now) == pb.SESSION_STATE_FINISHED and not pending
-                    if not items and now < sub.due and not final:
-                        continue
-                    batch = pb.ResultBatch(
-                        ssid=ssid, results=items, overflow=s.overflow, state=s.state(now),
-                        final=final,
-                    )  # fmt: skip
-                    if now >= sub.due or final:
-                        batch.counters.CopyFrom(self._counters(s, now))
-                        sub.due = now + every_ns
-                    batches.append(batch)
-                    if final:
-                        del subs[ssid]
+                batches, more = self._cut(subs, max_batch, every_ns)
             if batches:
                 yield pb.ResultBatches(batches=batches)
             if not more and ended.wait(max(window_s, _STREAM_TICK_S)):
                 return
+
+    def _cut(
+        self, subs: dict[int, _Sub], max_batch: int, every_ns: int
+    ) -> tuple[list[pb.ResultBatch], bool]:
+        """One StreamResults message within the byte budget, as the real agent cuts it
+        (lock held); whether records are still waiting."""
+        now = self._clock()
+        budget = self.reply_budget
+        batches: list[pb.ResultBatch] = []
+        size = 0
+        more = False
+        served: list[int] = []
+        for ssid, sub in list(subs.items()):
+            s = sub.session
+            if s is None or self._sessions.get(ssid) is not s:
+                gone = pb.ResultBatch(ssid=ssid, gone=True)
+                if size + framed(gone.ByteSize()) > budget:
+                    more = True
+                    break
+                size += framed(gone.ByteSize())
+                batches.append(gone)
+                del subs[ssid]
+                continue
+            last = s.arrived(now, self.loss_every)
+            finished = s.state(now) == pb.SESSION_STATE_FINISHED
+            if last <= sub.cursor and now < sub.due and not finished:
+                continue
+            batch = pb.ResultBatch(
+                ssid=ssid, overflow=s.overflow, state=s.state(now), final=finished,
+                counters=self._counters(s, now),
+            )  # fmt: skip
+            room = inner_budget(budget - size)
+            if batch.ByteSize() > room:
+                more = True
+                break
+            served.append(ssid)
+            items = self._take(s, sub.cursor, max_batch, now, size=batch.ByteSize(), budget=room)
+            if items:
+                sub.cursor = items[-1].record_id
+            pending = last > sub.cursor
+            more = more or pending
+            batch.final = final = finished and not pending
+            if now >= sub.due or final:
+                sub.due = now + every_ns
+            else:
+                batch.ClearField("counters")
+            batch.overflow = s.overflow
+            batch.results.extend(items)
+            size += framed(batch.ByteSize())
+            batches.append(batch)
+            if final:
+                del subs[ssid]
+            if pending and len(items) < max_batch:  # the budget is spent
+                break
+        for ssid in served:  # those served go to the back (as the real agent does)
+            if ssid in subs:
+                subs[ssid] = subs.pop(ssid)
+        return batches, more
 
     # -- counters ---------------------------------------------------------------------
 
