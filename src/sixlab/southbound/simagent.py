@@ -221,16 +221,21 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         and as many as a message of ``size`` bytes takes within ``budget`` (the real
         agent's rule, ``sixlab.southbound.budget``); the oldest beyond the FIFO's
         capacity become overflow."""
-        last = s.arrived(now, self.loss_every)
-        floor = last - self.fifo_capacity
-        if floor > s.acked:
-            s.overflow += floor - s.acked
-            s.acked = floor
+        last = self._trim(s, now)
         first = max(after, s.acked) + 1
         upto = min(last, first + limit - 1)
         out, _ = fit((s.result(i, self.loss_every) for i in range(first, upto + 1)), size, budget)
         s.fetched += len(out)
         return out
+
+    def _trim(self, s: _SimSession, now: int) -> int:
+        """Count the records beyond the FIFO's capacity as overflow; the last id."""
+        last = s.arrived(now, self.loss_every)
+        floor = last - self.fifo_capacity
+        if floor > s.acked:
+            s.overflow += floor - s.acked
+            s.acked = floor
+        return last
 
     def _counters(self, s: _SimSession, now: int) -> pb.SessionCounters:
         if s.role is Role.REFLECTOR:
@@ -353,13 +358,18 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         limit = request.max_results or DEFAULT_RESULTS
         if limit > MAX_RESULTS:
             raise AgentError(Code.INVALID_ARGUMENT, f"max_results: {limit}, at most {MAX_RESULTS}")
+        self._trim(s, now)
         reply = pb.GetStampSessionResultsReply(
             overflow=s.overflow,
             state=pb.SESSION_STATE_DRAINING,  # the state and the remaining counted at
             remaining=_U64_MAX,  # their largest until known
             counters=self._counters(s, now),
         )
-        results = self._take(s, after, limit, now, size=reply.ByteSize(), budget=self.reply_budget)
+        # The counters are taken again after the records: room for their `fetched` to
+        # grow (a 10-byte varint at most) and for their length prefix.
+        results = self._take(
+            s, after, limit, now, size=reply.ByteSize() + 11, budget=self.reply_budget
+        )
         last = s.arrived(now, self.loss_every)
         remaining = last - (results[-1].record_id if results else max(after, s.acked))
         state = s.state(now)
@@ -369,6 +379,7 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         reply.overflow = s.overflow
         reply.state = state
         reply.remaining = max(0, remaining)
+        reply.counters.CopyFrom(self._counters(s, now))
         return reply
 
     @_unary
@@ -449,7 +460,7 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
                 batches.append(gone)
                 del subs[ssid]
                 continue
-            last = s.arrived(now, self.loss_every)
+            last = self._trim(s, now)
             finished = s.state(now) == pb.SESSION_STATE_FINISHED
             if last <= sub.cursor and now < sub.due and not finished:
                 continue
@@ -462,7 +473,10 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
                 more = True
                 break
             served.append(ssid)
-            items = self._take(s, sub.cursor, max_batch, now, size=batch.ByteSize(), budget=room)
+            # Room for the counters' `fetched` to grow with the records (as in the unary).
+            items = self._take(
+                s, sub.cursor, max_batch, now, size=batch.ByteSize() + 11, budget=room
+            )
             if items:
                 sub.cursor = items[-1].record_id
             pending = last > sub.cursor
@@ -470,9 +484,9 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
             batch.final = final = finished and not pending
             if now >= sub.due or final:
                 sub.due = now + every_ns
+                batch.counters.CopyFrom(self._counters(s, now))
             else:
                 batch.ClearField("counters")
-            batch.overflow = s.overflow
             batch.results.extend(items)
             size += framed(batch.ByteSize())
             batches.append(batch)
@@ -508,12 +522,16 @@ def serve_simulated(
     loss_every: int = 0,
     max_workers: int = 16,
     fifo_capacity: int = 100_000,
+    reply_budget: int = REPLY_BUDGET_BYTES,
 ) -> AgentServer:
-    """Start a simulated agent serving gRPC on ``address`` (port 0: any free port).
+    """Start a simulated agent serving gRPC on ``address`` (port 0: any free port);
+    ``reply_budget``: the largest results message it sends (``sixlab.southbound.budget``).
 
     The returned ``AgentServer`` is the real agent's handle (``stop``, ``port``).
     """
-    servicer = SimulatedAgentServicer(role, loss_every=loss_every, fifo_capacity=fifo_capacity)
+    servicer = SimulatedAgentServicer(
+        role, loss_every=loss_every, fifo_capacity=fifo_capacity, reply_budget=reply_budget
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sim-agent"),
         options=[
