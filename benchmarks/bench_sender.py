@@ -29,8 +29,6 @@ import time
 from ipaddress import IPv6Address
 from typing import Any
 
-PORT = 40862
-
 
 def _reflector(port: int) -> None:
     from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
@@ -41,7 +39,7 @@ def _reflector(port: int) -> None:
     dp.open()
     engine = ReflectorEngine(dp, Reflector(ReflectorSessionConfig(None)))
     engine.start()
-    print("ready", flush=True)
+    print("ready", dp.local_port, flush=True)
     sys.stdin.read()
     engine.shutdown()
 
@@ -225,7 +223,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="packets/s per session")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--port", type=int, default=PORT, help="the reflector's UDP port")
+    parser.add_argument(
+        "--port", type=int, default=0,
+        help="the reflector's UDP port on ::1 (default: an ephemeral one, so that two runs"
+        " on one machine do not collide)",
+    )  # fmt: skip
     parser.add_argument(
         "--tick-us", default=str(DEFAULT_TICK_NS / 1e3),
         help="the engine's tick (µs); a comma-separated list runs each in turn, side by side",
@@ -248,7 +250,10 @@ def main() -> None:
     )  # fmt: skip
     try:
         assert reflector.stdout is not None
-        reflector.stdout.readline()
+        ready = reflector.stdout.readline().split()
+        if ready[:1] != ["ready"]:
+            raise SystemExit(f"the reflector did not start: {' '.join(ready)!r}")
+        args.port = int(ready[1])
         for _ in range(args.repeat):
             for tick in ticks:
                 print(json.dumps(run(args, tick)), flush=True)
