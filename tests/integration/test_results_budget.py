@@ -7,7 +7,6 @@ Real agents in this process (gRPC on unix sockets or ::1, socket plane on ::1).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import MAX_RESULTS
 from sixlab.southbound.budget import RECEIVE_LIMIT_BYTES, REPLY_BUDGET_BYTES
 from sixlab.wire.stamp_tlv import ExtraPadding
+from tests.integration.test_agent_grpc import _finished
 
 MS = 1_000_000
 #: An Extra Padding TLV of 8000 bytes: records of about 8 KB, the reflector copies it.
@@ -53,16 +53,6 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
             server.stop(None)
 
 
-def _wait_finished(client: AgentClient, ssid: int, timeout: float = 30.0) -> pb.SessionCounters:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        (counters,) = client.counters(ssid).sessions
-        if counters.state == pb.SESSION_STATE_FINISHED:
-            return counters
-        time.sleep(0.05)
-    pytest.fail(f"session {ssid} did not finish in {timeout} s")
-
-
 def _run_padded(a: Agents, ssid: int = 1) -> int:
     """Run a padded session to its end; how many records it queued (a loaded machine
     may skip a send slot, so the Seqs are checked for what was sent)."""
@@ -75,7 +65,7 @@ def _run_padded(a: Agents, ssid: int = 1) -> int:
         )
     )  # fmt: skip
     a.sender.start_session(ssid)
-    counters = _wait_finished(a.sender, ssid)
+    counters = _finished(a.sender, ssid)
     assert counters.received == counters.sent == counters.queued
     assert counters.queued * len(PADDING) > RECEIVE_LIMIT_BYTES
     return counters.queued
@@ -161,7 +151,7 @@ def test_loss_reports_are_cut_and_all_come(tmp_path: Path) -> None:
                           loss_timeout_ns=100 * MS)
         )  # fmt: skip
         client.start_session(1)
-        _wait_finished(client, 1)
+        _finished(client, 1)
         lost: list[int] = []
         replies = 0
         while True:
@@ -211,7 +201,7 @@ def test_controller_collects_more_than_4_mib_exactly_once(
         row = c1.create_session(spec)
         c1.start_session("p")
         c1.close()  # nothing collected yet: the records pile up on the agent
-        counters = _wait_finished(sender, row.ssid)
+        counters = _finished(sender, row.ssid)
         assert counters.queued * len(PADDING) > RECEIVE_LIMIT_BYTES
         c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
         assert c2.resume() == ["p"]

@@ -11,6 +11,7 @@ from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.budget import (
     LOST_MAX_BYTES,
     REPLY_BUDGET_BYTES,
+    Batches,
     fit,
     framed,
     inner_budget,
@@ -127,3 +128,27 @@ def test_loss_reports_have_at_most_half_the_budget_counted_at_their_largest() ->
     assert reply.ByteSize() <= head + budget // 2
     assert lost_fitting(budget - 100, budget) == 100 // LOST_MAX_BYTES
     assert lost_fitting(budget, budget) == 0
+
+
+def test_batches_take_a_batch_only_while_the_message_fits() -> None:
+    budget = 64 << 10
+    out = Batches(budget)
+    big = pb.ResultBatch(ssid=1, results=[_record(i, 8000) for i in range(1, 8)])
+    assert out.add(big)
+    rest = pb.ResultBatch(ssid=2, results=[_record(1, out.room() - 100)])
+    fill = out.room() - rest.ByteSize()  # tlvs bytes more make the batch exactly `room`
+    rest.results[0].tlvs = bytes(len(rest.results[0].tlvs) + fill)
+    assert rest.ByteSize() == out.room()
+    assert out.add(rest)
+    message = pb.ResultBatches(batches=out.batches)
+    assert len(message.SerializeToString()) == out.size <= budget
+    assert not out.add(pb.ResultBatch(ssid=3, gone=True))  # the budget is spent
+    assert out.room() == 0
+
+
+def test_sessions_served_go_to_the_back() -> None:
+    subs = {1: "a", 2: "b", 3: "c", 4: "d"}
+    Batches.to_back(subs, [1, 2])
+    assert list(subs) == [3, 4, 1, 2]
+    Batches.to_back(subs, [4, 9])  # one no longer streamed
+    assert list(subs) == [3, 1, 2, 4]

@@ -88,7 +88,7 @@ from sixlab.dataplane.engine import (
 from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
-from sixlab.southbound.budget import REPLY_BUDGET_BYTES, fit, framed, inner_budget, lost_fitting
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit, lost_fitting
 from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
@@ -1073,49 +1073,39 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         """One message of StreamResults: a batch for each session with news or counters
         due; whether records are still waiting (the next message need not wait)."""
         now = time.monotonic_ns()
-        budget = self.reply_budget
-        batches: list[pb.ResultBatch] = []
-        size = 0  # of the message so far
+        out = Batches(self.reply_budget)
         more = False
         served: list[int] = []
         with self._lock:
             for ssid, sub in list(subs.items()):
                 record = self._senders.get(ssid)
                 if record is None or record is not sub.record:
-                    gone = pb.ResultBatch(ssid=ssid, gone=True)
-                    if size + framed(gone.ByteSize()) > budget:
+                    if not out.add(pb.ResultBatch(ssid=ssid, gone=True)):
                         more = True
                         break
-                    size += framed(gone.ByteSize())
-                    batches.append(gone)
                     del subs[ssid]
                     continue
                 due = now >= sub.counters_due
                 batch, cut = self._session_batch(
-                    engine, ssid, sub, record, max_batch=max_batch, due=due, room=budget - size
+                    engine, ssid, sub, record, max_batch=max_batch, due=due, room=out.room()
                 )
                 if batch is None:
                     continue
                 if cut is None:  # not even its head fits: the budget is spent
                     more = True
                     break
+                out.add(batch)  # it fits: its records were cut to the room
                 served.append(ssid)
                 if due or batch.final:
                     sub.counters_due = now + every_ns
                 more = more or (not batch.final and engine.last_id(ssid) > sub.cursor)
-                size += framed(batch.ByteSize())
-                batches.append(batch)
                 if batch.final:
                     del subs[ssid]
                 if cut:
                     more = True
                     break
-            # The sessions served go to the back, so that a message cut by the budget
-            # is followed by one that begins with those it left out.
-            for ssid in served:
-                if ssid in subs:
-                    subs[ssid] = subs.pop(ssid)
-        return batches, more
+            Batches.to_back(subs, served)
+        return out.batches, more
 
     def _session_batch(
         self,
@@ -1128,9 +1118,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         due: bool,
         room: int,
     ) -> tuple[pb.ResultBatch | None, bool | None]:
-        """A session's batch in a StreamResults message that has ``room`` bytes left
-        (lock held): None if the session has nothing to say; and whether the budget cut
-        its records short (None: not even the batch's head fits, nothing was taken)."""
+        """A session's batch for a StreamResults message, at most ``room`` bytes (lock
+        held): None if the session has nothing to say; and whether the budget cut its
+        records short (None: not even the batch's head fits, nothing was taken)."""
         snap = engine.snapshot(ssid)
         last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
         finished = snap.state is State.FINISHED
@@ -1144,7 +1134,6 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         )
         if due or finished:
             batch.counters.CopyFrom(self._session_counters(ssid))
-        room = inner_budget(room)
         if batch.ByteSize() > room:
             return batch, None
         items = engine.peek(ssid, sub.cursor, max_batch)

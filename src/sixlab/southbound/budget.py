@@ -21,15 +21,18 @@ estimate: a message at the budget is sent, one byte more is cut.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TypeVar
 
 from google.protobuf.message import Message
+
+from sixlab.southbound._generated import stamp_pb2 as pb
 
 __all__ = [
     "LOST_MAX_BYTES",
     "RECEIVE_LIMIT_BYTES",
     "REPLY_BUDGET_BYTES",
+    "Batches",
     "fit",
     "framed",
     "inner_budget",
@@ -47,6 +50,7 @@ REPLY_BUDGET_BYTES = 3 << 20
 LOST_MAX_BYTES = 2 + 6 + 11
 
 M = TypeVar("M", bound=Message)
+V = TypeVar("V")
 
 
 def _varint_len(value: int) -> int:
@@ -88,3 +92,35 @@ def lost_fitting(size: int, budget: int) -> int:
     """How many loss reports a message of ``size`` bytes takes, counted at their
     largest, in at most half of ``budget``."""
     return max(0, min(budget // 2, budget - size)) // LOST_MAX_BYTES
+
+
+class Batches:
+    """The session batches of one StreamResults message, within ``budget`` bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.batches: list[pb.ResultBatch] = []
+        #: The message's size so far.
+        self.size = 0
+
+    def room(self) -> int:
+        """The largest batch that still fits."""
+        return inner_budget(self.budget - self.size)
+
+    def add(self, batch: pb.ResultBatch) -> bool:
+        """Add ``batch`` if it fits; whether it did."""
+        grown = self.size + framed(batch.ByteSize())
+        if grown > self.budget:
+            return False
+        self.size = grown
+        self.batches.append(batch)
+        return True
+
+    @staticmethod
+    def to_back(subs: MutableMapping[int, V], served: Sequence[int]) -> None:
+        """Move the sessions ``served`` to the back of ``subs`` (in order), so that a
+        message cut by the budget is followed by one that begins with those it left
+        out."""
+        for ssid in served:
+            if ssid in subs:
+                subs[ssid] = subs.pop(ssid)

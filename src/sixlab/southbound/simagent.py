@@ -53,7 +53,7 @@ from sixlab.southbound.agent import (
     Role,
     _status_of,
 )
-from sixlab.southbound.budget import REPLY_BUDGET_BYTES, fit, framed, inner_budget
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit
 from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
 
@@ -444,20 +444,15 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         """One StreamResults message within the byte budget, as the real agent cuts it
         (lock held); whether records are still waiting."""
         now = self._clock()
-        budget = self.reply_budget
-        batches: list[pb.ResultBatch] = []
-        size = 0
+        out = Batches(self.reply_budget)
         more = False
         served: list[int] = []
         for ssid, sub in list(subs.items()):
             s = sub.session
             if s is None or self._sessions.get(ssid) is not s:
-                gone = pb.ResultBatch(ssid=ssid, gone=True)
-                if size + framed(gone.ByteSize()) > budget:
+                if not out.add(pb.ResultBatch(ssid=ssid, gone=True)):
                     more = True
                     break
-                size += framed(gone.ByteSize())
-                batches.append(gone)
                 del subs[ssid]
                 continue
             last = self._trim(s, now)
@@ -468,7 +463,7 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
                 ssid=ssid, overflow=s.overflow, state=s.state(now), final=finished,
                 counters=self._counters(s, now),
             )  # fmt: skip
-            room = inner_budget(budget - size)
+            room = out.room()
             if batch.ByteSize() > room:
                 more = True
                 break
@@ -488,16 +483,13 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
             else:
                 batch.ClearField("counters")
             batch.results.extend(items)
-            size += framed(batch.ByteSize())
-            batches.append(batch)
+            out.add(batch)  # it fits: its records were cut to the room
             if final:
                 del subs[ssid]
             if pending and len(items) < max_batch:  # the budget is spent
                 break
-        for ssid in served:  # those served go to the back (as the real agent does)
-            if ssid in subs:
-                subs[ssid] = subs.pop(ssid)
-        return batches, more
+        Batches.to_back(subs, served)
+        return out.batches, more
 
     # -- counters ---------------------------------------------------------------------
 
