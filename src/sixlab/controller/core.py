@@ -55,8 +55,11 @@ exported as metrics.
 
 Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
 state by whichever replica receives it and carried out by the replica holding the
-sender node's lease; a start-again runs in the ``starting`` state; repairs leave rows in
-either state alone (docs/architecture.md, "Session lifecycle across replicas").
+sender node's lease; a start-again runs in the ``starting`` state, claimed by its
+replica (the sender's owner finishes it if that replica dies); a stop is recorded
+before the sender is told, and a restart after a drain is recorded with the row;
+repairs leave ``destroying`` and ``starting`` rows alone (docs/architecture.md,
+"Session lifecycle across replicas").
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an

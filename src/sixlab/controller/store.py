@@ -164,7 +164,8 @@ CREATE TABLE IF NOT EXISTS epochs (
     started_ns  INTEGER NOT NULL,       -- when the controller started it, Unix ns
     stopped_ns  INTEGER,                -- when a user stopped it (its schedule ended)
     ended_ns    INTEGER,                -- when it ended (NULL: the current epoch, running)
-    end_reason  TEXT,                   -- finished, sender-lost, reflector-lost, destroyed
+    end_reason  TEXT,                   -- finished, sender-lost, reflector-lost, destroyed,
+                                        -- start-interrupted
     sender_agent TEXT,                  -- the sender agent's run (GetAgentInfo.epoch, hex)
     sent        INTEGER NOT NULL DEFAULT 0,  -- the sender's last counters of this epoch
     lost        INTEGER NOT NULL DEFAULT 0,
