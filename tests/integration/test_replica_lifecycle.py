@@ -511,16 +511,19 @@ def _each_epoch_once(c: Controller, name: str) -> None:
         assert seqs == expected, (name, epoch.epoch)
 
 
-@pytest.mark.parametrize("dies", ["before-sender-created", "after-sender-started"])
+@pytest.mark.parametrize(
+    "dies", ["before-sender-created", "after-reflector-started", "after-sender-started"]
+)
 def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_owner(
     pg_url: str, agents: dict[str, AgentServer], dies: str
 ) -> None:
     """B starts again a finished session whose sender A owns, and dies in the middle:
-    with the reflector's half created again and the sender's not yet (nothing sent in
-    the new epoch), or with the sender started in the new epoch. The row is left
+    with the reflector's half created again and the sender's not yet, with the new
+    epoch begun and the reflector started but not the sender (nothing sent in either
+    case), or with the sender started in the new epoch. The row is left
     ``starting``; once B is no longer a live replica, A finishes the start: the session
     runs (in the epoch B began if the sender was started there, so nothing it sent is
-    lost), and every result of each epoch is stored exactly once."""
+    lost; else in a new one), and every result of each epoch is stored exactly once."""
     fired = threading.Event()
     never = threading.Event()
 
@@ -542,8 +545,12 @@ def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_ow
 
         def start_session(self, ssid: int) -> None:
             super().start_session(ssid)
-            s1 = f"127.0.0.1:{agents['s1'].port}"
-            if dies == "after-sender-started" and ssid == Dying.victim and self.target == s1:
+            node = "s1" if dies == "after-sender-started" else "r1"
+            if (
+                dies.startswith("after-")
+                and ssid == Dying.victim
+                and (self.target == f"127.0.0.1:{agents[node].port}")
+            ):
                 fired.set()
                 never.wait()
 
@@ -565,8 +572,14 @@ def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_ow
         assert row.ssid in _carried(agents, "r1")
         _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
         epochs = a.store.epochs(row.id)
-        assert [e.epoch for e in epochs] == [0, 1]
         assert epochs[0].end_reason == "finished"
+        if dies == "after-reflector-started":
+            # B began epoch 1 but its sender never sent: it ends, and the start is
+            # carried out again in epoch 2.
+            assert [e.epoch for e in epochs] == [0, 1, 2]
+            assert (epochs[1].end_reason, epochs[1].sent) == ("start-interrupted", 0)
+        else:
+            assert [e.epoch for e in epochs] == [0, 1]
         _each_epoch_once(a, "p0")
     finally:
         _close(rb, ra, b, a)
