@@ -585,6 +585,65 @@ def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_ow
         _close(rb, ra, b, a)
 
 
+def test_a_replica_paused_past_its_heartbeat_does_not_go_on_with_a_start_taken_over(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session and is paused (not killed) once it created the
+    sender's half again; its heartbeat lapses and A, the sender's owner, finishes the
+    start. When B resumes, it goes no further: it begins no epoch (which would end the
+    one A's collector stores), its start fails, and the session runs on in A's epoch
+    with every result stored exactly once."""
+    fired = threading.Event()
+    resume = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    class Paused(AgentClient):
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            super().create_session(request)
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if request.ssid == Paused.victim and self.target == s1 and not fired.is_set():
+                fired.set()
+                resume.wait(60)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Paused)
+    try:
+        _finished(a, ["p0"])
+        row = a.store.session("p0")
+        Paused.victim = row.ssid
+
+        def start() -> None:
+            assert b is not None
+            try:
+                b.start_session("p0")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        t = threading.Thread(target=start, daemon=True)
+        t.start()
+        assert fired.wait(15)
+        rb.close()  # its heartbeats stop (B itself goes on, paused)
+        _wait("the owner to finish the start", lambda: a.store.session("p0").state == "running", 15)
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+
+        resume.set()
+        t.join(15)
+
+        assert len(outcome) == 1
+        assert outcome[0] is not None
+        assert a.store.session("p0").state == "running"
+        assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
+        cursor = a.store.session("p0").cursor
+        _wait("results to go on", lambda: a.store.session("p0").cursor > cursor + 5, 30)
+        _each_epoch_once(a, "p0")
+    finally:
+        resume.set()
+        _close(rb, ra, b, a)
+
+
 def test_a_session_its_sender_lost_is_collected_again_in_its_new_epoch(
     pg_url: str, agents: dict[str, AgentServer]
 ) -> None:

@@ -198,6 +198,8 @@ SENDER_LOST = "sender-lost"
 REFLECTOR_LOST = "reflector-lost"
 #: Why an epoch ended that a controller began in a start it did not finish (it died).
 START_INTERRUPTED = "start-interrupted"
+#: Why a start is refused once another controller took it over (``_recover_starts``).
+_TAKEN_OVER = "name: session {name!r}: another controller took its start over"
 #: gRPC statuses that say the agent could not be reached.
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 #: gRPC statuses that say the agent does not have what the controller expects.
@@ -1379,7 +1381,7 @@ class Controller:
             state = self.store.session(row.name).state
             raise WrongStateError(f"name: session {row.name!r} is {state}, not startable")
         try:
-            self._restart(row)
+            self._restart(row, claim=me)
         except BaseException:
             self.store.claim_state(row.name, "starting", row.state, holder=me)
             self._undo_if_destroyed(row)
@@ -1387,9 +1389,7 @@ class Controller:
         if not self.store.claim_state(row.name, "starting", "running", holder=me):
             if self._undo_if_destroyed(row):
                 raise WrongStateError(f"name: session {row.name!r} was destroyed while it started")
-            raise WrongStateError(
-                f"name: session {row.name!r}: another controller took its start over"
-            )
+            raise WrongStateError(_TAKEN_OVER.format(name=row.name))
 
     def _recover_starts(self, sender: str) -> None:
         """Finish the starts of this sender's sessions left ``starting`` by a controller
@@ -1432,7 +1432,7 @@ class Controller:
                 if exc.code not in _MISSING:
                     raise
         if not started:
-            self._restart(row, START_INTERRUPTED)
+            self._restart(row, START_INTERRUPTED, claim=self.replica_id)
         if self.store.claim_state(row.name, "starting", "running", holder=self.replica_id):
             self._start_collector(row.name)
         else:
@@ -1449,17 +1449,32 @@ class Controller:
     def _agent(self, node: str) -> str | None:
         return self.store.node(node).agent_epoch
 
-    def _restart(self, row: SessionRow, reason: str = "") -> None:
+    def _restart(self, row: SessionRow, reason: str = "", *, claim: str | None = None) -> None:
         """Create the session again on both agents in a new epoch, and start it; an
-        epoch still open ends with ``reason``. The row's state is the caller's."""
+        epoch still open ends with ``reason``. The row's state is the caller's.
+
+        ``claim``: a start's claimer (``starting``). Each step first makes sure the start
+        is still its own, and the epoch begins only if it is (in the same transaction):
+        a controller paused past its heartbeat, whose start the sender's owner took over
+        meanwhile, goes no further than the call it was in."""
+
+        def still_mine() -> None:
+            if claim is not None and dict(self.store.starting(row.sender)).get(row.name) != claim:
+                raise WrongStateError(_TAKEN_OVER.format(name=row.name))
+
         with self._session_lock(row.name):
+            still_mine()
             self._destroy_on_agents(row)
+            still_mine()
             self._create_on_agents(self._spec(row), row.ssid)
             self.store.begin_epoch(
-                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason
-            )
+                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason,
+                claimer=claim,
+            )  # fmt: skip
             if not _is_loopback(row):
+                still_mine()
                 self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            still_mine()
             self._call(row.sender, lambda c: c.start_session(row.ssid))
 
     def stop_session(self, name: str) -> None:

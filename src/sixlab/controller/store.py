@@ -941,13 +941,31 @@ class Store(ABC):
         return out
 
     def begin_epoch(
-        self, name: str, now_ns: int, *, sender_agent: str | None = None, reason: str = ""
+        self,
+        name: str,
+        now_ns: int,
+        *,
+        sender_agent: str | None = None,
+        reason: str = "",
+        claimer: str | None = None,
     ) -> int:
         """The live session starts on its sender: in its current epoch if that never
         started (a created session), else in a new one (ids, cursor and counters start
         over). A current epoch still open ends now with ``reason``. Returns the epoch.
+        ``claimer``: only if the session is ``starting`` claimed by it (``claim_state``).
         """
         with self._transaction() as db:
+            if (
+                claimer is not None
+                and not db.execute(
+                    # An update, not a read: it holds the row until commit, so that a take
+                    # over (``take_over_start``) comes before this or after the epoch began.
+                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=? AND state='starting'"
+                    " AND claimed_by=?",
+                    (name, claimer),
+                ).rowcount
+            ):
+                raise StoreError(f"session: {name!r} is not being started by {claimer}")
             return _begin_epoch(db, name, now_ns, sender_agent, reason)
 
     def end_epoch(self, name: str, now_ns: int, reason: str) -> None:
