@@ -206,11 +206,6 @@ _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
-def _results_state(row: SessionRow, client: AgentClient) -> pb.GetStampSessionResultsReply:
-    """The sender's session as it is now (one record at most: its state is the point)."""
-    return client.results(row.ssid, 1, after_id=row.cursor)
-
-
 class SessionExistsError(ControllerError):
     """A session of that name exists already."""
 
@@ -1425,8 +1420,10 @@ class Controller:
         started = False
         if begun:
             try:
-                ask = functools.partial(_results_state, row)
-                reply = self._call(row.sender, ask)
+                # One record at most: the session's state is the point.
+                reply = self._call(
+                    row.sender, lambda c: c.results(row.ssid, 1, after_id=row.cursor)
+                )
                 started = reply.state != pb.SESSION_STATE_IDLE
             except SouthboundError as exc:
                 if exc.code not in _MISSING:
