@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from ipaddress import IPv6Address
+from pathlib import Path
 from typing import Any
 
 PORT = 40862
@@ -78,8 +79,16 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     # Nobody reads the results here: FIFOs of 2 records, as short as a collecting
     # controller keeps them. (With 64 per session, 640,000 records waited, and the
     # garbage collector's full passes over them slipped packets by up to 190 ms.)
-    engine = SenderEngine(dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3))
+    # (Trees before the C path have no ``compiled``: they run with no extra argument.)
+    extra: dict[str, Any] = {"compiled": False} if args.python_path else {}
+    if args.timer_slack_ns is not None:
+        extra["timer_slack_ns"] = args.timer_slack_ns or None
+    engine = SenderEngine(
+        dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3), **extra
+    )
     engine.start()
+    # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
+    compiled = getattr(engine, "probe_io", None) is not None
     n = args.sessions
     for ssid in range(1, n + 1):
         config = SenderConfig(ssid, interval_ns=interval, loss_timeout_ns=2 * interval)
@@ -127,6 +136,8 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     sent = max(counts["sent"], 1)
     return {
         "tick_us": tick_us,
+        "path": "C (sendmmsg/recvmmsg)" if compiled else "Python",
+        "sixlab": str(Path(sys.modules["sixlab"].__file__ or "").parent.parent),
         "sessions": n,
         "rate_per_session": args.rate,
         "offered_pps": n * args.rate,
@@ -146,6 +157,8 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
         "gc_full_ms_max": round(max(full, default=0) / 1e6, 1),
         "gc_freeze": args.gc_freeze,
         "load_average": os.getloadavg()[0],
+        "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
+        "timer_slack_ns": getattr(engine, "timer_slack_ns", None) or "kernel default",
     }
 
 
@@ -232,6 +245,15 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the tick list")
     parser.add_argument(
+        "--timer-slack-ns", type=int, default=None,
+        help="the engine thread's timer slack in ns (PR_SET_TIMERSLACK; unset or 0: "
+        "the kernel's default, 50 µs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--python-path", action="store_true",
+        help="the engine's pure-Python probe path even where the C one builds",
+    )  # fmt: skip
+    parser.add_argument(
         "--gc-freeze", action="store_true",
         help="gc.freeze() once the sessions are started: what the garbage collector's "
         "full passes over them cost the schedule",
@@ -248,7 +270,8 @@ def main() -> None:
     )  # fmt: skip
     try:
         assert reflector.stdout is not None
-        reflector.stdout.readline()
+        if reflector.stdout.readline().strip() != "ready":  # e.g. its port is taken
+            sys.exit(f"bench_sender: the reflector did not start on port {args.port}")
         for _ in range(args.repeat):
             for tick in ticks:
                 print(json.dumps(run(args, tick)), flush=True)

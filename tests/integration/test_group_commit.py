@@ -5,6 +5,7 @@ simulated sender agent over real gRPC."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,56 @@ def test_collection_stages_count_every_stored_result(
         == stored
     )
     store.close()
+
+
+def test_a_sender_waiting_for_a_session_lock_does_not_hold_up_the_others(
+    tmp_path: Path,
+) -> None:
+    """A session's lock is held for long (as a destroy's final collection or a repair
+    holds it while calling agents): its sender's stream waits for it without holding the
+    commit slot, so another sender's results are stored meanwhile; then it goes on, and
+    every record of both is stored once."""
+    agents = {
+        "s1": serve_simulated("127.0.0.1:0", "sender"),
+        "s2": serve_simulated("127.0.0.1:0", "sender"),
+        "r": serve_simulated("127.0.0.1:0", "reflector"),
+    }
+    ctl = Controller(SqliteStore(tmp_path / "c.db"), supervise_interval_s=None)
+    try:
+        for name, server in agents.items():
+            ctl.register_node(
+                name, f"127.0.0.1:{server.port}", "reflector" if name == "r" else "sender"
+            )
+            ctl.init_node(name)
+        specs = [
+            SessionSpec(name, sender, "r", "2001:db8::2", interval_ns=50_000_000, collect="stream")
+            for name, sender in (("a", "s1"), ("b", "s2"))
+        ]
+        _, errors = ctl.create_sessions(specs)
+        assert not errors
+        assert not ctl.start_sessions(["a", "b"])
+        deadline = time.monotonic() + 30
+        while min(ctl.store.session(n).cursor for n in ("a", "b")) == 0:
+            assert time.monotonic() < deadline, "no results"
+            time.sleep(0.05)
+        with ctl._session_lock("a"):
+            time.sleep(1.0)  # s1's stream has a message of "a" by now, and waits
+            before = ctl.store.session("b").cursor
+            time.sleep(1.5)  # 30 records of "b" at 20 packets/s
+            after = ctl.store.session("b").cursor
+            held = ctl.store.session("a").cursor
+        assert after >= before + 15
+        while ctl.store.session("a").cursor <= held:
+            assert time.monotonic() < deadline + 30, "a did not go on"
+            time.sleep(0.05)
+        for name in ("a", "b"):
+            ctl.stop_session(name)
+        for name in ("a", "b"):
+            assert ctl.wait_finished(name, 30), name
+            row = ctl.store.session(name)
+            assert [r.seq for _, r in ctl.store.records(row.id)] == list(range(row.sent)), name
+    finally:
+        ctl.close()
+        ctl.store.close()
+        for server in agents.values():
+            server.stop(None)

@@ -55,11 +55,13 @@ exported as metrics.
 
 Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
 state by whichever replica receives it and carried out by the replica holding the
-sender node's lease; a start-again runs in the ``starting`` state, claimed by its
-replica (the sender's owner finishes it if that replica dies); a stop is recorded
-before the sender is told, and a restart after a drain is recorded with the row;
-repairs leave ``destroying`` and ``starting`` rows alone (docs/architecture.md,
-"Session lifecycle across replicas").
+sender node's lease, told at once by the store's notice (``Store.subscribe``; its
+supervisor's round is the fallback); a start-again runs in the ``starting`` state,
+claimed by its replica (the sender's owner finishes it if that replica dies); a stop is
+recorded before the sender is told, and a restart after a drain is recorded with the
+row; repairs leave ``destroying`` and ``starting`` rows alone, and destroy a session of
+an agent that no row refers to once it has been so for ``ORPHAN_GRACE_S``
+(docs/architecture.md, "Session lifecycle across replicas", "Orphan sessions").
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
@@ -96,6 +98,10 @@ from sixlab.controller.events import (
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
 from sixlab.controller.rollup import merged_stats, roll_up
 from sixlab.controller.store import (
+    CHANGED,
+    DESTROYED,
+    DESTROYING,
+    RESYNC,
     AlreadyExistsError,
     Counters,
     EpochRow,
@@ -178,6 +184,14 @@ RAW_STATS_NS = 3600 * 1_000_000_000
 #: than a northbound client's deadline (``client.DEFAULT_TIMEOUT_S``), so that the
 #: caller hears why.
 DESTROY_WAIT_S = 20.0
+#: How often ``destroy_session`` looks at the store while it waits, should no notice of
+#: the destroy come (s): the owner's notice (``Store.subscribe``) normally wakes it.
+DESTROY_POLL_S = 1.0
+#: A session on an agent that no live row refers to (an orphan) is destroyed once it has
+#: been one for this long (s): a creation through another replica puts the halves on
+#: the agents before it stores the row, and must not lose them meanwhile
+#: (docs/architecture.md, "Orphan sessions").
+ORPHAN_GRACE_S = 60.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
 #: SSIDs a creation tries on its nodes: another replica creating a session there at the
@@ -478,6 +492,64 @@ class EpochStats:
     late_ns_max: int = 0
 
 
+@dataclass(slots=True)
+class _PathCounts:
+    """A session's totals for the metrics, kept in memory (``Controller._metric_totals``)."""
+
+    name: str
+    sender: str
+    spec: SessionSpec
+    #: By epoch, as stored: updated as this controller stores results.
+    epochs: dict[int, EpochRow]
+    raised: tuple[str, ...]
+    event_counts: dict[tuple[str, str], int]
+
+    def totals(self) -> PathTotals:
+        stats = [epoch_stats(e, self.spec) for _, e in sorted(self.epochs.items())]
+        recreations: dict[str, int] = {}
+        for before, _after in itertools.pairwise(stats):
+            reason = before.end_reason or ""
+            if reason not in (SENDER_LOST, REFLECTOR_LOST):
+                reason = "started-again"
+            recreations[reason] = recreations.get(reason, 0) + 1
+        forward = [e.forward_lost for e in self.epochs.values() if e.forward_lost is not None]
+        return PathTotals(
+            path=self.name,
+            sent=sum(e.sent for e in stats),
+            received=sum(e.received for e in stats),
+            lost=sum(e.lost for e in stats),
+            unknown=sum(e.unknown for e in stats),
+            forward_lost=sum(forward) if forward else None,
+            recreations=recreations,
+            skipped=sum(e.skipped for e in stats),
+            late_ns_total=sum(e.late_ns_total for e in stats),
+            events_raised=self.raised,
+            event_counts=self.event_counts,
+        )
+
+    def stored(self, batch: ResultBatch, new: int, now: int) -> bool:
+        """Count a batch this controller stored (``new`` rows of it new, at ``now``);
+        False if its epoch is not known here (the totals are to be read again). Counting
+        one twice is harmless: a batch whose records the epoch's top already covers was
+        read with it, and an older snapshot of the counters does not replace a newer."""
+        e = self.epochs.get(batch.epoch)
+        if e is None:
+            return False
+        received, top = e.received, e.top
+        if batch.records and batch.records[-1][0] > top:
+            received, top = received + new, batch.records[-1][0]
+        c = batch.counters
+        if c is not None and (e.seen_ns is None or now >= e.seen_ns):
+            self.epochs[batch.epoch] = EpochRow(
+                e.epoch, e.started_ns, e.stopped_ns, e.ended_ns, e.end_reason, e.sender_agent,
+                c.sent, c.lost, c.forward_lost, c.overflow, now, c.skipped, c.late_ns_total,
+                c.late_ns_max, received, top,
+            )  # fmt: skip
+        elif top != e.top:
+            self.epochs[batch.epoch] = replace(e, received=received, top=top)
+        return True
+
+
 def _slots(spec: SessionSpec, span_ns: int) -> int:
     """Send slots of the session's schedule in its first ``span_ns`` (its sender sends
     at start + k × interval, up to its count and duration)."""
@@ -613,6 +685,10 @@ def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
 ClientFactory = Callable[[str], AgentClient]
 
 
+def _destroy(client: AgentClient, *, ssid: int) -> None:
+    client.destroy_session(ssid)
+
+
 def _open_stream(
     client: AgentClient, *, after: dict[int, int], window_ns: int
 ) -> ResultStream[pb.ResultBatches]:
@@ -627,6 +703,11 @@ def _open_stream(
 #: What the reader of a stream hands its collector: a message and when it came (Unix
 #: ns); then how the stream ended: StopIteration, or the exception that ended it.
 _Inbound = tuple[int, pb.ResultBatches] | BaseException
+
+
+def _names_of(subs: dict[int, SessionRow], got: list[tuple[int, pb.ResultBatches]]) -> set[str]:
+    """The sessions the messages carry batches of (those of ``subs``)."""
+    return {subs[b.ssid].name for _, m in got for b in m.batches if b.ssid in subs}
 
 
 def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
@@ -682,6 +763,14 @@ class Controller:
         #: replica id, else one of its own (``set_ownership``).
         self.replica_id = f"controller-{random.getrandbits(64):016x}"
         self._wake = threading.Event()
+        #: Sender nodes whose recorded destroys this controller is to carry out now (the
+        #: store's DESTROYING notices), and the thread that does (``_destroy_loop``).
+        self._to_destroy: set[str] = set()
+        self._destroy_wake = threading.Event()
+        self._destroyer: threading.Thread | None = None
+        #: Counts the store's DESTROYED notices: a destroy's waiter wakes on a change.
+        self._destroyed = threading.Condition(threading.Lock())
+        self._destroyed_seen = 0
         #: Stream transactions run one at a time (``_store_messages``).
         self._commit_slot = threading.Lock()
         self._closed = False
@@ -689,6 +778,10 @@ class Controller:
         self._health_seen: dict[str, tuple[bool, int]] = {}
         #: ``stats`` over a longer range reads rollups rather than raw results (ns).
         self.raw_stats_ns = RAW_STATS_NS
+        #: Orphans are destroyed once they have been for this long (s), and when each
+        #: (node, SSID) was first seen as one, in which run of the agent.
+        self.orphan_grace_s = ORPHAN_GRACE_S
+        self._orphans: dict[tuple[str, int], tuple[int, float]] = {}
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
@@ -699,9 +792,16 @@ class Controller:
         #: window and stored-record count (``_judge``).
         self._monitor = ThresholdMonitor()
         self._restored: set[int] = set()
+        #: The sessions' and nodes' totals for the metrics, read from the store once and
+        #: then kept as results are stored (``_metric_totals``); stale: to read again.
+        self._counts: dict[int, _PathCounts] = {}
+        self._node_totals: list[NodeTotals] = []
+        self._counts_stale = True
+        self._counts_lock = threading.Lock()
         self._loss_windows: dict[tuple[int, int], LossWindow] = {}
         self._received: dict[tuple[int, int], int] = {}
         self.metrics.bind(self._metric_totals)
+        store.subscribe(self._on_notice)
         if supervise_interval_s is not None:
             self._supervisor = threading.Thread(
                 target=self._supervise, name="controller-supervisor", daemon=True
@@ -835,6 +935,8 @@ class Controller:
                     name,
                     info.epoch,
                 )
+            else:
+                self._remove_orphans(node, info, wanted)
             if not wanted:
                 return
             if info.initialized and not restarted and wanted <= set(info.ssids):
@@ -851,6 +953,46 @@ class Controller:
                         self._repair_sender_half(row)
                     else:
                         self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _remove_orphans(self, node: NodeRow, info: pb.GetAgentInfoReply, wanted: set[int]) -> None:
+        """Destroy the sessions of the node's agent that no live row refers to, once they
+        have been so for ``orphan_grace_s`` (hold ``_ops``): left by a replica that died
+        between creating them and storing their row, or by a destroy whose call to the
+        agent failed (docs/architecture.md, "Orphan sessions").
+
+        The store is read AFTER the agent's answer (``info``): a session created by
+        another replica, whose row is stored after the agents have it, may be taken for
+        an orphan for as long as the creation takes, which the grace outlasts."""
+        extra = set(info.ssids) - wanted
+        live: set[int] = set()
+        if extra:  # a finished or stopped session also stays on its agents
+            live = {ssid for ssid, _ in self.store.ssids_of(node.name, role=node.role)}
+        now = time.monotonic()
+        due: list[int] = []
+        with self._lock:
+            before = {k: v for k, v in self._orphans.items() if k[0] == node.name}
+            for key in before:
+                del self._orphans[key]
+            for ssid in extra - live:
+                first = before.get((node.name, ssid))
+                if first is None or first[0] != info.epoch:  # new, or another run's
+                    first = (info.epoch, now)
+                self._orphans[(node.name, ssid)] = first
+                if now - first[1] >= self.orphan_grace_s:
+                    due.append(ssid)
+        for ssid in sorted(due):
+            log.warning(
+                "node %s: destroying session SSID %d on its agent: no session of the store"
+                " refers to it (for %.0f s)", node.name, ssid, self.orphan_grace_s,
+            )  # fmt: skip
+            try:
+                self._call(node.name, functools.partial(_destroy, ssid=ssid))
+            except SouthboundError as exc:
+                if exc.code not in _MISSING:  # tried again at the next check
+                    log.info("node %s: SSID %d not destroyed: %s", node.name, ssid, exc.details)
+                    continue
+            with self._lock:
+                self._orphans.pop((node.name, ssid), None)
 
     def _expected(self, node: NodeRow) -> list[SessionRow]:
         """The sessions the node's agent should carry (the node's only: every node is
@@ -1532,15 +1674,20 @@ class Controller:
                 except (ControllerError, SouthboundError) as exc:
                     failed[row.name] = exc  # e.g. fenced: its new owner carries it out
             waiting[row.id] = row
-        self._wake.set()
         deadline = time.monotonic() + wait_s
         while waiting:
+            with self._destroyed:
+                seen = self._destroyed_seen
             for sid, state in self.store.states(list(waiting)).items():
                 if state == "destroyed":
                     waiting.pop(sid)
-            if not waiting or time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
                 break
-            time.sleep(0.05)
+            # Woken by the owner's DESTROYED notice; the poll is the fallback.
+            with self._destroyed:
+                if self._destroyed_seen == seen:
+                    self._destroyed.wait(min(remaining, DESTROY_POLL_S))
         for row in waiting.values():
             errors[row.name] = failed.get(
                 row.name,
@@ -1551,6 +1698,53 @@ class Controller:
                 ),
             )
         return errors
+
+    def _on_notice(self, kind: str, arg: str) -> None:
+        """A notice of the store (``Store.subscribe``: this controller's changes, and on
+        PostgreSQL the other replicas'): act now rather than at the next round."""
+        if kind in (CHANGED, RESYNC):
+            self._counts_stale = True  # read again at the next scrape
+        if kind in (DESTROYING, RESYNC):
+            self._wake_destroyer(arg if kind == DESTROYING else None)
+        if kind in (DESTROYED, RESYNC):
+            with self._destroyed:
+                self._destroyed_seen += 1
+                self._destroyed.notify_all()
+
+    def _wake_destroyer(self, sender: str | None) -> None:
+        """Have the destroys recorded for ``sender`` (None: for every sender node this
+        controller owns) carried out now, by ``_destroy_loop``."""
+        with self._lock:
+            if self._closed:
+                return
+            if sender is None:
+                self._to_destroy.update(n.name for n in self.store.nodes() if n.role == "sender")
+            else:
+                self._to_destroy.add(sender)
+            if self._destroyer is None:
+                self._destroyer = threading.Thread(
+                    target=self._destroy_loop, name="controller-destroyer", daemon=True
+                )
+                self._destroyer.start()
+        self._destroy_wake.set()
+
+    def _destroy_loop(self) -> None:
+        """Carry out the destroys of the sender nodes the notices named, as they come
+        (the supervisor's round does too, should a notice be lost)."""
+        while not self._closed:
+            self._destroy_wake.wait()
+            self._destroy_wake.clear()
+            with self._lock:
+                nodes, self._to_destroy = self._to_destroy, set()
+            for node in sorted(nodes):
+                if self._closed:
+                    return
+                if not self._owns(node):
+                    continue
+                try:
+                    self._carry_out_destroys(node)
+                except Exception:  # the supervisor's round tries again
+                    log.exception("node %s: carrying out destroys failed", node)
 
     def _carry_out_destroys(self, sender: str) -> None:
         """Carry out the destroys recorded for the sessions of a sender node this
@@ -1601,7 +1795,7 @@ class Controller:
             if new is None:
                 self.metrics.dropped(row.sender, len(batch.records))
                 return
-            self._stored(cur, batch, now)
+            self._stored(cur, batch, new, now)
             client.acknowledge(cur.ssid, batch.records[-1][0])
 
     def wait_finished(self, name: str, timeout: float) -> bool:
@@ -1637,35 +1831,46 @@ class Controller:
         return [epoch_stats(e, spec) for e in self.store.epochs(row.id)]
 
     def _metric_totals(self) -> Totals:
-        """Every live session's and node's totals from the store (at each scrape)."""
-        epochs = self.store.live_epochs()
-        paths = []
-        for row in self.store.sessions():
-            spec = self._spec(row)
-            stats = [epoch_stats(e, spec) for e in epochs.get(row.id, [])]
-            recreations: dict[str, int] = {}
-            for before, _after in itertools.pairwise(stats):
-                reason = before.end_reason or ""
-                if reason not in (SENDER_LOST, REFLECTOR_LOST):
-                    reason = "started-again"
-                recreations[reason] = recreations.get(reason, 0) + 1
-            paths.append(
-                PathTotals(
-                    path=row.name,
-                    sent=sum(e.sent for e in stats),
-                    received=sum(e.received for e in stats),
-                    lost=sum(e.lost for e in stats),
-                    unknown=sum(e.unknown for e in stats),
-                    forward_lost=row.forward_lost,
-                    recreations=recreations,
-                    skipped=sum(e.skipped for e in stats),
-                    late_ns_total=sum(e.late_ns_total for e in stats),
-                    events_raised=tuple(self.store.raised(row.id)),
-                    event_counts=self.store.event_counts(row.id),
-                )
-            )
-        nodes = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in self.store.nodes()]
-        return Totals(paths, nodes)
+        """The totals of the sessions whose sender this controller owns, and of every
+        node, at each scrape: from memory (``_PathCounts``), without reading the store
+        unless something other than stored results changed since the last scrape (the
+        store's CHANGED notices, a node taken over). A scrape then costs no query per
+        session, however many there are."""
+        with self._counts_lock:
+            if self._counts_stale:
+                self._read_counts()
+            paths = [p.totals() for p in self._counts.values() if self._owns(p.sender)]
+            return Totals(paths, list(self._node_totals))
+
+    def _read_counts(self) -> None:
+        """Read every live session's and node's totals from the store, in a few queries
+        (hold ``_counts_lock``: results stored meanwhile are counted after)."""
+        self._counts_stale = False  # a change while reading makes it stale again
+        try:
+            rows = self.store.sessions()
+            epochs = self.store.live_epochs()
+            events = self.store.live_events()
+            nodes = self.store.nodes()
+        except BaseException:
+            self._counts_stale = True
+            raise
+        self._counts = {}
+        for row in rows:
+            raised, counts = events.get(row.id, ([], {}))
+            self._counts[row.id] = _PathCounts(
+                row.name, row.sender, self._spec(row),
+                {e.epoch: e for e in epochs.get(row.id, [])}, tuple(raised), counts,
+            )  # fmt: skip
+        self._node_totals = [NodeTotals(n.name, n.restarts, n.agent_started_ns) for n in nodes]
+
+    def _count_stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
+        """Keep the metrics' totals of a batch just stored (``_PathCounts.stored``)."""
+        with self._counts_lock:
+            if self._counts_stale:
+                return  # read again with this batch in before the next scrape
+            counts = self._counts.get(row.id)
+            if counts is None or not counts.stored(batch, new, now):
+                self._counts_stale = True
 
     def stats(self, name: str, since_ns: int | None = None) -> PathStats:
         """The path's statistics since ``since_ns`` (None: over its whole life).
@@ -1775,9 +1980,14 @@ class Controller:
             self._collectors.clear()
             streamers = list(self._streamers.values())
             self._streamers.clear()
+        self.store.unsubscribe(self._on_notice)
         self._wake.set()
+        self._destroy_wake.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(INFO_TIMEOUT_S + 10)
+        destroyer = self._destroyer
+        if destroyer is not None and destroyer is not threading.current_thread():
+            destroyer.join(INFO_TIMEOUT_S + 10)
         for p in pollers:
             p.stop.set()
         for p in pollers:
@@ -1832,6 +2042,7 @@ class Controller:
         node's results only while ``fence(node)`` holds (``Store.store_many``), and be
         known in the store as ``replica`` (whose liveness the replicas table tells)."""
         self._owns = owns
+        self._counts_stale = True
         if fence is not None:
             self._fence = fence
         if replica is not None:
@@ -1859,6 +2070,7 @@ class Controller:
         if names:
             self._start_collectors([r for r in self.store.sessions_of(node) if r.name in names])
         if check:
+            self._counts_stale = True  # its sessions' totals are counted here now
             self._wake.set()
 
     def drop_node(self, node: str) -> None:
@@ -1996,7 +2208,7 @@ class Controller:
                 if new is None:  # the session left that epoch (or was destroyed)
                     self.metrics.dropped(p.node, len(stored.records))
                     continue
-                self._stored(row, stored, now)
+                self._stored(row, stored, new, now)
                 if stored.records:
                     acks[row.ssid] = stored.records[-1][0]
                 elif reply.state == pb.SESSION_STATE_FINISHED:
@@ -2013,8 +2225,9 @@ class Controller:
                         p.retry.pop(name, None)
                     self._finished.notify_all()
 
-    def _stored(self, row: SessionRow, batch: ResultBatch, now: int) -> None:
-        """What follows a stored batch: warnings and metrics."""
+    def _stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
+        """What follows a stored batch (``new`` of its rows new): warnings and metrics."""
+        self._count_stored(row, batch, new, now)
         if batch.counters is not None:
             self._warn_skips(row, batch.counters.skipped)
         stored = [r for _, r in batch.records]
@@ -2199,29 +2412,59 @@ class Controller:
         as soon as it comes and a busy one commits fewer, larger transactions rather
         than falling behind (SQLite's cost is per page written per commit; PostgreSQL's
         per statement and commit).
+
+        The sessions' locks are taken before the slot, never while holding it: a lock
+        may be held for long (a destroy's final collection, a repair: both call agents),
+        and a sender waiting for one must not hold up the other senders' transactions.
+        Messages gathered once the slot is taken go in too if the locks of their
+        sessions are free at once; if not, the slot is let go and every lock taken
+        again, waiting, before the slot.
         """
-        slot, held = self._commit_slot, True
-        slot.acquire()
+        end: BaseException | None = None
+        names = _names_of(subs, got)
+        slot = self._commit_slot
+        while True:
+            with contextlib.ExitStack() as locks:
+                for name in sorted(names):
+                    locks.enter_context(self._session_lock(name))
+                held = True
+                slot.acquire()
 
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                slot.release()
+                def release() -> None:
+                    nonlocal held
+                    if held:
+                        held = False
+                        slot.release()
 
-        try:
-            end = self._gather(st, inbox, got, 0.0)
-            pending: dict[int, pb.ResultBatch] = {}
-            arrivals = [(at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got]
-            for _, message in got:
-                for b in message.batches:
-                    _merge(pending, b)
-            begun = time.time_ns()
-            committed = self._store_batches(st, subs, list(pending.values()), release)
-        finally:
-            release()
+                try:
+                    end = self._gather(st, inbox, got, 0.0) or end
+                    more = _names_of(subs, got) - names
+                    if more and not self._try_session_locks(locks, more):
+                        names |= more
+                        continue
+                    pending: dict[int, pb.ResultBatch] = {}
+                    arrivals = [
+                        (at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got
+                    ]
+                    for _, message in got:
+                        for b in message.batches:
+                            _merge(pending, b)
+                    begun = time.time_ns()
+                    committed = self._store_batches(st, subs, list(pending.values()), release)
+                finally:
+                    release()
+            break
         self.metrics.collection_stages(arrivals, begun, committed)
         return end
+
+    def _try_session_locks(self, locks: contextlib.ExitStack, names: Iterable[str]) -> bool:
+        """Take the sessions' locks if they are free (into ``locks``); whether all were."""
+        for name in sorted(names):
+            lock = self._session_lock(name)
+            if not lock.acquire(blocking=False):
+                return False
+            locks.callback(lock.release)
+        return True
 
     def _store_batches(
         self,
@@ -2233,45 +2476,43 @@ class Controller:
         """Store a batch per session in one transaction and acknowledge them at once;
         when the transaction committed (Unix ns). ``committed`` is called once it has.
 
-        The sessions' locks are held from the epoch checks to the acknowledgement.
+        The caller holds the sessions' locks, from before the epoch checks to after the
+        acknowledgement.
         """
         batches = [b for b in batches if b.ssid in subs]
         acks: dict[int, int] = {}
-        with contextlib.ExitStack() as locks:
-            for name in sorted({subs[b.ssid].name for b in batches}):
-                locks.enter_context(self._session_lock(name))
-            todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
-            for batch in batches:
-                if batch.gone:
-                    # Gone from the agent, or created again there: the supervisor
-                    # repairs it; a new epoch's start reopens the stream with it.
-                    self.metrics.dropped(st.node, len(batch.results))
-                    del subs[batch.ssid]
-                    self._wake.set()
-                    continue
-                sub = subs[batch.ssid]
-                counters = batch.counters if batch.HasField("counters") else None
-                todo.append((sub, batch, _batch(sub, batch.results, counters)))
-            # One transaction for all the messages; the store checks each epoch.
-            now = self.clock()
-            news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
-            done = time.time_ns()
-            committed()
-            for (sub, batch, stored), new in zip(todo, news, strict=True):
-                if new is None:  # the session left that epoch, was destroyed or pruned
-                    self.metrics.dropped(st.node, len(stored.records))
-                    del subs[batch.ssid]
-                    continue
-                self._stored(sub, stored, now)
-                cursor = stored.records[-1][0] if stored.records else sub.cursor
-                subs[batch.ssid] = _with_cursor(sub, cursor)
-                if stored.records:
-                    acks[batch.ssid] = cursor
-                if batch.final:
-                    del subs[batch.ssid]
-                    with self._lock:
-                        st.names.discard(sub.name)
-                    self._finish(sub)
-            if acks:
-                self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+        todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
+        for batch in batches:
+            if batch.gone:
+                # Gone from the agent, or created again there: the supervisor
+                # repairs it; a new epoch's start reopens the stream with it.
+                self.metrics.dropped(st.node, len(batch.results))
+                del subs[batch.ssid]
+                self._wake.set()
+                continue
+            sub = subs[batch.ssid]
+            counters = batch.counters if batch.HasField("counters") else None
+            todo.append((sub, batch, _batch(sub, batch.results, counters)))
+        # One transaction for all the messages; the store checks each epoch.
+        now = self.clock()
+        news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
+        done = time.time_ns()
+        committed()
+        for (sub, batch, stored), new in zip(todo, news, strict=True):
+            if new is None:  # the session left that epoch, was destroyed or pruned
+                self.metrics.dropped(st.node, len(stored.records))
+                del subs[batch.ssid]
+                continue
+            self._stored(sub, stored, new, now)
+            cursor = stored.records[-1][0] if stored.records else sub.cursor
+            subs[batch.ssid] = _with_cursor(sub, cursor)
+            if stored.records:
+                acks[batch.ssid] = cursor
+            if batch.final:
+                del subs[batch.ssid]
+                with self._lock:
+                    st.names.discard(sub.name)
+                self._finish(sub)
+        if acks:
+            self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
         return done

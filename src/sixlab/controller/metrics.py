@@ -57,9 +57,13 @@ metric                                         meaning
 =============================================  ==========================================
 
 Every metric is produced at scrape time by one collector (no ``_created`` series). The
-packet, loss, re-creation, schedule and agent counters come from the store
-(``bind``): they are the totals of the sessions' whole lives, across agent and
-controller restarts, not counts since the controller started. The delay histograms
+packet, loss, re-creation, schedule, event and agent counters are the stored totals
+(``bind``): those of the sessions' whole lives, across agent and controller restarts,
+not counts since the controller started. The controller reads them from the store once,
+keeps them in memory as it stores results, and reads them again only after another
+change (``Controller._metric_totals``): a scrape costs no query per session. With
+replicas, each exports the sessions whose sender node it holds; a replica that takes a
+node over reads their totals then, so the counters go on from the same values. The delay histograms
 and jitter come from the results as they are stored, so the histograms count from the
 controller's start (Prometheus' ``rate`` and ``histogram_quantile`` handle the reset);
 so do the flow-label delays and the data packets. A loopback path (docs/srpm.md) has

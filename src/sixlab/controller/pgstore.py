@@ -16,12 +16,19 @@ PostgreSQL's types; several controllers may share one database. Differences:
   per result matter at 50,000 results/s); statements name columns, never rely on order.
 - A lost connection (server restart) fails the call in progress with
   ``StoreUnavailableError``; the next call connects again.
+- Notices (``Store.subscribe``) go to every replica of the database: each is sent with
+  ``NOTIFY`` (``pg_notify``) after its change committed, and a thread of each store that
+  has subscribers ``LISTEN``s on a connection of its own, connecting again (and giving a
+  ``RESYNC`` notice) if that connection is lost. A notice of this process is also
+  given to its own subscribers at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -31,6 +38,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sixlab.controller.store import (
     RESULT_COLUMNS,
+    RESYNC,
     SCHEMA_VERSION,
     Storage,
     Store,
@@ -40,7 +48,7 @@ from sixlab.controller.store import (
     _Db,
 )
 
-__all__ = ["SCHEMA", "PostgresStore"]
+__all__ = ["CHANNEL", "SCHEMA", "PostgresStore"]
 
 #: Schema versions: the statements that bring a database from version k-1 to k.
 _STEPS: dict[int, tuple[str, ...]] = {
@@ -185,6 +193,13 @@ _COPY_TYPES = ("int8", "int4", "int8", "int8", "int8", "int8", "int8", "int8",
                "int8")  # fmt: skip
 #: Any constant: the advisory lock key under which replicas migrate one at a time.
 _MIGRATION_LOCK = 0x5181AB
+#: The channel of the store's notices: ``KIND:ARGUMENT``.
+CHANNEL = "sixlab_store"
+#: How often the listening thread looks whether it is to stop, and its back-off after
+#: losing its connection (s).
+_LISTEN_POLL_S = 0.5
+
+log = logging.getLogger(__name__)
 
 
 class _PgDb:
@@ -285,11 +300,14 @@ class PostgresStore(Store):
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise StoreError(f"db: {url!r} is not a PostgreSQL URL ({exc})") from None
+        super().__init__()
         params.pop("password", None)
         self.path = f"postgresql://{params.get('host', '')}/{params.get('dbname', '')}"
         self._url = url
         self._timeout = connect_timeout_s
         self._lock = self._pool = _Pool(self._connect, pool_size)
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
         try:
             self._migrate()
         except BaseException:
@@ -307,7 +325,52 @@ class PostgresStore(Store):
             raise StoreUnavailableError(f"db: cannot connect: {exc}".strip()) from exc
 
     def close(self) -> None:
+        self._closing.set()
+        if self._listener is not None and self._listener is not threading.current_thread():
+            self._listener.join(_LISTEN_POLL_S * 4 + self._timeout)
         self._pool.close()
+
+    def _announce(self, kind: str, arg: str = "") -> None:
+        self._deliver(kind, arg)
+        try:
+            with self._pool as pg:
+                pg.execute("SELECT pg_notify(?, ?)", (CHANNEL, f"{kind}:{arg}"))
+        except StoreUnavailableError as exc:
+            # The other replicas look at their next round instead.
+            log.warning("store: notice %s %s not sent: %s", kind, arg, exc)
+
+    def _listen(self) -> None:
+        if self._listener is None:
+            self._listener = threading.Thread(
+                target=self._listen_loop, name="store-listen", daemon=True
+            )
+            self._listener.start()
+
+    def _listen_loop(self) -> None:
+        """Hear the other replicas' notices (``LISTEN``) until the store closes."""
+        first = True
+        while not self._closing.is_set():
+            try:
+                conn = self._connect()
+            except StoreUnavailableError as exc:
+                log.warning("store: cannot listen for notices: %s", exc)
+                self._closing.wait(_LISTEN_POLL_S)
+                continue
+            try:
+                with conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if not first:  # what was sent while not listening is lost
+                        self._deliver(RESYNC, "")
+                    first = False
+                    while not self._closing.is_set():
+                        for notice in conn.notifies(timeout=_LISTEN_POLL_S):
+                            kind, _, arg = notice.payload.partition(":")
+                            self._deliver(kind, arg)
+            except psycopg.Error as exc:
+                if self._closing.is_set():
+                    return
+                log.warning("store: listening for notices: %s; again", exc)
+                time.sleep(_LISTEN_POLL_S)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:

@@ -44,10 +44,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -66,6 +67,10 @@ from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
+    "CHANGED",
+    "DESTROYED",
+    "DESTROYING",
+    "RESYNC",
     "SCHEMA",
     "SCHEMA_VERSION",
     "AlreadyExistsError",
@@ -80,6 +85,7 @@ __all__ = [
     "LeaseState",
     "NodeRow",
     "NotFoundError",
+    "NoticeHandler",
     "ReplicaRow",
     "ResultBatch",
     "SessionRow",
@@ -91,6 +97,20 @@ __all__ = [
     "StoreUnavailableError",
     "open_store",
 ]
+
+log = logging.getLogger(__name__)
+
+#: Notices a store gives the controllers that share it (``Store.subscribe``), once the
+#: change committed: sessions of the sender node (the argument) are to be destroyed ...
+DESTROYING = "destroying"
+#: ... a session (its id) was destroyed ...
+DESTROYED = "destroyed"
+#: ... sessions, epochs, events or nodes changed otherwise (not by stored results) ...
+CHANGED = "changed"
+#: ... notices may have been missed (PostgreSQL: the listening connection was lost).
+RESYNC = "resync"
+#: Called with a notice's kind and argument, in a thread of the store's (quick, no I/O).
+NoticeHandler = Callable[[str, str], None]
 
 #: The SQLite schema (the PostgreSQL one, ``pgstore.SCHEMA``, has the same tables and
 #: columns with PostgreSQL's types).
@@ -385,6 +405,8 @@ class EpochRow:
     late_ns_max: int
     #: Results stored for this epoch.
     received: int
+    #: The highest record id stored for this epoch (``live_epochs`` only; 0 elsewhere).
+    top: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,10 +523,43 @@ class Store(ABC):
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
 
+    def __init__(self) -> None:
+        self._handlers: list[NoticeHandler] = []
+
     @property
     @abstractmethod
     def _db(self) -> _Db:
         """The connection of the current ``_lock`` block or transaction."""
+
+    # -- notices ------------------------------------------------------------------------
+
+    def subscribe(self, handler: NoticeHandler) -> None:
+        """Be told of changes once committed (``DESTROYING``, ``DESTROYED``, ``CHANGED``,
+        ``RESYNC``): those of this process at once, and on PostgreSQL those of the other
+        replicas too (LISTEN/NOTIFY). A notice is a hint to look now rather than at the
+        next round: one may be lost (a connection dropped), so whoever waits on one
+        polls as well, more slowly."""
+        self._handlers.append(handler)
+        self._listen()
+
+    def unsubscribe(self, handler: NoticeHandler) -> None:
+        """Be told no more (a closed controller)."""
+        with contextlib.suppress(ValueError):
+            self._handlers.remove(handler)
+
+    def _listen(self) -> None:  # noqa: B027 - SQLite: one process, nothing to hear
+        """Start hearing the notices of other processes (PostgreSQL)."""
+
+    def _announce(self, kind: str, arg: str = "") -> None:
+        """Give a notice of a committed change (call after the transaction)."""
+        self._deliver(kind, arg)
+
+    def _deliver(self, kind: str, arg: str) -> None:
+        for handler in list(self._handlers):
+            try:
+                handler(kind, arg)
+            except Exception:  # a subscriber's bug must not fail the store's caller
+                log.exception("store: a notice handler failed on %s %s", kind, arg)
 
     @abstractmethod
     def close(self) -> None: ...
@@ -544,6 +599,7 @@ class Store(ABC):
                 )
             except self._integrity_errors:
                 raise AlreadyExistsError(f"name: node {name!r} already exists") from None
+        self._announce(CHANGED)
 
     def set_health(self, name: str, healthy: bool, now_ns: int, error: str | None = None) -> None:
         with self._lock:
@@ -584,6 +640,7 @@ class Store(ABC):
                 "UPDATE nodes SET address=?, role=?, init=NULL, healthy=0 WHERE name=?",
                 (address, role, name),
             )
+        self._announce(CHANGED)
 
     def has_history(self, name: str) -> bool:
         """Whether any session, destroyed ones included, ran on the node."""
@@ -613,6 +670,7 @@ class Store(ABC):
                 " WHERE name=?",
                 (text, started_ns, int(restarted), name),
             )
+        self._announce(CHANGED)
         return restarted
 
     def remove_node(self, name: str, *, prune: bool = False) -> None:
@@ -663,6 +721,7 @@ class Store(ABC):
                 db.execute("DELETE FROM sessions WHERE sender=? OR reflector=?", (name, name))
             if not db.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount:
                 raise NotFoundError(f"node: no node named {name!r}")
+        self._announce(CHANGED)
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -691,6 +750,7 @@ class Store(ABC):
                 if self._constraint(exc) == "unique":
                     raise AlreadyExistsError(f"name: session {name!r} already exists") from None
                 raise NotFoundError("sender/reflector: unknown node") from None
+        self._announce(CHANGED)
         return self.session(name)
 
     def add_sessions(
@@ -718,6 +778,7 @@ class Store(ABC):
                     if self._constraint(exc) == "unique":
                         raise AlreadyExistsError(f"name: session {name!r} already exists") from None
                     raise NotFoundError("sender/reflector: unknown node") from None
+        self._announce(CHANGED)
         by_name = {r.name: r for r in self.sessions_named([i[0] for i in items])}
         return [by_name[i[0]] for i in items]
 
@@ -748,6 +809,7 @@ class Store(ABC):
                     " ('destroying', 'destroyed')",
                     [(state, n) for n in names],
                 )
+            self._announce(CHANGED)
 
     def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> set[str]:
         """``begin_epoch`` for many created sessions (name, sender agent), in one
@@ -763,6 +825,7 @@ class Store(ABC):
                 except (NotFoundError, DestroyingError):
                     continue
                 begun.add(name)
+        self._announce(CHANGED)
         return begun
 
     def session(self, name: str) -> SessionRow:
@@ -793,6 +856,7 @@ class Store(ABC):
                 " ('destroying', 'destroyed')",
                 (state, name),
             )
+        self._announce(CHANGED)
 
     def claim_state(
         self,
@@ -824,6 +888,8 @@ class Store(ABC):
             sql += " AND restart_reason IS NOT NULL"
         with self._lock:
             moved: int = self._db.execute(sql, params).rowcount
+        if moved:
+            self._announce(CHANGED)
         return moved == 1
 
     def starting(self, sender: str) -> list[tuple[str, str | None]]:
@@ -857,6 +923,8 @@ class Store(ABC):
                 " AND state='running'",
                 (reason, name),
             ).rowcount
+        if moved:
+            self._announce(CHANGED)
         return moved == 1
 
     def cancel_restart(self, name: str) -> bool:
@@ -899,7 +967,12 @@ class Store(ABC):
                     "UPDATE sessions SET state='destroying' WHERE name=? AND state != 'destroyed'",
                     [(n,) for n in names],
                 )
-        return self.sessions_named(names)
+        rows = self.sessions_named(names)
+        for sender in sorted({r.sender for r in rows if r.state == "destroying"}):
+            self._announce(DESTROYING, sender)
+        if rows:
+            self._announce(CHANGED)
+        return rows
 
     def finish_destroy(self, session_id: int, now_ns: int) -> bool:
         """The session being destroyed is gone from its agents: its current epoch ends
@@ -914,6 +987,8 @@ class Store(ABC):
                 return False
             _end_epoch(db, session_id, row[0], now_ns, "destroyed")
             db.execute("UPDATE sessions SET state='destroyed' WHERE id=?", (session_id,))
+        self._announce(DESTROYED, str(session_id))
+        self._announce(CHANGED)
         return True
 
     def destroying(self, sender: str) -> list[str]:
@@ -966,7 +1041,9 @@ class Store(ABC):
                 ).rowcount
             ):
                 raise StoreError(f"session: {name!r} is not being started by {claimer}")
-            return _begin_epoch(db, name, now_ns, sender_agent, reason)
+            epoch = _begin_epoch(db, name, now_ns, sender_agent, reason)
+        self._announce(CHANGED)
+        return epoch
 
     def end_epoch(self, name: str, now_ns: int, reason: str) -> None:
         """The live session's current epoch ends (if it is open)."""
@@ -976,6 +1053,7 @@ class Store(ABC):
             ).fetchone()
             if row is not None:
                 _end_epoch(db, row[0], row[1], now_ns, reason)
+        self._announce(CHANGED)
 
     def stop_epoch(self, name: str, now_ns: int) -> None:
         """A user stopped the live session: its current epoch's schedule ends now."""
@@ -985,6 +1063,7 @@ class Store(ABC):
                 " = (SELECT id, epoch FROM sessions WHERE name=? AND state != 'destroyed')",
                 (now_ns, name),
             )
+        self._announce(CHANGED)
 
     def epochs(self, session_id: int) -> list[EpochRow]:
         """Every epoch of the session that started, oldest first, with its result count."""
@@ -1003,7 +1082,7 @@ class Store(ABC):
             rows = self._db.execute(
                 "SELECT e.session_id, e.epoch, started_ns, stopped_ns, ended_ns, end_reason,"
                 " sender_agent, e.sent, e.lost, e.forward_lost, e.overflow, seen_ns, skipped,"
-                " late_ns_total, late_ns_max, received FROM epochs e JOIN sessions s"
+                " late_ns_total, late_ns_max, received, top FROM epochs e JOIN sessions s"
                 " ON s.id = e.session_id WHERE s.state != 'destroyed'"
                 " ORDER BY e.session_id, e.epoch"
             ).fetchall()
@@ -1250,6 +1329,7 @@ class Store(ABC):
                     event.at_ns,
                 ),
             )
+        self._announce(CHANGED)
 
     def events(
         self, session: str | None = None, *, since_ns: int | None = None, limit: int = 1000
@@ -1280,6 +1360,25 @@ class Store(ABC):
             ).fetchall()
         state: dict[str, str] = dict(rows)  # the last state of each kind wins
         return sorted(k for k, st in state.items() if st == "raised")
+
+    def live_events(self) -> dict[int, tuple[list[str], dict[tuple[str, str], int]]]:
+        """``raised`` and ``event_counts`` of every session that is not destroyed and had
+        events, by session id (one query)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.session_id, e.kind, e.state FROM events e JOIN sessions s"
+                " ON s.id = e.session_id WHERE s.state != 'destroyed' ORDER BY e.id"
+            ).fetchall()
+        last: dict[int, dict[str, str]] = {}
+        counts: dict[int, dict[tuple[str, str], int]] = {}
+        for sid, kind, state in rows:
+            last.setdefault(sid, {})[kind] = state  # the last state of each kind wins
+            by_kind = counts.setdefault(sid, {})
+            by_kind[(kind, state)] = by_kind.get((kind, state), 0) + 1
+        return {
+            sid: (sorted(k for k, st in last[sid].items() if st == "raised"), counts[sid])
+            for sid in counts
+        }
 
     def event_counts(self, session_id: int) -> dict[tuple[str, str], int]:
         """How many events of each (kind, state) the session had."""
@@ -1579,6 +1678,7 @@ class SqliteStore(Store):
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
 
     def __init__(self, path: str | Path) -> None:
+        super().__init__()
         self.path = str(path)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()

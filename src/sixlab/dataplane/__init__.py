@@ -10,6 +10,8 @@
   (:mod:`~sixlab.dataplane.memory`), planes joined in one process for tests.
 - :mod:`sixlab.dataplane.engine`: :class:`SenderEngine` and :class:`ReflectorEngine`,
   one thread each, feeding a plane's datagrams to the sans-I/O core.
+- :mod:`sixlab.dataplane.probeio`: the ``socket`` plane's batched probe path for the
+  sender engine (``sendmmsg``/``recvmmsg`` in C, built with gcc at first use).
 
 Errors
 ------

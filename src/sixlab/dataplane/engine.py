@@ -30,7 +30,9 @@ full the oldest record is dropped and ``overflow`` counts it: never silent.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
 import dataclasses
 import heapq
 import ipaddress
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from sixlab import stamp as ev
+from sixlab.dataplane import probeio
 from sixlab.dataplane.base import (
     Dataplane,
     DataplaneError,
@@ -56,11 +59,20 @@ from sixlab.dataplane.base import (
     ReflectFn,
 )
 from sixlab.stamp import DropReason
-from sixlab.stamp.batch import receive_batch, receive_one, send_due, send_template
+from sixlab.stamp.batch import (
+    due_seq,
+    receive_batch,
+    receive_one,
+    receive_record,
+    send_due,
+    send_template,
+    sent_at,
+)
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderCounters, SenderSession, State
 from sixlab.wire import stamp as wire
+from sixlab.wire.timestamp import TimestampFormat
 
 __all__ = [
     "DEFAULT_FIFO_CAPACITY",
@@ -97,6 +109,9 @@ _ZERO_ADDR = bytes(16)
 _BATCH = 64
 #: Reflected frames per ``collect_frames`` call.
 _FRAMES_BATCH = 256
+#: <linux/prctl.h>: set the calling thread's timer slack (``SenderEngine``'s
+#: ``timer_slack_ns``).
+_PR_SET_TIMERSLACK = 29
 
 Clock = Callable[[], int]
 #: Reads a data flow's (packets sent, packets received) so far (direct-mode loss).
@@ -451,6 +466,10 @@ class _SenderEntry:
     template: bytes | None = None
     #: Sends to the session's reflector (``Dataplane.sender``), made at the first send.
     sender: Callable[[bytes], None] | None = None
+    #: The session's entry in a batched send (``ProbeIO.record``), made at the first
+    #: send; None: it sends one by one (``sender``). ``record_made``: whether tried.
+    record: bytes | None = None
+    record_made: bool = False
     #: The schedule's origin (monotonic ns; None until started), the slot of the last
     #: packet sent, and the schedule's statistics (``ScheduleStats``' fields).
     start: int | None = None
@@ -486,16 +505,35 @@ class SenderEngine(_Loop):
         monotonic: Clock = time.monotonic_ns,
         tick_ns: int = DEFAULT_TICK_NS,
         fast_path: bool = True,
+        compiled: bool = True,
+        timer_slack_ns: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
         ``tick_ns``: the least time between two runs of the timers (0: none), see
         ``DEFAULT_TICK_NS``; ``fast_path=False`` keeps every session on the core's
         reference ``handle_timer`` and ``receive`` (else the sessions ``_batchable``
-        takes go through ``send_due`` and ``receive_one``, sixlab.stamp.batch)."""
+        takes go through ``send_due`` and ``receive_one``, sixlab.stamp.batch).
+
+        ``compiled``: on a plane with ``probe_io`` (the ``socket`` plane, when its C
+        helper builds: ``sixlab.dataplane.probeio``) those sessions' packets of one run
+        of the timers leave in one ``sendmmsg``, T1 read in C right before it, and
+        replies come in through ``recvmmsg`` (``_deliver_records``); sessions with an
+        SRv6 path or a source address, and every other packet, take the Python path.
+        The C path reads the system's wall clock itself, so it is used only with
+        ``clock=time.time_ns``.
+
+        ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
+        None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
+        it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
+        steadier slip (benchmarks/README.md, "One sender agent, socket plane")."""
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
         self.tick_ns = tick_ns
         self.fast_path = fast_path
+        self.compiled = compiled
+        self.timer_slack_ns = timer_slack_ns
+        #: The plane's batched probe path, once the loop runs (None: the Python path).
+        self.probe_io: probeio.ProbeIO | None = None
         #: When timers last ran (monotonic ns).
         self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
@@ -511,6 +549,19 @@ class SenderEngine(_Loop):
         self._version = 0
         #: Records or ends filed that waiters have not been woken for (``_notify_pending``).
         self._pending = False
+
+    def start(self) -> None:
+        make = getattr(self.dataplane, "probe_io", None)
+        if self.compiled and self.fast_path and make is not None and self.clock is time.time_ns:
+            with contextlib.suppress(DataplaneError):  # not open: the loop reports it
+                self.probe_io = make()
+        super().start()
+
+    def _run(self) -> None:
+        if self.timer_slack_ns is not None:  # this thread's; a refusal leaves the default
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(self.timer_slack_ns), 0, 0, 0)
+        super()._run()
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -758,6 +809,9 @@ class SenderEngine(_Loop):
         to ``sixlab.stamp.batch.receive_batch`` at once, every other row one by one as a
         ``Received`` (authenticated sessions, SSID 0, no session, and the sessions of
         docs/srpm.md whose replies are not plain reflector packets or need data counts)."""
+        if self.probe_io is not None:
+            self._read_records(self.probe_io)
+            return
         collect = getattr(self.dataplane, "collect_frames", None)
         if collect is None:
             super()._on_readable()
@@ -775,6 +829,78 @@ class SenderEngine(_Loop):
                 self._on_batch(slow)
             if taken < _FRAMES_BATCH:
                 return
+
+    def _read_records(self, pio: probeio.ProbeIO) -> None:
+        """Replies through the plane's ``recvmmsg`` (``probeio``), batch by batch."""
+        while True:
+            try:
+                got = pio.receive()
+            except OSError as exc:
+                raise DataplaneError(f"socket: receive failed: {exc.strerror}") from exc
+            if got:
+                with self.lock:
+                    self._deliver_records(pio, got)
+            if got < probeio.BATCH:
+                return
+
+    def _deliver_records(self, pio: probeio.ProbeIO, got: int) -> None:
+        """``got`` replies of ``pio`` to their sessions (lock held), as ``_deliver``:
+        a session on ``receive_one`` takes the decoded fields (``receive_record``);
+        every other datagram (short, truncated, possibly authenticated, SSID 0, no or
+        another kind of session) goes to ``_deliver`` as the ``Received`` the socket
+        plane would have made of it."""
+        mono, wall = self.monotonic(), self.clock()
+        self.counters.received += got
+        entries = self._entries
+        data = pio.data
+        slot = probeio.SLOT
+        records = memoryview(pio.records)[: got * probeio.RECORD.size]
+        for i, rec in enumerate(probeio.RECORD.iter_unpack(records)):
+            t4, t1, t2, t3, size, rseq, seq, ssid, r_ee, s_ee, _, _, _, ttl, flags, _, _ = rec
+            entry = entries.get(ssid)
+            at = i * slot
+            if (
+                entry is None
+                or entry.template is None
+                or size < wire.UNAUTH_PACKET_SIZE
+                or flags & probeio.TRUNCATED
+                or (size >= wire.AUTH_PACKET_SIZE and self._authenticated(data, at))
+            ):
+                self._deliver(self._received(pio, i, rec), mono, wall)
+                continue
+            t4 = t4 or wall
+            arrived = mono - wall + t4 if t4 < wall else mono
+            tlvs = (
+                bytes(data[at + wire.UNAUTH_PACKET_SIZE : at + size])
+                if size > wire.UNAUTH_PACKET_SIZE
+                else b""
+            )
+            session = entry.session
+            fields = (rseq, r_ee, ssid, seq, s_ee, ttl, t1, t2, t3)
+            receive_record(session, arrived, t4, fields, tlvs)
+            if session.has_output:
+                self._pump(entry)
+            self._arm(entry)
+        self._notify_pending()
+
+    def _authenticated(self, data: bytearray, at: int) -> bool:
+        """Whether the datagram at ``data[at:]`` (long enough) is an authenticated
+        session's by its SSID at bytes 26:28 (``_match`` takes those first)."""
+        entry = self._entries.get(int.from_bytes(data[at + 26 : at + 28]))
+        return entry is not None and entry.spec.config.authenticated
+
+    def _received(self, pio: probeio.ProbeIO, i: int, rec: tuple[Any, ...]) -> Received:
+        """Datagram ``i`` of ``pio`` as ``SocketDataplane.receive`` builds it."""
+        t4, size, sport, tclass, hop, flags, src, dst = (
+            rec[j] for j in (0, 4, 10, 11, 12, 14, 15, 16)
+        )
+        n = 4 if flags & probeio.IPV4 else 16
+        at = i * probeio.SLOT
+        port = self.dataplane.config.port
+        return Received(
+            bytes(pio.data[at : at + size]), src[:n], dst[:n], sport, port, hop, t4,
+            None if tclass < 0 else tclass,
+        )  # fmt: skip
 
     def _deliver_arrays(
         self, payloads: Any, t4: Any, received: Callable[[int], Received], mono: int, wall: int
@@ -838,6 +964,10 @@ class SenderEngine(_Loop):
         """Run every timer that is due, earliest first, from the heap: one pass over
         the slots of the tick, with the clocks read once for all of them."""
         heap, entries, pop = self._heap, self._entries, heapq.heappop
+        pio = self.probe_io
+        batch: list[tuple[_SenderEntry, int]] = []
+        buf = bytearray()
+        seqs = array.array("I")
         with self.lock:
             now = self.monotonic()
             wall = self.clock()
@@ -852,13 +982,68 @@ class SenderEngine(_Loop):
                 self._last_run = now
                 entry.timer = None
                 if entry.template is not None:
-                    self._fire(entry, entry.template, now, wall)
+                    if pio is not None and (entry.record or self._record(entry, pio)):
+                        seq = due_seq(entry.session, now, wall)
+                        if seq is not None:
+                            assert entry.record is not None
+                            buf += entry.record
+                            seqs.append(seq)
+                            batch.append((entry, seq))
+                            if len(batch) == probeio.BATCH:
+                                self._send_batch(pio, buf, seqs, batch, now)
+                                batch, buf, seqs = [], bytearray(), array.array("I")
+                        if entry.session.has_output:
+                            self._pump(entry)
+                    else:
+                        self._fire(entry, entry.template, now, wall)
                 else:
                     self._feed_data(entry)
                     entry.session.handle_timer(now, wall)
                     self._pump(entry, now)
                 self._arm(entry)
+            if batch:
+                self._send_batch(pio, buf, seqs, batch, now)
             self._notify_pending()
+
+    def _record(self, entry: _SenderEntry, pio: probeio.ProbeIO) -> bytes | None:
+        """The session's entry in a batched send, made once (``ProbeIO.record``): None
+        for a session with an SRv6 path or a source address (the socket's sticky routing
+        header and per-message control data stay on the Python path)."""
+        if not entry.record_made:
+            entry.record_made = True
+            spec = entry.spec
+            if spec.segments is None and spec.source is None and entry.template is not None:
+                cfg = spec.config
+                ptp = cfg.fmt is TimestampFormat.PTP
+                entry.record = pio.record(
+                    spec.reflector,
+                    spec.reflector_port,
+                    entry.template,
+                    ptp=ptp,
+                    tai_ns=cfg.tai_utc_offset_ns,
+                )
+        return entry.record
+
+    def _send_batch(
+        self,
+        pio: probeio.ProbeIO | None,
+        buf: bytearray,
+        seqs: array.array[int],
+        batch: list[tuple[_SenderEntry, int]],
+        now: int,
+    ) -> None:
+        """Send one batch of ``due_seq`` packets (lock held) and give each session the
+        T1 the batch went with; the schedule's slip is counted as ``_fire`` counts it."""
+        assert pio is not None
+        t1, failed, _ = pio.send(buf, seqs)
+        self.counters.send_failed += failed
+        on_event = self.on_event
+        for entry, seq in batch:
+            sent_at(entry.session, seq, t1)
+            if entry.start is not None:
+                self._slip(entry, now)
+            if on_event is not None:
+                on_event(ev.PacketSent(entry.spec.config.ssid, seq, t1))
 
     def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
         """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""

@@ -43,7 +43,9 @@ from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
+from sixlab.dataplane import probeio
 from sixlab.dataplane.base import Dataplane, DataplaneError, IPAddress, Received, full_path
+from sixlab.dataplane.probeio import ProbeIO
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 
@@ -233,6 +235,15 @@ class SocketDataplane(Dataplane):
             rx_ns, hop, dst, tclass = _ancillary(ancdata, _ZEROS[len(src)])
             out.append(Received(data, src, dst, addr[1], port, hop, rx_ns, tclass))
         return out
+
+    def probe_io(self) -> ProbeIO | None:
+        """The batched probe path on this socket (``sixlab.dataplane.probeio``: sendmmsg
+        and recvmmsg in C), or None when the helper cannot be built here."""
+        lib = probeio.load()
+        if lib is None:
+            return None
+        sock = self._socket()
+        return ProbeIO(lib, sock.fileno(), self._family)
 
     def _source(self, text: str) -> bytes:
         """A source address as the kernel reports it, packed (IPv4-mapped ones as IPv4),

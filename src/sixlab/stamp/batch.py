@@ -72,10 +72,13 @@ __all__ = [
     "SENDER_DTYPE",
     "BatchReflection",
     "BatchReflector",
+    "due_seq",
     "receive_batch",
     "receive_one",
+    "receive_record",
     "send_due",
     "send_template",
+    "sent_at",
 ]
 
 U8 = npt.NDArray[np.uint8]
@@ -607,13 +610,12 @@ def _match_fields(
     estimate = estimates.get(r_ee)
     if estimate is None:
         estimate = estimates[r_ee] = ErrorEstimate.from_int(r_ee)
+    # Positional: a keyword call of the 14-field dataclass took three times as long
+    # (0.82 against 0.28 µs, timeit; benchmarks/README.md, "One sender agent").
     session._events.append(
-        StampResult(
-            ssid=cfg.ssid, seq=seq, t1_ns=t1, t2_ns=t2, t3_ns=t3, t4_ns=now,
-            sender_error=session._ee, reflector_error=estimate, ses_sender_ttl=ttl,
-            reflector_seq=rseq, tlvs=tlvs,
-        )
-    )  # fmt: skip
+        # ssid, seq, T1, T2, T3, T4, sender and reflector error, TTL, reflector Seq, TLVs
+        StampResult(cfg.ssid, seq, t1, t2, t3, now, session._ee, estimate, ttl, rseq, tlvs)
+    )
 
 
 # ------------------------------------------------------- the sender, packet by packet
@@ -653,6 +655,20 @@ def send_due(session: SenderSession, template: bytes, now: int, wall: int) -> by
     """``session.handle_timer(now, wall)`` with ``template`` (``send_template``): the
     same state, counters and events but ``PacketSent``; the packet it sent (at most one:
     the core never bursts) is returned instead of queued for ``datagrams_to_send``."""
+    seq = due_seq(session, now, wall)
+    if seq is None:
+        return None
+    cfg = session.config
+    ptp = cfg.fmt is TimestampFormat.PTP
+    stamp = encode_timestamp(wall + cfg.tai_utc_offset_ns if ptp else wall, cfg.fmt)
+    return _HEAD.pack(seq, stamp) + template
+
+
+def due_seq(session: SenderSession, now: int, wall: int) -> int | None:
+    """``send_due`` without the packet: the Seq of the packet the timer sends (None:
+    none), recorded as sent at ``wall``. A caller that writes T1 into the packet itself
+    later (a batched send, one clock reading right before it) reports that T1 with
+    ``sent_at`` before any reply can come."""
     out = None
     cfg = session.config
     due = session._next_send_ns
@@ -663,11 +679,8 @@ def send_due(session: SenderSession, template: bytes, now: int, wall: int) -> by
             session._next_send_ns = None
             session._transition(_Input.STOP)
         else:
-            seq = session._next_seq
+            out = seq = session._next_seq
             session._next_seq = (seq + 1) & 0xFFFF_FFFF
-            ptp = cfg.fmt is TimestampFormat.PTP
-            stamp = encode_timestamp(wall + cfg.tai_utc_offset_ns if ptp else wall, cfg.fmt)
-            out = _HEAD.pack(seq, stamp) + template
             session._outstanding[seq] = wall
             session._deadlines.append((now + cfg.loss_timeout_ns, seq))
             session.counters.sent += 1
@@ -675,6 +688,14 @@ def send_due(session: SenderSession, template: bytes, now: int, wall: int) -> by
     session._expire(now)
     session._maybe_drained()
     return out
+
+
+def sent_at(session: SenderSession, seq: int, t1: int) -> None:
+    """The packet ``due_seq`` gave Seq ``seq`` left with T1 ``t1`` (Unix-epoch UTC ns,
+    before the TAI offset of a PTP session): the T1 its reply must echo and its record
+    carries."""
+    if seq in session._outstanding:
+        session._outstanding[seq] = t1
 
 
 def _utc(session: SenderSession, timestamp: int, ee: int) -> tuple[int, bool]:
@@ -705,6 +726,50 @@ def receive_one(session: SenderSession, data: bytes, now: int, t4: int) -> None:
         session._maybe_drained()
         return
     rseq, t3w, r_ee, ssid, t2w, seq, t1w, s_ee, ttl = wire.REFLECTOR_UNAUTH.unpack_from(data)
+    t1, bad1 = _utc(session, t1w, s_ee)
+    t2, bad2 = _utc(session, t2w, r_ee)
+    t3, bad3 = _utc(session, t3w, r_ee)
+    row = (t4, seq, rseq, ttl, r_ee, t1, t2, t3, bad1 or bad2 or bad3)
+    _receive_row(session, ssid, row, data[_UNAUTH:])
+
+
+def receive_record(
+    session: SenderSession,
+    now: int,
+    t4: int,
+    fields: tuple[int, int, int, int, int, int, int, int, int],
+    tlvs: bytes,
+) -> None:
+    """``receive_one`` for a reply decoded elsewhere (the socket plane's batched path,
+    ``sixlab.dataplane.probeio``) from at least the base packet's 44 bytes: ``fields``
+    are the RFC 8762 §4.3.1 Seq, Error Estimate, SSID, the sender's Seq and Error
+    Estimate, Ses-Sender TTL, then T1, T2, T3, each in Unix-epoch ns when its Error
+    Estimate says NTP and the raw wire value when it says PTP (converted here, with the
+    session's TAI offset, as ``receive_one`` converts it). ``tlvs``: the bytes after
+    the base packet."""
+    if session.state not in (State.RUNNING, State.DRAINING):
+        session._drop(DropReason.NOT_RUNNING)
+        return
+    session._expire(now)
+    rseq, r_ee, ssid, seq, s_ee, ttl, t1, t2, t3 = fields
+    bad = False
+    if s_ee & _Z_BIT:
+        t1, bad = _utc(session, t1, s_ee)
+    if r_ee & _Z_BIT:
+        t2, bad2 = _utc(session, t2, r_ee)
+        t3, bad3 = _utc(session, t3, r_ee)
+        bad = bad or bad2 or bad3
+    _receive_row(session, ssid, (t4, seq, rseq, ttl, r_ee, t1, t2, t3, bad), tlvs)
+
+
+def _receive_row(
+    session: SenderSession,
+    ssid: int,
+    row: tuple[int, int, int, int, int, int, int, int, bool],
+    tlvs: bytes,
+) -> None:
+    """The rest of ``receive_one`` once the reply's fields are decoded (state checked,
+    deadlines expired)."""
     cfg = session.config
     ssid_zero = False
     if ssid != cfg.ssid:
@@ -713,12 +778,8 @@ def receive_one(session: SenderSession, data: bytes, now: int, t4: int) -> None:
             session._maybe_drained()
             return
         ssid_zero = True  # an RFC 8762-only reflector (RFC 8972 §3)
-    if not r_ee & 0xFF:
+    if not row[4] & 0xFF:
         session._drop(DropReason.MULTIPLIER_ZERO)
     else:
-        t1, bad1 = _utc(session, t1w, s_ee)
-        t2, bad2 = _utc(session, t2w, r_ee)
-        t3, bad3 = _utc(session, t3w, r_ee)
-        row = (t4, seq, rseq, ttl, r_ee, t1, t2, t3, bad1 or bad2 or bad3)
-        _match_fields(session, row, tlvs=data[_UNAUTH:], estimates=_ESTIMATES, ssid_zero=ssid_zero)
+        _match_fields(session, row, tlvs=tlvs, estimates=_ESTIMATES, ssid_zero=ssid_zero)
     session._maybe_drained()

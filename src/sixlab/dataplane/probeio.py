@@ -1,0 +1,167 @@
+"""The socket plane's batched probe path: ``probeio.c``, built at first use, via ctypes.
+
+Why. A sender engine with 10,000 sessions at 1 packet/s serves a few packets per run
+of its timers; on the pure-Python path each costs a ``sendmsg`` and a ``recvmsg`` with
+its control messages unpacked in Python and a ``Received`` built
+(benchmarks/README.md, "One sender agent, socket plane"). Here the packets due in one
+run go out in one ``sendmmsg(2)``, Seq and T1 written in C right before it (one wall
+clock reading for the batch: RFC 8762 §4.2.1, the Timestamp is when the packet is sent),
+and the replies come in through ``recvmmsg(2)`` as fixed-size records with the control
+messages and the RFC 8762 §4.3.1 fields decoded (``RECORD``), which the engine hands to
+``sixlab.stamp.batch.receive_record``.
+
+Build. ``gcc -O2 -shared -fPIC`` on ``probeio.c`` (next to this file), cached by the
+source's hash under ``$XDG_CACHE_HOME/sixlab/dataplane`` (``~/.cache``), written
+atomically so that concurrent first uses see all or nothing. No compiler, or a build
+that fails: ``load`` returns None and the engine keeps the pure-Python path;
+``SIXLAB_PROBEIO=0`` in the environment does the same on purpose.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import hashlib
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
+
+__all__ = ["RECORD", "ProbeIO", "load"]
+
+_SOURCE = Path(__file__).with_name("probeio.c")
+#: Packets per ``sendmmsg`` / ``recvmmsg`` call (``MAX_BATCH`` in probeio.c).
+BATCH = 256
+#: Bytes per received datagram: the socket plane's largest accepted STAMP payload.
+SLOT = 9000
+#: ``struct recv_rec`` of probeio.c: T4 (kernel, UTC ns), T1, T2, T3 (ns; raw when PTP),
+#: payload length, reflector Seq, sender Seq, SSID, reflector and sender Error Estimate,
+#: source port, Traffic Class (-1: none), Hop Limit, Ses-Sender TTL, flags (bit 0
+#: truncated, bit 1 IPv4), source and destination address (16 bytes; IPv4 in the first 4).
+RECORD = struct.Struct("=q3Q3I4HhBBB7x16s16s")
+#: Bytes before each payload in the send buffer (``SEND_HEAD`` in probeio.c).
+_SEND_HEAD = struct.Struct("=4Iq32s")
+TRUNCATED = 1
+IPV4 = 2
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sixlab" / "dataplane"
+
+
+def build(cache: Path | None = None) -> Path | None:
+    """The shared object of ``probeio.c`` (built if its source changed); None when no
+    C compiler is there or the build fails."""
+    source = _SOURCE.read_bytes()
+    directory = cache or _cache_dir()
+    target = directory / f"probeio-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probeio-", suffix=".so")
+    except OSError:  # no writable cache: the Python path
+        return None
+    os.close(fd)
+    try:
+        subprocess.run(  # a fixed compiler command on the package's own source
+            [gcc, "-O2", "-Wall", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
+            check=True,
+            capture_output=True,
+        )
+        Path(tmp).replace(target)
+    except (OSError, subprocess.CalledProcessError):
+        Path(tmp).unlink(missing_ok=True)
+        return None
+    return target
+
+
+def load() -> ctypes.CDLL | None:
+    """The helper library, built and loaded once per process; None: the Python path."""
+    global _lib, _tried  # noqa: PLW0603 - one library per process
+    with _lock:
+        if not _tried:
+            _tried = True
+            if os.environ.get("SIXLAB_PROBEIO", "1") != "0":
+                path = build()
+                try:
+                    lib = None if path is None else ctypes.CDLL(str(path))
+                except OSError:  # e.g. a cache on a noexec mount
+                    lib = None
+                if lib is not None:
+                    vp, i = ctypes.c_void_p, ctypes.c_int
+                    lib.pio_send.argtypes = [i, vp, i, vp, vp, vp]
+                    lib.pio_send.restype = i
+                    lib.pio_recv.argtypes = [i, vp, i, i, vp]
+                    lib.pio_recv.restype = i
+                    if lib.pio_record_size() == RECORD.size:
+                        _lib = lib
+        return _lib
+
+
+def _sockaddr(family: socket.AddressFamily, dst: IPv4Address | IPv6Address, port: int) -> bytes:
+    """``struct sockaddr_in6`` (an IPv4 destination as IPv4-mapped on a dual-stack
+    socket) or ``struct sockaddr_in``, as ``sendmsg`` gets it."""
+    if family == socket.AF_INET:
+        return struct.pack("=H", socket.AF_INET) + port.to_bytes(2) + dst.packed + bytes(8)
+    packed = dst.packed if dst.version == 6 else bytes(10) + b"\xff\xff" + dst.packed
+    return struct.pack("=H", socket.AF_INET6) + port.to_bytes(2) + bytes(4) + packed + bytes(4)
+
+
+class ProbeIO:
+    """Batched send and receive on one socket plane's socket (module doc)."""
+
+    def __init__(self, lib: ctypes.CDLL, fd: int, family: socket.AddressFamily) -> None:
+        self._lib = lib
+        self._fd = fd
+        self.family = family
+        self.data = bytearray(BATCH * SLOT)
+        self.records = bytearray(BATCH * RECORD.size)
+        self._data_p = ctypes.addressof(ctypes.c_char.from_buffer(self.data))
+        self._records_p = ctypes.addressof(ctypes.c_char.from_buffer(self.records))
+        self._t1 = ctypes.c_int64()
+        self._err = ctypes.c_int()
+        self._t1_p = ctypes.addressof(self._t1)
+        self._err_p = ctypes.addressof(self._err)
+
+    def record(
+        self, dst: IPv4Address | IPv6Address, port: int, body: bytes, *, ptp: bool, tai_ns: int
+    ) -> bytes | None:
+        """A session's entry in the send buffer: the header, 12 bytes for Seq and
+        Timestamp, ``body`` (the packet after them, ``send_template``) and padding to 8
+        bytes; None when this socket cannot reach ``dst`` (the other family)."""
+        if self.family == socket.AF_INET and dst.version != 4:
+            return None
+        address = _sockaddr(self.family, dst, port)
+        size = 12 + len(body)
+        head = _SEND_HEAD.pack(size, len(address), int(ptp), 0, tai_ns, address)
+        return head + bytes(12) + body + bytes(-size % 8)
+
+    def send(self, buf: bytearray, seqs: array.array[int]) -> tuple[int, int, int]:
+        """Send the records of ``buf`` (``record``), the i-th with Seq ``seqs[i]``, at
+        most ``BATCH``: (T1 written into them, packets refused, errno of the last)."""
+        n = len(seqs)
+        buf_p = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        seq_p = seqs.buffer_info()[0]
+        failed = self._lib.pio_send(self._fd, buf_p, n, seq_p, self._t1_p, self._err_p)
+        return self._t1.value, failed, self._err.value
+
+    def receive(self) -> int:
+        """Datagrams now in ``data`` (``SLOT`` bytes each) and ``records``: how many;
+        OSError on a socket error other than an ICMP report."""
+        got: int = self._lib.pio_recv(self._fd, self._data_p, SLOT, BATCH, self._records_p)
+        if got < 0:
+            raise OSError(-got, os.strerror(-got))
+        return got
