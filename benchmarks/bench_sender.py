@@ -30,8 +30,6 @@ from ipaddress import IPv6Address
 from pathlib import Path
 from typing import Any
 
-PORT = 40862
-
 
 def _reflector(port: int) -> None:
     from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
@@ -42,7 +40,7 @@ def _reflector(port: int) -> None:
     dp.open()
     engine = ReflectorEngine(dp, Reflector(ReflectorSessionConfig(None)))
     engine.start()
-    print("ready", flush=True)
+    print("ready", dp.local_port, flush=True)
     sys.stdin.read()
     engine.shutdown()
 
@@ -238,7 +236,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="packets/s per session")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--port", type=int, default=PORT, help="the reflector's UDP port")
+    parser.add_argument(
+        "--port", type=int, default=0,
+        help="the reflector's UDP port on ::1 (default: an ephemeral one, so that two runs"
+        " on one machine do not collide)",
+    )  # fmt: skip
     parser.add_argument(
         "--tick-us", default=str(DEFAULT_TICK_NS / 1e3),
         help="the engine's tick (µs); a comma-separated list runs each in turn, side by side",
@@ -270,8 +272,10 @@ def main() -> None:
     )  # fmt: skip
     try:
         assert reflector.stdout is not None
-        if reflector.stdout.readline().strip() != "ready":  # e.g. its port is taken
-            sys.exit(f"bench_sender: the reflector did not start on port {args.port}")
+        ready = reflector.stdout.readline().split()
+        if ready[:1] != ["ready"]:
+            sys.exit(f"bench_sender: the reflector did not start: {' '.join(ready)!r}")
+        args.port = int(ready[1])
         for _ in range(args.repeat):
             for tick in ticks:
                 print(json.dumps(run(args, tick)), flush=True)

@@ -1,25 +1,23 @@
 """The ILNP test network of tests/integration/test_ilnp_*.py (topology in
 test_ilnp_daemon.py's docstring): router R, hosts A (two links), B and C, the daemons
-each test starts, and a capture on a router interface. The ``net`` fixture
-(tests/integration/conftest.py) makes one per test.
+each test starts, and a capture on a router interface (tests/integration/_tap.py). The
+``net`` fixture (tests/integration/conftest.py) makes one per test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sixlab.ilnp.daemon import control_request
 from sixlab.testbed import Node, Testbed
+from tests.integration._tap import Capture, capture
 from tests.integration.conftest import TEST_PREFIX
 
 HOSTS = """\
@@ -27,7 +25,6 @@ HOSTS = """\
 2001:db8:a:0/0:0:0:a,10  2001:db8:d:0/0:0:0:a,20  alice
 2001:db8:b:0/0:0:0:b  bob
 """
-_ETH_P_ALL = 0x0003
 
 
 @dataclass
@@ -46,45 +43,6 @@ class Daemon:
         status = self.status()
         value: int = status["counters"].get(name, 0) + status["drops"].get(name, 0)
         return value
-
-
-@dataclass
-class Capture:
-    """Frames seen by a raw AF_PACKET socket on a router interface."""
-
-    sock: socket.socket
-    frames: list[bytes] = field(default_factory=list)
-    #: Longest frame kept whole.
-    size: int = 65535
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.sock.settimeout(0.1)
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    self.frames.append(self.sock.recv(self.size))
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> list[bytes]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sock.close()
-        return self.frames
-
-    def ipv6(self) -> list[bytes]:
-        return [f[14:] for f in self.frames if f[12:14] == b"\x86\xdd"]
-
-    def write_pcap(self, path: Path) -> None:
-        with path.open("wb") as out:
-            out.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-            for frame in self.frames:
-                out.write(struct.pack("<IIII", 0, 0, len(frame), len(frame)) + frame)
 
 
 class IlnpNet:
@@ -161,11 +119,8 @@ class IlnpNet:
         return a, b
 
     def capture(self, ifname: str) -> Capture:
-        sock = self.r.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
-        sock.bind((ifname, 0))
-        cap = Capture(sock)
-        cap.start()
-        return cap
+        """Every frame the router sends or receives on ``ifname``."""
+        return capture(self.r, ifname)
 
     def stop_daemons(self) -> None:
         for daemon in self.daemons:

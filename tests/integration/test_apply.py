@@ -22,6 +22,7 @@ from sixlab.controller.core import Controller
 from sixlab.controller.northbound import ControllerServer, serve_controller
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound.agent import AgentServer, serve
+from tests.integration._ports import free_port
 
 pytestmark = pytest.mark.root
 
@@ -37,6 +38,9 @@ class World:
             serve(self.sender_addr, "sender"),
             serve(self.reflector_addr, "reflector"),
         ]
+        #: The reflector's STAMP port on ::1, ephemeral: a fixed one collides when two
+        #: test runs share the machine. Configurations name it ``REFLECTOR_PORT``.
+        self.reflector_port = free_port()
         self.address = f"unix:{tmp}/ctl.sock"
         self.controller = Controller(SqliteStore(tmp / "c.db"), poll_interval_s=0.05)
         self.server: ControllerServer = serve_controller(self.address, self.controller)
@@ -73,7 +77,7 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 
 def _config(w: World, sessions: str) -> str:
-    return textwrap.dedent(f"""\
+    text = textwrap.dedent(f"""\
         [nodes.s]
         address = "{w.sender_addr}"
         role = "sender"
@@ -86,8 +90,9 @@ def _config(w: World, sessions: str) -> str:
         role = "reflector"
         [nodes.r.init]
         source = "::1"
-        port = 8620
+        port = REFLECTOR_PORT
         """) + textwrap.dedent(sessions)
+    return text.replace("REFLECTOR_PORT", str(w.reflector_port))
 
 
 SESSIONS = """
@@ -95,7 +100,7 @@ SESSIONS = """
     sender = "s"
     reflector = "r"
     reflector-address = "::1"
-    port = 8620
+    port = REFLECTOR_PORT
     interval = 0.01
     count = 20
     stateful = true
@@ -106,7 +111,7 @@ SESSIONS = """
     sender = "s"
     reflector = "r"
     reflector-address = "::1"
-    port = 8620
+    port = REFLECTOR_PORT
     state = "stopped"
 """
 
@@ -151,7 +156,7 @@ def test_apply_is_declarative_and_idempotent(world: World) -> None:
     # Change one field of a, drop b, add c: exactly those changes.
     changed = SESSIONS.replace("interval = 0.01", "interval = 0.02").split("[sessions.b]")[0]
     changed += '[sessions.c]\nsender = "s"\nreflector = "r"\nreflector-address = "::1"\n'
-    changed += "port = 8620\ncount = 5\ninterval = 0.01\n"
+    changed += "port = REFLECTOR_PORT\ncount = 5\ninterval = 0.01\n"
     path.write_text(_config(w, changed))
     lines = w.ok("apply", str(path)).splitlines()
     assert lines == [
@@ -222,7 +227,7 @@ def test_five_hundred_paths_in_one_call(world: World) -> None:
     w = world
     sessions = "".join(
         f'\n[sessions.p{i}]\nsender = "s"\nreflector = "r"\nreflector-address = "::1"\n'
-        f'port = 8620\nsegments = ["fc00::{i:x}", "::1"]\nstate = "stopped"\n'
+        f'port = REFLECTOR_PORT\nsegments = ["fc00::{i:x}", "::1"]\nstate = "stopped"\n'
         for i in range(500)
     )
     config = loads(_config(w, sessions))
@@ -270,7 +275,7 @@ def test_a_node_that_measured_goes_only_with_prune(world: World) -> None:
     spare = f'\n[nodes.spare]\naddress = "{w.reflector_addr}"\nrole = "reflector"\n'
     measured = (
         '\n[sessions.m]\nsender = "s"\nreflector = "spare"\nreflector-address = "::1"\n'
-        "port = 8620\ncount = 5\ninterval = 0.01\n"
+        "port = REFLECTOR_PORT\ncount = 5\ninterval = 0.01\n"
     )
     path.write_text(_config(w, spare + SESSIONS + measured))
     w.ok("apply", str(path))

@@ -12,19 +12,14 @@ from typing import Any
 
 import pytest
 
+from tests.integration._ports import free_port
+
 SIXLAB = [sys.executable, "-m", "sixlab"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-        s.bind(("::1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def reflector(request: pytest.FixtureRequest) -> Iterator[tuple[int, subprocess.Popen[str]]]:
-    port = _free_port()
+    port = free_port()
     extra: list[str] = getattr(request, "param", [])
     proc = subprocess.Popen(
         [*SIXLAB, "stamp", "reflector", "--listen", "::1", "--port", str(port), *extra],

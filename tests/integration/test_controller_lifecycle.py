@@ -31,6 +31,7 @@ from sixlab.controller.core import (
 from sixlab.controller.northbound import serve_controller
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound.client import AgentClient
+from tests.integration._ports import free_port
 
 MS = 1_000_000
 
@@ -88,7 +89,7 @@ class Lab:
         self.sender = AgentProcess(tmp, "sender")
         self.reflector = AgentProcess(tmp, "reflector")
         #: A fixed reflector UDP port: a restarted reflector must come back on it.
-        self.udp_port = _free_udp_port()
+        self.udp_port = free_port()
 
     def controller(self, db: str = "c.db", **kw: float | None) -> Controller:
         kw.setdefault("poll_interval_s", 0.05)
@@ -116,13 +117,6 @@ class Lab:
     def close(self) -> None:
         self.sender.stop()
         self.reflector.stop()
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-        s.bind(("::1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -520,18 +514,11 @@ def _scrape(port: int) -> dict[str, float]:
     }
 
 
-def _free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_metrics_are_the_stored_totals_and_follow_the_sessions(lab: Lab, tmp_path: Path) -> None:
     """The controller as a process with /metrics: no _created series; packets by every
     outcome and loss by direction; a destroyed session's series go; after kill -9 of the
     controller, the counters go on from the stored totals instead of restarting at 0."""
-    port = _free_tcp_port()
+    port = free_port("127.0.0.1", socket.SOCK_STREAM)
     proc = _serve(tmp_path, port)
     try:
         with ControllerClient(f"unix:{tmp_path}/ctl.sock") as api:

@@ -35,13 +35,12 @@ import pytest
 from sixlab.dataplane._filters import table_name
 from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.testbed import BenchTestbed, Node
+from tests.integration._tap import ETH_P_IPV6, Tap
 
 ROOT = Path(__file__).resolve().parents[2]
 REFLECTOR_PORT = 862
 SENDER_PORT = 40862
 COUNT = 50
-ETH_P_IPV6 = 0x86DD
-ETH_P_ALL = 0x0003
 #: Generous: a scapy process takes ~1-2 s to import on a loaded 2-core machine.
 READY_TIMEOUT_S = 30.0
 
@@ -88,9 +87,7 @@ def _sender_main(args: argparse.Namespace) -> None:
     from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
     from sixlab.wire.stamp_tlv import ExtraPadding  # noqa: PLC0415
 
-    capture = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IPV6))
-    capture.bind((args.interface, ETH_P_IPV6))
-    capture.setblocking(False)
+    capture = Tap(None, args.interface, protocol=ETH_P_IPV6, cooked=True)
     plane = create(args.plane, DataplaneConfig(port=args.port, interface=args.interface))
     plane.open()
     engine = SenderEngine(plane)
@@ -110,15 +107,11 @@ def _sender_main(args: argparse.Namespace) -> None:
     plane.close()
     replies: list[list[str] | None] = []
     sizes: list[int] = []
-    while True:
-        try:
-            data = capture.recv(65535)
-        except BlockingIOError:
-            break
+    for frame in capture.frames():
         try:
             # No checksum check: a kernel-socket reply on a veth with checksum offload
             # is captured before its checksum is filled in.
-            packet = parse_udp_packet(data)
+            packet = parse_udp_packet(frame.data)
         except ValueError:
             continue
         if packet.udp.dst_port == args.port:
@@ -303,9 +296,7 @@ def test_capture_plane_as_sender(bench_testbed: BenchTestbed, plane: str, path: 
     # An AF_XDP socket takes the replies before any packet tap on the sender's interface
     # sees them: capture them where they leave the reflector instead (only an ETH_P_ALL
     # tap sees outgoing frames).
-    tap = tb.sut.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
-    tap.bind((tb.sut_if, ETH_P_ALL))
-    tap.setblocking(False)
+    tap = Tap(tb.sut, tb.sut_if, cooked=True)
     report = sender(tb, plane, *(["--segment", tb.sut_addr] if srh else []))
     if plane == "afxdp":
         report["replies"] = _replies(tap, SENDER_PORT)
@@ -315,25 +306,23 @@ def test_capture_plane_as_sender(bench_testbed: BenchTestbed, plane: str, path: 
     assert refl.finish()["reflected"] == COUNT
 
 
-def _replies(tap: socket.socket, port: int) -> list[list[str] | None]:
-    """The SRv6 paths (travel order, None: no SRH) of the STAMP replies ``tap`` saw."""
+def _replies(tap: Tap, port: int) -> list[list[str] | None]:
+    """The SRv6 paths (travel order, None: no SRH) of the STAMP replies ``tap`` saw
+    leave."""
     from sixlab.wire.packet import parse_udp_packet  # noqa: PLC0415
 
     out: list[list[str] | None] = []
-    while True:
-        try:
-            data, addr = tap.recvfrom(65535)
-        except BlockingIOError:
-            return out
-        if addr[2] != socket.PACKET_OUTGOING or addr[1] != ETH_P_IPV6:
+    for frame in tap.frames():
+        if not frame.outgoing or frame.protocol != ETH_P_IPV6:
             continue
         try:
-            packet = parse_udp_packet(data)
+            packet = parse_udp_packet(frame.data)
         except ValueError:
             continue  # not UDP (Neighbour Discovery)
         if packet.udp.dst_port == port:
             srh = packet.srh
             out.append(None if srh is None else [str(a) for a in srh.travel_order])
+    return out
 
 
 def test_mmap_reflects_mmap(bench_testbed: BenchTestbed) -> None:

@@ -51,7 +51,8 @@ from sixlab.wire.ilnp import (
     ipv6_checksum,
     nid_checksum,
 )
-from tests.integration._ilnp import Capture, Daemon, IlnpNet
+from tests.integration._ilnp import Daemon, IlnpNet
+from tests.integration._tap import ETH_P_IPV6, Capture, open_tap
 
 pytestmark = pytest.mark.root
 
@@ -779,8 +780,7 @@ def test_bulk_tcp_into_a_host_whose_link_coalesces_segments(net: IlnpNet, fastpa
     da = net.start(net.a, "0:0:0:a", ["2001:db8:a:0,10"], policy="none")
     net.fastpath = fastpath
     db = net.start(net.b, "0:0:0:b", ["2001:db8:b:0"], policy="none")
-    tun = net.b.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x86DD))
-    tun.bind(("ilnp0", 0))
+    tun = open_tap(net.b, "ilnp0", protocol=ETH_P_IPV6, cooked=True)
     tun_cap = Capture(tun, size=1 << 17)
     tun_cap.start()
     size = 8 << 20

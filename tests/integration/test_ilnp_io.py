@@ -25,12 +25,8 @@ from pathlib import Path
 import pytest
 
 from sixlab.wire.ilnp import ILV, IlnpPacket, Nonce, encode_packet
-from tests.integration._ilnp import (
-    _ETH_P_ALL,
-    Capture,
-    Daemon,
-    IlnpNet,
-)
+from tests.integration._ilnp import Daemon, IlnpNet
+from tests.integration._tap import Capture, capture
 from tests.integration.test_ilnp_daemon import (
     ECHO_PORT,
     ID_A,
@@ -101,11 +97,7 @@ def test_link_flap_leaves_the_daemon_idle_and_the_link_served(net: IlnpNet) -> N
 
 def _outgoing(net: IlnpNet, ifname: str) -> Capture:
     """Frames A sends on its own ``ifname`` (a tap sees them even without carrier)."""
-    sock = net.a.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
-    sock.bind((ifname, 0))
-    cap = Capture(sock)
-    cap.start()
-    return cap
+    return capture(net.a, ifname)
 
 
 @pytest.mark.parametrize("fastpath", ["on", "off"])

@@ -17,7 +17,6 @@ else, it cannot.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv6Address
@@ -37,6 +36,7 @@ from sixlab.wire import stamp_tlv as tlv
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
 from ._pair import Pair, veth_pair
+from ._tap import ETH_P_IPV6, Frame, Tap
 
 pytestmark = pytest.mark.root
 
@@ -44,8 +44,6 @@ G_ADDR = IPv6Address("fd00:8::1")
 R_ADDR = IPv6Address("fd00:8::2")
 PORT = 862
 SENDER_PORT = 50862
-ETH_P_IPV6 = 0x86DD
-PACKET_OUTGOING = 4
 IPV6_TCLASS = 67  # <linux/in6.h>
 #: What the Class of Service probe carries: DSCP 46 (EF), ECN 01 (ECT(1)).
 PROBE_TCLASS = 46 << 2 | 1
@@ -73,26 +71,23 @@ def lab() -> Iterator[Lab]:
                 plane.close()
 
 
-def _capture(lab: Lab) -> socket.socket:
-    tap = lab.g.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IPV6))
-    with entered(lab.g.ns):
-        tap.bind(("g0", ETH_P_IPV6))
-    tap.settimeout(0.2)
-    return tap
+def _capture(lab: Lab) -> Tap:
+    return Tap(lab.g, "g0", protocol=ETH_P_IPV6)
 
 
-def _captured(tap: socket.socket, timeout: float = 3.0) -> Ether:
+def _captured(tap: Tap, timeout: float = 3.0) -> Ether:
     """The next frame G received for SENDER_PORT, as scapy decodes it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            data, addr = tap.recvfrom(65535)
-        except TimeoutError:
-            continue
-        frame = Ether(data)
-        if addr[2] != PACKET_OUTGOING and UDP in frame and frame[UDP].dport == SENDER_PORT:
-            return frame
-    pytest.fail("no frame for the sender port reached G")
+
+    def reply(frame: Frame) -> bool:
+        if frame.outgoing:
+            return False
+        decoded = Ether(frame.data)
+        return UDP in decoded and decoded[UDP].dport == SENDER_PORT
+
+    got = tap.wait(reply, timeout=timeout)
+    if not got:
+        pytest.fail("no frame for the sender port reached G")
+    return Ether(got[0].data)
 
 
 def _probe(seq: int, tlvs: bytes = b"") -> bytes:

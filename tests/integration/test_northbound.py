@@ -32,6 +32,7 @@ from sixlab.controller.northbound import ControllerServer, serve_controller
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound.agent import AgentServer, serve
 from sixlab.southbound.client import AgentClient
+from tests.integration._ports import free_port
 
 MS = 1_000_000
 #: ``sixlab controller ...`` without relying on the top-level ``sixlab`` dispatcher.
@@ -430,15 +431,8 @@ def _ok(address: str, *args: str) -> str:
     return out.stdout
 
 
-def _free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_cli_drives_a_controller_process(agents: Agents, tmp_path: Path) -> None:
-    metrics_port = _free_tcp_port()
+    metrics_port = free_port("127.0.0.1", socket.SOCK_STREAM)
     proc, line = _start_controller(
         tmp_path, tmp_path / "c.db", "--metrics", f"127.0.0.1:{metrics_port}"
     )
@@ -555,7 +549,7 @@ def test_cli_cannot_reach_controller(tmp_path: Path) -> None:
         f"sixlab controller: UNAVAILABLE: cannot reach the controller at "
         f"unix:{tmp_path}/none.sock: No such file or directory\n"
     )
-    port = _free_tcp_port()
+    port = free_port("127.0.0.1", socket.SOCK_STREAM)
     out = _cli(f"127.0.0.1:{port}", "session", "list")
     assert out.returncode == 1
     assert out.stderr == (

@@ -30,6 +30,7 @@ import pytest
 
 from sixlab.southbound.client import AgentClient
 from sixlab.testbed import SRv6TwoPaths, srv6_two_paths
+from tests.integration._ports import free_port
 from tests.integration.conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.root
@@ -40,13 +41,6 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "sixlab.json"
 SIXLAB = [sys.executable, "-m", "sixlab"]
 DELAY_MS = 5.0
 TOLERANCE_MS = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _binary(name: str) -> str:
@@ -127,7 +121,10 @@ def test_prometheus_reads_the_delay_rules_load_and_the_dashboard_queries_work(
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
-    metrics_port, prom_port = _free_port(), _free_port()
+    metrics_port, prom_port = (
+        free_port("127.0.0.1", socket.SOCK_STREAM),
+        free_port("127.0.0.1", socket.SOCK_STREAM),
+    )
     ctl = f"unix:{tmp_path}/ctl.sock"
     with (
         srv6_two_paths(path_a_ms=(DELAY_MS, DELAY_MS), prefix=TEST_PREFIX) as tb,

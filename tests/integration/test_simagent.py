@@ -178,3 +178,40 @@ def test_sessions_are_created_and_started_in_batches(
                 assert [e.epoch for e in ctl.store.epochs(row.id)] == [0]
     finally:
         ctl.close()
+
+
+def test_simulated_agent_cuts_its_messages_at_the_byte_budget() -> None:
+    """As the real agent: 30 sessions × 2000 records queued, a 64 KiB budget; every
+    message within it, every record once, sessions left out by one message first in
+    the next."""
+    budget = 64 << 10
+    server = serve_simulated("127.0.0.1:0", "sender", reply_budget=budget)
+    client = AgentClient(f"127.0.0.1:{server.port}")
+    try:
+        client.init()
+        ssids = range(1, 31)
+        for ssid in ssids:
+            client.create_sender_session(
+                SenderSession(ssid, "2001:db8::2", interval_ns=10_000, count=2000)
+            )
+            client.start_session(ssid)
+        time.sleep(0.2)  # the simulated delay is a few ms: every record has arrived
+        reply = client.results(1, 10_000, after_id=0)
+        assert 0 < len(reply.results) < 2000
+        assert reply.ByteSize() <= budget
+        ids: dict[int, list[int]] = {ssid: [] for ssid in ssids}
+        finals: set[int] = set()
+        stream = client.stream_many(dict.fromkeys(ssids, 0), max_batch=100_000)
+        for message in stream:
+            assert message.ByteSize() <= budget
+            for batch in message.batches:
+                ids[batch.ssid] += [r.record_id for r in batch.results]
+                if batch.final:
+                    finals.add(batch.ssid)
+            if finals == set(ssids):
+                break
+        stream.cancel()
+        assert ids == {ssid: list(range(1, 2001)) for ssid in ssids}
+    finally:
+        client.close()
+        server.stop(None)

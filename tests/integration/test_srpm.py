@@ -43,6 +43,7 @@ from sixlab.testbed._netns import namespace_pids
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
 from tests.integration._stamp_helpers import SIXLAB
+from tests.integration._tap import Frame, Tap
 from tests.integration.conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.root
@@ -300,23 +301,15 @@ def test_the_sender_command_runs_loopback_and_flow_label_sessions(
 def _await_probes_leaving(tb: SRv6TwoPaths, count: int) -> None:
     """Return once ``count`` frames with a Routing header (the sender's probes: no data
     has been sent yet) have left the sender's ``eth0``."""
-    # ETH_P_ALL: the kernel shows sent frames only to sockets of every protocol.
-    sniffer = tb.sender.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    try:
-        sniffer.bind(("eth0", 3))
-        sniffer.settimeout(20)
-        seen = 0
-        while seen < count:
-            frame, (_, _, pkttype, _, _) = sniffer.recvfrom(2048)
-            # Ethernet: EtherType at 12 (IPv6); IPv6 Next Header at 14 + 6: 43, Routing.
-            if (
-                pkttype == socket.PACKET_OUTGOING
-                and frame[12:14] == b"\x86\xdd"
-                and frame[20] == 43
-            ):
-                seen += 1
-    finally:
-        sniffer.close()
+
+    def probe(frame: Frame) -> bool:
+        # Ethernet: EtherType at 12 (IPv6); IPv6 Next Header at 14 + 6: 43, Routing.
+        data = frame.data
+        return frame.outgoing and data[12:14] == b"\x86\xdd" and data[20] == 43
+
+    with Tap(tb.sender, "eth0") as tap:
+        seen = tap.wait(probe, count=count, timeout=30)
+    assert len(seen) == count, f"{len(seen)} of {count} probes left the sender in 30 s"
 
 
 def test_the_commands_count_direct_mode_data(srv6_testbed: SRv6TwoPaths) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from sixlab.southbound.client import AgentClient, ClientTls, SouthboundError
 from tests.integration._pki import make_pki
+from tests.integration._ports import free_port
 
 pytestmark = pytest.mark.root
 
@@ -38,13 +39,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ("operator", "extendedKeyUsage=clientAuth"),
         ),
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-        s.bind(("::1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -78,7 +72,7 @@ def _tls_flags(pki: Path, name: str, prefix: str = "--tls") -> list[str]:
 
 
 def test_insecure_agent_serves_with_a_warning() -> None:
-    port = _free_port()
+    port = free_port("::1", socket.SOCK_STREAM)
     argv = ["stamp", "agent", "--role", "reflector", "--grpc", f"[::]:{port}", "--insecure"]
     with _daemon(argv, "stamp agent: role=reflector") as proc:
         with AgentClient(f"[::1]:{port}") as client:
@@ -95,7 +89,11 @@ def test_mtls_agents_and_controller_on_network_addresses(pki: Path, tmp_path: Pa
     """Two agents and the controller on [::] with mutual TLS: the controller drives the
     agents with its client certificate, the operator's CLI drives the controller with
     its own; a client without a certificate gets nowhere."""
-    sport, rport, cport = _free_port(), _free_port(), _free_port()
+    sport, rport, cport = (
+        free_port("::1", socket.SOCK_STREAM),
+        free_port("::1", socket.SOCK_STREAM),
+        free_port("::1", socket.SOCK_STREAM),
+    )
     agent_argv = [*_tls_flags(pki, "server"), "--log-format", "json"]
     with (
         _daemon(

@@ -60,6 +60,7 @@ from sixlab.wire.timestamp import (
     ntp_from_ns,
 )
 
+from ._tap import Tap
 from .conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.root
@@ -70,9 +71,6 @@ END_SID = IPv6Address("fc00:e::1")
 PORT = 862
 SENDER_PORT = 50862
 ETH_P_IPV6 = 0x86DD
-#: ETH_P_ALL, for a capture that sees both directions.
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
 
 
 @dataclass
@@ -148,28 +146,9 @@ def _xdp_attached(node: Node, ifname: str) -> bool:
     return " xdp" in out
 
 
-@dataclass
-class Capture:
-    """An AF_PACKET socket on the sender's link: what left and what arrived."""
-
-    sock: socket.socket
-
-    def frames(self) -> list[tuple[bool, bytes]]:
-        out: list[tuple[bool, bytes]] = []
-        while True:
-            try:
-                data, addr = self.sock.recvfrom(65535)
-            except BlockingIOError:
-                return out
-            out.append((addr[2] == PACKET_OUTGOING, data))
-
-
-def _capture(node: Node, ifname: str) -> Capture:
-    sock = node.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    with entered(node.ns):
-        sock.bind((ifname, 0))
-    sock.setblocking(False)
-    return Capture(sock)
+def _capture(node: Node, ifname: str) -> Tap:
+    """What left and what arrived on the sender's link (``Tap.frames``)."""
+    return Tap(node, ifname)
 
 
 def _run_session(
@@ -265,9 +244,9 @@ def test_xdp_reflector_answers_socket_sender(
     else:
         assert all(r.reflector_seq == r.seq for r in results)
     replies = [
-        parse_udp_packet(f[14:])
-        for out, f in cap.frames()
-        if not out and f[12:14] == b"\x86\xdd" and _is_stamp(f, SENDER_PORT)
+        parse_udp_packet(f.data[14:])
+        for f in cap.frames()
+        if not f.outgoing and f.data[12:14] == b"\x86\xdd" and _is_stamp(f.data, SENDER_PORT)
     ]
     assert len(replies) == 20
     for rx in replies:
@@ -276,7 +255,7 @@ def test_xdp_reflector_answers_socket_sender(
             assert rx.srh.travel_order == (END_SID, S_ADDR)
         else:
             assert rx.srh is None
-    cap.sock.close()
+    cap.close()
 
 
 def _is_stamp(frame: bytes, dport: int) -> bool:
@@ -298,9 +277,9 @@ def test_xdp_replies_on_the_wire_equal_the_python_core(chain: Chain, srv6: bool)
     )
     _check_delays(results, 10)
     frames = cap.frames()
-    cap.sock.close()
-    sent = [parse_udp_packet(f[14:]) for out, f in frames if out and _is_stamp(f, PORT)]
-    got = [f for out, f in frames if not out and _is_stamp(f, SENDER_PORT)]
+    cap.close()
+    sent = [parse_udp_packet(f.data[14:]) for f in frames if f.outgoing and _is_stamp(f.data, PORT)]
+    got = [f.data for f in frames if not f.outgoing and _is_stamp(f.data, SENDER_PORT)]
     assert len(sent) == len(got) == 10
     core = Reflector()
     core.add_session(cfg)

@@ -52,6 +52,7 @@ from sixlab.wire.packet import build_udp_packet, parse_udp_packet
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
 
 from ._pair import Pair, veth_pair
+from ._tap import ETH_P_IPV6, Tap
 
 pytestmark = pytest.mark.root
 
@@ -63,8 +64,6 @@ RETURN_SID = IPv6Address("fc00:77::1")
 FORWARD_SID = IPv6Address("fc00:66::1")
 PORT = 862
 SENDER_PORT = 50862
-ETH_P_IPV6 = 0x86DD
-PACKET_OUTGOING = 4
 PLANES = ("scapy", "mmap", "socket", "xdp", "afxdp")
 #: The planes that apply a reply's Traffic Class (``Dataplane.sets_tclass``).
 TCLASS_PLANES = ("socket", "mmap", "xdp", "afxdp")
@@ -161,31 +160,22 @@ def _replies(
         )
     )
     engine.set_default(ReflectorSessionConfig(ssid=None))
-    tx = p.g.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IPV6))
     # A UDP socket on the sender port keeps G from answering replies with unreachables.
     sink = p.g.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     sink.bind((str(G_ADDR), SENDER_PORT))
     header = _frame_header(p)
     engine.start()
     out: list[bytes] = []
+    tx = Tap(p.g, "g0", protocol=ETH_P_IPV6)
     try:
-        with entered(p.g.ns):
-            tx.bind(("g0", ETH_P_IPV6))
-        tx.settimeout(0.2)
         time.sleep(0.1)  # the planes' capture sockets are bound; let them settle
         for name, ip in frames:
             tx.send(header + ip)
-            deadline = time.monotonic() + 3
-            reply = None
-            while reply is None and time.monotonic() < deadline:
-                try:
-                    data, addr = tx.recvfrom(65535)
-                except TimeoutError:
-                    continue
-                if addr[2] != PACKET_OUTGOING and _dst_port(data[14:]) == SENDER_PORT:
-                    reply = data[14:]
-            assert reply is not None, (plane_name, name)
-            out.append(reply)
+            replies = tx.wait(
+                lambda f: not f.outgoing and _dst_port(f.data[14:]) == SENDER_PORT, timeout=3
+            )
+            assert replies, (plane_name, name)
+            out.append(replies[0].data[14:])
     finally:
         engine.shutdown()
         counters = plane.counters()  # the engine's thread counts after it sends

@@ -63,10 +63,7 @@ ns) on the SUT's CPU, which is charged more than on two machines, not less.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -75,6 +72,8 @@ from dataclasses import dataclass
 from ipaddress import IPv6Address
 from pathlib import Path
 
+from sixlab.linux.bpfbuild import BuildError
+from sixlab.linux.ccbuild import build_c, cache_dir
 from sixlab.testbed import BenchTestbed, Node
 from sixlab.wire.packet import build_udp_packet
 
@@ -143,41 +142,13 @@ class TrialResult:
         return self.offered / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sixlab" / "bench"
-
-
 def build_program(source_path: Path, cache: Path | None = None) -> Path:
-    """Compile one C file of this package with gcc -O2 once per source version.
-
-    The binary is cached as ``<stem>-<hash of the source>``, so an edited source is
-    rebuilt and an unchanged one never is; the binary's path.
-    """
-    source = source_path.read_bytes()
-    key = hashlib.sha256(source).hexdigest()[:16]
-    directory = cache or _cache_dir()
-    binary = directory / f"{source_path.stem}-{key}"
-    if binary.exists():
-        return binary
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        raise GeneratorError("bench: no C compiler (apt-get install gcc)")
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{source_path.stem}-")
-    os.close(fd)
+    """Compile one C file of this package with gcc -O2 once per source version
+    (``sixlab.linux.ccbuild``: cached as ``<stem>-<hash of the source>``); the binary's path."""
     try:
-        subprocess.run(  # a fixed compiler command on our own source
-            [gcc, "-O2", "-Wall", "-o", tmp, str(source_path)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        Path(tmp).replace(binary)  # atomic: a concurrent user sees all or nothing
-    except subprocess.CalledProcessError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise GeneratorError(f"bench: cannot compile {source_path.name}: {exc.stderr}") from exc
-    return binary
+        return build_c(source_path, cache or cache_dir("bench"))
+    except BuildError as exc:
+        raise GeneratorError(f"bench: {exc}") from exc
 
 
 def build_generator(cache: Path | None = None) -> Path:

@@ -666,11 +666,16 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             return entry.first_id + len(entry.fifo) - 1
 
-    def lost(self, ssid: int) -> list[ev.PacketLost]:
-        """Drain the loss events of a session (each lost Seq once)."""
+    def lost(self, ssid: int, max_items: int | None = None) -> list[ev.PacketLost]:
+        """Drain the loss events of a session (each lost Seq once), the oldest
+        ``max_items`` of them if given (the rest stay for the next call)."""
         with self.lock:
             entry = self._entry(ssid)
-            out, entry.lost = entry.lost, []
+            if max_items is None or max_items >= len(entry.lost):
+                out, entry.lost = entry.lost, []
+            else:
+                out = entry.lost[:max_items]
+                del entry.lost[:max_items]
             return out
 
     def wait_finished(self, ssid: int, timeout: float) -> bool:

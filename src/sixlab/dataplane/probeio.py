@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import array
 import ctypes
-import hashlib
 import os
-import shutil
 import socket
 import struct
-import subprocess
-import tempfile
 import threading
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
+
+from sixlab.linux.bpfbuild import BuildError
+from sixlab.linux.ccbuild import build_c, cache_dir
 
 __all__ = ["RECORD", "ProbeIO", "load"]
 
@@ -53,39 +52,13 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sixlab" / "dataplane"
-
-
 def build(cache: Path | None = None) -> Path | None:
     """The shared object of ``probeio.c`` (built if its source changed); None when no
-    C compiler is there or the build fails."""
-    source = _SOURCE.read_bytes()
-    directory = cache or _cache_dir()
-    target = directory / f"probeio-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        return None
+    C compiler is there, the cache cannot be written or the build fails."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probeio-", suffix=".so")
-    except OSError:  # no writable cache: the Python path
+        return build_c(_SOURCE, cache or cache_dir("dataplane"), shared=True)
+    except BuildError:
         return None
-    os.close(fd)
-    try:
-        subprocess.run(  # a fixed compiler command on the package's own source
-            [gcc, "-O2", "-Wall", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
-            check=True,
-            capture_output=True,
-        )
-        Path(tmp).replace(target)
-    except (OSError, subprocess.CalledProcessError):
-        Path(tmp).unlink(missing_ok=True)
-        return None
-    return target
 
 
 def load() -> ctypes.CDLL | None:

@@ -8,6 +8,8 @@ from sixlab.
   attach XDP and tc programs, maps, ring buffers).
 - :mod:`sixlab.linux.bpfbuild`: compiles the BPF C sources of ``bpf/`` (CO-RE, clang)
   on first use and caches the objects per kernel, sources and compiler.
+- :mod:`sixlab.linux.ccbuild`: compiles a plain C file of the package with gcc on first
+  use (the bench generators, the socket plane's batched probe path), cached by source.
 - :mod:`sixlab.linux.cbpf`: classic BPF instructions, an assembler, ``SO_ATTACH_FILTER``.
 - :mod:`sixlab.linux.packetring`: the TPACKET_V3 receive ring of every capture.
 - :mod:`sixlab.linux.nftdrop`: an owned nftables table that keeps the kernel from
@@ -26,7 +28,7 @@ Errors
 ::
 
     LinuxError (RuntimeError)
-    ├── BuildError          a BPF object could not be built (compiler, bpftool, BTF)
+    ├── BuildError          a BPF object or a C helper could not be built (compiler, bpftool, BTF)
     ├── LibbpfError         a libbpf call failed (``errno`` set)
     ├── KernelDropError     nftables is missing or refused the table
     ├── FlowCountersError   nftables is missing, refused the counters, or cannot be read

@@ -65,7 +65,8 @@ _TOOL_TIMEOUT_S = 600
 
 
 class BuildError(LinuxError):
-    """The BPF objects cannot be built; the message says which tool or step failed."""
+    """BPF objects (or, from ``ccbuild``, a C helper) cannot be built; the message says
+    which tool or step failed."""
 
 
 def source_dir() -> Path:

@@ -88,6 +88,7 @@ from sixlab.dataplane.engine import (
 from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit, lost_fitting
 from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
@@ -162,9 +163,8 @@ MAX_BATCH = 100_000
 DEFAULT_BATCH_WINDOW_NS = 100_000_000
 MAX_BATCH_WINDOW_NS = 10 * NS_PER_S
 #: GetStampSessionResults: records per reply when max_results is 0, and the most a
-#: request may ask for. A record without TLVs is under 100 bytes on the wire, so a full
-#: reply stays well inside gRPC's default 4 MiB receive limit; ``remaining`` tells the
-#: client to ask again.
+#: request may ask for. Whatever the count, a reply stops at the byte budget
+#: (``sixlab.southbound.budget``); ``remaining`` tells the client to ask again.
 DEFAULT_RESULTS = DEFAULT_BATCH
 MAX_RESULTS = 10_000
 #: How often a waiting stream looks at its client and its session (s).
@@ -175,6 +175,9 @@ MAX_COUNTERS_INTERVAL_NS = 60 * NS_PER_S
 #: An Error Estimate can claim up to 255 × 2^31 s (RFC 4656 §4.1.2), more ns than a
 #: uint64 holds: such errors are reported saturated.
 _U64_MAX = 2**64 - 1
+#: The smallest byte budget a servicer accepts: a batch's head (state, counters) and the
+#: largest record (a full TLV area) fit in it many times over.
+MIN_REPLY_BUDGET_BYTES = 64 << 10
 #: DataplaneConfig fields set by Init's own fields, not by ``dataplane_options``.
 _INIT_FIELDS = frozenset({"port", "interface", "source"})
 
@@ -224,6 +227,10 @@ _Rep = TypeVar("_Rep")
 
 
 # ------------------------------------------------------------------------ field checks
+
+
+def _destroyed(ssid: int) -> AgentError:
+    return AgentError(Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream")
 
 
 def _invalid(message: str) -> AgentError:
@@ -606,8 +613,15 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
         clock: Callable[[], int] = time.time_ns,
         max_streams: int = DEFAULT_MAX_WORKERS - RESERVED_WORKERS,
+        reply_budget: int = REPLY_BUDGET_BYTES,
     ) -> None:
+        if reply_budget < MIN_REPLY_BUDGET_BYTES:
+            raise ValueError(
+                f"reply_budget: {reply_budget} bytes, at least {MIN_REPLY_BUDGET_BYTES}"
+            )
         self.role = Role(role)
+        #: The largest results message sent, serialized (``sixlab.southbound.budget``).
+        self.reply_budget = reply_budget
         #: Results streams open at once, at most (see RESERVED_WORKERS).
         self.max_streams = max_streams
         self._streams = 0
@@ -859,21 +873,31 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         limit = request.max_results or DEFAULT_RESULTS
         if limit > MAX_RESULTS:
             raise _invalid(f"max_results: {limit}, at most {MAX_RESULTS}")
-        if request.HasField("after_id"):
-            protos = [result_to_proto(r, i) for i, r in engine.fetch(ssid, request.after_id, limit)]
-        else:
-            protos = [result_to_proto(r) for r in engine.results(ssid, limit)]
-        lost = engine.lost(ssid)
+        drain = not request.HasField("after_id")
+        budget = self.reply_budget
+        # The state before the records: no record comes after FINISHED.
         snap = engine.snapshot(ssid)
-        self._senders[ssid].fetched += len(protos)
-        return pb.GetStampSessionResultsReply(
-            results=protos,
-            lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
+        reply = pb.GetStampSessionResultsReply(
             overflow=snap.overflow,
             state=_STATE_PB[snap.state],
-            remaining=snap.fifo_len,
+            remaining=_U64_MAX,  # counted at its largest until known
             counters=self._session_counters(ssid),
         )
+        lost = engine.lost(ssid, lost_fitting(reply.ByteSize(), budget))
+        reply.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        if drain:
+            items = engine.peek(ssid, 0, limit)
+        else:
+            items = engine.fetch(ssid, request.after_id, limit)
+        protos, _ = fit(
+            (result_to_proto(r, 0 if drain else i) for i, r in items), reply.ByteSize(), budget
+        )
+        if drain and protos:
+            engine.acknowledge(ssid, items[len(protos) - 1][0])
+        reply.results.extend(protos)
+        reply.remaining = engine.snapshot(ssid).fifo_len
+        self._senders[ssid].fetched += len(protos)
+        return reply
 
     @_unary
     def AcknowledgeStampSessionResults(  # noqa: N802
@@ -924,56 +948,80 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         window_ns = request.batch_window_ns or DEFAULT_BATCH_WINDOW_NS
         if window_ns > MAX_BATCH_WINDOW_NS:
             raise _invalid(f"batch_window_ns: {window_ns}, at most {MAX_BATCH_WINDOW_NS}")
-        cursor: int | None = request.after_id if request.HasField("after_id") else None
-
-        def take(timeout: float, n: int) -> list[tuple[int, StampResult]]:
-            nonlocal cursor
-            if cursor is None:  # drain mode: records leave the FIFO as they are sent
-                return [(0, r) for r in engine.wait_results(ssid, timeout, n)]
-            items = engine.peek(ssid, cursor, n, timeout)  # cursor mode: nothing removed
-            if items:
-                cursor = items[-1][0]
-            return items
-
+        drain = not request.HasField("after_id")
+        # Drain mode reads like cursor mode from the first queued record, and removes
+        # what each batch carried as it is sent.
+        cursor = 0 if drain else request.after_id
         while context.is_active():
             try:
-                batch = take(_STREAM_POLL_S, max_batch)
+                items = engine.peek(ssid, cursor, max_batch, _STREAM_POLL_S)
                 deadline = time.monotonic() + window_ns / NS_PER_S
-                while batch and len(batch) < max_batch:
+                while items and len(items) < max_batch:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not context.is_active():
                         break
-                    more = take(remaining, max_batch - len(batch))
+                    more = engine.peek(ssid, items[-1][0], max_batch - len(items), remaining)
                     if not more:
                         break
-                    batch.extend(more)
-                lost = engine.lost(ssid)
-                snap = engine.snapshot(ssid)
-                pending = snap.fifo_len if cursor is None else len(engine.peek(ssid, cursor, 1))
-            except SessionConfigError:
-                raise AgentError(
-                    Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
-                ) from None
-            with self._lock:
-                if self._senders.get(ssid) is not record:
-                    raise AgentError(
-                        Code.ABORTED, f"ssid: session {ssid} was destroyed during the stream"
-                    )
-                record.fetched += len(batch)
-                counters = self._session_counters(ssid)
-            final = snap.state is State.FINISHED and pending == 0
-            if batch or lost or final:
-                yield pb.ResultBatch(
-                    ssid=ssid,
-                    results=[result_to_proto(r, i) for i, r in batch],
-                    lost=[pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost],
-                    overflow=snap.overflow,
-                    state=_STATE_PB[snap.state],
-                    final=final,
-                    counters=counters,
+                    items.extend(more)
+                batch, cursor, final = self._stream_batch(
+                    engine, record, ssid, items, cursor, drain=drain
                 )
+            except SessionConfigError:
+                raise _destroyed(ssid) from None
+            if batch is not None:
+                yield batch
             if final:
                 return
+
+    def _stream_batch(
+        self,
+        engine: SenderEngine,
+        record: _SenderRecord,
+        ssid: int,
+        items: list[tuple[int, StampResult]],
+        cursor: int,
+        *,
+        drain: bool,
+    ) -> tuple[pb.ResultBatch | None, int, bool]:
+        """The next StreamStampSessionResults batch: the loss reports and the leading
+        ``items`` within the byte budget (None if it has nothing to say); the cursor
+        after it; whether it is the session's last."""
+        snap = engine.snapshot(ssid)  # before what is waiting: no record after FINISHED
+        with self._lock:
+            if self._senders.get(ssid) is not record:
+                raise _destroyed(ssid)
+            counters = self._session_counters(ssid)
+        batch = pb.ResultBatch(
+            ssid=ssid,
+            overflow=snap.overflow,
+            state=_STATE_PB[snap.state],
+            final=True,  # counted at its largest until known
+            counters=counters,
+        )
+        room = lost_fitting(batch.ByteSize(), self.reply_budget)
+        lost = engine.lost(ssid, room)
+        batch.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        protos, _ = fit(
+            (result_to_proto(r, 0 if drain else i) for i, r in items),
+            batch.ByteSize(),
+            self.reply_budget,
+        )
+        if protos:
+            cursor = items[len(protos) - 1][0]
+            if drain:
+                engine.acknowledge(ssid, cursor)
+        pending = bool(engine.peek(ssid, cursor, 1)) or (room > 0 and len(lost) == room)
+        with self._lock:
+            if self._senders.get(ssid) is not record:
+                raise _destroyed(ssid)
+            record.fetched += len(protos)
+        final = snap.state is State.FINISHED and not pending
+        if not (protos or lost or final):
+            return None, cursor, False
+        batch.final = final
+        batch.results.extend(protos)
+        return batch, cursor, final
 
     def StreamResults(  # noqa: N802
         self, request: pb.StreamResultsRequest, context: Any
@@ -1025,41 +1073,79 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         """One message of StreamResults: a batch for each session with news or counters
         due; whether records are still waiting (the next message need not wait)."""
         now = time.monotonic_ns()
-        batches: list[pb.ResultBatch] = []
+        out = Batches(self.reply_budget)
         more = False
+        served: list[int] = []
         with self._lock:
             for ssid, sub in list(subs.items()):
                 record = self._senders.get(ssid)
                 if record is None or record is not sub.record:
-                    batches.append(pb.ResultBatch(ssid=ssid, gone=True))
+                    if not out.add(pb.ResultBatch(ssid=ssid, gone=True)):
+                        more = True
+                        break
                     del subs[ssid]
                     continue
-                snap = engine.snapshot(ssid)
-                last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
                 due = now >= sub.counters_due
-                if last <= sub.cursor and not due and snap.state is not State.FINISHED:
-                    continue
-                items = engine.peek(ssid, sub.cursor, max_batch)
-                if items:
-                    sub.cursor = items[-1][0]
-                    record.fetched += len(items)
-                pending = last > sub.cursor
-                more = more or pending
-                final = snap.state is State.FINISHED and not pending
-                batch = pb.ResultBatch(
-                    ssid=ssid,
-                    results=[result_to_proto(r, i) for i, r in items],
-                    overflow=snap.overflow,
-                    state=_STATE_PB[snap.state],
-                    final=final,
+                batch, cut = self._session_batch(
+                    engine, ssid, sub, record, max_batch=max_batch, due=due, room=out.room()
                 )
-                if due or final:
-                    batch.counters.CopyFrom(self._session_counters(ssid))
+                if batch is None:
+                    continue
+                if cut is None:  # not even its head fits: the budget is spent
+                    more = True
+                    break
+                out.add(batch)  # it fits: its records were cut to the room
+                served.append(ssid)
+                if due or batch.final:
                     sub.counters_due = now + every_ns
-                batches.append(batch)
-                if final:
+                more = more or (not batch.final and engine.last_id(ssid) > sub.cursor)
+                if batch.final:
                     del subs[ssid]
-        return batches, more
+                if cut:
+                    more = True
+                    break
+            Batches.to_back(subs, served)
+        return out.batches, more
+
+    def _session_batch(
+        self,
+        engine: SenderEngine,
+        ssid: int,
+        sub: _Subscription,
+        record: _SenderRecord,
+        *,
+        max_batch: int,
+        due: bool,
+        room: int,
+    ) -> tuple[pb.ResultBatch | None, bool | None]:
+        """A session's batch for a StreamResults message, at most ``room`` bytes (lock
+        held): None if the session has nothing to say; and whether the budget cut its
+        records short (None: not even the batch's head fits, nothing was taken)."""
+        snap = engine.snapshot(ssid)
+        last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
+        finished = snap.state is State.FINISHED
+        if last <= sub.cursor and not due and not finished:
+            return None, False
+        batch = pb.ResultBatch(
+            ssid=ssid,
+            overflow=snap.overflow,
+            state=_STATE_PB[snap.state],
+            final=finished,  # counted at its largest until known
+        )
+        if due or finished:
+            batch.counters.CopyFrom(self._session_counters(ssid))
+        if batch.ByteSize() > room:
+            return batch, None
+        items = engine.peek(ssid, sub.cursor, max_batch)
+        protos, _ = fit((result_to_proto(r, i) for i, r in items), batch.ByteSize(), room)
+        if protos:
+            sub.cursor = protos[-1].record_id
+            record.fetched += len(protos)
+        batch.final = finished and last <= sub.cursor
+        if not (due or batch.final):
+            batch.ClearField("counters")
+        batch.results.extend(protos)
+        return batch, len(protos) < len(items)
 
     @_unary
     def AcknowledgeResults(  # noqa: N802
@@ -1214,6 +1300,7 @@ def serve(
     tls: TlsFiles | None = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
+    reply_budget: int = REPLY_BUDGET_BYTES,
 ) -> AgentServer:
     """Start an agent serving gRPC on ``address`` (``"[::1]:50051"``, ``"unix:/path"``).
 
@@ -1221,6 +1308,7 @@ def serve(
     agent is replaced; one a live server answers on is refused with ``OSError``
     (:func:`~sixlab.southbound.rpcserver.claim_unix_address`). Returns once the server
     accepts calls; the agent is not initialised until a client calls Init.
+    ``reply_budget``: the largest results message it sends (``sixlab.southbound.budget``).
     """
     if dataplane not in available():
         raise ValueError(
@@ -1232,6 +1320,7 @@ def serve(
         dataplane,
         fifo_capacity=fifo_capacity,
         max_streams=max(1, max_workers - RESERVED_WORKERS),
+        reply_budget=reply_budget,
     )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stamp-agent"),

@@ -30,6 +30,7 @@ import grpc
 
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.budget import RECEIVE_LIMIT_BYTES
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -270,10 +271,12 @@ class AgentClient(GrpcClient):
         tls: ClientTls | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        # The agent's results messages stay within its byte budget, below this limit
+        # (sixlab.southbound.budget); stated rather than left to gRPC's default.
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", RECEIVE_LIMIT_BYTES)]
         if tls is None:
-            channel = grpc.insecure_channel(target)
+            channel = grpc.insecure_channel(target, options=options)
         else:
-            options = []
             if tls.server_name:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))
             channel = grpc.secure_channel(target, tls.credentials(), options=options)

@@ -53,10 +53,14 @@ from sixlab.southbound.agent import (
     Role,
     _status_of,
 )
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit
 from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
 
 __all__ = ["SimulatedAgentServicer", "serve_simulated"]
+
+#: The largest uint64: a field counted at its largest encoding.
+_U64_MAX = 2**64 - 1
 
 Code = grpc.StatusCode
 NS_PER_S = 1_000_000_000
@@ -179,9 +183,12 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         loss_every: int = 0,
         fifo_capacity: int = 100_000,
         clock: Callable[[], int] = time.time_ns,
+        reply_budget: int = REPLY_BUDGET_BYTES,
     ) -> None:
         if loss_every == 1 or loss_every < 0:
             raise ValueError("loss_every: 0 (no loss) or at least 2")
+        #: The largest results message sent, serialized (``sixlab.southbound.budget``).
+        self.reply_budget = reply_budget
         self.role = Role(role)
         self.loss_every = loss_every
         self.fifo_capacity = fifo_capacity
@@ -207,19 +214,28 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         if not self._initialized:
             raise AgentError(Code.FAILED_PRECONDITION, f"{call}: agent not initialised")
 
-    def _take(self, s: _SimSession, after: int, limit: int, now: int) -> list[pb.StampResult]:
-        """Records after ``after`` (never below the acknowledged ones), at most ``limit``;
-        the oldest beyond the FIFO's capacity become overflow."""
+    def _take(
+        self, s: _SimSession, after: int, limit: int, now: int, *, size: int, budget: int
+    ) -> list[pb.StampResult]:
+        """Records after ``after`` (never below the acknowledged ones), at most ``limit``
+        and as many as a message of ``size`` bytes takes within ``budget`` (the real
+        agent's rule, ``sixlab.southbound.budget``); the oldest beyond the FIFO's
+        capacity become overflow."""
+        last = self._trim(s, now)
+        first = max(after, s.acked) + 1
+        upto = min(last, first + limit - 1)
+        out, _ = fit((s.result(i, self.loss_every) for i in range(first, upto + 1)), size, budget)
+        s.fetched += len(out)
+        return out
+
+    def _trim(self, s: _SimSession, now: int) -> int:
+        """Count the records beyond the FIFO's capacity as overflow; the last id."""
         last = s.arrived(now, self.loss_every)
         floor = last - self.fifo_capacity
         if floor > s.acked:
             s.overflow += floor - s.acked
             s.acked = floor
-        first = max(after, s.acked) + 1
-        upto = min(last, first + limit - 1)
-        out = [s.result(i, self.loss_every) for i in range(first, upto + 1)]
-        s.fetched += len(out)
-        return out
+        return last
 
     def _counters(self, s: _SimSession, now: int) -> pb.SessionCounters:
         if s.role is Role.REFLECTOR:
@@ -342,19 +358,29 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         limit = request.max_results or DEFAULT_RESULTS
         if limit > MAX_RESULTS:
             raise AgentError(Code.INVALID_ARGUMENT, f"max_results: {limit}, at most {MAX_RESULTS}")
-        results = self._take(s, after, limit, now)
+        self._trim(s, now)
+        reply = pb.GetStampSessionResultsReply(
+            overflow=s.overflow,
+            state=pb.SESSION_STATE_DRAINING,  # the state and the remaining counted at
+            remaining=_U64_MAX,  # their largest until known
+            counters=self._counters(s, now),
+        )
+        # The counters are taken again after the records: room for their `fetched` to
+        # grow (a 10-byte varint at most) and for their length prefix.
+        results = self._take(
+            s, after, limit, now, size=reply.ByteSize() + 11, budget=self.reply_budget
+        )
         last = s.arrived(now, self.loss_every)
         remaining = last - (results[-1].record_id if results else max(after, s.acked))
         state = s.state(now)
         if state == pb.SESSION_STATE_FINISHED and remaining > 0:
             state = pb.SESSION_STATE_DRAINING
-        return pb.GetStampSessionResultsReply(
-            results=results,
-            overflow=s.overflow,
-            state=state,
-            remaining=max(0, remaining),
-            counters=self._counters(s, now),
-        )
+        reply.results.extend(results)
+        reply.overflow = s.overflow
+        reply.state = state
+        reply.remaining = max(0, remaining)
+        reply.counters.CopyFrom(self._counters(s, now))
+        return reply
 
     @_unary
     def AcknowledgeStampSessionResults(  # noqa: N802
@@ -405,38 +431,65 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         ended = threading.Event()
         context.add_callback(ended.set)
         while subs and not ended.is_set():
-            batches: list[pb.ResultBatch] = []
-            more = False
             with self._lock:
-                now = self._clock()
-                for ssid, sub in list(subs.items()):
-                    s = sub.session
-                    if s is None or self._sessions.get(ssid) is not s:
-                        batches.append(pb.ResultBatch(ssid=ssid, gone=True))
-                        del subs[ssid]
-                        continue
-                    items = self._take(s, sub.cursor, max_batch, now)
-                    if items:
-                        sub.cursor = items[-1].record_id
-                    pending = s.arrived(now, self.loss_every) > sub.cursor
-                    more = more or pending
-                    final = s.state(now) == pb.SESSION_STATE_FINISHED and not pending
-                    if not items and now < sub.due and not final:
-                        continue
-                    batch = pb.ResultBatch(
-                        ssid=ssid, results=items, overflow=s.overflow, state=s.state(now),
-                        final=final,
-                    )  # fmt: skip
-                    if now >= sub.due or final:
-                        batch.counters.CopyFrom(self._counters(s, now))
-                        sub.due = now + every_ns
-                    batches.append(batch)
-                    if final:
-                        del subs[ssid]
+                batches, more = self._cut(subs, max_batch, every_ns)
             if batches:
                 yield pb.ResultBatches(batches=batches)
             if not more and ended.wait(max(window_s, _STREAM_TICK_S)):
                 return
+
+    def _cut(
+        self, subs: dict[int, _Sub], max_batch: int, every_ns: int
+    ) -> tuple[list[pb.ResultBatch], bool]:
+        """One StreamResults message within the byte budget, as the real agent cuts it
+        (lock held); whether records are still waiting."""
+        now = self._clock()
+        out = Batches(self.reply_budget)
+        more = False
+        served: list[int] = []
+        for ssid, sub in list(subs.items()):
+            s = sub.session
+            if s is None or self._sessions.get(ssid) is not s:
+                if not out.add(pb.ResultBatch(ssid=ssid, gone=True)):
+                    more = True
+                    break
+                del subs[ssid]
+                continue
+            last = self._trim(s, now)
+            finished = s.state(now) == pb.SESSION_STATE_FINISHED
+            if last <= sub.cursor and now < sub.due and not finished:
+                continue
+            batch = pb.ResultBatch(
+                ssid=ssid, overflow=s.overflow, state=s.state(now), final=finished,
+                counters=self._counters(s, now),
+            )  # fmt: skip
+            room = out.room()
+            if batch.ByteSize() > room:
+                more = True
+                break
+            served.append(ssid)
+            # Room for the counters' `fetched` to grow with the records (as in the unary).
+            items = self._take(
+                s, sub.cursor, max_batch, now, size=batch.ByteSize() + 11, budget=room
+            )
+            if items:
+                sub.cursor = items[-1].record_id
+            pending = last > sub.cursor
+            more = more or pending
+            batch.final = final = finished and not pending
+            if now >= sub.due or final:
+                sub.due = now + every_ns
+                batch.counters.CopyFrom(self._counters(s, now))
+            else:
+                batch.ClearField("counters")
+            batch.results.extend(items)
+            out.add(batch)  # it fits: its records were cut to the room
+            if final:
+                del subs[ssid]
+            if pending and len(items) < max_batch:  # the budget is spent
+                break
+        Batches.to_back(subs, served)
+        return out.batches, more
 
     # -- counters ---------------------------------------------------------------------
 
@@ -461,12 +514,16 @@ def serve_simulated(
     loss_every: int = 0,
     max_workers: int = 16,
     fifo_capacity: int = 100_000,
+    reply_budget: int = REPLY_BUDGET_BYTES,
 ) -> AgentServer:
-    """Start a simulated agent serving gRPC on ``address`` (port 0: any free port).
+    """Start a simulated agent serving gRPC on ``address`` (port 0: any free port);
+    ``reply_budget``: the largest results message it sends (``sixlab.southbound.budget``).
 
     The returned ``AgentServer`` is the real agent's handle (``stop``, ``port``).
     """
-    servicer = SimulatedAgentServicer(role, loss_every=loss_every, fifo_capacity=fifo_capacity)
+    servicer = SimulatedAgentServicer(
+        role, loss_every=loss_every, fifo_capacity=fifo_capacity, reply_budget=reply_budget
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sim-agent"),
         options=[

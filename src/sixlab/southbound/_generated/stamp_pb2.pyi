@@ -909,8 +909,11 @@ class GetStampSessionResultsRequest(_message.Message):
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
-    """At most this many records per reply. 0: 1000. More than 10000: INVALID_ARGUMENT
-    (a reply must fit gRPC's message limit); `remaining` says when to ask again.
+    """At most this many records per reply. 0: 1000. More than 10000: INVALID_ARGUMENT.
+    Whatever the count, a reply stays within the agent's byte budget (3 MiB serialized,
+    below gRPC's default 4 MiB receive limit; docs/architecture.md): records that do
+    not fit, like those beyond the count, come in the next reply; `remaining` says when
+    to ask again.
     """
     after_id: _builtins.int
     """Cursor mode (exactly-once for a controller that stores what it reads): every
@@ -1002,7 +1005,9 @@ class GetStampSessionResultsReply(_message.Message):
 
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
-        """Loss reports since the last fetch, each lost packet once."""
+        """Loss reports since the last fetch, each lost packet once; those beyond half the
+        byte budget stay for the next reply.
+        """
 
     @_builtins.property
     def counters(self) -> Global___SessionCounters:
@@ -1037,7 +1042,9 @@ class StreamStampSessionResultsRequest(_message.Message):
     ssid: _builtins.int
     """The sender session whose results to stream."""
     max_batch: _builtins.int
-    """At most this many records per batch. 0: 1000."""
+    """At most this many records per batch (0: 1000), and no more than the byte budget
+    takes (see GetStampSessionResultsRequest.max_results); the rest come next.
+    """
     batch_window_ns: _builtins.int
     """After the first record of a batch, wait up to this long (ns) for more before
     sending it. 0: 100 ms. Bounded by 10 s.
@@ -1098,7 +1105,9 @@ class ResultBatch(_message.Message):
 
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
-        """Loss reports since the previous batch."""
+        """Loss reports since the previous batch (within half the byte budget; the rest come
+        next, and `final` waits for them).
+        """
 
     @_builtins.property
     def counters(self) -> Global___SessionCounters:
@@ -1156,7 +1165,11 @@ class StreamResultsRequest(_message.Message):
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
     COUNTERS_INTERVAL_NS_FIELD_NUMBER: _builtins.int
     max_batch: _builtins.int
-    """At most this many records per session per message. 0: 1000."""
+    """At most this many records per session per message (0: 1000); a whole message stays
+    within the byte budget (see GetStampSessionResultsRequest.max_results): sessions
+    and records that do not fit come in the next message, which begins with the
+    sessions this one left out.
+    """
     batch_window_ns: _builtins.int
     """After a record arrives, wait up to this long (ns) for more before sending. 0: 100 ms.
     Bounded by 10 s.
