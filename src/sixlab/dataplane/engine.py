@@ -449,6 +449,16 @@ class SessionSnapshot:
 
 
 @dataclass(slots=True)
+class _Batch:
+    """Packets of one timer run that go out in one ``ProbeIO.send``: their records,
+    Seqs and sessions."""
+
+    buf: bytearray = field(default_factory=bytearray)
+    seqs: array.array[int] = field(default_factory=lambda: array.array("I"))
+    entries: list[tuple[_SenderEntry, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _SenderEntry:
     spec: SenderSessionSpec
     session: SenderSession
@@ -470,6 +480,9 @@ class _SenderEntry:
     #: send; None: it sends one by one (``sender``). ``record_made``: whether tried.
     record: bytes | None = None
     record_made: bool = False
+    #: The routing header its batch goes with (``ProbeIO.path``): the SRv6 path's,
+    #: ``b""`` for none, None for an IPv4 reflector.
+    rthdr: bytes | None = None
     #: The schedule's origin (monotonic ns; None until started), the slot of the last
     #: packet sent, and the schedule's statistics (``ScheduleStats``' fields).
     start: int | None = None
@@ -517,8 +530,9 @@ class SenderEngine(_Loop):
         ``compiled``: on a plane with ``probe_io`` (the ``socket`` plane, when its C
         helper builds: ``sixlab.dataplane.probeio``) those sessions' packets of one run
         of the timers leave in one ``sendmmsg``, T1 read in C right before it, and
-        replies come in through ``recvmmsg`` (``_deliver_records``); sessions with an
-        SRv6 path or a source address, and every other packet, take the Python path.
+        replies come in through ``recvmmsg`` (``_deliver_records``), one batch per SRv6
+        path (``_Batch``); sessions with a source address, and every other packet, take
+        the Python path.
         The C path reads the system's wall clock itself, so it is used only with
         ``clock=time.time_ns``.
 
@@ -970,9 +984,8 @@ class SenderEngine(_Loop):
         the slots of the tick, with the clocks read once for all of them."""
         heap, entries, pop = self._heap, self._entries, heapq.heappop
         pio = self.probe_io
-        batch: list[tuple[_SenderEntry, int]] = []
-        buf = bytearray()
-        seqs = array.array("I")
+        # One batch per routing header: the socket holds one at a time (ProbeIO).
+        batches: dict[bytes | None, _Batch] = {}
         with self.lock:
             now = self.monotonic()
             wall = self.clock()
@@ -991,12 +1004,14 @@ class SenderEngine(_Loop):
                         seq = due_seq(entry.session, now, wall)
                         if seq is not None:
                             assert entry.record is not None
-                            buf += entry.record
-                            seqs.append(seq)
-                            batch.append((entry, seq))
-                            if len(batch) == probeio.BATCH:
-                                self._send_batch(pio, buf, seqs, batch, now)
-                                batch, buf, seqs = [], bytearray(), array.array("I")
+                            batch = batches.get(entry.rthdr)
+                            if batch is None:
+                                batch = batches[entry.rthdr] = _Batch()
+                            batch.buf += entry.record
+                            batch.seqs.append(seq)
+                            batch.entries.append((entry, seq))
+                            if len(batch.entries) == probeio.BATCH:
+                                self._send_batch(pio, entry.rthdr, batches.pop(entry.rthdr), now)
                         if entry.session.has_output:
                             self._pump(entry)
                     else:
@@ -1006,18 +1021,23 @@ class SenderEngine(_Loop):
                     entry.session.handle_timer(now, wall)
                     self._pump(entry, now)
                 self._arm(entry)
-            if batch:
-                self._send_batch(pio, buf, seqs, batch, now)
+            for rthdr, batch in batches.items():
+                self._send_batch(pio, rthdr, batch, now)
             self._notify_pending()
 
     def _record(self, entry: _SenderEntry, pio: probeio.ProbeIO) -> bytes | None:
-        """The session's entry in a batched send, made once (``ProbeIO.record``): None
-        for a session with an SRv6 path or a source address (the socket's sticky routing
-        header and per-message control data stay on the Python path)."""
+        """The session's entry in a batched send, made once (``ProbeIO.record``), and
+        its routing header (``ProbeIO.path``): None for a session with a source address
+        (per-message control data stays on the Python path) or whose path the plane
+        refuses (the Python path's send reports it)."""
         if not entry.record_made:
             entry.record_made = True
             spec = entry.spec
-            if spec.segments is None and spec.source is None and entry.template is not None:
+            if spec.source is None and entry.template is not None:
+                try:
+                    entry.rthdr = pio.path(spec.reflector, spec.segments)
+                except DataplaneError:
+                    return None
                 cfg = spec.config
                 ptp = cfg.fmt is TimestampFormat.PTP
                 entry.record = pio.record(
@@ -1030,20 +1050,19 @@ class SenderEngine(_Loop):
         return entry.record
 
     def _send_batch(
-        self,
-        pio: probeio.ProbeIO | None,
-        buf: bytearray,
-        seqs: array.array[int],
-        batch: list[tuple[_SenderEntry, int]],
-        now: int,
+        self, pio: probeio.ProbeIO | None, rthdr: bytes | None, batch: _Batch, now: int
     ) -> None:
-        """Send one batch of ``due_seq`` packets (lock held) and give each session the
-        T1 the batch went with; the schedule's slip is counted as ``_fire`` counts it."""
+        """Send one batch of ``due_seq`` packets along one path (lock held) and give
+        each session the T1 the batch went with; the schedule's slip is counted as
+        ``_fire`` counts it. A path the kernel refuses fails the whole batch (counted)."""
         assert pio is not None
-        t1, failed, _ = pio.send(buf, seqs)
+        try:
+            t1, failed, _ = pio.send(batch.buf, batch.seqs, rthdr)
+        except DataplaneError:
+            t1, failed = self.clock(), len(batch.entries)
         self.counters.send_failed += failed
         on_event = self.on_event
-        for entry, seq in batch:
+        for entry, seq in batch.entries:
             sent_at(entry.session, seq, t1)
             if entry.start is not None:
                 self._slip(entry, now)

@@ -25,13 +25,15 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
+from typing import Protocol
 
 from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.ccbuild import build_c, cache_dir
 
-__all__ = ["RECORD", "ProbeIO", "load"]
+__all__ = ["RECORD", "ProbeIO", "RoutingHeaders", "load"]
 
 _SOURCE = Path(__file__).with_name("probeio.c")
 #: Packets per ``sendmmsg`` / ``recvmmsg`` call (``MAX_BATCH`` in probeio.c).
@@ -93,13 +95,30 @@ def _sockaddr(family: socket.AddressFamily, dst: IPv4Address | IPv6Address, port
     return struct.pack("=H", socket.AF_INET6) + port.to_bytes(2) + bytes(4) + packed + bytes(4)
 
 
-class ProbeIO:
-    """Batched send and receive on one socket plane's socket (module doc)."""
+class RoutingHeaders(Protocol):
+    """The socket's sticky routing header, kept by its plane (``SocketDataplane``)."""
 
-    def __init__(self, lib: ctypes.CDLL, fd: int, family: socket.AddressFamily) -> None:
+    def routing_header(
+        self, dst: IPv4Address | IPv6Address, segments: Sequence[IPv6Address] | None
+    ) -> bytes | None: ...
+
+    def use_routing_header(self, rthdr: bytes | None) -> None: ...
+
+
+class ProbeIO:
+    """Batched send and receive on one socket plane's socket (module doc).
+
+    SRv6: the kernel takes a type-4 routing header only as the socket's sticky
+    ``IPV6_RTHDR`` (``sixlab.dataplane.udpsocket``), so a batch holds the packets of one
+    path (``path``), and ``send`` makes that path's header the socket's first."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, fd: int, family: socket.AddressFamily, routes: RoutingHeaders
+    ) -> None:
         self._lib = lib
         self._fd = fd
         self.family = family
+        self._routes = routes
         self.data = bytearray(BATCH * SLOT)
         self.records = bytearray(BATCH * RECORD.size)
         self._data_p = ctypes.addressof(ctypes.c_char.from_buffer(self.data))
@@ -122,9 +141,21 @@ class ProbeIO:
         head = _SEND_HEAD.pack(size, len(address), int(ptp), 0, tai_ns, address)
         return head + bytes(12) + body + bytes(-size % 8)
 
-    def send(self, buf: bytearray, seqs: array.array[int]) -> tuple[int, int, int]:
+    def path(
+        self, dst: IPv4Address | IPv6Address, segments: Sequence[IPv6Address] | None
+    ) -> bytes | None:
+        """The routing header of sends to ``dst`` along ``segments``, for ``send`` (the
+        plane's error when there can be none, e.g. SRv6 to an IPv4 address)."""
+        return self._routes.routing_header(dst, segments)
+
+    def send(
+        self, buf: bytearray, seqs: array.array[int], rthdr: bytes | None = None
+    ) -> tuple[int, int, int]:
         """Send the records of ``buf`` (``record``), the i-th with Seq ``seqs[i]``, at
-        most ``BATCH``: (T1 written into them, packets refused, errno of the last)."""
+        most ``BATCH``, all along the path ``rthdr`` (``path``): (T1 written into them,
+        packets refused, errno of the last). The plane's error when the kernel refuses
+        the routing header (nothing sent)."""
+        self._routes.use_routing_header(rthdr)
         n = len(seqs)
         buf_p = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         seq_p = seqs.buffer_info()[0]

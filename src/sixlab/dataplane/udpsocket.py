@@ -243,7 +243,7 @@ class SocketDataplane(Dataplane):
         if lib is None:
             return None
         sock = self._socket()
-        return ProbeIO(lib, sock.fileno(), self._family)
+        return ProbeIO(lib, sock.fileno(), self._family, self)
 
     def _source(self, text: str) -> bytes:
         """A source address as the kernel reports it, packed (IPv4-mapped ones as IPv4),
@@ -327,17 +327,13 @@ class SocketDataplane(Dataplane):
         """What ``sendmsg`` needs to send to ``dst`` (DataplaneError when it cannot)."""
         self._socket()
         v4 = isinstance(dst, IPv4Address)
-        if v4 and segments:
-            raise DataplaneError(f"socket: SRv6 needs IPv6, not the IPv4 address {dst}")
         if src is not None and isinstance(src, IPv4Address) != v4:
             raise DataplaneError(f"socket: cannot send from {src} to {dst}")
         if v4 and self._family == socket.AF_INET6 and self.config.source is not None:
             raise DataplaneError(f"socket: bound to the IPv6 address {self.config.source}")
         if not v4 and self._family == socket.AF_INET:
             raise DataplaneError(f"socket: bound to the IPv4 address {self.config.source}")
-        rthdr = None  # IPv4: the socket's routing header does not apply
-        if isinstance(dst, IPv6Address):
-            rthdr = self._srh(dst, segments) if segments else b""
+        rthdr = self.routing_header(dst, segments)
         cmsgs = []
         if v4:
             if src is not None:
@@ -364,12 +360,7 @@ class SocketDataplane(Dataplane):
         dst: IPAddress,
     ) -> None:
         sock = self._socket()
-        if rthdr is not None and rthdr != self._rthdr:
-            try:
-                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
-            except OSError as exc:
-                raise DataplaneError(f"socket: the kernel refused the SRH: {exc.strerror}") from exc
-            self._rthdr = rthdr
+        self.use_routing_header(rthdr)
         try:
             sock.sendmsg([payload], cmsgs, 0, address)
         except BlockingIOError:
@@ -378,6 +369,29 @@ class SocketDataplane(Dataplane):
             raise DataplaneError(
                 f"socket: cannot send to [{dst}]:{address[1]}: {exc.strerror}"
             ) from exc
+
+    def routing_header(
+        self, dst: IPAddress, segments: Sequence[IPv6Address] | None
+    ) -> bytes | None:
+        """The sticky routing header a send to ``dst`` along ``segments`` needs on this
+        socket: a type-4 one, ``b""`` (none: any other send's must be cleared), or None
+        for an IPv4 destination, which the socket's IPv6 option does not touch."""
+        if isinstance(dst, IPv4Address):
+            if segments:
+                raise DataplaneError(f"socket: SRv6 needs IPv6, not the IPv4 address {dst}")
+            return None
+        return self._srh(dst, segments) if segments else b""
+
+    def use_routing_header(self, rthdr: bytes | None) -> None:
+        """Make ``rthdr`` (``routing_header``) the socket's sticky ``IPV6_RTHDR`` unless
+        it is already; every send on the socket, this plane's or ``probe_io``'s, goes
+        out with it."""
+        if rthdr is not None and rthdr != self._rthdr:
+            try:
+                self._socket().setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, rthdr)
+            except OSError as exc:
+                raise DataplaneError(f"socket: the kernel refused the SRH: {exc.strerror}") from exc
+            self._rthdr = rthdr
 
     def _srh(self, dst: IPv6Address, segments: Sequence[IPv6Address]) -> bytes:
         path = full_path(dst, segments) or (dst,)
