@@ -15,8 +15,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 
+import grpc
 import pytest
 from prometheus_client import generate_latest
 
@@ -26,7 +28,7 @@ from sixlab.controller.pgstore import PostgresStore
 from sixlab.controller.store import AlreadyExistsError, Store, open_store
 from sixlab.southbound import AgentServer
 from sixlab.southbound import stamp_pb2 as pb
-from sixlab.southbound.client import AgentClient, ResultStream
+from sixlab.southbound.client import AgentClient, ResultStream, SouthboundError
 from sixlab.southbound.simagent import serve_simulated
 
 INTERVAL_NS = 50_000_000  # 20 packets/s per session
@@ -474,5 +476,416 @@ def test_two_replicas_picking_one_ssid_at_once_both_create_their_sessions(
         assert errors == {}
         assert sorted(r.name for r in rows) == ["b1", "b2"]
         _one_each(a, agents, 5)
+    finally:
+        _close(rb, ra, b, a)
+
+
+def _sender_state(agents: dict[str, AgentServer], ssid: int) -> int:
+    """The sender agent's state of the session (``pb.SessionState``)."""
+    client = AgentClient(f"127.0.0.1:{agents['s1'].port}")
+    try:
+        return client.results(ssid, 1, after_id=0).state
+    finally:
+        client.close()
+
+
+def _lose(agents: dict[str, AgentServer], node: str, ssid: int) -> None:
+    """The node's agent loses the session (as a Reset or a restart would)."""
+    client = AgentClient(f"127.0.0.1:{agents[node].port}")
+    try:
+        client.destroy_session(ssid)
+    finally:
+        client.close()
+
+
+def _each_epoch_once(c: Controller, name: str) -> None:
+    """Stop the session through ``c`` (its sender's owner) until finished; every epoch's
+    results are stored exactly once, all of those its sender sent."""
+    c.stop_session(name)
+    assert c.wait_finished(name, 60), name
+    row = c.store.session(name)
+    records = c.store.records(row.id)
+    for epoch in c.store.epochs(row.id):
+        seqs = [r.seq for e, r in records if e == epoch.epoch]
+        expected = [s for s in range(epoch.sent) if s % LOSS_EVERY != LOSS_EVERY - 1]
+        assert seqs == expected, (name, epoch.epoch)
+
+
+@pytest.mark.parametrize(
+    "dies", ["before-sender-created", "after-reflector-started", "after-sender-started"]
+)
+def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_owner(
+    pg_url: str, agents: dict[str, AgentServer], dies: str
+) -> None:
+    """B starts again a finished session whose sender A owns, and dies in the middle:
+    with the reflector's half created again and the sender's not yet, with the new
+    epoch begun and the reflector started but not the sender (nothing sent in either
+    case), or with the sender started in the new epoch. The row is left
+    ``starting``; once B is no longer a live replica, A finishes the start: the session
+    runs (in the epoch B began if the sender was started there, so nothing it sent is
+    lost; else in a new one), and every result of each epoch is stored exactly once."""
+    fired = threading.Event()
+    never = threading.Event()
+
+    class Dying(AgentClient):
+        """B's client: B stops (as if killed) at the chosen call of the start."""
+
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if (
+                dies == "before-sender-created"
+                and request.ssid == Dying.victim
+                and (self.target == s1)
+            ):
+                fired.set()
+                never.wait()
+            super().create_session(request)
+
+        def start_session(self, ssid: int) -> None:
+            super().start_session(ssid)
+            node = "s1" if dies == "after-sender-started" else "r1"
+            if (
+                dies.startswith("after-")
+                and ssid == Dying.victim
+                and (self.target == f"127.0.0.1:{agents[node].port}")
+            ):
+                fired.set()
+                never.wait()
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Dying)
+    try:
+        _finished(a, ["p0"])
+        row = a.store.session("p0")
+        Dying.victim = row.ssid
+        threading.Thread(target=lambda: b.start_session("p0"), daemon=True).start()
+        assert fired.wait(15)
+        assert a.store.session("p0").state == "starting"
+        time.sleep(1.0)  # A's supervisor leaves a live replica's start alone
+        assert a.store.session("p0").state == "starting"
+
+        rb.close()  # B's heartbeats end: it is no longer a live replica
+
+        _wait("the owner to finish the start", lambda: a.store.session("p0").state == "running", 15)
+        assert row.ssid in _carried(agents, "s1")
+        assert row.ssid in _carried(agents, "r1")
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        epochs = a.store.epochs(row.id)
+        assert epochs[0].end_reason == "finished"
+        if dies == "after-reflector-started":
+            # B began epoch 1 but its sender never sent: it ends, and the start is
+            # carried out again in epoch 2.
+            assert [e.epoch for e in epochs] == [0, 1, 2]
+            assert (epochs[1].end_reason, epochs[1].sent) == ("start-interrupted", 0)
+        else:
+            assert [e.epoch for e in epochs] == [0, 1]
+        _each_epoch_once(a, "p0")
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_replica_paused_past_its_heartbeat_does_not_go_on_with_a_start_taken_over(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts again a finished session and is paused (not killed) once it created the
+    sender's half again; its heartbeat lapses and A, the sender's owner, finishes the
+    start. When B resumes, it goes no further: it begins no epoch (which would end the
+    one A's collector stores), its start fails, and the session runs on in A's epoch
+    with every result stored exactly once."""
+    fired = threading.Event()
+    resume = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    class Paused(AgentClient):
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            super().create_session(request)
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if request.ssid == Paused.victim and self.target == s1 and not fired.is_set():
+                fired.set()
+                resume.wait(60)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Paused)
+    try:
+        _finished(a, ["p0"])
+        row = a.store.session("p0")
+        Paused.victim = row.ssid
+
+        def start() -> None:
+            assert b is not None
+            try:
+                b.start_session("p0")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        t = threading.Thread(target=start, daemon=True)
+        t.start()
+        assert fired.wait(15)
+        rb.close()  # its heartbeats stop (B itself goes on, paused)
+        _wait("the owner to finish the start", lambda: a.store.session("p0").state == "running", 15)
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+
+        resume.set()
+        t.join(15)
+
+        assert len(outcome) == 1
+        assert outcome[0] is not None
+        assert a.store.session("p0").state == "running"
+        assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
+        cursor = a.store.session("p0").cursor
+        _wait("results to go on", lambda: a.store.session("p0").cursor > cursor + 5, 30)
+        _each_epoch_once(a, "p0")
+    finally:
+        resume.set()
+        _close(rb, ra, b, a)
+
+
+def test_a_session_its_sender_lost_is_collected_again_in_its_new_epoch(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """The sender agent loses a running stream-mode session (without restarting: its
+    stream goes on for the others). The owner creates it again in a new epoch and
+    collects it there: its stream reopens with the session."""
+    a, ra, b, rb = _replicas(pg_url, agents)
+    try:
+        names = ["p0", "p1"]
+        _, errors = a.create_sessions([_spec(n) for n in names])
+        assert not errors
+        assert not a.start_sessions(names)
+        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        row = a.store.session("p0")
+
+        _lose(agents, "s1", row.ssid)
+
+        _wait("the new epoch", lambda: a.store.session("p0").epoch == 1, 15)
+        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 15)
+        assert a.store.epochs(row.id)[0].end_reason == "sender-lost"
+        _exactly_once(a, ["p1"])
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_stop_through_another_replica_during_the_owners_sender_repair_wins(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """The sender agent loses a running session; A (its owner) creates it again in a new
+    epoch, and B stops the session between A's creating and starting the sender's half.
+    The stop wins: it succeeds, the sender's session does not go on sending, the row
+    and its last epoch end finished, and every result is stored once."""
+    fired: list[int] = []
+    outcome: list[BaseException | None] = []
+    b: Controller | None = None
+
+    class Hooked(AgentClient):
+        """A's client: B's stop runs just before A starts the sender's half again."""
+
+        victim = 0
+
+        def start_session(self, ssid: int) -> None:
+            s1 = f"127.0.0.1:{agents['s1'].port}"
+            if ssid == Hooked.victim and self.target == s1 and not fired:
+                fired.append(ssid)
+                assert b is not None
+                other = b
+
+                def stop() -> None:
+                    try:
+                        other.stop_session("p0")
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        outcome.append(exc)
+                    else:
+                        outcome.append(None)
+
+                t = threading.Thread(target=stop, daemon=True)
+                t.start()
+                t.join(15)
+            super().start_session(ssid)
+
+    a, ra, b, rb = _replicas(pg_url, agents, Hooked, AgentClient)
+    try:
+        names = ["p0", "p1"]
+        _, errors = a.create_sessions([_spec(n) for n in names])
+        assert not errors
+        assert not a.start_sessions(names)
+        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        _lose(agents, "s1", row.ssid)
+
+        _wait("the repair", lambda: bool(outcome), 30)
+        assert outcome == [None]
+        assert a.wait_finished("p0", 30)
+        assert a.store.session("p0").state == "finished"
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_FINISHED
+        epochs = a.store.epochs(row.id)
+        assert [e.epoch for e in epochs] == [0, 1]
+        assert epochs[0].end_reason == "sender-lost"
+        assert epochs[1].end_reason == "finished"
+        assert epochs[1].stopped_ns is not None
+        time.sleep(1.0)  # later checks leave it finished
+        assert a.store.session("p0").state == "finished"
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_FINISHED
+        _exactly_once(a, ["p1"])
+    finally:
+        _close(rb, ra, b, a)
+
+
+def _stateful(name: str) -> SessionSpec:
+    return replace(_spec(name), stateful=True)
+
+
+def test_a_stop_through_another_replica_during_a_drain_to_restart_wins(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """A stateful session's reflector loses it: A (the owner) stops the sender to drain
+    it, then would start it afresh. B stops the session meanwhile: the stop wins (it
+    succeeds, and the session finishes and stays finished, not started again)."""
+    fired: list[int] = []
+    outcome: list[BaseException | None] = []
+    b: Controller | None = None
+
+    class Hooked(AgentClient):
+        """A's client: B's stop runs when A creates the reflector's half again."""
+
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            r1 = f"127.0.0.1:{agents['r1'].port}"
+            if request.ssid == Hooked.victim and self.target == r1 and not fired:
+                fired.append(request.ssid)
+                assert b is not None
+                other = b
+
+                def stop() -> None:
+                    try:
+                        other.stop_session("p0")
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        outcome.append(exc)
+                    else:
+                        outcome.append(None)
+
+                t = threading.Thread(target=stop, daemon=True)
+                t.start()
+                t.join(15)
+            super().create_session(request)
+
+    a, ra, b, rb = _replicas(pg_url, agents, Hooked, AgentClient)
+    try:
+        _, errors = a.create_sessions([_stateful("p0")])
+        assert not errors
+        assert not a.start_sessions(["p0"])
+        _wait("results", lambda: a.store.session("p0").cursor > 0, 30)
+        row = a.store.session("p0")
+        Hooked.victim = row.ssid
+
+        _lose(agents, "r1", row.ssid)
+
+        _wait("the repair", lambda: bool(outcome), 30)
+        assert outcome == [None]
+        assert a.wait_finished("p0", 30)
+        time.sleep(1.5)  # the owner's supervisor rounds (0.2 s) do not start it again
+        assert a.store.session("p0").state == "finished"
+        assert [e.epoch for e in a.store.epochs(row.id)] == [0]
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_FINISHED
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_drain_to_restart_is_completed_by_the_replica_that_takes_the_sender_over(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """A stateful session's reflector loses it; A (the owner) stops the sender to drain
+    it and start it afresh, and dies during the drain. B takes the nodes over and
+    carries the restart out: the first epoch ends ``reflector-lost``, the session runs
+    in a new one, and every result of both is stored exactly once."""
+    fired = threading.Event()
+    over = threading.Event()
+
+    class Dying(AgentClient):
+        """A's client: A dies when it creates the reflector's half again (the session is
+        draining by then): its supervisor never returns from the call, and its leases
+        are given up; the call fails only once the test is over."""
+
+        victim = 0
+
+        def create_session(self, request: pb.CreateStampSessionRequest) -> None:
+            r1 = f"127.0.0.1:{agents['r1'].port}"
+            if request.ssid == Dying.victim and self.target == r1 and not fired.is_set():
+                fired.set()
+                over.wait()
+                raise SouthboundError(grpc.StatusCode.UNAVAILABLE, "this replica is dead")
+            super().create_session(request)
+
+    a, ra, b, rb = _replicas(pg_url, agents, Dying, AgentClient)
+    try:
+        _, errors = a.create_sessions([_stateful("p0")])
+        assert not errors
+        assert not a.start_sessions(["p0"])
+        _wait("results", lambda: a.store.session("p0").cursor > 0, 30)
+        row = a.store.session("p0")
+        Dying.victim = row.ssid
+
+        _lose(agents, "r1", row.ssid)
+
+        assert fired.wait(15)
+        ra.close()  # A dies: it stops collecting and its leases go to B
+        _wait("B to own the nodes", lambda: rb.owned >= {"s1", "r1"}, 15)
+        _wait(
+            "the restart",
+            lambda: (
+                [e.epoch for e in b.store.epochs(row.id)] == [0, 1]
+                and b.store.session("p0").state == "running"
+            ),
+            30,
+        )
+        assert b.store.epochs(row.id)[0].end_reason == "reflector-lost"
+        _wait("results of the new epoch", lambda: b.store.session("p0").cursor > 0, 30)
+        _each_epoch_once(b, "p0")
+    finally:
+        over.set()
+        _close(rb, ra, b, a)
+
+
+def test_a_batch_start_refuses_only_the_session_being_destroyed(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B starts three created sessions in one batch while a destroy of one of them is
+    recorded (through any replica) after B read their rows: that one is refused with
+    its own error and is destroyed; the other two start."""
+
+    class DestroyingStore(PostgresStore):
+        """B's store: the destroy of ``victim`` is recorded just before B begins the
+        sessions' epochs."""
+
+        victim = ""
+
+        def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> set[str]:
+            if DestroyingStore.victim:
+                self.mark_destroying([DestroyingStore.victim])
+            return super().begin_epochs(items, now_ns)
+
+    a, ra, b, rb = _replicas(pg_url, agents, b_store=DestroyingStore(pg_url))
+    try:
+        names = ["p0", "p1", "p2"]
+        _, errors = a.create_sessions([_spec(n) for n in names])
+        assert not errors
+        victim = a.store.session("p1")
+        DestroyingStore.victim = "p1"
+
+        errors = b.start_sessions(names)
+
+        assert set(errors) == {"p1"}
+        assert "being destroyed" in str(errors["p1"])
+        _wait("the destroy", lambda: a.store.session("p1").state == "destroyed", 15)
+        assert victim.ssid not in _carried(agents, "s1")
+        assert victim.ssid not in _carried(agents, "r1")
+        assert {a.store.session(n).state for n in ("p0", "p2")} == {"running"}
+        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in ("p0", "p2")), 30)
+        _exactly_once(a, ["p0", "p2"])
     finally:
         _close(rb, ra, b, a)

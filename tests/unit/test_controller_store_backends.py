@@ -382,6 +382,58 @@ def test_a_session_being_destroyed_keeps_that_state_until_the_destroy_is_finishe
     assert not store.claim_state("p1", "finished", "starting")
 
 
+def test_a_start_claim_names_its_controller_and_can_be_taken_over(store: Store) -> None:
+    """A ``starting`` row records who claimed it; only that claimer moves it on, and a
+    claim of a dead one is taken over once (docs/architecture.md, "Session lifecycle
+    across replicas")."""
+    _sessions(store, 1)
+    store.set_state("p0", "finished")
+    assert store.claim_state("p0", "finished", "starting", claimer="B")
+    assert store.starting("s1") == [("p0", "B")]
+    assert not store.take_over_start("p0", "C", "A")  # not C's claim
+    assert store.take_over_start("p0", "B", "A")
+    assert not store.take_over_start("p0", "B", "A")  # taken over once
+    assert not store.claim_state("p0", "starting", "running", holder="B")
+    assert store.take_over_start("p0", "A", None)  # released: whoever finds it next
+    assert store.starting("s1") == [("p0", None)]
+    assert store.take_over_start("p0", None, "A")
+    assert store.claim_state("p0", "starting", "running", holder="A")
+    assert store.starting("s1") == []
+
+
+def test_a_pending_restart_is_kept_with_the_row_until_claimed_or_cancelled(
+    store: Store,
+) -> None:
+    """``mark_restart`` drains a running session to restart it; the restart survives the
+    drain (``finished``), a stop cancels it, and only a pending one is claimed."""
+    _sessions(store, 2)
+    store.set_states(["p0", "p1"], "running")
+    assert store.mark_restart("p0", "reflector-lost")
+    assert not store.mark_restart("p0", "reflector-lost")  # not running any more
+    assert store.session("p0").state == "stopping"
+    assert store.restart_reason("p0") == "reflector-lost"
+    store.set_state("p0", "finished")
+    assert store.restarts() == [("p0", "s1", "finished", "reflector-lost")]
+    assert store.cancel_restart("p0")
+    assert not store.cancel_restart("p0")
+    assert not store.claim_state("p0", "finished", "starting", restart=True)
+    assert store.mark_restart("p1", "reflector-lost")
+    store.set_state("p1", "finished")
+    assert store.claim_state("p1", "finished", "starting", claimer="A", restart=True)
+    assert store.restart_reason("p1") is None
+    assert store.restarts() == []
+
+
+def test_a_batch_of_epochs_leaves_out_a_session_being_destroyed(store: Store) -> None:
+    ids = _sessions(store, 3)
+    before = [len(store.epochs(i)) for i in ids]
+    store.mark_destroying(["p1"])
+    items = [("p0", None), ("p1", None), ("p2", None), ("nope", None)]
+    assert store.begin_epochs(items, 1) == {"p0", "p2"}
+    after = [len(store.epochs(i)) for i in ids]
+    assert [n - m for n, m in zip(after, before, strict=True)] == [1, 0, 1]
+
+
 def test_a_batch_of_a_session_pruned_meanwhile_is_stale_and_the_others_are_stored(
     store: Store,
 ) -> None:

@@ -29,6 +29,7 @@ Errors
      │    ├── NotFoundError         no node or session of that name
      │    ├── AlreadyExistsError    a node or session of that name exists already
      │    ├── InUseError            the node still carries a live session
+     │    ├── DestroyingError       the session is being destroyed (no epoch begins)
      │    ├── StaleEpochError       results of an epoch the session has left
      │    ├── ConcurrentPassError   another replica's roll-up pass came first
      │    ├── FencedError           this replica's lease of the node changed hands
@@ -56,6 +57,7 @@ from sixlab.controller.replica import ReplicaManager
 from sixlab.controller.store import (
     AlreadyExistsError,
     ConcurrentPassError,
+    DestroyingError,
     FencedError,
     InUseError,
     NotFoundError,
@@ -77,6 +79,7 @@ __all__ = [
     "ControllerMetrics",
     "ControllerServer",
     "DestroyPendingError",
+    "DestroyingError",
     "FencedError",
     "Housekeeper",
     "InUseError",

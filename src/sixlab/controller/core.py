@@ -56,10 +56,12 @@ exported as metrics.
 Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
 state by whichever replica receives it and carried out by the replica holding the
 sender node's lease, told at once by the store's notice (``Store.subscribe``; its
-supervisor's round is the fallback); a start-again runs in the ``starting`` state;
-repairs leave rows in either state alone, and destroy a session of an agent that no
-row refers to once it has been so for ``ORPHAN_GRACE_S`` (docs/architecture.md,
-"Session lifecycle across replicas", "Orphan sessions").
+supervisor's round is the fallback); a start-again runs in the ``starting`` state,
+claimed by its replica (the sender's owner finishes it if that replica dies); a stop is
+recorded before the sender is told, and a restart after a drain is recorded with the
+row; repairs leave ``destroying`` and ``starting`` rows alone, and destroy a session of
+an agent that no row refers to once it has been so for ``ORPHAN_GRACE_S``
+(docs/architecture.md, "Session lifecycle across replicas", "Orphan sessions").
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
@@ -208,6 +210,10 @@ _ON_SENDER = ("created", "running", "stopping")
 SENDER_LOST = "sender-lost"
 #: Why an epoch of a stateful session ended when its reflector agent restarted.
 REFLECTOR_LOST = "reflector-lost"
+#: Why an epoch ended that a controller began in a start it did not finish (it died).
+START_INTERRUPTED = "start-interrupted"
+#: Why a start is refused once another controller took it over (``_recover_starts``).
+_TAKEN_OVER = "name: session {name!r}: another controller took its start over"
 #: gRPC statuses that say the agent could not be reached.
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 #: gRPC statuses that say the agent does not have what the controller expects.
@@ -776,8 +782,9 @@ class Controller:
         #: Serialises what changes sessions on agents: user requests and repairs.
         self._ops = threading.RLock()
         self._session_locks: dict[str, threading.Lock] = {}
-        #: Sessions to start afresh once drained, with why their epoch ends.
-        self._pending_restarts: dict[str, str] = {}
+        #: Who this controller is in the store (a ``starting`` row's claimer): its
+        #: replica id, else one of its own (``set_ownership``).
+        self.replica_id = f"controller-{random.getrandbits(64):016x}"
         self._wake = threading.Event()
         #: Sender nodes whose recorded destroys this controller is to carry out now (the
         #: store's DESTROYING notices), and the thread that does (``_destroy_loop``).
@@ -927,6 +934,7 @@ class Controller:
         (``destroy_sessions``)."""
         if self._owns(name) and self.store.node(name).role == "sender":
             self._carry_out_destroys(name)
+            self._recover_starts(name)
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -1039,10 +1047,10 @@ class Controller:
             # Seq - reflector Seq would read as forward loss. The sender stops before
             # the reflector answers again and drains (nothing collected is lost); then
             # both start afresh in a new epoch (``_restart_drained``).
+            # The restart is recorded with the row: whichever replica owns the sender
+            # when the drain ends carries it out.
             self._call(row.sender, lambda c: c.stop_session(row.ssid))
-            with self._lock:
-                self._pending_restarts[row.name] = REFLECTOR_LOST
-            self.store.set_state(row.name, "stopping")
+            self.store.mark_restart(row.name, REFLECTOR_LOST)
         if present:  # an agent that restarted cannot have it: someone else made this one
             with contextlib.suppress(SouthboundError):
                 self._call(row.reflector, lambda c: c.destroy_session(row.ssid))
@@ -1074,6 +1082,16 @@ class Controller:
                 self._create_on_agents(self._spec(row), row.ssid)
                 return
         self._restart(row, SENDER_LOST)
+        self._start_collector(row.name)  # a stream reopens with the new epoch
+        if self.store.states([row.id]).get(row.id) == "stopping":
+            # A stop was recorded meanwhile (through another replica, which may have
+            # found the sender's half lost or not yet started): the stop wins.
+            try:
+                self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            except SouthboundError as exc:
+                if exc.code not in _MISSING:  # else it was stopped already
+                    raise
+            self.store.stop_epoch(row.name, self.clock())
 
     def _destroy_on_agents(self, row: SessionRow) -> None:
         for node in (row.sender,) if _is_loopback(row) else (row.sender, row.reflector):
@@ -1088,27 +1106,24 @@ class Controller:
             return lock
 
     def _restart_drained(self) -> None:
-        """Start afresh the sessions that were drained to be restarted (supervisor)."""
-        with self._lock:
-            pending = dict(self._pending_restarts)
-        for name, reason in pending.items():
+        """Start afresh the sessions of the senders owned here that were drained to be
+        restarted (supervisor; the restart pending is in the store, so the replica that
+        owns the sender when the drain ends does it, whoever began it)."""
+        for name, sender, state, reason in self.store.restarts():
+            if state != "finished" or not self._owns(sender):
+                continue  # still draining, or another replica's
             with self._ops:
                 with self._lock:
                     if name in self._collectors:  # its poll loop is still ending
                         continue
                 row = self.store.session(name)
-                if row.state == "stopping":  # still draining
+                log.warning("session %s: starting it afresh (%s)", name, reason)
+                try:
+                    self._start_again(row, restart=True)
+                except WrongStateError as exc:  # started, stopped or destroyed meanwhile
+                    log.info("session %s: %s", name, exc)
                     continue
-                with self._lock:
-                    self._pending_restarts.pop(name, None)
-                if row.state == "finished":  # else a user started or destroyed it meanwhile
-                    log.warning("session %s: starting it afresh (%s)", name, reason)
-                    try:
-                        self._start_again(row)
-                    except WrongStateError as exc:  # started or destroyed meanwhile
-                        log.info("session %s: %s", name, exc)
-                        continue
-                    self._start_collector(name)
+                self._start_collector(name)
 
     def _supervise(self) -> None:
         assert self.supervise_interval_s is not None
@@ -1409,7 +1424,13 @@ class Controller:
                         errors[name] = exc
             now = self.clock()
             agents = {n.name: n.agent_epoch for n in self.store.nodes()}
-            self.store.begin_epochs([(r.name, agents.get(r.sender)) for r in fresh], now)
+            begun = self.store.begin_epochs([(r.name, agents.get(r.sender)) for r in fresh], now)
+            for row in fresh:
+                if row.name not in begun:  # a destroy was recorded meanwhile
+                    errors[row.name] = WrongStateError(
+                        f"name: session {row.name!r} is being destroyed, not startable"
+                    )
+            fresh = [r for r in fresh if r.name in begun]
             items = [(self._spec(r), r.ssid) for r in fresh]
             for side in ("reflector", "sender"):
                 # A loopback session has no reflector half to start (docs/srpm.md).
@@ -1506,24 +1527,78 @@ class Controller:
                 self._start_again(row)
             self._start_collector(name)
 
-    def _start_again(self, row: SessionRow) -> None:
-        """``_restart`` a stopped or finished session, in the ``starting`` state: the
-        repairs of the replicas that own its nodes leave it alone while its halves are
-        destroyed and created again, and a second start (through another replica) is
-        refused. A destroy recorded meanwhile wins: what this start created on the
-        agents is destroyed again (docs/architecture.md, "Session lifecycle across
-        replicas")."""
-        if not self.store.claim_state(row.name, row.state, "starting"):
+    def _start_again(self, row: SessionRow, *, restart: bool = False) -> None:
+        """``_restart`` a stopped or finished session, in the ``starting`` state claimed
+        by this controller: the repairs of the replicas that own its nodes leave it alone
+        while its halves are destroyed and created again, and a second start (through
+        another replica) is refused. A destroy recorded meanwhile wins: what this start
+        created on the agents is destroyed again; if this controller dies meanwhile, the
+        owner of the sender finishes the start (``_recover_starts``; docs/architecture.md,
+        "Session lifecycle across replicas"). ``restart``: only if the restart after a
+        drain is still pending (a stop cancels it)."""
+        me = self.replica_id
+        if not self.store.claim_state(row.name, row.state, "starting", claimer=me, restart=restart):
             state = self.store.session(row.name).state
             raise WrongStateError(f"name: session {row.name!r} is {state}, not startable")
         try:
-            self._restart(row)
+            self._restart(row, claim=me)
         except BaseException:
-            self.store.claim_state(row.name, "starting", row.state)
+            self.store.claim_state(row.name, "starting", row.state, holder=me)
             self._undo_if_destroyed(row)
             raise
-        if self._undo_if_destroyed(row):
-            raise WrongStateError(f"name: session {row.name!r} was destroyed while it started")
+        if not self.store.claim_state(row.name, "starting", "running", holder=me):
+            if self._undo_if_destroyed(row):
+                raise WrongStateError(f"name: session {row.name!r} was destroyed while it started")
+            raise WrongStateError(_TAKEN_OVER.format(name=row.name))
+
+    def _recover_starts(self, sender: str) -> None:
+        """Finish the starts of this sender's sessions left ``starting`` by a controller
+        that died (a replica no longer alive, or a controller before this one restarted):
+        the owner of the sender takes the claim over (``Store.take_over_start``) and
+        finishes the start (``_finish_start``). One that fails is retried next round."""
+        stuck = self.store.starting(sender)
+        if not stuck:
+            return
+        live = {r.id for r in self.store.replicas()} | {self.replica_id}
+        for name, claimer in stuck:
+            if claimer in live or not self.store.take_over_start(name, claimer, self.replica_id):
+                continue
+            log.warning(
+                "session %s: its start through %s was left unfinished; finishing it",
+                name, claimer or "another controller",
+            )  # fmt: skip
+            try:
+                with self._ops:
+                    self._finish_start(self.store.session(name))
+            except (ControllerError, SouthboundError) as exc:
+                log.warning("session %s: start not finished yet: %s", name, exc)
+                self.store.take_over_start(name, self.replica_id, None)
+
+    def _finish_start(self, row: SessionRow) -> None:
+        """Finish a start taken over (hold ``_ops``). If the dead controller got as far as
+        starting the sender in a new epoch, the session runs: it moves to ``running`` and
+        is collected from its cursor (nothing it sent is lost). Otherwise nothing was
+        sent in that start: it is carried out again (``_restart``; an epoch the dead
+        controller began ends as ``start-interrupted``)."""
+        epochs = self.store.epochs(row.id)
+        begun = bool(epochs) and epochs[-1].epoch == row.epoch and epochs[-1].ended_ns is None
+        started = False
+        if begun:
+            try:
+                # One record at most: the session's state is the point.
+                reply = self._call(
+                    row.sender, lambda c: c.results(row.ssid, 1, after_id=row.cursor)
+                )
+                started = reply.state != pb.SESSION_STATE_IDLE
+            except SouthboundError as exc:
+                if exc.code not in _MISSING:
+                    raise
+        if not started:
+            self._restart(row, START_INTERRUPTED, claim=self.replica_id)
+        if self.store.claim_state(row.name, "starting", "running", holder=self.replica_id):
+            self._start_collector(row.name)
+        else:
+            self._undo_if_destroyed(row)
 
     def _undo_if_destroyed(self, row: SessionRow) -> bool:
         """If a destroy of the session was recorded, destroy its halves on the agents
@@ -1536,32 +1611,55 @@ class Controller:
     def _agent(self, node: str) -> str | None:
         return self.store.node(node).agent_epoch
 
-    def _restart(self, row: SessionRow, reason: str = "") -> None:
+    def _restart(self, row: SessionRow, reason: str = "", *, claim: str | None = None) -> None:
         """Create the session again on both agents in a new epoch, and start it; an
-        epoch still open ends with ``reason``."""
+        epoch still open ends with ``reason``. The row's state is the caller's.
+
+        ``claim``: a start's claimer (``starting``). Each step first makes sure the start
+        is still its own, and the epoch begins only if it is (in the same transaction):
+        a controller paused past its heartbeat, whose start the sender's owner took over
+        meanwhile, goes no further than the call it was in."""
+
+        def still_mine() -> None:
+            if claim is not None and dict(self.store.starting(row.sender)).get(row.name) != claim:
+                raise WrongStateError(_TAKEN_OVER.format(name=row.name))
+
         with self._session_lock(row.name):
+            still_mine()
             self._destroy_on_agents(row)
+            still_mine()
             self._create_on_agents(self._spec(row), row.ssid)
             self.store.begin_epoch(
-                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason
-            )
+                row.name, self.clock(), sender_agent=self._agent(row.sender), reason=reason,
+                claimer=claim,
+            )  # fmt: skip
             if not _is_loopback(row):
+                still_mine()
                 self._call(row.reflector, lambda c: c.start_session(row.ssid))
+            still_mine()
             self._call(row.sender, lambda c: c.start_session(row.ssid))
-            self.store.set_state(row.name, "running")
 
     def stop_session(self, name: str) -> None:
-        """Stop sending; the collector keeps reading until the session has drained."""
+        """Stop sending; the collector keeps reading until the session has drained.
+
+        The stop is recorded (``stopping``) before the sender is told, so that a repair
+        of the sender running meanwhile (another replica's) finds it and stops what it
+        starts; a sender that lost the session, or has not started it yet, is left to
+        that repair."""
         with self._ops:
+            if self.store.cancel_restart(name):
+                return  # draining to start afresh: it will just finish
             row = self.store.session(name)
-            with self._lock:
-                if self._pending_restarts.pop(name, None) is not None:
-                    return  # draining to start afresh: it will just finish
-            if row.state != "running":
-                raise WrongStateError(f"name: session {name!r} is {row.state}, not running")
-            self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            if row.state != "running" or not self.store.claim_state(name, "running", "stopping"):
+                state = self.store.session(name).state
+                raise WrongStateError(f"name: session {name!r} is {state}, not running")
+            try:
+                self._call(row.sender, lambda c: c.stop_session(row.ssid))
+            except SouthboundError as exc:
+                if exc.code not in _MISSING:
+                    self.store.claim_state(name, "stopping", "running")
+                    raise
             self.store.stop_epoch(name, self.clock())
-            self.store.set_state(name, "stopping")
 
     def destroy_session(self, name: str, *, wait_s: float = DESTROY_WAIT_S) -> None:
         """Destroy the session (``destroy_sessions``); raises why it was not."""
@@ -1700,8 +1798,6 @@ class Controller:
             self._destroy_on_agents(row)
             self.store.finish_destroy(row.id, self.clock())
             self.metrics.remove_path(row.name)
-        with self._lock:
-            self._pending_restarts.pop(row.name, None)
         with self._finished:
             self._finished.notify_all()
 
@@ -1961,14 +2057,20 @@ class Controller:
     # -- ownership (replicas) -------------------------------------------------------------
 
     def set_ownership(
-        self, owns: Callable[[str], bool], fence: Callable[[str], Fence | None] | None = None
+        self,
+        owns: Callable[[str], bool],
+        fence: Callable[[str], Fence | None] | None = None,
+        replica: str | None = None,
     ) -> None:
-        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``), and
-        store a node's results only while ``fence(node)`` holds (``Store.store_many``)."""
+        """Act only on the nodes ``owns`` accepts (``sixlab.controller.replica``), store a
+        node's results only while ``fence(node)`` holds (``Store.store_many``), and be
+        known in the store as ``replica`` (whose liveness the replicas table tells)."""
         self._owns = owns
         self._counts_stale = True
         if fence is not None:
             self._fence = fence
+        if replica is not None:
+            self.replica_id = replica
 
     def _fenced(self, node: str, exc: FencedError) -> None:
         """This replica lost the node's lease to another while collecting it (it was
@@ -2176,8 +2278,7 @@ class Controller:
 
     def _finish(self, row: SessionRow) -> bool:
         """The session's sender finished and everything was stored (session lock held)."""
-        with self._lock:
-            reason = self._pending_restarts.get(row.name, "finished")
+        reason = self.store.restart_reason(row.name) or "finished"
         self.store.end_epoch(row.name, self.clock(), reason)
         self.store.set_state(row.name, "finished")
         if reason != "finished":

@@ -181,6 +181,7 @@ _STEPS: dict[int, tuple[str, ...]] = {
             generation  BIGINT NOT NULL DEFAULT 0
         )""",
     ),
+    4: ("ALTER TABLE sessions ADD COLUMN claimed_by TEXT, ADD COLUMN restart_reason TEXT",),
 }
 assert max(_STEPS) == SCHEMA_VERSION
 

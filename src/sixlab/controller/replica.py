@@ -92,7 +92,7 @@ class ReplicaManager:
         self._thread: threading.Thread | None = None
         #: Called with the lease names gained and lost at each heartbeat (tests, logs).
         self.on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None
-        controller.set_ownership(self.owns, self.fence)
+        controller.set_ownership(self.owns, self.fence, replica_id)
 
     @property
     def owned(self) -> frozenset[str]:

@@ -76,6 +76,7 @@ __all__ = [
     "AlreadyExistsError",
     "ConcurrentPassError",
     "Counters",
+    "DestroyingError",
     "EpochRow",
     "EventRow",
     "Fence",
@@ -143,7 +144,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     overflow    INTEGER NOT NULL DEFAULT 0,
     created_ns  INTEGER NOT NULL,
     unclassified_lost INTEGER,          -- lost after the last reply, not placed (sum of epochs)
-    ssid_zero   INTEGER NOT NULL DEFAULT 0  -- replies with SSID 0, RFC 8762-only (sum of epochs)
+    ssid_zero   INTEGER NOT NULL DEFAULT 0,  -- replies with SSID 0, RFC 8762-only (sum of epochs)
+    claimed_by  TEXT,                   -- starting: the controller carrying the start out
+    restart_reason TEXT                 -- stopping/finished: start afresh once drained (why)
 );
 CREATE TABLE IF NOT EXISTS results (
     session_id  INTEGER NOT NULL REFERENCES sessions(id),
@@ -181,7 +184,8 @@ CREATE TABLE IF NOT EXISTS epochs (
     started_ns  INTEGER NOT NULL,       -- when the controller started it, Unix ns
     stopped_ns  INTEGER,                -- when a user stopped it (its schedule ended)
     ended_ns    INTEGER,                -- when it ended (NULL: the current epoch, running)
-    end_reason  TEXT,                   -- finished, sender-lost, reflector-lost, destroyed
+    end_reason  TEXT,                   -- finished, sender-lost, reflector-lost, destroyed,
+                                        -- start-interrupted
     sender_agent TEXT,                  -- the sender agent's run (GetAgentInfo.epoch, hex)
     sent        INTEGER NOT NULL DEFAULT 0,  -- the sender's last counters of this epoch
     lost        INTEGER NOT NULL DEFAULT 0,
@@ -243,7 +247,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE sta
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
@@ -302,6 +306,10 @@ class StoreUnavailableError(StoreError):
 class FencedError(StoreError):
     """The replica's lease of the node changed hands since it was given its ``Fence``:
     it must not store that node's results (another replica collects them now)."""
+
+
+class DestroyingError(StoreError):
+    """The session is being destroyed: it cannot begin an epoch."""
 
 
 class StaleEpochError(StoreError):
@@ -817,15 +825,22 @@ class Store(ABC):
                 )
             self._announce(CHANGED)
 
-    def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> None:
+    def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> set[str]:
         """``begin_epoch`` for many created sessions (name, sender agent), in one
-        transaction."""
+        transaction. Returns the names begun: a session destroyed or being destroyed
+        meanwhile (through any replica) is left out, not a failure of the others."""
+        begun: set[str] = set()
         if not items:
-            return
+            return begun
         with self._transaction() as db:
             for name, agent in items:
-                _begin_epoch(db, name, now_ns, agent, "")
+                try:
+                    _begin_epoch(db, name, now_ns, agent, "")
+                except (NotFoundError, DestroyingError):
+                    continue
+                begun.add(name)
         self._announce(CHANGED)
+        return begun
 
     def session(self, name: str) -> SessionRow:
         """The session of that name: the live one, else the last one destroyed."""
@@ -857,16 +872,103 @@ class Store(ABC):
             )
         self._announce(CHANGED)
 
-    def claim_state(self, name: str, old: str, new: str) -> bool:
+    def claim_state(
+        self,
+        name: str,
+        old: str,
+        new: str,
+        *,
+        claimer: str | None = None,
+        holder: str | None = None,
+        restart: bool = False,
+    ) -> bool:
         """Move the live session of that name from ``old`` to ``new`` if it is still in
-        ``old`` (one replica wins a race between requests of several); True if moved."""
+        ``old`` (one replica wins a race between requests of several); True if moved.
+
+        ``claimer`` is recorded as who carries the new state out (a ``starting`` row's
+        controller, ``starting``); ``holder``: only if the row's claimer is that one (a
+        start another controller took over is no longer this one's); ``restart``: only
+        if a restart after a drain is pending (``mark_restart``). A pending restart is
+        cleared either way."""
+        sql = (
+            "UPDATE sessions SET state=?, claimed_by=?, restart_reason=NULL"
+            " WHERE name=? AND state=?"
+        )
+        params: list[Any] = [new, claimer, name, old]
+        if holder is not None:
+            sql += " AND claimed_by=?"
+            params.append(holder)
+        if restart:
+            sql += " AND restart_reason IS NOT NULL"
+        with self._lock:
+            moved: int = self._db.execute(sql, params).rowcount
+        if moved:
+            self._announce(CHANGED)
+        return moved == 1
+
+    def starting(self, sender: str) -> list[tuple[str, str | None]]:
+        """(name, claimer) of this sender node's sessions in the ``starting`` state."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, claimed_by FROM sessions WHERE sender=? AND state='starting'"
+                " ORDER BY id",
+                (sender,),
+            ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def take_over_start(self, name: str, dead: str | None, claimer: str | None) -> bool:
+        """Hand a ``starting`` session claimed by ``dead`` to ``claimer`` (None: to
+        whoever finds it next); True if it was still ``dead``'s."""
         with self._lock:
             moved: int = self._db.execute(
-                "UPDATE sessions SET state=? WHERE name=? AND state=?", (new, name, old)
+                "UPDATE sessions SET claimed_by=? WHERE name=? AND state='starting'"
+                " AND COALESCE(claimed_by, '')=?",
+                (claimer, name, dead or ""),
+            ).rowcount
+        return moved == 1
+
+    def mark_restart(self, name: str, reason: str) -> bool:
+        """A running session is to drain and then start afresh in a new epoch (its
+        current one ends with ``reason``): it moves to ``stopping`` with the restart
+        pending, which any owner of its sender carries out; True if it was running."""
+        with self._lock:
+            moved: int = self._db.execute(
+                "UPDATE sessions SET state='stopping', restart_reason=? WHERE name=?"
+                " AND state='running'",
+                (reason, name),
             ).rowcount
         if moved:
             self._announce(CHANGED)
         return moved == 1
+
+    def cancel_restart(self, name: str) -> bool:
+        """A stop of a session draining to be restarted: it just finishes; True if a
+        restart was pending."""
+        with self._lock:
+            moved: int = self._db.execute(
+                "UPDATE sessions SET restart_reason=NULL WHERE name=? AND restart_reason IS"
+                " NOT NULL AND state IN ('stopping', 'finished')",
+                (name,),
+            ).rowcount
+        return moved == 1
+
+    def restart_reason(self, name: str) -> str | None:
+        """Why the live session's epoch ends, if it drains to be restarted (else None)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT restart_reason FROM sessions WHERE name=? AND state != 'destroyed'",
+                (name,),
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def restarts(self) -> list[tuple[str, str, str, str]]:
+        """(name, sender, state, reason) of the live sessions with a restart pending."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, sender, state, restart_reason FROM sessions WHERE restart_reason"
+                " IS NOT NULL AND state IN ('stopping', 'finished') ORDER BY id"
+            ).fetchall()
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def mark_destroying(self, names: Sequence[str]) -> list[SessionRow]:
         """Record that the live sessions of these names are to be destroyed (any replica
@@ -928,13 +1030,31 @@ class Store(ABC):
         return out
 
     def begin_epoch(
-        self, name: str, now_ns: int, *, sender_agent: str | None = None, reason: str = ""
+        self,
+        name: str,
+        now_ns: int,
+        *,
+        sender_agent: str | None = None,
+        reason: str = "",
+        claimer: str | None = None,
     ) -> int:
         """The live session starts on its sender: in its current epoch if that never
         started (a created session), else in a new one (ids, cursor and counters start
         over). A current epoch still open ends now with ``reason``. Returns the epoch.
+        ``claimer``: only if the session is ``starting`` claimed by it (``claim_state``).
         """
         with self._transaction() as db:
+            if (
+                claimer is not None
+                and not db.execute(
+                    # An update, not a read: it holds the row until commit, so that a take
+                    # over (``take_over_start``) comes before this or after the epoch began.
+                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=? AND state='starting'"
+                    " AND claimed_by=?",
+                    (name, claimer),
+                ).rowcount
+            ):
+                raise StoreError(f"session: {name!r} is not being started by {claimer}")
             epoch = _begin_epoch(db, name, now_ns, sender_agent, reason)
         self._announce(CHANGED)
         return epoch
@@ -1835,6 +1955,8 @@ def _migrate(db: sqlite3.Connection) -> None:
             ("sessions", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
             ("epochs", "unclassified_lost", "INTEGER"),
             ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
+            ("sessions", "claimed_by", "TEXT"),
+            ("sessions", "restart_reason", "TEXT"),
         ):
             if column not in _columns(db, table):
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -1927,7 +2049,7 @@ def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reas
         raise NotFoundError(f"session: no session named {name!r}")
     sid, epoch, state = row
     if state == "destroying":
-        raise StoreError(f"session: {name!r} is being destroyed")
+        raise DestroyingError(f"session: {name!r} is being destroyed")
     if db.execute("SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)).fetchone():
         _end_epoch(db, sid, epoch, now_ns, reason)
         epoch += 1
