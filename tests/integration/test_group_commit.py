@@ -79,17 +79,21 @@ class _SlowStore(SqliteStore):
         *,
         fence: Fence | None = None,
     ) -> list[int | None]:
-        if any(b.records and b.session_id in self.blocked for b in batches):
+        if any(b.result_rows() and b.session_id in self.blocked for b in batches):
             with self.cond:
                 self.waiting = True
                 self.cond.notify_all()
                 self.cond.wait_for(lambda: not self.blocked, timeout=60)
                 self.waiting = False
         out = super().store_many(batches, now_ns, fence=fence)
-        if any(b.records for b in batches):
+        if any(b.result_rows() for b in batches):
             with self.cond:
                 self.calls.append(
-                    {b.session_id: [i for i, _ in b.records] for b in batches if b.records}
+                    {
+                        b.session_id: [row[2] for row in b.result_rows()]  # record ids
+                        for b in batches
+                        if b.result_rows()
+                    }
                 )
                 self.cond.notify_all()
         return out

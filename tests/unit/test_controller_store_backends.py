@@ -115,6 +115,27 @@ def test_counters_and_totals_in_bulk(store: Store) -> None:
     assert (e.seen_ns, e.skipped, e.late_ns_total, e.late_ns_max) == (9, 3, 40, 20)
 
 
+def test_counters_of_many_sessions_and_epochs_sum_into_the_totals(store: Store) -> None:
+    a, b = _sessions(store, 2)
+    store.store_many([ResultBatch(a, 0, [], Counters(5, 1, None, 2, 0, 0, 0, None, 1))], 3)
+    assert store.begin_epoch("p0", 4) == 1
+    store.store_many(
+        [ResultBatch(a, 1, [(1, _r(0))], Counters(7, 2, None, 0, 1, 10, 10, 4, 0)),
+         ResultBatch(b, 0, [(1, _r(0))], Counters(9, 3, 2, 1, 0, 0, 0, 1, 6)),
+         ResultBatch(b, 0, [(2, _r(1))], Counters(11, 3, 2, 1, 0, 0, 0, 1, 6))],
+        now_ns=5,
+    )  # fmt: skip
+    a_row, b_row = store.session("p0"), store.session("p1")
+    assert (a_row.sent, a_row.lost, a_row.forward_lost, a_row.overflow) == (12, 3, None, 2)
+    assert (a_row.unclassified_lost, a_row.ssid_zero) == (4, 1)
+    assert (b_row.sent, b_row.lost, b_row.forward_lost, b_row.overflow) == (11, 3, 2, 1)
+    assert (b_row.unclassified_lost, b_row.ssid_zero, b_row.cursor) == (1, 6, 2)
+    e0, e1 = store.epochs(a)
+    assert (e0.sent, e0.seen_ns, e1.sent, e1.skipped, e1.received, e1.seen_ns) == (
+        5, 3, 7, 1, 1, 5,
+    )  # fmt: skip
+
+
 def test_rollups_fold_each_record_once_and_answer_stats(store: Store) -> None:
     (sid,) = _sessions(store, 1)
     # 3 minutes at 1 pps with Seqs 10 and 100 lost; delays vary.

@@ -122,7 +122,6 @@ from sixlab.southbound.client import (
     ResultStream,
     SenderSession,
     SouthboundError,
-    result_from_proto,
 )
 from sixlab.stamp import (
     DataLoss,
@@ -134,6 +133,7 @@ from sixlab.stamp import (
     per_flow_stats,
 )
 from sixlab.stamp.stats import PathStats, path_stats
+from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "REFLECTOR_LOST",
@@ -536,8 +536,9 @@ class _PathCounts:
         if e is None:
             return False
         received, top = e.received, e.top
-        if batch.records and batch.records[-1][0] > top:
-            received, top = received + new, batch.records[-1][0]
+        rows = batch.result_rows()
+        if rows and rows[-1][2] > top:
+            received, top = received + new, rows[-1][2]
         c = batch.counters
         if c is not None and (e.seen_ns is None or now >= e.seen_ns):
             self.epochs[batch.epoch] = EpochRow(
@@ -587,14 +588,14 @@ def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
 
 
 def _batch(
-    row: SessionRow, results: Iterable[pb.StampResult], counters: pb.SessionCounters | None
+    row: SessionRow, results: Sequence[pb.StampResult], counters: pb.SessionCounters | None
 ) -> ResultBatch:
     """A batch read from the session's sender, as the store takes it (``counters`` None:
-    the batch came without them)."""
+    the batch came without them): its records as result rows (``_rows``)."""
     return ResultBatch(
         row.id,
         row.epoch,
-        [(r.record_id, result_from_proto(r)) for r in results],
+        (),
         None
         if counters is None
         else Counters(
@@ -608,7 +609,38 @@ def _batch(
             counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
             counters.ssid_zero,
         ),
+        _rows(row.id, row.epoch, results),
     )
+
+
+def _rows(sid: int, epoch: int, results: Sequence[pb.StampResult]) -> list[tuple[Any, ...]]:
+    """API records as ``results`` rows (``store.RESULT_COLUMNS``), read straight off the
+    messages: a controller stores tens of thousands a second, and a ``StampResult``
+    (with two ``ErrorEstimate``) per record cost as much again as the row. The Error
+    Estimates are stored as on the wire (RFC 8762 §4.1.1: 16 bits); a wider value is
+    refused as ``ErrorEstimate.from_int`` refuses it."""
+    out: list[tuple[Any, ...]] = []
+    append = out.append
+    for r in results:
+        ee_s, ee_r = r.sender_error_estimate, r.reflector_error_estimate
+        if (ee_s | ee_r) > 0xFFFF:
+            ErrorEstimate.from_int(max(ee_s, ee_r))  # raises InvalidFieldError
+        if r.HasField("data"):
+            d = r.data
+            data: tuple[int | None, ...] = (
+                d.s_txc, d.r_rxc, d.r_txc, d.s_rxc if d.HasField("s_rxc") else None,
+            )  # fmt: skip
+        else:
+            data = _NO_DATA
+        append(
+            (sid, epoch, r.record_id, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns, ee_s, ee_r,
+             r.ses_sender_ttl, r.reflector_seq,
+             r.flow_label if r.HasField("flow_label") else None, int(r.loopback), *data)
+        )  # fmt: skip
+    return out
+
+
+_NO_DATA: tuple[int | None, ...] = (None, None, None, None)
 
 
 def _merge(pending: dict[int, pb.ResultBatch], batch: pb.ResultBatch) -> None:
@@ -671,15 +703,6 @@ def _sender_request(spec: SessionSpec, ssid: int) -> pb.CreateStampSessionReques
         flow_labels=spec.flow_labels,
         direct_measurement=_dm(spec.dm_sender_sent, spec.dm_sender_received),
     ).request()
-
-
-def _with_cursor(row: SessionRow, cursor: int) -> SessionRow:
-    """``row`` with another cursor (``dataclasses.replace``, without its cost per batch)."""
-    return SessionRow(
-        row.id, row.name, row.ssid, row.sender, row.reflector, row.params, row.state,
-        row.epoch, cursor, row.sent, row.lost, row.forward_lost, row.overflow, row.created_ns,
-        row.unclassified_lost, row.ssid_zero,
-    )  # fmt: skip
 
 
 ClientFactory = Callable[[str], AgentClient]
@@ -1792,11 +1815,12 @@ class Controller:
             batch = _batch(cur, reply.results, reply.counters)
             now = self.clock()
             (new,) = self.store.store_many([batch], now, fence=self._fence(row.sender))
+            rows = batch.result_rows()
             if new is None:
-                self.metrics.dropped(row.sender, len(batch.records))
+                self.metrics.dropped(row.sender, len(rows))
                 return
             self._stored(cur, batch, new, now)
-            client.acknowledge(cur.ssid, batch.records[-1][0])
+            client.acknowledge(cur.ssid, rows[-1][2])
 
     def wait_finished(self, name: str, timeout: float) -> bool:
         """Wait until the session has finished (every result stored) or was destroyed."""
@@ -1959,7 +1983,7 @@ class Controller:
             win = self._loss_windows.get(key)
             if win is None:
                 win = self._loss_windows[key] = LossWindow(window_ns)
-            received = self._received.get(key, 0) + len(batch.records)
+            received = self._received.get(key, 0) + len(batch.result_rows())
             self._received[key] = received
         if batch.counters is not None:
             win.observe(now, received, batch.counters.lost)
@@ -2205,12 +2229,13 @@ class Controller:
                 self.metrics.collection_stages(arrivals, begun, time.time_ns())
             acks: dict[int, int] = {}
             for (row, reply, stored), new in zip(todo, news, strict=True):
+                got = stored.result_rows()
                 if new is None:  # the session left that epoch (or was destroyed)
-                    self.metrics.dropped(p.node, len(stored.records))
+                    self.metrics.dropped(p.node, len(got))
                     continue
                 self._stored(row, stored, new, now)
-                if stored.records:
-                    acks[row.ssid] = stored.records[-1][0]
+                if got:
+                    acks[row.ssid] = got[-1][2]
                 elif reply.state == pb.SESSION_STATE_FINISHED:
                     self._finish(row)
                     over.append(row.name)
@@ -2230,9 +2255,7 @@ class Controller:
         self._count_stored(row, batch, new, now)
         if batch.counters is not None:
             self._warn_skips(row, batch.counters.skipped)
-        stored = [r for _, r in batch.records]
-        self.metrics.observe(row.name, stored)
-        self.metrics.collected(row.name, now, stored)
+        self.metrics.observe_rows(row.name, batch.result_rows(), now)
         try:
             self._judge(row, batch, now)
         except Exception:  # events must never stop collection
@@ -2499,15 +2522,14 @@ class Controller:
         done = time.time_ns()
         committed()
         for (sub, batch, stored), new in zip(todo, news, strict=True):
+            rows = stored.result_rows()
             if new is None:  # the session left that epoch, was destroyed or pruned
-                self.metrics.dropped(st.node, len(stored.records))
+                self.metrics.dropped(st.node, len(rows))
                 del subs[batch.ssid]
                 continue
             self._stored(sub, stored, new, now)
-            cursor = stored.records[-1][0] if stored.records else sub.cursor
-            subs[batch.ssid] = _with_cursor(sub, cursor)
-            if stored.records:
-                acks[batch.ssid] = cursor
+            if rows:
+                acks[batch.ssid] = rows[-1][2]
             if batch.final:
                 del subs[batch.ssid]
                 with self._lock:

@@ -87,6 +87,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from sixlab.stamp import DataCounters, StampResult, data_loss
+from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "DELAY_BUCKETS_S",
@@ -211,6 +212,15 @@ def _ipdv(items: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
     return [b[1] - a[1] for a, b in pairs], [b[2] - a[2] for a, b in pairs]
 
 
+def _row_result(row: Sequence[Any]) -> StampResult:
+    """A stored result row as the ``StampResult`` the flow and data metrics read."""
+    data = None if row[14] is None else DataCounters(row[14], row[15], row[16], row[17])
+    return StampResult(
+        0, row[3], row[4], row[5], row[6], row[7], ErrorEstimate.from_int(row[8]),
+        ErrorEstimate.from_int(row[9]), row[10], row[11], b"", row[12], bool(row[13]), data,
+    )  # fmt: skip
+
+
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -239,6 +249,30 @@ class ControllerMetrics:
     def observe(self, path: str, records: Sequence[StampResult]) -> None:
         """Results just stored for ``path``: delay histograms, jitter, flow-label delays,
         data packets."""
+        rows = [
+            (0, 0, 0, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns, 0, 0, 0, 0, r.flow_label,
+             r.loopback, r.data)
+            for r in records
+        ]  # fmt: skip
+        with self._lock:
+            self._observe(path, rows, records)
+
+    def observe_rows(self, path: str, rows: Sequence[Sequence[Any]], now_ns: int) -> None:
+        """``observe`` and ``collected`` of result rows as stored (the store's
+        ``RESULT_COLUMNS``: Seq at 3, T1–T4 at 4–7, flow label 12, loopback 13, data
+        counters 14–17), read at ``now_ns``: what a collector calls for each session's
+        batch, without a ``StampResult`` per record."""
+        with self._lock:
+            self._observe(path, rows, None)
+            self._last_read[path] = now_ns / _NS
+            if rows:
+                self._lag[path] = max(0, now_ns - min(row[7] for row in rows)) / _NS
+
+    def _observe(
+        self, path: str, rows: Sequence[Sequence[Any]], records: Sequence[StampResult] | None
+    ) -> None:
+        """``observe`` of rows (Seq, T1–T4, flow label, loopback and data at their
+        ``RESULT_COLUMNS`` places), and of ``records`` if given (lock held)."""
         # One pass over the records (this runs for every stored batch): each delay once.
         direct: list[int] = []
         back: list[int] = []
@@ -246,33 +280,37 @@ class ControllerMetrics:
         two_way: list[tuple[int, int, int]] = []
         looped: list[tuple[int, int, int]] = []
         extra = False
-        for r in records:
-            t1, t2, t3, t4 = r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns
+        for row in rows:
+            seq, t1, t2, t3, t4 = row[3:8]
             rt = (t4 - t1) - (t3 - t2)
             rtt.append(rt)
-            if r.loopback:
-                looped.append((r.seq, rt, 0))
+            if row[13]:
+                looped.append((seq, rt, 0))
             else:
-                direct.append(t2 - t1)
-                back.append(t4 - t3)
-                two_way.append((r.seq, t2 - t1, t4 - t3))
-            extra = extra or r.flow_label is not None or r.data is not None
-        with self._lock:
-            for direction, values in (("direct", direct), ("return", back), ("rtt", rtt)):
-                if values:
-                    hist = self._delay.get((path, direction))
-                    if hist is None:
-                        hist = self._delay[(path, direction)] = _Histogram()
-                    hist.observe_ns(values)
+                d, b = t2 - t1, t4 - t3
+                direct.append(d)
+                back.append(b)
+                two_way.append((seq, d, b))
+            if row[12] is not None or row[14] is not None:
+                extra = True
+        for direction, values in (("direct", direct), ("return", back), ("rtt", rtt)):
+            if values:
+                hist = self._delay.get((path, direction))
+                if hist is None:
+                    hist = self._delay[(path, direction)] = _Histogram()
+                hist.observe_ns(values)
+        if len(rows) > 1:  # IPDV needs two records (a batch of one leaves jitter as it was)
             direct_ipdv, return_ipdv = _ipdv(two_way)
             for direction, values in (
                 ("direct", direct_ipdv), ("return", return_ipdv), ("rtt", _ipdv(looped)[0]),
             ):  # fmt: skip
                 if values:
                     self._jitter[(path, direction)] = sum(map(abs, values)) / len(values) / _NS
-            if extra:
-                self._observe_flows(path, records)
-                self._observe_data(path, records)
+        if extra:
+            if records is None:
+                records = [_row_result(row) for row in rows]
+            self._observe_flows(path, records)
+            self._observe_data(path, records)
 
     def _observe_flows(self, path: str, records: Sequence[StampResult]) -> None:
         by_label: dict[int, list[StampResult]] = {}

@@ -40,6 +40,7 @@ from sixlab.controller.store import (
     RESULT_COLUMNS,
     RESYNC,
     SCHEMA_VERSION,
+    Counters,
     Storage,
     Store,
     StoreError,
@@ -217,15 +218,20 @@ class _PgDb:
             self.conn = self._connect()
         return self.conn
 
-    def _translate(self, sql: str) -> str:
-        out = self._sql.get(sql)
+    def _translate(self, sql: str, binary: bool = False) -> str:
+        key = ("b" if binary else "s") + sql
+        out = self._sql.get(key)
         if out is None:
-            out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
+            out = self._sql[key] = sql.replace("%", "%%").replace("?", "%b" if binary else "%s")
         return out
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
+    def execute(
+        self, sql: str, parameters: Sequence[Any] = (), /, *, binary: bool = False
+    ) -> _Cursor:
+        """``binary``: the parameters go in PostgreSQL's binary format (arrays of
+        numbers: no text to write and parse per element)."""
         try:
-            return self.ensure().execute(self._translate(sql), parameters)
+            return self.ensure().execute(self._translate(sql, binary), parameters)
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(f"store: {exc}") from exc
 
@@ -389,15 +395,18 @@ class PostgresStore(Store):
     # it once for the batch (thousands of sessions per transaction at scale).
 
     def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
+        assert isinstance(db, _PgDb)
         ids, epochs, tops = (list(c) for c in zip(*cursors, strict=True))
         db.execute(
             "UPDATE sessions s SET cursor = v.top FROM unnest(?::bigint[], ?::int[],"
             " ?::bigint[]) AS v(id, epoch, top) WHERE s.id = v.id AND s.epoch = v.epoch"
             " AND s.cursor < v.top",
             (ids, epochs, tops),
+            binary=True,
         )
 
     def _add_received(self, db: _Db, rows: list[tuple[int, int, int | None, int, int]]) -> None:
+        assert isinstance(db, _PgDb)
         sids, epochs, nows, counts, tops = (list(c) for c in zip(*rows, strict=True))
         db.execute(
             "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
@@ -407,6 +416,44 @@ class PostgresStore(Store):
             " received = epochs.received + excluded.received,"
             " top = GREATEST(epochs.top, excluded.top)",
             (sids, epochs, nows, counts, tops),
+            binary=True,
+        )
+
+    def _set_counters(
+        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters]]
+    ) -> None:
+        assert isinstance(db, _PgDb)
+        # One row per epoch (one statement cannot update a row twice): the last counters
+        # given for it, as one statement each would leave them; in key order.
+        last = sorted({(sid, ep): c for sid, ep, c in counted}.items())
+        sids = [sid for (sid, _), _ in last]
+        columns = [list(c) for c in zip(*(c for _, c in last), strict=True)]
+        db.execute(
+            "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+            " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
+            " ssid_zero) SELECT v.s, v.e, COALESCE(?::bigint, 0), v.sent, v.lost, v.fl,"
+            " v.ov, ?::bigint, v.sk, v.lt, v.lm, v.ul, v.sz FROM unnest(?::bigint[],"
+            " ?::int[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],"
+            " ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[])"
+            " AS v(s, e, sent, lost, fl, ov, sk, lt, lm, ul, sz)"
+            " ON CONFLICT (session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+            " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+            " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+            " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+            " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
+            " ssid_zero=excluded.ssid_zero",
+            (now_ns, now_ns, sids, [ep for (_, ep), _ in last], *columns),
+            binary=True,
+        )
+        # The sessions' rows are locked already (``_current_epochs``), in id order.
+        db.execute(
+            "UPDATE sessions s SET (sent, lost, forward_lost, overflow, unclassified_lost,"
+            " ssid_zero) = (SELECT SUM(sent)::bigint, SUM(lost)::bigint,"
+            " SUM(forward_lost)::bigint, SUM(overflow)::bigint, SUM(unclassified_lost)::bigint,"
+            " SUM(ssid_zero)::bigint FROM epochs WHERE session_id = s.id)"
+            " WHERE s.id = ANY(?::bigint[])",
+            (sorted(set(sids)),),
+            binary=True,
         )
 
     def _constraint(self, exc: Exception) -> str:
@@ -416,13 +463,11 @@ class PostgresStore(Store):
             return "foreign"
         return "other"
 
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         assert isinstance(db, _PgDb)
         conn = db.conn
-        counts: dict[tuple[int, int], int] = {}
-        for row in rows:
-            key = (row[0], row[1])
-            counts[key] = counts.get(key, 0) + 1
         try:
             with (
                 conn.transaction(),

@@ -382,6 +382,17 @@ class ResultBatch:
     epoch: int
     records: Sequence[tuple[int, StampResult]]
     counters: Counters | None = None
+    #: The records as ``results`` rows already (``RESULT_COLUMNS`` order, this batch's
+    #: session and epoch), given instead of ``records``: a collector builds them
+    #: straight from the API's records (``Controller``), with no ``StampResult`` each.
+    rows: Sequence[tuple[Any, ...]] | None = None
+
+    def result_rows(self) -> Sequence[tuple[Any, ...]]:
+        """The batch's ``results`` rows."""
+        if self.rows is not None:
+            return self.rows
+        sid, epoch = self.session_id, self.epoch
+        return [_result_row(sid, epoch, rid, r) for rid, r in self.records]
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,10 +585,13 @@ class Store(ABC):
         """Which constraint an integrity error broke: ``unique``, ``foreign`` or ``other``."""
 
     @abstractmethod
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         """Insert result rows (``RESULT_COLUMNS``), skipping any whose (session, epoch,
         record id) or (session, epoch, Seq) is stored; inside the caller's transaction.
-        Returns how many were new per (session, epoch)."""
+        ``counts``: the rows of each (session, epoch). Returns how many were new per
+        (session, epoch)."""
 
     @abstractmethod
     def storage(self) -> Storage:
@@ -1222,55 +1236,65 @@ class Store(ABC):
                 stale.add(i)
                 continue
             fresh.append(b)
-        rows = [_result_row(b.session_id, b.epoch, rid, r) for b in fresh for rid, r in b.records]
-        new = self._insert_results(db, rows) if rows else {}
+        # Per batch, not per row: how many rows and the highest record id of each
+        # (session, epoch) (a caller may pass two batches of one session).
+        rows: list[tuple[Any, ...]] = []
+        counts: dict[tuple[int, int], int] = {}
+        tops: dict[tuple[int, int], int] = {}
+        for b in fresh:
+            got = b.result_rows()
+            if not got:
+                continue
+            rows += got
+            key = (b.session_id, b.epoch)
+            counts[key] = counts.get(key, 0) + len(got)
+            top = max(row[2] for row in got)
+            if top > tops.get(key, 0):
+                tops[key] = top
+        new = self._insert_results(db, rows, counts) if rows else {}
         # Rows are updated in (session, epoch) order: PostgreSQL transactions of two
         # threads then lock them in one order (no deadlock).
-        fresh.sort(key=lambda b: (b.session_id, b.epoch))
-        cursors = [
-            (b.session_id, b.epoch, top)
-            for b in fresh
-            if b.records
-            for top in [max(rid for rid, _ in b.records)]
-        ]
-        if cursors:
-            self._set_cursors(db, cursors)
-        tops: dict[tuple[int, int], int] = {}
-        for row in rows:
-            key = (row[0], row[1])
-            tops[key] = max(tops.get(key, 0), row[2])
+        ordered = sorted(tops.items())
+        if ordered:
+            self._set_cursors(db, [(sid, ep, top) for (sid, ep), top in ordered])
         received = [
             (sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in sorted(new.items()) if n
         ]
         if received:
             self._add_received(db, received)
-        counted = [b for b in fresh if b.counters is not None]
+        counted = [(b.session_id, b.epoch, b.counters) for b in fresh if b.counters is not None]
         if counted:
-            db.executemany(
-                "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
-                " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
-                " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
-                " lost=excluded.lost, forward_lost=excluded.forward_lost,"
-                " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
-                " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
-                " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
-                " ssid_zero=excluded.ssid_zero",
-                [(b.session_id, b.epoch, now_ns, *b.counters[:4], now_ns, *b.counters[4:])
-                 for b in counted if b.counters is not None],
-            )  # fmt: skip
-            db.executemany(
-                "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
-                " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
-                " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
-                " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
-                " FROM epochs WHERE session_id=?) WHERE id=?",
-                [(b.session_id, b.session_id) for b in counted],
-            )
+            self._set_counters(db, now_ns, counted)
         return [
             None if i in stale else new.get((b.session_id, b.epoch), 0)
             for i, b in enumerate(batches)
         ]
+
+    def _set_counters(
+        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters]]
+    ) -> None:
+        """Each epoch's counters as its sender last reported them (session id, epoch,
+        counters), read at ``now_ns``, and the sessions' totals: their sums."""
+        db.executemany(
+            "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
+            " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
+            " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+            " lost=excluded.lost, forward_lost=excluded.forward_lost,"
+            " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
+            " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
+            " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
+            " ssid_zero=excluded.ssid_zero",
+            [(sid, ep, now_ns, *c[:4], now_ns, *c[4:]) for sid, ep, c in counted],
+        )
+        db.executemany(
+            "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
+            " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
+            " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
+            " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
+            " FROM epochs WHERE session_id=?) WHERE id=?",
+            [(sid, sid) for sid, _, _ in counted],
+        )
 
     def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
         """Advance the cursors, (session id, epoch, highest record id stored)."""
@@ -1688,6 +1712,12 @@ class SqliteStore(Store):
             # Results go in one row per session per batch, all over the table's keys: a
             # page cache of 64 MiB keeps the pages they land on in memory.
             self._conn.execute("PRAGMA cache_size=-65536")
+            # A commit writes each page it changed to the WAL, and the commit that takes
+            # the WAL past this many pages copies them into the database (a checkpoint):
+            # the default 1,000 pages made that nearly every commit of thousands of
+            # sessions' results, copying the same pages again each time. 16,384 pages
+            # (64 MiB of WAL) copies a page rewritten by many commits once.
+            self._conn.execute("PRAGMA wal_autocheckpoint=16384")
             _migrate(self._conn)
 
     @property
@@ -1718,8 +1748,9 @@ class SqliteStore(Store):
             return "foreign"
         return "other"
 
-    def _insert_results(self, db: _Db, rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
-        groups = dict(_by_epoch(rows))
+    def _insert_results(
+        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
         # One statement for all rows, in a savepoint: a row already stored (a misbehaving
         # agent resent it) aborts it, and the rows go in again group by group, skipping
         # the repeats.
@@ -1733,9 +1764,9 @@ class SqliteStore(Store):
                 raise
         else:
             db.execute("RELEASE results_in")
-            return {key: len(group) for key, group in groups.items()}
+            return counts
         new: dict[tuple[int, int], int] = {}
-        for key, group in groups.items():
+        for key, group in _by_epoch(rows):
             # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
             # skipped: OR IGNORE would also swallow a NOT NULL violation.
             cur = db.executemany(_INSERT_RESULTS + " ON CONFLICT DO NOTHING", group)
