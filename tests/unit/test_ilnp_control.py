@@ -129,6 +129,23 @@ def test_clients_past_the_cap_are_told_and_closed(harness: Harness) -> None:
         sock.close()
 
 
+def test_a_client_that_comes_as_the_others_leave_is_served(harness: Harness) -> None:
+    """The cap counts live clients: ones that closed but whose end the loop has not
+    read yet are not held against a newcomer (the loop may see the listener first)."""
+    idle = [harness.connect() for _ in range(MAX_CLIENTS)]
+    for sock in idle:
+        sock.close()
+    newcomer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    newcomer.settimeout(5)
+    newcomer.connect(harness.path)
+    harness.server.on_event(harness.server, selectors.EVENT_READ, harness.now)  # accept only
+    assert harness.server.counters["refused"] == 0
+    assert len(harness.server.clients) == 1
+    newcomer.sendall(b"status\n")
+    assert json.loads(harness.read_line(newcomer))["echo"] == "status"
+    newcomer.close()
+
+
 def test_silent_clients_are_closed_after_the_idle_timeout(harness: Harness) -> None:
     silent = harness.connect()
     halfway = harness.connect()

@@ -219,6 +219,8 @@ class ControlServer:
             return
         sock.setblocking(False)
         if len(self.clients) >= MAX_CLIENTS:
+            self._drop_departed()
+        if len(self.clients) >= MAX_CLIENTS:
             self.counters["refused"] += 1
             with contextlib.suppress(OSError):  # best effort: the socket buffer is empty
                 sock.send(_encode(_error(f"too many control connections ({MAX_CLIENTS})")))
@@ -228,6 +230,19 @@ class ControlServer:
         client = ControlClient(sock, now)
         self.clients.add(client)
         self.selector.register(sock, client.events, client)
+
+    def _drop_departed(self) -> None:
+        """Forget the clients whose end has closed though the loop has not read it yet
+        (one peek each): the cap is on clients that are still there."""
+        for client in list(self.clients):
+            try:
+                if client.sock.recv(1, socket.MSG_PEEK):
+                    continue
+            except BlockingIOError:
+                continue
+            except OSError:
+                pass
+            self._drop(client)
 
     def _drop(self, client: ControlClient) -> None:
         self.clients.discard(client)
