@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import grpc
@@ -29,7 +29,7 @@ from sixlab.controller.store import AlreadyExistsError, Store, open_store
 from sixlab.southbound import AgentServer
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, ResultStream, SouthboundError
-from sixlab.southbound.simagent import serve_simulated
+from tests.integration._simagents import simulated_agents, wait_for
 
 INTERVAL_NS = 50_000_000  # 20 packets/s per session
 LOSS_EVERY = 25
@@ -38,25 +38,24 @@ TTL_S, TICK_S = 3.0, 0.5
 
 @pytest.fixture
 def agents() -> Iterator[dict[str, AgentServer]]:
-    servers = {
-        "s1": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
-        "r1": serve_simulated("127.0.0.1:0", "reflector"),
-        "r2": serve_simulated("127.0.0.1:0", "reflector"),
-    }
-    try:
+    with simulated_agents(["s1"], ["r1", "r2"], loss_every=LOSS_EVERY) as servers:
         yield servers
-    finally:
-        for s in servers.values():
-            s.stop(None)
 
 
-def _wait(what: str, check: object, timeout: float) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+def _in_thread(call: Callable[[], object], outcome: list[BaseException | None]) -> threading.Thread:
+    """``call`` on a started daemon thread; what it raised (or None) goes into ``outcome``."""
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def _spec(name: str, reflector: str = "r1") -> SessionSpec:
@@ -162,7 +161,7 @@ def test_a_session_destroyed_through_a_replica_that_does_not_own_its_sender_stay
         _, errors = a.create_sessions([_spec(n) for n in names])
         assert not errors
         assert not a.start_sessions(names)
-        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
         victim = a.store.session("p0")
         Hooked.victim = victim.ssid
 
@@ -259,9 +258,9 @@ def test_apply_prune_through_another_replica_with_results_in_flight(
         with caplog.at_level(logging.WARNING, logger="sixlab.controller.core"):
             Hooked.victim = gone.ssid
             assert not a.start_sessions([*keep, "gone"])
-            _wait("the prune", lambda: bool(pruned), 30)
+            wait_for("the prune", lambda: bool(pruned), 30)
             cursors = {n: a.store.session(n).cursor for n in keep}
-            _wait(
+            wait_for(
                 "the stream to go on",
                 lambda: all(a.store.session(n).cursor > c + 10 for n, c in cursors.items()),
                 30,
@@ -282,7 +281,7 @@ def _finished(a: Controller, names: list[str]) -> None:
     _, errors = a.create_sessions([_spec(n) for n in names])
     assert not errors
     assert not a.start_sessions(names)
-    _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+    wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
     for name in names:
         a.stop_session(name)
     for name in names:
@@ -325,7 +324,7 @@ def test_a_restart_through_another_replica_is_not_taken_for_a_lost_reflector_ses
         assert b.store.session("p0").state == "running"
         assert row.ssid in _carried(agents, "s1")
         assert row.ssid in _carried(agents, "r1")
-        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        wait_for("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
         assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
     finally:
         _close(rb, ra, b, a)
@@ -352,16 +351,7 @@ def test_a_destroy_during_a_restart_through_another_replica_leaves_nothing_on_th
                 assert a is not None
                 owner = a
 
-                def destroy() -> None:
-                    try:
-                        owner.destroy_session("p0", wait_s=10)
-                    except BaseException as exc:  # noqa: BLE001 - reported below
-                        outcome.append(exc)
-                    else:
-                        outcome.append(None)
-
-                t = threading.Thread(target=destroy, daemon=True)
-                t.start()
+                t = _in_thread(lambda: owner.destroy_session("p0", wait_s=10), outcome)
                 t.join(15)
             super().create_session(request)
 
@@ -384,7 +374,7 @@ def test_a_destroy_during_a_restart_through_another_replica_leaves_nothing_on_th
         assert row.ssid not in _carried(agents, "r1")
         # The other session is untouched, and starts again.
         b.start_session("p1")
-        _wait("p1's new epoch", lambda: a.store.session("p1").cursor > 0, 30)
+        wait_for("p1's new epoch", lambda: a.store.session("p1").cursor > 0, 30)
     finally:
         _close(rb, ra, b, a)
 
@@ -567,10 +557,12 @@ def test_a_start_left_unfinished_by_a_dead_replica_is_finished_by_the_senders_ow
 
         rb.close()  # B's heartbeats end: it is no longer a live replica
 
-        _wait("the owner to finish the start", lambda: a.store.session("p0").state == "running", 15)
+        wait_for(
+            "the owner to finish the start", lambda: a.store.session("p0").state == "running", 15
+        )
         assert row.ssid in _carried(agents, "s1")
         assert row.ssid in _carried(agents, "r1")
-        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        wait_for("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
         epochs = a.store.epochs(row.id)
         assert epochs[0].end_reason == "finished"
         if dies == "after-reflector-started":
@@ -613,21 +605,15 @@ def test_a_replica_paused_past_its_heartbeat_does_not_go_on_with_a_start_taken_o
         row = a.store.session("p0")
         Paused.victim = row.ssid
 
-        def start() -> None:
-            assert b is not None
-            try:
-                b.start_session("p0")
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                outcome.append(exc)
-            else:
-                outcome.append(None)
-
-        t = threading.Thread(target=start, daemon=True)
-        t.start()
+        assert b is not None
+        other = b
+        t = _in_thread(lambda: other.start_session("p0"), outcome)
         assert fired.wait(15)
         rb.close()  # its heartbeats stop (B itself goes on, paused)
-        _wait("the owner to finish the start", lambda: a.store.session("p0").state == "running", 15)
-        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
+        wait_for(
+            "the owner to finish the start", lambda: a.store.session("p0").state == "running", 15
+        )
+        wait_for("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 30)
 
         resume.set()
         t.join(15)
@@ -637,7 +623,7 @@ def test_a_replica_paused_past_its_heartbeat_does_not_go_on_with_a_start_taken_o
         assert a.store.session("p0").state == "running"
         assert [e.epoch for e in a.store.epochs(row.id)] == [0, 1]
         cursor = a.store.session("p0").cursor
-        _wait("results to go on", lambda: a.store.session("p0").cursor > cursor + 5, 30)
+        wait_for("results to go on", lambda: a.store.session("p0").cursor > cursor + 5, 30)
         _each_epoch_once(a, "p0")
     finally:
         resume.set()
@@ -656,13 +642,13 @@ def test_a_session_its_sender_lost_is_collected_again_in_its_new_epoch(
         _, errors = a.create_sessions([_spec(n) for n in names])
         assert not errors
         assert not a.start_sessions(names)
-        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
         row = a.store.session("p0")
 
         _lose(agents, "s1", row.ssid)
 
-        _wait("the new epoch", lambda: a.store.session("p0").epoch == 1, 15)
-        _wait("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 15)
+        wait_for("the new epoch", lambda: a.store.session("p0").epoch == 1, 15)
+        wait_for("results of the new epoch", lambda: a.store.session("p0").cursor > 0, 15)
         assert a.store.epochs(row.id)[0].end_reason == "sender-lost"
         _exactly_once(a, ["p1"])
     finally:
@@ -692,16 +678,7 @@ def test_a_stop_through_another_replica_during_the_owners_sender_repair_wins(
                 assert b is not None
                 other = b
 
-                def stop() -> None:
-                    try:
-                        other.stop_session("p0")
-                    except BaseException as exc:  # noqa: BLE001 - reported below
-                        outcome.append(exc)
-                    else:
-                        outcome.append(None)
-
-                t = threading.Thread(target=stop, daemon=True)
-                t.start()
+                t = _in_thread(lambda: other.stop_session("p0"), outcome)
                 t.join(15)
             super().start_session(ssid)
 
@@ -711,13 +688,13 @@ def test_a_stop_through_another_replica_during_the_owners_sender_repair_wins(
         _, errors = a.create_sessions([_spec(n) for n in names])
         assert not errors
         assert not a.start_sessions(names)
-        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
         row = a.store.session("p0")
         Hooked.victim = row.ssid
 
         _lose(agents, "s1", row.ssid)
 
-        _wait("the repair", lambda: bool(outcome), 30)
+        wait_for("the repair", lambda: bool(outcome), 30)
         assert outcome == [None]
         assert a.wait_finished("p0", 30)
         assert a.store.session("p0").state == "finished"
@@ -761,16 +738,7 @@ def test_a_stop_through_another_replica_during_a_drain_to_restart_wins(
                 assert b is not None
                 other = b
 
-                def stop() -> None:
-                    try:
-                        other.stop_session("p0")
-                    except BaseException as exc:  # noqa: BLE001 - reported below
-                        outcome.append(exc)
-                    else:
-                        outcome.append(None)
-
-                t = threading.Thread(target=stop, daemon=True)
-                t.start()
+                t = _in_thread(lambda: other.stop_session("p0"), outcome)
                 t.join(15)
             super().create_session(request)
 
@@ -779,13 +747,13 @@ def test_a_stop_through_another_replica_during_a_drain_to_restart_wins(
         _, errors = a.create_sessions([_stateful("p0")])
         assert not errors
         assert not a.start_sessions(["p0"])
-        _wait("results", lambda: a.store.session("p0").cursor > 0, 30)
+        wait_for("results", lambda: a.store.session("p0").cursor > 0, 30)
         row = a.store.session("p0")
         Hooked.victim = row.ssid
 
         _lose(agents, "r1", row.ssid)
 
-        _wait("the repair", lambda: bool(outcome), 30)
+        wait_for("the repair", lambda: bool(outcome), 30)
         assert outcome == [None]
         assert a.wait_finished("p0", 30)
         time.sleep(1.5)  # the owner's supervisor rounds (0.2 s) do not start it again
@@ -826,7 +794,7 @@ def test_a_drain_to_restart_is_completed_by_the_replica_that_takes_the_sender_ov
         _, errors = a.create_sessions([_stateful("p0")])
         assert not errors
         assert not a.start_sessions(["p0"])
-        _wait("results", lambda: a.store.session("p0").cursor > 0, 30)
+        wait_for("results", lambda: a.store.session("p0").cursor > 0, 30)
         row = a.store.session("p0")
         Dying.victim = row.ssid
 
@@ -834,8 +802,8 @@ def test_a_drain_to_restart_is_completed_by_the_replica_that_takes_the_sender_ov
 
         assert fired.wait(15)
         ra.close()  # A dies: it stops collecting and its leases go to B
-        _wait("B to own the nodes", lambda: rb.owned >= {"s1", "r1"}, 15)
-        _wait(
+        wait_for("B to own the nodes", lambda: rb.owned >= {"s1", "r1"}, 15)
+        wait_for(
             "the restart",
             lambda: (
                 [e.epoch for e in b.store.epochs(row.id)] == [0, 1]
@@ -844,7 +812,7 @@ def test_a_drain_to_restart_is_completed_by_the_replica_that_takes_the_sender_ov
             30,
         )
         assert b.store.epochs(row.id)[0].end_reason == "reflector-lost"
-        _wait("results of the new epoch", lambda: b.store.session("p0").cursor > 0, 30)
+        wait_for("results of the new epoch", lambda: b.store.session("p0").cursor > 0, 30)
         _each_epoch_once(b, "p0")
     finally:
         over.set()
@@ -881,11 +849,11 @@ def test_a_batch_start_refuses_only_the_session_being_destroyed(
 
         assert set(errors) == {"p1"}
         assert "being destroyed" in str(errors["p1"])
-        _wait("the destroy", lambda: a.store.session("p1").state == "destroyed", 15)
+        wait_for("the destroy", lambda: a.store.session("p1").state == "destroyed", 15)
         assert victim.ssid not in _carried(agents, "s1")
         assert victim.ssid not in _carried(agents, "r1")
         assert {a.store.session(n).state for n in ("p0", "p2")} == {"running"}
-        _wait("results", lambda: all(a.store.session(n).cursor > 0 for n in ("p0", "p2")), 30)
+        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in ("p0", "p2")), 30)
         _exactly_once(a, ["p0", "p2"])
     finally:
         _close(rb, ra, b, a)

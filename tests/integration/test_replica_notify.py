@@ -37,7 +37,7 @@ from sixlab.southbound.client import (
     SenderSession,
     SouthboundError,
 )
-from sixlab.southbound.simagent import serve_simulated
+from tests.integration._simagents import simulated_agents, wait_for
 
 INTERVAL_NS = 50_000_000  # 20 packets/s per session
 LOSS_EVERY = 25
@@ -48,24 +48,8 @@ ROUND_S = 20.0
 
 @pytest.fixture
 def agents() -> Iterator[dict[str, AgentServer]]:
-    servers = {
-        "s1": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
-        "r1": serve_simulated("127.0.0.1:0", "reflector"),
-    }
-    try:
+    with simulated_agents(["s1"], ["r1"], loss_every=LOSS_EVERY) as servers:
         yield servers
-    finally:
-        for s in servers.values():
-            s.stop(None)
-
-
-def _wait(what: str, check: object, timeout: float) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _spec(name: str) -> SessionSpec:
@@ -97,7 +81,7 @@ def _running(c: Controller, names: list[str]) -> None:
     _, errors = c.create_sessions([_spec(n) for n in names])
     assert not errors
     assert not c.start_sessions(names)
-    _wait("results", lambda: all(c.store.session(n).cursor > 0 for n in names), 30)
+    wait_for("results", lambda: all(c.store.session(n).cursor > 0 for n in names), 30)
 
 
 def _pg_replicas(
@@ -345,9 +329,9 @@ def test_metric_totals_kept_in_memory_match_the_store_after_a_takeover(
         assert _packets(b) == {}  # B owns no sender: it exports none of their sessions
         ra.close()
         a.close()
-        _wait("the takeover", lambda: rb.owns("s1"), 10 * TTL_S)
+        wait_for("the takeover", lambda: rb.owns("s1"), 10 * TTL_S)
         cursors = {n: b.store.session(n).cursor for n in names}
-        _wait(
+        wait_for(
             "B to collect", lambda: all(b.store.session(n).cursor > cursors[n] for n in names), 30
         )
         reads: list[int] = []
@@ -361,7 +345,7 @@ def test_metric_totals_kept_in_memory_match_the_store_after_a_takeover(
         start = _packets(b)
         assert len(reads) == 1  # the totals of a node taken over are read once
         cursors = {n: b.store.session(n).cursor for n in names}
-        _wait(
+        wait_for(
             "more results",
             lambda: all(b.store.session(n).cursor > cursors[n] + 20 for n in names),
             30,

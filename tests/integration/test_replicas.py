@@ -29,7 +29,7 @@ from sixlab.controller.store import open_store
 from sixlab.southbound import AgentServer
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient
-from sixlab.southbound.simagent import serve_simulated
+from tests.integration._simagents import simulated_agents, wait_for
 
 CONTROLLER_CMD = [
     sys.executable,
@@ -80,27 +80,8 @@ class Replica:
 
 @pytest.fixture
 def agents() -> Iterator[dict[str, AgentServer]]:
-    servers = {
-        "s1": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
-        "s2": serve_simulated("127.0.0.1:0", "sender", loss_every=LOSS_EVERY),
-        "r1": serve_simulated("127.0.0.1:0", "reflector"),
-    }
-    try:
+    with simulated_agents(["s1", "s2"], ["r1"], loss_every=LOSS_EVERY) as servers:
         yield servers
-    finally:
-        for s in servers.values():
-            s.stop(None)
-
-
-def _wait(what: str, check: object, timeout: float) -> float:
-    """Poll ``check()`` until true; the time it took."""
-    assert callable(check)
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
@@ -133,9 +114,9 @@ def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
             owners.update(watch.lease_owners())
             return all(owners.get(n) in replicas for n in agents)
 
-        _wait("leases to settle", settled, 30)
+        wait_for("leases to settle", settled, 30)
         rows = {r.name: r for r in watch.sessions()}
-        _wait(
+        wait_for(
             "every session to store results",
             lambda: all(watch.session(n).cursor > 0 for n in rows),
             30,
@@ -153,14 +134,14 @@ def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
         # The takeover: another replica holds s1's lease (the lease mechanics: lease
         # time plus a heartbeat), then stores its sessions' results again (that also
         # needs CPU for the stream's opening: bounded generously, reported).
-        _wait(
+        wait_for(
             "another replica to take s1",
             lambda: watch.lease_owners().get("s1") in others,
             TAKEOVER_BOUND_S + 5,
         )
         taken = time.monotonic() - killed
         assert taken < TAKEOVER_BOUND_S
-        _wait(
+        wait_for(
             "s1's sessions to be collected again",
             lambda: all(watch.session(n).cursor > before[n] + 20 for n in s1_sessions),
             60,
@@ -219,7 +200,7 @@ def test_a_replica_that_lost_its_lease_stores_nothing_after_the_takeover(
         _, errors = a.create_sessions(specs)
         assert not errors
         assert not a.start_sessions([s.name for s in specs])
-        _wait("A to store", lambda: all(a.store.session(s.name).cursor > 0 for s in specs), 30)
+        wait_for("A to store", lambda: all(a.store.session(s.name).cursor > 0 for s in specs), 30)
 
         time.sleep(ttl + 0.2)  # A's leases expire; B claims them all
         b = Controller(open_store(pg_url), poll_interval_s=0.05)
@@ -228,13 +209,13 @@ def test_a_replica_that_lost_its_lease_stores_nothing_after_the_takeover(
             rb.start()
             assert rb.owned == {"s1", "s2", "r1", "housekeeping"}
             cursors = {s.name: b.store.session(s.name).cursor for s in specs}
-            _wait(
+            wait_for(
                 "B to store",
                 lambda: all(b.store.session(n).cursor > c + 10 for n, c in cursors.items()),
                 30,
             )
             # A's stores were refused: it stopped collecting each sender's sessions.
-            _wait("A to stop collecting", lambda: not any(a.collecting(s.name) for s in specs),
+            wait_for("A to stop collecting", lambda: not any(a.collecting(s.name) for s in specs),
                   10)  # fmt: skip
         exposed = generate_latest(a.metrics.registry).decode()
         for node in ("s1", "s2"):
