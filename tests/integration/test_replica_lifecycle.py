@@ -22,10 +22,16 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from sixlab.controller import Controller, ReplicaManager, SessionExistsError, SessionSpec
+from sixlab.controller import (
+    Controller,
+    ReplicaManager,
+    SessionExistsError,
+    SessionSpec,
+    WrongStateError,
+)
 from sixlab.controller.apply import WantedNode, WantedSession, execute, plan
 from sixlab.controller.pgstore import PostgresStore
-from sixlab.controller.store import AlreadyExistsError, Store, open_store
+from sixlab.controller.store import AlreadyExistsError, SessionRow, Store, open_store
 from sixlab.southbound import AgentServer
 from sixlab.southbound import stamp_pb2 as pb
 from sixlab.southbound.client import AgentClient, ResultStream, SouthboundError
@@ -832,10 +838,16 @@ def test_a_batch_start_refuses_only_the_session_being_destroyed(
 
         victim = ""
 
-        def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> set[str]:
+        def begin_epochs(
+            self,
+            items: Sequence[tuple[str, str | None]],
+            now_ns: int,
+            *,
+            claimer: str | None = None,
+        ) -> set[str]:
             if DestroyingStore.victim:
                 self.mark_destroying([DestroyingStore.victim])
-            return super().begin_epochs(items, now_ns)
+            return super().begin_epochs(items, now_ns, claimer=claimer)
 
     a, ra, b, rb = _replicas(pg_url, agents, b_store=DestroyingStore(pg_url))
     try:
@@ -855,5 +867,81 @@ def test_a_batch_start_refuses_only_the_session_being_destroyed(
         assert {a.store.session(n).state for n in ("p0", "p2")} == {"running"}
         wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in ("p0", "p2")), 30)
         _exactly_once(a, ["p0", "p2"])
+    finally:
+        _close(rb, ra, b, a)
+
+
+class RacingStartStore(PostgresStore):
+    """B's store: when B reads the rows of the sessions in ``race`` to start them, A
+    starts them (whole) right after that read: B's rows say ``created``, the sessions
+    run by the time B goes on."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.race: list[str] = []
+        self.other: Controller | None = None
+
+    def _race(self, names: Sequence[str]) -> None:
+        if self.race and set(names) >= set(self.race):
+            assert self.other is not None
+            race, self.race = self.race, []
+            if len(race) == 1:
+                self.other.start_session(race[0])
+            else:
+                assert not self.other.start_sessions(race)
+
+    def sessions_named(self, names: Sequence[str]) -> list[SessionRow]:
+        rows = super().sessions_named(names)
+        self._race(names)
+        return rows
+
+    def session(self, name: str) -> SessionRow:
+        row = super().session(name)
+        self._race([name])
+        return row
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batch", "single"])
+def test_two_replicas_starting_the_same_created_sessions_at_once_start_each_once(
+    pg_url: str, agents: dict[str, AgentServer], batch: bool
+) -> None:
+    """A and B start the same created sessions at once (a batch start, as ``apply``'s,
+    or one by one): B reads the rows (``created``), then A's start runs whole. B must not
+    start them again (end A's epoch and begin another, whose cursor starts over while the
+    sender goes on in A's): B's start of each is refused as a start of a running session
+    is on one controller (``WrongStateError``, FAILED_PRECONDITION northbound), and
+    every session runs on in its first epoch with every result stored exactly once."""
+    store = RacingStartStore(pg_url)
+    a, ra, b, rb = _replicas(pg_url, agents, b_store=store)
+    store.other = a
+    try:
+        names = ["p0", "p1", "p2"] if batch else ["p0"]
+        _, errors = a.create_sessions([_spec(n) for n in names])
+        assert not errors
+        rows = {n: a.store.session(n) for n in names}
+        store.race = list(names)
+
+        if batch:
+            errors = b.start_sessions(names)
+        else:
+            errors = {}
+            try:
+                b.start_session("p0")
+            except Exception as exc:  # noqa: BLE001 - the test asserts on it
+                errors["p0"] = exc
+
+        assert not store.race  # A's start ran in between
+        assert set(errors) == set(names)
+        for name, error in errors.items():
+            assert isinstance(error, WrongStateError), (name, error)
+            assert "running" in str(error), (name, error)
+        for name in names:
+            assert a.store.session(name).state == "running"
+            assert [e.epoch for e in a.store.epochs(rows[name].id)] == [0], name
+            assert a.store.epochs(rows[name].id)[0].ended_ns is None, name
+        wait_for("results", lambda: all(a.store.session(n).cursor > 20 for n in names), 30)
+        _exactly_once(a, names)
+        for name in names:
+            assert [e.epoch for e in a.store.epochs(rows[name].id)] == [0], name
     finally:
         _close(rb, ra, b, a)

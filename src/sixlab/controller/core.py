@@ -56,8 +56,9 @@ exported as metrics.
 Replicas (``sixlab.controller.replica``). A destroy is recorded as the ``destroying``
 state by whichever replica receives it and carried out by the replica holding the
 sender node's lease, told at once by the store's notice (``Store.subscribe``; its
-supervisor's round is the fallback); a start-again runs in the ``starting`` state,
-claimed by its replica (the sender's owner finishes it if that replica dies); a stop is
+supervisor's round is the fallback); a start runs in the ``starting`` state, claimed
+by its replica (a second start is refused; the sender's owner finishes it if that
+replica dies); a stop is
 recorded before the sender is told, and a restart after a drain is recorded with the
 row; repairs leave ``destroying`` and ``starting`` rows alone, and destroy a session of
 an agent that no row refers to once it has been so for ``ORPHAN_GRACE_S``
@@ -378,6 +379,18 @@ class SessionSpec:
 def _taken(exc: Exception | None) -> bool:
     """Did an agent refuse a creation because the SSID is in use there?"""
     return isinstance(exc, SouthboundError) and exc.code is grpc.StatusCode.ALREADY_EXISTS
+
+
+def _not_startable(name: str, state: str) -> WrongStateError:
+    """Why a start of a session in ``state`` is refused (through any replica)."""
+    if state == "destroying":
+        return WrongStateError(f"name: session {name!r} is being destroyed, not startable")
+    if state == "stopping":
+        return WrongStateError(
+            f"name: session {name!r} is stopping (results in flight are being collected);"
+            " start it again once it has finished"
+        )
+    return WrongStateError(f"name: session {name!r} is {state}, not startable")
 
 
 def _flow_match(name: str, text: str) -> FlowMatch:
@@ -1422,15 +1435,35 @@ class Controller:
                         self.start_session(name)
                     except (ControllerError, SouthboundError) as exc:
                         errors[name] = exc
-            now = self.clock()
-            agents = {n.name: n.agent_epoch for n in self.store.nodes()}
-            begun = self.store.begin_epochs([(r.name, agents.get(r.sender)) for r in fresh], now)
+            if fresh:
+                errors.update(self._start_created(fresh))
+        return errors
+
+    def _start_created(self, fresh: list[SessionRow]) -> dict[str, Exception]:
+        """Start created sessions together (hold ``_ops``), each claimed ``created`` →
+        ``starting`` by this controller as its epoch begins (one transaction): a session
+        another replica started meanwhile (its row read as created before) is refused as
+        a running one is, and its epoch is left alone. Those started move to ``running``
+        while the claim is still this controller's; the others go back to ``created``.
+        Returns, by name, why a session was not started."""
+        errors: dict[str, Exception] = {}
+        me = self.replica_id
+        now = self.clock()
+        agents = {n.name: n.agent_epoch for n in self.store.nodes()}
+        begun = self.store.begin_epochs(
+            [(r.name, agents.get(r.sender)) for r in fresh], now, claimer=me
+        )
+        if len(begun) < len(fresh):
+            # Started, or destroyed (or being destroyed) through any replica meanwhile.
+            states = self.store.states([r.id for r in fresh if r.name not in begun])
             for row in fresh:
-                if row.name not in begun:  # a destroy was recorded meanwhile
-                    errors[row.name] = WrongStateError(
-                        f"name: session {row.name!r} is being destroyed, not startable"
+                if row.name not in begun:
+                    state = states.get(row.id, "destroyed")
+                    errors[row.name] = _not_startable(
+                        row.name, "destroying" if state == "destroyed" else state
                     )
-            fresh = [r for r in fresh if r.name in begun]
+        fresh = [r for r in fresh if r.name in begun]
+        try:
             items = [(self._spec(r), r.ssid) for r in fresh]
             for side in ("reflector", "sender"):
                 # A loopback session has no reflector half to start (docs/srpm.md).
@@ -1448,9 +1481,22 @@ class Controller:
                     else:
                         keep.append((row, item))
                 fresh, items = [r for r, _ in keep], [i for _, i in keep]
-            started = fresh
-            self.store.set_states([r.name for r in started], "running")
-            self._start_collectors(started)
+        except BaseException:
+            self.store.claim_states([r.name for r in fresh], "starting", "created", holder=me)
+            raise
+        finally:
+            failed = [n for n in begun if n in errors]
+            self.store.claim_states(failed, "starting", "created", holder=me)
+        moved = self.store.claim_states([r.name for r in fresh], "starting", "running", holder=me)
+        for row in fresh:
+            if row.name not in moved:  # destroyed meanwhile, or taken over
+                state = self.store.states([row.id]).get(row.id, "destroyed")
+                errors[row.name] = (
+                    _not_startable(row.name, "destroying")
+                    if state in ("destroying", "destroyed")
+                    else WrongStateError(_TAKEN_OVER.format(name=row.name))
+                )
+        self._start_collectors([r for r in fresh if r.name in moved])
         return errors
 
     def _start_collectors(self, rows: Sequence[SessionRow]) -> None:
@@ -1510,21 +1556,14 @@ class Controller:
         """
         with self._ops:
             row = self.store.session(name)
-            if row.state == "stopping":
-                raise WrongStateError(
-                    f"name: session {name!r} is stopping (results in flight are being"
-                    " collected); start it again once it has finished"
-                )
             if row.state not in ("created", "stopped", "finished"):
-                raise WrongStateError(f"name: session {name!r} is {row.state}, not startable")
+                raise _not_startable(name, row.state)
             if row.state == "created":
-                self.store.begin_epoch(name, self.clock(), sender_agent=self._agent(row.sender))
-                if not _is_loopback(row):
-                    self._call(row.reflector, lambda c: c.start_session(row.ssid))
-                self._call(row.sender, lambda c: c.start_session(row.ssid))
-                self.store.set_state(name, "running")
-            else:
-                self._start_again(row)
+                error = self._start_created([row]).get(name)
+                if error is not None:
+                    raise error
+                return
+            self._start_again(row)
             self._start_collector(name)
 
     def _start_again(self, row: SessionRow, *, restart: bool = False) -> None:
@@ -1538,8 +1577,7 @@ class Controller:
         drain is still pending (a stop cancels it)."""
         me = self.replica_id
         if not self.store.claim_state(row.name, row.state, "starting", claimer=me, restart=restart):
-            state = self.store.session(row.name).state
-            raise WrongStateError(f"name: session {row.name!r} is {state}, not startable")
+            raise _not_startable(row.name, self.store.session(row.name).state)
         try:
             self._restart(row, claim=me)
         except BaseException:

@@ -825,15 +825,35 @@ class Store(ABC):
                 )
             self._announce(CHANGED)
 
-    def begin_epochs(self, items: Sequence[tuple[str, str | None]], now_ns: int) -> set[str]:
+    def begin_epochs(
+        self,
+        items: Sequence[tuple[str, str | None]],
+        now_ns: int,
+        *,
+        claimer: str | None = None,
+    ) -> set[str]:
         """``begin_epoch`` for many created sessions (name, sender agent), in one
         transaction. Returns the names begun: a session destroyed or being destroyed
-        meanwhile (through any replica) is left out, not a failure of the others."""
+        meanwhile (through any replica) is left out, not a failure of the others.
+
+        ``claimer``: each session is claimed first, ``created`` → ``starting`` by that
+        controller (as ``claim_state``), and begun only if the claim succeeds: a session
+        another replica started (or is starting) meanwhile is left out too, its epoch
+        left alone."""
         begun: set[str] = set()
         if not items:
             return begun
         with self._transaction() as db:
             for name, agent in items:
+                if (
+                    claimer is not None
+                    and not db.execute(
+                        "UPDATE sessions SET state='starting', claimed_by=?, restart_reason=NULL"
+                        " WHERE name=? AND state='created'",
+                        (claimer, name),
+                    ).rowcount
+                ):
+                    continue
                 try:
                     _begin_epoch(db, name, now_ns, agent, "")
                 except (NotFoundError, DestroyingError):
@@ -905,6 +925,27 @@ class Store(ABC):
         if moved:
             self._announce(CHANGED)
         return moved == 1
+
+    def claim_states(self, names: Sequence[str], old: str, new: str, *, holder: str) -> set[str]:
+        """``claim_state`` with ``holder`` for many sessions, in one transaction: those
+        of these names still in ``old`` claimed by ``holder`` move to ``new`` (the
+        claim cleared). Returns the names moved."""
+        moved: set[str] = set()
+        if not names:
+            return moved
+        with self._transaction() as db:
+            for i in range(0, len(names), 500):
+                chunk = list(names[i : i + 500])
+                rows = db.execute(
+                    "UPDATE sessions SET state=?, claimed_by=NULL, restart_reason=NULL"  # noqa: S608
+                    " WHERE state=? AND claimed_by=? AND name IN ("
+                    + ",".join("?" * len(chunk)) + ") RETURNING name",
+                    [new, old, holder, *chunk],
+                ).fetchall()  # fmt: skip
+                moved.update(r[0] for r in rows)
+        if moved:
+            self._announce(CHANGED)
+        return moved
 
     def starting(self, sender: str) -> list[tuple[str, str | None]]:
         """(name, claimer) of this sender node's sessions in the ``starting`` state."""
