@@ -164,10 +164,7 @@ def test_a_session_destroyed_through_a_replica_that_does_not_own_its_sender_stay
     a, ra, b, rb = _replicas(pg_url, agents, Hooked, Hooked)
     try:
         names = [f"p{i}" for i in range(3)]
-        _, errors = a.create_sessions([_spec(n) for n in names])
-        assert not errors
-        assert not a.start_sessions(names)
-        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        _running(a, names)
         victim = a.store.session("p0")
         Hooked.victim = victim.ssid
 
@@ -282,12 +279,17 @@ def test_apply_prune_through_another_replica_with_results_in_flight(
         _close(rb, ra, b, a)
 
 
-def _finished(a: Controller, names: list[str]) -> None:
-    """Run the sessions until they stored results, then stop them until finished."""
+def _running(a: Controller, names: list[str]) -> None:
+    """Create and start the sessions, until each stored results."""
     _, errors = a.create_sessions([_spec(n) for n in names])
     assert not errors
     assert not a.start_sessions(names)
     wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+
+
+def _finished(a: Controller, names: list[str]) -> None:
+    """Run the sessions until they stored results, then stop them until finished."""
+    _running(a, names)
     for name in names:
         a.stop_session(name)
     for name in names:
@@ -499,12 +501,7 @@ def _each_epoch_once(c: Controller, name: str) -> None:
     results are stored exactly once, all of those its sender sent."""
     c.stop_session(name)
     assert c.wait_finished(name, 60), name
-    row = c.store.session(name)
-    records = c.store.records(row.id)
-    for epoch in c.store.epochs(row.id):
-        seqs = [r.seq for e, r in records if e == epoch.epoch]
-        expected = [s for s in range(epoch.sent) if s % LOSS_EVERY != LOSS_EVERY - 1]
-        assert seqs == expected, (name, epoch.epoch)
+    _sent_once(c, name)
 
 
 @pytest.mark.parametrize(
@@ -645,10 +642,7 @@ def test_a_session_its_sender_lost_is_collected_again_in_its_new_epoch(
     a, ra, b, rb = _replicas(pg_url, agents)
     try:
         names = ["p0", "p1"]
-        _, errors = a.create_sessions([_spec(n) for n in names])
-        assert not errors
-        assert not a.start_sessions(names)
-        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        _running(a, names)
         row = a.store.session("p0")
 
         _lose(agents, "s1", row.ssid)
@@ -691,10 +685,7 @@ def test_a_stop_through_another_replica_during_the_owners_sender_repair_wins(
     a, ra, b, rb = _replicas(pg_url, agents, Hooked, AgentClient)
     try:
         names = ["p0", "p1"]
-        _, errors = a.create_sessions([_spec(n) for n in names])
-        assert not errors
-        assert not a.start_sessions(names)
-        wait_for("results", lambda: all(a.store.session(n).cursor > 0 for n in names), 30)
+        _running(a, names)
         row = a.store.session("p0")
         Hooked.victim = row.ssid
 
@@ -943,5 +934,61 @@ def test_two_replicas_starting_the_same_created_sessions_at_once_start_each_once
         _exactly_once(a, names)
         for name in names:
             assert [e.epoch for e in a.store.epochs(rows[name].id)] == [0], name
+    finally:
+        _close(rb, ra, b, a)
+
+
+def _sent_once(c: Controller, name: str) -> None:
+    """Every result of each of the finished session's epochs is stored exactly once."""
+    row = c.store.session(name)
+    records = c.store.records(row.id)
+    for epoch in c.store.epochs(row.id):
+        seqs = [r.seq for e, r in records if e == epoch.epoch]
+        expected = [s for s in range(epoch.sent) if s % LOSS_EVERY != LOSS_EVERY - 1]
+        assert seqs == expected, (name, epoch.epoch)
+
+
+def test_a_stop_the_sender_never_got_is_sent_again_by_the_owner(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B stops a running session whose sender A owns, and the stop never reaches the
+    sender (B's call returns as if it had: lost on the way, or ignored by the agent).
+    The row says ``stopping`` while the sender goes on sending. A's repair finds the
+    session still running on its sender and tells it again, until it stops: the
+    session drains, its row and epoch end ``finished`` (the stop's time recorded), and
+    every result is stored exactly once."""
+    ignored: list[int] = []
+
+    class Deaf(AgentClient):
+        """B's client: the stop of the victim never reaches the sender."""
+
+        victim = 0
+
+        def stop_session(self, ssid: int) -> None:
+            if ssid == Deaf.victim and self.target == f"127.0.0.1:{agents['s1'].port}":
+                ignored.append(ssid)
+                return
+            super().stop_session(ssid)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Deaf)
+    try:
+        names = ["p0", "p1"]
+        _running(a, names)
+        row = a.store.session("p0")
+        Deaf.victim = row.ssid
+
+        b.stop_session("p0")
+
+        assert ignored == [row.ssid]
+        assert a.store.session("p0").state == "stopping"
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_RUNNING
+        wait_for("the owner to stop it", lambda: a.store.session("p0").state == "finished", 30)
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_FINISHED
+        epochs = a.store.epochs(row.id)
+        assert [(e.epoch, e.end_reason) for e in epochs] == [(0, "finished")]
+        assert epochs[0].stopped_ns is not None
+        assert epochs[0].sent > 0
+        _sent_once(a, "p0")
+        _exactly_once(a, ["p1"])
     finally:
         _close(rb, ra, b, a)

@@ -193,6 +193,13 @@ DESTROY_POLL_S = 1.0
 #: the agents before it stores the row, and must not lose them meanwhile
 #: (docs/architecture.md, "Orphan sessions").
 ORPHAN_GRACE_S = 60.0
+#: A ``stopping`` session is first asked of its sender this long (s) after the owner's
+#: supervisor saw it so: a stop that reached the sender has drained by then, mostly
+#: (docs/architecture.md, "A stop the sender did not get").
+STOP_CHECK_S = 5.0
+#: The stop is sent again, while the sender still runs the session, after a back-off
+#: doubling from ``STOP_CHECK_S`` up to this (s), for as long as the row is stopping.
+STOP_RETRY_MAX_S = 20.0
 #: Rounds of records a destroy collects from the sender before destroying the session.
 FINAL_ROUNDS = 4
 #: SSIDs a creation tries on its nodes: another replica creating a session there at the
@@ -818,6 +825,9 @@ class Controller:
         #: (node, SSID) was first seen as one, in which run of the agent.
         self.orphan_grace_s = ORPHAN_GRACE_S
         self._orphans: dict[tuple[str, int], tuple[int, float]] = {}
+        #: Each ``stopping`` (sender, name, epoch) seen by this owner's supervisor: when
+        #: to ask its sender next, and the back-off (``_complete_stops``).
+        self._stops: dict[tuple[str, str, int], tuple[float, float]] = {}
         #: The nodes this controller acts on (supervises; collects, for a sender): all of
         #: them, unless a ReplicaManager shares them among replicas (``set_ownership``).
         self._owns: Callable[[str], bool] = lambda _node: True
@@ -948,6 +958,7 @@ class Controller:
         if self._owns(name) and self.store.node(name).role == "sender":
             self._carry_out_destroys(name)
             self._recover_starts(name)
+            self._complete_stops(name)
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
@@ -989,6 +1000,69 @@ class Controller:
                         self._repair_sender_half(row)
                     else:
                         self._repair_reflector_half(row, present=row.ssid in present)
+
+    def _complete_stops(self, sender: str) -> None:
+        """Tell the sender again to stop the sessions recorded ``stopping`` that it still
+        runs: the stop did not reach it (the replica that recorded it could not reach
+        the sender, or the call was lost or ignored). Each is asked
+        ``STOP_CHECK_S`` after this owner first saw it stopping, then again after a
+        back-off doubling up to ``STOP_RETRY_MAX_S``, for as long as it stays stopping;
+        one whose sender is draining or finished it is left to its collector, which
+        ends it ``finished`` (docs/architecture.md, "A stop the sender did not get").
+        The calls of a round are pipelined; a stop is idempotent on the agent."""
+        seen = self.store.stopping(sender)
+        now = time.monotonic()
+        due: list[str] = []
+        with self._lock:
+            keys = {(sender, name, epoch) for name, epoch in seen}
+            for key in [k for k in self._stops if k[0] == sender and k not in keys]:
+                del self._stops[key]
+            for key in sorted(keys):
+                entry = self._stops.get(key)
+                if entry is None:
+                    self._stops[key] = (now + STOP_CHECK_S, STOP_CHECK_S)
+                elif entry[0] <= now:
+                    due.append(key[1])
+                    delay = min(entry[1] * 2, STOP_RETRY_MAX_S)
+                    self._stops[key] = (now + delay, delay)
+        if not due:
+            return
+        rows = [r for r in self.store.sessions_named(due) if r.state == "stopping"]
+        # One record at most (after the stored cursor: nothing unstored is acknowledged):
+        # the session's state on the sender is the point.
+        replies = self.client(sender).call_many(
+            "GetStampSessionResults",
+            [pb.GetStampSessionResultsRequest(ssid=r.ssid, max_results=1, after_id=r.cursor)
+             for r in rows],
+        )  # fmt: skip
+        running: list[SessionRow] = []
+        for row, reply in zip(rows, replies, strict=True):
+            if isinstance(reply, SouthboundError):
+                if reply.code in _UNREACHABLE:
+                    self._health(sender, healthy=False, error=reply.details)
+                    log.info("session %s: stop not completed yet: %s", row.name, reply.details)
+                # Otherwise lost by the sender: its repair ends the epoch.
+                continue
+            if reply.state in (pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_IDLE):
+                running.append(row)
+        if not running:
+            return
+        for row in running:
+            log.warning(
+                "session %s: stopping, but its sender %s still runs it; telling it again",
+                row.name, sender,
+            )  # fmt: skip
+        replies = self.client(sender).call_many(
+            "StopStampSession", [pb.StopStampSessionRequest(ssid=r.ssid) for r in running]
+        )
+        for row, reply in zip(running, replies, strict=True):
+            if isinstance(reply, SouthboundError) and reply.code not in _MISSING:
+                log.info("session %s: stop not completed yet: %s", row.name, reply.details)
+                continue
+            with self._session_lock(row.name):
+                cur = self.store.session(row.name)
+                if (cur.id, cur.epoch, cur.state) == (row.id, row.epoch, "stopping"):
+                    self.store.stop_epoch(row.name, self.clock())
 
     def _remove_orphans(self, node: NodeRow, info: pb.GetAgentInfoReply, wanted: set[int]) -> None:
         """Destroy the sessions of the node's agent that no live row refers to, once they

@@ -1046,6 +1046,15 @@ class Store(ABC):
         self._announce(CHANGED)
         return True
 
+    def stopping(self, sender: str) -> list[tuple[str, int]]:
+        """(name, epoch) of the sessions of this sender node that are ``stopping``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, epoch FROM sessions WHERE sender=? AND state='stopping' ORDER BY id",
+                (sender,),
+            ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     def destroying(self, sender: str) -> list[str]:
         """Names of the sessions of this sender node being destroyed, oldest first."""
         with self._lock:
