@@ -31,7 +31,7 @@ from sixlab.controller.core import Controller, SessionSpec
 from sixlab.controller.northbound import ControllerServer, serve_controller
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound.agent import AgentServer, serve
-from sixlab.southbound.client import AgentClient
+from sixlab.southbound.client import AgentClient, SouthboundError
 from tests.integration._ports import free_port
 
 MS = 1_000_000
@@ -80,11 +80,16 @@ class Northbound:
         self.controller.store.close()
 
 
-def _northbound(tmp: Path, supervise_interval_s: float | None = 1.0) -> Northbound:
+def _northbound(
+    tmp: Path,
+    supervise_interval_s: float | None = 1.0,
+    client_factory: type[AgentClient] = AgentClient,
+) -> Northbound:
     address = f"unix:{tmp}/controller.sock"
     controller = Controller(
-        SqliteStore(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s
-    )
+        SqliteStore(tmp / "c.db"), poll_interval_s=0.05, supervise_interval_s=supervise_interval_s,
+        client_factory=client_factory,
+    )  # fmt: skip
     server = serve_controller(address, controller)
     return Northbound(controller, server, ControllerClient(address, timeout=15), address)
 
@@ -203,6 +208,39 @@ def test_stop_then_finish_and_state_errors(agents: Agents, northbound: Northboun
     info = c.wait_state("p", ("finished",), timeout=10)
     assert info.stored == info.sent > 0
     assert [r.seq for r in c.results("p").records] == list(range(info.sent))
+
+
+def test_a_stop_the_sender_cannot_get_now_is_accepted_and_completed_later(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """StopSession while the controller cannot reach the sender (its stop request is
+    cut off; the sender is reachable again for the next calls): the stop is accepted
+    with a reply that says the sender was not told yet, the session shows ``stopping``
+    (not ``running`` again), and the controller tells the sender at a later round: the
+    session finishes with every result stored."""
+
+    class Cut(AgentClient):
+        def stop_session(self, ssid: int) -> None:
+            raise SouthboundError(Code.UNAVAILABLE, "cut off from the sender")
+
+    nb = _northbound(tmp_path, supervise_interval_s=0.2, client_factory=Cut)
+    try:
+        c = nb.client
+        port = _pair(c, agents)
+        c.create_session(_spec(port, count=0, interval_ns=50 * MS, collect="stream"))
+        c.start_session("p")
+        time.sleep(0.2)
+
+        pending = c.stop_session("p")
+
+        assert "'s' not told yet" in pending
+        assert "cut off from the sender" in pending
+        assert {s.name: s.state for s in c.sessions()} == {"p": "stopping"}
+        info = c.wait_state("p", ("finished",), timeout=30)
+        assert info.stored == info.sent > 0
+        assert [r.seq for r in c.results("p").records] == list(range(info.sent))
+    finally:
+        nb.close()
 
 
 # --------------------------------------------------------------------- bad requests

@@ -992,3 +992,55 @@ def test_a_stop_the_sender_never_got_is_sent_again_by_the_owner(
         _exactly_once(a, ["p1"])
     finally:
         _close(rb, ra, b, a)
+
+
+def test_a_stop_through_a_replica_that_cannot_reach_the_sender_is_completed_by_the_owner(
+    pg_url: str, agents: dict[str, AgentServer]
+) -> None:
+    """B stops a running session whose sender A owns, and B cannot reach the sender
+    (A can); A's repair looks at the sender while B's call is failing (the row says
+    ``stopping`` by then). The stop's intent survives: B answers that the stop is
+    recorded and the sender not told yet (not an error, not a revert to ``running``),
+    the row stays ``stopping``, and A tells the sender: the session drains and
+    finishes, every result stored exactly once."""
+    cut: list[int] = []
+    a: Controller | None = None
+
+    class Cut(AgentClient):
+        """B's client: the sender is out of its reach for the victim's stop."""
+
+        victim = 0
+
+        def stop_session(self, ssid: int) -> None:
+            if ssid == Cut.victim and self.target == f"127.0.0.1:{agents['s1'].port}":
+                cut.append(ssid)
+                assert a is not None
+                owner = a
+                t = threading.Thread(target=lambda: owner.check_node("s1"), daemon=True)
+                t.start()
+                t.join(5)
+                raise SouthboundError(grpc.StatusCode.UNAVAILABLE, "cut off from s1")
+            super().stop_session(ssid)
+
+    a, ra, b, rb = _replicas(pg_url, agents, AgentClient, Cut)
+    try:
+        names = ["p0", "p1"]
+        _running(a, names)
+        row = a.store.session("p0")
+        Cut.victim = row.ssid
+
+        pending = b.stop_session("p0")
+
+        assert cut == [row.ssid]
+        assert "s1" in pending
+        assert "cut off from s1" in pending
+        assert a.store.session("p0").state == "stopping"
+        wait_for("the owner to stop it", lambda: a.store.session("p0").state == "finished", 30)
+        assert _sender_state(agents, row.ssid) == pb.SESSION_STATE_FINISHED
+        epochs = a.store.epochs(row.id)
+        assert [(e.epoch, e.end_reason) for e in epochs] == [(0, "finished")]
+        assert epochs[0].stopped_ns is not None
+        _sent_once(a, "p0")
+        _exactly_once(a, ["p1"])
+    finally:
+        _close(rb, ra, b, a)

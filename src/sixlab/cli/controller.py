@@ -1018,9 +1018,9 @@ def _session_create(c: ControllerClient, args: argparse.Namespace) -> None:
 
 def _session_action(action: str) -> Callable[[ControllerClient, argparse.Namespace], None]:
     def run(c: ControllerClient, args: argparse.Namespace) -> None:
-        getattr(c, f"{action}_session")(args.name)
+        pending = getattr(c, f"{action}_session")(args.name)
         done = {"start": "started", "stop": "stopping", "destroy": "destroyed"}[action]
-        print(f"session {args.name} {done}")
+        print(f"session {args.name} {done}" + (f": {pending}" if pending else ""))
 
     return run
 

@@ -535,8 +535,11 @@ class ControllerClient(GrpcClient):
     def start_session(self, name: str) -> None:
         self._call("StartSession", pb.StartSessionRequest(name=name))
 
-    def stop_session(self, name: str) -> None:
-        self._call("StopSession", pb.StopSessionRequest(name=name))
+    def stop_session(self, name: str) -> str:
+        """Stop the session; "" once its sender was told, else why not yet (the stop is
+        accepted, and the controller that owns the sender tells it once it can)."""
+        reply: pb.StopSessionReply = self._call("StopSession", pb.StopSessionRequest(name=name))
+        return reply.pending
 
     def destroy_session(self, name: str) -> None:
         self._call("DestroySession", pb.DestroySessionRequest(name=name))

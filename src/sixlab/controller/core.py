@@ -58,11 +58,12 @@ state by whichever replica receives it and carried out by the replica holding th
 sender node's lease, told at once by the store's notice (``Store.subscribe``; its
 supervisor's round is the fallback); a start runs in the ``starting`` state, claimed
 by its replica (a second start is refused; the sender's owner finishes it if that
-replica dies); a stop is
-recorded before the sender is told, and a restart after a drain is recorded with the
-row; repairs leave ``destroying`` and ``starting`` rows alone, and destroy a session of
-an agent that no row refers to once it has been so for ``ORPHAN_GRACE_S``
-(docs/architecture.md, "Session lifecycle across replicas", "Orphan sessions").
+replica dies); a stop is recorded before the sender is told and stands if the sender
+cannot be told (the sender's owner tells it again while it still runs the session); a
+restart after a drain is recorded with the row; repairs leave ``destroying`` and
+``starting`` rows alone, and destroy a session of an agent that no row refers to once
+it has been so for ``ORPHAN_GRACE_S`` (docs/architecture.md, "Session lifecycle across
+replicas", "Orphan sessions").
 
 Collectors and repairs of a session take the session's lock: a batch is read, stored
 and acknowledged within one epoch, and a repair never slips in between (an
@@ -1751,16 +1752,20 @@ class Controller:
             still_mine()
             self._call(row.sender, lambda c: c.start_session(row.ssid))
 
-    def stop_session(self, name: str) -> None:
+    def stop_session(self, name: str) -> str:
         """Stop sending; the collector keeps reading until the session has drained.
+        Returns "" once the sender was told, else why it was not yet.
 
         The stop is recorded (``stopping``) before the sender is told, so that a repair
         of the sender running meanwhile (another replica's) finds it and stops what it
         starts; a sender that lost the session, or has not started it yet, is left to
-        that repair."""
+        that repair. The record stands whatever the sender's call answers: a sender this
+        controller cannot reach (or that refuses) is told by the owner of its node once
+        it can be (``_complete_stops``), and the caller hears that the stop is accepted
+        and completes so (docs/architecture.md, "A stop the sender did not get")."""
         with self._ops:
             if self.store.cancel_restart(name):
-                return  # draining to start afresh: it will just finish
+                return ""  # draining to start afresh: it will just finish
             row = self.store.session(name)
             if row.state != "running" or not self.store.claim_state(name, "running", "stopping"):
                 state = self.store.session(name).state
@@ -1769,9 +1774,15 @@ class Controller:
                 self._call(row.sender, lambda c: c.stop_session(row.ssid))
             except SouthboundError as exc:
                 if exc.code not in _MISSING:
-                    self.store.claim_state(name, "stopping", "running")
-                    raise
+                    pending = (
+                        f"sender {row.sender!r} not told yet ({exc.code.name}: {exc.details});"
+                        " the stop is recorded (the session is stopping) and the controller"
+                        " that owns the sender tells it once it can"
+                    )
+                    log.warning("session %s: %s", name, pending)
+                    return pending
             self.store.stop_epoch(name, self.clock())
+            return ""
 
     def destroy_session(self, name: str, *, wait_s: float = DESTROY_WAIT_S) -> None:
         """Destroy the session (``destroy_sessions``); raises why it was not."""

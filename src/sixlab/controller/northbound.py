@@ -568,8 +568,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @_handler(changes=True)
     def StopSession(self, request: pb.StopSessionRequest) -> pb.StopSessionReply:  # noqa: N802
-        self.controller.stop_session(_required("name", request.name))
-        return pb.StopSessionReply()
+        pending = self.controller.stop_session(_required("name", request.name))
+        return pb.StopSessionReply(pending=pending)
 
     @_handler(changes=True)
     def DestroySession(  # noqa: N802

@@ -640,12 +640,20 @@ Global___StopSessionRequest: _TypeAlias = StopSessionRequest  # noqa: Y015
 class StopSessionReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PENDING_FIELD_NUMBER: _builtins.int
+    pending: _builtins.str
+    """Empty: the sender was told. Else why it was not yet (e.g. it could not be reached):
+    the stop is accepted all the same, and the controller that owns the sender tells
+    it once it can; the session stays `stopping` until it has stopped and drained.
+    """
     def __init__(
         self,
+        *,
+        pending: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pending", b"pending"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

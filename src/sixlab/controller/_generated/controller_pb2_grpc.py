@@ -147,6 +147,9 @@ class ControllerServicer:
 
     def StopSession(self, request, context):
         """Stop sending; the controller collects what is in flight, then the session finishes.
+        The stop is recorded before the sender is told: a sender that cannot be told now
+        (unreachable) is told later by the controller that owns it, and the reply says so
+        (`pending`); the session shows `stopping` until then.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
