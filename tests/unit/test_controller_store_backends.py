@@ -434,6 +434,33 @@ def test_a_batch_of_epochs_leaves_out_a_session_being_destroyed(store: Store) ->
     assert [n - m for n, m in zip(after, before, strict=True)] == [1, 0, 1]
 
 
+def test_a_claimed_batch_of_epochs_begins_only_sessions_still_created(store: Store) -> None:
+    """``begin_epochs`` with a claimer claims each session ``created`` → ``starting`` as
+    its epoch begins: one started meanwhile (running, or starting under another claim)
+    keeps its epoch; ``claim_states`` then moves only the claimer's own."""
+    ids = _sessions(store, 3)
+    store.set_states(["p1"], "running")
+    assert store.claim_state("p2", "created", "starting", claimer="B")
+    items = [("p0", None), ("p1", None), ("p2", None)]
+    assert store.begin_epochs(items, 2, claimer="A") == {"p0"}
+    assert [store.session(n).state for n in ("p0", "p1", "p2")] == [
+        "starting", "running", "starting",
+    ]  # fmt: skip
+    assert [e.epoch for e in store.epochs(ids[0])] == [0, 1]
+    for i in ids[1:]:
+        assert [(e.epoch, e.ended_ns) for e in store.epochs(i)] == [(0, None)]
+    assert store.starting("s1") == [("p0", "A"), ("p2", "B")]
+    assert store.claim_states(["p0", "p1", "p2"], "starting", "running", holder="A") == {"p0"}
+    assert store.claim_states(["p2"], "starting", "created", holder="B") == {"p2"}
+    assert [store.session(n).state for n in ("p0", "p1", "p2")] == [
+        "running", "running", "created",
+    ]  # fmt: skip
+    assert store.claim_states([], "starting", "running", holder="A") == set()
+    assert store.stopping("s1") == []
+    assert store.claim_state("p1", "running", "stopping")
+    assert store.stopping("s1") == [("p1", 0)]
+
+
 def test_a_batch_of_a_session_pruned_meanwhile_is_stale_and_the_others_are_stored(
     store: Store,
 ) -> None:
