@@ -1028,41 +1028,44 @@ class Controller:
                     self._stops[key] = (now + delay, delay)
         if not due:
             return
-        rows = [r for r in self.store.sessions_named(due) if r.state == "stopping"]
-        # One record at most (after the stored cursor: nothing unstored is acknowledged):
-        # the session's state on the sender is the point.
-        replies = self.client(sender).call_many(
-            "GetStampSessionResults",
-            [pb.GetStampSessionResultsRequest(ssid=r.ssid, max_results=1, after_id=r.cursor)
-             for r in rows],
-        )  # fmt: skip
-        running: list[SessionRow] = []
-        for row, reply in zip(rows, replies, strict=True):
-            if isinstance(reply, SouthboundError):
-                if reply.code in _UNREACHABLE:
-                    self._health(sender, healthy=False, error=reply.details)
-                    log.info("session %s: stop not completed yet: %s", row.name, reply.details)
-                # Otherwise lost by the sender: its repair ends the epoch.
-                continue
-            if reply.state in (pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_IDLE):
-                running.append(row)
-        if not running:
-            return
-        for row in running:
-            log.warning(
-                "session %s: stopping, but its sender %s still runs it; telling it again",
-                row.name, sender,
+        # The sessions' locks are held from the read of their rows to the end: on the
+        # owner, a row leaves ``stopping`` only under its lock (its last batch, a lost
+        # half), so no stop goes to a session started again meanwhile in a new epoch.
+        with contextlib.ExitStack() as locks:
+            for name in sorted(due):
+                locks.enter_context(self._session_lock(name))
+            rows = [r for r in self.store.sessions_named(due) if r.state == "stopping"]
+            # One record at most, acknowledging none (``after_id`` 0): the session's
+            # state on the sender is the point.
+            replies = self.client(sender).call_many(
+                "GetStampSessionResults",
+                [pb.GetStampSessionResultsRequest(ssid=r.ssid, max_results=1, after_id=0)
+                 for r in rows],
             )  # fmt: skip
-        replies = self.client(sender).call_many(
-            "StopStampSession", [pb.StopStampSessionRequest(ssid=r.ssid) for r in running]
-        )
-        for row, reply in zip(running, replies, strict=True):
-            if isinstance(reply, SouthboundError) and reply.code not in _MISSING:
-                log.info("session %s: stop not completed yet: %s", row.name, reply.details)
-                continue
-            with self._session_lock(row.name):
-                cur = self.store.session(row.name)
-                if (cur.id, cur.epoch, cur.state) == (row.id, row.epoch, "stopping"):
+            running: list[SessionRow] = []
+            for row, reply in zip(rows, replies, strict=True):
+                if isinstance(reply, SouthboundError):
+                    if reply.code in _UNREACHABLE:
+                        self._health(sender, healthy=False, error=reply.details)
+                        log.info("session %s: stop not completed yet: %s", row.name, reply.details)
+                    # Otherwise lost by the sender: its repair ends the epoch.
+                    continue
+                if reply.state in (pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_IDLE):
+                    running.append(row)
+            if not running:
+                return
+            for row in running:
+                log.warning(
+                    "session %s: stopping, but its sender %s still runs it; telling it again",
+                    row.name, sender,
+                )  # fmt: skip
+            replies = self.client(sender).call_many(
+                "StopStampSession", [pb.StopStampSessionRequest(ssid=r.ssid) for r in running]
+            )
+            for row, reply in zip(running, replies, strict=True):
+                if isinstance(reply, SouthboundError) and reply.code not in _MISSING:
+                    log.info("session %s: stop not completed yet: %s", row.name, reply.details)
+                else:
                     self.store.stop_epoch(row.name, self.clock())
 
     def _remove_orphans(self, node: NodeRow, info: pb.GetAgentInfoReply, wanted: set[int]) -> None:
