@@ -844,15 +844,11 @@ class Store(ABC):
         if not items:
             return begun
         with self._transaction() as db:
+            claimed: set[str] | None = None
+            if claimer is not None:
+                claimed = _claim_created(db, [name for name, _ in items], claimer)
             for name, agent in items:
-                if (
-                    claimer is not None
-                    and not db.execute(
-                        "UPDATE sessions SET state='starting', claimed_by=?, restart_reason=NULL"
-                        " WHERE name=? AND state='created'",
-                        (claimer, name),
-                    ).rowcount
-                ):
+                if claimed is not None and name not in claimed:
                     continue
                 try:
                     _begin_epoch(db, name, now_ns, agent, "")
@@ -938,7 +934,7 @@ class Store(ABC):
                 chunk = list(names[i : i + 500])
                 rows = db.execute(
                     "UPDATE sessions SET state=?, claimed_by=NULL, restart_reason=NULL"  # noqa: S608
-                    " WHERE state=? AND claimed_by=? AND name IN ("
+                    " WHERE state != 'destroyed' AND state=? AND claimed_by=? AND name IN ("
                     + ",".join("?" * len(chunk)) + ") RETURNING name",
                     [new, old, holder, *chunk],
                 ).fetchall()  # fmt: skip
@@ -2088,6 +2084,24 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     ):
         if column not in have:
             db.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
+
+
+def _claim_created(db: _Db, names: Sequence[str], claimer: str) -> set[str]:
+    """Move the sessions of these names still ``created`` to ``starting`` claimed by
+    ``claimer`` (in the caller's transaction), in chunks of 500; the names moved."""
+    claimed: set[str] = set()
+    for i in range(0, len(names), 500):
+        chunk = list(names[i : i + 500])
+        rows = db.execute(
+            # ``state != 'destroyed'``: SQLite uses the live-name index only with its
+            # very condition (a scan per chunk otherwise).
+            "UPDATE sessions SET state='starting', claimed_by=?, restart_reason=NULL"  # noqa: S608
+            " WHERE state != 'destroyed' AND state='created' AND name IN ("
+            + ",".join("?" * len(chunk)) + ") RETURNING name",
+            [claimer, *chunk],
+        ).fetchall()  # fmt: skip
+        claimed.update(r[0] for r in rows)
+    return claimed
 
 
 def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reason: str) -> int:
