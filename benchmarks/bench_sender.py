@@ -225,6 +225,39 @@ def floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     }
 
 
+def c_floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
+    """The same probes at the same rate and tick from ``sender_floor.c`` (built with
+    ``sixlab.linux.ccbuild.build_c``): ``sendmmsg`` batches per tick, ``recvmmsg``
+    draining with the control messages and reply fields decoded and matched, no Python
+    in the loop. What the engine's C path would cost with nothing but that I/O."""
+    from sixlab.linux.ccbuild import build_c, cache_dir  # noqa: PLC0415
+
+    binary = build_c(Path(__file__).with_name("sender_floor.c"), cache_dir("bench"))
+    pps = args.sessions * args.rate
+    argv = [str(binary), str(args.port), str(pps), str(tick_us)]
+    argv += [str(args.warmup), str(args.seconds), str(args.sessions)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout)
+    span, n = out["span_s"], max(out["sent"], 1)
+    user, system = out["user_s"], out["system_s"]
+    return {
+        "floor": "C: sendmmsg + recvmmsg per tick, no Python",
+        "tick_us": tick_us,
+        "offered_pps": pps,
+        "sent_pps": round(out["sent"] / span),
+        "results_per_s": round(out["matched"] / span),
+        "cpu_of_one_core": round((user + system) / span, 3),
+        "cpu_us_per_probe": round((user + system) / n * 1e6, 1),
+        "user_us_per_probe": round(user / n * 1e6, 1),
+        "system_us_per_probe": round(system / n * 1e6, 1),
+        "wakeups_per_s": round(out["wakeups"] / span),
+        "slip_us_p50": out["slip_us_p50"],
+        "slip_us_p99": out["slip_us_p99"],
+        "slip_us_max": out["slip_us_max"],
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "reflector":
         _reflector(int(sys.argv[2]))
@@ -264,6 +297,11 @@ def main() -> None:
         "--floor", action="store_true",
         help="also run each tick with bare sendto/recvmsg and no engine (the kernel's share)",
     )  # fmt: skip
+    parser.add_argument(
+        "--c-floor", action="store_true",
+        help="also run each tick from sender_floor.c: sendmmsg/recvmmsg batches per tick, "
+        "replies decoded and matched, no Python (what the kernel alone takes)",
+    )  # fmt: skip
     args = parser.parse_args()
     ticks = [float(x) for x in args.tick_us.split(",")]
     reflector = subprocess.Popen(
@@ -281,6 +319,8 @@ def main() -> None:
                 print(json.dumps(run(args, tick)), flush=True)
                 if args.floor:
                     print(json.dumps(floor(args, tick)), flush=True)
+                if args.c_floor:
+                    print(json.dumps(c_floor(args, tick)), flush=True)
     finally:
         assert reflector.stdin is not None
         reflector.stdin.close()
