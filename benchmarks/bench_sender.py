@@ -15,6 +15,11 @@ with the garbage collector's passes in the window (how many, their time, the ful
 and the longest full one: a full pass stops the engine for as long as it takes).
 
     sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
+
+Beside the engine, at the same rate and tick: ``--floor``, bare ``sendto`` + ``recvmsg``
+from Python, and ``--c-floor``, ``sender_floor.c`` (``sendmmsg``/``recvmmsg`` batches per
+tick, replies decoded and matched, no Python in the loop): what the kernel alone takes
+per probe and per wake-up. ``--no-engine`` runs only those.
 """
 
 from __future__ import annotations
@@ -302,6 +307,10 @@ def main() -> None:
         help="also run each tick from sender_floor.c: sendmmsg/recvmmsg batches per tick, "
         "replies decoded and matched, no Python (what the kernel alone takes)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-engine", action="store_true",
+        help="run only the floors asked for (--floor, --c-floor), not the engine",
+    )  # fmt: skip
     args = parser.parse_args()
     ticks = [float(x) for x in args.tick_us.split(",")]
     reflector = subprocess.Popen(
@@ -316,7 +325,8 @@ def main() -> None:
         args.port = int(ready[1])
         for _ in range(args.repeat):
             for tick in ticks:
-                print(json.dumps(run(args, tick)), flush=True)
+                if not args.no_engine:
+                    print(json.dumps(run(args, tick)), flush=True)
                 if args.floor:
                     print(json.dumps(floor(args, tick)), flush=True)
                 if args.c_floor:
