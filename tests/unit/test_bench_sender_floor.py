@@ -56,7 +56,11 @@ def test_the_floor_sends_and_matches_its_replies(reflector: int, tmp_path: Path)
 
 def test_the_floor_refuses_bad_arguments(tmp_path: Path) -> None:
     binary = _binary(tmp_path)
-    bad = ([], ["0", "1000", "250", "0", "1", "10"], ["862", "1000", "250", "0", "1", "0"])
+    bad: tuple[list[str], ...] = (
+        [],
+        ["0", "1000", "250", "0", "1", "10"],
+        ["862", "1000", "250", "0", "1", "0"],
+    )
     for argv in bad:
         done = subprocess.run(
             [str(binary), *argv], capture_output=True, text=True, timeout=10, check=False
