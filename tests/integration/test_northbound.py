@@ -227,18 +227,23 @@ def test_a_stop_the_sender_cannot_get_now_is_accepted_and_completed_later(
     try:
         c = nb.client
         port = _pair(c, agents)
-        c.create_session(_spec(port, count=0, interval_ns=50 * MS, collect="stream"))
-        c.start_session("p")
+        for name in ("p", "q"):
+            c.create_session(_spec(port, name, count=0, interval_ns=50 * MS, collect="stream"))
+            c.start_session(name)
         time.sleep(0.2)
 
         pending = c.stop_session("p")
+        printed = _cli(nb.address, "session", "stop", "q")
 
         assert "'s' not told yet" in pending
         assert "cut off from the sender" in pending
-        assert {s.name: s.state for s in c.sessions()} == {"p": "stopping"}
-        info = c.wait_state("p", ("finished",), timeout=30)
-        assert info.stored == info.sent > 0
-        assert [r.seq for r in c.results("p").records] == list(range(info.sent))
+        assert printed.returncode == 0, printed.stderr
+        assert printed.stdout.startswith("session q stopping: sender 's' not told yet")
+        assert {s.name: s.state for s in c.sessions()} == {"p": "stopping", "q": "stopping"}
+        for name in ("p", "q"):
+            info = c.wait_state(name, ("finished",), timeout=30)
+            assert info.stored == info.sent > 0
+            assert [r.seq for r in c.results(name).records] == list(range(info.sent))
     finally:
         nb.close()
 
