@@ -895,7 +895,15 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         if drain and protos:
             engine.acknowledge(ssid, items[len(protos) - 1][0])
         reply.results.extend(protos)
-        reply.remaining = engine.snapshot(ssid).fifo_len
+        if drain:
+            reply.remaining = engine.snapshot(ssid).fifo_len
+        else:
+            # What comes after this reply's last record (the ones it carries stay
+            # queued until acknowledged): the ids in the FIFO are consecutive.
+            last = engine.last_id(ssid)
+            before_first = last - engine.snapshot(ssid).fifo_len
+            sent = protos[-1].record_id if protos else request.after_id
+            reply.remaining = max(0, last - max(sent, before_first))
         self._senders[ssid].fetched += len(protos)
         return reply
 
