@@ -15,6 +15,11 @@ with the garbage collector's passes in the window (how many, their time, the ful
 and the longest full one: a full pass stops the engine for as long as it takes).
 
     sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
+
+Beside the engine, at the same rate and tick: ``--floor``, bare ``sendto`` + ``recvmsg``
+from Python, and ``--c-floor``, ``sender_floor.c`` (``sendmmsg``/``recvmmsg`` batches per
+tick, replies decoded and matched, no Python in the loop): what the kernel alone takes
+per probe and per wake-up. ``--no-engine`` runs only those.
 """
 
 from __future__ import annotations
@@ -225,6 +230,39 @@ def floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     }
 
 
+def c_floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
+    """The same probes at the same rate and tick from ``sender_floor.c`` (built with
+    ``sixlab.linux.ccbuild.build_c``): ``sendmmsg`` batches per tick, ``recvmmsg``
+    draining with the control messages and reply fields decoded and matched, no Python
+    in the loop. What the engine's C path would cost with nothing but that I/O."""
+    from sixlab.linux.ccbuild import build_c, cache_dir  # noqa: PLC0415
+
+    binary = build_c(Path(__file__).with_name("sender_floor.c"), cache_dir("bench"))
+    pps = args.sessions * args.rate
+    argv = [str(binary), str(args.port), str(pps), str(tick_us)]
+    argv += [str(args.warmup), str(args.seconds), str(args.sessions)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout)
+    span, n = out["span_s"], max(out["sent"], 1)
+    user, system = out["user_s"], out["system_s"]
+    return {
+        "floor": "C: sendmmsg + recvmmsg per tick, no Python",
+        "tick_us": tick_us,
+        "offered_pps": pps,
+        "sent_pps": round(out["sent"] / span),
+        "results_per_s": round(out["matched"] / span),
+        "cpu_of_one_core": round((user + system) / span, 3),
+        "cpu_us_per_probe": round((user + system) / n * 1e6, 1),
+        "user_us_per_probe": round(user / n * 1e6, 1),
+        "system_us_per_probe": round(system / n * 1e6, 1),
+        "wakeups_per_s": round(out["wakeups"] / span),
+        "slip_us_p50": out["slip_us_p50"],
+        "slip_us_p99": out["slip_us_p99"],
+        "slip_us_max": out["slip_us_max"],
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "reflector":
         _reflector(int(sys.argv[2]))
@@ -264,6 +302,15 @@ def main() -> None:
         "--floor", action="store_true",
         help="also run each tick with bare sendto/recvmsg and no engine (the kernel's share)",
     )  # fmt: skip
+    parser.add_argument(
+        "--c-floor", action="store_true",
+        help="also run each tick from sender_floor.c: sendmmsg/recvmmsg batches per tick, "
+        "replies decoded and matched, no Python (what the kernel alone takes)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-engine", action="store_true",
+        help="run only the floors asked for (--floor, --c-floor), not the engine",
+    )  # fmt: skip
     args = parser.parse_args()
     ticks = [float(x) for x in args.tick_us.split(",")]
     reflector = subprocess.Popen(
@@ -278,9 +325,12 @@ def main() -> None:
         args.port = int(ready[1])
         for _ in range(args.repeat):
             for tick in ticks:
-                print(json.dumps(run(args, tick)), flush=True)
+                if not args.no_engine:
+                    print(json.dumps(run(args, tick)), flush=True)
                 if args.floor:
                     print(json.dumps(floor(args, tick)), flush=True)
+                if args.c_floor:
+                    print(json.dumps(c_floor(args, tick)), flush=True)
     finally:
         assert reflector.stdin is not None
         reflector.stdin.close()

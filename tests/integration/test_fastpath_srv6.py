@@ -4,7 +4,8 @@
 SRv6 paths (A: 5/12 ms, B: 20/3 ms), each with its own configured return SID list, as the
 STAMP paper's reflector does: every probe carries an SRH (Segments Left 0 at the
 reflector) and every reply a new one. The sessions must measure the emulated delays
-(median within ±1 ms, nine records in ten within ±2 ms); the reflector's exit summary
+(median within ±1 ms, three records in four within ±2 ms, none faster than the link;
+measured again when the records were only late); the reflector's exit summary
 must show that the plane's fast path sent the replies (``fast_replies``), not the
 general path; and every reply, captured where it enters R2, must decode with scapy and
 with tshark (two independent decoders) as IPv6 + SRH + UDP + STAMP with the configured
@@ -20,27 +21,27 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from statistics import median
-from typing import Any
 
 import pytest
 
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
-from tests.integration._stamp_helpers import SIXLAB, run_sender
+from tests.integration._stamp_helpers import SIXLAB, measure_delays, run_sender
 
 pytestmark = [pytest.mark.root, pytest.mark.interop]
 
 TOLERANCE_MS = 1.0
-#: Nine records in ten within this. An XDP program's T2 (afxdp) is read in the veth's NAPI
-#: poll, which the kernel defers to ksoftirqd on a loaded machine: seen here as a
-#: second mode 1 ms above the first (20.2 and 21.2 ms on path B's 20 ms) in two of ten
-#: records, at load average 5-6. The mmap plane's T2 is the kernel's time stamp taken
-#: before the backlog, which that deferral does not move.
+#: Three records in four within this (``SHARE``). An XDP program's T2 (afxdp) is read
+#: in the veth's NAPI poll, which the kernel defers to ksoftirqd on a loaded machine:
+#: seen here as a second mode 1 ms above the first (20.2 and 21.2 ms on path B's 20 ms)
+#: in two of ten records, at load average 5-6. The mmap plane's T2 is the kernel's time
+#: stamp taken before the backlog, which that deferral does not move.
 SPREAD_MS = 2.0
 #: Thirty records per path: with ten, two records late on a busy machine (seen in a full
-#: suite run) already broke the nine-in-ten rule; the rule is about a plane's time
-#: stamps, which are wrong on every packet or on none.
+#: suite run) already broke a nine-in-ten rule; so did four of thirty, twice in a row,
+#: at load average 8. A plane's time stamps are wrong on every packet or on none, and
+#: wrong ones show as records faster than the link, which fail on any load.
 COUNT = 30
+SHARE = 0.75
 WARMUP = 2
 PLANES = ["mmap", "afxdp"]
 
@@ -72,18 +73,6 @@ def _plane_counters(summary: list[str], plane: str) -> dict[str, int]:
         if line.startswith(f"{plane} data plane:"):
             return {k: int(v) for k, v in re.findall(r"([a-z_-]+)=(\d+)", line)}
     raise AssertionError(f"no plane counters in {summary}")
-
-
-def _check(doc: dict[str, Any], path: SRv6Path) -> None:
-    """Every probe answered; the median one-way delays within ±1 ms of the emulated
-    ones, and nine records in ten within ±``SPREAD_MS``."""
-    assert (doc["sent"], doc["received"], doc["lost"]) == (COUNT, COUNT, 0)
-    for key, want in (("direct_ns", path.forward_delay_ms), ("return_ns", path.return_delay_ms)):
-        values = [r[key] / 1e6 for r in doc["records"]]
-        assert abs(median(values) - want) <= TOLERANCE_MS, (key, values)
-        close = [abs(v - want) <= SPREAD_MS for v in values]
-        # Nine in ten: the rest may meet a busy CPU (the emulated links run in user space).
-        assert sum(close) >= 0.9 * len(close), (key, values)
 
 
 @contextmanager
@@ -187,6 +176,7 @@ def test_fast_path_answers_both_srv6_paths(
             node.exec(["ethtool", "-K", ifname, "tx", "off"])
     a, b = tb.paths["A"], tb.paths["B"]
     summaries: list[list[str]] = []
+    sessions = 0  # measured ones (a second one when the first's records were late)
     # One reflector at a time: an interface has one XDP program and an AF_XDP socket
     # per queue, so the afxdp plane serves one process per interface.
     with _capture(tb, tmp_path / "replies.pcap") as frames:
@@ -195,13 +185,20 @@ def test_fast_path_answers_both_srv6_paths(
             with _reflector(tb, plane, "--ssid", ssid, "--return-segments", ret, *mode) as summary:
                 args = ("--ssid", ssid, *(["--ptp"] if "--ptp" in mode else []))
                 run_sender(tb, path, *args, count=WARMUP)
-                _check(run_sender(tb, path, *args, count=COUNT), path)
+                runs = measure_delays(
+                    lambda: run_sender(tb, path, *args, count=COUNT),  # noqa: B023
+                    path,
+                    count=COUNT,
+                    tolerance_ms=TOLERANCE_MS,
+                    spread_ms=SPREAD_MS,
+                    share=SHARE,
+                ).runs
+                sessions += runs
             summaries.append(summary)
-    for summary in summaries:
-        counters = _plane_counters(summary, plane)
-        # The first reply to a new peer may take the general path while the neighbour
-        # is resolved; every other one is written by the fast path.
-        assert counters["fast_replies"] >= COUNT + WARMUP - 1, summary
+            counters = _plane_counters(summary, plane)
+            # The first reply to a new peer may take the general path while the neighbour
+            # is resolved; every other one is written by the fast path.
+            assert counters["fast_replies"] >= runs * COUNT + WARMUP - 1, summary
     checked = _check_replies(frames, tb, {1: a, 2: b})
-    assert checked == 2 * (COUNT + WARMUP), (checked, len(frames), summaries)
+    assert checked == sessions * COUNT + 2 * WARMUP, (checked, len(frames), summaries)
     assert _check_replies_tshark(tmp_path / "replies.pcap", tb, {1: a, 2: b}) == checked

@@ -38,17 +38,20 @@ from sixlab.southbound.client import AgentClient, ReflectorSession, SenderSessio
 from sixlab.stamp._events import StampResult
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
 from sixlab.testbed._netns import entered
-from tests.integration._stamp_helpers import SIXLAB, run_sender
+from tests.integration._stamp_helpers import SIXLAB, Measured, measure_delays, run_sender
 
 pytestmark = pytest.mark.root
 
 TOLERANCE_MS = 1.0
-#: Nine records in ten within this of the emulated delay (medians within TOLERANCE_MS).
+#: ``SHARE`` of the records within this of the emulated delay (medians within TOLERANCE_MS).
 #: A program's T2/T4 is read in the veth's NAPI poll, which a loaded kernel defers to
 #: ksoftirqd: a second mode about 1 ms above the first in a few records (as in
 #: test_fastpath_srv6), which failed the nine-in-ten rule at 1 ms with old and new code
 #: alike at load average 5-6.
 SPREAD_MS = 2.0
+#: Three in four: test_fastpath_srv6 saw four records of thirty late by 2-13 ms, twice in
+#: a row, at load average 8; wrong time stamps show as records faster than the link.
+SHARE = 0.75
 MS = 1_000_000
 COUNT = 20
 
@@ -102,17 +105,18 @@ def _measure(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = COUNT) -
     return run_sender(tb, path, *args, count=count)
 
 
-def _check(doc: dict[str, Any], path: SRv6Path, count: int = COUNT) -> tuple[float, float]:
-    """The session met the configured delays; its median (direct, return) in ms."""
-    assert (doc["sent"], doc["received"], doc["lost"]) == (count, count, 0)
-    direct = doc["summary"]["direct"]["p50"] / 1e6
-    back = doc["summary"]["return"]["p50"] / 1e6
-    assert abs(direct - path.forward_delay_ms) <= TOLERANCE_MS, (direct, path)
-    assert abs(back - path.return_delay_ms) <= TOLERANCE_MS, (back, path)
-    for key, want in (("direct_ns", path.forward_delay_ms), ("return_ns", path.return_delay_ms)):
-        close = [abs(r[key] / 1e6 - want) <= SPREAD_MS for r in doc["records"]]
-        assert sum(close) >= 0.9 * len(close), (key, [r[key] for r in doc["records"]])
-    return direct, back
+def _measured(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = COUNT) -> Measured:
+    """:func:`_measure`, its delays checked against the path's (medians within
+    ±``TOLERANCE_MS``, ``SHARE`` of the records within ±``SPREAD_MS``; measured again if the
+    records were only late, see ``measure_delays``)."""
+    return measure_delays(
+        lambda: _measure(tb, path, *args, count=count),
+        path,
+        count=count,
+        tolerance_ms=TOLERANCE_MS,
+        spread_ms=SPREAD_MS,
+        share=SHARE,
+    )
 
 
 def _kernel_counters(summary: list[str]) -> dict[str, int]:
@@ -136,10 +140,10 @@ def test_xdp_reflector_measures_what_user_space_measures(
         docs: dict[str, dict[str, Any]] = {}
         for plane in ("socket", "xdp"):
             with _reflector(tb, plane, *args, *mode) as summary:
-                docs[plane] = _measure(tb, path, "--ssid", str(ssid))
-            measured[plane] = _check(docs[plane], path)
-        # The kernel answered every packet (2 warm-up + COUNT), user space none.
-        assert _kernel_counters(summary) == {"reflected": COUNT + 2}, summary
+                m = _measured(tb, path, "--ssid", str(ssid))
+            docs[plane], measured[plane] = m.doc, (m.direct_ms, m.return_ms)
+        # The kernel answered every packet (2 warm-up + COUNT a run), user space none.
+        assert _kernel_counters(summary) == {"reflected": m.runs * (COUNT + 2)}, summary
         assert "received 0, reflected 0" in "\n".join(summary), summary
         (sd, sr), (xd, xr) = measured["socket"], measured["xdp"]
         assert abs(sd - xd) <= TOLERANCE_MS, (name, measured)
@@ -163,18 +167,19 @@ def test_xdp_reflector_leaves_tlvs_and_auth_to_its_user_space_path(
     """A default session in the kernel; the Return Path TLV (RFC 9503) and HMAC are
     answered by the core behind the same plane, with the same delays."""
     tb = xdp_testbed
+    runs = 0
     with _reflector(tb, "xdp") as summary:
         for name in ("A", "B"):
             path = tb.paths[name]
-            doc = _measure(tb, path, "--return-segments", ",".join(path.return_segments))
-            _check(doc, path)
-    assert _kernel_counters(summary) == {"pass-tlv": 2 * (COUNT + 2)}, summary
-    assert f"received {2 * (COUNT + 2)}, reflected {2 * (COUNT + 2)}" in summary[0], summary
+            runs += _measured(tb, path, "--return-segments", ",".join(path.return_segments)).runs
+    n = runs * (COUNT + 2)
+    assert _kernel_counters(summary) == {"pass-tlv": n}, summary
+    assert f"received {n}, reflected {n}" in summary[0], summary
 
     b = tb.paths["B"]
     key = "5ec7e75ec7e7"
     with _reflector(tb, "xdp", "--auth-key", key, "--return-segments", ",".join(b.return_segments)):
-        _check(_measure(tb, b, "--auth-key", key, count=10), b, count=10)
+        _measured(tb, b, "--auth-key", key, count=10)
 
 
 def test_xdp_sender_collects_in_the_kernel(xdp_testbed: SRv6TwoPaths) -> None:
@@ -184,13 +189,12 @@ def test_xdp_sender_collects_in_the_kernel(xdp_testbed: SRv6TwoPaths) -> None:
     a = tb.paths["A"]
     plane = ["--dataplane", "xdp", "--interface", "eth0", "--ssid", "3"]
     with _reflector(tb, "xdp", "--ssid", "3", "--return-segments", ",".join(a.return_segments)):
-        via_socket = _check(_measure(tb, a, "--ssid", "3"), a)
-        doc = _measure(tb, a, *plane)
-        via_xdp = _check(doc, a)
-    assert doc["dataplane"] == {"collected": COUNT}
-    assert abs(via_socket[0] - via_xdp[0]) <= TOLERANCE_MS
-    assert abs(via_socket[1] - via_xdp[1]) <= TOLERANCE_MS
-    assert {r["ttl"] for r in doc["records"]} == {62}
+        via_socket = _measured(tb, a, "--ssid", "3")
+        via_xdp = _measured(tb, a, *plane)
+    assert via_xdp.doc["dataplane"] == {"collected": COUNT}
+    assert abs(via_socket.direct_ms - via_xdp.direct_ms) <= TOLERANCE_MS
+    assert abs(via_socket.return_ms - via_xdp.return_ms) <= TOLERANCE_MS
+    assert {r["ttl"] for r in via_xdp.doc["records"]} == {62}
 
 
 # -------------------------------------------------------------------------- agents
@@ -224,7 +228,7 @@ def _records(sender: AgentClient, ssid: int) -> list[StampResult]:
 
 def _near(values: list[int], want_ms: float) -> bool:
     close = [abs(v / 1e6 - want_ms) <= SPREAD_MS for v in values]
-    return abs(median(values) / 1e6 - want_ms) <= TOLERANCE_MS and sum(close) >= 0.9 * len(close)
+    return abs(median(values) / 1e6 - want_ms) <= TOLERANCE_MS and sum(close) >= SHARE * len(close)
 
 
 def test_xdp_agents_measure_both_paths(xdp_testbed: SRv6TwoPaths, tmp_path: Path) -> None:

@@ -356,3 +356,17 @@ def test_an_unwritable_cache_leaves_the_python_path(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
     assert probeio.build(blocker / "cache") is None  # a file where the directory goes
+
+
+def test_record_fields_are_the_record_without_its_addresses() -> None:
+    """The engine unpacks a reply for ``receive_record`` with ``RECORD_FIELDS`` and
+    only a reply for the Python path with ``RECORD``: the same bytes must give the same
+    fields, whatever the addresses hold."""
+    assert probeio.RECORD_FIELDS.size == probeio.RECORD.size
+    values = (
+        -5, 1 << 63, 2, 3, 44, 7, 8, 0xFFFF, 0x8001, 0x4001, 862, -1, 64, 255, 3,
+        b"\x20\x01" + bytes(13) + b"\x01", bytes(15) + b"\x02",
+    )  # fmt: skip
+    packed = probeio.RECORD.pack(*values)
+    assert probeio.RECORD_FIELDS.unpack(packed) == values[:15]
+    assert [*probeio.RECORD_FIELDS.iter_unpack(packed * 2)] == [values[:15]] * 2

@@ -717,3 +717,67 @@ def test_loss_after_the_last_answer_is_unclassified_until_a_later_reply() -> Non
 def test_stateless_reflector_has_no_loss_split() -> None:
     c = SenderSession(SenderConfig(ssid=4)).counters
     assert (c.forward_lost, c.unclassified_lost, c.backward_lost) == (None, None, None)
+
+
+def _answer_many(session: SenderSession, r: Reflector, n: int, start: int) -> list[bytes]:
+    """Send and answer ``n`` packets, one per 1 ms slot from ``start`` (a running session
+    with a 1 ms interval); the replies, in Seq order."""
+    replies = []
+    for k in range(n):
+        now = start + k * MS
+        session.handle_timer(now)
+        for pkt in session.datagrams_to_send():
+            reply = bounce(r, pkt, now, now)
+            session.receive(reply, now)
+            replies.append(reply)
+        while session.next_event() is not None:
+            pass
+    return replies
+
+
+def test_duplicates_are_told_from_late_replies_over_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A repeat of one of the last DUPLICATE_WINDOW Seqs sent is a duplicate; an older
+    one is late (RFC 8762 §4.2 leaves duplicate detection to the implementation)."""
+    from sixlab.stamp import sender as sender_module  # noqa: PLC0415
+
+    monkeypatch.setattr(sender_module, "DUPLICATE_WINDOW", 64)
+    cfg = SenderConfig(ssid=6, interval_ns=MS, loss_timeout_ns=MS // 2)
+    r = reflector_for(cfg)
+    session = SenderSession(cfg)
+    session.start(T0)
+    replies = _answer_many(session, r, 64, T0)
+    assert session.counters.received == 64
+    session.receive(replies[0], T0 + 100 * MS)  # Seq 0, the oldest of the last 64 sent
+    assert session.counters.duplicates == 1
+    _answer_many(session, r, 1, T0 + 64 * MS)  # Seq 64 takes Seq 0's place
+    session.receive(replies[0], T0 + 101 * MS)
+    session.receive(replies[1], T0 + 101 * MS)  # Seq 1: still in the window
+    assert session.counters.duplicates == 2
+    assert drops(session) == [DropReason.LATE]
+
+
+def test_duplicate_detection_memory_does_not_grow_with_the_session() -> None:
+    """10,000 sessions at 1 pps must not grow by the Seqs they answered: a session holds
+    no more after 10,000 more answered packets (it held a set and a queue of the last
+    65,536 Seqs: ~5 MB a session once full)."""
+    import gc  # noqa: PLC0415
+    import tracemalloc  # noqa: PLC0415
+
+    cfg = SenderConfig(ssid=6, interval_ns=MS, loss_timeout_ns=MS // 2)
+    r = reflector_for(cfg)
+    session = SenderSession(cfg)
+    session.start(T0)
+    _answer_many(session, r, 1_000, T0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        _answer_many(session, r, 10_000, T0 + 1_000 * MS)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert session.counters.received == 11_000
+    assert grown < 64 * 1024, grown

@@ -491,6 +491,9 @@ class _SenderEntry:
     on_slot: int = 0
     late_ns_total: int = 0
     late_ns_max: int = 0
+    #: ``spec.config``'s SSID and interval (ns), kept here for the per-probe work.
+    ssid: int = 0
+    interval: int = 0
 
     @property
     def schedule(self) -> ScheduleStats:
@@ -590,6 +593,7 @@ class SenderEngine(_Loop):
                     "labels (the socket plane can)"
                 )
             entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            entry.ssid, entry.interval = ssid, spec.config.interval_ns
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
@@ -762,7 +766,7 @@ class SenderEngine(_Loop):
         if timer != entry.timer:
             entry.timer = timer
             if timer is not None:
-                heapq.heappush(self._heap, (timer, next(self._pushes), entry.spec.config.ssid))
+                heapq.heappush(self._heap, (timer, next(self._pushes), entry.ssid))
 
     def _due(self) -> _SenderEntry | None:
         """The heap's earliest live timer's session, dropping stale ones (lock held)."""
@@ -874,8 +878,8 @@ class SenderEngine(_Loop):
         data = pio.data
         slot = probeio.SLOT
         records = memoryview(pio.records)[: got * probeio.RECORD.size]
-        for i, rec in enumerate(probeio.RECORD.iter_unpack(records)):
-            t4, t1, t2, t3, size, rseq, seq, ssid, r_ee, s_ee, _, _, _, ttl, flags, _, _ = rec
+        for i, rec in enumerate(probeio.RECORD_FIELDS.iter_unpack(records)):
+            t4, t1, t2, t3, size, rseq, seq, ssid, r_ee, s_ee, _, _, _, ttl, flags = rec
             entry = entries.get(ssid)
             at = i * slot
             if (
@@ -885,7 +889,8 @@ class SenderEngine(_Loop):
                 or flags & probeio.TRUNCATED
                 or (size >= wire.AUTH_PACKET_SIZE and self._authenticated(data, at))
             ):
-                self._deliver(self._received(pio, i, rec), mono, wall)
+                full = probeio.RECORD.unpack_from(records, i * probeio.RECORD.size)
+                self._deliver(self._received(pio, i, full), mono, wall)
                 continue
             t4 = t4 or wall
             arrived = mono - wall + t4 if t4 < wall else mono
@@ -1067,7 +1072,7 @@ class SenderEngine(_Loop):
             if entry.start is not None:
                 self._slip(entry, now)
             if on_event is not None:
-                on_event(ev.PacketSent(entry.spec.config.ssid, seq, t1))
+                on_event(ev.PacketSent(entry.ssid, seq, t1))
 
     def _fire(self, entry: _SenderEntry, template: bytes, now: int, wall: int) -> None:
         """``handle_timer`` and ``_pump`` for a session on ``send_due`` (lock held)."""
@@ -1088,7 +1093,7 @@ class SenderEngine(_Loop):
                 self._slip(entry, now)
             if self.on_event is not None:
                 seq = int.from_bytes(payload[:4])
-                self.on_event(ev.PacketSent(entry.spec.config.ssid, seq, wall))
+                self.on_event(ev.PacketSent(entry.ssid, seq, wall))
         if session.has_output:
             self._pump(entry)  # what else the timer produced: losses, the end
 
@@ -1145,7 +1150,7 @@ class SenderEngine(_Loop):
     def _slip(entry: _SenderEntry, now: int) -> None:
         """A packet left at ``now`` for the latest slot due (see ScheduleStats)."""
         assert entry.start is not None
-        slot, late = divmod(now - entry.start, entry.spec.config.interval_ns)
+        slot, late = divmod(now - entry.start, entry.interval)
         if slot > entry.last_slot + 1:
             entry.skipped += slot - entry.last_slot - 1
         entry.on_slot += 1

@@ -33,7 +33,7 @@ from typing import Protocol
 from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.ccbuild import build_c, cache_dir
 
-__all__ = ["RECORD", "ProbeIO", "RoutingHeaders", "load"]
+__all__ = ["RECORD", "RECORD_FIELDS", "ProbeIO", "RoutingHeaders", "load"]
 
 _SOURCE = Path(__file__).with_name("probeio.c")
 #: Packets per ``sendmmsg`` / ``recvmmsg`` call (``MAX_BATCH`` in probeio.c).
@@ -45,6 +45,9 @@ SLOT = 9000
 #: source port, Traffic Class (-1: none), Hop Limit, Ses-Sender TTL, flags (bit 0
 #: truncated, bit 1 IPv4), source and destination address (16 bytes; IPv4 in the first 4).
 RECORD = struct.Struct("=q3Q3I4HhBBB7x16s16s")
+#: ``RECORD`` without the two addresses (skipped, not made into bytes): what a reply
+#: that takes ``batch.receive_record`` needs.
+RECORD_FIELDS = struct.Struct("=q3Q3I4HhBBB7x32x")
 #: Bytes before each payload in the send buffer (``SEND_HEAD`` in probeio.c).
 _SEND_HEAD = struct.Struct("=4Iq32s")
 TRUNCATED = 1

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sixlab.stamp._events import DropReason, DuplicateReceived, StampResult
+from sixlab.stamp._events import DropReason, StampResult
 from sixlab.stamp.reflector import Reflection, Reflector, ReturnPath, _Session
 from sixlab.stamp.sender import SenderConfig, SenderSession, State, _Input
 from sixlab.wire import WireError
@@ -580,13 +580,7 @@ def _match_fields(
     cfg = session.config
     t1 = session._outstanding.get(seq)
     if t1 is None:
-        if seq in session._answered:
-            session.counters.duplicates += 1
-            session._events.append(DuplicateReceived(cfg.ssid, seq))
-        elif seq < session._next_seq:
-            session._drop(DropReason.LATE)
-        else:
-            session._drop(DropReason.UNKNOWN_SEQ)
+        session._unmatched(seq)
         return
     if bad_ts or echoed_t1 != t1:
         session._drop(DropReason.BAD_TIMESTAMP)
@@ -679,8 +673,7 @@ def due_seq(session: SenderSession, now: int, wall: int) -> int | None:
             session._next_send_ns = None
             session._transition(_Input.STOP)
         else:
-            out = seq = session._next_seq
-            session._next_seq = (seq + 1) & 0xFFFF_FFFF
+            out = seq = session._take_seq()
             session._outstanding[seq] = wall
             session._deadlines.append((now + cfg.loss_timeout_ns, seq))
             session.counters.sent += 1

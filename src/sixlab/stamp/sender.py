@@ -102,8 +102,8 @@ DEFAULT_TAI_UTC_OFFSET_NS = 37 * NS_PER_S
 #: How long to wait for a reflected packet before declaring loss (RFC 5357 §4.2.1's
 #: TWAMP-Test default timeout is 2 s; RFC 8762 leaves it to configuration).
 DEFAULT_LOSS_TIMEOUT_NS = 2 * NS_PER_S
-#: Received Seqs remembered for duplicate detection, beyond which a repeat of an old
-#: Seq counts as late rather than duplicate (bounds memory on long sessions).
+#: Duplicate detection covers the last this many Seqs sent: one bit each, answered or
+#: not (8 KiB a session, whatever its length); a repeat of an older Seq counts as late.
 DUPLICATE_WINDOW = 65536
 
 
@@ -255,8 +255,9 @@ class SenderSession:
         self._end_ns: int | None = None
         self._outstanding: dict[int, int] = {}  # seq -> T1 (UTC ns)
         self._deadlines: deque[tuple[int, int]] = deque()  # (deadline, seq), in send order
-        self._answered: set[int] = set()
-        self._answered_order: deque[int] = deque()
+        #: Bit ``seq % DUPLICATE_WINDOW``: that Seq, one of the last DUPLICATE_WINDOW
+        #: sent, was answered (cleared when the Seq is taken: ``_take_seq``).
+        self._answered = bytearray(DUPLICATE_WINDOW // 8)
         self._highest_seq: int | None = None
         self._lost_above: deque[int] = deque()  # lost Seqs above the highest answered
         self._tx: list[bytes] = []
@@ -390,7 +391,7 @@ class SenderSession:
 
     def _unmatched(self, seq: int) -> None:
         """A reply whose Seq has no packet waiting: a duplicate, late, or unknown."""
-        if seq in self._answered:
+        if self._was_answered(seq):
             self.counters.duplicates += 1
             self._events.append(DuplicateReceived(self.config.ssid, seq))
         elif seq < self._next_seq:
@@ -562,8 +563,7 @@ class SenderSession:
 
     def _send_one(self, now: int, wall: int) -> None:
         cfg = self.config
-        seq = self._next_seq
-        self._next_seq = (seq + 1) & 0xFFFF_FFFF
+        seq = self._take_seq()
         wire_now = wall + cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else wall
         pkt = wire.SenderPacket(
             seq, encode_timestamp(wire_now, cfg.fmt), self._ee, cfg.ssid, self._tlvs_for(seq)
@@ -615,13 +615,27 @@ class SenderSession:
             self._transition(_Input.DRAINED)
             self._events.append(SessionFinished(self.config.ssid))
 
+    def _take_seq(self) -> int:
+        """The Seq of the packet about to be sent (Seq wraps at 2**32, RFC 8762 §4.2.1);
+        its answered bit, last used by the Seq one window before, is cleared."""
+        seq = self._next_seq
+        self._next_seq = (seq + 1) & 0xFFFF_FFFF
+        bit = seq % DUPLICATE_WINDOW
+        self._answered[bit >> 3] &= ~(1 << (bit & 7)) & 0xFF
+        return seq
+
+    def _was_answered(self, seq: int) -> bool:
+        """Seq is one of the last DUPLICATE_WINDOW sent and was answered."""
+        if (self._next_seq - 1 - seq) & 0xFFFF_FFFF >= DUPLICATE_WINDOW:
+            return False  # older than the window, or never sent
+        bit = seq % DUPLICATE_WINDOW
+        return bool(self._answered[bit >> 3] >> (bit & 7) & 1)
+
     def _remember_answered(self, seq: int) -> None:
         """Seq is answered (and out of ``_outstanding``): kept for duplicate detection,
         and its loss deadline dropped if it was the oldest."""
-        self._answered.add(seq)
-        self._answered_order.append(seq)
-        if len(self._answered_order) > DUPLICATE_WINDOW:
-            self._answered.discard(self._answered_order.popleft())
+        bit = seq % DUPLICATE_WINDOW
+        self._answered[bit >> 3] |= 1 << (bit & 7)
         self._drop_settled_deadlines()
 
     def _drop_settled_deadlines(self) -> None:
