@@ -78,6 +78,7 @@ class IlnpNet:
         self.hosts = tmp / "hosts"
         self.hosts.write_text(HOSTS)
         self.daemons: list[Daemon] = []
+        self.captures: list[Capture] = []
         #: ``--fastpath`` of the daemons started from now on.
         self.fastpath = "on"
 
@@ -119,14 +120,19 @@ class IlnpNet:
         return a, b
 
     def capture(self, ifname: str) -> Capture:
-        """Every frame the router sends or receives on ``ifname``."""
-        return capture(self.r, ifname)
+        """Every frame the router sends or receives on ``ifname`` (stopped at the end
+        of the test if the test did not stop it)."""
+        cap = capture(self.r, ifname)
+        self.captures.append(cap)
+        return cap
 
     def stop_daemons(self) -> None:
         for daemon in self.daemons:
             if daemon.proc.poll() is None:
                 daemon.proc.terminate()
                 daemon.proc.wait(timeout=10)
+        for cap in self.captures:
+            cap.stop()  # again is harmless
 
 
 @contextlib.contextmanager

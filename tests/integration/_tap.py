@@ -9,7 +9,6 @@ thread until stopped.
 
 from __future__ import annotations
 
-import contextlib
 import select
 import socket
 import struct
@@ -139,6 +138,8 @@ class Capture:
     frames: list[bytes] = field(default_factory=list)
     #: Longest frame kept whole.
     size: int = _SNAP
+    #: Why the capture ended before ``stop`` (the interface went down), if it did.
+    error: OSError | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -147,8 +148,13 @@ class Capture:
 
         def loop() -> None:
             while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
+                try:
                     self.frames.append(self.sock.recv(self.size))
+                except TimeoutError:
+                    continue
+                except OSError as exc:  # the interface went down or away (ENETDOWN)
+                    self.error = exc
+                    return
 
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()

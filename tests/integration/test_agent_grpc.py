@@ -401,7 +401,8 @@ def test_results_reply_is_bounded(pair: Pair) -> None:
             assert refused.value.details == f"max_results: {too_many}, at most {MAX_RESULTS}"
     peeked = pair.sender.results(31, after_id=0)  # cursor mode: the records stay queued
     assert len(peeked.results) == DEFAULT_RESULTS
-    assert peeked.remaining == queued
+    assert peeked.remaining == queued - DEFAULT_RESULTS  # those after it: ask again
+    assert pair.sender.results(31, MAX_RESULTS, after_id=0).remaining == 0
     drained = pair.sender.results(31)
     assert [r.seq for r in drained.results] == [r.seq for r in peeked.results]
     assert drained.remaining == queued - DEFAULT_RESULTS

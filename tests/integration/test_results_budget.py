@@ -2,11 +2,14 @@
 RFC 8972 §4.1 Extra Padding): the agent cuts every results message at its byte budget
 and the rest comes next, so everything is read exactly once.
 
-Real agents in this process (gRPC on unix sockets or ::1, socket plane on ::1).
+Real agents in this process (gRPC on unix sockets or ::1, socket plane on ::1); for the
+controller's polling of a session that fell behind, simulated agents whose records carry
+the same padding.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,14 @@ import pytest
 from sixlab.controller import core
 from sixlab.controller.core import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
-from sixlab.southbound import AgentClient, AgentServer, ReflectorSession, SenderSession, serve
+from sixlab.southbound import (
+    AgentClient,
+    AgentServer,
+    ReflectorSession,
+    SenderSession,
+    serve,
+    simagent,
+)
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import MAX_RESULTS
 from sixlab.southbound.budget import RECEIVE_LIMIT_BYTES, REPLY_BUDGET_BYTES
@@ -218,3 +228,100 @@ def test_controller_collects_more_than_4_mib_exactly_once(
         sender.close()
         for server in servers:
             server.stop(None)
+
+
+#: Records of a simulated session padded like ``PADDING``: 2000 × 8 KB, about six
+#: replies of the 3 MiB budget.
+SIM_COUNT = 2000
+
+
+@pytest.fixture
+def padded_sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AgentServer, AgentServer]]:
+    """A simulated sender whose records carry 8 KB of padding, and a reflector."""
+    plain = simagent._SimSession.result
+
+    def padded(self: simagent._SimSession, record_id: int, loss_every: int) -> pb.StampResult:
+        record = plain(self, record_id, loss_every)
+        record.tlvs = PADDING
+        return record
+
+    monkeypatch.setattr(simagent._SimSession, "result", padded)
+    servers = (
+        simagent.serve_simulated("127.0.0.1:0", "sender"),
+        simagent.serve_simulated("127.0.0.1:0", "reflector"),
+    )
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop(None)
+
+
+def _padded_session(ctl: Controller, servers: tuple[AgentServer, AgentServer]) -> int:
+    """Register the simulated agents and run a padded poll-mode session; once every
+    record has arrived on the sender, its store id."""
+    sender, reflector = servers
+    ctl.register_node("s", f"127.0.0.1:{sender.port}", "sender")
+    ctl.register_node("r", f"127.0.0.1:{reflector.port}", "reflector")
+    ctl.init_node("s")
+    ctl.init_node("r")
+    row = ctl.create_session(
+        SessionSpec("p", "s", "r", "2001:db8::2", interval_ns=MS, count=SIM_COUNT,
+                    loss_timeout_ns=100 * MS, collect="poll")
+    )  # fmt: skip
+    ctl.start_session("p")
+    client = AgentClient(f"127.0.0.1:{sender.port}")
+    try:
+        deadline = time.monotonic() + 30
+        while client.counters(row.ssid).sessions[0].received < SIM_COUNT:
+            assert time.monotonic() < deadline, "the simulated session did not run"
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return row.id
+
+
+def _wait_stored(ctl: Controller, session_id: int, want: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while (n := ctl.store.count_results(session_id)) < want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return n
+
+
+def test_poller_collects_a_backlog_larger_than_a_reply_in_one_round(
+    tmp_path: Path, padded_sim: tuple[AgentServer, AgentServer]
+) -> None:
+    """A poll-mode session whose queued records take several replies (each cut at the
+    byte budget, ``remaining`` > 0): the round that finds them polls it again at once
+    until they are all in, rather than one reply per poll interval (60 s here)."""
+    db = tmp_path / "c.db"
+    c1 = Controller(SqliteStore(db), poll_interval_s=60)
+    try:
+        session_id = _padded_session(c1, padded_sim)
+    finally:
+        c1.close()  # what its first round found (hardly anything) is stored
+    c2 = Controller(SqliteStore(db), poll_interval_s=60)
+    try:
+        assert c2.resume() == ["p"]  # its first round now: every record is waiting
+        # Well within the poll interval: a single round must have collected them.
+        assert _wait_stored(c2, session_id, SIM_COUNT, 30) == SIM_COUNT
+        ids = c2.store.record_ids(session_id)
+        assert ids == [(ids[0][0], i) for i in range(1, SIM_COUNT + 1)]
+    finally:
+        c2.close()
+
+
+def test_destroy_stores_every_record_the_sender_held(
+    tmp_path: Path, padded_sim: tuple[AgentServer, AgentServer]
+) -> None:
+    """A destroy's final collection drains the sender, reply after reply, until nothing
+    remains: 2000 records of 8 KB, about six budget-cut replies."""
+    ctl = Controller(SqliteStore(tmp_path / "c.db"), poll_interval_s=60)
+    try:
+        session_id = _padded_session(ctl, padded_sim)
+        assert ctl.store.count_results(session_id) < SIM_COUNT  # not collected yet
+        ctl.destroy_session("p")
+        ids = ctl.store.record_ids(session_id)
+        assert ids == [(ids[0][0], i) for i in range(1, SIM_COUNT + 1)]
+    finally:
+        ctl.close()

@@ -152,3 +152,27 @@ def test_sessions_served_go_to_the_back() -> None:
     assert list(subs) == [3, 4, 1, 2]
     Batches.to_back(subs, [4, 9])  # one no longer streamed
     assert list(subs) == [3, 1, 2, 4]
+
+
+@pytest.mark.parametrize("tlv_bytes", [0, 120, 8888])
+def test_a_batch_is_counted_from_its_head_and_what_fit_counted(tlv_bytes: int) -> None:
+    """``Batches.add`` with a size: the batch without its records, encoded as sent (its
+    `final` and counters settled after the cut), plus the bytes ``fit`` added, is the
+    batch's encoded size; the message's size stays exact."""
+    budget = 64 << 10
+    out = Batches(budget)
+    assert out.add(pb.ResultBatch(ssid=1, gone=True))
+    batch = pb.ResultBatch(
+        ssid=2, overflow=5, state=pb.SESSION_STATE_FINISHED, final=True,
+        counters=pb.SessionCounters(ssid=2, sent=70, received=70),
+    )  # fmt: skip
+    start = batch.ByteSize()
+    taken, grown = fit((_record(i, tlv_bytes) for i in range(1, 60)), start, out.room())
+    assert taken
+    batch.final = False  # records still waiting: settled once the cut is known
+    batch.ClearField("counters")
+    size = batch.ByteSize() + grown - start
+    batch.results.extend(taken)
+    assert size == len(batch.SerializeToString())
+    assert out.add(batch, size)
+    assert out.size == len(pb.ResultBatches(batches=out.batches).SerializeToString()) <= budget

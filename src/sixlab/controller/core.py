@@ -174,6 +174,13 @@ COMMIT_INTERVAL_S = 0.0
 STREAM_INBOX = 64
 #: Poll-mode sessions of one sender polled, stored and acknowledged together.
 POLL_ROUND = 256
+#: After a round of a sender's poll-mode sessions, those whose reply said more records
+#: wait (stamp.proto ``remaining``: the reply was cut by ``BATCH`` or by the agent's
+#: byte budget, e.g. records with large TLVs) are polled again at once, each once per
+#: pass, for at most this many passes before the poll interval's wait: a session that
+#: fell behind catches up within a few intervals, and the others' next round is not
+#: held up for long.
+CATCH_UP_PASSES = 8
 #: A sender's stream, changed, is reopened after this pause (s), once for a burst.
 REOPEN_DEBOUNCE_S = 0.05
 #: A healthy node's ``last_seen`` is written at most this often (ns).
@@ -201,8 +208,11 @@ STOP_CHECK_S = 5.0
 #: The stop is sent again, while the sender still runs the session, after a back-off
 #: doubling from ``STOP_CHECK_S`` up to this (s), for as long as the row is stopping.
 STOP_RETRY_MAX_S = 20.0
-#: Rounds of records a destroy collects from the sender before destroying the session.
-FINAL_ROUNDS = 4
+#: A destroy collects what the session's sender still holds until a reply says nothing
+#: remains, but not more than this many records (a full FIFO of an agent,
+#: ``sixlab.dataplane.engine.DEFAULT_FIFO_CAPACITY``): a session still running fast
+#: is not chased for ever. Reaching it is logged, with what was left.
+FINAL_RECORDS_MAX = 100_000
 #: SSIDs a creation tries on its nodes: another replica creating a session there at the
 #: same time may have taken the first (its row not stored yet when it was picked).
 SSID_TRIES = 3
@@ -1928,10 +1938,12 @@ class Controller:
             self._finished.notify_all()
 
     def _final_collect(self, row: SessionRow) -> None:
-        """Store the records the session's sender still holds (session lock held), a few
-        rounds at most: its results up to the destroy are kept with it."""
+        """Store the records the session's sender still holds (session lock held), reply
+        after reply until one says nothing remains (``FINAL_RECORDS_MAX`` at most): its
+        results up to the destroy are kept with it."""
         client = self.client(row.sender)
-        for _ in range(FINAL_ROUNDS):
+        collected = 0
+        while True:
             cur = self.store.session(row.name)
             if cur.id != row.id:
                 return
@@ -1947,6 +1959,18 @@ class Controller:
                 return
             self._stored(cur, batch, new, now)
             client.acknowledge(cur.ssid, rows[-1][2])
+            collected += len(rows)
+            if not reply.remaining:
+                return
+            if collected >= FINAL_RECORDS_MAX:
+                log.warning(
+                    "session %s: final collection stopped after %d records; the sender"
+                    " still held %d, destroyed with the session",
+                    row.name,
+                    collected,
+                    reply.remaining,
+                )
+                return
 
     def wait_finished(self, name: str, timeout: float) -> bool:
         """Wait until the session has finished (every result stored) or was destroyed."""
@@ -2276,10 +2300,14 @@ class Controller:
             with self._lock:
                 names = sorted(n for n in p.names if n not in p.retry or p.retry[n][0] <= now)
             try:
-                for i in range(0, len(names), POLL_ROUND):
-                    if p.stop.is_set():
-                        return
-                    self._poll_round(p, names[i : i + POLL_ROUND])
+                behind = self._poll_pass(p, names)
+                # Those the agent had more for, again at once (bounded: CATCH_UP_PASSES).
+                for _ in range(CATCH_UP_PASSES):
+                    if not behind:
+                        break
+                    behind = self._poll_pass(p, behind)
+                if p.stop.is_set():
+                    return
             except SouthboundError as exc:
                 delay = self._backoff(f"poll of {p.node}", exc, delay, p.stop)
                 continue
@@ -2295,13 +2323,25 @@ class Controller:
             delay = RETRY_MIN_S
             p.stop.wait(self.poll_interval_s)
 
-    def _poll_round(self, p: _Poller, names: Sequence[str]) -> None:
+    def _poll_pass(self, p: _Poller, names: Sequence[str]) -> list[str]:
+        """Poll ``names`` once each, ``POLL_ROUND`` at a time; those the agent has more
+        records for (their reply's ``remaining``), in order."""
+        behind: list[str] = []
+        for i in range(0, len(names), POLL_ROUND):
+            if p.stop.is_set():
+                return []
+            behind += self._poll_round(p, names[i : i + POLL_ROUND])
+        return behind
+
+    def _poll_round(self, p: _Poller, names: Sequence[str]) -> list[str]:
         """One poll of some of the node's sessions: their results read with the calls in
-        flight together, stored in one transaction, acknowledged in one call.
+        flight together, stored in one transaction, acknowledged in one call; the
+        sessions stored whose reply said more records wait on the agent.
 
         The sessions' locks are held from reading their rows to the acknowledgement: a
         batch is read, stored and acknowledged within one epoch.
         """
+        behind: list[str] = []
         with contextlib.ExitStack() as locks:
             for name in names:
                 locks.enter_context(self._session_lock(name))
@@ -2362,6 +2402,8 @@ class Controller:
                 self._stored(row, stored, new, now)
                 if got:
                     acks[row.ssid] = got[-1][2]
+                    if reply.remaining:
+                        behind.append(row.name)
                 elif reply.state == pb.SESSION_STATE_FINISHED:
                     self._finish(row)
                     over.append(row.name)
@@ -2375,6 +2417,7 @@ class Controller:
                         p.names.discard(name)
                         p.retry.pop(name, None)
                     self._finished.notify_all()
+        return behind
 
     def _stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
         """What follows a stored batch (``new`` of its rows new): warnings and metrics."""

@@ -895,7 +895,15 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         if drain and protos:
             engine.acknowledge(ssid, items[len(protos) - 1][0])
         reply.results.extend(protos)
-        reply.remaining = engine.snapshot(ssid).fifo_len
+        if drain:
+            reply.remaining = engine.snapshot(ssid).fifo_len
+        else:
+            # What comes after this reply's last record (the ones it carries stay
+            # queued until acknowledged): the ids in the FIFO are consecutive.
+            last = engine.last_id(ssid)
+            before_first = last - engine.snapshot(ssid).fifo_len
+            sent = protos[-1].record_id if protos else request.after_id
+            reply.remaining = max(0, last - max(sent, before_first))
         self._senders[ssid].fetched += len(protos)
         return reply
 
@@ -1086,7 +1094,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     del subs[ssid]
                     continue
                 due = now >= sub.counters_due
-                batch, cut = self._session_batch(
+                batch, size, cut = self._session_batch(
                     engine, ssid, sub, record, max_batch=max_batch, due=due, room=out.room()
                 )
                 if batch is None:
@@ -1094,7 +1102,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 if cut is None:  # not even its head fits: the budget is spent
                     more = True
                     break
-                out.add(batch)  # it fits: its records were cut to the room
+                out.add(batch, size)  # it fits: its records were cut to the room
                 served.append(ssid)
                 if due or batch.final:
                     sub.counters_due = now + every_ns
@@ -1117,15 +1125,16 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         max_batch: int,
         due: bool,
         room: int,
-    ) -> tuple[pb.ResultBatch | None, bool | None]:
+    ) -> tuple[pb.ResultBatch | None, int, bool | None]:
         """A session's batch for a StreamResults message, at most ``room`` bytes (lock
-        held): None if the session has nothing to say; and whether the budget cut its
-        records short (None: not even the batch's head fits, nothing was taken)."""
+        held): None if the session has nothing to say; its serialized size; and whether
+        the budget cut its records short (None: not even the batch's head fits, nothing
+        was taken)."""
         snap = engine.snapshot(ssid)
         last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
         finished = snap.state is State.FINISHED
         if last <= sub.cursor and not due and not finished:
-            return None, False
+            return None, 0, False
         batch = pb.ResultBatch(
             ssid=ssid,
             overflow=snap.overflow,
@@ -1134,18 +1143,20 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         )
         if due or finished:
             batch.counters.CopyFrom(self._session_counters(ssid))
-        if batch.ByteSize() > room:
-            return batch, None
+        head = batch.ByteSize()
+        if head > room:
+            return batch, head, None
         items = engine.peek(ssid, sub.cursor, max_batch)
-        protos, _ = fit((result_to_proto(r, i) for i, r in items), batch.ByteSize(), room)
+        protos, size = fit((result_to_proto(r, i) for i, r in items), head, room)
         if protos:
             sub.cursor = protos[-1].record_id
             record.fetched += len(protos)
         batch.final = finished and last <= sub.cursor
         if not (due or batch.final):
             batch.ClearField("counters")
+        size += batch.ByteSize() - head  # the head as sent; its records are not encoded twice
         batch.results.extend(protos)
-        return batch, len(protos) < len(items)
+        return batch, size, len(protos) < len(items)
 
     @_unary
     def AcknowledgeResults(  # noqa: N802

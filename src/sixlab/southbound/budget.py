@@ -107,9 +107,12 @@ class Batches:
         """The largest batch that still fits."""
         return inner_budget(self.budget - self.size)
 
-    def add(self, batch: pb.ResultBatch) -> bool:
-        """Add ``batch`` if it fits; whether it did."""
-        grown = self.size + framed(batch.ByteSize())
+    def add(self, batch: pb.ResultBatch, size: int | None = None) -> bool:
+        """Add ``batch`` if it fits; whether it did. ``size``: its serialized size when
+        the caller knows it (the batch without its records, plus what ``fit`` counted
+        for them: a message's encoding is its fields' one after the other), so that its
+        records are not encoded once more only to be counted."""
+        grown = self.size + framed(batch.ByteSize() if size is None else size)
         if grown > self.budget:
             return False
         self.size = grown

@@ -215,18 +215,19 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
             raise AgentError(Code.FAILED_PRECONDITION, f"{call}: agent not initialised")
 
     def _take(
-        self, s: _SimSession, after: int, limit: int, now: int, *, size: int, budget: int
-    ) -> list[pb.StampResult]:
-        """Records after ``after`` (never below the acknowledged ones), at most ``limit``
-        and as many as a message of ``size`` bytes takes within ``budget`` (the real
-        agent's rule, ``sixlab.southbound.budget``); the oldest beyond the FIFO's
-        capacity become overflow."""
-        last = self._trim(s, now)
+        self, s: _SimSession, after: int, limit: int, last: int, *, size: int, budget: int
+    ) -> tuple[list[pb.StampResult], int]:
+        """Records after ``after`` (never below the acknowledged ones) up to ``last``
+        (what ``_trim`` returned), at most ``limit`` and as many as a message of ``size``
+        bytes takes within ``budget`` (the real agent's rule,
+        ``sixlab.southbound.budget``); and the bytes they add to the message."""
         first = max(after, s.acked) + 1
         upto = min(last, first + limit - 1)
-        out, _ = fit((s.result(i, self.loss_every) for i in range(first, upto + 1)), size, budget)
+        out, grown = fit(
+            (s.result(i, self.loss_every) for i in range(first, upto + 1)), size, budget
+        )
         s.fetched += len(out)
-        return out
+        return out, grown - size
 
     def _trim(self, s: _SimSession, now: int) -> int:
         """Count the records beyond the FIFO's capacity as overflow; the last id."""
@@ -358,19 +359,18 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         limit = request.max_results or DEFAULT_RESULTS
         if limit > MAX_RESULTS:
             raise AgentError(Code.INVALID_ARGUMENT, f"max_results: {limit}, at most {MAX_RESULTS}")
-        self._trim(s, now)
+        last = self._trim(s, now)
         reply = pb.GetStampSessionResultsReply(
             overflow=s.overflow,
             state=pb.SESSION_STATE_DRAINING,  # the state and the remaining counted at
             remaining=_U64_MAX,  # their largest until known
             counters=self._counters(s, now),
         )
-        # The counters are taken again after the records: room for their `fetched` to
-        # grow (a 10-byte varint at most) and for their length prefix.
-        results = self._take(
-            s, after, limit, now, size=reply.ByteSize() + 11, budget=self.reply_budget
+        # The counters' `fetched` grows with the records: room for it (a 9-byte varint
+        # up to 2^63) and for their length prefix to grow.
+        results, _ = self._take(
+            s, after, limit, last, size=reply.ByteSize() + 11, budget=self.reply_budget
         )
-        last = s.arrived(now, self.loss_every)
         remaining = last - (results[-1].record_id if results else max(after, s.acked))
         state = s.state(now)
         if state == pb.SESSION_STATE_FINISHED and remaining > 0:
@@ -379,7 +379,7 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         reply.overflow = s.overflow
         reply.state = state
         reply.remaining = max(0, remaining)
-        reply.counters.CopyFrom(self._counters(s, now))
+        reply.counters.fetched = s.fetched
         return reply
 
     @_unary
@@ -456,34 +456,37 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
                 del subs[ssid]
                 continue
             last = self._trim(s, now)
-            finished = s.state(now) == pb.SESSION_STATE_FINISHED
-            if last <= sub.cursor and now < sub.due and not finished:
+            state = s.state(now)
+            finished = state == pb.SESSION_STATE_FINISHED
+            due = now >= sub.due
+            if last <= sub.cursor and not due and not finished:
                 continue
-            batch = pb.ResultBatch(
-                ssid=ssid, overflow=s.overflow, state=s.state(now), final=finished,
-                counters=self._counters(s, now),
-            )  # fmt: skip
+            # Counted at their largest until known: `final`, and the counters (they go
+            # with a final batch).
+            batch = pb.ResultBatch(ssid=ssid, overflow=s.overflow, state=state, final=finished)
+            if due or finished:
+                batch.counters.CopyFrom(self._counters(s, now))
             room = out.room()
-            if batch.ByteSize() > room:
+            head = batch.ByteSize()
+            if head > room:
                 more = True
                 break
             served.append(ssid)
             # Room for the counters' `fetched` to grow with the records (as in the unary).
-            items = self._take(
-                s, sub.cursor, max_batch, now, size=batch.ByteSize() + 11, budget=room
-            )
+            items, records = self._take(s, sub.cursor, max_batch, last, size=head + 11, budget=room)
             if items:
                 sub.cursor = items[-1].record_id
             pending = last > sub.cursor
             more = more or pending
             batch.final = final = finished and not pending
-            if now >= sub.due or final:
+            if due or final:
                 sub.due = now + every_ns
-                batch.counters.CopyFrom(self._counters(s, now))
+                batch.counters.fetched = s.fetched
             else:
                 batch.ClearField("counters")
+            size = batch.ByteSize() + records  # before the records: not encoded twice
             batch.results.extend(items)
-            out.add(batch)  # it fits: its records were cut to the room
+            out.add(batch, size)  # it fits: its records were cut to the room
             if final:
                 del subs[ssid]
             if pending and len(items) < max_batch:  # the budget is spent

@@ -998,7 +998,10 @@ class GetStampSessionResultsReply(_message.Message):
     state: Global___SessionState.ValueType
     """The session's state after the drain."""
     remaining: _builtins.int
-    """Records still queued after this reply (non-zero when max_results cut it short)."""
+    """Records queued after this reply's last one (in cursor mode the records it carries
+    stay queued too, and are not counted): non-zero when max_results or the byte budget
+    cut it short, or records came meanwhile; ask again at once while it is.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StampResult]:
         """Records in arrival order, removed from the FIFO."""
