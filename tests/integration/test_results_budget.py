@@ -226,6 +226,10 @@ def test_controller_collects_more_than_4_mib_exactly_once(
     sender = AgentClient(saddr)
     db = tmp_path / "c.db"
     c1 = Controller(SqliteStore(db), poll_interval_s=60)
+    # c1 collects nothing, so that the records pile up on the agent: a stream opened at
+    # the start could otherwise read them all before c1 closes (seen on a loaded host).
+    monkeypatch.setattr(c1, "_start_collector", lambda name: None)
+    monkeypatch.setattr(c1, "_start_collectors", lambda rows: None)
     c2: Controller | None = None
     try:
         c1.register_node("s", saddr, "sender")
@@ -239,7 +243,7 @@ def test_controller_collects_more_than_4_mib_exactly_once(
         )  # fmt: skip
         row = c1.create_session(spec)
         c1.start_session("p")
-        c1.close()  # nothing collected yet: the records pile up on the agent
+        c1.close()
         counters = _finished(sender, row.ssid)
         assert counters.queued * len(PADDING) > RECEIVE_LIMIT_BYTES
         c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
