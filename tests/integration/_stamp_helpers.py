@@ -100,3 +100,18 @@ def measure_delays(
         print(f"late records, measured again: {first}")
     doc = measure()
     return Measured(doc, *check_delays(doc, path, count=count, **limits), runs=2)
+
+
+def measure_path(
+    tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int, **limits: float
+) -> Measured:
+    """A session of ``count`` probes over ``path`` (``sixlab stamp sender`` ``args``),
+    checked by :func:`measure_delays`. Each run begins with a 2-probe session: the first
+    packet over a cold path waits for Neighbour Discovery across the delayed links, which
+    is real but not the delay under test."""
+
+    def once() -> dict[str, Any]:
+        run_sender(tb, path, *args, count=2)
+        return run_sender(tb, path, *args, count=count)
+
+    return measure_delays(once, path, count=count, **limits)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
-from tests.integration._stamp_helpers import SIXLAB, measure_delays, run_sender
+from tests.integration._stamp_helpers import SIXLAB, measure_path
 
 pytestmark = pytest.mark.root
 
@@ -48,24 +48,12 @@ def _reflector(tb: SRv6TwoPaths, *args: str, plane: str = "socket") -> Iterator[
         proc.stderr.close()
 
 
-def _measure(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = 20) -> dict[str, Any]:
-    """Run one session; a first short one resolves the neighbours along the path (the
-    first packet over a cold path waits for Neighbour Discovery across the delayed links,
-    which is real but not the delay under test)."""
-    run_sender(tb, path, *args, count=2)
-    return run_sender(tb, path, *args, count=count)
-
-
 def _measured(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = 20) -> dict[str, Any]:
-    """:func:`_measure`, its delays checked against the path's (±1 ms, the median and three
-    records in four; measured again if the records were only late, see ``measure_delays``)."""
-    return measure_delays(
-        lambda: _measure(tb, path, *args, count=count),
-        path,
-        count=count,
-        tolerance_ms=TOLERANCE_MS,
-        spread_ms=TOLERANCE_MS,
-        share=0.75,
+    """One session over ``path``, its delays checked against the path's (±1 ms, the median
+    and three records in four; measured again if the records were only late, see
+    ``measure_delays``)."""
+    return measure_path(
+        tb, path, *args, count=count, tolerance_ms=TOLERANCE_MS, spread_ms=TOLERANCE_MS, share=0.75
     ).doc
 
 

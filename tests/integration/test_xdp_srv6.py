@@ -38,7 +38,7 @@ from sixlab.southbound.client import AgentClient, ReflectorSession, SenderSessio
 from sixlab.stamp._events import StampResult
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
 from sixlab.testbed._netns import entered
-from tests.integration._stamp_helpers import SIXLAB, Measured, measure_delays, run_sender
+from tests.integration._stamp_helpers import SIXLAB, Measured, measure_path
 
 pytestmark = pytest.mark.root
 
@@ -98,24 +98,12 @@ def _reflector(tb: SRv6TwoPaths, plane: str, *args: str) -> Iterator[list[str]]:
         summary.extend(rest.splitlines())
 
 
-def _measure(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = COUNT) -> dict[str, Any]:
-    """A 2-packet warm-up session (the first packets over a cold path are not the delay
-    under test), then the measured one."""
-    run_sender(tb, path, *args, count=2)
-    return run_sender(tb, path, *args, count=count)
-
-
 def _measured(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int = COUNT) -> Measured:
-    """:func:`_measure`, its delays checked against the path's (medians within
-    ±``TOLERANCE_MS``, ``SHARE`` of the records within ±``SPREAD_MS``; measured again if the
-    records were only late, see ``measure_delays``)."""
-    return measure_delays(
-        lambda: _measure(tb, path, *args, count=count),
-        path,
-        count=count,
-        tolerance_ms=TOLERANCE_MS,
-        spread_ms=SPREAD_MS,
-        share=SHARE,
+    """One session over ``path`` (after a 2-probe warm-up), its delays checked against the
+    path's (medians within ±``TOLERANCE_MS``, ``SHARE`` of the records within
+    ±``SPREAD_MS``; measured again if the records were only late, see ``measure_delays``)."""
+    return measure_path(
+        tb, path, *args, count=count, tolerance_ms=TOLERANCE_MS, spread_ms=SPREAD_MS, share=SHARE
     )
 
 
