@@ -530,3 +530,30 @@ def test_postgresql_prune_waits_for_a_transaction_storing_its_sessions_results(
         assert store.count_results(sid) == 0
     finally:
         store.close()
+
+
+def test_sqlite_state_updates_by_name_use_the_live_name_index(tmp_path: Path) -> None:
+    """``set_state(s)`` and ``claim_state`` find their row through ``sessions_live_name``
+    (one row read, not a scan of the table per name: a stop of 10,000 sessions must not
+    be quadratic). Each statement they run is traced and its plan asked of SQLite."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    _sessions(store, 3)
+    conn = store._conn  # the connection the statements run on, traced
+    updates: list[str] = []
+    conn.set_trace_callback(lambda sql: updates.append(sql) if sql.startswith("UPDATE") else None)
+    try:
+        store.set_states(["p0", "p1"], "stopping")
+        store.set_state("p2", "stopping")
+        assert store.claim_state("p0", "stopping", "finished")
+        assert store.claim_state("p0", "finished", "starting", claimer="A")
+        assert store.claim_state("p0", "starting", "running", holder="A")
+    finally:
+        conn.set_trace_callback(None)
+    assert len(updates) == 6
+    for sql in updates:
+        plan = " ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING INDEX sessions_live_name" in plan, (sql, plan)
+    assert [r.state for r in store.sessions()] == ["running", "stopping", "stopping"]
+    store.close()

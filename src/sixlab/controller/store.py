@@ -112,6 +112,15 @@ RESYNC = "resync"
 #: Called with a notice's kind and argument, in a thread of the store's (quick, no I/O).
 NoticeHandler = Callable[[str, str], None]
 
+#: Set the state of the live session of a name, unless it is being destroyed. The term
+#: ``state != 'destroyed'`` is the ``sessions_live_name`` index's own condition: SQLite
+#: uses a partial index only when the query's WHERE clause holds that very term (it
+#: does not infer it from ``NOT IN`` or ``state = ?``), and without the index each row
+#: is a scan of the whole table.
+_SET_STATE = (
+    "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'"
+    " AND state NOT IN ('destroying', 'destroyed')"
+)
 #: The SQLite schema (the PostgreSQL one, ``pgstore.SCHEMA``, has the same tables and
 #: columns with PostgreSQL's types).
 SCHEMA = """
@@ -818,11 +827,7 @@ class Store(ABC):
         """``set_state`` for many sessions, in one transaction."""
         if names:
             with self._transaction() as db:
-                db.executemany(
-                    "UPDATE sessions SET state=? WHERE name=? AND state NOT IN"
-                    " ('destroying', 'destroyed')",
-                    [(state, n) for n in names],
-                )
+                db.executemany(_SET_STATE, [(state, n) for n in names])
             self._announce(CHANGED)
 
     def begin_epochs(
@@ -881,11 +886,7 @@ class Store(ABC):
         """Set the state of the live session of that name; one being destroyed keeps its
         state until ``finish_destroy`` (a destroyed one keeps its own)."""
         with self._lock:
-            self._db.execute(
-                "UPDATE sessions SET state=? WHERE name=? AND state NOT IN"
-                " ('destroying', 'destroyed')",
-                (state, name),
-            )
+            self._db.execute(_SET_STATE, (state, name))
         self._announce(CHANGED)
 
     def claim_state(
@@ -908,8 +909,8 @@ class Store(ABC):
         cleared either way."""
         sql = (
             "UPDATE sessions SET state=?, claimed_by=?, restart_reason=NULL"
-            " WHERE name=? AND state=?"
-        )
+            " WHERE name=? AND state != 'destroyed' AND state=?"
+        )  # the first term of the live-name index's, so that it is used (_SET_STATE)
         params: list[Any] = [new, claimer, name, old]
         if holder is not None:
             sql += " AND claimed_by=?"
