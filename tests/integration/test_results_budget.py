@@ -9,10 +9,12 @@ the same padding.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,12 +26,17 @@ from sixlab.southbound import (
     AgentServer,
     ReflectorSession,
     SenderSession,
+    SouthboundError,
     serve,
     simagent,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.agent import MAX_RESULTS
-from sixlab.southbound.budget import RECEIVE_LIMIT_BYTES, REPLY_BUDGET_BYTES
+from sixlab.southbound.budget import (
+    MIN_REPLY_BUDGET_BYTES,
+    RECEIVE_LIMIT_BYTES,
+    REPLY_BUDGET_BYTES,
+)
 from sixlab.wire.stamp_tlv import ExtraPadding
 from tests.integration.test_agent_grpc import _finished
 
@@ -97,6 +104,28 @@ def test_polling_reads_more_than_4_mib_in_replies_within_the_budget(agents: Agen
         cursor = ids[-1]
     assert ids == list(range(1, n + 1))
     assert replies >= 3  # cut by the budget, not by max_results
+
+
+@pytest.mark.parametrize("max_bytes", [1, 200_000])
+def test_polling_replies_within_the_asked_max_bytes(agents: Agents, max_bytes: int) -> None:
+    """A request's ``max_bytes`` below the budget cuts the reply there (below 64 KiB:
+    at 64 KiB); every record still comes once."""
+    n = _run_padded(agents)
+    limit = max(max_bytes, MIN_REPLY_BUDGET_BYTES)
+    ids: list[int] = []
+    cursor = 0
+    while True:
+        request = pb.GetStampSessionResultsRequest(
+            ssid=1, max_results=MAX_RESULTS, after_id=cursor, max_bytes=max_bytes
+        )
+        (reply,) = agents.sender.call_many("GetStampSessionResults", [request])
+        assert reply.ByteSize() <= limit
+        if not reply.results:
+            break
+        assert reply.ByteSize() > limit - 2 * len(PADDING) or not reply.remaining
+        ids += [r.record_id for r in reply.results]
+        cursor = ids[-1]
+    assert ids == list(range(1, n + 1))
 
 
 def test_drain_mode_reads_everything_once(agents: Agents) -> None:
@@ -197,6 +226,10 @@ def test_controller_collects_more_than_4_mib_exactly_once(
     sender = AgentClient(saddr)
     db = tmp_path / "c.db"
     c1 = Controller(SqliteStore(db), poll_interval_s=60)
+    # c1 collects nothing, so that the records pile up on the agent: a stream opened at
+    # the start could otherwise read them all before c1 closes (seen on a loaded host).
+    monkeypatch.setattr(c1, "_start_collector", lambda name: None)
+    monkeypatch.setattr(c1, "_start_collectors", lambda rows: None)
     c2: Controller | None = None
     try:
         c1.register_node("s", saddr, "sender")
@@ -210,7 +243,7 @@ def test_controller_collects_more_than_4_mib_exactly_once(
         )  # fmt: skip
         row = c1.create_session(spec)
         c1.start_session("p")
-        c1.close()  # nothing collected yet: the records pile up on the agent
+        c1.close()
         counters = _finished(sender, row.ssid)
         assert counters.queued * len(PADDING) > RECEIVE_LIMIT_BYTES
         c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
@@ -325,3 +358,116 @@ def test_destroy_stores_every_record_the_sender_held(
         assert ids == [(ids[0][0], i) for i in range(1, SIM_COUNT + 1)]
     finally:
         ctl.close()
+
+
+#: Sessions of one simulated sender polled in one round, each with more queued than a
+#: full reply (``ROUND_COUNT`` × 8 KB ≈ 4 MB > 3 MiB); with ``ROUND_BYTES`` as the
+#: controller's limit, their full replies (6 × 3 MiB) would not fit it.
+ROUND_SESSIONS = 6
+ROUND_COUNT = 500
+ROUND_BYTES = 8 << 20
+
+
+def _queued_sessions(db: Path, servers: tuple[AgentServer, AgentServer]) -> list[str]:
+    """``ROUND_SESSIONS`` padded poll-mode sessions on the simulated agents, run until
+    every record has arrived on the sender by a controller closed then (its rounds, a
+    minute apart, found hardly anything); their names."""
+    ctl = Controller(SqliteStore(db), poll_interval_s=60)
+    try:
+        return _padded_sessions(ctl, servers)
+    finally:
+        ctl.close()
+
+
+def _padded_sessions(ctl: Controller, servers: tuple[AgentServer, AgentServer]) -> list[str]:
+    sender, reflector = servers
+    ctl.register_node("s", f"127.0.0.1:{sender.port}", "sender")
+    ctl.register_node("r", f"127.0.0.1:{reflector.port}", "reflector")
+    ctl.init_node("s")
+    ctl.init_node("r")
+    names = [f"p{i}" for i in range(ROUND_SESSIONS)]
+    spec = SessionSpec(
+        "", "s", "r", "2001:db8::2", interval_ns=MS, count=ROUND_COUNT,
+        loss_timeout_ns=100 * MS, collect="poll",
+    )  # fmt: skip
+    rows = [ctl.create_session(dataclasses.replace(spec, name=name)) for name in names]
+    for name in names:
+        ctl.start_session(name)
+    client = AgentClient(f"127.0.0.1:{sender.port}")
+    try:
+        deadline = time.monotonic() + 30
+        for row in rows:
+            while client.counters(row.ssid).sessions[0].received < ROUND_COUNT:
+                assert time.monotonic() < deadline, "the simulated sessions did not run"
+                time.sleep(0.05)
+    finally:
+        client.close()
+    return names
+
+
+def _collect_round(db: Path, names: list[str]) -> Controller:
+    """A controller resuming ``names`` (every record queued on the sender), once it
+    stored them all, each exactly once (closed by the caller). Its first round may
+    begin before all are added: the others come in the next round, after a poll
+    interval (short here), with their backlog whole."""
+    ctl = Controller(SqliteStore(db), poll_interval_s=0.5)
+    assert sorted(ctl.resume()) == names
+    for name in names:
+        session_id = ctl.store.session(name).id
+        assert _wait_stored(ctl, session_id, ROUND_COUNT, 60) == ROUND_COUNT
+        ids = ctl.store.record_ids(session_id)
+        assert ids == [(ids[0][0], i) for i in range(1, ROUND_COUNT + 1)]
+    return ctl
+
+
+def test_a_poll_round_holds_at_most_its_byte_limit(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    padded_sim: tuple[AgentServer, AgentServer],
+) -> None:
+    """Sessions of large records all behind at once: each reply of a round asks for its
+    part of ``POLL_ROUND_BYTES`` (stamp.proto ``max_bytes``), so the replies the round
+    holds stay within it (here 8 MiB, not 6 full budgets, 18 MiB), and catch-up passes
+    bring the rest, every record stored once."""
+    monkeypatch.setattr(core, "POLL_ROUND_BYTES", ROUND_BYTES)
+    db = tmp_path / "c.db"
+    names = _queued_sessions(db, padded_sim)
+    c2 = _collect_round(db, names)
+    try:
+        # A round held more than one full reply, so the limit was what bounded it.
+        assert REPLY_BUDGET_BYTES < c2.poll_peak_bytes <= ROUND_BYTES
+    finally:
+        c2.close()
+
+
+def test_a_poll_round_of_an_agent_ignoring_max_bytes_is_cut(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    padded_sim: tuple[AgentServer, AgentServer],
+) -> None:
+    """An agent that predates ``max_bytes`` (every reply up to its full budget) is still
+    collected, each record once; once a reply shows it, the controller polls as many of
+    its sessions a round as full budgets fit the limit (here two): after that round,
+    none holds more than the limit."""
+    monkeypatch.setattr(core, "POLL_ROUND_BYTES", ROUND_BYTES)
+    monkeypatch.setattr(simagent, "asked_budget", lambda budget, max_bytes: budget)
+    rounds: list[int] = []
+    held = Controller._held
+
+    def counted(self: Controller, p: Any, replies: Sequence[Any], max_bytes: int) -> None:
+        rounds.append(sum(r.ByteSize() for r in replies if not isinstance(r, SouthboundError)))
+        held(self, p, replies, max_bytes)
+
+    monkeypatch.setattr(Controller, "_held", counted)
+    db = tmp_path / "c.db"
+    names = _queued_sessions(db, padded_sim)
+    rounds.clear()
+    c2 = _collect_round(db, names)
+    try:
+        assert not c2._pollers["s"].max_bytes
+        # The round that showed it held full budgets; each one since, at most two.
+        over = [i for i, size in enumerate(rounds) if size > ROUND_BYTES]
+        assert len(over) == 1
+        assert over[0] < len(rounds) - 1
+    finally:
+        c2.close()

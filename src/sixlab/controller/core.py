@@ -120,6 +120,7 @@ from sixlab.controller.store import (
 )
 from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
+from sixlab.southbound.budget import MIN_REPLY_BUDGET_BYTES, REPLY_BUDGET_BYTES
 from sixlab.southbound.client import (
     AgentClient,
     ReflectorSession,
@@ -176,6 +177,11 @@ COMMIT_INTERVAL_S = 0.0
 STREAM_INBOX = 64
 #: Poll-mode sessions of one sender polled, stored and acknowledged together.
 POLL_ROUND = 256
+#: Reply bytes (serialized) a poll round holds at most: its sessions share them, each
+#: reply asking for its part (stamp.proto ``max_bytes``; ``round_max_bytes``), so that a
+#: round of large records holds this much rather than ``POLL_ROUND`` full byte budgets
+#: (768 MiB) (docs/architecture.md, "Results messages: the byte budget").
+POLL_ROUND_BYTES = 64 << 20
 #: After a round of a sender's poll-mode sessions, those whose reply said more records
 #: wait (stamp.proto ``remaining``: the reply was cut by ``BATCH`` or by the agent's
 #: byte budget, e.g. records with large TLVs) are polled again at once, each once per
@@ -487,6 +493,18 @@ class _Poller:
     #: Sessions the agent said it does not have: when to poll them again (monotonic s)
     #: and the back-off after that.
     retry: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: False once a reply was larger than its request's ``max_bytes``: the agent
+    #: predates that field, and its rounds are cut so that full byte budgets fit
+    #: ``POLL_ROUND_BYTES``.
+    max_bytes: bool = True
+
+
+def round_max_bytes(sessions: int) -> int:
+    """Each reply's ``max_bytes`` in a poll round of ``sessions`` sessions: its part of
+    ``POLL_ROUND_BYTES``, within the agents' byte budget and not below its minimum (which
+    ``POLL_ROUND`` of fit in ``POLL_ROUND_BYTES``)."""
+    share = POLL_ROUND_BYTES // max(1, sessions)
+    return max(MIN_REPLY_BUDGET_BYTES, min(REPLY_BUDGET_BYTES, share))
 
 
 @dataclass
@@ -819,6 +837,8 @@ class Controller:
         self._lock = threading.RLock()
         #: Slots skipped by each (session id, epoch)'s sender, last seen (for warnings).
         self._skipped: dict[tuple[int, int], int] = {}
+        #: The most reply bytes (serialized) one poll round has held, over all rounds.
+        self.poll_peak_bytes = 0
         #: Notified when a session finishes (``wait_finished``).
         self._finished = threading.Condition(self._lock)
         #: Serialises what changes sessions on agents: user requests and repairs.
@@ -2387,10 +2407,14 @@ class Controller:
         """Poll ``names`` once each, ``POLL_ROUND`` at a time; those the agent has more
         records for (their reply's ``remaining``), in order."""
         behind: list[str] = []
-        for i in range(0, len(names), POLL_ROUND):
+        i = 0
+        while i < len(names):
             if p.stop.is_set():
                 return []
-            behind += self._poll_round(p, names[i : i + POLL_ROUND])
+            # An agent that ignores ``max_bytes``: as many sessions as full budgets fit.
+            step = POLL_ROUND if p.max_bytes else POLL_ROUND_BYTES // REPLY_BUDGET_BYTES
+            behind += self._poll_round(p, names[i : i + step])
+            i += step
         return behind
 
     def _poll_round(self, p: _Poller, names: Sequence[str]) -> list[str]:
@@ -2414,13 +2438,15 @@ class Controller:
             live = [r for r in live if r.state in ("running", "stopping")]
             replies: list[Any] = []
             if live:
+                max_bytes = round_max_bytes(len(live))
                 requests = [
                     pb.GetStampSessionResultsRequest(
-                        ssid=r.ssid, max_results=BATCH, after_id=r.cursor
+                        ssid=r.ssid, max_results=BATCH, after_id=r.cursor, max_bytes=max_bytes
                     )
                     for r in live
                 ]
                 replies = self.client(p.node).call_many("GetStampSessionResults", requests)
+                self._held(p, replies, max_bytes)
             read_ns = time.time_ns()
             todo: list[tuple[SessionRow, pb.GetStampSessionResultsReply, ResultBatch]] = []
             now_m = time.monotonic()
@@ -2478,6 +2504,20 @@ class Controller:
                         p.retry.pop(name, None)
                     self._finished.notify_all()
         return behind
+
+    def _held(self, p: _Poller, replies: Sequence[Any], max_bytes: int) -> None:
+        """Count the reply bytes a round holds (``poll_peak_bytes``); an agent whose
+        reply was larger than asked ignores ``max_bytes``: its rounds are cut."""
+        sizes = [r.ByteSize() for r in replies if not isinstance(r, SouthboundError)]
+        with self._lock:
+            self.poll_peak_bytes = max(self.poll_peak_bytes, sum(sizes))
+            if p.max_bytes and any(size > max_bytes for size in sizes):
+                p.max_bytes = False
+                log.warning(
+                    "poll of %s: its agent ignores max_bytes (a reply of %d bytes, %d asked);"
+                    " polling %d sessions a round",
+                    p.node, max(sizes), max_bytes, POLL_ROUND_BYTES // REPLY_BUDGET_BYTES,
+                )  # fmt: skip
 
     def _stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
         """What follows a stored batch (``new`` of its rows new): warnings and metrics."""

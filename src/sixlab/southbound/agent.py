@@ -88,7 +88,14 @@ from sixlab.dataplane.engine import (
 from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
-from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit, lost_fitting
+from sixlab.southbound.budget import (
+    MIN_REPLY_BUDGET_BYTES,
+    REPLY_BUDGET_BYTES,
+    Batches,
+    asked_budget,
+    fit,
+    lost_fitting,
+)
 from sixlab.southbound.rpcclient import RpcError
 from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
@@ -175,9 +182,6 @@ MAX_COUNTERS_INTERVAL_NS = 60 * NS_PER_S
 #: An Error Estimate can claim up to 255 × 2^31 s (RFC 4656 §4.1.2), more ns than a
 #: uint64 holds: such errors are reported saturated.
 _U64_MAX = 2**64 - 1
-#: The smallest byte budget a servicer accepts: a batch's head (state, counters) and the
-#: largest record (a full TLV area) fit in it many times over.
-MIN_REPLY_BUDGET_BYTES = 64 << 10
 #: DataplaneConfig fields set by Init's own fields, not by ``dataplane_options``.
 _INIT_FIELDS = frozenset({"port", "interface", "source"})
 
@@ -874,7 +878,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         if limit > MAX_RESULTS:
             raise _invalid(f"max_results: {limit}, at most {MAX_RESULTS}")
         drain = not request.HasField("after_id")
-        budget = self.reply_budget
+        budget = asked_budget(self.reply_budget, request.max_bytes)
         # The state before the records: no record comes after FINISHED.
         snap = engine.snapshot(ssid)
         reply = pb.GetStampSessionResultsReply(

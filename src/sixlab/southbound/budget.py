@@ -30,9 +30,11 @@ from sixlab.southbound._generated import stamp_pb2 as pb
 
 __all__ = [
     "LOST_MAX_BYTES",
+    "MIN_REPLY_BUDGET_BYTES",
     "RECEIVE_LIMIT_BYTES",
     "REPLY_BUDGET_BYTES",
     "Batches",
+    "asked_budget",
     "fit",
     "framed",
     "inner_budget",
@@ -45,12 +47,25 @@ RECEIVE_LIMIT_BYTES = 4 << 20
 #: default receive limit, so that a client of any gRPC implementation on its defaults
 #: reads every message.
 REPLY_BUDGET_BYTES = 3 << 20
+#: The smallest byte budget of a results message: a batch's head (state, counters) and
+#: the largest record (a full TLV area) fit in it many times over. An agent's budget is
+#: at least this, and so is a reply's a request asks for (``asked_budget``).
+MIN_REPLY_BUDGET_BYTES = 64 << 10
 #: One LostPacket at its largest in a reply: tag and length (2), seq (tag and a 5-byte
 #: varint), t1_ns (tag and a 10-byte varint).
 LOST_MAX_BYTES = 2 + 6 + 11
 
 M = TypeVar("M", bound=Message)
 V = TypeVar("V")
+
+
+def asked_budget(budget: int, max_bytes: int) -> int:
+    """The byte budget of a GetStampSessionResults reply: the agent's ``budget``, or
+    the request's ``max_bytes`` when smaller (0: not asked), never below
+    ``MIN_REPLY_BUDGET_BYTES``."""
+    if max_bytes <= 0:
+        return budget
+    return min(budget, max(max_bytes, MIN_REPLY_BUDGET_BYTES))
 
 
 def _varint_len(value: int) -> int:

@@ -53,7 +53,7 @@ from sixlab.southbound.agent import (
     Role,
     _status_of,
 )
-from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, fit
+from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, asked_budget, fit
 from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
 
@@ -369,8 +369,9 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         # The counters' `fetched` grows with the records: room for it (a 9-byte varint
         # up to 2^63) and for their length prefix to grow.
         results, _ = self._take(
-            s, after, limit, last, size=reply.ByteSize() + 11, budget=self.reply_budget
-        )
+            s, after, limit, last, size=reply.ByteSize() + 11,
+            budget=asked_budget(self.reply_budget, request.max_bytes),
+        )  # fmt: skip
         remaining = last - (results[-1].record_id if results else max(after, s.acked))
         state = s.state(now)
         if state == pb.SESSION_STATE_FINISHED and remaining > 0:

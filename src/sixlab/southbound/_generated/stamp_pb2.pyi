@@ -906,6 +906,7 @@ class GetStampSessionResultsRequest(_message.Message):
     SSID_FIELD_NUMBER: _builtins.int
     MAX_RESULTS_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
@@ -920,16 +921,23 @@ class GetStampSessionResultsRequest(_message.Message):
     record with an id up to after_id is acknowledged and removed; the following ones
     are returned with their record_id and stay queued until acknowledged. Unset: drain.
     """
+    max_bytes: _builtins.int
+    """At most this many bytes per reply (serialized), when smaller than the agent's byte
+    budget: a client asking many sessions at once bounds what it holds of their replies.
+    0: the budget. Below 65536 (64 KiB, a record always fits): 65536. Agents that
+    predate this field ignore it and use their budget.
+    """
     def __init__(
         self,
         *,
         ssid: _builtins.int = ...,
         max_results: _builtins.int = ...,
         after_id: _builtins.int | None = ...,
+        max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "max_bytes", b"max_bytes", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
     _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
