@@ -32,7 +32,9 @@ restarted and lost its Init and its sessions, whichever role it has, even when n
 failed in between. The controller then replays the node's Init (with the UDP port it
 bound before, so that senders still reach a reflector) and creates the node's sessions
 again (``reconcile_node``). A session missing from an agent that did not restart (it
-was Reset, or a collector got NOT_FOUND) is created again the same way.
+was Reset, or a collector got NOT_FOUND) is created again the same way. The node's
+sessions in the store are read for that only when the answer or the store changed since
+the last look, or every ``FULL_CHECK_S``: not a row per session every second.
 
 - On a reflector, the session is created and, if it was started, started again; its
   sender never stopped, so measurement simply resumes (what was sent meanwhile is lost).
@@ -224,6 +226,10 @@ FINAL_RECORDS_MAX = 100_000
 SSID_TRIES = 3
 #: How often the supervisor asks every agent how it is (s).
 SUPERVISE_INTERVAL_S = 1.0
+#: The supervisor compares a node's sessions in the store with its agent's at least this
+#: often (s), and otherwise only when the agent's answer or the store changed
+#: (``Controller.reconcile_node``, ``full``).
+FULL_CHECK_S = 10.0
 #: Deadline of the supervisor's GetAgentInfo: a node that does not answer within it is
 #: unhealthy, and must not hold up the checks of the others for long.
 INFO_TIMEOUT_S = 3.0
@@ -449,6 +455,11 @@ def _log_event(event: SessionEvent) -> None:
         "session %s: %s %s (%.4g%s, threshold %.4g%s)",
         event.session, event.kind, event.state, event.value, unit, event.threshold, unit,
     )  # fmt: skip
+
+
+def _agent_state(info: pb.GetAgentInfoReply) -> tuple[int, bool, tuple[int, ...]]:
+    """What of an agent's GetAgentInfo answer a comparison with the store depends on."""
+    return (info.epoch, info.initialized, tuple(info.ssids))
 
 
 def _is_loopback(row: SessionRow) -> bool:
@@ -856,6 +867,14 @@ class Controller:
         #: (node, SSID) was first seen as one, in which run of the agent.
         self.orphan_grace_s = ORPHAN_GRACE_S
         self._orphans: dict[tuple[str, int], tuple[int, float]] = {}
+        #: The store and each agent's answer are compared at least this often (s).
+        self.full_check_s = FULL_CHECK_S
+        #: Counts the store's notices: a change of it since a node's last comparison
+        #: calls for another (several threads may add at once; any change is enough).
+        self._store_gen = 0
+        #: Each node whose last comparison found nothing to do: the agent's answer then
+        #: (``_agent_state``), ``_store_gen`` read before its store read, and when.
+        self._settled: dict[str, tuple[tuple[int, bool, tuple[int, ...]], int, float]] = {}
         #: Each ``stopping`` (sender, name, epoch) seen by this owner's supervisor: when
         #: to ask its sender next, and the back-off (``_complete_stops``).
         self._stops: dict[tuple[str, str, int], tuple[float, float]] = {}
@@ -967,14 +986,15 @@ class Controller:
         self.store.observe_agent(name, info.epoch, info.started_ns)
         return info
 
-    def check_node(self, name: str) -> bool:
-        """Ask the node's agent how it is; repair it if it restarted or lost sessions.
+    def check_node(self, name: str, *, full: bool = True) -> bool:
+        """Ask the node's agent how it is; repair it if it restarted or lost sessions
+        (``full``: as ``reconcile_node``).
 
         Returns its health. Repairs that fail are logged and retried at the next check.
         """
         was_healthy = self.store.node(name).healthy
         try:
-            self.reconcile_node(name)
+            self.reconcile_node(name, full=full)
         except SouthboundError as exc:
             healthy = self.store.node(name).healthy
             # Once per outage, not at every check of a node that stays down.
@@ -982,10 +1002,18 @@ class Controller:
                     "node %s: %s", name, exc)  # fmt: skip
         return self.store.node(name).healthy
 
-    def reconcile_node(self, name: str) -> None:
+    def reconcile_node(self, name: str, *, full: bool = True) -> None:
         """Make the node's agent carry what the store says it carries (module doc); the
         owner of a sender node first carries out the destroys recorded for its sessions
-        (``destroy_sessions``)."""
+        (``destroy_sessions``).
+
+        ``full`` False (the supervisor's rounds): the agent is asked how it is, but its
+        sessions are compared with the store's only if something changed since the last
+        comparison that found nothing to do (the agent's answer: its run, Init, SSIDs;
+        a notice of the store, ``Store.subscribe``), if an orphan is pending, or once
+        ``full_check_s`` has passed (a notice may be lost): reading a node's sessions
+        every second costs a row per session a second (docs/architecture.md, "Orphan
+        sessions")."""
         if self._owns(name) and self.store.node(name).role == "sender":
             self._carry_out_destroys(name)
             self._recover_starts(name)
@@ -993,7 +1021,10 @@ class Controller:
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
         info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
+        if not full and self._unchanged(name, info):
+            return
         with self._ops:
+            gen = self._store_gen  # before the store is read: a later change is seen
             # The store is read BEFORE the answer it is compared with. Whoever creates a
             # session (this controller or another replica on the same database, whose
             # requests ``_ops`` does not serialise) creates it on the agents first and
@@ -1015,9 +1046,12 @@ class Controller:
                 )
             else:
                 self._remove_orphans(node, info, wanted)
+            carried = info.initialized and wanted <= set(info.ssids)
+            if not restarted and (carried or not wanted):
+                self._settle(name, info, gen)
             if not wanted:
                 return
-            if info.initialized and not restarted and wanted <= set(info.ssids):
+            if carried and not restarted:
                 return  # the agent carries every one of them
             node = self.store.node(name)
             expected = [r for r in self._expected(node) if r.ssid in wanted]
@@ -1138,6 +1172,29 @@ class Controller:
             with self._lock:
                 self._orphans.pop((node.name, ssid), None)
 
+    def _unchanged(self, name: str, info: pb.GetAgentInfoReply) -> bool:
+        """Whether the node's last comparison still stands (``reconcile_node``)."""
+        with self._lock:
+            seen = self._settled.get(name)
+        if seen is None:
+            return False
+        state, gen, at = seen
+        return (
+            gen == self._store_gen
+            and time.monotonic() - at < self.full_check_s
+            and state == _agent_state(info)
+        )
+
+    def _settle(self, name: str, info: pb.GetAgentInfoReply, gen: int) -> None:
+        """The node's comparison found nothing to do: unless an orphan of it awaits its
+        grace (to be looked at every round), the next rounds skip it while nothing
+        changes."""
+        with self._lock:
+            if any(key[0] == name for key in self._orphans):
+                self._settled.pop(name, None)
+            else:
+                self._settled[name] = (_agent_state(info), gen, time.monotonic())
+
     def _expected(self, node: NodeRow) -> list[SessionRow]:
         """The sessions the node's agent should carry (the node's only: every node is
         checked every second, and reading every session for each would cost nodes x
@@ -1257,9 +1314,11 @@ class Controller:
                 if self._closed:
                     return
                 if not self._owns(node.name):
+                    with self._lock:  # compared afresh if it comes back
+                        self._settled.pop(node.name, None)
                     continue
                 try:
-                    self.check_node(node.name)
+                    self.check_node(node.name, full=False)
                 except Exception:
                     log.exception("node %s: check failed", node.name)
             self._wake.wait(self.supervise_interval_s)
@@ -1881,6 +1940,7 @@ class Controller:
     def _on_notice(self, kind: str, arg: str) -> None:
         """A notice of the store (``Store.subscribe``: this controller's changes, and on
         PostgreSQL the other replicas'): act now rather than at the next round."""
+        self._store_gen += 1  # the supervisor compares the nodes again
         if kind in (CHANGED, RESYNC):
             self._counts_stale = True  # read again at the next scrape
         if kind in (DESTROYING, RESYNC):
