@@ -66,6 +66,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _threads_cpu_s(pid: int) -> dict[int, float]:
+    """CPU (s) of each of the process's threads, by native thread id."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            threads[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except OSError:
+            pass  # ended meanwhile
+    return threads
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -298,6 +310,17 @@ def _measure(
     stages0 = _stages(metrics) if metrics else {}
     pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag0 = sum(_cpu_s(a) for a in agents)
+    spy = None
+    if args.py_spy:
+        # Sampled without pausing the controller; "raw" is one line per distinct stack
+        # (thread name first) with its count: benchmarks/spy_split.py sorts them.
+        spy = subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+             "--duration", str(int(args.seconds)), "--rate", "100", "--nonblocking",
+             "--threads", "--format", "raw", "--output", args.py_spy],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    threads0 = _threads_cpu_s(pid) if spy else {}
     n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
     # What was stored before the window; the first look in it is one period later (the
     # figures above were read before this, so no look waits for them).
@@ -313,6 +336,13 @@ def _measure(
     pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag1 = sum(_cpu_s(a) for a in agents)
     stages1 = _stages(metrics) if metrics else {}
+    if spy is not None:
+        threads1 = _threads_cpu_s(pid)
+        spy.wait(30)
+        # Each thread's CPU over the window, for benchmarks/spy_split.py to weigh its samples.
+        Path(args.py_spy + ".threads.json").write_text(
+            json.dumps({t: c - threads0.get(t, 0.0) for t, c in threads1.items()})
+        )
     storage = db.storage()
     db.close()
     conn.close()
@@ -530,6 +560,12 @@ def main() -> None:
         action="append",
         default=[],
         help="an argument more for the controller's serve, e.g. --serve-arg=--commit-interval=0.1",
+    )
+    parser.add_argument(
+        "--py-spy",
+        metavar="FILE",
+        default="",
+        help="sample the controller with py-spy over the window into FILE (collapsed stacks)",
     )
     parser.add_argument(
         "--create",
