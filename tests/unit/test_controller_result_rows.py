@@ -116,3 +116,19 @@ def test_a_batch_of_rows_stores_what_a_batch_of_results_stores(tmp_path: Path) -
         store.close()
     assert stored["rows"] == stored["results"]
     assert stored["rows"][1] == len(records)
+
+
+def test_observe_many_is_observe_rows_of_each_batch() -> None:
+    """A transaction's batches observed under one lock (``observe_many``), one-record
+    batches by the short way, leave the metrics as ``observe_rows`` of each does."""
+    records = _records()
+    rows = _rows(3, 2, records)
+    # One-record batches of every kind (two-way, labelled, loopback, with data), a
+    # batch of several, an empty one; two paths.
+    batches = [("p", [row]) for row in rows] + [("q", rows[:4]), ("q", rows[4:]), ("r", [])]
+    each, many = ControllerMetrics(), ControllerMetrics()
+    for path, part in batches:
+        each.observe_rows(path, part, T + 10**9)
+    many.observe_many(batches, T + 10**9)
+    assert _state(many) == _state(each)
+    assert many._delay[("p", "direct")].buckets != [0] * len(many._delay[("p", "direct")].buckets)

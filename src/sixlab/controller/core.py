@@ -607,7 +607,24 @@ class _PathCounts:
                 c.late_ns_max, received, top,
             )  # fmt: skip
         elif top != e.top:
-            self.epochs[batch.epoch] = replace(e, received=received, top=top)
+            self.epochs[batch.epoch] = EpochRow(
+                e.epoch,
+                e.started_ns,
+                e.stopped_ns,
+                e.ended_ns,
+                e.end_reason,
+                e.sender_agent,
+                e.sent,
+                e.lost,
+                e.forward_lost,
+                e.overflow,
+                e.seen_ns,
+                e.skipped,
+                e.late_ns_total,
+                e.late_ns_max,
+                received,
+                top,
+            )  # fmt: skip (positional: ``replace`` looks the fields up at every call)
         return True
 
 
@@ -656,19 +673,7 @@ def _batch(
         row.id,
         row.epoch,
         (),
-        None
-        if counters is None
-        else Counters(
-            counters.sent,
-            counters.lost,
-            counters.forward_lost if counters.HasField("forward_lost") else None,
-            counters.overflow,
-            counters.schedule_skipped,
-            counters.schedule_late_ns_total,
-            counters.schedule_late_ns_max,
-            counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
-            counters.ssid_zero,
-        ),
+        None if counters is None else _counters(counters),
         _rows(row.id, row.epoch, results),
     )
 
@@ -703,20 +708,58 @@ def _rows(sid: int, epoch: int, results: Sequence[pb.StampResult]) -> list[tuple
 _NO_DATA: tuple[int | None, ...] = (None, None, None, None)
 
 
-def _merge(pending: dict[int, pb.ResultBatch], batch: pb.ResultBatch) -> None:
-    """Add a stream batch to those gathered, one per session: records appended, the
-    latest state, overflow and counters kept."""
-    into = pending.get(batch.ssid)
-    if into is None:
-        pending[batch.ssid] = batch
-        return
-    into.results.extend(batch.results)
-    into.overflow = batch.overflow
-    into.state = batch.state
-    into.final = into.final or batch.final
-    into.gone = into.gone or batch.gone
-    if batch.HasField("counters"):
-        into.counters.CopyFrom(batch.counters)
+@dataclass(slots=True)
+class _Gathered:
+    """A session's records gathered from one transaction's stream messages, as rows
+    (``_rows``), and the latest of the rest: a session's records in several messages are
+    joined as rows, never by copying the messages' records."""
+
+    ssid: int
+    rows: list[tuple[Any, ...]]
+    counters: pb.SessionCounters | None
+    final: bool
+    gone: bool
+
+
+def _gather_rows(
+    pending: dict[int, _Gathered], subs: dict[int, SessionRow], message: pb.ResultBatches
+) -> list[int]:
+    """Add a stream message's batches of ``subs``' sessions to ``pending`` (one per
+    session: rows appended, the latest counters kept, ``final`` and ``gone`` if any
+    said so); the T4 of its records (for ``ControllerMetrics.collection_stages``)."""
+    t4s: list[int] = []
+    for b in message.batches:
+        sub = subs.get(b.ssid)
+        if sub is None:
+            continue
+        rows = _rows(sub.id, sub.epoch, b.results)
+        t4s += [row[7] for row in rows]
+        counters = b.counters if b.HasField("counters") else None
+        into = pending.get(b.ssid)
+        if into is None:
+            pending[b.ssid] = _Gathered(b.ssid, rows, counters, b.final, b.gone)
+            continue
+        into.rows += rows
+        if counters is not None:
+            into.counters = counters
+        into.final = into.final or b.final
+        into.gone = into.gone or b.gone
+    return t4s
+
+
+def _counters(counters: pb.SessionCounters) -> Counters:
+    """A sender's counters as the store takes them."""
+    return Counters(
+        counters.sent,
+        counters.lost,
+        counters.forward_lost if counters.HasField("forward_lost") else None,
+        counters.overflow,
+        counters.schedule_skipped,
+        counters.schedule_late_ns_total,
+        counters.schedule_late_ns_max,
+        counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
+        counters.ssid_zero,
+    )
 
 
 def _check_spec(spec: SessionSpec, nodes: dict[str, NodeRow]) -> None:
@@ -786,11 +829,6 @@ def _open_stream(
 #: What the reader of a stream hands its collector: a message and when it came (Unix
 #: ns); then how the stream ended: StopIteration, or the exception that ended it.
 _Inbound = tuple[int, pb.ResultBatches] | BaseException
-
-
-def _names_of(subs: dict[int, SessionRow], got: list[tuple[int, pb.ResultBatches]]) -> set[str]:
-    """The sessions the messages carry batches of (those of ``subs``)."""
-    return {subs[b.ssid].name for _, m in got for b in m.batches if b.ssid in subs}
 
 
 def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
@@ -1278,10 +1316,14 @@ class Controller:
 
     def _session_lock(self, name: str) -> threading.Lock:
         with self._lock:
-            lock = self._session_locks.get(name)
-            if lock is None:
-                lock = self._session_locks[name] = threading.Lock()
-            return lock
+            return self._session_lock_held(name)
+
+    def _session_lock_held(self, name: str) -> threading.Lock:
+        """``_session_lock`` with ``self._lock`` held."""
+        lock = self._session_locks.get(name)
+        if lock is None:
+            lock = self._session_locks[name] = threading.Lock()
+        return lock
 
     def _restart_drained(self) -> None:
         """Start afresh the sessions of the senders owned here that were drained to be
@@ -2523,25 +2565,52 @@ class Controller:
         """What follows a stored batch (``new`` of its rows new): warnings and metrics."""
         self._count_stored(row, batch, new, now)
         if batch.counters is not None:
-            self._warn_skips(row, batch.counters.skipped)
+            self._warn_skips([(row, batch.counters.skipped)])
         self.metrics.observe_rows(row.name, batch.result_rows(), now)
         try:
             self._judge(row, batch, now)
         except Exception:  # events must never stop collection
             log.exception("session %s: judging its thresholds failed", row.name)
 
-    def _warn_skips(self, row: SessionRow, skipped: int) -> None:
-        """Say so when a sender's engine starts skipping slots: it sends less than asked."""
-        key = (row.id, row.epoch)
+    def _stored_many(self, stored: Sequence[tuple[SessionRow, ResultBatch, int]], now: int) -> None:
+        """``_stored`` of a transaction's batches (session, batch, how many rows new):
+        each lock taken once for all of them, not once per session."""
+        with self._counts_lock:
+            if not self._counts_stale:
+                for row, batch, new in stored:
+                    counts = self._counts.get(row.id)
+                    if counts is None or not counts.stored(batch, new, now):
+                        self._counts_stale = True
+                        break
+        skips = [(r, b.counters.skipped) for r, b, _ in stored if b.counters is not None]
+        if skips:
+            self._warn_skips(skips)
+        self.metrics.observe_many(
+            [(row.name, batch.result_rows()) for row, batch, _ in stored], now
+        )
+        for row, batch, _ in stored:
+            try:
+                self._judge(row, batch, now)
+            except Exception:  # events must never stop collection
+                log.exception("session %s: judging its thresholds failed", row.name)
+
+    def _warn_skips(self, skips: Sequence[tuple[SessionRow, int]]) -> None:
+        """Say so when a sender's engine starts skipping slots: it sends less than asked
+        (each session with the count of slots its sender skipped this epoch)."""
+        more: list[tuple[SessionRow, int, int]] = []
         with self._lock:
-            before = self._skipped.get(key, 0)
-            self._skipped[key] = skipped
-        if skipped > before:
+            for row, skipped in skips:
+                key = (row.id, row.epoch)
+                before = self._skipped.get(key, 0)
+                self._skipped[key] = skipped
+                if skipped > before:
+                    more.append((row, skipped - before, skipped))
+        for row, new, skipped in more:
             log.warning(
                 "session %s: the sender skipped %d slots of its schedule (%d in all this"
                 " epoch): it sends less than asked (an overloaded agent?)",
                 row.name,
-                skipped - before,
+                new,
                 skipped,
             )
 
@@ -2713,12 +2782,16 @@ class Controller:
         again, waiting, before the slot.
         """
         end: BaseException | None = None
-        names = _names_of(subs, got)
+        # The rows are built before the slot is taken: the slot is held only for what
+        # must be serial, and another sender's Python runs while SQLite or PostgreSQL
+        # works for the holder.
+        pending: dict[int, _Gathered] = {}
+        arrivals = [(at, _gather_rows(pending, subs, m)) for at, m in got]
+        names = {subs[ssid].name for ssid in pending}
         slot = self._commit_slot
         while True:
-            with contextlib.ExitStack() as locks:
-                for name in sorted(names):
-                    locks.enter_context(self._session_lock(name))
+            taken = self._take_session_locks(names)
+            try:
                 held = True
                 slot.acquire()
 
@@ -2730,77 +2803,103 @@ class Controller:
 
                 try:
                     end = self._gather(st, inbox, got, 0.0) or end
-                    more = _names_of(subs, got) - names
-                    if more and not self._try_session_locks(locks, more):
-                        names |= more
-                        continue
-                    pending: dict[int, pb.ResultBatch] = {}
-                    arrivals = [
-                        (at, [r.t4_ns for b in m.batches for r in b.results]) for at, m in got
-                    ]
-                    for _, message in got:
-                        for b in message.batches:
-                            _merge(pending, b)
+                    for at, m in got[len(arrivals) :]:
+                        arrivals.append((at, _gather_rows(pending, subs, m)))
+                    more = {subs[ssid].name for ssid in pending} - names
+                    if more:
+                        extra = self._try_session_locks(more)
+                        if extra is None:
+                            names |= more
+                            continue
+                        taken += extra
                     begun = time.time_ns()
                     committed = self._store_batches(st, subs, list(pending.values()), release)
                 finally:
                     release()
+            finally:
+                for lock in taken:
+                    lock.release()
             break
         self.metrics.collection_stages(arrivals, begun, committed)
         return end
 
-    def _try_session_locks(self, locks: contextlib.ExitStack, names: Iterable[str]) -> bool:
-        """Take the sessions' locks if they are free (into ``locks``); whether all were."""
-        for name in sorted(names):
-            lock = self._session_lock(name)
+    def _take_session_locks(self, names: Iterable[str]) -> list[threading.Lock]:
+        """Take the sessions' locks, waiting, in name order (one order for every
+        thread: no deadlock); the locks taken, for the caller to release."""
+        with self._lock:
+            locks = [self._session_lock_held(name) for name in sorted(names)]
+        taken: list[threading.Lock] = []
+        try:
+            for lock in locks:
+                lock.acquire()
+                taken.append(lock)
+        except BaseException:
+            for lock in taken:
+                lock.release()
+            raise
+        return taken
+
+    def _try_session_locks(self, names: Iterable[str]) -> list[threading.Lock] | None:
+        """Take the sessions' locks if they are all free (the locks taken), else none."""
+        with self._lock:
+            locks = [self._session_lock_held(name) for name in sorted(names)]
+        taken: list[threading.Lock] = []
+        for lock in locks:
             if not lock.acquire(blocking=False):
-                return False
-            locks.callback(lock.release)
-        return True
+                for held in taken:
+                    held.release()
+                return None
+            taken.append(lock)
+        return taken
 
     def _store_batches(
         self,
         st: _Streamer,
         subs: dict[int, SessionRow],
-        batches: Iterable[pb.ResultBatch],
+        gathered: Iterable[_Gathered],
         committed: Callable[[], None] = lambda: None,
     ) -> int:
-        """Store a batch per session in one transaction and acknowledge them at once;
-        when the transaction committed (Unix ns). ``committed`` is called once it has.
+        """Store the records gathered for each session in one transaction and
+        acknowledge them at once; when the transaction committed (Unix ns).
+        ``committed`` is called once it has.
 
         The caller holds the sessions' locks, from before the epoch checks to after the
         acknowledgement.
         """
-        batches = [b for b in batches if b.ssid in subs]
         acks: dict[int, int] = {}
-        todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
-        for batch in batches:
-            if batch.gone:
+        todo: list[tuple[SessionRow, _Gathered, ResultBatch]] = []
+        for g in gathered:
+            if g.ssid not in subs:
+                continue
+            if g.gone:
                 # Gone from the agent, or created again there: the supervisor
                 # repairs it; a new epoch's start reopens the stream with it.
-                self.metrics.dropped(st.node, len(batch.results))
-                del subs[batch.ssid]
+                self.metrics.dropped(st.node, len(g.rows))
+                del subs[g.ssid]
                 self._wake.set()
                 continue
-            sub = subs[batch.ssid]
-            counters = batch.counters if batch.HasField("counters") else None
-            todo.append((sub, batch, _batch(sub, batch.results, counters)))
+            sub = subs[g.ssid]
+            counters = None if g.counters is None else _counters(g.counters)
+            todo.append((sub, g, ResultBatch(sub.id, sub.epoch, (), counters, g.rows)))
         # One transaction for all the messages; the store checks each epoch.
         now = self.clock()
         news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
         done = time.time_ns()
         committed()
-        for (sub, batch, stored), new in zip(todo, news, strict=True):
-            rows = stored.result_rows()
+        stored: list[tuple[SessionRow, ResultBatch, int]] = []
+        for (sub, g, batch), new in zip(todo, news, strict=True):
+            rows = g.rows
             if new is None:  # the session left that epoch, was destroyed or pruned
                 self.metrics.dropped(st.node, len(rows))
-                del subs[batch.ssid]
+                del subs[g.ssid]
                 continue
-            self._stored(sub, stored, new, now)
+            stored.append((sub, batch, new))
             if rows:
-                acks[batch.ssid] = rows[-1][2]
-            if batch.final:
-                del subs[batch.ssid]
+                acks[g.ssid] = rows[-1][2]
+        self._stored_many(stored, now)
+        for sub, g, _ in todo:
+            if g.final and g.ssid in subs:
+                del subs[g.ssid]
                 with self._lock:
                     st.names.discard(sub.name)
                 self._finish(sub)

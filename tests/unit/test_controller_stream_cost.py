@@ -1,0 +1,142 @@
+"""What storing a sender's stream messages costs the controller besides the SQL, counted
+(issue 15: 10,000 sessions on a controller, a batch of one record per session per
+message): the locks taken per transaction, and the messages left as they came."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+from typing import Any, cast
+
+from sixlab.controller import Controller
+from sixlab.controller.store import SessionRow, SqliteStore
+from sixlab.southbound import AgentClient
+from sixlab.southbound import stamp_pb2 as pb
+
+T = 1_800_000_000_000_000_000
+SESSIONS = 200
+
+
+class _Agent:
+    """The sender agent's client as the storer calls it: acknowledgements recorded."""
+
+    def __init__(self) -> None:
+        self.acks: list[dict[int, int]] = []
+
+    def acknowledge_many(self, acks: dict[int, int]) -> None:
+        self.acks.append(dict(acks))
+
+    def close(self) -> None:
+        pass
+
+
+class _Counted:
+    """A lock that counts how often it is taken."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.taken += 1
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Stream:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.names: set[str] = set()
+        self.changed = threading.Event()
+
+
+def _record(ssid: int, rid: int) -> pb.StampResult:
+    t1 = T + rid * 1_000_000_000 + ssid
+    return pb.StampResult(
+        ssid=ssid, seq=rid - 1, t1_ns=t1, t2_ns=t1 + 1_000_000, t3_ns=t1 + 1_010_000,
+        t4_ns=t1 + 2_010_000, sender_error_estimate=0x8001,
+        reflector_error_estimate=0x8001, ses_sender_ttl=255, reflector_seq=rid - 1,
+        record_id=rid,
+    )  # fmt: skip
+
+
+def _message(rows: list[SessionRow], rid: int, counters: bool = False) -> pb.ResultBatches:
+    msg = pb.ResultBatches()
+    for row in rows:
+        b = msg.batches.add(ssid=row.ssid, state=pb.SESSION_STATE_RUNNING)
+        b.results.append(_record(row.ssid, rid))
+        if counters:
+            b.counters.CopyFrom(pb.SessionCounters(ssid=row.ssid, sent=rid, received=rid))
+    return msg
+
+
+def _setup(tmp_path: Path) -> tuple[SqliteStore, Controller, list[SessionRow], _Agent]:
+    store = SqliteStore(tmp_path / "c.db")
+    store.add_node("s0", "127.0.0.1:1", "sender")
+    store.add_node("r0", "127.0.0.1:2", "reflector")
+    params = {"reflector_address": "2001:db8::2", "interval_ns": 1_000_000_000}
+    names = [f"p{i}" for i in range(SESSIONS)]
+    store.add_sessions([(n, i + 1, "s0", "r0", params) for i, n in enumerate(names)], now_ns=1)
+    store.set_states(names, "running")
+    store.begin_epochs([(n, None) for n in names], T)
+    agent = _Agent()
+    ctl = Controller(
+        store, supervise_interval_s=None, client_factory=lambda _a: cast(AgentClient, agent)
+    )
+    return store, ctl, store.sessions_named(names), agent
+
+
+def test_a_transaction_takes_each_lock_once_not_once_per_session(tmp_path: Path) -> None:
+    """A message of 200 sessions' batches (with counters, as every few messages bring):
+    the controller's lock, the metrics' and the counts' are each taken a few times for
+    the transaction, not once per session (each was once or twice per session)."""
+    store, ctl, rows, agent = _setup(tmp_path)
+    try:
+        st = cast(Any, _Stream("s0"))
+        subs = {r.ssid: r for r in rows}
+        ctl._store_messages(st, subs, queue.Queue(), [(T, _message(rows, 1, True))])
+        ctl._lock = cast(Any, _Counted(ctl._lock))
+        ctl._counts_lock = cast(Any, _Counted(ctl._counts_lock))
+        ctl.metrics._lock = cast(Any, _Counted(ctl.metrics._lock))
+        ctl._store_messages(st, subs, queue.Queue(), [(T, _message(rows, 2, True))])
+        taken = {
+            "controller": cast(_Counted, ctl._lock).taken,
+            "counts": cast(_Counted, ctl._counts_lock).taken,
+            "metrics": cast(_Counted, ctl.metrics._lock).taken,
+        }
+        assert all(n <= 4 for n in taken.values()), taken
+        assert [store.session(r.name).cursor for r in rows[:: SESSIONS // 4]] == [2] * 4
+        assert agent.acks[-1] == {r.ssid: 2 for r in rows}
+    finally:
+        ctl.close()
+        store.close()
+
+
+def test_the_messages_of_a_transaction_are_left_as_they_came(tmp_path: Path) -> None:
+    """Two messages with a batch of each session go in one transaction: every record is
+    stored once, and the messages are not changed to join them (joining a session's
+    batches by appending the second's records to the first copied each record)."""
+    store, ctl, rows, agent = _setup(tmp_path)
+    try:
+        st = cast(Any, _Stream("s0"))
+        subs = {r.ssid: r for r in rows}
+        first, second = _message(rows, 1), _message(rows, 2, True)
+        before = (first.SerializeToString(), second.SerializeToString())
+        ctl._store_messages(st, subs, queue.Queue(), [(T, first), (T + 1, second)])
+        assert (first.SerializeToString(), second.SerializeToString()) == before
+        assert [store.count_results(r.id) for r in rows[:: SESSIONS // 4]] == [2] * 4
+        assert agent.acks == [{r.ssid: 2 for r in rows}]
+        epoch = store.epochs(rows[0].id)[-1]
+        assert (epoch.received, epoch.sent) == (2, 2)
+    finally:
+        ctl.close()
+        store.close()
