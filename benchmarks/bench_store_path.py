@@ -47,8 +47,8 @@ INTERVAL_NS = 200_000_000
 class _NoAgent:
     """What the storer calls on a sender agent's client: nothing to do."""
 
-    def acknowledge_many(self, acks: dict[int, int]) -> None:
-        del acks
+    def acknowledge_many(self, acks: dict[int, int], *, counts: bool = True) -> None:
+        del acks, counts
 
     def close(self) -> None:
         pass

@@ -43,6 +43,7 @@ from sixlab.southbound.agent import (
     MAX_LOSS_TIMEOUT_NS,
     MAX_RESULTS,
 )
+from sixlab.southbound.agentinfo import ssids_digest
 from sixlab.testbed._netns import make_token
 from sixlab.wire.stamp_tlv import ExtraPadding, ReturnPath, TlvFlag, decode_tlvs
 from tests.integration._pki import make_pki
@@ -372,6 +373,22 @@ def test_out_of_range_numbers_are_refused_by_name(pair: Pair, field: str, value:
     setattr(request, field, limit)
     pair.sender.create_session(request)
     assert pair.sender.info().ssids == [1]
+
+
+def test_agent_info_without_ssids_tells_them_by_count_and_digest(pair: Pair) -> None:
+    """Asked without the SSIDs (a controller's supervisor, each second), the answer
+    carries their count and digest but not the list; the digest changes with them."""
+    for ssid in (3, 1, 2):
+        pair.sender.create_session(pb.CreateStampSessionRequest(ssid=ssid, reflector_address="::1"))
+    full, short = pair.sender.info(), pair.sender.info(ssids=False)
+    assert list(full.ssids) == [1, 2, 3]
+    assert list(short.ssids) == []
+    assert (short.ssid_count, short.ssids_digest) == (3, ssids_digest([1, 2, 3]))
+    assert (full.ssid_count, full.ssids_digest) == (short.ssid_count, short.ssids_digest)
+    pair.sender.destroy_session(2)
+    after = pair.sender.info(ssids=False)
+    assert (after.ssid_count, after.ssids_digest) == (2, ssids_digest([1, 3]))
+    assert after.ssids_digest != short.ssids_digest
 
 
 def _finished(client: AgentClient, ssid: int, timeout: float = 20.0) -> pb.SessionCounters:
@@ -781,6 +798,10 @@ def test_one_stream_carries_many_sessions(pair: Pair) -> None:
     assert pair.sender.counters(100).sessions[0].queued == 10
     assert pair.sender.acknowledge_many({100: 10, 101: 4, 7: 3}) == {100: 10, 101: 4}
     assert pair.sender.counters(101).sessions[0].queued == 6
+    # Not asked for the counts (a collector's acknowledgement): removed all the same,
+    # and an empty reply.
+    assert pair.sender.acknowledge_many({101: 7}, counts=False) == {}
+    assert pair.sender.counters(101).sessions[0].queued == 3
 
 
 def test_results_streams_beyond_the_limit_are_refused(tmp_path: Path) -> None:

@@ -270,8 +270,8 @@ def test_a_session_another_replica_creates_during_a_check_is_left_alone(
 
         armed = False
 
-        def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
-            reply = super().info(timeout)
+        def info(self, timeout: float | None = None, *, ssids: bool = True) -> pb.GetAgentInfoReply:
+            reply = super().info(timeout, ssids=ssids)
             if Hooked.armed:
                 create_meanwhile()
             return reply

@@ -13,6 +13,7 @@ import pytest
 from sixlab.controller import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound import AgentClient, AgentServer, SenderSession
+from sixlab.southbound.agentinfo import ssids_digest
 from sixlab.southbound.simagent import record_times, serve_simulated
 
 
@@ -126,6 +127,29 @@ def test_simulated_agent_counts_overflow_past_its_fifo() -> None:
         assert reply.overflow > 0
         assert reply.results[0].record_id == reply.overflow + 1
         assert reply.counters.overflow == reply.overflow
+    finally:
+        client.close()
+        server.stop(None)
+
+
+def test_simulated_agent_answers_without_ssids_and_acknowledges_without_counts() -> None:
+    """As the agent does: GetAgentInfo without the list (count and digest only), and an
+    acknowledgement not asked for its counts removes the records with an empty reply."""
+    server = serve_simulated("127.0.0.1:0", "sender")
+    client = AgentClient(f"127.0.0.1:{server.port}")
+    try:
+        client.init()
+        for ssid in (2, 1):
+            client.create_sender_session(SenderSession(ssid, "2001:db8::2", interval_ns=10**6))
+        short = client.info(ssids=False)
+        assert list(short.ssids) == []
+        assert (short.ssid_count, short.ssids_digest) == (2, ssids_digest([1, 2]))
+        assert list(client.info().ssids) == [1, 2]
+        client.start_session(1)
+        time.sleep(0.05)
+        top = client.results(1, 5, after_id=0).results[-1].record_id
+        assert client.acknowledge_many({1: top}, counts=False) == {}
+        assert client.results(1, 1, after_id=0).results[0].record_id == top + 1
     finally:
         client.close()
         server.stop(None)

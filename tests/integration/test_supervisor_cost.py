@@ -33,15 +33,19 @@ class CountingStore(SqliteStore):
 
 
 class CountingClient(AgentClient):
-    """Counts the GetAgentInfo calls: two a round (one node each)."""
+    """Counts the GetAgentInfo calls (two a round: one node each) and the SSIDs their
+    answers listed."""
 
     infos = 0
+    ssids = 0
     lock = threading.Lock()
 
-    def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
+    def info(self, timeout: float | None = None, *, ssids: bool = True) -> pb.GetAgentInfoReply:
+        reply = super().info(timeout, ssids=ssids)
         with CountingClient.lock:
             CountingClient.infos += 1
-        return super().info(timeout)
+            CountingClient.ssids += len(reply.ssids)
+        return reply
 
 
 def _until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -79,11 +83,14 @@ def test_steady_rounds_ask_the_agents_but_read_no_sessions(tmp_path: Path) -> No
         assert ctl.start_sessions([s.name for s in specs]) == {}
         _rounds(3)  # each node compared once since the last change
 
-        CountingStore.rows = 0
+        CountingStore.rows = CountingClient.ssids = 0
         _rounds(20)
         # Before: 2 x 300 rows every round. At most one comparison of each node here,
         # should a notice of the store land in the window (none is expected).
         assert CountingStore.rows <= 2 * SESSIONS
+        # Nor do the answers list the SSIDs (each listed 300 before): their count and
+        # digest tell that nothing changed. A comparison asks for the list.
+        assert CountingClient.ssids <= 2 * SESSIONS
         assert ctl.store.node("r").healthy  # the rounds still tell the health
         assert ctl.store.node("s").healthy
 

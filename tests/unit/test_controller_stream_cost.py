@@ -23,9 +23,11 @@ class _Agent:
 
     def __init__(self) -> None:
         self.acks: list[dict[int, int]] = []
+        self.counts: list[bool] = []
 
-    def acknowledge_many(self, acks: dict[int, int]) -> None:
+    def acknowledge_many(self, acks: dict[int, int], *, counts: bool = True) -> None:
         self.acks.append(dict(acks))
+        self.counts.append(counts)
 
     def close(self) -> None:
         pass
@@ -135,6 +137,8 @@ def test_the_messages_of_a_transaction_are_left_as_they_came(tmp_path: Path) -> 
         assert (first.SerializeToString(), second.SerializeToString()) == before
         assert [store.count_results(r.id) for r in rows[:: SESSIONS // 4]] == [2] * 4
         assert agent.acks == [{r.ssid: 2 for r in rows}]
+        # The reply's count per session (a map as large as the request) is not asked.
+        assert agent.counts == [False]
         epoch = store.epochs(rows[0].id)[-1]
         assert (epoch.received, epoch.sent) == (2, 2)
     finally:

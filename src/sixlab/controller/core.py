@@ -120,6 +120,7 @@ from sixlab.controller.store import (
 )
 from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
+from sixlab.southbound.agentinfo import ssids_digest
 from sixlab.southbound.budget import MIN_REPLY_BUDGET_BYTES, REPLY_BUDGET_BYTES
 from sixlab.southbound.client import (
     AgentClient,
@@ -457,9 +458,13 @@ def _log_event(event: SessionEvent) -> None:
     )  # fmt: skip
 
 
-def _agent_state(info: pb.GetAgentInfoReply) -> tuple[int, bool, tuple[int, ...]]:
-    """What of an agent's GetAgentInfo answer a comparison with the store depends on."""
-    return (info.epoch, info.initialized, tuple(info.ssids))
+def _agent_state(info: pb.GetAgentInfoReply) -> tuple[int, bool, int, int]:
+    """What of an agent's GetAgentInfo answer a comparison with the store depends on: its
+    run, its Init, and its sessions' count and digest (computed here from the list if
+    the agent did not send them)."""
+    if info.HasField("ssids_digest"):
+        return (info.epoch, info.initialized, info.ssid_count, info.ssids_digest)
+    return (info.epoch, info.initialized, len(info.ssids), ssids_digest(info.ssids))
 
 
 def _is_loopback(row: SessionRow) -> bool:
@@ -912,7 +917,7 @@ class Controller:
         self._store_gen = 0
         #: Each node whose last comparison found nothing to do: the agent's answer then
         #: (``_agent_state``), ``_store_gen`` read before its store read, and when.
-        self._settled: dict[str, tuple[tuple[int, bool, tuple[int, ...]], int, float]] = {}
+        self._settled: dict[str, tuple[tuple[int, bool, int, int], int, float]] = {}
         #: Each ``stopping`` (sender, name, epoch) seen by this owner's supervisor: when
         #: to ask its sender next, and the back-off (``_complete_stops``).
         self._stops: dict[tuple[str, str, int], tuple[float, float]] = {}
@@ -1058,9 +1063,12 @@ class Controller:
             self._complete_stops(name)
         # Asked outside the lock first: a node that does not answer must not hold up
         # requests. Whatever looks amiss is asked again under the lock.
-        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
-        if not full and self._unchanged(name, info):
-            return
+        info: pb.GetAgentInfoReply = self._call(name, lambda c: c.info(INFO_TIMEOUT_S, ssids=full))
+        if not full:
+            if self._unchanged(name, info):
+                return
+            if info.HasField("ssids_digest"):  # the list was left out: the comparison needs it
+                info = self._call(name, lambda c: c.info(INFO_TIMEOUT_S))
         with self._ops:
             gen = self._store_gen  # before the store is read: a later change is seen
             # The store is read BEFORE the answer it is compared with. Whoever creates a
@@ -2536,7 +2544,7 @@ class Controller:
                     self._finish(row)
                     over.append(row.name)
             if acks:
-                self._call(p.node, lambda c: c.acknowledge_many(acks), refresh=False)
+                self._call(p.node, lambda c: c.acknowledge_many(acks, counts=False), refresh=False)
             if over:
                 with self._lock:
                     for name in over:
@@ -2904,5 +2912,5 @@ class Controller:
                     st.names.discard(sub.name)
                 self._finish(sub)
         if acks:
-            self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+            self._call(st.node, lambda c: c.acknowledge_many(acks, counts=False), refresh=False)
         return done

@@ -88,6 +88,7 @@ from sixlab.dataplane.engine import (
 from sixlab.linux import FlowCounters, FlowMatch, LinuxError
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.agentinfo import info_sessions
 from sixlab.southbound.budget import (
     MIN_REPLY_BUDGET_BYTES,
     REPLY_BUDGET_BYTES,
@@ -683,22 +684,22 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     # -- agent ------------------------------------------------------------------------
 
     @_unary
-    def GetAgentInfo(self, _request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
+    def GetAgentInfo(self, request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
         rt = self._rt
         engine = None if rt is None else rt.sender or rt.reflector
         error = None if engine is None else engine.error
-        return pb.GetAgentInfoReply(
+        reply = pb.GetAgentInfoReply(
             role=_ROLE_PB[self.role],
             default_dataplane=self.default_dataplane,
             available_dataplanes=available(),
             initialized=rt is not None,
             dataplane="" if rt is None else rt.name,
             port=0 if rt is None else rt.port,
-            ssids=sorted([*self._senders, *self._reflectors]),
             engine_error="" if error is None else repr(error),
             epoch=self.epoch,
             started_ns=self.started_ns,
         )
+        return info_sessions(reply, request, sorted([*self._senders, *self._reflectors]))
 
     @_unary
     def Init(self, request: pb.InitRequest) -> pb.InitReply:  # noqa: N802
@@ -1172,7 +1173,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             for ssid, through in request.through_ids.items()
             if _ssid(ssid) in self._senders
         }
-        return pb.AcknowledgeResultsReply(acknowledged=done)
+        return pb.AcknowledgeResultsReply(acknowledged={} if request.without_counts else done)
 
     # -- counters ---------------------------------------------------------------------
 

@@ -285,11 +285,14 @@ class AgentClient(GrpcClient):
 
     # -- agent ------------------------------------------------------------------------
 
-    def info(self, timeout: float | None = None) -> pb.GetAgentInfoReply:
-        """Role, state and run (``epoch``) of the agent; ``timeout`` overrides the deadline."""
+    def info(self, timeout: float | None = None, *, ssids: bool = True) -> pb.GetAgentInfoReply:
+        """Role, state and run (``epoch``) of the agent; ``timeout`` overrides the deadline.
+        ``ssids`` False: the sessions' count and digest only, not their list
+        (``sixlab.southbound.agentinfo``; an agent that predates it lists them anyway)."""
         try:
             reply: pb.GetAgentInfoReply = self._stub.GetAgentInfo(
-                pb.GetAgentInfoRequest(), timeout=self.timeout if timeout is None else timeout
+                pb.GetAgentInfoRequest(without_ssids=not ssids),
+                timeout=self.timeout if timeout is None else timeout,
             )
         except grpc.RpcError as exc:
             raise SouthboundError.from_rpc(exc) from None
@@ -425,10 +428,12 @@ class AgentClient(GrpcClient):
         )
         return ResultStream(self._stub.StreamResults(request))
 
-    def acknowledge_many(self, through_ids: Mapping[int, int]) -> dict[int, int]:
+    def acknowledge_many(
+        self, through_ids: Mapping[int, int], *, counts: bool = True
+    ) -> dict[int, int]:
         """Remove records of many sessions (each up to its id); how many went, per
-        session that exists."""
-        request = pb.AcknowledgeResultsRequest(through_ids=dict(through_ids))
+        session that exists (``counts`` False: not asked, nothing returned)."""
+        request = pb.AcknowledgeResultsRequest(through_ids=through_ids, without_counts=not counts)
         reply: pb.AcknowledgeResultsReply = self._call("AcknowledgeResults", request)
         return dict(reply.acknowledged)
 

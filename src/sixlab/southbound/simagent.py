@@ -53,6 +53,7 @@ from sixlab.southbound.agent import (
     Role,
     _status_of,
 )
+from sixlab.southbound.agentinfo import info_sessions
 from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, asked_budget, fit
 from sixlab.southbound.rpcserver import abort_for, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
@@ -258,18 +259,18 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
     # -- agent ------------------------------------------------------------------------
 
     @_unary
-    def GetAgentInfo(self, _request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
-        return pb.GetAgentInfoReply(
+    def GetAgentInfo(self, request: pb.GetAgentInfoRequest) -> pb.GetAgentInfoReply:  # noqa: N802
+        reply = pb.GetAgentInfoReply(
             role=_ROLE_PB[self.role],
             default_dataplane="simulated",
             available_dataplanes=["simulated"],
             initialized=self._initialized,
             dataplane="simulated" if self._initialized else "",
             port=self._port,
-            ssids=sorted(self._sessions),
             epoch=self.epoch,
             started_ns=self.started_ns,
         )
+        return info_sessions(reply, request, sorted(self._sessions))
 
     @_unary
     def Init(self, request: pb.InitRequest) -> pb.InitReply:  # noqa: N802
@@ -402,13 +403,12 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
         self, request: pb.AcknowledgeResultsRequest
     ) -> pb.AcknowledgeResultsReply:
         self._sender("AcknowledgeResults")
-        return pb.AcknowledgeResultsReply(
-            acknowledged={
-                ssid: self._ack(self._sessions[ssid], through)
-                for ssid, through in request.through_ids.items()
-                if ssid in self._sessions
-            }
-        )
+        done = {
+            ssid: self._ack(self._sessions[ssid], through)
+            for ssid, through in request.through_ids.items()
+            if ssid in self._sessions
+        }
+        return pb.AcknowledgeResultsReply(acknowledged={} if request.without_counts else done)
 
     def StreamResults(  # noqa: N802
         self, request: pb.StreamResultsRequest, context: Any

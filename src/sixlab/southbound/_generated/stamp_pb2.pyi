@@ -190,12 +190,20 @@ Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 class GetAgentInfoRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WITHOUT_SSIDS_FIELD_NUMBER: _builtins.int
+    without_ssids: _builtins.bool
+    """Leave the reply's `ssids` out: `ssid_count` and `ssids_digest` still tell whether
+    the sessions changed (a controller asks every agent every second; a list of 10,000
+    SSIDs each time is most of the answer). An agent that ignores it sends the list.
+    """
     def __init__(
         self,
+        *,
+        without_ssids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["without_ssids", b"without_ssids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,6 +223,8 @@ class GetAgentInfoReply(_message.Message):
     ENGINE_ERROR_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     STARTED_NS_FIELD_NUMBER: _builtins.int
+    SSID_COUNT_FIELD_NUMBER: _builtins.int
+    SSIDS_DIGEST_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     """The agent's role, fixed at start."""
     default_dataplane: _builtins.str
@@ -233,6 +243,13 @@ class GetAgentInfoReply(_message.Message):
     """
     started_ns: _builtins.int
     """When this run of the agent started, Unix-epoch UTC ns."""
+    ssid_count: _builtins.int
+    """How many sessions exist (the length of `ssids`, sent or not)."""
+    ssids_digest: _builtins.int
+    """A digest of the SSIDs (`sixlab.southbound.agentinfo.ssids_digest`: the first 8
+    bytes of BLAKE2b over them ascending, each as 4 bytes little-endian), sent or not.
+    Absent from an agent that predates it.
+    """
     @_builtins.property
     def available_dataplanes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every data plane registered in this agent."""
@@ -254,12 +271,16 @@ class GetAgentInfoReply(_message.Message):
         engine_error: _builtins.str = ...,
         epoch: _builtins.int = ...,
         started_ns: _builtins.int = ...,
+        ssid_count: _builtins.int = ...,
+        ssids_digest: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ssids_digest", b"_ssids_digest", "ssids_digest", b"ssids_digest"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "epoch", b"epoch", "initialized", b"initialized", "port", b"port", "role", b"role", "ssids", b"ssids", "started_ns", b"started_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ssids_digest", b"_ssids_digest", "available_dataplanes", b"available_dataplanes", "dataplane", b"dataplane", "default_dataplane", b"default_dataplane", "engine_error", b"engine_error", "epoch", b"epoch", "initialized", b"initialized", "port", b"port", "role", b"role", "ssid_count", b"ssid_count", "ssids", b"ssids", "ssids_digest", b"ssids_digest", "started_ns", b"started_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__ssids_digest: _TypeAlias = _typing.Literal["ssids_digest"]  # noqa: Y015
+    _WhichOneofArgType__ssids_digest: _TypeAlias = _typing.Literal["_ssids_digest", b"_ssids_digest"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ssids_digest) -> _WhichOneofReturnType__ssids_digest | None: ...
 
 Global___GetAgentInfoReply: _TypeAlias = GetAgentInfoReply  # noqa: Y015
 
@@ -1258,6 +1279,11 @@ class AcknowledgeResultsRequest(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     THROUGH_IDS_FIELD_NUMBER: _builtins.int
+    WITHOUT_COUNTS_FIELD_NUMBER: _builtins.int
+    without_counts: _builtins.bool
+    """Leave the reply's `acknowledged` empty: the caller does not read it (a collector
+    acknowledging a transaction of a thousand sessions).
+    """
     @_builtins.property
     def through_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Per session, remove every record with an id up to and including this one.
@@ -1268,10 +1294,11 @@ class AcknowledgeResultsRequest(_message.Message):
         self,
         *,
         through_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        without_counts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids", "without_counts", b"without_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1304,7 +1331,9 @@ class AcknowledgeResultsReply(_message.Message):
     ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acknowledged(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
-        """Per session that exists, how many records were removed."""
+        """Per session that exists, how many records were removed (none if
+        `without_counts`).
+        """
 
     def __init__(
         self,
