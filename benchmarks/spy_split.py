@@ -29,6 +29,7 @@ WAITS = (
     "SqliteStore._locked",
     "select (selectors",
     "sleep",
+    "Connection.wait",  # psycopg waiting for the server
 )
 
 #: (part, a frame that marks it), first match from the innermost frame outward.
