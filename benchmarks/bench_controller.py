@@ -78,6 +78,17 @@ def _threads_cpu_s(pid: int) -> dict[int, float]:
     return threads
 
 
+def _backlog(senders: list[str]) -> int:
+    """Records the sender agents hold unacknowledged, all sessions together."""
+    from sixlab.southbound import AgentClient  # noqa: PLC0415
+
+    total = 0
+    for address in senders:
+        with AgentClient(address, timeout=30) as client:
+            total += sum(s.queued for s in client.counters().sessions)
+    return total
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -281,8 +292,11 @@ def _measure(
     agents: list[int],
     *,
     metrics: str | None,
+    senders: list[str],
 ) -> dict[str, Any]:
-    """The measuring window: stored per second, CPU, RSS, lag, bytes per result."""
+    """The measuring window: stored per second, CPU, RSS, lag, bytes per result, and the
+    records the sender agents held unacknowledged (read, or not yet, by the controller)
+    at its start and end: a backlog the controller has not caught up with."""
     from sixlab.controller.store import open_store  # noqa: PLC0415
 
     db = open_store(url)
@@ -320,6 +334,7 @@ def _measure(
              "--threads", "--format", "raw", "--output", args.py_spy],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+    backlog0 = _backlog(senders)
     threads0 = _threads_cpu_s(pid) if spy else {}
     n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
     # What was stored before the window; the first look in it is one period later (the
@@ -336,6 +351,7 @@ def _measure(
     pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag1 = sum(_cpu_s(a) for a in agents)
     stages1 = _stages(metrics) if metrics else {}
+    backlog1 = _backlog(senders)
     if spy is not None:
         threads1 = _threads_cpu_s(pid)
         spy.wait(30)
@@ -367,6 +383,8 @@ def _measure(
         ),
         "results_stored": storage.results,
         "load_average_start": load0,
+        "backlog_start": backlog0,
+        "backlog_end": backlog1,
     }
 
 
@@ -498,7 +516,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if pg is not None:
                 pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
             agents = [p.pid for p in procs if p is not ctl]
-            measured = _measure(args, url, ctl.pid, pg_pid, agents, metrics=metrics)
+            senders = [address for _, address, role in nodes if role == "sender"]
+            measured = _measure(
+                args, url, ctl.pid, pg_pid, agents, metrics=metrics, senders=senders
+            )
         return {
             "db": args.db,
             "sessions": args.sessions,
