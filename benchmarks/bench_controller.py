@@ -136,12 +136,20 @@ def _stages(address: str) -> dict[str, tuple[list[tuple[float, float]], float]]:
 
     # Only this histogram: a whole scrape reads every session's totals from the store.
     query = "&".join(
-        f"name[]=sixlab_collection_stage_seconds_{s}" for s in ("bucket", "sum", "count")
+        [f"name[]=sixlab_collection_stage_seconds_{s}" for s in ("bucket", "sum", "count")]
+        + [f"name[]=sixlab_collection_{n}_total" for n in ("transactions", "transaction_seconds")]
     )
     with urlopen(f"http://{address}/metrics?{query}", timeout=30) as reply:
         text = reply.read().decode()
     out: dict[str, tuple[list[tuple[float, float]], float]] = {}
     for family in text_string_to_metric_families(text):
+        if family.name in (
+            "sixlab_collection_transactions",
+            "sixlab_collection_transaction_seconds",
+        ):
+            # Kept as a bucketless "stage": (no buckets, the counter's value).
+            out[family.name] = ([], family.samples[0].value)
+            continue
         if family.name != "sixlab_collection_stage_seconds":
             continue
         for sample in family.samples:
@@ -177,6 +185,18 @@ def _stage_figures(
 ) -> dict[str, Any]:
     """Per stage over the window: results, mean, p50, p99 (ms)."""
     out: dict[str, Any] = {}
+    n0 = before.get("sixlab_collection_transactions", ([], 0.0))[1]
+    s0 = before.get("sixlab_collection_transaction_seconds", ([], 0.0))[1]
+    n1 = after.pop("sixlab_collection_transactions", ([], n0))[1]
+    s1 = after.pop("sixlab_collection_transaction_seconds", ([], s0))[1]
+    if n1 > n0:
+        # The commit slot: transactions in the window, their mean, their seconds in all
+        # (divided by the window: how busy one slot was).
+        out["transactions"] = {
+            "count": int(n1 - n0),
+            "mean_ms": round((s1 - s0) / (n1 - n0) * 1e3, 1),
+            "seconds": round(s1 - s0, 2),
+        }
     for stage, (buckets, total) in after.items():
         old_b, old_total = before.get(stage, ([], 0.0))
         old = dict(old_b)

@@ -32,6 +32,11 @@ def test_stages_add_up_to_the_total_per_result() -> None:
     assert reg.get_sample_value("sixlab_collection_stage_seconds_bucket", {**le, "le": "0.7"}) == 2
     assert reg.get_sample_value("sixlab_collection_stage_seconds_bucket", {**le, "le": "0.75"}) == 3
     assert {0.7, 0.75} <= set(LAG_BUCKETS_S)
+    # The transactions, and how long they took together (the commit slot's busy time).
+    assert reg.get_sample_value("sixlab_collection_transactions_total") == 2
+    assert reg.get_sample_value("sixlab_collection_transaction_seconds_total") == pytest.approx(
+        0.05
+    )
 
 
 def test_a_scrape_of_the_stages_alone_does_not_read_the_store() -> None:

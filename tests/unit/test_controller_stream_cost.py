@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from sixlab.controller import Controller
 from sixlab.controller.store import SessionRow, SqliteStore
 from sixlab.southbound import AgentClient
@@ -141,6 +143,58 @@ def test_the_messages_of_a_transaction_are_left_as_they_came(tmp_path: Path) -> 
         assert agent.counts == [False]
         epoch = store.epochs(rows[0].id)[-1]
         assert (epoch.received, epoch.sent) == (2, 2)
+    finally:
+        ctl.close()
+        store.close()
+
+
+@pytest.mark.parametrize(("slots", "together"), [(2, True), (1, False)])
+def test_commit_slots_let_that_many_senders_transactions_run_at_once(
+    tmp_path: Path, slots: int, together: bool
+) -> None:
+    """With ``commit_slots`` 2, two senders' transactions are in the store together
+    (PostgreSQL gives each a connection); with 1, the second waits for the first."""
+    store = SqliteStore(tmp_path / "c.db")
+    store.add_node("r0", "127.0.0.1:2", "reflector")
+    params = {"reflector_address": "2001:db8::2", "interval_ns": 1_000_000_000}
+    for k in (0, 1):
+        store.add_node(f"s{k}", f"127.0.0.1:{10 + k}", "sender")
+        store.add_sessions([(f"p{k}", 1, f"s{k}", "r0", params)], now_ns=1)
+    store.set_states(["p0", "p1"], "running")
+    store.begin_epochs([("p0", None), ("p1", None)], T)
+    inside = threading.Barrier(2, timeout=1.0)
+    met: list[bool] = []
+    store_many = store.store_many
+
+    def meeting(*args: Any, **kwargs: Any) -> list[int | None]:
+        try:
+            inside.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return store_many(*args, **kwargs)
+
+    store.store_many = meeting  # type: ignore[method-assign]
+    agent = _Agent()
+    ctl = Controller(
+        store,
+        supervise_interval_s=None,
+        client_factory=lambda _a: cast(AgentClient, agent),
+        commit_slots=slots,
+    )
+    try:
+        threads = []
+        for k in (0, 1):
+            (row,) = store.sessions_named([f"p{k}"])
+            st = cast(Any, _Stream(f"s{k}"))
+            args: tuple[Any, ...] = (st, {row.ssid: row}, queue.Queue(), [(T, _message([row], 1))])
+            threads.append(threading.Thread(target=ctl._store_messages, args=args))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert met == [together, together]
+        assert [store.count_results(r.id) for r in store.sessions()] == [1, 1]
     finally:
         ctl.close()
         store.close()

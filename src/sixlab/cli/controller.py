@@ -56,7 +56,13 @@ from sixlab.controller.client import (
     SessionStats,
     default_address,
 )
-from sixlab.controller.core import COMMIT_INTERVAL_S, STREAM_WINDOW_NS, CollectMode, SessionSpec
+from sixlab.controller.core import (
+    COMMIT_INTERVAL_S,
+    COMMIT_SLOTS,
+    STREAM_WINDOW_NS,
+    CollectMode,
+    SessionSpec,
+)
 from sixlab.controller.northbound import DEFAULT_MAX_WORKERS, DEFAULT_RESULTS_LIMIT, MAX_RESULTS
 from sixlab.linux.signals import StopOnSignal
 from sixlab.southbound.client import ClientTls
@@ -464,6 +470,14 @@ def _add_serve(cmds: Any) -> None:
         " while the previous transaction ran. Window and interval both add to collection lag",
     )
     serve.add_argument(
+        "--commit-slots",
+        metavar="N",
+        type=argtypes.workers,
+        default=COMMIT_SLOTS,
+        help="stream mode: transactions of different senders that may run at once"
+        f" (default {COMMIT_SLOTS}; SQLite runs one at a time whatever this says)",
+    )
+    serve.add_argument(
         "--max-workers",
         type=argtypes.workers,
         default=DEFAULT_MAX_WORKERS,
@@ -647,6 +661,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         stream_window_s=args.stream_window,
         commit_interval_s=args.commit_interval,
+        commit_slots=args.commit_slots,
         **agent_factory,
     )
     try:

@@ -173,6 +173,10 @@ STREAM_COUNTERS_NS = 2_000_000_000
 #: commit (a message is stored as soon as the commit slot is free, together with those
 #: that came while it was not: ``Controller._store_messages``).
 COMMIT_INTERVAL_S = 0.0
+#: Stream transactions that may run at once (``Controller._store_messages``). On SQLite
+#: they are one at a time whatever this says (one connection); on PostgreSQL each has a
+#: connection of the pool, and while the server works on one, another can be built.
+COMMIT_SLOTS = 1
 #: Stream messages read but not stored yet, at most, per sender: beyond them the reader
 #: stops reading and gRPC's flow control holds the rest on the agent.
 STREAM_INBOX = 64
@@ -858,6 +862,7 @@ class Controller:
         poll_interval_s: float = 0.5,
         supervise_interval_s: float | None = SUPERVISE_INTERVAL_S,
         commit_interval_s: float = COMMIT_INTERVAL_S,
+        commit_slots: int = COMMIT_SLOTS,
         stream_window_s: float = STREAM_WINDOW_NS / 1e9,
     ) -> None:
         """``clock`` gives the Unix ns stored with nodes and sessions. ``supervise_interval_s``
@@ -899,8 +904,8 @@ class Controller:
         #: Counts the store's DESTROYED notices: a destroy's waiter wakes on a change.
         self._destroyed = threading.Condition(threading.Lock())
         self._destroyed_seen = 0
-        #: Stream transactions run one at a time (``_store_messages``).
-        self._commit_slot = threading.Lock()
+        #: Stream transactions run ``commit_slots`` at a time (``_store_messages``).
+        self._commit_slot = threading.BoundedSemaphore(commit_slots)
         self._closed = False
         #: Each node's health as last written to the store, and when (``_health``).
         self._health_seen: dict[str, tuple[bool, int]] = {}

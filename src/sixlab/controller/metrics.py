@@ -229,6 +229,9 @@ class ControllerMetrics:
         self._jitter: dict[tuple[str, str], float] = {}
         self._lag: dict[str, float] = {}
         self._stages = {stage: _Histogram(LAG_BUCKETS_S) for stage in STAGES}
+        #: Collection transactions, and the seconds they took together (begin to commit).
+        self._transactions = 0
+        self._transaction_s = 0.0
         self._last_read: dict[str, float] = {}
         self._up: dict[str, bool] = {}
         self._fenced: dict[str, int] = {}
@@ -396,6 +399,8 @@ class ControllerMetrics:
         from the controller's."""
         agent = self._stages["agent"]
         with self._lock:
+            self._transactions += 1
+            self._transaction_s += (committed_ns - begun_ns) / _NS
             for at, t4s in arrivals:
                 if not t4s:
                     continue
@@ -448,12 +453,24 @@ class _StageExporter(Collector):
     def __init__(self, metrics: ControllerMetrics) -> None:
         self.m = metrics
 
-    def describe(self) -> Iterator[HistogramMetricFamily]:
+    def describe(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
         return self.collect()
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
+    def collect(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
         with self.m._lock:
             stages = {k: (h.cumulative(), h.sum) for k, h in self.m._stages.items()}
+            transactions, transaction_s = self.m._transactions, self.m._transaction_s
+        # Their rate is how busy the commit slot is: one slot, at most a second a second.
+        yield CounterMetricFamily(
+            "sixlab_collection_transactions",
+            "Transactions of collected results committed",
+            value=transactions,
+        )
+        yield CounterMetricFamily(
+            "sixlab_collection_transaction_seconds",
+            "Seconds the transactions of collected results took together, begin to commit",
+            value=transaction_s,
+        )
         family = HistogramMetricFamily(
             "sixlab_collection_stage_seconds",
             "How long stored results took, by stage (agent, queued, transaction; total: T4"
