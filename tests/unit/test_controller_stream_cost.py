@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from sixlab.controller import Controller
+from sixlab.controller import Controller, core
 from sixlab.controller.store import SessionRow, SqliteStore
 from sixlab.southbound import AgentClient
 from sixlab.southbound import stamp_pb2 as pb
@@ -195,6 +195,40 @@ def test_commit_slots_let_that_many_senders_transactions_run_at_once(
             t.join(10)
         assert met == [together, together]
         assert [store.count_results(r.id) for r in store.sessions()] == [1, 1]
+    finally:
+        ctl.close()
+        store.close()
+
+
+def test_the_rows_of_messages_already_there_are_built_before_the_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records of the messages a sender has when it starts waiting for the commit
+    slot become rows before it takes the slot (which every other sender waits for); only
+    a message that came meanwhile is built while holding it."""
+    store, ctl, rows, _ = _setup(tmp_path)
+    built: list[tuple[int, bool]] = []
+    rows_of = core._rows
+
+    def counting(sid: int, epoch: int, results: Any) -> list[tuple[Any, ...]]:
+        slot = ctl._commit_slot
+        free = slot.acquire(blocking=False)  # not if this thread (the only one) holds it
+        if free:
+            slot.release()
+        built.append((len(results), not free))
+        return rows_of(sid, epoch, results)
+
+    monkeypatch.setattr(core, "_rows", counting)
+    try:
+        st = cast(Any, _Stream("s0"))
+        subs = {r.ssid: r for r in rows}
+        inbox: queue.Queue[Any] = queue.Queue()
+        inbox.put((T + 1, _message(rows[:10], 2)))  # there once the slot is taken
+        ctl._store_messages(st, subs, inbox, [(T, _message(rows, 1))])
+        held = [n for n, in_slot in built if in_slot]
+        assert len(built) == SESSIONS + 10
+        assert held == [1] * 10  # the late message's batches only
+        assert [store.count_results(r.id) for r in rows[:12]] == [2] * 10 + [1] * 2
     finally:
         ctl.close()
         store.close()
