@@ -361,10 +361,15 @@ def _measure(
     # figures above were read before this, so no look waits for them).
     _new_lags(conn, seen, placeholder)
     gaps: list[float] = []
+    worst: list[float] = []  # per second of the window, the largest lag seen in it
     while time.monotonic() - t0 < args.seconds:
         time.sleep(args.poll)
         before = next(iter(seen.values()))[1]
-        lags += _new_lags(conn, seen, placeholder)
+        got = _new_lags(conn, seen, placeholder)
+        lags += got
+        second = int(time.monotonic() - t0)
+        worst += [0.0] * (second + 1 - len(worst))
+        worst[second] = max([worst[second], *(hi for hi, _ in got)])
         gaps.append((next(iter(seen.values()))[1] - before) / 1e6)
         rss.append(_rss_mb(pid))
     n1, cpu1, t1 = _stored(conn), _cpu_s(pid), time.monotonic()
@@ -395,6 +400,7 @@ def _measure(
         "lag_low_ms_p50": round(statistics.median(low), 1) if lags else None,
         "lag_low_ms_p99": round(_pct(low, 99), 1) if lags else None,
         "lag_samples": len(lags),
+        "lag_ms_worst_by_second": [round(w) for w in worst],
         "poll_gap_ms_p50": round(statistics.median(gaps), 1) if gaps else None,
         "poll_gap_ms_max": round(max(gaps), 1) if gaps else None,
         "stages": _stage_figures(stages0, stages1),
