@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -556,4 +556,51 @@ def test_sqlite_state_updates_by_name_use_the_live_name_index(tmp_path: Path) ->
         plan = " ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
         assert "USING INDEX sessions_live_name" in plan, (sql, plan)
     assert [r.state for r in store.sessions()] == ["running", "stopping", "stopping"]
+    store.close()
+
+
+def _plans(store: SqliteStore, run: Callable[[], object]) -> list[tuple[str, str]]:
+    """(statement, EXPLAIN QUERY PLAN) of each statement ``run`` has the store execute
+    (traced with their parameters, then asked of SQLite), transaction control left out."""
+    conn = store._conn
+    traced: list[str] = []
+    conn.set_trace_callback(traced.append)
+    try:
+        run()
+    finally:
+        conn.set_trace_callback(None)
+    out = []
+    for sql in traced:
+        if sql.split(None, 1)[0].upper() in ("SELECT", "UPDATE", "DELETE", "INSERT"):
+            plan = " | ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
+            out.append((sql, plan))
+    return out
+
+
+def test_sqlite_start_handover_and_restart_by_name_use_the_live_name_index(
+    tmp_path: Path,
+) -> None:
+    """``take_over_start``, ``mark_restart``, ``cancel_restart`` and ``begin_epoch`` of a
+    claimer find their row through ``sessions_live_name``, like ``set_state``: one row
+    read, not a scan of the sessions table per session."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    _sessions(store, 3)
+    store.set_states(["p0", "p1", "p2"], "running")
+
+    def run() -> None:
+        assert store.mark_restart("p0", "sender-lost")
+        assert store.cancel_restart("p0")
+        assert store.claim_state("p0", "stopping", "finished")
+        assert store.claim_state("p0", "finished", "starting", claimer="A")
+        assert store.take_over_start("p0", "A", "B")
+        assert store.begin_epoch("p0", 5, claimer="B") == 1
+
+    plans = [(sql, plan) for sql, plan in _plans(store, run) if " WHERE name=" in sql]
+    assert len(plans) == 7  # the six calls' updates and begin_epoch's read of the row
+    for sql, plan in plans:
+        assert "USING INDEX sessions_live_name" in plan, (sql, plan)
+    assert store.session("p0").state == "starting"
+    assert store.restart_reason("p0") is None
     store.close()

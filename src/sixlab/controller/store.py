@@ -116,7 +116,8 @@ NoticeHandler = Callable[[str, str], None]
 #: ``state != 'destroyed'`` is the ``sessions_live_name`` index's own condition: SQLite
 #: uses a partial index only when the query's WHERE clause holds that very term (it
 #: does not infer it from ``NOT IN`` or ``state = ?``), and without the index each row
-#: is a scan of the whole table.
+#: is a scan of the whole table. Every statement that finds a live session by its name
+#: carries the term for that reason.
 _SET_STATE = (
     "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'"
     " AND state NOT IN ('destroying', 'destroyed')"
@@ -959,8 +960,8 @@ class Store(ABC):
         whoever finds it next); True if it was still ``dead``'s."""
         with self._lock:
             moved: int = self._db.execute(
-                "UPDATE sessions SET claimed_by=? WHERE name=? AND state='starting'"
-                " AND COALESCE(claimed_by, '')=?",
+                "UPDATE sessions SET claimed_by=? WHERE name=? AND state != 'destroyed'"
+                " AND state='starting' AND COALESCE(claimed_by, '')=?",
                 (claimer, name, dead or ""),
             ).rowcount
         return moved == 1
@@ -972,7 +973,7 @@ class Store(ABC):
         with self._lock:
             moved: int = self._db.execute(
                 "UPDATE sessions SET state='stopping', restart_reason=? WHERE name=?"
-                " AND state='running'",
+                " AND state != 'destroyed' AND state='running'",
                 (reason, name),
             ).rowcount
         if moved:
@@ -984,8 +985,8 @@ class Store(ABC):
         restart was pending."""
         with self._lock:
             moved: int = self._db.execute(
-                "UPDATE sessions SET restart_reason=NULL WHERE name=? AND restart_reason IS"
-                " NOT NULL AND state IN ('stopping', 'finished')",
+                "UPDATE sessions SET restart_reason=NULL WHERE name=? AND state != 'destroyed'"
+                " AND restart_reason IS NOT NULL AND state IN ('stopping', 'finished')",
                 (name,),
             ).rowcount
         return moved == 1
@@ -1096,8 +1097,8 @@ class Store(ABC):
                 and not db.execute(
                     # An update, not a read: it holds the row until commit, so that a take
                     # over (``take_over_start``) comes before this or after the epoch began.
-                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=? AND state='starting'"
-                    " AND claimed_by=?",
+                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=?"
+                    " AND state != 'destroyed' AND state='starting' AND claimed_by=?",
                     (name, claimer),
                 ).rowcount
             ):
