@@ -253,11 +253,15 @@ CREATE INDEX IF NOT EXISTS sessions_sender ON sessions(sender);
 CREATE INDEX IF NOT EXISTS sessions_reflector ON sessions(reflector);
 -- One live session per name; destroyed ones keep theirs (and their results).
 CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
+-- A name's sessions, destroyed ones too (Store.session: the live one, else the last).
+CREATE INDEX IF NOT EXISTS sessions_name ON sessions(name);
+-- A session's events (Store.raised, event_counts, events of one session).
+CREATE INDEX IF NOT EXISTS events_session ON events(session_id, id);
 """
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
