@@ -681,3 +681,28 @@ def test_postgresql_a_sessions_row_and_events_are_read_through_indexes(
                 assert "Seq Scan on events" not in plan, (sql, plan)
     finally:
         store.close()
+
+
+def test_sqlite_roll_up_reads_the_stored_rollups_it_merges_by_their_key(tmp_path: Path) -> None:
+    """A pass of ``roll_up`` that adds to minutes already rolled reads those rollups by
+    their primary key, not by a scan of the rollups table (which holds every minute of
+    every session for the rollup retention) per chunk of keys."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    ids = _sessions(store, 3)
+    for sid in ids:
+        store.store_results(sid, [(k + 1, _r(k)) for k in range(5)])
+    assert store.roll_up() == 15
+    for sid in ids:
+        store.store_results(sid, [(k + 1, _r(k)) for k in range(5, 10)])
+    plans = _plans(store, store.roll_up)
+    reads = [(sql, plan) for sql, plan in plans if sql.startswith("SELECT") and "rollups" in sql]
+    assert len(reads) == 1
+    sql, plan = reads[0]
+    assert "SEARCH r USING" in plan, (sql, plan)
+    assert not re.search(r"\bSCAN (rollups|r)\b", plan), (sql, plan)
+    for sid in ids:
+        ((_, minute),) = store.rollups(sid)
+        assert minute.count == 10
+    store.close()

@@ -1548,9 +1548,14 @@ class Store(ABC):
         out: dict[tuple[int, int, int], MinuteRollup] = {}
         for i in range(0, len(keys), 300):
             chunk = keys[i : i + 300]
+            # The keys first, each a lookup of the primary key: SQLite keeps a CROSS JOIN's
+            # order, and plans ``(session_id, epoch, minute_ns) IN (VALUES ...)`` of more
+            # than one key as a scan of the whole table.
             query = (
-                _SELECT_ROLLUPS + " WHERE (session_id, epoch, minute_ns) IN (VALUES "
-                + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")"
+                "SELECT " + ", ".join(f"r.{c}" for c in ROLLUP_COLUMNS)  # noqa: S608
+                + " FROM (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk))
+                + ") AS k CROSS JOIN rollups r WHERE r.session_id = k.column1"
+                " AND r.epoch = k.column2 AND r.minute_ns = k.column3"
             )  # fmt: skip
             for r in db.execute(query, [v for k in chunk for v in k]).fetchall():
                 out[r[0], r[1], r[2]] = _rollup(r)
