@@ -488,6 +488,14 @@ class _Poller:
     max_bytes: bool = True
 
 
+def _stop_check_request(ssid: int) -> pb.GetStampSessionResultsRequest:
+    """The stop check's call (``_complete_stops``): the session's state on its sender is
+    the point, so it takes one record at most and removes nothing, neither records
+    (``after_id`` 0) nor loss reports (``after_loss_id`` 0), which stay for whoever
+    collects them."""
+    return pb.GetStampSessionResultsRequest(ssid=ssid, max_results=1, after_id=0, after_loss_id=0)
+
+
 def round_max_bytes(sessions: int) -> int:
     """Each reply's ``max_bytes`` in a poll round of ``sessions`` sessions: its part of
     ``POLL_ROUND_BYTES``, within the agents' byte budget and not below its minimum (which
@@ -1065,13 +1073,9 @@ class Controller:
             for name in sorted(due):
                 locks.enter_context(self._session_lock(name))
             rows = [r for r in self.store.sessions_named(due) if r.state == "stopping"]
-            # One record at most, acknowledging none (``after_id`` 0): the session's
-            # state on the sender is the point.
             replies = self.client(sender).call_many(
-                "GetStampSessionResults",
-                [pb.GetStampSessionResultsRequest(ssid=r.ssid, max_results=1, after_id=0)
-                 for r in rows],
-            )  # fmt: skip
+                "GetStampSessionResults", [_stop_check_request(r.ssid) for r in rows]
+            )
             running: list[SessionRow] = []
             for row, reply in zip(rows, replies, strict=True):
                 if isinstance(reply, SouthboundError):

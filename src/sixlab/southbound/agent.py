@@ -887,8 +887,18 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             remaining=_U64_MAX,  # counted at its largest until known
             counters=self._session_counters(ssid),
         )
-        lost = engine.lost(ssid, lost_fitting(reply.ByteSize(), budget))
-        reply.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        room = lost_fitting(reply.ByteSize(), budget)
+        if request.HasField("after_loss_id"):
+            # Cursor mode for loss reports: removed only once acknowledged.
+            engine.acknowledge_lost(ssid, request.after_loss_id)
+            reply.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i)
+                for i, p in engine.peek_lost(ssid, request.after_loss_id, room)
+            )
+        else:
+            reply.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in engine.lost(ssid, room)
+            )
         if drain:
             items = engine.peek(ssid, 0, limit)
         else:
@@ -918,7 +928,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         engine = self._sender_only("AcknowledgeStampSessionResults")
         ssid = self._known(request.ssid)
         n = engine.acknowledge(ssid, request.through_id)
-        return pb.AcknowledgeStampSessionResultsReply(acknowledged=n)
+        lost = engine.acknowledge_lost(ssid, request.through_loss_id)
+        return pb.AcknowledgeStampSessionResultsReply(acknowledged=n, acknowledged_lost=lost)
 
     def StreamStampSessionResults(  # noqa: N802
         self, request: pb.StreamStampSessionResultsRequest, context: Any

@@ -364,23 +364,35 @@ class AgentClient(GrpcClient):
     # -- results and counters ---------------------------------------------------------
 
     def results(
-        self, ssid: int, max_results: int = 0, *, after_id: int | None = None
+        self,
+        ssid: int,
+        max_results: int = 0,
+        *,
+        after_id: int | None = None,
+        after_loss_id: int | None = None,
     ) -> pb.GetStampSessionResultsReply:
         """A sender session's queued records (polling mode).
 
         Without ``after_id`` the records are drained. With it (cursor mode), records up
         to ``after_id`` are acknowledged and the next ones come with their ``record_id``
         and stay queued until acknowledged: what a caller that stores them needs.
+        ``after_loss_id`` does the same for the loss reports (``loss_id``); without it
+        the loss reports returned are removed.
         """
         request = pb.GetStampSessionResultsRequest(ssid=ssid, max_results=max_results)
         if after_id is not None:
             request.after_id = after_id
+        if after_loss_id is not None:
+            request.after_loss_id = after_loss_id
         reply: pb.GetStampSessionResultsReply = self._call("GetStampSessionResults", request)
         return reply
 
-    def acknowledge(self, ssid: int, through_id: int) -> int:
-        """Remove a sender session's records up to ``through_id`` (cursor mode)."""
-        request = pb.AcknowledgeStampSessionResultsRequest(ssid=ssid, through_id=through_id)
+    def acknowledge(self, ssid: int, through_id: int, *, through_loss_id: int = 0) -> int:
+        """Remove a sender session's records up to ``through_id`` (cursor mode), and its
+        loss reports up to ``through_loss_id``; returns how many records went."""
+        request = pb.AcknowledgeStampSessionResultsRequest(
+            ssid=ssid, through_id=through_id, through_loss_id=through_loss_id
+        )
         reply: pb.AcknowledgeStampSessionResultsReply = self._call(
             "AcknowledgeStampSessionResults", request
         )

@@ -881,19 +881,26 @@ class LostPacket(_message.Message):
 
     SEQ_FIELD_NUMBER: _builtins.int
     T1_NS_FIELD_NUMBER: _builtins.int
+    LOSS_ID_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Its sequence number."""
     t1_ns: _builtins.int
     """When it was sent (T1), Unix-epoch UTC ns."""
+    loss_id: _builtins.int
+    """The report's id in its session: 1, 2, ... in the order the losses were declared.
+    Set when the request gave after_loss_id (cursor mode for loss reports); 0
+    otherwise. A gap is reports lost to FIFO overflow.
+    """
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         t1_ns: _builtins.int = ...,
+        loss_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "t1_ns", b"t1_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss_id", b"loss_id", "seq", b"seq", "t1_ns", b"t1_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -907,6 +914,7 @@ class GetStampSessionResultsRequest(_message.Message):
     MAX_RESULTS_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
@@ -927,6 +935,14 @@ class GetStampSessionResultsRequest(_message.Message):
     0: the budget. Below 65536 (64 KiB, a record always fits): 65536. Agents that
     predate this field ignore it and use their budget.
     """
+    after_loss_id: _builtins.int
+    """Cursor mode for loss reports, as after_id for records: every loss report with a
+    loss_id up to after_loss_id is acknowledged and removed; the following ones are
+    returned with their loss_id and stay queued until acknowledged, so that a reply
+    lost on its way, or a call that only wanted the state, loses none. Unset: the
+    reports returned are removed (each comes once). Agents that predate this field
+    ignore it and remove them.
+    """
     def __init__(
         self,
         *,
@@ -934,14 +950,20 @@ class GetStampSessionResultsRequest(_message.Message):
         max_results: _builtins.int = ...,
         after_id: _builtins.int | None = ...,
         max_bytes: _builtins.int = ...,
+        after_loss_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "max_bytes", b"max_bytes", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id", "max_bytes", b"max_bytes", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
     _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    _WhichOneofReturnType__after_loss_id: _TypeAlias = _typing.Literal["after_loss_id"]  # noqa: Y015
+    _WhichOneofArgType__after_loss_id: _TypeAlias = _typing.Literal["_after_loss_id", b"_after_loss_id"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_loss_id) -> _WhichOneofReturnType__after_loss_id | None: ...
 
 Global___GetStampSessionResultsRequest: _TypeAlias = GetStampSessionResultsRequest  # noqa: Y015
 
@@ -951,19 +973,23 @@ class AcknowledgeStampSessionResultsRequest(_message.Message):
 
     SSID_FIELD_NUMBER: _builtins.int
     THROUGH_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session."""
     through_id: _builtins.int
     """Remove every record with an id up to and including this one."""
+    through_loss_id: _builtins.int
+    """Remove every loss report with a loss_id up to and including this one (0: none)."""
     def __init__(
         self,
         *,
         ssid: _builtins.int = ...,
         through_id: _builtins.int = ...,
+        through_loss_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ssid", b"ssid", "through_id", b"through_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ssid", b"ssid", "through_id", b"through_id", "through_loss_id", b"through_loss_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -974,16 +1000,20 @@ class AcknowledgeStampSessionResultsReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_LOST_FIELD_NUMBER: _builtins.int
     acknowledged: _builtins.int
     """How many records were removed."""
+    acknowledged_lost: _builtins.int
+    """How many loss reports were removed."""
     def __init__(
         self,
         *,
         acknowledged: _builtins.int = ...,
+        acknowledged_lost: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acknowledged_lost", b"acknowledged_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1016,8 +1046,9 @@ class GetStampSessionResultsReply(_message.Message):
 
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
-        """Loss reports since the last fetch, each lost packet once; those beyond half the
-        byte budget stay for the next reply.
+        """Loss reports, oldest first: without after_loss_id those since the last fetch, each
+        lost packet once, removed; with it, those after after_loss_id, with their loss_id,
+        left queued. Those beyond half the byte budget stay for the next reply.
         """
 
     @_builtins.property
