@@ -75,3 +75,87 @@ def test_without_after_loss_id_the_reports_are_drained(client: AgentClient) -> N
     assert _lost(client.results(1)) == [(0, i) for i in range(2, COUNT)]
     assert _lost(client.results(1)) == []
     assert _lost(client.results(1, after_id=0, after_loss_id=0)) == []
+
+
+def _stream_lost(
+    client: AgentClient, after_ids: dict[int, int], after_loss_ids: dict[int, int]
+) -> dict[int, list[tuple[int, int]]]:
+    """Each session's loss reports, (loss_id, seq), on one StreamResults read until every
+    session's final batch; every message within the agent's budget."""
+    lost: dict[int, list[tuple[int, int]]] = {ssid: [] for ssid in after_ids}
+    finals: set[int] = set()
+    stream = client.stream_many(after_ids, after_loss_ids=after_loss_ids)
+    try:
+        for message in stream:
+            for batch in message.batches:
+                assert batch.ssid not in finals
+                lost[batch.ssid] += [(p.loss_id, p.seq) for p in batch.lost]
+                if batch.final:
+                    finals.add(batch.ssid)
+            if finals == set(after_ids):
+                break
+    finally:
+        stream.cancel()
+    return lost
+
+
+def test_stream_results_sends_loss_reports_until_acknowledged(client: AgentClient) -> None:
+    every = [(i + 1, i) for i in range(COUNT)]
+    client.create_sender_session(
+        SenderSession(2, "::1", reflector_port=9, count=3, interval_ns=MS,
+                      loss_timeout_ns=50 * MS)
+    )  # fmt: skip
+    client.start_session(2)
+    assert _finished(client, 2).lost == 3
+    # Session 1's reports, asked for; session 2 did not ask: none (as before the field).
+    assert _stream_lost(client, {1: 0, 2: 0}, {1: 0}) == {1: every, 2: []}
+    # The stream removed none: another stream (a reconnect) gets them again, those
+    # after the id it holds.
+    assert _stream_lost(client, {1: 0}, {1: 0}) == {1: every}
+    assert _stream_lost(client, {1: 0}, {1: 5}) == {1: every[5:]}
+    acked = client._call(
+        "AcknowledgeResults",
+        pb.AcknowledgeResultsRequest(through_ids={1: 0}, through_loss_ids={1: 12, 2: 1}),
+    )
+    assert (dict(acked.acknowledged), dict(acked.acknowledged_lost)) == ({1: 0}, {1: 12, 2: 1})
+    assert _stream_lost(client, {1: 0, 2: 0}, {1: 0, 2: 0}) == {
+        1: every[12:],
+        2: [(2, 1), (3, 2)],
+    }
+    assert client.acknowledge_many({}, {1: COUNT, 2: 3}) == {}
+    assert _lost(client.results(1, after_id=0, after_loss_id=0)) == []
+    assert _lost(client.results(2, after_id=0, after_loss_id=0)) == []
+
+
+def test_stream_results_cuts_loss_reports_to_its_budget(tmp_path: Path) -> None:
+    """Loss reports beyond half of a small budget come over several messages, each
+    report once, in order; the session's final batch comes after the last."""
+    addr = f"unix:{tmp_path}/s.sock"
+    server = serve(addr, "sender", reply_budget=64 << 10)
+    c = AgentClient(addr)
+    try:
+        c.init(port=0, source="::1")
+        count = 5000
+        c.create_sender_session(
+            SenderSession(1, "::1", reflector_port=9, count=count, interval_ns=20_000,
+                          loss_timeout_ns=100 * MS)
+        )  # fmt: skip
+        c.start_session(1)
+        _finished(c, 1)
+        sizes: list[int] = []
+        lost: list[tuple[int, int]] = []
+        stream = c.stream_many({1: 0}, after_loss_ids={1: 0})
+        try:
+            for message in stream:
+                assert message.ByteSize() <= 64 << 10
+                sizes.append(len(message.batches[0].lost))
+                lost += [(p.loss_id, p.seq) for p in message.batches[0].lost]
+                if message.batches[0].final:
+                    break
+        finally:
+            stream.cancel()
+        assert lost == [(i + 1, i) for i in range(count)]
+        assert len([n for n in sizes if n]) >= 3
+    finally:
+        c.close()
+        server.stop(None)

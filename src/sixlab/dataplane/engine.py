@@ -712,6 +712,13 @@ class SenderEngine(_Loop):
             first = entry.lost_first_id
             return [(first + i, entry.lost[i]) for i in range(start, stop)]
 
+    def last_lost_id(self, ssid: int) -> int:
+        """The id of the newest loss event of the session (queued or not); 0 before the
+        first."""
+        with self.lock:
+            entry = self._entry(ssid)
+            return entry.lost_first_id + len(entry.lost) - 1
+
     def acknowledge_lost(self, ssid: int, through: int) -> int:
         """Remove the loss events with ids up to ``through``; returns how many went."""
         with self.lock:

@@ -593,6 +593,13 @@ class _Subscription:
     cursor: int
     #: When its counters are due next (monotonic ns); 0: at once.
     counters_due: int = 0
+    #: The loss_id of the last loss report sent (None: the request did not ask for
+    #: the session's loss reports).
+    loss_cursor: int | None = None
+
+    def lost_waiting(self, engine: SenderEngine, ssid: int) -> bool:
+        """Whether loss reports it asked for are queued beyond those sent."""
+        return self.loss_cursor is not None and engine.last_lost_id(ssid) > self.loss_cursor
 
 
 @dataclass(slots=True)
@@ -1062,7 +1069,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         with self._lock:
             engine = self._sender_only("StreamResults")
             subs = {
-                _ssid(ssid): _Subscription(self._senders.get(ssid), after)
+                _ssid(ssid): _Subscription(
+                    self._senders.get(ssid), after, loss_cursor=request.after_loss_ids.get(ssid)
+                )
                 for ssid, after in request.after_ids.items()
             }
         max_batch = request.max_batch or DEFAULT_BATCH
@@ -1121,7 +1130,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 served.append(ssid)
                 if due or batch.final:
                     sub.counters_due = now + every_ns
-                more = more or (not batch.final and engine.last_id(ssid) > sub.cursor)
+                more = more or (
+                    not batch.final
+                    and (engine.last_id(ssid) > sub.cursor or sub.lost_waiting(engine, ssid))
+                )
                 if batch.final:
                     del subs[ssid]
                 if cut:
@@ -1148,7 +1160,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         snap = engine.snapshot(ssid)
         last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
         finished = snap.state is State.FINISHED
-        if last <= sub.cursor and not due and not finished:
+        if last <= sub.cursor and not due and not finished and not sub.lost_waiting(engine, ssid):
             return None, 0, False
         batch = pb.ResultBatch(
             ssid=ssid,
@@ -1161,12 +1173,21 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         head = batch.ByteSize()
         if head > room:
             return batch, head, None
+        if sub.loss_cursor is not None:
+            # Left queued until acknowledged (AcknowledgeResults.through_loss_ids).
+            lost = engine.peek_lost(ssid, sub.loss_cursor, lost_fitting(head, room))
+            if lost:
+                batch.lost.extend(
+                    pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i) for i, p in lost
+                )
+                sub.loss_cursor = lost[-1][0]
+                head = batch.ByteSize()
         items = engine.peek(ssid, sub.cursor, max_batch)
         protos, size = fit((result_to_proto(r, i) for i, r in items), head, room)
         if protos:
             sub.cursor = protos[-1].record_id
             record.fetched += len(protos)
-        batch.final = finished and last <= sub.cursor
+        batch.final = finished and last <= sub.cursor and not sub.lost_waiting(engine, ssid)
         if not (due or batch.final):
             batch.ClearField("counters")
         size += batch.ByteSize() - head  # the head as sent; its records are not encoded twice
@@ -1183,7 +1204,12 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             for ssid, through in request.through_ids.items()
             if _ssid(ssid) in self._senders
         }
-        return pb.AcknowledgeResultsReply(acknowledged=done)
+        lost = {
+            ssid: engine.acknowledge_lost(ssid, through)
+            for ssid, through in request.through_loss_ids.items()
+            if _ssid(ssid) in self._senders
+        }
+        return pb.AcknowledgeResultsReply(acknowledged=done, acknowledged_lost=lost)
 
     # -- counters ---------------------------------------------------------------------
 

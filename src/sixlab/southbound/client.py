@@ -425,22 +425,30 @@ class AgentClient(GrpcClient):
         max_batch: int = 0,
         batch_window_ns: int = 0,
         counters_interval_ns: int = 0,
+        after_loss_ids: Mapping[int, int] | None = None,
     ) -> ResultStream[pb.ResultBatches]:
         """StreamResults: the records (and counters) of many sessions on one stream, no
         deadline; ``after_ids`` maps each SSID to the last record id the caller holds.
-        Records stay queued until ``acknowledge_many``."""
+        Records stay queued until ``acknowledge_many``. ``after_loss_ids``: the sessions
+        whose loss reports to send too, each with the last ``loss_id`` the caller holds
+        (also left queued until acknowledged)."""
         request = pb.StreamResultsRequest(
             after_ids=dict(after_ids),
             max_batch=max_batch,
             batch_window_ns=batch_window_ns,
             counters_interval_ns=counters_interval_ns,
+            after_loss_ids=dict(after_loss_ids or {}),
         )
         return ResultStream(self._stub.StreamResults(request))
 
-    def acknowledge_many(self, through_ids: Mapping[int, int]) -> dict[int, int]:
-        """Remove records of many sessions (each up to its id); how many went, per
-        session that exists."""
-        request = pb.AcknowledgeResultsRequest(through_ids=dict(through_ids))
+    def acknowledge_many(
+        self, through_ids: Mapping[int, int], through_loss_ids: Mapping[int, int] | None = None
+    ) -> dict[int, int]:
+        """Remove records of many sessions (each up to its id), and loss reports (each up
+        to its ``loss_id``); how many records went, per session that exists."""
+        request = pb.AcknowledgeResultsRequest(
+            through_ids=dict(through_ids), through_loss_ids=dict(through_loss_ids or {})
+        )
         reply: pb.AcknowledgeResultsReply = self._call("AcknowledgeResults", request)
         return dict(reply.acknowledged)
 

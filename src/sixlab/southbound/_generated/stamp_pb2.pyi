@@ -1148,7 +1148,8 @@ class ResultBatch(_message.Message):
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the previous batch (within half the byte budget; the rest come
-        next, and `final` waits for them).
+        next, and `final` waits for them). StreamResults: only for the sessions its request
+        lists in after_loss_ids, with their loss_id, left queued until acknowledged.
         """
 
     @_builtins.property
@@ -1202,10 +1203,31 @@ class StreamResultsRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AfterLossIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     AFTER_IDS_FIELD_NUMBER: _builtins.int
     MAX_BATCH_FIELD_NUMBER: _builtins.int
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
     COUNTERS_INTERVAL_NS_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_IDS_FIELD_NUMBER: _builtins.int
     max_batch: _builtins.int
     """At most this many records per session per message (0: 1000); a whole message stays
     within the byte budget (see GetStampSessionResultsRequest.max_results): sessions
@@ -1226,6 +1248,17 @@ class StreamResultsRequest(_message.Message):
         none): records with higher ids are sent, and stay queued until acknowledged.
         """
 
+    @_builtins.property
+    def after_loss_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Loss reports, for the sessions listed here and in after_ids (others get none): each
+        with the
+        loss_id of the last loss report the caller holds (0: none). The reports after it
+        come in the session's batches (`lost`, with their loss_id, within half the room
+        the message has left; with the session's next batch, its records or counters),
+        and stay queued until acknowledged (AcknowledgeResults.through_loss_ids); a
+        session's `final` batch waits for them. Agents that predate this field send none.
+        """
+
     def __init__(
         self,
         *,
@@ -1233,10 +1266,11 @@ class StreamResultsRequest(_message.Message):
         max_batch: _builtins.int = ...,
         batch_window_ns: _builtins.int = ...,
         counters_interval_ns: _builtins.int = ...,
+        after_loss_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "after_loss_ids", b"after_loss_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1288,21 +1322,47 @@ class AcknowledgeResultsRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ThroughLossIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     THROUGH_IDS_FIELD_NUMBER: _builtins.int
+    THROUGH_LOSS_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def through_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Per session, remove every record with an id up to and including this one.
         Sessions that do not exist are skipped.
         """
 
+    @_builtins.property
+    def through_loss_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session, remove every loss report with a loss_id up to and including this one."""
+
     def __init__(
         self,
         *,
         through_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        through_loss_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids", "through_loss_ids", b"through_loss_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1332,19 +1392,45 @@ class AcknowledgeResultsReply(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AcknowledgedLostEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_LOST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acknowledged(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
-        """Per session that exists, how many records were removed."""
+        """Per session that exists, how many records were removed (of those in through_ids)."""
+
+    @_builtins.property
+    def acknowledged_lost(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session that exists, how many loss reports were removed (of through_loss_ids)."""
 
     def __init__(
         self,
         *,
         acknowledged: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        acknowledged_lost: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acknowledged_lost", b"acknowledged_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
