@@ -12,6 +12,7 @@ import pytest
 from sixlab.controller import core
 from sixlab.southbound import AgentClient, SenderSession, serve
 from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound.budget import MIN_REPLY_BUDGET_BYTES
 from tests.integration.test_agent_grpc import _finished
 
 MS = 1_000_000
@@ -125,6 +126,31 @@ def test_stream_results_sends_loss_reports_until_acknowledged(client: AgentClien
     assert client.acknowledge_many({}, {1: COUNT, 2: 3}) == {}
     assert _lost(client.results(1, after_id=0, after_loss_id=0)) == []
     assert _lost(client.results(2, after_id=0, after_loss_id=0)) == []
+
+
+def test_the_stop_checks_reply_is_of_the_smallest_budget(tmp_path: Path) -> None:
+    """The controller's stop check keeps the loss reports queued and reads them all the
+    same: 5,000 of them (about 150 KB) would take its reply far above the 64 KiB it
+    asks for; the reply stays within it, and says the state."""
+    addr = f"unix:{tmp_path}/s.sock"
+    server = serve(addr, "sender")
+    c = AgentClient(addr)
+    try:
+        c.init(port=0, source="::1")
+        c.create_sender_session(
+            SenderSession(1, "::1", reflector_port=9, count=5000, interval_ns=20_000,
+                          loss_timeout_ns=100 * MS)
+        )  # fmt: skip
+        c.start_session(1)
+        _finished(c, 1)
+        (reply,) = c.call_many("GetStampSessionResults", [core._stop_check_request(1)])
+        assert reply.state == pb.SESSION_STATE_FINISHED
+        assert 0 < len(reply.lost) < 5000
+        assert reply.ByteSize() <= MIN_REPLY_BUDGET_BYTES
+        assert len(c.results(1, after_id=0, after_loss_id=0).lost) == 5000  # none removed
+    finally:
+        c.close()
+        server.stop(None)
 
 
 def test_stream_results_cuts_loss_reports_to_its_budget(tmp_path: Path) -> None:
