@@ -126,6 +126,8 @@ def test_stream_results_sends_loss_reports_until_acknowledged(client: AgentClien
     assert client.acknowledge_many({}, {1: COUNT, 2: 3}) == {}
     assert _lost(client.results(1, after_id=0, after_loss_id=0)) == []
     assert _lost(client.results(2, after_id=0, after_loss_id=0)) == []
+    # Every report acknowledged: a stream from an older id has none to wait for.
+    assert _stream_lost(client, {1: 0, 2: 0}, {1: 0, 2: 0}) == {1: [], 2: []}
 
 
 def test_the_stop_checks_reply_is_of_the_smallest_budget(tmp_path: Path) -> None:
@@ -185,3 +187,32 @@ def test_stream_results_cuts_loss_reports_to_its_budget(tmp_path: Path) -> None:
     finally:
         c.close()
         server.stop(None)
+
+
+def _single_stream_lost(client: AgentClient, after_loss_id: int | None) -> list[tuple[int, int]]:
+    """The loss reports a StreamStampSessionResults of session 1 (cursor mode) sends
+    until its final batch."""
+    lost: list[tuple[int, int]] = []
+    stream = client.stream_results(1, after_id=0, after_loss_id=after_loss_id)
+    try:
+        for batch in stream:
+            lost += [(p.loss_id, p.seq) for p in batch.lost]
+            if batch.final:
+                break
+    finally:
+        stream.cancel()
+    return lost
+
+
+def test_stream_stamp_session_results_keeps_loss_reports_until_acknowledged(
+    client: AgentClient,
+) -> None:
+    every = [(i + 1, i) for i in range(COUNT)]
+    assert _single_stream_lost(client, 0) == every
+    assert _single_stream_lost(client, 0) == every  # a stream cut: nothing was removed
+    assert _single_stream_lost(client, 5) == every[5:]
+    assert client.acknowledge(1, 0, through_loss_id=12) == 0
+    assert _single_stream_lost(client, 0) == every[12:]
+    # Without after_loss_id, the stream removes what it sends (as before the field).
+    assert _single_stream_lost(client, None) == [(0, i) for i in range(12, COUNT)]
+    assert _single_stream_lost(client, 0) == []

@@ -712,12 +712,12 @@ class SenderEngine(_Loop):
             first = entry.lost_first_id
             return [(first + i, entry.lost[i]) for i in range(start, stop)]
 
-    def last_lost_id(self, ssid: int) -> int:
-        """The id of the newest loss event of the session (queued or not); 0 before the
-        first."""
+    def lost_after(self, ssid: int, after: int) -> bool:
+        """Whether loss events with ids above ``after`` are queued (``peek_lost`` would
+        return some)."""
         with self.lock:
             entry = self._entry(ssid)
-            return entry.lost_first_id + len(entry.lost) - 1
+            return bool(entry.lost) and entry.lost_first_id + len(entry.lost) - 1 > after
 
     def acknowledge_lost(self, ssid: int, through: int) -> int:
         """Remove the loss events with ids up to ``through``; returns how many went."""

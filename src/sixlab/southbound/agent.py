@@ -599,7 +599,7 @@ class _Subscription:
 
     def lost_waiting(self, engine: SenderEngine, ssid: int) -> bool:
         """Whether loss reports it asked for are queued beyond those sent."""
-        return self.loss_cursor is not None and engine.last_lost_id(ssid) > self.loss_cursor
+        return self.loss_cursor is not None and engine.lost_after(ssid, self.loss_cursor)
 
 
 @dataclass(slots=True)
@@ -982,6 +982,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         # Drain mode reads like cursor mode from the first queued record, and removes
         # what each batch carried as it is sent.
         cursor = 0 if drain else request.after_id
+        loss_cursor = request.after_loss_id if request.HasField("after_loss_id") else None
         while context.is_active():
             try:
                 items = engine.peek(ssid, cursor, max_batch, _STREAM_POLL_S)
@@ -994,8 +995,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     if not more:
                         break
                     items.extend(more)
-                batch, cursor, final = self._stream_batch(
-                    engine, record, ssid, items, cursor, drain=drain
+                batch, cursor, loss_cursor, final = self._stream_batch(
+                    engine, record, ssid, items, cursor, loss_cursor=loss_cursor, drain=drain
                 )
             except SessionConfigError:
                 raise _destroyed(ssid) from None
@@ -1012,11 +1013,13 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         items: list[tuple[int, StampResult]],
         cursor: int,
         *,
+        loss_cursor: int | None,
         drain: bool,
-    ) -> tuple[pb.ResultBatch | None, int, bool]:
+    ) -> tuple[pb.ResultBatch | None, int, int | None, bool]:
         """The next StreamStampSessionResults batch: the loss reports and the leading
         ``items`` within the byte budget (None if it has nothing to say); the cursor
-        after it; whether it is the session's last."""
+        and the loss cursor (None: the reports are drained) after it; whether it is the
+        session's last."""
         snap = engine.snapshot(ssid)  # before what is waiting: no record after FINISHED
         with self._lock:
             if self._senders.get(ssid) is not record:
@@ -1030,8 +1033,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             counters=counters,
         )
         room = lost_fitting(batch.ByteSize(), self.reply_budget)
-        lost = engine.lost(ssid, room)
-        batch.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        if loss_cursor is None:
+            lost = engine.lost(ssid, room)
+            batch.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+            lost_pending = room > 0 and len(lost) == room
+        else:
+            reports = engine.peek_lost(ssid, loss_cursor, room)
+            batch.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i) for i, p in reports
+            )
+            loss_cursor = reports[-1][0] if reports else loss_cursor
+            lost_pending = engine.lost_after(ssid, loss_cursor)
         protos, _ = fit(
             (result_to_proto(r, 0 if drain else i) for i, r in items),
             batch.ByteSize(),
@@ -1041,17 +1053,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             cursor = items[len(protos) - 1][0]
             if drain:
                 engine.acknowledge(ssid, cursor)
-        pending = bool(engine.peek(ssid, cursor, 1)) or (room > 0 and len(lost) == room)
+        pending = bool(engine.peek(ssid, cursor, 1)) or lost_pending
         with self._lock:
             if self._senders.get(ssid) is not record:
                 raise _destroyed(ssid)
             record.fetched += len(protos)
         final = snap.state is State.FINISHED and not pending
-        if not (protos or lost or final):
-            return None, cursor, False
+        if not (protos or batch.lost or final):
+            return None, cursor, loss_cursor, False
         batch.final = final
         batch.results.extend(protos)
-        return batch, cursor, final
+        return batch, cursor, loss_cursor, final
 
     def StreamResults(  # noqa: N802
         self, request: pb.StreamResultsRequest, context: Any

@@ -405,17 +405,22 @@ class AgentClient(GrpcClient):
         max_batch: int = 0,
         batch_window_ns: int = 0,
         after_id: int | None = None,
+        after_loss_id: int | None = None,
     ) -> ResultStream[pb.ResultBatch]:
         """Batches of a sender session's records as they come (push mode), no deadline.
 
         With ``after_id`` the stream starts after that record and removes nothing: the
-        caller acknowledges what it stored with ``acknowledge``.
+        caller acknowledges what it stored with ``acknowledge``. ``after_loss_id`` does
+        the same for the loss reports (``acknowledge``'s ``through_loss_id``); without it
+        the stream removes those it sends.
         """
         request = pb.StreamStampSessionResultsRequest(
             ssid=ssid, max_batch=max_batch, batch_window_ns=batch_window_ns
         )
         if after_id is not None:
             request.after_id = after_id
+        if after_loss_id is not None:
+            request.after_loss_id = after_loss_id
         return ResultStream(self._stub.StreamStampSessionResults(request))
 
     def stream_many(

@@ -1081,6 +1081,7 @@ class StreamStampSessionResultsRequest(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _builtins.int
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to stream."""
     max_batch: _builtins.int
@@ -1097,6 +1098,12 @@ class StreamStampSessionResultsRequest(_message.Message):
     AcknowledgeStampSessionResults (so a caller that dies loses nothing). Unset: the
     stream drains the FIFO as it goes.
     """
+    after_loss_id: _builtins.int
+    """Cursor mode for loss reports (as GetStampSessionResultsRequest.after_loss_id): the
+    reports with loss_id above it come with their loss_id and stay queued until
+    AcknowledgeStampSessionResults' through_loss_id. Unset: the stream removes the
+    reports it sends. Agents that predate this field remove them.
+    """
     def __init__(
         self,
         *,
@@ -1104,14 +1111,20 @@ class StreamStampSessionResultsRequest(_message.Message):
         max_batch: _builtins.int = ...,
         batch_window_ns: _builtins.int = ...,
         after_id: _builtins.int | None = ...,
+        after_loss_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id", "batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
     _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    _WhichOneofReturnType__after_loss_id: _TypeAlias = _typing.Literal["after_loss_id"]  # noqa: Y015
+    _WhichOneofArgType__after_loss_id: _TypeAlias = _typing.Literal["_after_loss_id", b"_after_loss_id"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_loss_id) -> _WhichOneofReturnType__after_loss_id | None: ...
 
 Global___StreamStampSessionResultsRequest: _TypeAlias = StreamStampSessionResultsRequest  # noqa: Y015
 
