@@ -216,3 +216,25 @@ def test_stream_stamp_session_results_keeps_loss_reports_until_acknowledged(
     # Without after_loss_id, the stream removes what it sends (as before the field).
     assert _single_stream_lost(client, None) == [(0, i) for i in range(12, COUNT)]
     assert _single_stream_lost(client, 0) == []
+
+
+def test_loss_ids_skip_the_reports_dropped_on_overflow(tmp_path: Path) -> None:
+    """A full loss list drops its oldest report (counted in ``overflow``): the ids go
+    on, so the gap shows what was dropped."""
+    addr = f"unix:{tmp_path}/s.sock"
+    server = serve(addr, "sender", fifo_capacity=10)
+    c = AgentClient(addr)
+    try:
+        c.init(port=0, source="::1")
+        c.create_sender_session(
+            SenderSession(1, "::1", reflector_port=9, count=30, interval_ns=MS,
+                          loss_timeout_ns=50 * MS)
+        )  # fmt: skip
+        c.start_session(1)
+        assert _finished(c, 1).overflow == 20
+        assert _lost(c.results(1, after_id=0, after_loss_id=0)) == [
+            (i + 1, i) for i in range(20, 30)
+        ]
+    finally:
+        c.close()
+        server.stop(None)
