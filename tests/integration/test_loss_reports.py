@@ -4,8 +4,10 @@ loses none (stamp.proto ``after_loss_id``). No reflector answers: every probe is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,25 +21,38 @@ MS = 1_000_000
 COUNT = 20
 
 
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[AgentClient]:
-    """A sender agent whose session 1 sent COUNT probes to a port nothing answers on,
-    all declared lost."""
+def _lossy_session(client: AgentClient, ssid: int, count: int, interval_ns: int = MS) -> None:
+    """Run a session of ``count`` probes to a port nothing answers on, until all are
+    declared lost."""
+    client.create_sender_session(
+        SenderSession(ssid, "::1", reflector_port=9, count=count, interval_ns=interval_ns,
+                      loss_timeout_ns=100 * MS)
+    )  # fmt: skip
+    client.start_session(ssid)
+    _finished(client, ssid)
+
+
+@contextlib.contextmanager
+def _sender(tmp_path: Path, **options: Any) -> Iterator[AgentClient]:
+    """A sender agent (``serve``'s ``options``) and a client of it, initialised."""
     addr = f"unix:{tmp_path}/s.sock"
-    server = serve(addr, "sender")
+    server = serve(addr, "sender", **options)
     c = AgentClient(addr)
     try:
         c.init(port=0, source="::1")
-        c.create_sender_session(
-            SenderSession(1, "::1", reflector_port=9, count=COUNT, interval_ns=MS,
-                          loss_timeout_ns=50 * MS)
-        )  # fmt: skip
-        c.start_session(1)
-        assert _finished(c, 1).lost == COUNT
         yield c
     finally:
         c.close()
         server.stop(None)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[AgentClient]:
+    """A sender agent whose session 1 sent COUNT probes, all declared lost."""
+    with _sender(tmp_path) as c:
+        _lossy_session(c, 1, COUNT)
+        assert c.counters(1).sessions[0].lost == COUNT
+        yield c
 
 
 def _lost(reply: pb.GetStampSessionResultsReply) -> list[tuple[int, int]]:
@@ -102,12 +117,7 @@ def _stream_lost(
 
 def test_stream_results_sends_loss_reports_until_acknowledged(client: AgentClient) -> None:
     every = [(i + 1, i) for i in range(COUNT)]
-    client.create_sender_session(
-        SenderSession(2, "::1", reflector_port=9, count=3, interval_ns=MS,
-                      loss_timeout_ns=50 * MS)
-    )  # fmt: skip
-    client.start_session(2)
-    assert _finished(client, 2).lost == 3
+    _lossy_session(client, 2, 3)
     # Session 1's reports, asked for; session 2 did not ask: none (as before the field).
     assert _stream_lost(client, {1: 0, 2: 0}, {1: 0}) == {1: every, 2: []}
     # The stream removed none: another stream (a reconnect) gets them again, those
@@ -134,44 +144,23 @@ def test_the_stop_checks_reply_is_of_the_smallest_budget(tmp_path: Path) -> None
     """The controller's stop check keeps the loss reports queued and reads them all the
     same: 5,000 of them (about 150 KB) would take its reply far above the 64 KiB it
     asks for; the reply stays within it, and says the state."""
-    addr = f"unix:{tmp_path}/s.sock"
-    server = serve(addr, "sender")
-    c = AgentClient(addr)
-    try:
-        c.init(port=0, source="::1")
-        c.create_sender_session(
-            SenderSession(1, "::1", reflector_port=9, count=5000, interval_ns=20_000,
-                          loss_timeout_ns=100 * MS)
-        )  # fmt: skip
-        c.start_session(1)
-        _finished(c, 1)
+    with _sender(tmp_path) as c:
+        _lossy_session(c, 1, 5000, interval_ns=20_000)
         (reply,) = c.call_many("GetStampSessionResults", [core._stop_check_request(1)])
         assert reply.state == pb.SESSION_STATE_FINISHED
         assert 0 < len(reply.lost) < 5000
         assert reply.ByteSize() <= MIN_REPLY_BUDGET_BYTES
         assert len(c.results(1, after_id=0, after_loss_id=0).lost) == 5000  # none removed
-    finally:
-        c.close()
-        server.stop(None)
 
 
 def test_stream_results_cuts_loss_reports_to_its_budget(tmp_path: Path) -> None:
     """Loss reports beyond half of a small budget come over several messages, each
     report once, in order; the session's final batch comes after the last."""
-    addr = f"unix:{tmp_path}/s.sock"
-    server = serve(addr, "sender", reply_budget=64 << 10)
-    c = AgentClient(addr)
-    try:
-        c.init(port=0, source="::1")
-        count = 5000
-        c.create_sender_session(
-            SenderSession(1, "::1", reflector_port=9, count=count, interval_ns=20_000,
-                          loss_timeout_ns=100 * MS)
-        )  # fmt: skip
-        c.start_session(1)
-        _finished(c, 1)
-        sizes: list[int] = []
-        lost: list[tuple[int, int]] = []
+    count = 5000
+    sizes: list[int] = []
+    lost: list[tuple[int, int]] = []
+    with _sender(tmp_path, reply_budget=64 << 10) as c:
+        _lossy_session(c, 1, count, interval_ns=20_000)
         stream = c.stream_many({1: 0}, after_loss_ids={1: 0})
         try:
             for message in stream:
@@ -182,11 +171,8 @@ def test_stream_results_cuts_loss_reports_to_its_budget(tmp_path: Path) -> None:
                     break
         finally:
             stream.cancel()
-        assert lost == [(i + 1, i) for i in range(count)]
-        assert len([n for n in sizes if n]) >= 3
-    finally:
-        c.close()
-        server.stop(None)
+    assert lost == [(i + 1, i) for i in range(count)]
+    assert len([n for n in sizes if n]) >= 3
 
 
 def _single_stream_lost(client: AgentClient, after_loss_id: int | None) -> list[tuple[int, int]]:
@@ -221,20 +207,9 @@ def test_stream_stamp_session_results_keeps_loss_reports_until_acknowledged(
 def test_loss_ids_skip_the_reports_dropped_on_overflow(tmp_path: Path) -> None:
     """A full loss list drops its oldest report (counted in ``overflow``): the ids go
     on, so the gap shows what was dropped."""
-    addr = f"unix:{tmp_path}/s.sock"
-    server = serve(addr, "sender", fifo_capacity=10)
-    c = AgentClient(addr)
-    try:
-        c.init(port=0, source="::1")
-        c.create_sender_session(
-            SenderSession(1, "::1", reflector_port=9, count=30, interval_ns=MS,
-                          loss_timeout_ns=50 * MS)
-        )  # fmt: skip
-        c.start_session(1)
-        assert _finished(c, 1).overflow == 20
+    with _sender(tmp_path, fifo_capacity=10) as c:
+        _lossy_session(c, 1, 30)
+        assert c.counters(1).sessions[0].overflow == 20
         assert _lost(c.results(1, after_id=0, after_loss_id=0)) == [
             (i + 1, i) for i in range(20, 30)
         ]
-    finally:
-        c.close()
-        server.stop(None)
