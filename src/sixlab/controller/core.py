@@ -1277,10 +1277,21 @@ class Controller:
                     continue
                 try:
                     self.check_node(node.name)
+                except NotFoundError:
+                    if self._node_exists(node.name):
+                        log.exception("node %s: check failed", node.name)
+                    # else removed since the list was read (another replica's prune)
                 except Exception:
                     log.exception("node %s: check failed", node.name)
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
+
+    def _node_exists(self, name: str) -> bool:
+        try:
+            self.store.node(name)
+        except NotFoundError:
+            return False
+        return True
 
     def _call(self, node: str, fn: Callable[[AgentClient], Any], *, refresh: bool = True) -> Any:
         """One call to a node's agent; its health follows the outcome (``refresh``
