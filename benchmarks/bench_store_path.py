@@ -47,8 +47,14 @@ INTERVAL_NS = 200_000_000
 class _NoAgent:
     """What the storer calls on a sender agent's client: nothing to do."""
 
-    def acknowledge_many(self, acks: dict[int, int], *, counts: bool = True) -> None:
-        del acks, counts
+    def acknowledge_many(
+        self,
+        acks: dict[int, int],
+        through_loss_ids: dict[int, int] | None = None,
+        *,
+        counts: bool = True,
+    ) -> None:
+        del acks, through_loss_ids, counts
 
     def close(self) -> None:
         pass

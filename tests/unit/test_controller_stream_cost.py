@@ -27,7 +27,13 @@ class _Agent:
         self.acks: list[dict[int, int]] = []
         self.counts: list[bool] = []
 
-    def acknowledge_many(self, acks: dict[int, int], *, counts: bool = True) -> None:
+    def acknowledge_many(
+        self,
+        acks: dict[int, int],
+        through_loss_ids: dict[int, int] | None = None,
+        *,
+        counts: bool = True,
+    ) -> None:
         self.acks.append(dict(acks))
         self.counts.append(counts)
 

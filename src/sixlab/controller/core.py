@@ -733,21 +733,24 @@ _NO_DATA: tuple[int | None, ...] = (None, None, None, None)
 class _Gathered:
     """A session's records gathered from one transaction's stream messages, as rows
     (``_rows``), and the latest of the rest: a session's records in several messages are
-    joined as rows, never by copying the messages' records."""
+    joined as rows, never by copying the messages' records. ``lost_top``: the highest
+    ``loss_id`` of its loss reports (0: none), acknowledged with the records."""
 
     ssid: int
     rows: list[tuple[Any, ...]]
     counters: pb.SessionCounters | None
     final: bool
     gone: bool
+    lost_top: int = 0
 
 
 def _gather_rows(
     pending: dict[int, _Gathered], subs: dict[int, SessionRow], message: pb.ResultBatches
 ) -> list[int]:
     """Add a stream message's batches of ``subs``' sessions to ``pending`` (one per
-    session: rows appended, the latest counters kept, ``final`` and ``gone`` if any
-    said so); the T4 of its records (for ``ControllerMetrics.collection_stages``)."""
+    session: rows appended, the latest counters and loss report id kept, ``final`` and
+    ``gone`` if any said so); the T4 of its records (for
+    ``ControllerMetrics.collection_stages``)."""
     t4s: list[int] = []
     for b in message.batches:
         sub = subs.get(b.ssid)
@@ -756,13 +759,15 @@ def _gather_rows(
         rows = _rows(sub.id, sub.epoch, b.results)
         t4s += [row[7] for row in rows]
         counters = b.counters if b.HasField("counters") else None
+        lost_top = b.lost[-1].loss_id if b.lost else 0
         into = pending.get(b.ssid)
         if into is None:
-            pending[b.ssid] = _Gathered(b.ssid, rows, counters, b.final, b.gone)
+            pending[b.ssid] = _Gathered(b.ssid, rows, counters, b.final, b.gone, lost_top)
             continue
         into.rows += rows
         if counters is not None:
             into.counters = counters
+        into.lost_top = max(into.lost_top, lost_top)
         into.final = into.final or b.final
         into.gone = into.gone or b.gone
     return t4s
@@ -839,11 +844,14 @@ def _destroy(client: AgentClient, *, ssid: int) -> None:
 def _open_stream(
     client: AgentClient, *, after: dict[int, int], window_ns: int
 ) -> ResultStream[pb.ResultBatches]:
+    """The sessions' stream, each from its record cursor, with its loss reports from the
+    first still queued (those acknowledged are gone: loss id 0 asks for the rest)."""
     return client.stream_many(
         after,
         max_batch=BATCH,
         batch_window_ns=window_ns,
         counters_interval_ns=STREAM_COUNTERS_NS,
+        after_loss_ids=dict.fromkeys(after, 0),
     )
 
 
@@ -1387,10 +1395,21 @@ class Controller:
                     continue
                 try:
                     self.check_node(node.name, full=False)
+                except NotFoundError:
+                    if self._node_exists(node.name):
+                        log.exception("node %s: check failed", node.name)
+                    # else removed since the list was read (another replica's prune)
                 except Exception:
                     log.exception("node %s: check failed", node.name)
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
+
+    def _node_exists(self, name: str) -> bool:
+        try:
+            self.store.node(name)
+        except NotFoundError:
+            return False
+        return True
 
     def _call(self, node: str, fn: Callable[[AgentClient], Any], *, refresh: bool = True) -> Any:
         """One call to a node's agent; its health follows the outcome (``refresh``
@@ -2889,10 +2908,15 @@ class Controller:
         acknowledge them at once; when the transaction committed (Unix ns).
         ``committed`` is called once it has.
 
+        The batches' loss reports are acknowledged with their records, once committed,
+        and not stored: loss is counted from the sender's counters (docs/architecture.md,
+        "Loss reports"); left unacknowledged, they would fill the sender's FIFO.
+
         The caller holds the sessions' locks, from before the epoch checks to after the
         acknowledgement.
         """
         acks: dict[int, int] = {}
+        lost_acks: dict[int, int] = {}
         todo: list[tuple[SessionRow, _Gathered, ResultBatch]] = []
         for g in gathered:
             if g.ssid not in subs:
@@ -2922,6 +2946,8 @@ class Controller:
             stored.append((sub, batch, new))
             if rows:
                 acks[g.ssid] = rows[-1][2]
+            if g.lost_top:
+                lost_acks[g.ssid] = g.lost_top
         self._stored_many(stored, now)
         for sub, g, _ in todo:
             if g.final and g.ssid in subs:
@@ -2929,6 +2955,10 @@ class Controller:
                 with self._lock:
                     st.names.discard(sub.name)
                 self._finish(sub)
-        if acks:
-            self._call(st.node, lambda c: c.acknowledge_many(acks, counts=False), refresh=False)
+        if acks or lost_acks:
+            self._call(
+                st.node,
+                lambda c: c.acknowledge_many(acks, lost_acks, counts=False),
+                refresh=False,
+            )
         return done
