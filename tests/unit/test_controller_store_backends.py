@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import sixlab.controller.store as store_module
 from sixlab.controller.events import EventKind, EventState, SessionEvent
 from sixlab.controller.pgstore import _STEPS, PostgresStore
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
@@ -169,6 +170,38 @@ def test_rollups_fold_each_record_once_and_answer_stats(store: Store) -> None:
     # Only the minutes that overlap the range.
     assert len(store.rollups(sid, since_ns=T0 + MINUTE_NS + 1)) == 2
     assert len(store.rollups(sid, until_ns=T0 + MINUTE_NS)) == 1
+
+
+def test_records_are_rolled_up_with_the_store_free_for_collection(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a pass rolls up what it read, collection stores more records (another
+    thread, the same session): it is not held up, and what it stored is rolled up by the
+    next pass, once."""
+    (sid,) = _sessions(store, 1)
+    store.store_results(sid, [(s + 1, _r(s)) for s in range(100)])
+    stored_meanwhile: list[bool] = []
+    threads: list[threading.Thread] = []
+    reference = store_module.roll_up
+
+    def rolling(*args: object, **kwargs: object) -> object:
+        if not stored_meanwhile:
+            later = threading.Thread(
+                target=store.store_results, args=(sid, [(s + 1, _r(s)) for s in range(100, 105)])
+            )
+            later.start()
+            threads.append(later)
+            later.join(5)
+            stored_meanwhile.append(not later.is_alive())
+        return reference(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "roll_up", rolling)
+    assert store.roll_up() == 100
+    threads[0].join()
+    assert stored_meanwhile == [True]
+    assert store.roll_up() == 5
+    assert store.roll_up() == 0
+    assert sum(m.count for _, m in store.rollups(sid)) == 105
 
 
 def test_expire_deletes_old_raw_records_only_once_rolled_up(store: Store) -> None:

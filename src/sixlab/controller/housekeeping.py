@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 
 #: The lease name of the housekeeping work.
 HOUSEKEEPING = "housekeeping"
-#: Records per roll-up transaction.
-ROLL_UP_LIMIT = 200_000
+#: Records per roll-up pass: each is read by one statement under the store's lock and
+#: written by one transaction, so collection waits for at most that much at a time
+#: (benchmarks/README.md, issue 15: 200,000 stalled collection for seconds).
+ROLL_UP_LIMIT = 20_000
 
 
 @dataclass(frozen=True, slots=True)

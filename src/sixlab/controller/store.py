@@ -1502,16 +1502,19 @@ class Store(ABC):
 
     # -- rollups and retention ----------------------------------------------------------
 
-    def roll_up(self, *, limit: int = 200_000) -> int:
+    def roll_up(self, *, limit: int = 20_000) -> int:
         """Fold up to ``limit`` records stored since the last pass into the per-minute
-        rollups, with each epoch's rollup cursor, in one transaction. Returns how many
-        records it rolled (call again while it returns ``limit``).
+        rollups, with each epoch's rollup cursor. Returns how many records it rolled
+        (call again while it returns ``limit``).
 
-        A pass that finds a cursor moved by a concurrent pass (another replica) rolls
-        back and rolls nothing: a record is rolled up once.
+        The records are read by one statement, rolled up with no lock or transaction
+        held (collection goes on meanwhile: it adds records past the ones read and moves
+        no rollup cursor), and written in one short transaction that moves each epoch's
+        cursor from the value read. A pass that finds a cursor moved since (another
+        replica's pass) rolls back and rolls nothing: a record is rolled up once.
         """
-        with self._transaction() as db:
-            rows = db.execute(
+        with self._lock:
+            rows = self._db.execute(
                 "SELECT e.rolled, e.rolled_seq, "  # noqa: S608 - column names only
                 + ", ".join(f"r.{c}" for c in RESULT_COLUMNS)
                 # Epochs first (SQLite keeps a CROSS JOIN's order): only those with
@@ -1522,22 +1525,24 @@ class Store(ABC):
                 " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?",
                 (limit,),
             ).fetchall()
-            if not rows:
-                return 0
-            pending: dict[tuple[int, int], list[tuple[int, StampResult]]] = {}
-            cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
-            for r in rows:
-                key = (r[2], r[3])
-                cursors.setdefault(key, (r[0], r[1]))
-                pending.setdefault(key, []).append((r[4], _result(r[2:])))
-            fresh: dict[tuple[int, int, int], MinuteRollup] = {}
-            moved = []
-            for (sid, ep), recs in pending.items():
-                rolled, top = cursors[sid, ep]
-                minutes, new_top = roll_up(recs, top)
-                for minute, m in minutes.items():
-                    fresh[sid, ep, minute] = m
-                moved.append((recs[-1][0], new_top, sid, ep, rolled))
+        if not rows:
+            return 0
+        pending: dict[tuple[int, int], list[tuple[int, StampResult]]] = {}
+        cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
+        for r in rows:
+            key = (r[2], r[3])
+            cursors.setdefault(key, (r[0], r[1]))
+            pending.setdefault(key, []).append((r[4], _result(r[2:])))
+        fresh: dict[tuple[int, int, int], MinuteRollup] = {}
+        moved = []
+        for (sid, ep), recs in pending.items():
+            rolled, top = cursors[sid, ep]
+            minutes, new_top = roll_up(recs, top)
+            for minute, m in minutes.items():
+                fresh[sid, ep, minute] = m
+            moved.append((recs[-1][0], new_top, sid, ep, rolled))
+        moved.sort(key=lambda m: (m[2], m[3]))
+        with self._transaction() as db:
             for at, old in self._rollups_at(db, list(fresh)).items():
                 old.merge(fresh[at])
                 fresh[at] = old
@@ -1548,7 +1553,6 @@ class Store(ABC):
                 + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
                 [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()],
             )  # fmt: skip
-            moved.sort(key=lambda m: (m[2], m[3]))
             done = db.executemany(
                 "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
                 " AND rolled=?",
