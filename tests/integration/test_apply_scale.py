@@ -4,16 +4,20 @@ sessions, not with its square, and the per-session outcomes stay what they were.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from sixlab.controller import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
-from sixlab.southbound import AgentServer
-from sixlab.southbound.simagent import serve_simulated
+from sixlab.southbound import AgentClient, AgentServer
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
+from sixlab.southbound.simagent import SimulatedAgentServicer, serve_simulated
 
 
 @pytest.fixture
@@ -86,3 +90,93 @@ def test_a_sender_refusing_part_of_a_batch_undoes_those_reflector_halves_only(
     assert sorted(ctl.client("s").info().ssids) == sorted(r.ssid for r in rows)
     assert not ctl.start_sessions([r.name for r in rows])
     assert {ctl.store.session(r.name).state for r in rows} == {"running"}
+
+
+class _Counted:
+    """An agent stub that counts the calls made through it, by method."""
+
+    def __init__(self, stub: Any, calls: Counter[str]) -> None:
+        self._stub = stub
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        calls = self._calls
+
+        class _Method:
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                calls[name] += 1
+                return method(*args, **kwargs)
+
+            def future(self, *args: Any, **kwargs: Any) -> Any:
+                calls[name] += 1
+                return method.future(*args, **kwargs)
+
+        return _Method()
+
+
+def test_sessions_are_created_and_started_in_batch_calls_not_one_call_each(
+    agents: dict[str, AgentServer], tmp_path: Path
+) -> None:
+    """Before, 300 sessions took 600 CreateStampSession and 600 StartStampSession calls
+    (one per session and agent); now one batch call per agent and step."""
+    calls: Counter[str] = Counter()
+
+    def factory(address: str) -> AgentClient:
+        client = AgentClient(address)
+        client._stub = _Counted(client._stub, calls)
+        return client
+
+    c = Controller(SqliteStore(tmp_path / "c.db"), client_factory=factory,
+                   supervise_interval_s=None)  # fmt: skip
+    try:
+        for name in ("s", "r"):
+            c.register_node(
+                name, f"127.0.0.1:{agents[name].port}", "reflector" if name == "r" else "sender"
+            )
+            c.init_node(name)
+        calls.clear()
+        specs = [_spec(f"p{i}") for i in range(300)]
+        _, errors = c.create_sessions(specs)
+        assert not errors
+        assert not c.start_sessions([s.name for s in specs])
+        assert {c.store.session(s.name).state for s in specs} == {"running"}
+        assert len(c.client("r").info().ssids) == 300
+    finally:
+        c.close()
+        c.store.close()
+    assert calls["CreateStampSession"] == calls["StartStampSession"] == 0
+    assert calls["CreateStampSessions"] == calls["StartStampSessions"] == 2
+
+
+class _WithoutBatches(SimulatedAgentServicer):
+    """An agent of a version without the batch calls: they are UNIMPLEMENTED."""
+
+    CreateStampSessions = pb_grpc.StampAgentServicer.CreateStampSessions
+    StartStampSessions = pb_grpc.StampAgentServicer.StartStampSessions
+
+
+def test_an_agent_without_batch_calls_gets_one_call_per_session(
+    agents: dict[str, AgentServer], tmp_path: Path
+) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_StampAgentServicer_to_server(_WithoutBatches("sender"), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    c = Controller(SqliteStore(tmp_path / "c.db"), supervise_interval_s=None)
+    try:
+        c.register_node("old", f"127.0.0.1:{port}", "sender")
+        c.register_node("r", f"127.0.0.1:{agents['r'].port}", "reflector")
+        c.init_node("old")
+        c.init_node("r")
+        specs = [_spec(f"p{i}", "old") for i in range(50)]
+        rows, errors = c.create_sessions([*specs, specs[0]])
+        assert list(errors) == ["p0"]  # named twice: refused as before
+        assert len(rows) == 50
+        assert not c.start_sessions([s.name for s in specs])
+        assert {c.store.session(s.name).state for s in specs} == {"running"}
+        assert sorted(c.client("old").info().ssids) == sorted(r.ssid for r in rows)
+    finally:
+        c.close()
+        c.store.close()
+        server.stop(None)
