@@ -117,6 +117,19 @@ def _chunks(requests: Sequence[Any]) -> list[list[int]]:
     return chunks
 
 
+def _deadlines(chunks: Sequence[Sequence[int]], timeout: float) -> list[float]:
+    """Each batch's deadline (s): the agent carries the batches out one after another, so
+    a batch gets ``timeout`` per ``PIPELINE_WINDOW`` requests up to its own end, as many
+    as the calls one by one would have had (a window of them at a time, each window
+    within ``timeout``)."""
+    out = []
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        out.append(timeout * -(-total // PIPELINE_WINDOW))
+    return out
+
+
 def result_from_proto(record: pb.StampResult) -> StampResult:
     """An API record as the core's ``StampResult`` (with its delay properties)."""
     # Positional arguments, in StampResult's field order: a controller converts tens of
@@ -387,8 +400,10 @@ class AgentClient(GrpcClient):
         chunks = _chunks(requests)
         name, request_type, reply_type = batched
         call = getattr(self._stub, name)
-        futures = [call.future(request_type(sessions=[requests[k] for k in c]),
-                               timeout=self.timeout) for c in chunks]  # fmt: skip
+        futures = [
+            call.future(request_type(sessions=[requests[k] for k in c]), timeout=t)
+            for c, t in zip(chunks, _deadlines(chunks, self.timeout), strict=True)
+        ]
         for chunk, future in zip(chunks, futures, strict=True):
             try:
                 reply = future.result()
