@@ -35,6 +35,7 @@ from sixlab.southbound import (
     serve,
 )
 from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.agent import (
     DEFAULT_RESULTS,
     MAX_COUNT,
@@ -825,3 +826,43 @@ def test_results_streams_beyond_the_limit_are_refused(tmp_path: Path) -> None:
             many.cancel()
     finally:
         server.stop(None)
+
+
+def test_batch_calls_carry_out_each_request_as_its_own_call_would(pair: Pair) -> None:
+    """CreateStampSessions / StartStampSessions: one status per request, in order, the
+    one its own call gets; a refused request leaves the others done."""
+    sessions = [SenderSession(s, "::1", reflector_port=pair.reflector_port) for s in (1, 2)]
+    creates = [sessions[0].request(), sessions[1].request(), sessions[0].request()]
+    bad = sessions[0].request()
+    bad.ssid = 70_000
+    creates.append(bad)
+    creates.append(SenderSession(3, "::1", reflector_port=pair.reflector_port).request())
+    with grpc.insecure_channel(pair.sender.target) as channel:
+        stub = pb_grpc.StampAgentStub(channel)  # type: ignore[no-untyped-call]
+        reply = stub.CreateStampSessions(pb.CreateStampSessionsRequest(sessions=creates))
+    codes = [grpc.StatusCode.OK, grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS,
+             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]  # fmt: skip
+    assert [s.code for s in reply.statuses] == [c.value[0] for c in codes]
+    assert "already exists" in reply.statuses[2].message
+    assert "ssid" in reply.statuses[3].message
+    assert sorted(pair.sender.info().ssids) == [1, 2, 3]
+    # The same outcomes through call_many, as SouthboundErrors.
+    starts = [pb.StartStampSessionRequest(ssid=s) for s in (1, 99, 2, 1)]
+    out = pair.sender.call_many("StartStampSession", starts)
+    assert isinstance(out[0], pb.StartStampSessionReply)
+    assert isinstance(out[2], pb.StartStampSessionReply)
+    assert isinstance(out[1], SouthboundError)
+    assert out[1].code is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(SouthboundError) as single:
+        pair.sender.start_session(1)
+    assert isinstance(out[3], SouthboundError)
+    assert (out[3].code, out[3].details) == (single.value.code, single.value.details)
+    # A reflector: the same calls.
+    made = pair.reflector.call_many(
+        "CreateStampSession",
+        [ReflectorSession(s).request() for s in (5, 5)],
+    )
+    assert isinstance(made[0], pb.CreateStampSessionReply)
+    assert isinstance(made[1], SouthboundError)
+    assert made[1].code is grpc.StatusCode.ALREADY_EXISTS
+    assert pair.reflector.info().ssids == [5]

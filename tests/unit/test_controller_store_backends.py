@@ -3,6 +3,7 @@ migrations, bytes per result."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import threading
@@ -10,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,6 +23,7 @@ from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
 from sixlab.controller.rollup import MINUTE_NS, merged_stats
 from sixlab.controller.store import (
     SCHEMA_VERSION,
+    AlreadyExistsError,
     Counters,
     Fence,
     FencedError,
@@ -592,6 +595,88 @@ def test_sqlite_state_updates_by_name_use_the_live_name_index(tmp_path: Path) ->
         assert "USING INDEX sessions_live_name" in plan, (sql, plan)
     assert [r.state for r in store.sessions()] == ["running", "stopping", "stopping"]
     store.close()
+
+
+class _Counting:
+    """A store connection that counts the statements sent through it (``executemany``
+    is one: PostgreSQL pipelines it, SQLite runs it without a Python call per row)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.statements = 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.statements += 1
+        return self.db.execute(*args, **kwargs)
+
+    def executemany(self, *args: Any) -> Any:
+        self.statements += 1
+        return self.db.executemany(*args)
+
+
+def _count_statements(store: Store, monkeypatch: pytest.MonkeyPatch) -> _Counting:
+    """Count the statements of the store's write transactions from now on."""
+    counted = _Counting(None)
+    transaction = store._transaction
+
+    @contextlib.contextmanager
+    def counting() -> Iterator[Any]:
+        with transaction() as db:
+            counted.db = db
+            yield counted
+
+    monkeypatch.setattr(store, "_transaction", counting)
+    return counted
+
+
+def test_a_batch_of_sessions_is_added_and_begun_in_a_few_statements(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``add_sessions`` and a claimed ``begin_epochs`` of 1,200 sessions: before, one
+    INSERT per session and three statements per epoch begun (3,600)."""
+    counted = _count_statements(store, monkeypatch)
+    items = [(f"p{i}", i + 1, "s1", "r1", {"k": i}) for i in range(1200)]
+    rows = store.add_sessions(items, now_ns=5)
+    assert [(r.name, r.ssid, r.params, r.state) for r in rows] == [
+        (f"p{i}", i + 1, {"k": i}, "created") for i in range(1200)
+    ]
+    assert counted.statements <= 3
+    counted.statements = 0
+    begun = store.begin_epochs([(f"p{i}", "a1") for i in range(1200)], 7, claimer="A")
+    assert begun == {f"p{i}" for i in range(1200)}
+    assert counted.statements <= 10
+    assert [(e.epoch, e.started_ns, e.ended_ns) for e in store.epochs(rows[5].id)] == [(0, 7, None)]
+    assert store.session("p5").state == "starting"
+
+
+def test_a_claimed_batch_ends_the_epoch_a_failed_start_left_and_begins_the_next(
+    store: Store,
+) -> None:
+    """A session whose start failed went back to ``created`` with its epoch begun: the
+    next batch ends that epoch and begins the next one, as ``begin_epoch`` does; the
+    others of the batch begin their first."""
+    rows = store.add_sessions([(f"p{i}", i + 1, "s1", "r1", {}) for i in range(3)], now_ns=0)
+    assert store.begin_epochs([("p0", None)], 1, claimer="A") == {"p0"}
+    assert store.claim_states(["p0"], "starting", "created", holder="A") == {"p0"}
+    begun = store.begin_epochs([(f"p{i}", None) for i in range(3)], 2, claimer="A")
+    assert begun == {"p0", "p1", "p2"}
+    assert [(e.epoch, e.started_ns, e.ended_ns) for e in store.epochs(rows[0].id)] == [
+        (0, 1, 2), (1, 2, None),
+    ]  # fmt: skip
+    for row in rows[1:]:
+        assert [(e.epoch, e.ended_ns) for e in store.epochs(row.id)] == [(0, None)]
+    assert store.session("p0").epoch == 1
+    assert store.session("p0").cursor == 0
+
+
+def test_a_batch_with_a_taken_name_adds_none_and_names_it(store: Store) -> None:
+    store.add_sessions([("p1", 1, "s1", "r1", {})], now_ns=0)
+    items: list[tuple[str, int, str, str, dict[str, Any]]] = [
+        (f"p{i}", i + 10, "s1", "r1", {}) for i in range(3)
+    ]
+    with pytest.raises(AlreadyExistsError, match="'p1'"):
+        store.add_sessions(items, now_ns=0)
+    assert [r.name for r in store.sessions()] == ["p1"]
 
 
 def _plans(store: SqliteStore, run: Callable[[], object]) -> list[tuple[str, str]]:

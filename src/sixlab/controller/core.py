@@ -1621,7 +1621,10 @@ class Controller:
             [t for t in todo if not t[0].loopback], "reflector", _reflector_request, errors
         )
         done = self._many(made, "sender", _sender_request, errors)
-        undo = [(sp, i) for sp, i in made if (sp, i) not in done and not sp.loopback]
+        # By name (unique in a batch): a scan of ``done`` per session made the
+        # creation of n sessions cost n² spec comparisons.
+        created = {sp.name for sp, _ in done}
+        undo = [(sp, i) for sp, i in made if sp.name not in created and not sp.loopback]
         self._many_calls(undo, "reflector", "DestroyStampSession",
                          lambda _sp, i: pb.DestroyStampSessionRequest(ssid=i))  # fmt: skip
         return done

@@ -122,6 +122,10 @@ _SET_STATE = (
     "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'"
     " AND state NOT IN ('destroying', 'destroyed')"
 )
+_INSERT_SESSION = (
+    "INSERT INTO sessions(name, ssid, sender, reflector, params, state, created_ns)"
+    " VALUES (?, ?, ?, ?, ?, 'created', ?)"
+)
 #: The SQLite schema (the PostgreSQL one, ``pgstore.SCHEMA``, has the same tables and
 #: columns with PostgreSQL's types).
 SCHEMA = """
@@ -782,8 +786,7 @@ class Store(ABC):
         with self._lock:
             try:
                 self._db.execute(
-                    "INSERT INTO sessions(name, ssid, sender, reflector, params, state, created_ns)"
-                    " VALUES (?, ?, ?, ?, ?, 'created', ?)",
+                    _INSERT_SESSION,
                     (name, ssid, sender, reflector, json.dumps(params, sort_keys=True), now_ns),
                 )
             except self._integrity_errors as exc:
@@ -805,21 +808,31 @@ class Store(ABC):
         transaction: all are added, or none (an error names the first refused)."""
         if not items:
             return []
+        if not all(item[0] for item in items):
+            raise StoreError("name: a session needs a name")
+        rows = [
+            (name, ssid, sender, reflector, json.dumps(params, sort_keys=True), now_ns)
+            for name, ssid, sender, reflector, params in items
+        ]
         with self._transaction() as db:
-            for name, ssid, sender, reflector, params in items:
-                if not name:
-                    raise StoreError("name: a session needs a name")
-                try:
-                    db.execute(
-                        "INSERT INTO sessions(name, ssid, sender, reflector, params, state,"
-                        " created_ns) VALUES (?, ?, ?, ?, ?, 'created', ?)",
-                        (name, ssid, sender, reflector, json.dumps(params, sort_keys=True),
-                         now_ns),
-                    )  # fmt: skip
-                except self._integrity_errors as exc:
-                    if self._constraint(exc) == "unique":
-                        raise AlreadyExistsError(f"name: session {name!r} already exists") from None
-                    raise NotFoundError("sender/reflector: unknown node") from None
+            # One statement for all rows (PostgreSQL pipelines it: a round trip per
+            # batch, not per session), in a savepoint: if one is refused, the rows go
+            # in again one by one to name the first refused.
+            db.execute("SAVEPOINT sessions_in")
+            try:
+                db.executemany(_INSERT_SESSION, rows)
+            except self._integrity_errors:
+                db.execute("ROLLBACK TO SAVEPOINT sessions_in")
+                for row in rows:
+                    try:
+                        db.execute(_INSERT_SESSION, row)
+                    except self._integrity_errors as exc:
+                        if self._constraint(exc) == "unique":
+                            raise AlreadyExistsError(
+                                f"name: session {row[0]!r} already exists"
+                            ) from None
+                        raise NotFoundError("sender/reflector: unknown node") from None
+            db.execute("RELEASE SAVEPOINT sessions_in")
         self._announce(CHANGED)
         by_name = {r.name: r for r in self.sessions_named([i[0] for i in items])}
         return [by_name[i[0]] for i in items]
@@ -868,12 +881,31 @@ class Store(ABC):
         if not items:
             return begun
         with self._transaction() as db:
-            claimed: set[str] | None = None
             if claimer is not None:
-                claimed = _claim_created(db, [name for name, _ in items], claimer)
+                agents = dict(items)
+                claimed = _claim_created(db, list(agents), claimer)
+                # The claimed sessions' epochs begin together: those whose current
+                # epoch has a row (a start that failed before) end it and take the
+                # next one, as ``begin_epoch`` does; the rest begin theirs as they are.
+                ids = [sid for sid, _ in claimed.values()]
+                again: set[int] = set()
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i : i + 500]
+                    again.update(r[0] for r in db.execute(
+                        "SELECT e.session_id FROM epochs e JOIN sessions s ON s.id = e.session_id"  # noqa: S608
+                        " AND s.epoch = e.epoch WHERE s.id IN (" + ",".join("?" * len(chunk))
+                        + ")",
+                        chunk,
+                    ).fetchall())  # fmt: skip
+                fresh = [(name, sid) for name, (sid, _) in claimed.items() if sid not in again]
+                db.executemany(
+                    "INSERT INTO epochs(session_id, epoch, started_ns, sender_agent)"
+                    " VALUES (?, ?, ?, ?)",
+                    [(sid, claimed[name][1], now_ns, agents[name]) for name, sid in fresh],
+                )
+                begun.update(name for name, _ in fresh)
+                items = [(name, agents[name]) for name, (sid, _) in claimed.items() if sid in again]
             for name, agent in items:
-                if claimed is not None and name not in claimed:
-                    continue
                 try:
                     _begin_epoch(db, name, now_ns, agent, "")
                 except (NotFoundError, DestroyingError):
@@ -2118,10 +2150,11 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
 
 
-def _claim_created(db: _Db, names: Sequence[str], claimer: str) -> set[str]:
+def _claim_created(db: _Db, names: Sequence[str], claimer: str) -> dict[str, tuple[int, int]]:
     """Move the sessions of these names still ``created`` to ``starting`` claimed by
-    ``claimer`` (in the caller's transaction), in chunks of 500; the names moved."""
-    claimed: set[str] = set()
+    ``claimer`` (in the caller's transaction), in chunks of 500; the names moved, with
+    each one's (id, epoch)."""
+    claimed: dict[str, tuple[int, int]] = {}
     for i in range(0, len(names), 500):
         chunk = list(names[i : i + 500])
         rows = db.execute(
@@ -2129,10 +2162,10 @@ def _claim_created(db: _Db, names: Sequence[str], claimer: str) -> set[str]:
             # very condition (a scan per chunk otherwise).
             "UPDATE sessions SET state='starting', claimed_by=?, restart_reason=NULL"  # noqa: S608
             " WHERE state != 'destroyed' AND state='created' AND name IN ("
-            + ",".join("?" * len(chunk)) + ") RETURNING name",
+            + ",".join("?" * len(chunk)) + ") RETURNING name, id, epoch",
             [claimer, *chunk],
         ).fetchall()  # fmt: skip
-        claimed.update(r[0] for r in rows)
+        claimed.update((r[0], (r[1], r[2])) for r in rows)
     return claimed
 
 

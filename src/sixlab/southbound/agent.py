@@ -99,7 +99,7 @@ from sixlab.southbound.budget import (
     lost_fitting,
 )
 from sixlab.southbound.rpcclient import RpcError
-from sixlab.southbound.rpcserver import abort_for, claim_unix_address, unary
+from sixlab.southbound.rpcserver import abort_for, claim_unix_address, each, unary
 from sixlab.stamp import DropReason, SessionConfigError, SessionStateError, StampResult
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS, NS_PER_S, SenderConfig, State
@@ -124,6 +124,7 @@ __all__ = [
     "Role",
     "StampAgentServicer",
     "TlsFiles",
+    "batch_reply",
     "result_to_proto",
     "serve",
 ]
@@ -225,6 +226,13 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     if isinstance(exc, DataplaneError | LinuxError):
         return Code.UNAVAILABLE, str(exc)
     return None
+
+
+def batch_reply(statuses: Sequence[tuple[grpc.StatusCode, str]]) -> pb.BatchReply:
+    """A batch call's reply: the status of each of its requests (``rpcserver.each``)."""
+    return pb.BatchReply(
+        statuses=[pb.CallStatus(code=code.value[0], message=message) for code, message in statuses]
+    )
 
 
 #: Every unary call runs under the agent lock, its errors mapped by ``_status_of``.
@@ -780,6 +788,14 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     def CreateStampSession(  # noqa: N802
         self, request: pb.CreateStampSessionRequest
     ) -> pb.CreateStampSessionReply:
+        self._create(request)
+        return pb.CreateStampSessionReply()
+
+    @_unary
+    def CreateStampSessions(self, request: pb.CreateStampSessionsRequest) -> pb.BatchReply:  # noqa: N802
+        return batch_reply(each(_status_of, request.sessions, self._create))
+
+    def _create(self, request: pb.CreateStampSessionRequest) -> None:
         rt = self._runtime("CreateStampSession")
         ssid = _ssid(request.ssid)
         if ssid in self._senders or ssid in self._reflectors:
@@ -801,7 +817,6 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             config = _reflector_config(request, rt.port)
             counters = self._counters(ssid, sent, received)
             self._reflectors[ssid] = _ReflectorRecord(config, counters=counters)
-        return pb.CreateStampSessionReply()
 
     def _counters(
         self, ssid: int, sent: FlowMatch | None, received: FlowMatch | None
@@ -817,6 +832,14 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
     def StartStampSession(  # noqa: N802
         self, request: pb.StartStampSessionRequest
     ) -> pb.StartStampSessionReply:
+        self._start(request)
+        return pb.StartStampSessionReply()
+
+    @_unary
+    def StartStampSessions(self, request: pb.StartStampSessionsRequest) -> pb.BatchReply:  # noqa: N802
+        return batch_reply(each(_status_of, request.sessions, self._start))
+
+    def _start(self, request: pb.StartStampSessionRequest) -> None:
         rt = self._runtime("StartStampSession")
         ssid = self._known(request.ssid)
         if rt.sender is not None:
@@ -829,7 +852,6 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             source = rec.counters.read if rec.counters is not None else None
             rt.reflector.add_session(rec.config, data_counters=source)
             rec.state = State.RUNNING
-        return pb.StartStampSessionReply()
 
     @_unary
     def StopStampSession(  # noqa: N802

@@ -51,6 +51,22 @@ Address = str | ipaddress.IPv6Address
 DEFAULT_TIMEOUT_S = 10.0
 #: Calls in flight at once in ``AgentClient.call_many``.
 PIPELINE_WINDOW = 256
+#: ``call_many`` of a method with a batch counterpart sends batches of at most this many
+#: requests and bytes (serialized): an agent accepts requests of up to 1 MiB
+#: (``agent.MAX_MESSAGE_BYTES``), and holds its lock for a batch as for one call.
+BATCH_REQUESTS = 1000
+BATCH_BYTES = 256 << 10
+#: The unary methods ``call_many`` sends in batches: (batch method, its request type,
+#: the unary method's reply type).
+_BATCHED: dict[str, tuple[str, Any, Any]] = {
+    "CreateStampSession": (
+        "CreateStampSessions", pb.CreateStampSessionsRequest, pb.CreateStampSessionReply,
+    ),
+    "StartStampSession": (
+        "StartStampSessions", pb.StartStampSessionsRequest, pb.StartStampSessionReply,
+    ),
+}  # fmt: skip
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class SouthboundError(RpcError):
@@ -83,6 +99,35 @@ def _error_estimate(value: int) -> ErrorEstimate:
     """Decoded Error Estimates, cached: a session's estimate rarely changes, and a
     controller decodes two per record at tens of thousands of records per second."""
     return ErrorEstimate.from_int(value)
+
+
+def _chunks(requests: Sequence[Any]) -> list[list[int]]:
+    """The indexes of ``requests`` cut into batches of at most ``BATCH_REQUESTS`` and
+    ``BATCH_BYTES`` (a request larger than that goes alone)."""
+    chunks: list[list[int]] = []
+    size = 0
+    for k, request in enumerate(requests):
+        # A request in a batch: its bytes, its tag and its length (up to 3 bytes).
+        n = request.ByteSize() + 4
+        if not chunks or len(chunks[-1]) >= BATCH_REQUESTS or size + n > BATCH_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(k)
+        size += n
+    return chunks
+
+
+def _deadlines(chunks: Sequence[Sequence[int]], timeout: float) -> list[float]:
+    """Each batch's deadline (s): the agent carries the batches out one after another, so
+    a batch gets ``timeout`` per ``PIPELINE_WINDOW`` requests up to its own end, as many
+    as the calls one by one would have had (a window of them at a time, each window
+    within ``timeout``)."""
+    out = []
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        out.append(timeout * -(-total // PIPELINE_WINDOW))
+    return out
 
 
 def result_from_proto(record: pb.StampResult) -> StampResult:
@@ -282,6 +327,9 @@ class AgentClient(GrpcClient):
             channel = grpc.secure_channel(target, tls.credentials(), options=options)
         super().__init__(target, channel, timeout)
         self._stub = pb_grpc.StampAgentStub(self._channel)  # type: ignore[no-untyped-call]
+        #: Whether the agent has the batch calls (``call_many``); False once one was
+        #: UNIMPLEMENTED.
+        self._batches = True
 
     # -- agent ------------------------------------------------------------------------
 
@@ -339,9 +387,59 @@ class AgentClient(GrpcClient):
         self.create_session(session.request())
 
     def call_many(self, method: str, requests: Sequence[Any]) -> list[Any]:
-        """One unary method for many requests, ``window`` of them in flight at a time on
-        the channel: one round trip's wait per window instead of one per request.
-        Per request, in order: its reply, or the ``SouthboundError`` it failed with."""
+        """One unary method for many requests. Per request, in order: its reply, or the
+        ``SouthboundError`` it failed with.
+
+        A method with a batch counterpart (``CreateStampSessions``,
+        ``StartStampSessions``) goes in batches (``BATCH_REQUESTS``, ``BATCH_BYTES``),
+        all in flight together, each request with its own outcome; others, and every
+        method of an agent without the batch calls (UNIMPLEMENTED), go one call per
+        request, ``PIPELINE_WINDOW`` of them in flight at a time on the channel."""
+        batched = _BATCHED.get(method)
+        if batched is None or not self._batches:
+            return self._pipelined(method, requests)
+        out: list[Any] = [None] * len(requests)
+        again: list[int] = []
+        chunks = _chunks(requests)
+        name, request_type, reply_type = batched
+        call = getattr(self._stub, name)
+        futures = [
+            call.future(request_type(sessions=[requests[k] for k in c]), timeout=t)
+            for c, t in zip(chunks, _deadlines(chunks, self.timeout), strict=True)
+        ]
+        for chunk, future in zip(chunks, futures, strict=True):
+            try:
+                reply = future.result()
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    self._batches = False  # an agent without the batch calls
+                    again += chunk
+                    continue
+                error = SouthboundError.from_rpc(exc)
+                for k in chunk:
+                    out[k] = error
+                continue
+            if len(reply.statuses) != len(chunk):
+                error = SouthboundError(
+                    grpc.StatusCode.INTERNAL,
+                    f"{name}: {len(reply.statuses)} statuses for {len(chunk)} requests",
+                )
+                for k in chunk:
+                    out[k] = error
+                continue
+            for k, status in zip(chunk, reply.statuses, strict=True):
+                code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+                ok = code is grpc.StatusCode.OK
+                out[k] = reply_type() if ok else SouthboundError(code, status.message)
+        if again:
+            for k, one in zip(again, self._pipelined(method, [requests[k] for k in again]),
+                              strict=True):  # fmt: skip
+                out[k] = one
+        return out
+
+    def _pipelined(self, method: str, requests: Sequence[Any]) -> list[Any]:
+        """``call_many`` one call per request, ``PIPELINE_WINDOW`` in flight at a time:
+        one round trip's wait per window instead of one per request."""
         call = getattr(self._stub, method)
         out: list[Any] = []
         for i in range(0, len(requests), PIPELINE_WINDOW):

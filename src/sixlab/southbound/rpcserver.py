@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -37,6 +38,7 @@ __all__ = [
     "StatusOf",
     "abort_for",
     "claim_unix_address",
+    "each",
     "is_local",
     "server_credentials",
     "unary",
@@ -44,6 +46,8 @@ __all__ = [
 
 #: A server's error table: the status for an exception, or None for one it does not know.
 StatusOf = Callable[[Exception], tuple[grpc.StatusCode, str] | None]
+
+log = logging.getLogger(__name__)
 
 
 class _Locked(Protocol):
@@ -92,6 +96,29 @@ def unary(
         return handler
 
     return wrap
+
+
+def each(
+    status_of: StatusOf, requests: Iterable[_Req], method: Callable[[_Req], object]
+) -> list[tuple[grpc.StatusCode, str]]:
+    """The requests of a batch call carried out in order, each as its own unary call
+    would be (hold the servicer's lock): per request (status, message), ``OK`` if
+    ``method`` returned, the status ``status_of`` maps its error to otherwise. An error
+    it does not map is a bug: logged, and that request answered ``UNKNOWN`` as gRPC
+    answers a call that raised it; the others go on."""
+    out: list[tuple[grpc.StatusCode, str]] = []
+    for request in requests:
+        try:
+            method(request)
+        except Exception as exc:
+            status = status_of(exc)
+            if status is None:
+                log.exception("a request of a batch call failed")
+                status = (grpc.StatusCode.UNKNOWN, f"Exception calling application: {exc}")
+            out.append(status)
+        else:
+            out.append((grpc.StatusCode.OK, ""))
+    return out
 
 
 #: Address schemes that reach only processes of this host (gRPC's naming doc).

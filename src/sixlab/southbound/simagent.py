@@ -52,10 +52,11 @@ from sixlab.southbound.agent import (
     AgentServer,
     Role,
     _status_of,
+    batch_reply,
 )
 from sixlab.southbound.agentinfo import info_sessions
 from sixlab.southbound.budget import REPLY_BUDGET_BYTES, Batches, asked_budget, fit
-from sixlab.southbound.rpcserver import abort_for, unary
+from sixlab.southbound.rpcserver import abort_for, each, unary
 from sixlab.stamp.sender import DEFAULT_LOSS_TIMEOUT_NS
 
 __all__ = ["SimulatedAgentServicer", "serve_simulated"]
@@ -300,6 +301,14 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
     def CreateStampSession(  # noqa: N802
         self, request: pb.CreateStampSessionRequest
     ) -> pb.CreateStampSessionReply:
+        self._create(request)
+        return pb.CreateStampSessionReply()
+
+    @_unary
+    def CreateStampSessions(self, request: pb.CreateStampSessionsRequest) -> pb.BatchReply:  # noqa: N802
+        return batch_reply(each(_status_of, request.sessions, self._create))
+
+    def _create(self, request: pb.CreateStampSessionRequest) -> None:
         if not self._initialized:
             raise AgentError(Code.FAILED_PRECONDITION, "CreateStampSession: not initialised")
         if not 0 <= request.ssid <= 0xFFFF:
@@ -316,17 +325,23 @@ class SimulatedAgentServicer(pb_grpc.StampAgentServicer):
             if request.loss_timeout_ns:
                 s.loss_timeout_ns = request.loss_timeout_ns
         self._sessions[request.ssid] = s
-        return pb.CreateStampSessionReply()
 
     @_unary
     def StartStampSession(  # noqa: N802
         self, request: pb.StartStampSessionRequest
     ) -> pb.StartStampSessionReply:
+        self._start(request)
+        return pb.StartStampSessionReply()
+
+    @_unary
+    def StartStampSessions(self, request: pb.StartStampSessionsRequest) -> pb.BatchReply:  # noqa: N802
+        return batch_reply(each(_status_of, request.sessions, self._start))
+
+    def _start(self, request: pb.StartStampSessionRequest) -> None:
         s = self._session(request.ssid)
         if s.start_ns is not None:
             raise AgentError(Code.FAILED_PRECONDITION, f"ssid: session {s.ssid} was started")
         s.start_ns = self._clock()
-        return pb.StartStampSessionReply()
 
     @_unary
     def StopStampSession(  # noqa: N802

@@ -729,6 +729,98 @@ class StartStampSessionReply(_message.Message):
 Global___StartStampSessionReply: _TypeAlias = StartStampSessionReply  # noqa: Y015
 
 @_typing.final
+class CreateStampSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreateStampSessionRequest]:
+        """The sessions, in the order they are created."""
+
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___CreateStampSessionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateStampSessionsRequest: _TypeAlias = CreateStampSessionsRequest  # noqa: Y015
+
+@_typing.final
+class StartStampSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StartStampSessionRequest]:
+        """The sessions, in the order they are started."""
+
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___StartStampSessionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartStampSessionsRequest: _TypeAlias = StartStampSessionsRequest  # noqa: Y015
+
+@_typing.final
+class CallStatus(_message.Message):
+    """The outcome of one request of a batch: what its own call would have returned."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (0: OK)."""
+    message: _builtins.str
+    """The status message of a refusal (it names the field)."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallStatus: _TypeAlias = CallStatus  # noqa: Y015
+
+@_typing.final
+class BatchReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallStatus]:
+        """One per request, in the order of the requests."""
+
+    def __init__(
+        self,
+        *,
+        statuses: _abc.Iterable[Global___CallStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchReply: _TypeAlias = BatchReply  # noqa: Y015
+
+@_typing.final
 class StopStampSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -100,6 +100,16 @@ class StampAgentStub:
                 request_serializer=stamp__pb2.GetCountersRequest.SerializeToString,
                 response_deserializer=stamp__pb2.GetCountersReply.FromString,
                 _registered_method=True)
+        self.CreateStampSessions = channel.unary_unary(
+                '/sixlab.stamp.v1.StampAgent/CreateStampSessions',
+                request_serializer=stamp__pb2.CreateStampSessionsRequest.SerializeToString,
+                response_deserializer=stamp__pb2.BatchReply.FromString,
+                _registered_method=True)
+        self.StartStampSessions = channel.unary_unary(
+                '/sixlab.stamp.v1.StampAgent/StartStampSessions',
+                request_serializer=stamp__pb2.StartStampSessionsRequest.SerializeToString,
+                response_deserializer=stamp__pb2.BatchReply.FromString,
+                _registered_method=True)
 
 
 class StampAgentServicer:
@@ -212,6 +222,23 @@ class StampAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateStampSessions(self, request, context):
+        """CreateStampSession for many sessions in one call: each request is carried out in
+        order, as its own call would be, and gets its own status in the reply (one refused
+        request does not stop the others). A controller creating thousands of sessions
+        makes one round trip per batch instead of one per session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartStampSessions(self, request, context):
+        """StartStampSession for many sessions in one call, as CreateStampSessions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StampAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -279,6 +306,16 @@ def add_StampAgentServicer_to_server(servicer, server):
                     servicer.GetCounters,
                     request_deserializer=stamp__pb2.GetCountersRequest.FromString,
                     response_serializer=stamp__pb2.GetCountersReply.SerializeToString,
+            ),
+            'CreateStampSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStampSessions,
+                    request_deserializer=stamp__pb2.CreateStampSessionsRequest.FromString,
+                    response_serializer=stamp__pb2.BatchReply.SerializeToString,
+            ),
+            'StartStampSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartStampSessions,
+                    request_deserializer=stamp__pb2.StartStampSessionsRequest.FromString,
+                    response_serializer=stamp__pb2.BatchReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -633,6 +670,60 @@ class StampAgent:
             '/sixlab.stamp.v1.StampAgent/GetCounters',
             stamp__pb2.GetCountersRequest.SerializeToString,
             stamp__pb2.GetCountersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateStampSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.stamp.v1.StampAgent/CreateStampSessions',
+            stamp__pb2.CreateStampSessionsRequest.SerializeToString,
+            stamp__pb2.BatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartStampSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sixlab.stamp.v1.StampAgent/StartStampSessions',
+            stamp__pb2.StartStampSessionsRequest.SerializeToString,
+            stamp__pb2.BatchReply.FromString,
             options,
             channel_credentials,
             insecure,
