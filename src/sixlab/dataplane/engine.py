@@ -61,12 +61,14 @@ from sixlab.dataplane.base import (
 from sixlab.stamp import DropReason
 from sixlab.stamp.batch import (
     due_seq,
+    loop_state,
     receive_batch,
     receive_one,
     receive_record,
     send_due,
     send_template,
     sent_at,
+    sent_by_loop,
 )
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
@@ -494,6 +496,9 @@ class _SenderEntry:
     #: ``spec.config``'s SSID and interval (ns), kept here for the per-probe work.
     ssid: int = 0
     interval: int = 0
+    #: The session's index in the compiled run loop while the loop sends its packets
+    #: (``SenderEngine.send_loop``), else None.
+    loop_idx: int | None = None
 
     @property
     def schedule(self) -> ScheduleStats:
@@ -522,6 +527,7 @@ class SenderEngine(_Loop):
         tick_ns: int = DEFAULT_TICK_NS,
         fast_path: bool = True,
         compiled: bool = True,
+        compiled_loop: bool = True,
         timer_slack_ns: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
@@ -539,6 +545,15 @@ class SenderEngine(_Loop):
         The C path reads the system's wall clock itself, so it is used only with
         ``clock=time.time_ns``.
 
+        ``compiled_loop`` (with ``compiled``, and ``monotonic=time.monotonic_ns``, the
+        clock the C loop reads): the send schedule of those sessions, once started,
+        runs in C (``probeio.SendLoop``: a heap of slots, one ``sendmmsg`` per run,
+        the GIL released while it runs and sleeps); the engine hands each packet sent
+        to the session's core (``sixlab.stamp.batch.sent_by_loop``) and reads replies
+        as before. Sessions with an SRv6 path, a count or a duration, and sessions
+        stopped or removed, stay on (or go back to) the Python schedule
+        (docs/architecture.md, "Sender engine").
+
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
         it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
@@ -548,9 +563,15 @@ class SenderEngine(_Loop):
         self.tick_ns = tick_ns
         self.fast_path = fast_path
         self.compiled = compiled
+        self.compiled_loop = compiled_loop
         self.timer_slack_ns = timer_slack_ns
         #: The plane's batched probe path, once the loop runs (None: the Python path).
         self.probe_io: probeio.ProbeIO | None = None
+        #: The compiled run loop, once the loop runs (None: the Python schedule).
+        self.send_loop: probeio.SendLoop | None = None
+        #: The sessions in ``send_loop`` by their index there, and the free indexes.
+        self._loop_entries: list[_SenderEntry | None] = []
+        self._loop_free: list[int] = []
         #: When timers last ran (monotonic ns).
         self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
@@ -572,13 +593,56 @@ class SenderEngine(_Loop):
         if self.compiled and self.fast_path and make is not None and self.clock is time.time_ns:
             with contextlib.suppress(DataplaneError):  # not open: the loop reports it
                 self.probe_io = make()
+            if (
+                self.probe_io is not None
+                and self.compiled_loop
+                and self.monotonic is time.monotonic_ns
+            ):
+                self.send_loop = self.probe_io.send_loop()
         super().start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        super().shutdown(timeout)
+        loop = self.send_loop
+        if loop is not None and not self.running:  # still in C: leave it allocated
+            loop.close()
 
     def _run(self) -> None:
         if self.timer_slack_ns is not None:  # this thread's; a refusal leaves the default
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(self.timer_slack_ns), 0, 0, 0)
-        super()._run()
+        if self.send_loop is None:
+            super()._run()
+            return
+        try:
+            self._run_compiled(self.send_loop)
+        except BaseException as exc:  # noqa: BLE001 - kept for the owner to report
+            self.error = exc
+
+    def _run_compiled(self, loop: probeio.SendLoop) -> None:
+        """The loop with the compiled schedule: ``SendLoop.run`` serves the sessions it
+        holds until the next Python timer (sessions it does not hold, loss deadlines
+        of stopped ones), a control call's wake-up, or replies to read; then, under the
+        lock, the packets it sent go to their sessions' cores (``_take_loop``), the
+        replies are read (``_read_records``) and the Python timers run."""
+        pio = self.probe_io
+        assert pio is not None
+        waker = self._waker.r
+        hold = _HOLD_TICKS * self.tick_ns
+        while not self._stop.is_set():
+            with self.lock:
+                timeout, _ = self._wait()
+                until = self.monotonic() + int(timeout * 1e9)
+                if self._loop_entries:
+                    pio.clear_routing_header()  # the loop's sends carry none
+            why = loop.run(waker, until, self.tick_ns, hold)
+            if why & probeio.LOOP_WAKER:
+                self._waker.drain()
+            with self.lock:
+                self._take_loop(loop)
+            self._read_records(pio)
+            self._on_tick()
+            self.dataplane.flush()
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -612,14 +676,28 @@ class SenderEngine(_Loop):
             self._feed_data(entry)
             entry.session.start(now, self.clock())
             entry.start = now
-            self._pump(entry, now)
+            loop = self.send_loop
+            if loop is not None and entry.spec.segments:
+                # The socket's sticky SRv6 header is set for this send: not while the
+                # run loop sends (its packets carry none).
+                loop.lock()
+                try:
+                    self._pump(entry, now)
+                    assert self.probe_io is not None
+                    self.probe_io.clear_routing_header()
+                finally:
+                    loop.unlock()
+            else:
+                self._pump(entry, now)
             self._arm(entry)
+            self._adopt(entry)
             self._notify_pending()
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
         with self.lock:
             entry = self._entry(ssid)
+            self._evict(entry)
             entry.session.stop()
             self._pump(entry)
             self._arm(entry)
@@ -629,6 +707,7 @@ class SenderEngine(_Loop):
     def remove_session(self, ssid: int) -> None:
         with self.lock:
             entry = self._entry(ssid)
+            self._evict(entry)
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
@@ -643,9 +722,26 @@ class SenderEngine(_Loop):
     def snapshot(self, ssid: int) -> SessionSnapshot:
         with self.lock:
             e = self._entry(ssid)
+            schedule = e.schedule
+            loop = self.send_loop
+            if loop is not None and e.loop_idx is not None:
+                loop.lock()
+                try:
+                    self._apply_loop(loop)
+                    held = loop.get(e.loop_idx)
+                finally:
+                    loop.unlock()
+                if held is not None:
+                    schedule = ScheduleStats(
+                        e.skipped + held.skipped,
+                        e.on_slot + held.on_slot,
+                        e.late_ns_total + held.late_ns_total,
+                        max(e.late_ns_max, held.late_ns_max),
+                    )
+                self._notify_pending()
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
-            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, e.schedule)
+            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, schedule)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
         """Drain up to ``max_items`` queued records of a session (polling mode)."""
@@ -760,8 +856,105 @@ class SenderEngine(_Loop):
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
+    def _adopt(self, entry: _SenderEntry) -> None:
+        """Hand a started session's schedule to the compiled run loop if it takes it
+        (lock held): a session on ``send_due`` with a batched-send record, no SRv6
+        path, no count or duration (``loop_state``). Its timers leave the heap; its
+        losses are found when it next sends or hears a reply (``sent_by_loop``,
+        ``receive_record`` expire first)."""
+        loop, pio = self.send_loop, self.probe_io
+        if loop is None or pio is None or entry.template is None or entry.start is None:
+            return
+        state = loop_state(entry.session)
+        record = self._record(entry, pio) if state is not None else None
+        if state is None or record is None or entry.rthdr not in (b"", None):
+            return
+        due, seq = state
+        idx = self._loop_free.pop() if self._loop_free else len(self._loop_entries)
+        loop.lock()
+        try:
+            added = loop.add(
+                idx,
+                record,
+                due=due,
+                interval=entry.interval,
+                seq=seq,
+                start=entry.start,
+                last=entry.last_slot,
+            )
+        finally:
+            loop.unlock()
+        if not added:
+            if idx < len(self._loop_entries):
+                self._loop_free.append(idx)
+            return
+        if idx == len(self._loop_entries):
+            self._loop_entries.append(entry)
+        else:
+            self._loop_entries[idx] = entry
+        entry.loop_idx = idx
+        entry.timer = None  # what the heap holds of it is stale now
+
+    def _evict(self, entry: _SenderEntry) -> None:
+        """Take a session back from the run loop (lock held): the packets it sent go
+        to their cores first, then its schedule and statistics come back to the entry
+        and the session's core, which from here runs on the heap again."""
+        loop, idx = self.send_loop, entry.loop_idx
+        if loop is None or idx is None:
+            return
+        loop.lock()
+        try:
+            self._apply_loop(loop)
+            held = loop.get(idx, remove=True)
+        finally:
+            loop.unlock()
+        entry.loop_idx = None
+        self._loop_entries[idx] = None
+        self._loop_free.append(idx)
+        if held is not None:
+            entry.skipped += held.skipped
+            entry.on_slot += held.on_slot
+            entry.late_ns_total += held.late_ns_total
+            entry.late_ns_max = max(entry.late_ns_max, held.late_ns_max)
+            entry.last_slot = held.last_slot
+        self._arm(entry)
+        self._notify_pending()
+
+    def _take_loop(self, loop: probeio.SendLoop) -> None:
+        """The packets the run loop sent since the last take to their sessions (lock
+        held)."""
+        loop.lock()
+        try:
+            self._apply_loop(loop)
+        finally:
+            loop.unlock()
+        self._notify_pending()
+
+    def _apply_loop(self, loop: probeio.SendLoop) -> None:
+        """``_take_loop`` with the loop's mutex held too."""
+        n, failed, _ = loop.take()
+        self.counters.send_failed += failed
+        if not n:
+            return
+        entries = self._loop_entries
+        on_event = self.on_event
+        out = memoryview(loop.out)[: n * probeio.LOOP_OUT.size]
+        for t1, now, nxt, idx, seq in probeio.LOOP_OUT.iter_unpack(out):
+            entry = entries[idx]
+            if entry is None:
+                continue  # cannot be: a session leaves the loop after its records
+            session = entry.session
+            sent_by_loop(session, seq, t1, now, nxt)
+            if on_event is not None:
+                on_event(ev.PacketSent(entry.ssid, seq, t1))
+            if session.has_output:
+                self._pump(entry)
+
     def _arm(self, entry: _SenderEntry) -> None:
-        """Put the session's next timer in the heap if it changed (lock held)."""
+        """Put the session's next timer in the heap if it changed (lock held); none
+        while the run loop holds the session's schedule."""
+        if entry.loop_idx is not None:
+            return
         timer = entry.session.get_timer()
         if timer != entry.timer:
             entry.timer = timer

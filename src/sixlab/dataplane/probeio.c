@@ -30,6 +30,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 #define MAX_BATCH 256
 #define SEND_HEAD 56
@@ -92,48 +95,40 @@ static uint64_t ns_from_ntp(uint64_t ts)
     return (uint64_t)(ns < NTP_MAX_NS - 1 ? ns : NTP_MAX_NS - 1);
 }
 
-/* Send n records of buf; *t1 gets the wall time written into them. Returns the number
- * of packets the kernel refused (each one skipped, the rest still sent); *err the errno
- * of the last refusal. */
-int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int *err)
+/* Point msg/iov at the send record rec (SEND_HEAD layout) with Seq seq and the
+ * Timestamp of wall written into its payload; returns the record's size in the buffer. */
+static size_t fill_msg(uint8_t *rec, uint32_t seq, int64_t wall, struct mmsghdr *msg,
+                       struct iovec *iov)
 {
-    struct mmsghdr msgs[MAX_BATCH];
-    struct iovec iov[MAX_BATCH];
-    struct timespec now;
-    if (n > MAX_BATCH)
-        n = MAX_BATCH;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t wall = (int64_t)now.tv_sec * (int64_t)NS + now.tv_nsec;
-    *t1 = wall;
-    *err = 0;
-    size_t off = 0;
-    memset(msgs, 0, sizeof(msgs[0]) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        uint8_t *rec = buf + off;
-        uint32_t plen, alen, fmt;
-        int64_t tai;
-        memcpy(&plen, rec, 4);
-        memcpy(&alen, rec + 4, 4);
-        memcpy(&fmt, rec + 8, 4);
-        memcpy(&tai, rec + 16, 8);
-        uint8_t *payload = rec + SEND_HEAD;
-        uint64_t stamp;
-        if (fmt == 1) {
-            uint64_t ns = (uint64_t)(wall + tai);
-            stamp = (ns / NS) << 32 | (ns % NS);
-        } else {
-            stamp = ntp_from_ns(wall);
-        }
-        put_be(payload, seqs[i], 4);
-        put_be(payload + 4, stamp, 8);
-        iov[i].iov_base = payload;
-        iov[i].iov_len = plen;
-        msgs[i].msg_hdr.msg_name = rec + 24;
-        msgs[i].msg_hdr.msg_namelen = alen;
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        off += SEND_HEAD + ((plen + 7) & ~7U);
+    uint32_t plen, alen, fmt;
+    int64_t tai;
+    memcpy(&plen, rec, 4);
+    memcpy(&alen, rec + 4, 4);
+    memcpy(&fmt, rec + 8, 4);
+    memcpy(&tai, rec + 16, 8);
+    uint8_t *payload = rec + SEND_HEAD;
+    uint64_t stamp;
+    if (fmt == 1) {
+        uint64_t ns = (uint64_t)(wall + tai);
+        stamp = (ns / NS) << 32 | (ns % NS);
+    } else {
+        stamp = ntp_from_ns(wall);
     }
+    put_be(payload, seq, 4);
+    put_be(payload + 4, stamp, 8);
+    iov->iov_base = payload;
+    iov->iov_len = plen;
+    memset(msg, 0, sizeof(*msg));
+    msg->msg_hdr.msg_name = rec + 24;
+    msg->msg_hdr.msg_namelen = alen;
+    msg->msg_hdr.msg_iov = iov;
+    msg->msg_hdr.msg_iovlen = 1;
+    return SEND_HEAD + ((plen + 7) & ~7U);
+}
+
+/* sendmmsg(2) of n prepared messages, a refused one skipped; the refusals. */
+static int send_all(int fd, struct mmsghdr *msgs, int n, int *err)
+{
     int failed = 0, i = 0;
     while (i < n) {
         int r = sendmmsg(fd, msgs + i, (unsigned)(n - i), MSG_DONTWAIT);
@@ -148,6 +143,31 @@ int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int
         }
     }
     return failed;
+}
+
+static int64_t clock_ns(clockid_t id)
+{
+    struct timespec now;
+    clock_gettime(id, &now);
+    return (int64_t)now.tv_sec * (int64_t)NS + now.tv_nsec;
+}
+
+/* Send n records of buf; *t1 gets the wall time written into them. Returns the number
+ * of packets the kernel refused (each one skipped, the rest still sent); *err the errno
+ * of the last refusal. */
+int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int *err)
+{
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    if (n > MAX_BATCH)
+        n = MAX_BATCH;
+    int64_t wall = clock_ns(CLOCK_REALTIME);
+    *t1 = wall;
+    *err = 0;
+    size_t off = 0;
+    for (int i = 0; i < n; i++)
+        off += fill_msg(buf + off, seqs[i], wall, &msgs[i], &iov[i]);
+    return send_all(fd, msgs, n, err);
 }
 
 /* Receive up to n datagrams into data (slot bytes each) and recs; the number received,
@@ -269,4 +289,343 @@ int pio_recv(int fd, uint8_t *data, int slot, int n, struct recv_rec *recs)
 int pio_record_size(void)
 {
     return (int)sizeof(struct recv_rec);
+}
+
+/* ----------------------------------------------------------------------------------
+ * The compiled run loop (sixlab.dataplane.probeio.SendLoop, docs/architecture.md,
+ * "Sender engine"): the send schedule of the sessions a SenderEngine hands over, kept
+ * in a binary heap on CLOCK_MONOTONIC, served by sl_run with the GIL released. A run
+ * takes every session whose slot is due, at most once per tick: Seq from the session's
+ * counter, the next slot on the grid after now, next = due + ((now - due) / interval
+ * + 1) * interval (sixlab.stamp.batch.due_seq: slots missed are skipped, never burst),
+ * the schedule's slip counted as SenderEngine._slip counts it, then one CLOCK_REALTIME
+ * reading and one sendmmsg per MAX_BATCH packets (T1 written right before it, as
+ * pio_send). Each packet sent leaves an out record (struct sl_out) that the engine
+ * hands to the session's core (sixlab.stamp.batch.sent_by_loop).
+ *
+ * Locking: the state's mutex is held by sl_run only while it runs the heap and
+ * sends, never while it sleeps; every other sl_* function expects the caller to hold
+ * it (sl_lock / sl_unlock), so that a control thread can take the out records, then
+ * remove a session, with no send of it in between.
+ */
+
+#define SL_REC 512 /* bytes of one session's send record (SEND_HEAD + payload, padded) */
+#define SL_WAKER 1 /* sl_run's reasons to return: the waker fd is readable */
+#define SL_SOCKET 2 /* replies wait on the socket */
+#define SL_UNTIL 4 /* the deadline came */
+#define SL_FULL 8 /* the out records are (nearly) full */
+
+struct sl_sess {
+    int64_t due;        /* the next slot, CLOCK_MONOTONIC ns */
+    int64_t interval;   /* ns */
+    int64_t start;      /* the schedule's origin (slip) */
+    int64_t last_slot;  /* slot of the last packet sent */
+    int64_t skipped;    /* slots passed over */
+    int64_t on_slot;    /* packets sent */
+    int64_t late_total; /* ns after their slots, in total */
+    int64_t late_max;
+    uint32_t seq;       /* the next Seq */
+    int32_t pos;        /* index in the heap; -1: not scheduled */
+};
+
+/* One packet sent (32 bytes; probeio.LOOP_OUT). */
+struct sl_out {
+    int64_t t1;   /* the wall time written into it, Unix-epoch UTC ns */
+    int64_t now;  /* the run's monotonic time (the core's now) */
+    int64_t next; /* the session's next slot */
+    uint32_t idx; /* the session's index */
+    uint32_t seq;
+};
+
+struct sl_state {
+    pthread_mutex_t mu;
+    int cap, heap_n, n_out, out_cap, failed, err;
+    int64_t last_run;
+    int32_t *heap;
+    struct sl_sess *sess;
+    uint8_t *arena; /* SL_REC bytes per session */
+    struct sl_out *out;
+};
+
+static int sl_less(struct sl_state *st, int a, int b)
+{
+    return st->sess[st->heap[a]].due < st->sess[st->heap[b]].due;
+}
+
+static void sl_swap(struct sl_state *st, int a, int b)
+{
+    int32_t t = st->heap[a];
+    st->heap[a] = st->heap[b];
+    st->heap[b] = t;
+    st->sess[st->heap[a]].pos = a;
+    st->sess[st->heap[b]].pos = b;
+}
+
+static void sl_up(struct sl_state *st, int i)
+{
+    while (i > 0 && sl_less(st, i, (i - 1) / 2)) {
+        sl_swap(st, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void sl_down(struct sl_state *st, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < st->heap_n && sl_less(st, l, m))
+            m = l;
+        if (r < st->heap_n && sl_less(st, r, m))
+            m = r;
+        if (m == i)
+            return;
+        sl_swap(st, i, m);
+        i = m;
+    }
+}
+
+static void sl_unheap(struct sl_state *st, int idx)
+{
+    int i = st->sess[idx].pos;
+    if (i < 0)
+        return;
+    st->sess[idx].pos = -1;
+    int last = --st->heap_n;
+    if (i != last) {
+        st->heap[i] = st->heap[last];
+        st->sess[st->heap[i]].pos = i;
+        sl_down(st, i);
+        sl_up(st, i);
+    }
+}
+
+static int sl_resize(struct sl_state *st, int cap)
+{
+    int32_t *heap = realloc(st->heap, sizeof(*heap) * (size_t)cap);
+    if (heap)
+        st->heap = heap;
+    struct sl_sess *sess = realloc(st->sess, sizeof(*sess) * (size_t)cap);
+    if (sess)
+        st->sess = sess;
+    uint8_t *arena = realloc(st->arena, (size_t)SL_REC * (size_t)cap);
+    if (arena)
+        st->arena = arena;
+    if (!heap || !sess || !arena)
+        return -1;
+    for (int i = st->cap; i < cap; i++)
+        st->sess[i].pos = -1;
+    st->cap = cap;
+    return 0;
+}
+
+void sl_free(struct sl_state *st)
+{
+    if (!st)
+        return;
+    pthread_mutex_destroy(&st->mu);
+    free(st->heap);
+    free(st->sess);
+    free(st->arena);
+    free(st->out);
+    free(st);
+}
+
+/* A loop for up to cap sessions (sl_add grows it) and out_cap out records. */
+struct sl_state *sl_new(int cap, int out_cap)
+{
+    struct sl_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return NULL;
+    pthread_mutex_init(&st->mu, NULL);
+    st->out = calloc((size_t)out_cap, sizeof(*st->out));
+    st->out_cap = out_cap;
+    st->last_run = INT64_MIN / 2;
+    if (!st->out || sl_resize(st, cap < 1 ? 1 : cap)) {
+        sl_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+void sl_lock(struct sl_state *st)
+{
+    pthread_mutex_lock(&st->mu);
+}
+
+void sl_unlock(struct sl_state *st)
+{
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Schedule session idx (not scheduled now): its send record rec (SEND_HEAD layout,
+ * len bytes), next slot due, Seq seq, and the schedule's origin and last slot sent.
+ * 0, or -1 when the record is too long or memory runs out (the engine keeps the
+ * session on its Python path). */
+int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, int64_t due,
+           int64_t interval, uint32_t seq, int64_t start, int64_t last_slot)
+{
+    if (idx < 0 || len > SL_REC || len < SEND_HEAD || interval <= 0)
+        return -1;
+    if (idx >= st->cap) {
+        int cap = st->cap;
+        while (cap <= idx)
+            cap *= 2;
+        if (sl_resize(st, cap))
+            return -1;
+    }
+    struct sl_sess *s = &st->sess[idx];
+    if (s->pos >= 0)
+        return -1;
+    memcpy(st->arena + (size_t)idx * SL_REC, rec, (size_t)len);
+    memset(s, 0, sizeof(*s));
+    s->due = due;
+    s->interval = interval;
+    s->start = start;
+    s->last_slot = last_slot;
+    s->seq = seq;
+    s->pos = st->heap_n;
+    st->heap[st->heap_n++] = idx;
+    sl_up(st, s->pos);
+    return 0;
+}
+
+/* Session idx's state into v: next slot, next Seq, skipped, packets sent, late ns
+ * total and max, last slot; and, with remove, out of the schedule. -1: no such one. */
+int sl_get(struct sl_state *st, int idx, int remove, int64_t *v)
+{
+    if (idx < 0 || idx >= st->cap || st->sess[idx].pos < 0)
+        return -1;
+    struct sl_sess *s = &st->sess[idx];
+    v[0] = s->due;
+    v[1] = s->seq;
+    v[2] = s->skipped;
+    v[3] = s->on_slot;
+    v[4] = s->late_total;
+    v[5] = s->late_max;
+    v[6] = s->last_slot;
+    if (remove)
+        sl_unheap(st, idx);
+    return 0;
+}
+
+/* Move the out records into dst (room for out_cap); how many. *failed: packets the
+ * kernel refused since the last take, *err the errno of the last. */
+int sl_take(struct sl_state *st, struct sl_out *dst, int *failed, int *err)
+{
+    int n = st->n_out;
+    memcpy(dst, st->out, sizeof(*dst) * (size_t)n);
+    st->n_out = 0;
+    *failed = st->failed;
+    *err = st->err;
+    st->failed = 0;
+    st->err = 0;
+    return n;
+}
+
+/* One run of the due slots at monotonic now (mutex held): 1 when a slot was due. */
+static int sl_pass(struct sl_state *st, int fd, int64_t now)
+{
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    int first = st->n_out, k = 0;
+    while (st->heap_n && st->sess[st->heap[0]].due <= now && st->n_out < st->out_cap) {
+        int idx = st->heap[0];
+        struct sl_sess *s = &st->sess[idx];
+        int64_t slot = (now - s->start) / s->interval, late = (now - s->start) % s->interval;
+        if (slot > s->last_slot + 1)
+            s->skipped += slot - s->last_slot - 1;
+        s->on_slot++;
+        s->late_total += late;
+        if (late > s->late_max)
+            s->late_max = late;
+        s->last_slot = slot;
+        struct sl_out *o = &st->out[st->n_out++];
+        o->idx = (uint32_t)idx;
+        o->seq = s->seq++;
+        o->now = now;
+        s->due += ((now - s->due) / s->interval + 1) * s->interval;
+        o->next = s->due;
+        sl_down(st, 0);
+        if (++k == MAX_BATCH || st->n_out == st->out_cap
+            || !(st->heap_n && st->sess[st->heap[0]].due <= now)) {
+            int64_t wall = clock_ns(CLOCK_REALTIME);
+            for (int i = 0; i < k; i++) {
+                struct sl_out *p = &st->out[first + i];
+                p->t1 = wall;
+                fill_msg(st->arena + (size_t)p->idx * SL_REC, p->seq, wall, &msgs[i], &iov[i]);
+            }
+            int err = 0, failed = send_all(fd, msgs, k, &err);
+            if (failed) {
+                st->failed += failed;
+                st->err = err;
+            }
+            first += k;
+            k = 0;
+        }
+    }
+    return first > 0 || k > 0;
+}
+
+/* Run the schedule until monotonic ns until, or until the waker fd or (while no run
+ * is due within hold ns) the socket is readable, or the out records are full; a run at
+ * most once per tick ns. Which of those ended it (SL_* bits); -errno when poll fails. */
+int sl_run(struct sl_state *st, int fd, int waker, int64_t until, int64_t tick, int64_t hold)
+{
+    for (;;) {
+        int64_t now = clock_ns(CLOCK_MONOTONIC);
+        pthread_mutex_lock(&st->mu);
+        int ran = 0, n_before = st->n_out;
+        if (st->heap_n && st->sess[st->heap[0]].due <= now && now - st->last_run >= tick) {
+            sl_pass(st, fd, now);
+            st->last_run = now;
+            ran = st->n_out > n_before;
+        }
+        int full = st->n_out + MAX_BATCH > st->out_cap;
+        int64_t next = until;
+        if (st->heap_n) {
+            int64_t due = st->sess[st->heap[0]].due, after = st->last_run + tick;
+            due = due > after ? due : after;
+            next = due < until ? due : until;
+        }
+        int64_t pending = st->heap_n;
+        pthread_mutex_unlock(&st->mu);
+        if (full)
+            return SL_FULL;
+        struct pollfd fds[2] = {{waker, POLLIN, 0}, {fd, POLLIN, 0}};
+        if (ran) { /* replies to earlier packets: the engine reads them now */
+            if (poll(fds + 1, 1, 0) > 0)
+                return SL_SOCKET;
+        }
+        now = clock_ns(CLOCK_MONOTONIC);
+        if (now >= until)
+            return SL_UNTIL;
+        int64_t wait = next - now;
+        if (wait <= 0)
+            continue;
+        int watch = !pending || wait > hold;
+        struct timespec ts = {wait / (int64_t)NS, wait % (int64_t)NS};
+        int r = ppoll(fds, watch ? 2 : 1, &ts, NULL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        int why = 0;
+        if (fds[0].revents)
+            why |= SL_WAKER;
+        if (watch && fds[1].revents)
+            why |= SL_SOCKET;
+        if (why)
+            return why;
+    }
+}
+
+int sl_session_size(void)
+{
+    return (int)sizeof(struct sl_sess);
+}
+
+int sl_out_size(void)
+{
+    return (int)sizeof(struct sl_out);
 }

@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import Protocol
@@ -33,7 +34,7 @@ from typing import Protocol
 from sixlab.linux.bpfbuild import BuildError
 from sixlab.linux.ccbuild import build_c, cache_dir
 
-__all__ = ["RECORD", "RECORD_FIELDS", "ProbeIO", "RoutingHeaders", "load"]
+__all__ = ["LOOP_OUT", "RECORD", "RECORD_FIELDS", "ProbeIO", "RoutingHeaders", "SendLoop", "load"]
 
 _SOURCE = Path(__file__).with_name("probeio.c")
 #: Packets per ``sendmmsg`` / ``recvmmsg`` call (``MAX_BATCH`` in probeio.c).
@@ -52,6 +53,17 @@ RECORD_FIELDS = struct.Struct("=q3Q3I4HhBBB7x32x")
 _SEND_HEAD = struct.Struct("=4Iq32s")
 TRUNCATED = 1
 IPV4 = 2
+#: ``struct sl_out`` of probeio.c, one packet the run loop sent: T1 (wall, UTC ns), the
+#: run's monotonic time, the session's next slot, the session's index, Seq.
+LOOP_OUT = struct.Struct("=3q2I")
+#: ``struct sl_sess`` of probeio.c: 8 int64 and 2 int32 (checked against the library).
+_LOOP_SESSION_SIZE = 72
+#: Bytes of a session's send record the run loop keeps (``SL_REC`` in probeio.c).
+LOOP_RECORD_MAX = 512
+#: ``sl_run``'s reasons to return (``SL_*`` in probeio.c).
+LOOP_WAKER, LOOP_SOCKET, LOOP_UNTIL, LOOP_FULL = 1, 2, 4, 8
+#: Out records the run loop holds before it returns for the engine to take them.
+LOOP_OUT_CAP = 4096
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -84,9 +96,33 @@ def load() -> ctypes.CDLL | None:
                     lib.pio_send.restype = i
                     lib.pio_recv.argtypes = [i, vp, i, i, vp]
                     lib.pio_recv.restype = i
-                    if lib.pio_record_size() == RECORD.size:
+                    _declare_loop(lib)
+                    if (
+                        lib.pio_record_size() == RECORD.size
+                        and lib.sl_out_size() == LOOP_OUT.size
+                        and lib.sl_session_size() == _LOOP_SESSION_SIZE
+                    ):
                         _lib = lib
         return _lib
+
+
+def _declare_loop(lib: ctypes.CDLL) -> None:
+    """The run loop's functions' signatures (probeio.c, ``sl_*``)."""
+    vp, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.sl_new.argtypes = [i, i]
+    lib.sl_new.restype = vp
+    lib.sl_free.argtypes = [vp]
+    lib.sl_free.restype = None
+    lib.sl_lock.argtypes = lib.sl_unlock.argtypes = [vp]
+    lib.sl_lock.restype = lib.sl_unlock.restype = None
+    lib.sl_add.argtypes = [vp, i, vp, i, i64, i64, ctypes.c_uint32, i64, i64]
+    lib.sl_add.restype = i
+    lib.sl_get.argtypes = [vp, i, i, vp]
+    lib.sl_get.restype = i
+    lib.sl_take.argtypes = [vp, vp, vp, vp]
+    lib.sl_take.restype = i
+    lib.sl_run.argtypes = [vp, i, i, i64, i64, i64]
+    lib.sl_run.restype = i
 
 
 def _sockaddr(family: socket.AddressFamily, dst: IPv4Address | IPv6Address, port: int) -> bytes:
@@ -165,6 +201,16 @@ class ProbeIO:
         failed = self._lib.pio_send(self._fd, buf_p, n, seq_p, self._t1_p, self._err_p)
         return self._t1.value, failed, self._err.value
 
+    def clear_routing_header(self) -> None:
+        """No routing header on the socket's sends: what the run loop's packets carry
+        (it takes no session with an SRv6 path)."""
+        if self.family == socket.AF_INET6:
+            self._routes.use_routing_header(b"")
+
+    def send_loop(self) -> SendLoop:
+        """A compiled run loop (``SendLoop``) that sends on this socket."""
+        return SendLoop(self._lib, self._fd)
+
     def receive(self) -> int:
         """Datagrams now in ``data`` (``SLOT`` bytes each) and ``records``: how many;
         OSError on a socket error other than an ICMP report."""
@@ -172,3 +218,85 @@ class ProbeIO:
         if got < 0:
             raise OSError(-got, os.strerror(-got))
         return got
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSession:
+    """A session's state in the run loop (``SendLoop.get``): its next slot (monotonic
+    ns), next Seq, and the schedule's statistics (``SenderEngine._slip``'s fields)."""
+
+    due: int
+    seq: int
+    skipped: int
+    on_slot: int
+    late_ns_total: int
+    late_ns_max: int
+    last_slot: int
+
+
+class SendLoop:
+    """The compiled run loop of probeio.c (``sl_*``): the send schedule of the sessions
+    a ``SenderEngine`` hands over, served in C with the GIL released (``run``).
+
+    Every method but ``run`` must be called between ``lock`` and ``unlock`` (the loop
+    holds the same mutex only while it sends, not while it sleeps); ``run`` from one
+    thread at a time. ``close`` once no thread runs it."""
+
+    def __init__(self, lib: ctypes.CDLL, fd: int, capacity: int = 1024) -> None:
+        self._lib = lib
+        self._fd = fd
+        state = lib.sl_new(capacity, LOOP_OUT_CAP)
+        if not state:
+            raise MemoryError("probeio: no memory for the run loop")
+        self._state: int | None = state
+        self.out = bytearray(LOOP_OUT_CAP * LOOP_OUT.size)
+        self._out_p = ctypes.addressof(ctypes.c_char.from_buffer(self.out))
+        self._values = (ctypes.c_int64 * 7)()
+        self._failed = ctypes.c_int()
+        self._err = ctypes.c_int()
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._lib.sl_free(self._state)
+            self._state = None
+
+    def lock(self) -> None:
+        self._lib.sl_lock(self._state)
+
+    def unlock(self) -> None:
+        self._lib.sl_unlock(self._state)
+
+    def add(
+        self, idx: int, record: bytes, *, due: int, interval: int, seq: int, start: int, last: int
+    ) -> bool:
+        """Schedule session ``idx`` (not scheduled now) with its send record
+        (``ProbeIO.record``), next slot, interval, next Seq, schedule origin and last
+        slot sent; False when the loop cannot take it (record too long, no memory)."""
+        rc = self._lib.sl_add(
+            self._state, idx, record, len(record), due, interval, seq, start, last
+        )
+        return bool(rc == 0)
+
+    def get(self, idx: int, *, remove: bool = False) -> LoopSession | None:
+        """Session ``idx``'s state (None: not in the loop), and out of it with ``remove``."""
+        if self._lib.sl_get(self._state, idx, int(remove), self._values) != 0:
+            return None
+        return LoopSession(*self._values)
+
+    def take(self) -> tuple[int, int, int]:
+        """Move the out records into ``out`` (``LOOP_OUT`` each): how many, and the
+        packets the kernel refused since the last take with the errno of the last."""
+        n = self._lib.sl_take(
+            self._state, self._out_p, ctypes.byref(self._failed), ctypes.byref(self._err)
+        )
+        return int(n), self._failed.value, self._err.value
+
+    def run(self, waker: int, until: int, tick: int, hold: int) -> int:
+        """Serve the schedule (probeio.c ``sl_run``) until monotonic ``until`` (ns),
+        the ``waker`` fd or (while no run is due within ``hold`` ns) the socket is
+        readable, or the out records near full: which of those (``LOOP_*`` bits).
+        OSError when poll fails."""
+        why: int = self._lib.sl_run(self._state, self._fd, waker, until, tick, hold)
+        if why < 0:
+            raise OSError(-why, os.strerror(-why))
+        return why

@@ -73,12 +73,14 @@ __all__ = [
     "BatchReflection",
     "BatchReflector",
     "due_seq",
+    "loop_state",
     "receive_batch",
     "receive_one",
     "receive_record",
     "send_due",
     "send_template",
     "sent_at",
+    "sent_by_loop",
 ]
 
 U8 = npt.NDArray[np.uint8]
@@ -689,6 +691,35 @@ def sent_at(session: SenderSession, seq: int, t1: int) -> None:
     carries."""
     if seq in session._outstanding:
         session._outstanding[seq] = t1
+
+
+def loop_state(session: SenderSession) -> tuple[int, int] | None:
+    """(next slot, next Seq) of a session a compiled run loop may take over: running,
+    a send scheduled, no count or duration to end it (those ends stay with the core's
+    ``due_seq``); None otherwise."""
+    cfg = session.config
+    due = session._next_send_ns
+    if session.state is not State.RUNNING or due is None:
+        return None
+    if cfg.count is not None or cfg.duration_ns is not None:
+        return None
+    return due, session._next_seq
+
+
+def sent_by_loop(session: SenderSession, seq: int, t1: int, now: int, next_send: int) -> None:
+    """``due_seq`` then ``sent_at`` for a packet a compiled run loop has already sent
+    (``sixlab.dataplane.probeio.SendLoop``) from a running session without a count or
+    duration: Seq ``seq`` (the session's next), T1 ``t1``, at the run's monotonic
+    ``now``, the next slot ``next_send`` computed there with ``due_seq``'s arithmetic."""
+    taken = session._take_seq()
+    if taken != seq:
+        msg = f"session {session.config.ssid}: the run loop sent Seq {seq}, the core's is {taken}"
+        raise ValueError(msg)
+    session._outstanding[seq] = t1
+    session._deadlines.append((now + session.config.loss_timeout_ns, seq))
+    session.counters.sent += 1
+    session._next_send_ns = next_send
+    session._expire(now)
 
 
 def _utc(session: SenderSession, timestamp: int, ee: int) -> tuple[int, bool]:
