@@ -81,7 +81,7 @@ def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
 ) -> None:
     """Two sessions, 5 and 7 ms apart, for 60 ms: every packet carries the session's
     next Seq and the T1 its out record names (NTP, RFC 5905 §6), and each next slot is
-    the previous one plus the interval (nothing skipped when the loop keeps up)."""
+    the grid's first after the run (``due_seq``'s arithmetic)."""
     pio, loop = _loop(plane)
     port = sink.getsockname()[1]
     now = time.monotonic_ns()
@@ -110,13 +110,15 @@ def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
     by_session: dict[int, list[tuple[int, int, int, int, int]]] = {0: [], 1: []}
     for rec in out:
         by_session[rec[3]].append(rec)
-    assert 9 <= len(by_session[0]) <= 13
-    assert 6 <= len(by_session[1]) <= 10
+    assert 3 <= len(by_session[0]) <= 13
+    assert 3 <= len(by_session[1]) <= 10
     for idx, interval in ((0, 5 * MS), (1, 7 * MS)):
         recs = by_session[idx]
         assert [r[4] for r in recs] == list(range(10, 10 + len(recs)))
-        assert [r[2] for r in recs] == [now + (k + 1) * interval for k in range(len(recs))]
-        assert all(r[1] >= now + k * interval for k, r in enumerate(recs))
+        for _, ran, nxt, _, _ in recs:
+            assert (nxt - now) % interval == 0
+            assert ran < nxt <= ran + interval
+        assert [r[2] for r in recs] == sorted({r[2] for r in recs})
     sent = {(int.from_bytes(p[14:16]), int.from_bytes(p[:4])): p for p in packets}
     for t1, _, _, idx, seq in out:
         payload = sent[idx + 1, seq]
