@@ -21,10 +21,20 @@ from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec
 from sixlab.dataplane.udpsocket import SocketDataplane
 from sixlab.stamp import DropReason, PacketSent, StampResult
-from sixlab.stamp.batch import send_template
+from sixlab.stamp.batch import (
+    LOOP_DROP,
+    LOOP_DROPS,
+    LOOP_DUP,
+    LOOP_EVICT,
+    LOOP_LOST,
+    LOOP_RESULT,
+    LOOP_SENT,
+    send_template,
+)
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
-from sixlab.stamp.sender import SenderConfig, State
-from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp
+from sixlab.stamp.sender import DUPLICATE_WINDOW, SenderConfig, State
+from sixlab.wire import stamp as wire
+from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp, ntp_from_ns
 
 LOOP = IPv6Address("::1")
 MS = 10**6
@@ -66,14 +76,72 @@ def _drain(sock: socket.socket) -> list[bytes]:
     return out
 
 
-def _take(loop: probeio.SendLoop) -> list[tuple[int, int, int, int, int]]:
+Out = tuple[int, int, int, int, int, int, int, int, int, int]
+#: Answered bitmaps handed to loops in these tests, kept alive while they run.
+_BITMAPS: list[bytearray] = []
+
+
+def _add(
+    loop: probeio.SendLoop,
+    idx: int,
+    record: bytes,
+    *,
+    ssid: int,
+    due: int,
+    interval: int,
+    seq: int = 0,
+    loss: int = 10**9,
+    tai: int = 0,
+    window: int = 8,
+    outstanding: tuple[tuple[int, int, int], ...] = (),
+    highest: int = -1,
+) -> bool:
+    bitmap = bytearray(DUPLICATE_WINDOW // 8)
+    _BITMAPS.append(bitmap)
     loop.lock()
     try:
-        n, failed, _ = loop.take()
+        return loop.add(
+            idx,
+            record,
+            ssid=ssid,
+            timing=(due, interval, due, -1, loss, tai),
+            seq=seq,
+            highest=highest,
+            window=window,
+            outstanding=list(outstanding),
+            answered=bitmap,
+        )
     finally:
         loop.unlock()
-    assert failed == 0
-    return list(probeio.LOOP_OUT.iter_unpack(memoryview(loop.out)[: n * probeio.LOOP_OUT.size]))
+
+
+def _take(loop: probeio.SendLoop) -> tuple[list[Out], probeio.LoopTake]:
+    loop.lock()
+    try:
+        took = loop.take()
+    finally:
+        loop.unlock()
+    assert took.failed == 0
+    out = memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size]
+    return list(probeio.LOOP_OUT.iter_unpack(out)), took
+
+
+def _serve(loop: probeio.SendLoop, ms: float, tick: int = 0) -> None:
+    """Run the loop for ``ms`` milliseconds."""
+    waker_r, waker_w = socket.socketpair()
+    try:
+        deadline = time.monotonic_ns() + int(ms * MS)
+        while time.monotonic_ns() < deadline:
+            loop.run(waker_r.fileno(), deadline, tick, 8 * MS)
+            loop.lock()
+            try:
+                if loop.take().left:
+                    loop.left_done()
+            finally:
+                loop.unlock()
+    finally:
+        waker_r.close()
+        waker_w.close()
 
 
 def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
@@ -90,11 +158,7 @@ def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
         assert template is not None
         record = pio.record(LOOP, port, template, ptp=False, tai_ns=0)
         assert record is not None
-        loop.lock()
-        try:
-            assert loop.add(idx, record, due=now, interval=interval, seq=10, start=now, last=-1)
-        finally:
-            loop.unlock()
+        assert _add(loop, idx, record, ssid=ssid, due=now, interval=interval, seq=10, window=64)
     waker_r, waker_w = socket.socketpair()
     try:
         deadline = now + 60 * MS
@@ -103,26 +167,28 @@ def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
     finally:
         waker_r.close()
         waker_w.close()
-    out = _take(loop)
+    out, _ = _take(loop)
     packets = _drain(sink)
     loop.close()
+    assert {r[8] for r in out} == {LOOP_SENT}
     assert len(packets) == len(out)
-    by_session: dict[int, list[tuple[int, int, int, int, int]]] = {0: [], 1: []}
+    by_session: dict[int, list[Out]] = {0: [], 1: []}
     for rec in out:
-        by_session[rec[3]].append(rec)
+        by_session[rec[4]].append(rec)
     assert 3 <= len(by_session[0]) <= 13
     assert 3 <= len(by_session[1]) <= 10
     for idx, interval in ((0, 5 * MS), (1, 7 * MS)):
         recs = by_session[idx]
-        assert [r[4] for r in recs] == list(range(10, 10 + len(recs)))
-        for _, ran, nxt, _, _ in recs:
+        assert [r[5] for r in recs] == list(range(10, 10 + len(recs)))
+        for rec in recs:
+            ran, nxt = rec[1], rec[2]
             assert (nxt - now) % interval == 0
             assert ran < nxt <= ran + interval
         assert [r[2] for r in recs] == sorted({r[2] for r in recs})
     sent = {(int.from_bytes(p[14:16]), int.from_bytes(p[:4])): p for p in packets}
-    for t1, _, _, idx, seq in out:
-        payload = sent[idx + 1, seq]
-        assert ns_from_ntp(int.from_bytes(payload[4:12])) == t1
+    for rec in out:
+        payload = sent[rec[4] + 1, rec[5]]
+        assert ns_from_ntp(int.from_bytes(payload[4:12])) == rec[0]
 
 
 def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
@@ -137,18 +203,14 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     assert record is not None
     now = time.monotonic_ns()
     start = now - 105 * MS
-    loop.lock()
-    try:
-        assert loop.add(0, record, due=start, interval=10 * MS, seq=0, start=start, last=-1)
-    finally:
-        loop.unlock()
+    assert _add(loop, 0, record, ssid=1, due=start, interval=10 * MS)
     r, w = socket.socketpair()
     loop.run(r.fileno(), now + MS, 0, 8 * MS)
     r.close()
     w.close()
-    out = _take(loop)
+    out, _ = _take(loop)
     assert len(out) == 1
-    t1, ran, nxt, _, seq = out[0]
+    t1, ran, nxt, seq = out[0][0], out[0][1], out[0][2], out[0][5]
     assert seq == 0
     assert nxt == start + ((ran - start) // (10 * MS) + 1) * 10 * MS
     loop.lock()
@@ -158,33 +220,128 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     finally:
         loop.unlock()
     assert held is not None
-    assert (held.due, held.seq, held.on_slot) == (nxt, 1, 1)
+    assert (held.due, held.seq, held.on_slot, held.highest, held.held) == (nxt, 1, 1, -1, True)
     assert held.skipped == (ran - start) // (10 * MS)
+    assert held.outstanding == [(0, t1, ran + 10**9)]
     (payload,) = _drain(sink)
     stamp = int.from_bytes(payload[4:12])  # PTP (IEEE 1588): TAI seconds, nanoseconds
     assert (stamp >> 32) * 10**9 + (stamp & 0xFFFF_FFFF) == t1 + 37 * 10**9
     loop.close()
 
 
+def _reply(seq: int, t1: int, *, ssid: int = 7, r_ee: int = 0x0101, rseq: int = 0) -> bytes:
+    """A 44-byte reflected packet (RFC 8762 §4.3.1) with NTP times, T2 = T3 = T1 + 1 µs."""
+    t2 = ntp_from_ns(t1 + 1000)
+    return wire.REFLECTOR_UNAUTH.pack(rseq, t2, r_ee, ssid, t2, seq, ntp_from_ns(t1), 0x0101, 64)
+
+
+def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> None:
+    """Replies to a session the loop holds, with packets outstanding that it never
+    sent (its slot is far off): a result, a duplicate, one reordered, a zero
+    Multiplier (RFC 4656 §4.1.2), an echoed T1 that differs, a Seq never sent, a Seq
+    sent before and no longer outstanding (late), a loss whose deadline passed (found
+    at the first reply); then a reply with TLVs takes the session out of the loop and is left,
+    with everything after it, for the engine."""
+    pio, loop = _loop(plane)
+    template = send_template(SenderConfig(7, interval_ns=10**9))
+    assert template is not None
+    record = pio.record(LOOP, 9, template, ptp=False, tai_ns=0)
+    assert record is not None
+    now = time.monotonic_ns()
+    wall = time.time_ns()
+    far, t1 = now + 10**12, {s: wall - 10**6 * s for s in range(10)}
+    outstanding = ((3, t1[3], now - 1), *((s, t1[s], far) for s in (4, 5, 6, 7, 8)))
+    assert _add(loop, 0, record, ssid=7, due=far, interval=10**9, seq=10, outstanding=outstanding)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind(("::1", 0))
+    to = ("::1", plane.local_port)
+    replies = [
+        _reply(5, t1[5], rseq=50),
+        _reply(5, t1[5]),  # duplicate
+        _reply(7, t1[7]),
+        _reply(6, t1[6]),  # reordered: below 7
+        _reply(4, t1[4], r_ee=0x0100),  # Multiplier zero
+        _reply(8, t1[8] + 10**6),  # T1 not the one sent
+        _reply(77, t1[0]),  # never sent
+        _reply(2, t1[2]),  # sent before, not outstanding: late
+        _reply(4, t1[4]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs: the engine's
+        _reply(4, t1[4]),  # after it: the engine's too
+    ]
+    for data in replies:
+        client.sendto(data, to)
+    client.close()
+    time.sleep(0.05)
+    waker_r, waker_w = socket.socketpair()
+    why = loop.run(waker_r.fileno(), time.monotonic_ns() + 20 * MS, 0, 8 * MS)
+    waker_r.close()
+    waker_w.close()
+    assert why == probeio.LOOP_SOCKET
+    out, took = _take(loop)
+    assert (took.received, took.left) == (len(replies), 2)
+    kinds = [(r[8], r[5]) for r in out]
+    assert kinds == [
+        (LOOP_LOST, 3),
+        (LOOP_RESULT, 5),
+        (LOOP_DUP, 5),
+        (LOOP_RESULT, 7),
+        (LOOP_RESULT | 0x80, 6),
+        (LOOP_DROP, 4),
+        (LOOP_DROP, 8),
+        (LOOP_DROP, 77),
+        (LOOP_DROP, 2),
+        (LOOP_EVICT, 10),
+    ]
+    drops = {r[5]: LOOP_DROPS[r[6]] for r in out if r[8] == LOOP_DROP}
+    assert drops == {
+        4: DropReason.MULTIPLIER_ZERO,
+        8: DropReason.BAD_TIMESTAMP,
+        77: DropReason.UNKNOWN_SEQ,
+        2: DropReason.LATE,
+    }
+    result = next(r for r in out if r[8] == LOOP_RESULT)
+    assert result[:3] == (t1[5], t1[5] + 1000, t1[5] + 1000)
+    assert (result[6], result[7], result[9]) == (50, 0x0101, 64)
+    left = [probeio.RECORD.unpack_from(pio.records, i * probeio.RECORD.size) for i in range(2)]
+    assert [rec[4] for rec in left] == [52, 44]
+    loop.lock()
+    try:
+        held = loop.get(0, remove=True)
+    finally:
+        loop.unlock()
+    assert held is not None
+    assert not held.held
+    assert (held.seq, held.highest) == (10, 7)
+    assert held.outstanding == [(4, t1[4], far), (8, t1[8], far)]
+    loop.close()
+
+
 def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
-    """A record too long or too short, no interval, a negative index, an index
-    already scheduled: refused (the engine keeps such a session on Python); a session
-    it never had has no state."""
+    """A record too long or too short, no interval, SSID 0, a window that is not a
+    power of two or holds fewer than the packets outstanding, a negative index, an
+    index or SSID already held: refused (the engine keeps such a session on Python);
+    a session it never had has no state."""
     pio, loop = _loop(plane)
     template = send_template(SenderConfig(1, interval_ns=MS))
     assert template is not None
     record = pio.record(LOOP, 9, template, ptp=False, tai_ns=0)
     assert record is not None
     now = time.monotonic_ns()
+    three = ((0, 1, now), (1, 1, now), (2, 1, now))
+    assert not _add(loop, 0, bytes(probeio.LOOP_RECORD_MAX + 8), ssid=1, due=now, interval=MS)
+    assert not _add(loop, 0, bytes(8), ssid=1, due=now, interval=MS)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=0)
+    assert not _add(loop, 0, record, ssid=0, due=now, interval=MS)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, window=6)
+    assert not _add(
+        loop, 0, record, ssid=1, due=now, interval=MS, seq=3, window=2, outstanding=three
+    )
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, seq=2, outstanding=three)
+    assert not _add(loop, -1, record, ssid=1, due=now, interval=MS)
+    assert _add(loop, 5000, record, ssid=1, due=now + 10**9, interval=MS)
+    assert not _add(loop, 5000, record, ssid=2, due=now, interval=MS)
+    assert not _add(loop, 5001, record, ssid=1, due=now, interval=MS)
     loop.lock()
     try:
-        at = {"seq": 0, "start": now, "last": -1}
-        assert not loop.add(0, bytes(probeio.LOOP_RECORD_MAX + 8), due=now, interval=MS, **at)
-        assert not loop.add(0, bytes(8), due=now, interval=MS, **at)
-        assert not loop.add(0, record, due=now, interval=0, **at)
-        assert not loop.add(-1, record, due=now, interval=MS, **at)
-        assert loop.add(5000, record, due=now + 10**9, interval=MS, **at)
-        assert not loop.add(5000, record, due=now, interval=MS, **at)
         assert loop.get(3) is None
         assert loop.get(-1) is None
         assert loop.get(10**6) is None
@@ -199,22 +356,22 @@ def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
 
 INTERVAL = 20 * MS
 LOSS = 200 * MS
-#: Replies by Seq % 10: 1 dropped, 3 sent twice, 5 with SSID 0 (RFC 8972 §3) to
-#: session 1 (``ZERO``), 7 with an SSID no session has, 8 delayed past the loss
-#: timeout, 9 delayed past the next packet's reply (reordered); the rest answered at
-#: once. Session 1 starts ``HEAD`` before the others: a reply with SSID 0 goes to the
-#: one session that sent its Seq at its T1 (``SenderEngine._match_ssid_zero``), and
-#: packets of one batched send share a T1.
+#: Replies by Seq % 10: 1 dropped, 3 sent twice, 5 with SSID 0 (RFC 8972 §3) from a
+#: reflector made with ``zero``, 7 with an SSID no session has, 8 delayed past the
+#: loss timeout, 9 delayed past the next packet's reply (reordered); the rest
+#: answered at once. Only session ``ZERO`` sends to the reflector that answers with
+#: SSID 0: such a reply goes to the one session that sent its Seq at its T1
+#: (``SenderEngine._match_ssid_zero``), and packets of one batched send share a T1.
 DELAY = {8: 2 * LOSS, 9: 50 * MS}
 NOBODY = 999
-ZERO = 1
-HEAD = 0.2
+ZERO = 4
 
 
 class ScriptedReflector:
     """A reflector core behind a socket that mangles its replies by Seq (``DELAY``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, zero: bool = False) -> None:
+        self.zero = zero
         self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         self.sock.bind(("::1", 0))
         self.port = self.sock.getsockname()[1]
@@ -249,7 +406,7 @@ class ScriptedReflector:
         kind = seq % 10
         if kind == 1:
             return
-        if kind == 7 or (kind == 5 and int.from_bytes(data[14:16]) == ZERO):
+        if kind == 7 or (kind == 5 and self.zero):
             reply[14:16] = (0 if kind == 5 else NOBODY).to_bytes(2)
         if kind in DELAY:
             self._later.append((time.monotonic() + DELAY[kind] / 1e9, bytes(reply), peer))
@@ -268,6 +425,15 @@ def scripted() -> Iterator[ScriptedReflector]:
         refl.close()
 
 
+@pytest.fixture
+def ssid_zero() -> Iterator[ScriptedReflector]:
+    refl = ScriptedReflector(zero=True)
+    try:
+        yield refl
+    finally:
+        refl.close()
+
+
 def _configs() -> list[SenderConfig]:
     return [
         SenderConfig(1, interval_ns=INTERVAL, loss_timeout_ns=LOSS),
@@ -275,10 +441,18 @@ def _configs() -> list[SenderConfig]:
         SenderConfig(
             3, interval_ns=INTERVAL, loss_timeout_ns=LOSS, tlvs=b"\x00\x01\x00\x08" + bytes(8)
         ),
+        SenderConfig(ZERO, interval_ns=INTERVAL, loss_timeout_ns=LOSS),
     ]
 
 
-def _run(port: int, *, loop: bool, seconds: float = 1.2) -> tuple[SenderEngine, dict[int, Any]]:
+#: Which sessions the loop holds halfway: not the one with a TLV (``loop_state``), not
+#: the one whose reflector answered with SSID 0 (it left the loop for its core).
+HELD = {1: True, 2: True, 3: False, ZERO: False}
+
+
+def _run(
+    ports: tuple[int, int], *, loop: bool, seconds: float = 1.2
+) -> tuple[SenderEngine, dict[int, Any]]:
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     sent: list[PacketSent] = []
@@ -286,17 +460,16 @@ def _run(port: int, *, loop: bool, seconds: float = 1.2) -> tuple[SenderEngine, 
     out: dict[int, Any] = {}
     try:
         for cfg in _configs():
+            port = ports[cfg.ssid == ZERO]
             engine.add_session(SenderSessionSpec(cfg, LOOP, port))
         engine.start()
         assert (engine.send_loop is not None) is loop
         for cfg in _configs():
             engine.start_session(cfg.ssid)
-            if cfg.ssid == ZERO:
-                time.sleep(HEAD)
         time.sleep(seconds / 2)
         with engine.lock:
             held = {s: e.loop_idx is not None for s, e in engine._entries.items()}
-        assert held == dict.fromkeys(held, loop)
+        assert held == {s: loop and h for s, h in HELD.items()}
         time.sleep(seconds / 2)
         for cfg in _configs():
             engine.stop_session(cfg.ssid)
@@ -360,10 +533,11 @@ def _check(engine: SenderEngine, out: dict[int, Any]) -> None:
 
 
 def test_an_engine_with_and_without_the_loop_counts_the_same_by_the_script(
-    scripted: ScriptedReflector,
+    scripted: ScriptedReflector, ssid_zero: ScriptedReflector
 ) -> None:
-    looped, with_loop = _run(scripted.port, loop=True)
-    plain, without = _run(scripted.port, loop=False)
+    ports = (scripted.port, ssid_zero.port)
+    looped, with_loop = _run(ports, loop=True)
+    plain, without = _run(ports, loop=False)
     _check(looped, with_loop)
     _check(plain, without)
 

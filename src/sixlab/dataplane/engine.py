@@ -60,7 +60,12 @@ from sixlab.dataplane.base import (
 )
 from sixlab.stamp import DropReason
 from sixlab.stamp.batch import (
+    LOOP_EVICT,
+    LOOP_SENT,
     due_seq,
+    loop_handback,
+    loop_hold,
+    loop_record,
     loop_state,
     receive_batch,
     receive_one,
@@ -68,7 +73,6 @@ from sixlab.stamp.batch import (
     send_due,
     send_template,
     sent_at,
-    sent_by_loop,
 )
 from sixlab.stamp.flows import flow_label_for
 from sixlab.stamp.reflector import PacketContext, Reflector, ReflectorSessionConfig
@@ -546,13 +550,14 @@ class SenderEngine(_Loop):
         ``clock=time.time_ns``.
 
         ``compiled_loop`` (with ``compiled``, and ``monotonic=time.monotonic_ns``, the
-        clock the C loop reads): the send schedule of those sessions, once started,
-        runs in C (``probeio.SendLoop``: a heap of slots, one ``sendmmsg`` per run,
-        the GIL released while it runs and sleeps); the engine hands each packet sent
-        to the session's core (``sixlab.stamp.batch.sent_by_loop``) and reads replies
-        as before. Sessions with an SRv6 path, a count or a duration, and sessions
-        stopped or removed, stay on (or go back to) the Python schedule
-        (docs/architecture.md, "Sender engine").
+        clock the C loop reads): once started, the sessions the core lets it run
+        (``sixlab.stamp.batch.loop_state``: no count or duration, TLV, stateful
+        reflector; here also no SRv6 path) are served in C (``probeio.SendLoop``: the
+        schedule, sends, replies matched, losses; the GIL released while it runs and
+        sleeps), and the engine files what it did (``loop_record``). Every reply it
+        does not answer comes to the Python path as before; a session stopped,
+        removed, or answered oddly goes back to its core (docs/architecture.md,
+        "Sender engine").
 
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
@@ -620,11 +625,11 @@ class SenderEngine(_Loop):
             self.error = exc
 
     def _run_compiled(self, loop: probeio.SendLoop) -> None:
-        """The loop with the compiled schedule: ``SendLoop.run`` serves the sessions it
-        holds until the next Python timer (sessions it does not hold, loss deadlines
-        of stopped ones), a control call's wake-up, or replies to read; then, under the
-        lock, the packets it sent go to their sessions' cores (``_take_loop``), the
-        replies are read (``_read_records``) and the Python timers run."""
+        """The loop with the compiled run loop: ``SendLoop.run`` serves the sessions it
+        holds and reads every reply, until the next Python timer (sessions it does not
+        hold, loss deadlines of stopped ones), a control call's wake-up, replies it
+        leaves to Python, or a full out buffer; then, under the lock, its records go to
+        the cores (``_sync_loop``) and the Python timers run."""
         pio = self.probe_io
         assert pio is not None
         waker = self._waker.r
@@ -635,12 +640,14 @@ class SenderEngine(_Loop):
                 until = self.monotonic() + int(timeout * 1e9)
                 if self._loop_entries:
                     pio.clear_routing_header()  # the loop's sends carry none
-            why = loop.run(waker, until, self.tick_ns, hold)
+            try:
+                why = loop.run(waker, until, self.tick_ns, hold)
+            except OSError as exc:
+                raise DataplaneError(f"socket: receive failed: {exc.strerror}") from exc
             if why & probeio.LOOP_WAKER:
                 self._waker.drain()
             with self.lock:
-                self._take_loop(loop)
-            self._read_records(pio)
+                self._sync_loop(loop)
             self._on_tick()
             self.dataplane.flush()
 
@@ -674,23 +681,26 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             now = self.monotonic()
             self._feed_data(entry)
-            entry.session.start(now, self.clock())
-            entry.start = now
+            # With a run loop, its mutex from the first packet until the loop has the
+            # session: the reply must not reach the loop before the session does (and
+            # the socket's sticky SRv6 header, set for this send, must not be on the
+            # loop's packets).
             loop = self.send_loop
-            if loop is not None and entry.spec.segments:
-                # The socket's sticky SRv6 header is set for this send: not while the
-                # run loop sends (its packets carry none).
+            if loop is not None:
                 loop.lock()
-                try:
-                    self._pump(entry, now)
-                    assert self.probe_io is not None
-                    self.probe_io.clear_routing_header()
-                finally:
-                    loop.unlock()
-            else:
+            try:
+                entry.session.start(now, self.clock())
+                entry.start = now
                 self._pump(entry, now)
-            self._arm(entry)
-            self._adopt(entry)
+                self._arm(entry)
+                if loop is not None:
+                    if entry.spec.segments:
+                        assert self.probe_io is not None
+                        self.probe_io.clear_routing_header()
+                    self._adopt(entry)
+            finally:
+                if loop is not None:
+                    loop.unlock()
             self._notify_pending()
         self.wake()
 
@@ -725,12 +735,7 @@ class SenderEngine(_Loop):
             schedule = e.schedule
             loop = self.send_loop
             if loop is not None and e.loop_idx is not None:
-                loop.lock()
-                try:
-                    self._apply_loop(loop)
-                    held = loop.get(e.loop_idx)
-                finally:
-                    loop.unlock()
+                held = self._sync_loop(loop, e.loop_idx)
                 if held is not None:
                     schedule = ScheduleStats(
                         e.skipped + held.skipped,
@@ -738,7 +743,6 @@ class SenderEngine(_Loop):
                         e.late_ns_total + held.late_ns_total,
                         max(e.late_ns_max, held.late_ns_max),
                     )
-                self._notify_pending()
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
             return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, schedule)
@@ -857,33 +861,35 @@ class SenderEngine(_Loop):
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
     def _adopt(self, entry: _SenderEntry) -> None:
-        """Hand a started session's schedule to the compiled run loop if it takes it
-        (lock held): a session on ``send_due`` with a batched-send record, no SRv6
-        path, no count or duration (``loop_state``). Its timers leave the heap; its
-        losses are found when it next sends or hears a reply (``sent_by_loop``,
-        ``receive_record`` expire first)."""
+        """Hand a started session to the compiled run loop if it takes it (lock and the
+        loop's mutex held):
+        a session on ``send_due`` with a batched-send record and no SRv6 path whose
+        core says the loop can run it (``loop_state``). Its timers leave the heap; its
+        packets outstanding go with it (``loop_hold``)."""
         loop, pio = self.send_loop, self.probe_io
         if loop is None or pio is None or entry.template is None or entry.start is None:
             return
-        state = loop_state(entry.session)
+        session = entry.session
+        state = loop_state(session)
         record = self._record(entry, pio) if state is not None else None
         if state is None or record is None or entry.rthdr not in (b"", None):
             return
-        due, seq = state
+        cfg = entry.spec.config
+        tai = cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else 0
+        loss = cfg.loss_timeout_ns
+        timing = (state.next_send, entry.interval, entry.start, entry.last_slot, loss, tai)
         idx = self._loop_free.pop() if self._loop_free else len(self._loop_entries)
-        loop.lock()
-        try:
-            added = loop.add(
-                idx,
-                record,
-                due=due,
-                interval=entry.interval,
-                seq=seq,
-                start=entry.start,
-                last=entry.last_slot,
-            )
-        finally:
-            loop.unlock()
+        added = loop.add(
+            idx,
+            record,
+            ssid=entry.ssid,
+            timing=timing,
+            seq=state.next_seq,
+            highest=state.highest,
+            window=state.window,
+            outstanding=state.outstanding,
+            answered=state.answered,
+        )
         if not added:
             if idx < len(self._loop_entries):
                 self._loop_free.append(idx)
@@ -892,63 +898,105 @@ class SenderEngine(_Loop):
             self._loop_entries.append(entry)
         else:
             self._loop_entries[idx] = entry
+        loop_hold(session)
         entry.loop_idx = idx
         entry.timer = None  # what the heap holds of it is stale now
 
     def _evict(self, entry: _SenderEntry) -> None:
-        """Take a session back from the run loop (lock held): the packets it sent go
-        to their cores first, then its schedule and statistics come back to the entry
-        and the session's core, which from here runs on the heap again."""
+        """Take a session back from the run loop (lock held): what the loop did so far
+        goes to the cores first, then the session's schedule, packets outstanding and
+        statistics come back to the entry and its core, which runs it from here on
+        the heap."""
         loop, idx = self.send_loop, entry.loop_idx
         if loop is None or idx is None:
             return
         loop.lock()
         try:
-            self._apply_loop(loop)
-            held = loop.get(idx, remove=True)
+            left = self._apply_loop(loop)
+            if entry.loop_idx is not None:  # not already back (a LOOP_EVICT record)
+                self._handback(loop, entry)
         finally:
             loop.unlock()
+        if left:
+            self._leftovers(loop, left)
+        self._notify_pending()
+
+    def _handback(self, loop: probeio.SendLoop, entry: _SenderEntry) -> None:
+        """``_evict``'s work with the loop's mutex held (and a ``LOOP_EVICT`` record's)."""
+        idx = entry.loop_idx
+        assert idx is not None
+        held = loop.get(idx, remove=True)
         entry.loop_idx = None
         self._loop_entries[idx] = None
         self._loop_free.append(idx)
         if held is not None:
+            loop_handback(entry.session, held.due, held.seq, held.outstanding, held.highest)
             entry.skipped += held.skipped
             entry.on_slot += held.on_slot
             entry.late_ns_total += held.late_ns_total
             entry.late_ns_max = max(entry.late_ns_max, held.late_ns_max)
             entry.last_slot = held.last_slot
         self._arm(entry)
-        self._notify_pending()
 
-    def _take_loop(self, loop: probeio.SendLoop) -> None:
-        """The packets the run loop sent since the last take to their sessions (lock
-        held)."""
+    def _sync_loop(
+        self, loop: probeio.SendLoop, idx: int | None = None
+    ) -> probeio.LoopSession | None:
+        """What the run loop did since the last time to the cores (lock held), the
+        datagrams it left handled; and the state of its session ``idx`` if given."""
         loop.lock()
         try:
-            self._apply_loop(loop)
+            left = self._apply_loop(loop)
+            held = None if idx is None else loop.get(idx)
         finally:
             loop.unlock()
+        if left:
+            self._leftovers(loop, left)
         self._notify_pending()
+        return held
 
-    def _apply_loop(self, loop: probeio.SendLoop) -> None:
-        """``_take_loop`` with the loop's mutex held too."""
-        n, failed, _ = loop.take()
-        self.counters.send_failed += failed
-        if not n:
-            return
-        entries = self._loop_entries
-        on_event = self.on_event
-        out = memoryview(loop.out)[: n * probeio.LOOP_OUT.size]
-        for t1, now, nxt, idx, seq in probeio.LOOP_OUT.iter_unpack(out):
-            entry = entries[idx]
-            if entry is None:
-                continue  # cannot be: a session leaves the loop after its records
-            session = entry.session
-            sent_by_loop(session, seq, t1, now, nxt)
-            if on_event is not None:
-                on_event(ev.PacketSent(entry.ssid, seq, t1))
-            if session.has_output:
-                self._pump(entry)
+    def _apply_loop(self, loop: probeio.SendLoop) -> int:
+        """The run loop's records since the last take to their sessions (lock and the
+        loop's mutex held): counters and events filed by ``loop_record``, ``PacketSent``
+        to ``on_event``; a session that left the loop back to its core. Returns the
+        datagrams left for the engine (``_leftovers``)."""
+        took = loop.take()
+        counters = self.counters
+        counters.send_failed += took.failed
+        counters.received += took.received - took.left  # those: ``_deliver_records``
+        if took.records:
+            entries = self._loop_entries
+            on_event = self.on_event
+            pump = self._pump
+            out = memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size]
+            for record in probeio.LOOP_OUT.iter_unpack(out):
+                entry = entries[record[4]]
+                if entry is None:
+                    continue  # cannot be: a session leaves the loop after its records
+                session = entry.session
+                kind = record[8]
+                if kind == LOOP_EVICT:
+                    self._handback(loop, entry)
+                    continue
+                loop_record(session, record)
+                if kind == LOOP_SENT:
+                    if on_event is not None:
+                        on_event(ev.PacketSent(entry.ssid, record[5], record[0]))
+                elif session.has_output:
+                    pump(entry)
+        return took.left
+
+    def _leftovers(self, loop: probeio.SendLoop, left: int) -> None:
+        """The datagrams the run loop left at the start of the receive buffers (replies
+        it does not answer: the sessions they could be for have left it), in the order
+        they came, through the Python path (``_deliver_records``), lock held."""
+        pio = self.probe_io
+        assert pio is not None
+        self._deliver_records(pio, left)
+        loop.lock()
+        try:
+            loop.left_done()
+        finally:
+            loop.unlock()
 
     def _arm(self, entry: _SenderEntry) -> None:
         """Put the session's next timer in the heap if it changed (lock held); none

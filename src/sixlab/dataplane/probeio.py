@@ -53,11 +53,14 @@ RECORD_FIELDS = struct.Struct("=q3Q3I4HhBBB7x32x")
 _SEND_HEAD = struct.Struct("=4Iq32s")
 TRUNCATED = 1
 IPV4 = 2
-#: ``struct sl_out`` of probeio.c, one packet the run loop sent: T1 (wall, UTC ns), the
-#: run's monotonic time, the session's next slot, the session's index, Seq.
-LOOP_OUT = struct.Struct("=3q2I")
-#: ``struct sl_sess`` of probeio.c: 8 int64 and 2 int32 (checked against the library).
-_LOOP_SESSION_SIZE = 72
+#: ``struct sl_out`` of probeio.c, one outcome of the run loop: T1 (UTC ns), then for a
+#: packet sent the run's monotonic time and the next slot, for a result T2, T3, T4;
+#: the session's index, the sender's Seq, the reflector's Seq (a drop: its reason),
+#: the reflector's Error Estimate, the kind (``sixlab.stamp.batch.LOOP_*``; bit 7 of a
+#: result: reordered), Ses-Sender TTL.
+LOOP_OUT = struct.Struct("=4q3IHBB")
+#: ``struct sl_sess`` of probeio.c (checked against the library).
+_LOOP_SESSION_SIZE = 128
 #: Bytes of a session's send record the run loop keeps (``SL_REC`` in probeio.c).
 LOOP_RECORD_MAX = 512
 #: ``sl_run``'s reasons to return (``SL_*`` in probeio.c).
@@ -109,20 +112,22 @@ def load() -> ctypes.CDLL | None:
 def _declare_loop(lib: ctypes.CDLL) -> None:
     """The run loop's functions' signatures (probeio.c, ``sl_*``)."""
     vp, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.sl_new.argtypes = [i, i]
+    lib.sl_new.argtypes = [i, i, vp, i, vp]
     lib.sl_new.restype = vp
     lib.sl_free.argtypes = [vp]
     lib.sl_free.restype = None
     lib.sl_lock.argtypes = lib.sl_unlock.argtypes = [vp]
     lib.sl_lock.restype = lib.sl_unlock.restype = None
-    lib.sl_add.argtypes = [vp, i, vp, i, i64, i64, ctypes.c_uint32, i64, i64]
+    lib.sl_add.argtypes = [vp, i, vp, i, vp, ctypes.c_uint32, ctypes.c_uint16, i, vp, i, vp]
     lib.sl_add.restype = i
-    lib.sl_get.argtypes = [vp, i, i, vp]
+    lib.sl_get.argtypes = [vp, i, i, vp, vp, i]
     lib.sl_get.restype = i
-    lib.sl_take.argtypes = [vp, vp, vp, vp]
+    lib.sl_take.argtypes = [vp, vp, vp]
     lib.sl_take.restype = i
     lib.sl_run.argtypes = [vp, i, i, i64, i64, i64]
     lib.sl_run.restype = i
+    lib.sl_left_done.argtypes = [vp]
+    lib.sl_left_done.restype = None
 
 
 def _sockaddr(family: socket.AddressFamily, dst: IPv4Address | IPv6Address, port: int) -> bytes:
@@ -162,6 +167,7 @@ class ProbeIO:
         self.records = bytearray(BATCH * RECORD.size)
         self._data_p = ctypes.addressof(ctypes.c_char.from_buffer(self.data))
         self._records_p = ctypes.addressof(ctypes.c_char.from_buffer(self.records))
+        self.data_p, self.records_p = self._data_p, self._records_p
         self._t1 = ctypes.c_int64()
         self._err = ctypes.c_int()
         self._t1_p = ctypes.addressof(self._t1)
@@ -209,7 +215,7 @@ class ProbeIO:
 
     def send_loop(self) -> SendLoop:
         """A compiled run loop (``SendLoop``) that sends on this socket."""
-        return SendLoop(self._lib, self._fd)
+        return SendLoop(self._lib, self._fd, self)
 
     def receive(self) -> int:
         """Datagrams now in ``data`` (``SLOT`` bytes each) and ``records``: how many;
@@ -223,7 +229,10 @@ class ProbeIO:
 @dataclass(frozen=True, slots=True)
 class LoopSession:
     """A session's state in the run loop (``SendLoop.get``): its next slot (monotonic
-    ns), next Seq, and the schedule's statistics (``SenderEngine._slip``'s fields)."""
+    ns), next Seq, the schedule's statistics (``SenderEngine._slip``'s fields), the
+    highest Seq answered (-1: none), whether the loop still runs it (False: it left on
+    a reply the loop does not answer, an ``LOOP_EVICT`` record), and its packets
+    outstanding (Seq, T1, loss deadline) in send order."""
 
     due: int
     seq: int
@@ -232,28 +241,48 @@ class LoopSession:
     late_ns_total: int
     late_ns_max: int
     last_slot: int
+    highest: int
+    held: bool
+    outstanding: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopTake:
+    """What ``SendLoop.take`` moved: records in ``out``, packets the kernel refused
+    (and the errno of the last), datagrams received, and datagrams left for the engine
+    at the start of the receive buffers (``ProbeIO.data``/``records``, as after
+    ``ProbeIO.receive``), to be handled before ``SendLoop.left_done``."""
+
+    records: int
+    failed: int
+    errno: int
+    received: int
+    left: int
 
 
 class SendLoop:
-    """The compiled run loop of probeio.c (``sl_*``): the send schedule of the sessions
-    a ``SenderEngine`` hands over, served in C with the GIL released (``run``).
+    """The compiled run loop of probeio.c (``sl_*``): the send schedule, replies and
+    loss of the sessions a ``SenderEngine`` hands over, served in C with the GIL
+    released (``run``); it receives into its ``ProbeIO``'s buffers.
 
     Every method but ``run`` must be called between ``lock`` and ``unlock`` (the loop
-    holds the same mutex only while it sends, not while it sleeps); ``run`` from one
-    thread at a time. ``close`` once no thread runs it."""
+    holds the same mutex while it runs, not while it sleeps); ``run`` from one thread
+    at a time; ``close`` once no thread runs it."""
 
-    def __init__(self, lib: ctypes.CDLL, fd: int, capacity: int = 1024) -> None:
+    def __init__(self, lib: ctypes.CDLL, fd: int, pio: ProbeIO, capacity: int = 1024) -> None:
         self._lib = lib
         self._fd = fd
-        state = lib.sl_new(capacity, LOOP_OUT_CAP)
+        state = lib.sl_new(capacity, LOOP_OUT_CAP, pio.data_p, SLOT, pio.records_p)
         if not state:
             raise MemoryError("probeio: no memory for the run loop")
         self._state: int | None = state
         self.out = bytearray(LOOP_OUT_CAP * LOOP_OUT.size)
         self._out_p = ctypes.addressof(ctypes.c_char.from_buffer(self.out))
-        self._values = (ctypes.c_int64 * 7)()
-        self._failed = ctypes.c_int()
-        self._err = ctypes.c_int()
+        self._values = (ctypes.c_int64 * 9)()
+        self._counts = (ctypes.c_int * 4)()
+        self._window = (ctypes.c_int64 * (3 * 4096))()
+        #: The answered bitmaps the loop writes, kept exported (not resizable) while held.
+        self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
 
     def close(self) -> None:
         if self._state is not None:
@@ -267,35 +296,65 @@ class SendLoop:
         self._lib.sl_unlock(self._state)
 
     def add(
-        self, idx: int, record: bytes, *, due: int, interval: int, seq: int, start: int, last: int
+        self,
+        idx: int,
+        record: bytes,
+        *,
+        ssid: int,
+        timing: tuple[int, int, int, int, int, int],
+        seq: int,
+        highest: int,
+        window: int,
+        outstanding: list[tuple[int, int, int]],
+        answered: bytearray,
     ) -> bool:
-        """Schedule session ``idx`` (not scheduled now) with its send record
-        (``ProbeIO.record``), next slot, interval, next Seq, schedule origin and last
-        slot sent; False when the loop cannot take it (record too long, no memory)."""
+        """Hand session ``idx`` (a free index) to the loop: its send record
+        (``ProbeIO.record``), SSID, ``timing`` (next slot, interval, schedule origin,
+        last slot sent, loss timeout, TAI - UTC; ns), next Seq, highest Seq answered
+        (-1: none), window (a power of two), packets outstanding (Seq, T1, deadline)
+        and answered bitmap (``sixlab.stamp.batch.loop_state``). False when the loop
+        cannot take it (bad input, record too long, SSID held, no memory)."""
+        cfg = (ctypes.c_int64 * 7)(*timing, highest)
+        flat = [v for triple in outstanding for v in triple]
+        out = (ctypes.c_int64 * max(1, len(flat)))(*flat)
+        bitmap = (ctypes.c_char * len(answered)).from_buffer(answered)
         rc = self._lib.sl_add(
-            self._state, idx, record, len(record), due, interval, seq, start, last
-        )
-        return bool(rc == 0)
+            self._state, idx, record, len(record), cfg, seq, ssid, window, out,
+            len(outstanding), bitmap,
+        )  # fmt: skip
+        if rc != 0:
+            return False
+        self._pinned[idx] = bitmap
+        return True
 
     def get(self, idx: int, *, remove: bool = False) -> LoopSession | None:
-        """Session ``idx``'s state (None: not in the loop), and out of it with ``remove``."""
-        if self._lib.sl_get(self._state, idx, int(remove), self._values) != 0:
+        """Session ``idx``'s state (None: no session there), and out of the loop with
+        ``remove`` (the index is free again)."""
+        room = len(self._window) // 3
+        n = self._lib.sl_get(self._state, idx, int(remove), self._values, self._window, room)
+        if n < 0:
             return None
-        return LoopSession(*self._values)
+        if remove:
+            self._pinned.pop(idx, None)
+        w = self._window
+        out = [(w[3 * i], w[3 * i + 1], w[3 * i + 2]) for i in range(n)]
+        due, seq, skipped, on_slot, total, most, last, highest, held = self._values
+        return LoopSession(due, seq, skipped, on_slot, total, most, last, highest, bool(held), out)
 
-    def take(self) -> tuple[int, int, int]:
-        """Move the out records into ``out`` (``LOOP_OUT`` each): how many, and the
-        packets the kernel refused since the last take with the errno of the last."""
-        n = self._lib.sl_take(
-            self._state, self._out_p, ctypes.byref(self._failed), ctypes.byref(self._err)
-        )
-        return int(n), self._failed.value, self._err.value
+    def take(self) -> LoopTake:
+        """Move the out records into ``out`` (``LOOP_OUT`` each)."""
+        n = self._lib.sl_take(self._state, self._out_p, self._counts)
+        return LoopTake(int(n), *self._counts)
+
+    def left_done(self) -> None:
+        """The datagrams ``take`` left for the engine are handled: the loop may receive
+        into the buffers again."""
+        self._lib.sl_left_done(self._state)
 
     def run(self, waker: int, until: int, tick: int, hold: int) -> int:
-        """Serve the schedule (probeio.c ``sl_run``) until monotonic ``until`` (ns),
-        the ``waker`` fd or (while no run is due within ``hold`` ns) the socket is
-        readable, or the out records near full: which of those (``LOOP_*`` bits).
-        OSError when poll fails."""
+        """Serve the loop (probeio.c ``sl_run``) until monotonic ``until`` (ns), the
+        ``waker`` fd is readable, datagrams are left for the engine, or the out records
+        near full: which of those (``LOOP_*`` bits). OSError on a socket error."""
         why: int = self._lib.sl_run(self._state, self._fd, waker, until, tick, hold)
         if why < 0:
             raise OSError(-why, os.strerror(-why))
