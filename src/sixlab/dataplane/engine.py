@@ -108,6 +108,9 @@ DEFAULT_TICK_NS = 250_000
 #: nearly double the wake-ups, each of which costs more than the packet it serves
 #: (benchmarks/README.md, "One sender agent, socket plane").
 _HOLD_TICKS = 8
+#: The longest one call of the compiled run loop runs (``SenderEngine._run_compiled``):
+#: what it did reaches the sessions' FIFOs and waiters at least this often.
+_LOOP_SLICE_NS = 20_000_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -637,7 +640,7 @@ class SenderEngine(_Loop):
         while not self._stop.is_set():
             with self.lock:
                 timeout, _ = self._wait()
-                until = self.monotonic() + int(timeout * 1e9)
+                until = self.monotonic() + min(int(timeout * 1e9), _LOOP_SLICE_NS)
                 if self._loop_entries:
                     pio.clear_routing_header()  # the loop's sends carry none
             try:
