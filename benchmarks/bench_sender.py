@@ -97,6 +97,8 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     engine = SenderEngine(
         dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3), **extra
     )
+    if args.loop_slice_ms is not None:
+        engine.loop_slice_ns = int(args.loop_slice_ms * 1e6)
     engine.start()
     # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
     compiled = getattr(engine, "probe_io", None) is not None
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         "load_average": os.getloadavg()[0],
         "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
         "timer_slack_ns": getattr(engine, "timer_slack_ns", None) or "kernel default",
+        "loop_slice_ms": getattr(engine, "loop_slice_ns", 0) / 1e6 if looped else None,
     }
 
 
@@ -307,6 +310,10 @@ def main() -> None:
         "--paths", default=None,
         help="comma-separated engine paths to run in turn for each tick: loop (the compiled"
         " run loop), compiled (C send/receive, Python schedule), python",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-slice-ms", type=float, default=None,
+        help="the longest one call of the compiled run loop lasts (engine default: 20 ms)",
     )  # fmt: skip
     parser.add_argument(
         "--gc-freeze", action="store_true",

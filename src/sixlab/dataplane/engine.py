@@ -108,9 +108,11 @@ DEFAULT_TICK_NS = 250_000
 #: nearly double the wake-ups, each of which costs more than the packet it serves
 #: (benchmarks/README.md, "One sender agent, socket plane").
 _HOLD_TICKS = 8
-#: The longest one call of the compiled run loop runs (``SenderEngine._run_compiled``):
-#: what it did reaches the sessions' FIFOs and waiters at least this often.
-_LOOP_SLICE_NS = 20_000_000
+#: The longest one call of the compiled run loop runs (``SenderEngine.loop_slice_ns``):
+#: what it did reaches the sessions' FIFOs and waiters at least this often. The loop
+#: sends nothing while the engine files what it did, so a
+#: shorter slice shortens that pause at the cost of more returns from C.
+DEFAULT_LOOP_SLICE_NS = 20_000_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -577,6 +579,8 @@ class SenderEngine(_Loop):
         self.probe_io: probeio.ProbeIO | None = None
         #: The compiled run loop, once the loop runs (None: the Python schedule).
         self.send_loop: probeio.SendLoop | None = None
+        #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``).
+        self.loop_slice_ns = DEFAULT_LOOP_SLICE_NS
         #: The sessions in ``send_loop`` by their index there, and the free indexes.
         self._loop_entries: list[_SenderEntry | None] = []
         self._loop_free: list[int] = []
@@ -640,7 +644,7 @@ class SenderEngine(_Loop):
         while not self._stop.is_set():
             with self.lock:
                 timeout, _ = self._wait()
-                until = self.monotonic() + min(int(timeout * 1e9), _LOOP_SLICE_NS)
+                until = self.monotonic() + min(int(timeout * 1e9), self.loop_slice_ns)
                 if self._loop_entries:
                     pio.clear_routing_header()  # the loop's sends carry none
             try:
