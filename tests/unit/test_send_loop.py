@@ -618,3 +618,48 @@ def test_without_the_loop_option_no_session_enters_it(scripted: ScriptedReflecto
     finally:
         engine.shutdown()
         dp.close()
+
+
+def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
+    scripted: ScriptedReflector,
+) -> None:
+    """Datagrams that are no reply (empty, short, 44 bytes of an SSID nobody has, a
+    held session's SSID with a length no reply of it has, 9,000 bytes) while the loop
+    runs two sessions: each counted by the path that takes it, the engine's thread
+    alive, the session that got the odd one back on its core with its state, the
+    other still in the loop, both answered to the end."""
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        for s in (30, 31):
+            engine.add_session(_spec(s, scripted.port))
+        engine.start()
+        for s in (30, 31):
+            engine.start_session(s)
+        time.sleep(0.15)
+        to = ("::1", dp.local_port)
+        odd = _reply(3, 0, ssid=30) + b"\x01"  # Seq 3, answered: a duplicate
+        for data in (b"", bytes(10), _reply(3, 0, ssid=NOBODY), odd, bytes(9000)):
+            client.sendto(data, to)
+        time.sleep(0.15)
+        with engine.lock:
+            assert engine._entries[30].loop_idx is None
+            assert engine._entries[31].loop_idx is not None
+        for s in (30, 31):
+            engine.stop_session(s)
+        nobody = 4  # empty, 10 bytes, SSID 999, 9,000 zero bytes (SSID 0, unclaimed)
+        for s in (30, 31):
+            assert engine.wait_finished(s, 5.0)
+            c = engine.snapshot(s).counters
+            seqs = sorted(r.seq for r in engine.results(s))
+            assert seqs == [q for q in range(c.sent) if q % 10 not in {1, 7, 8}]
+            assert c.duplicates == sum(1 for q in range(c.sent) if q % 10 == 3) + (s == 30)
+            nobody += sum(1 for q in range(c.sent) if q % 10 == 7)
+        assert engine.counters.no_session == nobody
+        assert engine.error is None
+    finally:
+        client.close()
+        engine.shutdown()
+        dp.close()
