@@ -313,7 +313,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--loop-slice-ms", type=float, default=None,
-        help="the longest one call of the compiled run loop lasts (engine default: 20 ms)",
+        help="the longest one call of the compiled run loop lasts (engine default: 2 ms)",
     )  # fmt: skip
     parser.add_argument(
         "--gc-freeze", action="store_true",
