@@ -451,12 +451,13 @@ HELD = {1: True, 2: True, 3: False, ZERO: False}
 
 
 def _run(
-    ports: tuple[int, int], *, loop: bool, seconds: float = 1.2
+    ports: tuple[int, int], *, loop: bool, seconds: float = 1.2, thread: bool = False
 ) -> tuple[SenderEngine, dict[int, Any]]:
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     sent: list[PacketSent] = []
     engine = SenderEngine(dp, compiled_loop=loop, on_event=_keep(sent))
+    engine.loop_thread = thread
     out: dict[int, Any] = {}
     try:
         for cfg in _configs():
@@ -532,11 +533,16 @@ def _check(engine: SenderEngine, out: dict[int, Any]) -> None:
     assert engine.counters.send_failed == 0
 
 
+#: The run loop called from the engine's thread, and on a thread of its own.
+THREAD = pytest.mark.parametrize("thread", [False, True], ids=["one-thread", "loop-thread"])
+
+
+@THREAD
 def test_an_engine_with_and_without_the_loop_counts_the_same_by_the_script(
-    scripted: ScriptedReflector, ssid_zero: ScriptedReflector
+    scripted: ScriptedReflector, ssid_zero: ScriptedReflector, thread: bool
 ) -> None:
     ports = (scripted.port, ssid_zero.port)
-    looped, with_loop = _run(ports, loop=True)
+    looped, with_loop = _run(ports, loop=True, thread=thread)
     plain, without = _run(ports, loop=False)
     _check(looped, with_loop)
     _check(plain, without)
@@ -547,7 +553,8 @@ def _spec(ssid: int, port: int, count: int | None = None) -> SenderSessionSpec:
     return SenderSessionSpec(cfg, LOOP, port)
 
 
-def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector) -> None:
+@THREAD
+def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector, thread: bool) -> None:
     """Sessions added, started, stopped and removed while the loop serves others: each
     leaves the loop with its state (packets and Seq go on where the loop left them),
     the others keep their schedule, a removed one is gone, and a session the loop
@@ -555,6 +562,7 @@ def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector) -> Non
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     engine = SenderEngine(dp)
+    engine.loop_thread = thread
     try:
         specs = {s: _spec(s, scripted.port) for s in (20, 21, 22)}
         for spec in specs.values():
@@ -620,8 +628,9 @@ def test_without_the_loop_option_no_session_enters_it(scripted: ScriptedReflecto
         dp.close()
 
 
+@THREAD
 def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
-    scripted: ScriptedReflector,
+    scripted: ScriptedReflector, thread: bool
 ) -> None:
     """Datagrams that are no reply (empty, short, 44 bytes of an SSID nobody has, a
     held session's SSID with a length no reply of it has, 9,000 bytes) while the loop
@@ -631,6 +640,7 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     engine = SenderEngine(dp)
+    engine.loop_thread = thread
     client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         for s in (30, 31):

@@ -581,8 +581,15 @@ class SenderEngine(_Loop):
         self.probe_io: probeio.ProbeIO | None = None
         #: The compiled run loop, once the loop runs (None: the Python schedule).
         self.send_loop: probeio.SendLoop | None = None
-        #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``).
+        #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``); with
+        #: ``loop_thread`` how often this thread files what the loop did at least.
         self.loop_slice_ns = DEFAULT_LOOP_SLICE_NS
+        #: The run loop on a thread of its own (``_run_threaded``), set before ``start``.
+        self.loop_thread = False
+        #: The run loop's resume pipe while it runs on its own thread (``_run_threaded``).
+        self._resume: int | None = None
+        #: Sessions with an SRv6 path (``_on_tick_exclusive``).
+        self._segmented = 0
         #: The sessions in ``send_loop`` by their index there, and the free indexes.
         self._loop_entries: list[_SenderEntry | None] = []
         self._loop_free: list[int] = []
@@ -639,6 +646,9 @@ class SenderEngine(_Loop):
         hold, loss deadlines of stopped ones), a control call's wake-up, replies it
         leaves to Python, or a full out buffer; then, under the lock, its records go to
         the cores (``_sync_loop``) and the Python timers run."""
+        if self.loop_thread:
+            self._run_threaded(loop)
+            return
         pio = self.probe_io
         assert pio is not None
         waker = self._waker.r
@@ -660,6 +670,76 @@ class SenderEngine(_Loop):
             self._on_tick()
             self.dataplane.flush()
 
+    def _run_threaded(self, loop: probeio.SendLoop) -> None:
+        """``loop_thread``: the run loop on a thread of its own that stays in C (it
+        writes a byte to a pipe when it leaves replies for Python or its records are
+        full, and goes on), while this thread files its records every slice or when
+        told, runs the Python timers, and tells it to look again (a byte on ``resume``).
+        The loop's sends go on while Python files what it did."""
+        pio = self.probe_io
+        assert pio is not None
+        notify_r, notify_w = os.pipe()
+        resume_r, resume_w = os.pipe()
+        stop_r, stop_w = os.pipe()
+        for fd in (notify_r, notify_w, resume_r, resume_w):
+            os.set_blocking(fd, False)
+        self._resume = resume_w
+        hold = _HOLD_TICKS * self.tick_ns
+        failed: list[BaseException] = []
+
+        def drive() -> None:
+            try:
+                while not self._stop.is_set():
+                    until = self.monotonic() + int(_IDLE_WAKE_S * 1e9)
+                    loop.run(stop_r, until, self.tick_ns, hold, notify=notify_w, resume=resume_r)
+            except BaseException as exc:  # noqa: BLE001 - reported by the engine thread
+                failed.append(exc)
+                self.wake()
+
+        with self.lock:
+            pio.clear_routing_header()  # the loop's sends carry none
+        runner = threading.Thread(target=drive, name="stamp-sender-loop", daemon=True)
+        runner.start()
+        fds = [self._waker.r, notify_r]
+        try:
+            while not self._stop.is_set() and not failed:
+                timeout, _ = self._wait()
+                wait = min(timeout, self.loop_slice_ns / 1e9)
+                readable, _, _ = select.select(fds, [], [], wait)
+                if self._waker.r in readable:
+                    self._waker.drain()
+                if notify_r in readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(notify_r, 512)
+                with self.lock:
+                    self._sync_loop(loop)
+                    self._on_tick_exclusive(loop, pio)
+                with contextlib.suppress(BlockingIOError):
+                    os.write(resume_w, b"x")
+                self.dataplane.flush()
+            if failed:
+                raise DataplaneError(f"socket: the run loop failed: {failed[0]}")
+        finally:
+            self._resume = None
+            os.write(stop_w, b"x")
+            runner.join(5.0)
+            for fd in (notify_r, notify_w, resume_r, resume_w, stop_r, stop_w):
+                os.close(fd)
+
+    def _on_tick_exclusive(self, loop: probeio.SendLoop, pio: probeio.ProbeIO) -> None:
+        """``_on_tick`` beside a run loop on its own thread (lock held): with the loop's
+        mutex when a session has an SRv6 path, whose sends on the heap set the socket's
+        sticky routing header (cleared again before the loop sends)."""
+        if not self._segmented:
+            self._on_tick()
+            return
+        loop.lock()
+        try:
+            self._on_tick()
+            pio.clear_routing_header()
+        finally:
+            loop.unlock()
+
     # -- control (any thread) ----------------------------------------------------------
 
     def add_session(self, spec: SenderSessionSpec) -> None:
@@ -677,6 +757,7 @@ class SenderEngine(_Loop):
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
+            self._segmented += bool(spec.segments)
             if not _announced(spec, self.dataplane):
                 return
             try:
@@ -711,6 +792,9 @@ class SenderEngine(_Loop):
                 if loop is not None:
                     loop.unlock()
             self._notify_pending()
+            if self._resume is not None:  # its heap changed: the loop looks again
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._resume, b"x")
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
@@ -730,6 +814,7 @@ class SenderEngine(_Loop):
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
+            self._segmented -= bool(entry.spec.segments)
             if _announced(entry.spec, self.dataplane):
                 self.dataplane.sender_session_removed(ssid)
             self._notify()
@@ -921,20 +1006,20 @@ class SenderEngine(_Loop):
             return
         loop.lock()
         try:
-            left = self._apply_loop(loop)
-            if entry.loop_idx is not None:  # not already back (a LOOP_EVICT record)
-                self._handback(loop, entry)
+            took, records = self._take(loop)
+            held = loop.get(idx, remove=True)
         finally:
             loop.unlock()
-        if left:
-            self._leftovers(loop, left)
+        entry.loop_idx = None  # its LOOP_EVICT record, if any, is this
+        self._apply_loop(loop, took, records)
+        self._handback(entry, idx, held)
+        if took.left:
+            self._leftovers(loop, took.left)
         self._notify_pending()
 
-    def _handback(self, loop: probeio.SendLoop, entry: _SenderEntry) -> None:
-        """``_evict``'s work with the loop's mutex held (and a ``LOOP_EVICT`` record's)."""
-        idx = entry.loop_idx
-        assert idx is not None
-        held = loop.get(idx, remove=True)
+    def _handback(self, entry: _SenderEntry, idx: int, held: probeio.LoopSession | None) -> None:
+        """The Python half of ``_evict`` (lock held): ``held``, what the loop kept of
+        the session at index ``idx`` (now out of it), back to the entry and the core."""
         entry.loop_idx = None
         self._loop_entries[idx] = None
         self._loop_free.append(idx)
@@ -947,6 +1032,13 @@ class SenderEngine(_Loop):
             entry.last_slot = held.last_slot
         self._arm(entry)
 
+    @staticmethod
+    def _take(loop: probeio.SendLoop) -> tuple[probeio.LoopTake, bytes]:
+        """The loop's records since the last take, copied (its mutex held): they are
+        filed without the mutex, while the loop goes on (``_apply_loop``)."""
+        took = loop.take()
+        return took, bytes(memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size])
+
     def _sync_loop(
         self, loop: probeio.SendLoop, idx: int | None = None
     ) -> probeio.LoopSession | None:
@@ -954,45 +1046,50 @@ class SenderEngine(_Loop):
         datagrams it left handled; and the state of its session ``idx`` if given."""
         loop.lock()
         try:
-            left = self._apply_loop(loop)
+            took, records = self._take(loop)
             held = None if idx is None else loop.get(idx)
         finally:
             loop.unlock()
-        if left:
-            self._leftovers(loop, left)
+        self._apply_loop(loop, took, records)
+        if took.left:
+            self._leftovers(loop, took.left)
         self._notify_pending()
         return held
 
-    def _apply_loop(self, loop: probeio.SendLoop) -> int:
-        """The run loop's records since the last take to their sessions (lock and the
-        loop's mutex held): counters and events filed by ``loop_record``, ``PacketSent``
-        to ``on_event``; a session that left the loop back to its core. Returns the
-        datagrams left for the engine (``_leftovers``)."""
-        took = loop.take()
+    def _apply_loop(self, loop: probeio.SendLoop, took: probeio.LoopTake, records: bytes) -> None:
+        """The run loop's records to their sessions (lock held, not the loop's mutex):
+        counters and events filed by ``loop_record``, ``PacketSent`` to ``on_event``; a
+        session that left the loop (``LOOP_EVICT``) back to its core."""
         counters = self.counters
         counters.send_failed += took.failed
         counters.received += took.received - took.left  # those: ``_deliver_records``
-        if took.records:
-            entries = self._loop_entries
-            on_event = self.on_event
-            pump = self._pump
-            out = memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size]
-            for record in probeio.LOOP_OUT.iter_unpack(out):
-                entry = entries[record[4]]
-                if entry is None:
-                    continue  # cannot be: a session leaves the loop after its records
-                session = entry.session
-                kind = record[8]
-                if kind == LOOP_EVICT:
-                    self._handback(loop, entry)
-                    continue
-                loop_record(session, record)
-                if kind == LOOP_SENT:
-                    if on_event is not None:
-                        on_event(ev.PacketSent(entry.ssid, record[5], record[0]))
-                elif session.has_output:
-                    pump(entry)
-        return took.left
+        if not records:
+            return
+        entries = self._loop_entries
+        on_event = self.on_event
+        pump = self._pump
+        for record in probeio.LOOP_OUT.iter_unpack(records):
+            idx = record[4]
+            entry = entries[idx]
+            if entry is None:
+                continue  # cannot be: a session leaves the loop after its records
+            session = entry.session
+            kind = record[8]
+            if kind == LOOP_EVICT:
+                if entry.loop_idx is not None:  # else ``_evict`` hands it back itself
+                    loop.lock()
+                    try:
+                        held = loop.get(idx, remove=True)
+                    finally:
+                        loop.unlock()
+                    self._handback(entry, idx, held)
+                continue
+            loop_record(session, record)
+            if kind == LOOP_SENT:
+                if on_event is not None:
+                    on_event(ev.PacketSent(entry.ssid, record[5], record[0]))
+            elif session.has_output:
+                pump(entry)
 
     def _leftovers(self, loop: probeio.SendLoop, left: int) -> None:
         """The datagrams the run loop left at the start of the receive buffers (replies

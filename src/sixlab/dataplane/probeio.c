@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -878,29 +879,36 @@ static int sl_receive(struct sl_state *st, int fd)
     }
 }
 
-/* Run the loop until monotonic ns until, or until the waker fd is readable, replies
- * are left for the engine, or the out records are (nearly) full; a run at most once
- * per tick ns, replies read at each run and, while no run is due within hold ns,
- * whenever they come. Which of those ended it (SL_* bits); -errno on a socket error. */
-int sl_run(struct sl_state *st, int fd, int waker, int64_t until, int64_t tick, int64_t hold)
+/* Run the loop until monotonic ns until, or until the waker fd is readable; a run at
+ * most once per tick ns, replies read at each run and, while no run is due within hold
+ * ns, whenever they come. With notify < 0 it also returns when replies are left for the
+ * engine or the out records are (nearly) full. With notify >= 0 (the loop on a thread
+ * of its own) it writes a byte to notify then and goes on: sending, but receiving no
+ * more until sl_left_done, nothing at all while the out records are full; a byte on
+ * resume (drained here) makes it look again (sl_left_done, sl_take, sl_add done).
+ * Which of those ended it (SL_* bits); -errno on a socket error. */
+int sl_run(struct sl_state *st, int fd, int waker, int notify, int resume, int64_t until,
+           int64_t tick, int64_t hold)
 {
-    int read_now = 1;
+    int read_now = 1, told = 0;
     for (;;) {
         int64_t now = clock_ns(CLOCK_MONOTONIC);
         pthread_mutex_lock(&st->mu);
-        int rc = 0;
-        if (st->n_left) { /* the engine has not taken the last ones yet */
+        int rc = 0, left = st->n_left;
+        if (left && notify < 0) { /* the engine has not taken the last ones yet */
             pthread_mutex_unlock(&st->mu);
             return SL_SOCKET;
         }
+        int full = st->n_out + 2 * MAX_BATCH > st->out_cap;
         int due = st->heap_n && st->sess[st->heap[0]].due <= now && now - st->last_run >= tick;
-        if (read_now || due || st->rx_next < st->rx_got)
+        if (!left && !full && (read_now || due || st->rx_next < st->rx_got))
             rc = sl_receive(st, fd);
-        if (rc == 0 && due) {
+        if (rc >= 0 && rc != 2 && due && !full) {
             sl_pass(st, fd, now);
             st->last_run = now;
         }
-        int full = st->n_out + 2 * MAX_BATCH > st->out_cap;
+        full = full || rc == 2 || st->n_out + 2 * MAX_BATCH > st->out_cap;
+        left = st->n_left;
         int64_t next = until;
         if (st->heap_n) {
             int64_t slot = st->sess[st->heap[0]].due, after = st->last_run + tick;
@@ -911,21 +919,32 @@ int sl_run(struct sl_state *st, int fd, int waker, int64_t until, int64_t tick, 
         pthread_mutex_unlock(&st->mu);
         if (rc < 0)
             return rc;
-        if (rc == 1)
-            return SL_SOCKET;
-        if (full || rc == 2)
-            return SL_FULL;
+        if (notify < 0) {
+            if (rc == 1)
+                return SL_SOCKET;
+            if (full)
+                return SL_FULL;
+        } else if ((left || full) && !told) {
+            ssize_t w = write(notify, "x", 1); /* full pipe: the engine is told already */
+            (void)w;
+            told = 1;
+        }
         read_now = 0;
         now = clock_ns(CLOCK_MONOTONIC);
         if (now >= until)
             return SL_UNTIL;
-        int64_t wait = next - now;
+        int64_t wait = full ? until - now : next - now;
         if (wait <= 0)
             continue;
-        int watch = !pending || wait > hold;
-        struct pollfd fds[2] = {{waker, POLLIN, 0}, {fd, POLLIN, 0}};
+        int watch = !left && !full && (!pending || wait > hold);
+        struct pollfd fds[3] = {{waker, POLLIN, 0}, {resume, POLLIN, 0}, {fd, POLLIN, 0}};
+        if (resume < 0) {
+            fds[1] = fds[2];
+            fds[2].fd = -1;
+        }
+        int n = (resume < 0 ? 1 : 2) + watch;
         struct timespec ts = {wait / (int64_t)NS, wait % (int64_t)NS};
-        int r = ppoll(fds, watch ? 2 : 1, &ts, NULL);
+        int r = ppoll(fds, (nfds_t)n, &ts, NULL);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -933,7 +952,13 @@ int sl_run(struct sl_state *st, int fd, int waker, int64_t until, int64_t tick, 
         }
         if (fds[0].revents)
             return SL_WAKER;
-        if (watch && fds[1].revents)
+        if (resume >= 0 && fds[1].revents) {
+            char buf[64];
+            while (read(resume, buf, sizeof(buf)) > 0)
+                ;
+            told = 0;
+        }
+        if (watch && fds[n - 1].revents)
             read_now = 1;
     }
 }

@@ -124,7 +124,7 @@ def _declare_loop(lib: ctypes.CDLL) -> None:
     lib.sl_get.restype = i
     lib.sl_take.argtypes = [vp, vp, vp]
     lib.sl_take.restype = i
-    lib.sl_run.argtypes = [vp, i, i, i64, i64, i64]
+    lib.sl_run.argtypes = [vp, i, i, i, i, i64, i64, i64]
     lib.sl_run.restype = i
     lib.sl_left_done.argtypes = [vp]
     lib.sl_left_done.restype = None
@@ -351,11 +351,15 @@ class SendLoop:
         into the buffers again."""
         self._lib.sl_left_done(self._state)
 
-    def run(self, waker: int, until: int, tick: int, hold: int) -> int:
+    def run(
+        self, waker: int, until: int, tick: int, hold: int, *, notify: int = -1, resume: int = -1
+    ) -> int:
         """Serve the loop (probeio.c ``sl_run``) until monotonic ``until`` (ns), the
-        ``waker`` fd is readable, datagrams are left for the engine, or the out records
-        near full: which of those (``LOOP_*`` bits). OSError on a socket error."""
-        why: int = self._lib.sl_run(self._state, self._fd, waker, until, tick, hold)
+        ``waker`` fd is readable, or, without ``notify``, datagrams are left for the
+        engine or the out records near full: which of those (``LOOP_*`` bits). With
+        ``notify`` (a thread of its own) it writes a byte there for those and goes on;
+        a byte on ``resume`` makes it look again. OSError on a socket error."""
+        why: int = self._lib.sl_run(self._state, self._fd, waker, notify, resume, until, tick, hold)
         if why < 0:
             raise OSError(-why, os.strerror(-why))
         return why
