@@ -19,7 +19,8 @@ and the longest full one: a full pass stops the engine for as long as it takes).
     sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
 
 ``--paths`` runs the engine once per path in turn, side by side against one reflector:
-``loop`` (the compiled run loop, ``SenderEngine(compiled_loop=True)``), ``compiled``
+``loop`` (the compiled run loop, ``SenderEngine(compiled_loop=True)``), ``loop-thread``
+(the same on a thread of its own, ``loop_thread``), ``compiled``
 (sendmmsg/recvmmsg with the Python schedule), ``python`` (no C at all).
 
 Beside the engine, at the same rate and tick: ``--floor``, bare ``sendto`` + ``recvmsg``
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     )
     if args.loop_slice_ms is not None:
         engine.loop_slice_ns = int(args.loop_slice_ms * 1e6)
+    if path == "loop-thread":
+        engine.loop_thread = True
     engine.start()
     # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
     compiled = getattr(engine, "probe_io", None) is not None
@@ -151,7 +154,13 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     sent = max(counts["sent"], 1)
     return {
         "tick_us": tick_us,
-        "path": ("C run loop" if looped else "C (sendmmsg/recvmmsg)" if compiled else "Python"),
+        "path": (
+            ("C run loop, own thread" if path == "loop-thread" else "C run loop")
+            if looped
+            else "C (sendmmsg/recvmmsg)"
+            if compiled
+            else "Python"
+        ),
         "sixlab": str(Path(sys.modules["sixlab"].__file__ or "").parent.parent),
         "sessions": n,
         "rate_per_session": args.rate,
@@ -309,7 +318,8 @@ def main() -> None:
     parser.add_argument(
         "--paths", default=None,
         help="comma-separated engine paths to run in turn for each tick: loop (the compiled"
-        " run loop), compiled (C send/receive, Python schedule), python",
+        " run loop), loop-thread (the same on a thread of its own), compiled (C send/receive,"
+        " Python schedule), python",
     )  # fmt: skip
     parser.add_argument(
         "--loop-slice-ms", type=float, default=None,
@@ -336,8 +346,8 @@ def main() -> None:
     args = parser.parse_args()
     ticks = [float(x) for x in args.tick_us.split(",")]
     paths: list[str | None] = list(args.paths.split(",")) if args.paths else [None]
-    if not set(paths) <= {None, "loop", "compiled", "python"}:
-        parser.error(f"--paths: loop, compiled or python, not {args.paths}")
+    if not set(paths) <= {None, "loop", "loop-thread", "compiled", "python"}:
+        parser.error(f"--paths: loop, loop-thread, compiled or python, not {args.paths}")
     reflector = subprocess.Popen(
         [sys.executable, __file__, "reflector", str(args.port)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
