@@ -564,7 +564,7 @@ class SenderEngine(_Loop):
         sleeps), and the engine files what it did (``loop_record``). Every reply it
         does not answer comes to the Python path as before; a session stopped,
         removed, or answered oddly goes back to its core (docs/architecture.md,
-        "Sender engine").
+        "Time").
 
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group

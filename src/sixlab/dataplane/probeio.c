@@ -294,7 +294,7 @@ int pio_record_size(void)
 
 /* ----------------------------------------------------------------------------------
  * The compiled run loop (sixlab.dataplane.probeio.SendLoop; docs/architecture.md,
- * "Sender engine"): the sessions a SenderEngine hands over, served by sl_run with the
+ * "Time"): the sessions a SenderEngine hands over, served by sl_run with the
  * GIL released. Each is an unauthenticated RFC 8762 session whose packets differ only
  * in Seq and Timestamp and whose replies carry no TLV (44 bytes, RFC 8762 §4.3.1).
  *
