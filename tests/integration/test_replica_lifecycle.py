@@ -214,10 +214,11 @@ def test_apply_prune_through_another_replica_with_results_in_flight(
             max_batch: int = 0,
             batch_window_ns: int = 0,
             counters_interval_ns: int = 0,
+            after_loss_ids: Mapping[int, int] | None = None,
         ) -> ResultStream[pb.ResultBatches]:
             inner = super().stream_many(
                 after_ids, max_batch=max_batch, batch_window_ns=batch_window_ns,
-                counters_interval_ns=counters_interval_ns,
+                counters_interval_ns=counters_interval_ns, after_loss_ids=after_loss_ids,
             )  # fmt: skip
             return Held(inner)
 

@@ -3,9 +3,10 @@ migrations, bytes per result."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -556,4 +557,152 @@ def test_sqlite_state_updates_by_name_use_the_live_name_index(tmp_path: Path) ->
         plan = " ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
         assert "USING INDEX sessions_live_name" in plan, (sql, plan)
     assert [r.state for r in store.sessions()] == ["running", "stopping", "stopping"]
+    store.close()
+
+
+def _plans(store: SqliteStore, run: Callable[[], object]) -> list[tuple[str, str]]:
+    """(statement, EXPLAIN QUERY PLAN) of each statement ``run`` has the store execute
+    (traced with their parameters, then asked of SQLite), transaction control left out."""
+    conn = store._conn
+    traced: list[str] = []
+    conn.set_trace_callback(traced.append)
+    try:
+        run()
+    finally:
+        conn.set_trace_callback(None)
+    out = []
+    for sql in traced:
+        if sql.split(None, 1)[0].upper() in ("SELECT", "UPDATE", "DELETE", "INSERT"):
+            plan = " | ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
+            out.append((sql, plan))
+    return out
+
+
+def test_sqlite_start_handover_and_restart_by_name_use_the_live_name_index(
+    tmp_path: Path,
+) -> None:
+    """``take_over_start``, ``mark_restart``, ``cancel_restart`` and ``begin_epoch`` of a
+    claimer find their row through ``sessions_live_name``, like ``set_state``: one row
+    read, not a scan of the sessions table per session."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    _sessions(store, 3)
+    store.set_states(["p0", "p1", "p2"], "running")
+
+    def run() -> None:
+        assert store.mark_restart("p0", "sender-lost")
+        assert store.cancel_restart("p0")
+        assert store.claim_state("p0", "stopping", "finished")
+        assert store.claim_state("p0", "finished", "starting", claimer="A")
+        assert store.take_over_start("p0", "A", "B")
+        assert store.begin_epoch("p0", 5, claimer="B") == 1
+
+    plans = [(sql, plan) for sql, plan in _plans(store, run) if " WHERE name=" in sql]
+    assert len(plans) == 7  # the six calls' updates and begin_epoch's read of the row
+    for sql, plan in plans:
+        assert "USING INDEX sessions_live_name" in plan, (sql, plan)
+    assert store.session("p0").state == "starting"
+    assert store.restart_reason("p0") is None
+    store.close()
+
+
+def _per_session_statements(store: SqliteStore) -> list[tuple[str, str]]:
+    """(statement, SQLite plan) of what the store runs for one session by name or id:
+    its row, its events, its state moves (on three sessions, ``p1`` with events)."""
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    ids = _sessions(store, 3)
+    store.set_states(["p0", "p1", "p2"], "running")
+    for at in range(4):
+        state = EventState.RAISED if at % 2 == 0 else EventState.CLEARED
+        store.add_event(ids[1], SessionEvent("p1", EventKind.LOSS, state, 0.5, 0.1, at))
+
+    def run() -> None:
+        assert store.session("p1").id == ids[1]
+        assert [e.at_ns for e in store.events("p1")] == [0, 1, 2, 3]
+        assert store.raised(ids[1]) == []
+        assert store.event_counts(ids[1]) == {("loss", "raised"): 2, ("loss", "cleared"): 2}
+        assert store.restart_reason("p0") is None
+        assert store.mark_restart("p0", "sender-lost")
+        assert store.cancel_restart("p0")
+        assert store.claim_state("p0", "stopping", "finished")
+        assert store.claim_state("p0", "finished", "starting", claimer="A")
+        assert store.take_over_start("p0", "A", "B")
+        store.begin_epoch("p0", 5, claimer="B")
+        store.stop_epoch("p0", 6)
+        store.end_epoch("p0", 7, "finished")
+
+    return [
+        (sql, plan)
+        for sql, plan in _plans(store, run)
+        if " sessions " in sql + " " or " events " in sql + " "
+    ]
+
+
+def test_sqlite_a_sessions_row_and_events_are_read_through_indexes(tmp_path: Path) -> None:
+    """What runs per session by name or id reads its rows through an index: a session
+    by name (the live one, else the last destroyed: ``sessions_name``), its events
+    (``events_session``), its state moves (``sessions_live_name``); no statement scans
+    the sessions or events table (a start, stop or listing of 10,000 sessions would be
+    quadratic)."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    plans = _per_session_statements(store)
+    assert len(plans) >= 13
+    for sql, plan in plans:
+        assert not re.search(r"\bSCAN (sessions|events|s|e)\b", plan), (sql, plan)
+    store.close()
+
+
+def test_postgresql_a_sessions_row_and_events_are_read_through_indexes(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The same statements (PostgreSQL runs the same text), explained by PostgreSQL on
+    tables of 5,000 sessions and 5,000 events, analysed: no sequential scan of either."""
+    sqlite = SqliteStore(tmp_path / "c.sqlite")
+    statements = [sql for sql, _ in _per_session_statements(sqlite)]
+    sqlite.close()
+    store = open_store(pg_url)
+    try:
+        store.add_node("s1", "127.0.0.1:5001", "sender")
+        store.add_node("r1", "127.0.0.1:5002", "reflector")
+        rows = store.add_sessions([(f"p{i}", i + 1, "s1", "r1", {}) for i in range(5000)], now_ns=0)
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            with db.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO events(session_id, kind, state, value, threshold, at_ns)"
+                    " VALUES (%s, 'loss', 'raised', 0.5, 0.1, 0)",
+                    [(r.id,) for r in rows],
+                )
+            db.execute("ANALYZE")
+            for sql in statements:
+                plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + sql).fetchall())
+                assert "Seq Scan on sessions" not in plan, (sql, plan)
+                assert "Seq Scan on events" not in plan, (sql, plan)
+    finally:
+        store.close()
+
+
+def test_sqlite_roll_up_reads_the_stored_rollups_it_merges_by_their_key(tmp_path: Path) -> None:
+    """A pass of ``roll_up`` that adds to minutes already rolled reads those rollups by
+    their primary key, not by a scan of the rollups table (which holds every minute of
+    every session for the rollup retention) per chunk of keys."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    ids = _sessions(store, 3)
+    for sid in ids:
+        store.store_results(sid, [(k + 1, _r(k)) for k in range(5)])
+    assert store.roll_up() == 15
+    for sid in ids:
+        store.store_results(sid, [(k + 1, _r(k)) for k in range(5, 10)])
+    plans = _plans(store, store.roll_up)
+    reads = [(sql, plan) for sql, plan in plans if sql.startswith("SELECT") and "rollups" in sql]
+    assert len(reads) == 1
+    sql, plan = reads[0]
+    assert "SEARCH r USING" in plan, (sql, plan)
+    assert not re.search(r"\bSCAN (rollups|r)\b", plan), (sql, plan)
+    for sid in ids:
+        ((_, minute),) = store.rollups(sid)
+        assert minute.count == 10
     store.close()

@@ -117,14 +117,18 @@ def test_a_nested_batch_is_cut_within_its_parents_budget() -> None:
 
 
 def test_loss_reports_have_at_most_half_the_budget_counted_at_their_largest() -> None:
-    largest = pb.GetStampSessionResultsReply(lost=[pb.LostPacket(seq=2**32 - 1, t1_ns=U64_MAX)])
+    largest = pb.GetStampSessionResultsReply(
+        lost=[pb.LostPacket(seq=2**32 - 1, t1_ns=U64_MAX, loss_id=U64_MAX)]
+    )
     assert largest.ByteSize() == LOST_MAX_BYTES
     budget = 64 << 10
     head = _head().ByteSize()
     n = lost_fitting(head, budget)
     assert n == (budget // 2) // LOST_MAX_BYTES
     reply = _head()
-    reply.lost.extend(pb.LostPacket(seq=2**32 - 1, t1_ns=U64_MAX) for _ in range(n))
+    reply.lost.extend(
+        pb.LostPacket(seq=2**32 - 1, t1_ns=U64_MAX, loss_id=U64_MAX) for _ in range(n)
+    )
     assert reply.ByteSize() <= head + budget // 2
     assert lost_fitting(budget - 100, budget) == 100 // LOST_MAX_BYTES
     assert lost_fitting(budget, budget) == 0

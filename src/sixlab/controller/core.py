@@ -488,6 +488,18 @@ class _Poller:
     max_bytes: bool = True
 
 
+def _stop_check_request(ssid: int) -> pb.GetStampSessionResultsRequest:
+    """The stop check's call (``_complete_stops``): the session's state on its sender is
+    the point, so it takes one record at most and removes nothing, neither records
+    (``after_id`` 0) nor loss reports (``after_loss_id`` 0), which stay for whoever
+    collects them; and its reply is of the smallest byte budget (the loss reports it
+    carries otherwise take up to half of the agent's 3 MiB), so that a round of
+    ``POLL_ROUND`` of them holds at most 16 MiB."""
+    return pb.GetStampSessionResultsRequest(
+        ssid=ssid, max_results=1, after_id=0, after_loss_id=0, max_bytes=MIN_REPLY_BUDGET_BYTES
+    )
+
+
 def round_max_bytes(sessions: int) -> int:
     """Each reply's ``max_bytes`` in a poll round of ``sessions`` sessions: its part of
     ``POLL_ROUND_BYTES``, within the agents' byte budget and not below its minimum (which
@@ -1065,23 +1077,24 @@ class Controller:
             for name in sorted(due):
                 locks.enter_context(self._session_lock(name))
             rows = [r for r in self.store.sessions_named(due) if r.state == "stopping"]
-            # One record at most, acknowledging none (``after_id`` 0): the session's
-            # state on the sender is the point.
-            replies = self.client(sender).call_many(
-                "GetStampSessionResults",
-                [pb.GetStampSessionResultsRequest(ssid=r.ssid, max_results=1, after_id=0)
-                 for r in rows],
-            )  # fmt: skip
             running: list[SessionRow] = []
-            for row, reply in zip(rows, replies, strict=True):
-                if isinstance(reply, SouthboundError):
-                    if reply.code in _UNREACHABLE:
-                        self._health(sender, healthy=False, error=reply.details)
-                        log.info("session %s: stop not completed yet: %s", row.name, reply.details)
-                    # Otherwise lost by the sender: its repair ends the epoch.
-                    continue
-                if reply.state in (pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_IDLE):
-                    running.append(row)
+            # ``POLL_ROUND`` at a time: only the states are kept, not the replies.
+            for i in range(0, len(rows), POLL_ROUND):
+                chunk = rows[i : i + POLL_ROUND]
+                replies = self.client(sender).call_many(
+                    "GetStampSessionResults", [_stop_check_request(r.ssid) for r in chunk]
+                )
+                for row, reply in zip(chunk, replies, strict=True):
+                    if isinstance(reply, SouthboundError):
+                        if reply.code in _UNREACHABLE:
+                            self._health(sender, healthy=False, error=reply.details)
+                            log.info(
+                                "session %s: stop not completed yet: %s", row.name, reply.details
+                            )
+                        # Otherwise lost by the sender: its repair ends the epoch.
+                        continue
+                    if reply.state in (pb.SESSION_STATE_RUNNING, pb.SESSION_STATE_IDLE):
+                        running.append(row)
             if not running:
                 return
             for row in running:

@@ -182,6 +182,10 @@ _STEPS: dict[int, tuple[str, ...]] = {
         )""",
     ),
     4: ("ALTER TABLE sessions ADD COLUMN claimed_by TEXT, ADD COLUMN restart_reason TEXT",),
+    5: (
+        "CREATE INDEX sessions_name ON sessions(name)",
+        "CREATE INDEX events_session ON events(session_id, id)",
+    ),
 }
 assert max(_STEPS) == SCHEMA_VERSION
 

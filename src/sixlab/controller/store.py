@@ -116,7 +116,8 @@ NoticeHandler = Callable[[str, str], None]
 #: ``state != 'destroyed'`` is the ``sessions_live_name`` index's own condition: SQLite
 #: uses a partial index only when the query's WHERE clause holds that very term (it
 #: does not infer it from ``NOT IN`` or ``state = ?``), and without the index each row
-#: is a scan of the whole table.
+#: is a scan of the whole table. Every statement that finds a live session by its name
+#: carries the term for that reason.
 _SET_STATE = (
     "UPDATE sessions SET state=? WHERE name=? AND state != 'destroyed'"
     " AND state NOT IN ('destroying', 'destroyed')"
@@ -252,11 +253,15 @@ CREATE INDEX IF NOT EXISTS sessions_sender ON sessions(sender);
 CREATE INDEX IF NOT EXISTS sessions_reflector ON sessions(reflector);
 -- One live session per name; destroyed ones keep theirs (and their results).
 CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE state != 'destroyed';
+-- A name's sessions, destroyed ones too (Store.session: the live one, else the last).
+CREATE INDEX IF NOT EXISTS sessions_name ON sessions(name);
+-- A session's events (Store.raised, event_counts, events of one session).
+CREATE INDEX IF NOT EXISTS events_session ON events(session_id, id);
 """
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
@@ -959,8 +964,8 @@ class Store(ABC):
         whoever finds it next); True if it was still ``dead``'s."""
         with self._lock:
             moved: int = self._db.execute(
-                "UPDATE sessions SET claimed_by=? WHERE name=? AND state='starting'"
-                " AND COALESCE(claimed_by, '')=?",
+                "UPDATE sessions SET claimed_by=? WHERE name=? AND state != 'destroyed'"
+                " AND state='starting' AND COALESCE(claimed_by, '')=?",
                 (claimer, name, dead or ""),
             ).rowcount
         return moved == 1
@@ -972,7 +977,7 @@ class Store(ABC):
         with self._lock:
             moved: int = self._db.execute(
                 "UPDATE sessions SET state='stopping', restart_reason=? WHERE name=?"
-                " AND state='running'",
+                " AND state != 'destroyed' AND state='running'",
                 (reason, name),
             ).rowcount
         if moved:
@@ -984,8 +989,8 @@ class Store(ABC):
         restart was pending."""
         with self._lock:
             moved: int = self._db.execute(
-                "UPDATE sessions SET restart_reason=NULL WHERE name=? AND restart_reason IS"
-                " NOT NULL AND state IN ('stopping', 'finished')",
+                "UPDATE sessions SET restart_reason=NULL WHERE name=? AND state != 'destroyed'"
+                " AND restart_reason IS NOT NULL AND state IN ('stopping', 'finished')",
                 (name,),
             ).rowcount
         return moved == 1
@@ -1096,8 +1101,8 @@ class Store(ABC):
                 and not db.execute(
                     # An update, not a read: it holds the row until commit, so that a take
                     # over (``take_over_start``) comes before this or after the epoch began.
-                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=? AND state='starting'"
-                    " AND claimed_by=?",
+                    "UPDATE sessions SET claimed_by=claimed_by WHERE name=?"
+                    " AND state != 'destroyed' AND state='starting' AND claimed_by=?",
                     (name, claimer),
                 ).rowcount
             ):
@@ -1543,9 +1548,14 @@ class Store(ABC):
         out: dict[tuple[int, int, int], MinuteRollup] = {}
         for i in range(0, len(keys), 300):
             chunk = keys[i : i + 300]
+            # The keys first, each a lookup of the primary key: SQLite keeps a CROSS JOIN's
+            # order, and plans ``(session_id, epoch, minute_ns) IN (VALUES ...)`` of more
+            # than one key as a scan of the whole table.
             query = (
-                _SELECT_ROLLUPS + " WHERE (session_id, epoch, minute_ns) IN (VALUES "
-                + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")"
+                "SELECT " + ", ".join(f"r.{c}" for c in ROLLUP_COLUMNS)  # noqa: S608
+                + " FROM (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk))
+                + ") AS k CROSS JOIN rollups r WHERE r.session_id = k.column1"
+                " AND r.epoch = k.column2 AND r.minute_ns = k.column3"
             )  # fmt: skip
             for r in db.execute(query, [v for k in chunk for v in k]).fetchall():
                 out[r[0], r[1], r[2]] = _rollup(r)

@@ -476,7 +476,10 @@ class _SenderEntry:
     spec: SenderSessionSpec
     session: SenderSession
     fifo: deque[ev.StampResult]
-    lost: list[ev.PacketLost] = field(default_factory=list)
+    #: Loss reports not yet removed; ``lost_first_id`` is the id of ``lost[0]`` (ids
+    #: count from 1 in the order declared, like the records' ``first_id``).
+    lost: deque[ev.PacketLost] = field(default_factory=deque)
+    lost_first_id: int = 1
     overflow: int = 0
     fetched: int = 0
     #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
@@ -522,6 +525,10 @@ class _SenderEntry:
     def pop_oldest(self) -> ev.StampResult:
         self.first_id += 1
         return self.fifo.popleft()
+
+    def pop_oldest_lost(self) -> ev.PacketLost:
+        self.lost_first_id += 1
+        return self.lost.popleft()
 
 
 class SenderEngine(_Loop):
@@ -883,12 +890,38 @@ class SenderEngine(_Loop):
         ``max_items`` of them if given (the rest stay for the next call)."""
         with self.lock:
             entry = self._entry(ssid)
-            if max_items is None or max_items >= len(entry.lost):
-                out, entry.lost = entry.lost, []
-            else:
-                out = entry.lost[:max_items]
-                del entry.lost[:max_items]
-            return out
+            n = len(entry.lost) if max_items is None else min(max_items, len(entry.lost))
+            return [entry.pop_oldest_lost() for _ in range(n)]
+
+    def peek_lost(
+        self, ssid: int, after: int, max_items: int | None = None
+    ) -> list[tuple[int, ev.PacketLost]]:
+        """The loss events with ids above ``after`` (up to ``max_items``), with their
+        ids, left queued: cursor mode for loss events, as ``peek`` for records."""
+        with self.lock:
+            entry = self._entry(ssid)
+            start = max(0, after + 1 - entry.lost_first_id)
+            stop = len(entry.lost) if max_items is None else start + max_items
+            stop = min(len(entry.lost), stop)
+            first = entry.lost_first_id
+            return [(first + i, entry.lost[i]) for i in range(start, stop)]
+
+    def lost_after(self, ssid: int, after: int) -> bool:
+        """Whether loss events with ids above ``after`` are queued (``peek_lost`` would
+        return some)."""
+        with self.lock:
+            entry = self._entry(ssid)
+            return bool(entry.lost) and entry.lost_first_id + len(entry.lost) - 1 > after
+
+    def acknowledge_lost(self, ssid: int, through: int) -> int:
+        """Remove the loss events with ids up to ``through``; returns how many went."""
+        with self.lock:
+            entry = self._entry(ssid)
+            n = 0
+            while entry.lost and entry.lost_first_id <= through:
+                entry.pop_oldest_lost()
+                n += 1
+            return n
 
     def wait_finished(self, ssid: int, timeout: float) -> bool:
         with self._cond:
@@ -1483,7 +1516,7 @@ class SenderEngine(_Loop):
                     self._slip(entry, now)
             elif isinstance(event, ev.PacketLost):
                 if len(entry.lost) >= self.fifo_capacity:
-                    del entry.lost[0]
+                    entry.pop_oldest_lost()
                     entry.overflow += 1
                 entry.lost.append(event)
             elif isinstance(event, ev.SessionFinished):

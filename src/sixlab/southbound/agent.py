@@ -593,6 +593,13 @@ class _Subscription:
     cursor: int
     #: When its counters are due next (monotonic ns); 0: at once.
     counters_due: int = 0
+    #: The loss_id of the last loss report sent (None: the request did not ask for
+    #: the session's loss reports).
+    loss_cursor: int | None = None
+
+    def lost_waiting(self, engine: SenderEngine, ssid: int) -> bool:
+        """Whether loss reports it asked for are queued beyond those sent."""
+        return self.loss_cursor is not None and engine.lost_after(ssid, self.loss_cursor)
 
 
 @dataclass(slots=True)
@@ -887,8 +894,18 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             remaining=_U64_MAX,  # counted at its largest until known
             counters=self._session_counters(ssid),
         )
-        lost = engine.lost(ssid, lost_fitting(reply.ByteSize(), budget))
-        reply.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        room = lost_fitting(reply.ByteSize(), budget)
+        if request.HasField("after_loss_id"):
+            # Cursor mode for loss reports: removed only once acknowledged.
+            engine.acknowledge_lost(ssid, request.after_loss_id)
+            reply.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i)
+                for i, p in engine.peek_lost(ssid, request.after_loss_id, room)
+            )
+        else:
+            reply.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in engine.lost(ssid, room)
+            )
         if drain:
             items = engine.peek(ssid, 0, limit)
         else:
@@ -918,7 +935,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         engine = self._sender_only("AcknowledgeStampSessionResults")
         ssid = self._known(request.ssid)
         n = engine.acknowledge(ssid, request.through_id)
-        return pb.AcknowledgeStampSessionResultsReply(acknowledged=n)
+        lost = engine.acknowledge_lost(ssid, request.through_loss_id)
+        return pb.AcknowledgeStampSessionResultsReply(acknowledged=n, acknowledged_lost=lost)
 
     def StreamStampSessionResults(  # noqa: N802
         self, request: pb.StreamStampSessionResultsRequest, context: Any
@@ -964,6 +982,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         # Drain mode reads like cursor mode from the first queued record, and removes
         # what each batch carried as it is sent.
         cursor = 0 if drain else request.after_id
+        loss_cursor = request.after_loss_id if request.HasField("after_loss_id") else None
         while context.is_active():
             try:
                 items = engine.peek(ssid, cursor, max_batch, _STREAM_POLL_S)
@@ -976,8 +995,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                     if not more:
                         break
                     items.extend(more)
-                batch, cursor, final = self._stream_batch(
-                    engine, record, ssid, items, cursor, drain=drain
+                batch, cursor, loss_cursor, final = self._stream_batch(
+                    engine, record, ssid, items, cursor, loss_cursor=loss_cursor, drain=drain
                 )
             except SessionConfigError:
                 raise _destroyed(ssid) from None
@@ -994,11 +1013,13 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         items: list[tuple[int, StampResult]],
         cursor: int,
         *,
+        loss_cursor: int | None,
         drain: bool,
-    ) -> tuple[pb.ResultBatch | None, int, bool]:
+    ) -> tuple[pb.ResultBatch | None, int, int | None, bool]:
         """The next StreamStampSessionResults batch: the loss reports and the leading
         ``items`` within the byte budget (None if it has nothing to say); the cursor
-        after it; whether it is the session's last."""
+        and the loss cursor (None: the reports are drained) after it; whether it is the
+        session's last."""
         snap = engine.snapshot(ssid)  # before what is waiting: no record after FINISHED
         with self._lock:
             if self._senders.get(ssid) is not record:
@@ -1012,8 +1033,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             counters=counters,
         )
         room = lost_fitting(batch.ByteSize(), self.reply_budget)
-        lost = engine.lost(ssid, room)
-        batch.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+        if loss_cursor is None:
+            lost = engine.lost(ssid, room)
+            batch.lost.extend(pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns) for p in lost)
+            lost_pending = room > 0 and len(lost) == room
+        else:
+            reports = engine.peek_lost(ssid, loss_cursor, room)
+            batch.lost.extend(
+                pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i) for i, p in reports
+            )
+            loss_cursor = reports[-1][0] if reports else loss_cursor
+            lost_pending = engine.lost_after(ssid, loss_cursor)
         protos, _ = fit(
             (result_to_proto(r, 0 if drain else i) for i, r in items),
             batch.ByteSize(),
@@ -1023,17 +1053,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             cursor = items[len(protos) - 1][0]
             if drain:
                 engine.acknowledge(ssid, cursor)
-        pending = bool(engine.peek(ssid, cursor, 1)) or (room > 0 and len(lost) == room)
+        pending = bool(engine.peek(ssid, cursor, 1)) or lost_pending
         with self._lock:
             if self._senders.get(ssid) is not record:
                 raise _destroyed(ssid)
             record.fetched += len(protos)
         final = snap.state is State.FINISHED and not pending
-        if not (protos or lost or final):
-            return None, cursor, False
+        if not (protos or batch.lost or final):
+            return None, cursor, loss_cursor, False
         batch.final = final
         batch.results.extend(protos)
-        return batch, cursor, final
+        return batch, cursor, loss_cursor, final
 
     def StreamResults(  # noqa: N802
         self, request: pb.StreamResultsRequest, context: Any
@@ -1051,7 +1081,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         with self._lock:
             engine = self._sender_only("StreamResults")
             subs = {
-                _ssid(ssid): _Subscription(self._senders.get(ssid), after)
+                _ssid(ssid): _Subscription(
+                    self._senders.get(ssid), after, loss_cursor=request.after_loss_ids.get(ssid)
+                )
                 for ssid, after in request.after_ids.items()
             }
         max_batch = request.max_batch or DEFAULT_BATCH
@@ -1110,7 +1142,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                 served.append(ssid)
                 if due or batch.final:
                     sub.counters_due = now + every_ns
-                more = more or (not batch.final and engine.last_id(ssid) > sub.cursor)
+                more = more or (
+                    not batch.final
+                    and (engine.last_id(ssid) > sub.cursor or sub.lost_waiting(engine, ssid))
+                )
                 if batch.final:
                     del subs[ssid]
                 if cut:
@@ -1137,7 +1172,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         snap = engine.snapshot(ssid)
         last = engine.last_id(ssid)  # after the state: no record comes after FINISHED
         finished = snap.state is State.FINISHED
-        if last <= sub.cursor and not due and not finished:
+        if last <= sub.cursor and not due and not finished and not sub.lost_waiting(engine, ssid):
             return None, 0, False
         batch = pb.ResultBatch(
             ssid=ssid,
@@ -1150,12 +1185,21 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         head = batch.ByteSize()
         if head > room:
             return batch, head, None
+        if sub.loss_cursor is not None:
+            # Left queued until acknowledged (AcknowledgeResults.through_loss_ids).
+            lost = engine.peek_lost(ssid, sub.loss_cursor, lost_fitting(head, room))
+            if lost:
+                batch.lost.extend(
+                    pb.LostPacket(seq=p.seq, t1_ns=p.t1_ns, loss_id=i) for i, p in lost
+                )
+                sub.loss_cursor = lost[-1][0]
+                head = batch.ByteSize()
         items = engine.peek(ssid, sub.cursor, max_batch)
         protos, size = fit((result_to_proto(r, i) for i, r in items), head, room)
         if protos:
             sub.cursor = protos[-1].record_id
             record.fetched += len(protos)
-        batch.final = finished and last <= sub.cursor
+        batch.final = finished and last <= sub.cursor and not sub.lost_waiting(engine, ssid)
         if not (due or batch.final):
             batch.ClearField("counters")
         size += batch.ByteSize() - head  # the head as sent; its records are not encoded twice
@@ -1172,7 +1216,12 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             for ssid, through in request.through_ids.items()
             if _ssid(ssid) in self._senders
         }
-        return pb.AcknowledgeResultsReply(acknowledged=done)
+        lost = {
+            ssid: engine.acknowledge_lost(ssid, through)
+            for ssid, through in request.through_loss_ids.items()
+            if _ssid(ssid) in self._senders
+        }
+        return pb.AcknowledgeResultsReply(acknowledged=done, acknowledged_lost=lost)
 
     # -- counters ---------------------------------------------------------------------
 

@@ -52,8 +52,8 @@ REPLY_BUDGET_BYTES = 3 << 20
 #: at least this, and so is a reply's a request asks for (``asked_budget``).
 MIN_REPLY_BUDGET_BYTES = 64 << 10
 #: One LostPacket at its largest in a reply: tag and length (2), seq (tag and a 5-byte
-#: varint), t1_ns (tag and a 10-byte varint).
-LOST_MAX_BYTES = 2 + 6 + 11
+#: varint), t1_ns and loss_id (tag and a 10-byte varint each).
+LOST_MAX_BYTES = 2 + 6 + 11 + 11
 
 M = TypeVar("M", bound=Message)
 V = TypeVar("V")

@@ -364,23 +364,35 @@ class AgentClient(GrpcClient):
     # -- results and counters ---------------------------------------------------------
 
     def results(
-        self, ssid: int, max_results: int = 0, *, after_id: int | None = None
+        self,
+        ssid: int,
+        max_results: int = 0,
+        *,
+        after_id: int | None = None,
+        after_loss_id: int | None = None,
     ) -> pb.GetStampSessionResultsReply:
         """A sender session's queued records (polling mode).
 
         Without ``after_id`` the records are drained. With it (cursor mode), records up
         to ``after_id`` are acknowledged and the next ones come with their ``record_id``
         and stay queued until acknowledged: what a caller that stores them needs.
+        ``after_loss_id`` does the same for the loss reports (``loss_id``); without it
+        the loss reports returned are removed.
         """
         request = pb.GetStampSessionResultsRequest(ssid=ssid, max_results=max_results)
         if after_id is not None:
             request.after_id = after_id
+        if after_loss_id is not None:
+            request.after_loss_id = after_loss_id
         reply: pb.GetStampSessionResultsReply = self._call("GetStampSessionResults", request)
         return reply
 
-    def acknowledge(self, ssid: int, through_id: int) -> int:
-        """Remove a sender session's records up to ``through_id`` (cursor mode)."""
-        request = pb.AcknowledgeStampSessionResultsRequest(ssid=ssid, through_id=through_id)
+    def acknowledge(self, ssid: int, through_id: int, *, through_loss_id: int = 0) -> int:
+        """Remove a sender session's records up to ``through_id`` (cursor mode), and its
+        loss reports up to ``through_loss_id``; returns how many records went."""
+        request = pb.AcknowledgeStampSessionResultsRequest(
+            ssid=ssid, through_id=through_id, through_loss_id=through_loss_id
+        )
         reply: pb.AcknowledgeStampSessionResultsReply = self._call(
             "AcknowledgeStampSessionResults", request
         )
@@ -393,17 +405,22 @@ class AgentClient(GrpcClient):
         max_batch: int = 0,
         batch_window_ns: int = 0,
         after_id: int | None = None,
+        after_loss_id: int | None = None,
     ) -> ResultStream[pb.ResultBatch]:
         """Batches of a sender session's records as they come (push mode), no deadline.
 
         With ``after_id`` the stream starts after that record and removes nothing: the
-        caller acknowledges what it stored with ``acknowledge``.
+        caller acknowledges what it stored with ``acknowledge``. ``after_loss_id`` does
+        the same for the loss reports (``acknowledge``'s ``through_loss_id``); without it
+        the stream removes those it sends.
         """
         request = pb.StreamStampSessionResultsRequest(
             ssid=ssid, max_batch=max_batch, batch_window_ns=batch_window_ns
         )
         if after_id is not None:
             request.after_id = after_id
+        if after_loss_id is not None:
+            request.after_loss_id = after_loss_id
         return ResultStream(self._stub.StreamStampSessionResults(request))
 
     def stream_many(
@@ -413,22 +430,30 @@ class AgentClient(GrpcClient):
         max_batch: int = 0,
         batch_window_ns: int = 0,
         counters_interval_ns: int = 0,
+        after_loss_ids: Mapping[int, int] | None = None,
     ) -> ResultStream[pb.ResultBatches]:
         """StreamResults: the records (and counters) of many sessions on one stream, no
         deadline; ``after_ids`` maps each SSID to the last record id the caller holds.
-        Records stay queued until ``acknowledge_many``."""
+        Records stay queued until ``acknowledge_many``. ``after_loss_ids``: the sessions
+        whose loss reports to send too, each with the last ``loss_id`` the caller holds
+        (also left queued until acknowledged)."""
         request = pb.StreamResultsRequest(
             after_ids=dict(after_ids),
             max_batch=max_batch,
             batch_window_ns=batch_window_ns,
             counters_interval_ns=counters_interval_ns,
+            after_loss_ids=dict(after_loss_ids or {}),
         )
         return ResultStream(self._stub.StreamResults(request))
 
-    def acknowledge_many(self, through_ids: Mapping[int, int]) -> dict[int, int]:
-        """Remove records of many sessions (each up to its id); how many went, per
-        session that exists."""
-        request = pb.AcknowledgeResultsRequest(through_ids=dict(through_ids))
+    def acknowledge_many(
+        self, through_ids: Mapping[int, int], through_loss_ids: Mapping[int, int] | None = None
+    ) -> dict[int, int]:
+        """Remove records of many sessions (each up to its id), and loss reports (each up
+        to its ``loss_id``); how many records went, per session that exists."""
+        request = pb.AcknowledgeResultsRequest(
+            through_ids=dict(through_ids), through_loss_ids=dict(through_loss_ids or {})
+        )
         reply: pb.AcknowledgeResultsReply = self._call("AcknowledgeResults", request)
         return dict(reply.acknowledged)
 

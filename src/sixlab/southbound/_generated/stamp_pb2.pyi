@@ -881,19 +881,26 @@ class LostPacket(_message.Message):
 
     SEQ_FIELD_NUMBER: _builtins.int
     T1_NS_FIELD_NUMBER: _builtins.int
+    LOSS_ID_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Its sequence number."""
     t1_ns: _builtins.int
     """When it was sent (T1), Unix-epoch UTC ns."""
+    loss_id: _builtins.int
+    """The report's id in its session: 1, 2, ... in the order the losses were declared.
+    Set when the request gave after_loss_id (cursor mode for loss reports); 0
+    otherwise. A gap is reports lost to FIFO overflow.
+    """
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         t1_ns: _builtins.int = ...,
+        loss_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "t1_ns", b"t1_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss_id", b"loss_id", "seq", b"seq", "t1_ns", b"t1_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -907,6 +914,7 @@ class GetStampSessionResultsRequest(_message.Message):
     MAX_RESULTS_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to drain."""
     max_results: _builtins.int
@@ -927,6 +935,14 @@ class GetStampSessionResultsRequest(_message.Message):
     0: the budget. Below 65536 (64 KiB, a record always fits): 65536. Agents that
     predate this field ignore it and use their budget.
     """
+    after_loss_id: _builtins.int
+    """Cursor mode for loss reports, as after_id for records: every loss report with a
+    loss_id up to after_loss_id is acknowledged and removed; the following ones are
+    returned with their loss_id and stay queued until acknowledged, so that a reply
+    lost on its way, or a call that only wanted the state, loses none. Unset: the
+    reports returned are removed (each comes once). Agents that predate this field
+    ignore it and remove them.
+    """
     def __init__(
         self,
         *,
@@ -934,14 +950,20 @@ class GetStampSessionResultsRequest(_message.Message):
         max_results: _builtins.int = ...,
         after_id: _builtins.int | None = ...,
         max_bytes: _builtins.int = ...,
+        after_loss_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "max_bytes", b"max_bytes", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id", "max_bytes", b"max_bytes", "max_results", b"max_results", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
     _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    _WhichOneofReturnType__after_loss_id: _TypeAlias = _typing.Literal["after_loss_id"]  # noqa: Y015
+    _WhichOneofArgType__after_loss_id: _TypeAlias = _typing.Literal["_after_loss_id", b"_after_loss_id"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_loss_id) -> _WhichOneofReturnType__after_loss_id | None: ...
 
 Global___GetStampSessionResultsRequest: _TypeAlias = GetStampSessionResultsRequest  # noqa: Y015
 
@@ -951,19 +973,23 @@ class AcknowledgeStampSessionResultsRequest(_message.Message):
 
     SSID_FIELD_NUMBER: _builtins.int
     THROUGH_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session."""
     through_id: _builtins.int
     """Remove every record with an id up to and including this one."""
+    through_loss_id: _builtins.int
+    """Remove every loss report with a loss_id up to and including this one (0: none)."""
     def __init__(
         self,
         *,
         ssid: _builtins.int = ...,
         through_id: _builtins.int = ...,
+        through_loss_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ssid", b"ssid", "through_id", b"through_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ssid", b"ssid", "through_id", b"through_id", "through_loss_id", b"through_loss_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -974,16 +1000,20 @@ class AcknowledgeStampSessionResultsReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_LOST_FIELD_NUMBER: _builtins.int
     acknowledged: _builtins.int
     """How many records were removed."""
+    acknowledged_lost: _builtins.int
+    """How many loss reports were removed."""
     def __init__(
         self,
         *,
         acknowledged: _builtins.int = ...,
+        acknowledged_lost: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acknowledged_lost", b"acknowledged_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1016,8 +1046,9 @@ class GetStampSessionResultsReply(_message.Message):
 
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
-        """Loss reports since the last fetch, each lost packet once; those beyond half the
-        byte budget stay for the next reply.
+        """Loss reports, oldest first: without after_loss_id those since the last fetch, each
+        lost packet once, removed; with it, those after after_loss_id, with their loss_id,
+        left queued. Those beyond half the byte budget stay for the next reply.
         """
 
     @_builtins.property
@@ -1050,6 +1081,7 @@ class StreamStampSessionResultsRequest(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _builtins.int
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_ID_FIELD_NUMBER: _builtins.int
     ssid: _builtins.int
     """The sender session whose results to stream."""
     max_batch: _builtins.int
@@ -1066,6 +1098,12 @@ class StreamStampSessionResultsRequest(_message.Message):
     AcknowledgeStampSessionResults (so a caller that dies loses nothing). Unset: the
     stream drains the FIFO as it goes.
     """
+    after_loss_id: _builtins.int
+    """Cursor mode for loss reports (as GetStampSessionResultsRequest.after_loss_id): the
+    reports with loss_id above it come with their loss_id and stay queued until
+    AcknowledgeStampSessionResults' through_loss_id. Unset: the stream removes the
+    reports it sends. Agents that predate this field remove them.
+    """
     def __init__(
         self,
         *,
@@ -1073,14 +1111,20 @@ class StreamStampSessionResultsRequest(_message.Message):
         max_batch: _builtins.int = ...,
         batch_window_ns: _builtins.int = ...,
         after_id: _builtins.int | None = ...,
+        after_loss_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "after_id", b"after_id", "batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_id", b"_after_id", "_after_loss_id", b"_after_loss_id", "after_id", b"after_id", "after_loss_id", b"after_loss_id", "batch_window_ns", b"batch_window_ns", "max_batch", b"max_batch", "ssid", b"ssid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_id: _TypeAlias = _typing.Literal["after_id"]  # noqa: Y015
     _WhichOneofArgType__after_id: _TypeAlias = _typing.Literal["_after_id", b"_after_id"]  # noqa: Y015
+    _WhichOneofReturnType__after_loss_id: _TypeAlias = _typing.Literal["after_loss_id"]  # noqa: Y015
+    _WhichOneofArgType__after_loss_id: _TypeAlias = _typing.Literal["_after_loss_id", b"_after_loss_id"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__after_id) -> _WhichOneofReturnType__after_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_loss_id) -> _WhichOneofReturnType__after_loss_id | None: ...
 
 Global___StreamStampSessionResultsRequest: _TypeAlias = StreamStampSessionResultsRequest  # noqa: Y015
 
@@ -1117,7 +1161,8 @@ class ResultBatch(_message.Message):
     @_builtins.property
     def lost(self) -> _containers.RepeatedCompositeFieldContainer[Global___LostPacket]:
         """Loss reports since the previous batch (within half the byte budget; the rest come
-        next, and `final` waits for them).
+        next, and `final` waits for them). StreamResults: only for the sessions its request
+        lists in after_loss_ids, with their loss_id, left queued until acknowledged.
         """
 
     @_builtins.property
@@ -1171,10 +1216,31 @@ class StreamResultsRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AfterLossIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     AFTER_IDS_FIELD_NUMBER: _builtins.int
     MAX_BATCH_FIELD_NUMBER: _builtins.int
     BATCH_WINDOW_NS_FIELD_NUMBER: _builtins.int
     COUNTERS_INTERVAL_NS_FIELD_NUMBER: _builtins.int
+    AFTER_LOSS_IDS_FIELD_NUMBER: _builtins.int
     max_batch: _builtins.int
     """At most this many records per session per message (0: 1000); a whole message stays
     within the byte budget (see GetStampSessionResultsRequest.max_results): sessions
@@ -1195,6 +1261,17 @@ class StreamResultsRequest(_message.Message):
         none): records with higher ids are sent, and stay queued until acknowledged.
         """
 
+    @_builtins.property
+    def after_loss_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Loss reports, for the sessions listed here and in after_ids (others get none): each
+        with the
+        loss_id of the last loss report the caller holds (0: none). The reports after it
+        come in the session's batches (`lost`, with their loss_id, within half the room
+        the message has left; with the session's next batch, its records or counters),
+        and stay queued until acknowledged (AcknowledgeResults.through_loss_ids); a
+        session's `final` batch waits for them. Agents that predate this field send none.
+        """
+
     def __init__(
         self,
         *,
@@ -1202,10 +1279,11 @@ class StreamResultsRequest(_message.Message):
         max_batch: _builtins.int = ...,
         batch_window_ns: _builtins.int = ...,
         counters_interval_ns: _builtins.int = ...,
+        after_loss_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_ids", b"after_ids", "after_loss_ids", b"after_loss_ids", "batch_window_ns", b"batch_window_ns", "counters_interval_ns", b"counters_interval_ns", "max_batch", b"max_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1257,21 +1335,47 @@ class AcknowledgeResultsRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ThroughLossIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     THROUGH_IDS_FIELD_NUMBER: _builtins.int
+    THROUGH_LOSS_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def through_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Per session, remove every record with an id up to and including this one.
         Sessions that do not exist are skipped.
         """
 
+    @_builtins.property
+    def through_loss_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session, remove every loss report with a loss_id up to and including this one."""
+
     def __init__(
         self,
         *,
         through_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        through_loss_ids: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through_ids", b"through_ids", "through_loss_ids", b"through_loss_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1301,19 +1405,45 @@ class AcknowledgeResultsReply(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AcknowledgedLostEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_LOST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acknowledged(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
-        """Per session that exists, how many records were removed."""
+        """Per session that exists, how many records were removed (of those in through_ids)."""
+
+    @_builtins.property
+    def acknowledged_lost(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Per session that exists, how many loss reports were removed (of through_loss_ids)."""
 
     def __init__(
         self,
         *,
         acknowledged: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        acknowledged_lost: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acknowledged_lost", b"acknowledged_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

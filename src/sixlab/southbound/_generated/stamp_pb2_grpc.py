@@ -162,7 +162,8 @@ class StampAgentServicer:
 
     def GetStampSessionResults(self, request, context):
         """Sender only (polling mode): drain the session's result FIFO; or, with after_id,
-        acknowledge the records up to it and read the next ones without removing them.
+        acknowledge the records up to it and read the next ones without removing them
+        (loss reports likewise with after_loss_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
