@@ -47,8 +47,10 @@ INTERVAL_NS = 200_000_000
 class _NoAgent:
     """What the storer calls on a sender agent's client: nothing to do."""
 
-    def acknowledge_many(self, acks: dict[int, int]) -> None:
-        del acks
+    def acknowledge_many(
+        self, acks: dict[int, int], through_loss_ids: dict[int, int] | None = None
+    ) -> None:
+        del acks, through_loss_ids
 
     def close(self) -> None:
         pass

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from sixlab.controller import core
+from sixlab.controller.core import Controller, SessionSpec
+from sixlab.controller.store import SqliteStore
 from sixlab.southbound import AgentClient, SenderSession, serve
 from sixlab.southbound._generated import stamp_pb2 as pb
 from sixlab.southbound.budget import MIN_REPLY_BUDGET_BYTES
@@ -213,3 +215,35 @@ def test_loss_ids_skip_the_reports_dropped_on_overflow(tmp_path: Path) -> None:
         assert _lost(c.results(1, after_id=0, after_loss_id=0)) == [
             (i + 1, i) for i in range(20, 30)
         ]
+
+
+@pytest.mark.parametrize("collect", ["poll", "stream"])
+def test_the_controller_leaves_no_loss_reports_on_the_sender(tmp_path: Path, collect: str) -> None:
+    """A controller collecting a lossy session (nothing answers its probes) takes the
+    sender's loss reports off it as it goes, by either collection: more losses than the
+    sender's FIFO holds pile up nowhere, so ``overflow`` stays 0 (no record was lost) and
+    none are queued once the session finished."""
+    count = 25
+    raddr = f"unix:{tmp_path}/r.sock"
+    reflector = serve(raddr, "reflector")
+    ctl = Controller(SqliteStore(tmp_path / "c.db"), poll_interval_s=0.1)
+    with _sender(tmp_path, fifo_capacity=10) as sender:
+        try:
+            ctl.register_node("s", f"unix:{tmp_path}/s.sock", "sender")  # initialised
+            ctl.register_node("r", raddr, "reflector")
+            ctl.init_node("r", source="::1", port=0)
+            ctl.create_session(
+                SessionSpec(name="p", sender="s", reflector="r", reflector_address="::1",
+                            reflector_port=9, interval_ns=100 * MS, count=count,
+                            loss_timeout_ns=100 * MS, collect=collect)
+            )  # fmt: skip
+            ctl.start_session("p")
+            assert ctl.wait_finished("p", 30)
+            ssid = ctl.store.session("p").ssid
+            (counters,) = sender.counters(ssid).sessions
+            assert (counters.lost, counters.overflow) == (count, 0)
+            assert _lost(sender.results(ssid, after_id=0, after_loss_id=0)) == []
+            assert ctl.store.session("p").lost == count
+        finally:
+            ctl.close()
+            reflector.stop(None)

@@ -4,13 +4,24 @@ error (which the northbound API would answer as UNKNOWN)."""
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from pathlib import Path
 
 import pytest
 
+from sixlab.controller.core import Controller
 from sixlab.controller.events import EventKind, EventState, SessionEvent
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
-from sixlab.controller.store import _SESSION_TABLES, SCHEMA, InUseError, NotFoundError, Store
+from sixlab.controller.store import (
+    _SESSION_TABLES,
+    SCHEMA,
+    InUseError,
+    NotFoundError,
+    SqliteStore,
+    Store,
+)
 from tests.unit.test_controller_store_backends import _r, store
 
 __all__ = ["store"]  # the fixture of both stores, with nodes s1 and r1
@@ -72,3 +83,33 @@ def test_prune_knows_every_table_of_a_session(schema: str) -> None:
     )
     referencing = {name for name, body in tables if "REFERENCES sessions(id)" in body}
     assert referencing == set(_SESSION_TABLES)
+
+
+def test_a_node_removed_during_the_supervisors_round_is_skipped_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The supervisor reads the node list, then checks each node in turn; another replica
+    may remove a node (``apply --prune``) in between. That node's check then finds no
+    node: it is skipped, not logged as a failed check (an ERROR)."""
+    sqlite = SqliteStore(tmp_path / "c.db")
+    sqlite.add_node("s1", "127.0.0.1:1", "sender")
+    listing = sqlite.nodes()  # what the round read before the removal
+    sqlite.remove_node("s1")
+    checked: list[str] = []
+
+    class Late(Controller):
+        def check_node(self, name: str) -> bool:
+            checked.append(name)
+            return super().check_node(name)
+
+    caplog.set_level(logging.WARNING, logger="sixlab.controller.core")
+    c = Late(sqlite, supervise_interval_s=0.005)
+    c.store.nodes = lambda: listing  # type: ignore[method-assign]
+    try:
+        deadline = time.monotonic() + 10
+        while len(checked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        c.close()
+    assert checked[:3] == ["s1"] * 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

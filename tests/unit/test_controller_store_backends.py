@@ -4,6 +4,7 @@ migrations, bytes per result."""
 from __future__ import annotations
 
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -706,3 +707,154 @@ def test_sqlite_roll_up_reads_the_stored_rollups_it_merges_by_their_key(tmp_path
         ((_, minute),) = store.rollups(sid)
         assert minute.count == 10
     store.close()
+
+
+#: A plan's step over the sessions or epochs table (under their aliases too).
+_LIVE_TABLES = re.compile(r"\b(SCAN|SEARCH) (sessions|epochs|s|e)\b(.*)")
+
+
+def _partial_indexes(store: SqliteStore) -> set[str]:
+    rows = store._conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='index' AND sql LIKE '% WHERE %'"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _per_pass_statements(store: SqliteStore) -> list[tuple[str, str]]:
+    """(statement, SQLite plan) of what the controller runs per pass rather than per
+    session (supervisor rounds, stream reopenings, housekeeping), over three live
+    sessions (one stopping to restart, one with records) and three destroyed ones."""
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    ids = _sessions(store, 6)
+    store.set_states(["p0", "p1", "p2"], "running")
+    assert store.mark_restart("p1", "sender-lost")
+    store.store_results(ids[0], [(k + 1, _r(k)) for k in range(5)])
+    store.mark_destroying(["p3", "p4", "p5"])
+    for sid in ids[3:]:
+        assert store.finish_destroy(sid, 1)
+
+    def run() -> None:
+        assert [r[0] for r in store.restarts()] == ["p1"]
+        assert [n for n, _ in store.stopping("s1")] == ["p1"]
+        assert store.destroying("s1") == []
+        assert store.starting("s1") == []
+        assert store.collectable("s1") == ["p0", "p1", "p2"]
+        assert [r.name for r in store.sessions_of("s1")] == ["p0", "p1", "p2"]
+        assert len(store.ssids_of("s1")) == 3
+        assert len(store.ssids_of("r1", role="reflector")) == 3
+        assert store.roll_up() == 5
+        store.expire(2**62, raw_ns=0)
+
+    return [
+        (sql, plan)
+        for sql, plan in _plans(store, run)
+        if " sessions " in sql + " " or " epochs " in sql + " "
+    ]
+
+
+def test_sqlite_per_pass_statements_read_the_live_rows_only(tmp_path: Path) -> None:
+    """What the controller runs every supervisor round or housekeeping pass reads the
+    sessions and epochs that matter through partial indexes: the live sessions of a node
+    (or pending a restart), the epochs not yet rolled up or expired; never a scan of the
+    table, nor every session a node ever had (destroyed history included). At 10,000
+    sessions and a long history, each pass would read them all."""
+    store = SqliteStore(tmp_path / "c.sqlite")
+    plans = _per_pass_statements(store)
+    partial = _partial_indexes(store)
+    assert len(plans) >= 10
+    for sql, plan in plans:
+        for step in plan.split(" | "):
+            m = _LIVE_TABLES.search(step)
+            if m is None or (m[1] == "SEARCH" and "PRIMARY KEY" in m[3]):
+                continue  # another table, or one row by its key
+            index = re.search(r"USING (?:COVERING )?INDEX (\w+)", m[3])
+            assert index is not None, (sql, plan)
+            assert index[1] in partial, (sql, plan)
+    store.close()
+
+
+#: The indexes schema version 6 added (the passes' partial indexes).
+_V6_INDEXES = {
+    "sessions_sender_live",
+    "sessions_sender_state",
+    "sessions_reflector_live",
+    "sessions_restart",
+    "epochs_unrolled",
+    "epochs_unexpired",
+}
+
+
+def test_postgresql_per_pass_statements_read_the_live_rows_only(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The same statements, explained by PostgreSQL over analysed tables: 10 senders and
+    10 reflectors, 10,000 live sessions (ten stopping to restart) with new records since
+    the last roll-up, and 20,000 destroyed ones rolled up and expired, one epoch each.
+    The sessions and epochs are read through the passes' partial indexes (or one epoch
+    by its key): no sequential scan, and no index of every session ever kept."""
+    sqlite = SqliteStore(tmp_path / "c.sqlite")
+    statements = [sql for sql, _ in _per_pass_statements(sqlite)]
+    sqlite.close()
+    store = open_store(pg_url)
+    try:
+        for i in range(1, 11):
+            store.add_node(f"s{i}", f"127.0.0.1:{5000 + i}", "sender")
+            store.add_node(f"r{i}", f"127.0.0.1:{6000 + i}", "reflector")
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute(
+                "INSERT INTO sessions(name, ssid, sender, reflector, params, state, created_ns,"
+                " restart_reason) SELECT 'p' || i, i, 's' || (i % 10 + 1), 'r' || (i % 10 + 1),"
+                " '{}', CASE WHEN i <= 20000 THEN 'destroyed' WHEN i % 1000 = 0 THEN"
+                " 'stopping' ELSE 'running' END, 0, CASE WHEN i > 20000 AND i % 1000 = 0"
+                " THEN 'sender-lost' END FROM generate_series(1, 30000) AS i"
+            )
+            db.execute(
+                "INSERT INTO epochs(session_id, epoch, started_ns, top, rolled, expired)"
+                " SELECT id, 0, 0, 10, CASE WHEN state = 'destroyed' THEN 10 ELSE 9 END,"
+                " CASE WHEN state = 'destroyed' THEN 10 ELSE 0 END FROM sessions"
+            )
+            db.execute(
+                "INSERT INTO results(session_id, epoch, record_id, seq, t1_ns, t2_ns, t3_ns,"
+                " t4_ns, sender_ee, reflector_ee, ttl, reflector_seq) SELECT s.id, 0, k, k - 1,"
+                " k, k, k, k, 0, 0, 64, k - 1 FROM sessions s CROSS JOIN generate_series(1, 10)"
+                " AS k WHERE s.state != 'destroyed'"
+            )
+            db.execute("ANALYZE")
+            for sql in statements:
+                plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + sql).fetchall())
+                assert not re.search(r"Seq Scan on (sessions|epochs)\b", plan), (sql, plan)
+                used = set(re.findall(r"(?:Scan using|Bitmap Index Scan on) (\w+)", plan))
+                allowed = _V6_INDEXES | {"results_pkey", "rollups_pkey"}
+                if sql.startswith("UPDATE epochs"):
+                    allowed.add("epochs_pkey")
+                assert used <= allowed, (sql, plan)
+    finally:
+        store.close()
+
+
+def test_sqlite_a_version_5_file_gets_the_passes_indexes(tmp_path: Path) -> None:
+    path = tmp_path / "v5.sqlite"
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as db:  # version 5: the schema without them
+        for name in _V6_INDEXES:
+            db.execute(f"DROP INDEX {name}")
+        db.execute("PRAGMA user_version=5")
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as db:
+        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master")} >= _V6_INDEXES
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+
+
+def test_postgresql_migrates_a_version_5_database(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (5)")
+        for version in range(1, 6):
+            for statement in _STEPS[version]:
+                db.execute(statement)
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url) as db:
+        names = {r[0] for r in db.execute("SELECT indexname FROM pg_indexes")}
+        assert names >= _V6_INDEXES
+        assert db.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)

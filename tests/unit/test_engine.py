@@ -835,3 +835,27 @@ def test_a_plane_that_rebuilds_replies_never_hears_of_a_loopback_session(rebuild
         assert plane.hooks == [("added", 2), ("removed", 2)]
     else:
         assert plane.hooks == [("added", 1), ("added", 2), ("removed", 1), ("removed", 2)]
+
+
+def test_a_loss_report_wakes_the_waiters() -> None:
+    """A probe declared lost wakes ``wait_change`` (a results stream) as a record does:
+    on a path where every probe is lost no record ever comes, and the report must not
+    wait for the session's next counters (docs/architecture.md, "Loss reports")."""
+    network = MemoryNetwork()
+    sink = network.plane(DataplaneConfig(port=862, source=R_ADDR))  # receives, never answers
+    splane = network.plane(DataplaneConfig(port=0, source=S_ADDR))
+    sink.open()
+    splane.open()
+    clocks = SteppedClocks()
+    engine = SenderEngine(splane, clocks.wall, monotonic=clocks.mono)
+    cfg = SenderConfig(ssid=1, interval_ns=10 * S, count=2, loss_timeout_ns=100 * MS)
+    engine.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
+    engine.start_session(1)
+    seen = engine.wait_change(-1, 0)
+    clocks.advance(150 * MS)  # probe 0 expires; probe 1 is 10 s off
+    engine._on_tick()
+    assert engine.lost_after(1, 0)
+    assert engine.snapshot(1).state is State.RUNNING
+    assert engine.wait_change(seen, 0) != seen
+    splane.close()
+    sink.close()

@@ -705,13 +705,14 @@ _NO_DATA: tuple[int | None, ...] = (None, None, None, None)
 
 
 def _merge(pending: dict[int, pb.ResultBatch], batch: pb.ResultBatch) -> None:
-    """Add a stream batch to those gathered, one per session: records appended, the
-    latest state, overflow and counters kept."""
+    """Add a stream batch to those gathered, one per session: records and loss reports
+    appended, the latest state, overflow and counters kept."""
     into = pending.get(batch.ssid)
     if into is None:
         pending[batch.ssid] = batch
         return
     into.results.extend(batch.results)
+    into.lost.extend(batch.lost)
     into.overflow = batch.overflow
     into.state = batch.state
     into.final = into.final or batch.final
@@ -776,11 +777,14 @@ def _destroy(client: AgentClient, *, ssid: int) -> None:
 def _open_stream(
     client: AgentClient, *, after: dict[int, int], window_ns: int
 ) -> ResultStream[pb.ResultBatches]:
+    """The sessions' stream, each from its record cursor, with its loss reports from the
+    first still queued (those acknowledged are gone: loss id 0 asks for the rest)."""
     return client.stream_many(
         after,
         max_batch=BATCH,
         batch_window_ns=window_ns,
         counters_interval_ns=STREAM_COUNTERS_NS,
+        after_loss_ids=dict.fromkeys(after, 0),
     )
 
 
@@ -1273,10 +1277,21 @@ class Controller:
                     continue
                 try:
                     self.check_node(node.name)
+                except NotFoundError:
+                    if self._node_exists(node.name):
+                        log.exception("node %s: check failed", node.name)
+                    # else removed since the list was read (another replica's prune)
                 except Exception:
                     log.exception("node %s: check failed", node.name)
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
+
+    def _node_exists(self, name: str) -> bool:
+        try:
+            self.store.node(name)
+        except NotFoundError:
+            return False
+        return True
 
     def _call(self, node: str, fn: Callable[[AgentClient], Any], *, refresh: bool = True) -> Any:
         """One call to a node's agent; its health follows the outcome (``refresh``
@@ -2721,11 +2736,16 @@ class Controller:
         """Store a batch per session in one transaction and acknowledge them at once;
         when the transaction committed (Unix ns). ``committed`` is called once it has.
 
+        The batches' loss reports are acknowledged with their records, once committed,
+        and not stored: loss is counted from the sender's counters (docs/architecture.md,
+        "Loss reports"); left unacknowledged, they would fill the sender's FIFO.
+
         The caller holds the sessions' locks, from before the epoch checks to after the
         acknowledgement.
         """
         batches = [b for b in batches if b.ssid in subs]
         acks: dict[int, int] = {}
+        lost_acks: dict[int, int] = {}
         todo: list[tuple[SessionRow, pb.ResultBatch, ResultBatch]] = []
         for batch in batches:
             if batch.gone:
@@ -2752,11 +2772,13 @@ class Controller:
             self._stored(sub, stored, new, now)
             if rows:
                 acks[batch.ssid] = rows[-1][2]
+            if batch.lost:
+                lost_acks[batch.ssid] = batch.lost[-1].loss_id
             if batch.final:
                 del subs[batch.ssid]
                 with self._lock:
                     st.names.discard(sub.name)
                 self._finish(sub)
-        if acks:
-            self._call(st.node, lambda c: c.acknowledge_many(acks), refresh=False)
+        if acks or lost_acks:
+            self._call(st.node, lambda c: c.acknowledge_many(acks, lost_acks), refresh=False)
         return done

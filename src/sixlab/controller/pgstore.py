@@ -186,6 +186,14 @@ _STEPS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX sessions_name ON sessions(name)",
         "CREATE INDEX events_session ON events(session_id, id)",
     ),
+    6: (
+        "CREATE INDEX sessions_sender_live ON sessions(sender) WHERE state != 'destroyed'",
+        "CREATE INDEX sessions_sender_state ON sessions(sender, state) WHERE state != 'destroyed'",
+        "CREATE INDEX sessions_reflector_live ON sessions(reflector) WHERE state != 'destroyed'",
+        "CREATE INDEX sessions_restart ON sessions(state) WHERE restart_reason IS NOT NULL",
+        "CREATE UNIQUE INDEX epochs_unrolled ON epochs(session_id, epoch) WHERE rolled < top",
+        "CREATE UNIQUE INDEX epochs_unexpired ON epochs(session_id, epoch) WHERE expired < rolled",
+    ),
 }
 assert max(_STEPS) == SCHEMA_VERSION
 

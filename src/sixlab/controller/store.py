@@ -257,11 +257,25 @@ CREATE UNIQUE INDEX IF NOT EXISTS sessions_live_name ON sessions(name) WHERE sta
 CREATE INDEX IF NOT EXISTS sessions_name ON sessions(name);
 -- A session's events (Store.raised, event_counts, events of one session).
 CREATE INDEX IF NOT EXISTS events_session ON events(session_id, id);
+-- What every supervisor round and housekeeping pass reads (docs/architecture.md,
+-- "Indexes for the passes"): a node's live sessions, not its destroyed history (a query
+-- uses these only with ``state != 'destroyed'`` among its terms), a sender's in one
+-- state, those pending a restart, the epochs not yet rolled up and not yet expired
+-- (unique: SQLite then keeps their order for the records joined to them).
+CREATE INDEX IF NOT EXISTS sessions_sender_live ON sessions(sender) WHERE state != 'destroyed';
+CREATE INDEX IF NOT EXISTS sessions_sender_state ON sessions(sender, state)
+    WHERE state != 'destroyed';
+CREATE INDEX IF NOT EXISTS sessions_reflector_live ON sessions(reflector)
+    WHERE state != 'destroyed';
+CREATE INDEX IF NOT EXISTS sessions_restart ON sessions(state) WHERE restart_reason IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS epochs_unrolled ON epochs(session_id, epoch) WHERE rolled < top;
+CREATE UNIQUE INDEX IF NOT EXISTS epochs_unexpired ON epochs(session_id, epoch)
+    WHERE expired < rolled;
 """
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
 _SELECT_SESSIONS = (
@@ -953,7 +967,8 @@ class Store(ABC):
         """(name, claimer) of this sender node's sessions in the ``starting`` state."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT name, claimed_by FROM sessions WHERE sender=? AND state='starting'"
+                "SELECT name, claimed_by FROM sessions WHERE sender=? AND state != 'destroyed'"
+                " AND state='starting'"
                 " ORDER BY id",
                 (sender,),
             ).fetchall()
@@ -1052,7 +1067,8 @@ class Store(ABC):
         """(name, epoch) of the sessions of this sender node that are ``stopping``."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT name, epoch FROM sessions WHERE sender=? AND state='stopping' ORDER BY id",
+                "SELECT name, epoch FROM sessions WHERE sender=? AND state != 'destroyed'"
+                " AND state='stopping' ORDER BY id",
                 (sender,),
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
@@ -1061,7 +1077,8 @@ class Store(ABC):
         """Names of the sessions of this sender node being destroyed, oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT name FROM sessions WHERE sender=? AND state='destroying' ORDER BY id",
+                "SELECT name FROM sessions WHERE sender=? AND state != 'destroyed'"
+                " AND state='destroying' ORDER BY id",
                 (sender,),
             ).fetchall()
         return [r[0] for r in rows]
@@ -1183,8 +1200,8 @@ class Store(ABC):
         (running or stopping), oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT name FROM sessions WHERE sender=? AND state IN ('running', 'stopping')"
-                " ORDER BY id",
+                "SELECT name FROM sessions WHERE sender=? AND state != 'destroyed'"
+                " AND state IN ('running', 'stopping') ORDER BY id",
                 (sender,),
             ).fetchall()
         return [r[0] for r in rows]

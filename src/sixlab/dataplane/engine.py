@@ -610,8 +610,8 @@ class SenderEngine(_Loop):
         self._heap: list[tuple[int, int, int]] = []
         self._pushes = itertools.count()
         self._cond = threading.Condition(self.lock)
-        #: Bumped whenever a waiter may have something new: a record, a session
-        #: finished or removed (see ``wait_change``).
+        #: Bumped whenever a waiter may have something new: a record, a loss report, a
+        #: session finished or removed (see ``wait_change``).
         self._version = 0
         #: Records or ends filed that waiters have not been woken for (``_notify_pending``).
         self._pending = False
@@ -872,8 +872,8 @@ class SenderEngine(_Loop):
 
     def wait_change(self, seen: int, timeout: float) -> int:
         """Wait up to ``timeout`` s for a change after ``seen`` (a value this returned
-        before; -1 at first): a record queued, a session finished or removed, in any
-        session. Returns the current value, for the next call."""
+        before; -1 at first): a record or loss report queued, a session finished or
+        removed, in any session. Returns the current value, for the next call."""
         with self._cond:
             self._cond.wait_for(lambda: self._version != seen, timeout)
             return self._version
@@ -1519,6 +1519,7 @@ class SenderEngine(_Loop):
                     entry.pop_oldest_lost()
                     entry.overflow += 1
                 entry.lost.append(event)
+                notify = True  # a lossy path's only news: no record comes
             elif isinstance(event, ev.SessionFinished):
                 notify = True
             if on_event is not None:
@@ -1543,8 +1544,9 @@ class SenderEngine(_Loop):
         self._cond.notify_all()
 
     def _notify_pending(self) -> None:
-        """Wake the waiters once for every record and end ``_pump`` filed since the last
-        call (lock held): once per batch of replies or run of timers, not per record."""
+        """Wake the waiters once for every record, loss report and end ``_pump`` filed
+        since the last call (lock held): once per batch of replies or run of timers, not
+        per record."""
         if self._pending:
             self._pending = False
             self._notify()

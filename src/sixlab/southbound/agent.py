@@ -49,9 +49,10 @@ pushes batches (the "notification mode" that paper describes but did not build).
 stream ends after the batch with ``final`` set (the session finished and its FIFO is
 empty), when the client cancels, and with ABORTED when the session is destroyed or the
 agent reset under it. StreamResults does the same for any number of sessions on one
-stream: it waits for any change in the engine (``SenderEngine.wait_change``), then cuts
-one message with a batch for each session that has records, has finished, or is due
-its counters.
+stream: it waits for any change in the engine (``SenderEngine.wait_change``: a record
+or loss report queued, a session ended), then cuts one message with a batch for each
+session that has records or loss reports it asked for, has finished, or is due its
+counters.
 
 Concurrency. gRPC calls run on a thread pool. One lock serialises every unary call, so
 a check and the change it guards cannot be split by another call; streams take it
@@ -1100,8 +1101,8 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         version, more = -1, True
         while subs and context.is_active():
             if not more:
-                # Sleep until a record comes (or the next counters are due), then let
-                # the batch window gather more.
+                # Sleep until a record or loss report comes (or the next counters are
+                # due), then let the batch window gather more.
                 due = min(sub.counters_due for sub in subs.values())
                 wait = min(_STREAM_POLL_S, max(0.0, (due - time.monotonic_ns()) / NS_PER_S))
                 seen, version = version, engine.wait_change(version, wait)

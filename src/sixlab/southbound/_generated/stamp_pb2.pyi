@@ -1102,7 +1102,9 @@ class StreamStampSessionResultsRequest(_message.Message):
     """Cursor mode for loss reports (as GetStampSessionResultsRequest.after_loss_id): the
     reports with loss_id above it come with their loss_id and stay queued until
     AcknowledgeStampSessionResults' through_loss_id. Unset: the stream removes the
-    reports it sends. Agents that predate this field remove them.
+    reports it sends. Either way a report comes with the session's next batch: with
+    records, or at most 250 ms after it was declared (the stream looks that often;
+    StreamResults sends it sooner). Agents that predate this field remove them.
     """
     def __init__(
         self,
@@ -1248,8 +1250,8 @@ class StreamResultsRequest(_message.Message):
     sessions this one left out.
     """
     batch_window_ns: _builtins.int
-    """After a record arrives, wait up to this long (ns) for more before sending. 0: 100 ms.
-    Bounded by 10 s.
+    """After a record or a loss report (of after_loss_ids' sessions) arrives, wait up to
+    this long (ns) for more before sending. 0: 100 ms. Bounded by 10 s.
     """
     counters_interval_ns: _builtins.int
     """Send each session's counters at least this often (ns), with or without records.
@@ -1264,12 +1266,13 @@ class StreamResultsRequest(_message.Message):
     @_builtins.property
     def after_loss_ids(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Loss reports, for the sessions listed here and in after_ids (others get none): each
-        with the
-        loss_id of the last loss report the caller holds (0: none). The reports after it
-        come in the session's batches (`lost`, with their loss_id, within half the room
-        the message has left; with the session's next batch, its records or counters),
-        and stay queued until acknowledged (AcknowledgeResults.through_loss_ids); a
-        session's `final` batch waits for them. Agents that predate this field send none.
+        with the loss_id of the last loss report the caller holds (0: none). The reports
+        after it come in the session's batches (`lost`, with their loss_id, within half
+        the room the message has left), and stay queued until acknowledged
+        (AcknowledgeResults.through_loss_ids); a session's `final` batch waits for them. A
+        report wakes the stream as a record does: it is sent within batch_window_ns of
+        being declared, on a path where every probe is lost (no records) too. Agents that
+        predate this field send none.
         """
 
     def __init__(
