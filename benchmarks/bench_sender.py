@@ -9,12 +9,19 @@ them one by one spreads them. After a warm-up the benchmark reports, over its me
 window: the sender process's CPU (share of one core: user + system, the engine thread
 and the kernel's work for its sockets), packets sent and results received per second,
 and the schedule slip of every packet (how long after its slot, start + k × interval
-with the engine's own origin, the engine finished sending it: monotonic clock, measured
-in the engine's event hook right after the send), p50/p99/max, and the slots skipped,
+with the engine's own origin, its T1 was taken: the T1 of its ``PacketSent`` event
+less the wall clock's offset from the monotonic one, read once as the window opens,
+since the compiled run loop reports its packets after the fact), p50/p99/max, and the
+slots skipped,
 with the garbage collector's passes in the window (how many, their time, the full ones
 and the longest full one: a full pass stops the engine for as long as it takes).
 
     sudo .venv/bin/python benchmarks/bench_sender.py --sessions 10000 --rate 1 --seconds 20
+
+``--paths`` runs the engine once per path in turn, side by side against one reflector:
+``loop`` (the compiled run loop, ``SenderEngine(compiled_loop=True)``), ``loop-thread``
+(the same on a thread of its own, ``loop_thread``), ``compiled``
+(sendmmsg/recvmmsg with the Python schedule), ``python`` (no C at all).
 
 Beside the engine, at the same rate and tick: ``--floor``, bare ``sendto`` + ``recvmsg``
 from Python, and ``--c-floor``, ``sender_floor.c`` (``sendmmsg``/``recvmmsg`` batches per
@@ -55,7 +62,7 @@ def _pct(data: list[int], p: float) -> int:
     return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
 
 
-def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
+def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> dict[str, Any]:
     from sixlab.dataplane.base import DataplaneConfig, create  # noqa: PLC0415
     from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec  # noqa: PLC0415
     from sixlab.stamp import PacketSent, StampResult  # noqa: PLC0415
@@ -66,13 +73,13 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     slips: list[int] = []
     counts = {"sent": 0, "results": 0}
     measuring = [False]
+    offset = [0]  # wall - monotonic, ns
 
     def on_event(event: object) -> None:
         if isinstance(event, PacketSent):
-            now = time.monotonic_ns()
             origin = base.get(event.ssid)
             if measuring[0] and origin is not None:
-                slips.append((now - origin) % interval)
+                slips.append((event.t1_ns - offset[0] - origin) % interval)
                 counts["sent"] += 1
         elif isinstance(event, StampResult) and measuring[0]:
             counts["results"] += 1
@@ -83,15 +90,22 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     # controller keeps them. (With 64 per session, 640,000 records waited, and the
     # garbage collector's full passes over them slipped packets by up to 190 ms.)
     # (Trees before the C path have no ``compiled``: they run with no extra argument.)
-    extra: dict[str, Any] = {"compiled": False} if args.python_path else {}
+    extra: dict[str, Any] = {"compiled": False} if args.python_path or path == "python" else {}
+    if path == "compiled":
+        extra["compiled_loop"] = False
     if args.timer_slack_ns is not None:
         extra["timer_slack_ns"] = args.timer_slack_ns or None
     engine = SenderEngine(
         dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3), **extra
     )
+    if args.loop_slice_ms is not None:
+        engine.loop_slice_ns = int(args.loop_slice_ms * 1e6)
+    if path == "loop-thread":
+        engine.loop_thread = True
     engine.start()
     # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
     compiled = getattr(engine, "probe_io", None) is not None
+    looped = getattr(engine, "send_loop", None) is not None
     n = args.sessions
     for ssid in range(1, n + 1):
         config = SenderConfig(ssid, interval_ns=interval, loss_timeout_ns=2 * interval)
@@ -121,6 +135,7 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
         else:
             pauses.append((info["generation"], time.perf_counter_ns() - began[0]))
 
+    offset[0] = time.time_ns() - time.monotonic_ns()
     measuring[0] = True
     gc.callbacks.append(on_gc)
     c0, w0 = os.times(), time.monotonic()
@@ -139,7 +154,13 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
     sent = max(counts["sent"], 1)
     return {
         "tick_us": tick_us,
-        "path": "C (sendmmsg/recvmmsg)" if compiled else "Python",
+        "path": (
+            ("C run loop, own thread" if path == "loop-thread" else "C run loop")
+            if looped
+            else "C (sendmmsg/recvmmsg)"
+            if compiled
+            else "Python"
+        ),
         "sixlab": str(Path(sys.modules["sixlab"].__file__ or "").parent.parent),
         "sessions": n,
         "rate_per_session": args.rate,
@@ -162,6 +183,7 @@ def run(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
         "load_average": os.getloadavg()[0],
         "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
         "timer_slack_ns": getattr(engine, "timer_slack_ns", None) or "kernel default",
+        "loop_slice_ms": getattr(engine, "loop_slice_ns", 0) / 1e6 if looped else None,
     }
 
 
@@ -294,6 +316,16 @@ def main() -> None:
         help="the engine's pure-Python probe path even where the C one builds",
     )  # fmt: skip
     parser.add_argument(
+        "--paths", default=None,
+        help="comma-separated engine paths to run in turn for each tick: loop (the compiled"
+        " run loop), loop-thread (the same on a thread of its own), compiled (C send/receive,"
+        " Python schedule), python",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-slice-ms", type=float, default=None,
+        help="the longest one call of the compiled run loop lasts (engine default: 2 ms)",
+    )  # fmt: skip
+    parser.add_argument(
         "--gc-freeze", action="store_true",
         help="gc.freeze() once the sessions are started: what the garbage collector's "
         "full passes over them cost the schedule",
@@ -313,6 +345,9 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     ticks = [float(x) for x in args.tick_us.split(",")]
+    paths: list[str | None] = list(args.paths.split(",")) if args.paths else [None]
+    if not set(paths) <= {None, "loop", "loop-thread", "compiled", "python"}:
+        parser.error(f"--paths: loop, loop-thread, compiled or python, not {args.paths}")
     reflector = subprocess.Popen(
         [sys.executable, __file__, "reflector", str(args.port)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -326,7 +361,8 @@ def main() -> None:
         for _ in range(args.repeat):
             for tick in ticks:
                 if not args.no_engine:
-                    print(json.dumps(run(args, tick)), flush=True)
+                    for path in paths:
+                        print(json.dumps(run(args, tick, path)), flush=True)
                 if args.floor:
                     print(json.dumps(floor(args, tick)), flush=True)
                 if args.c_floor:

@@ -26,6 +26,9 @@ from hypothesis import strategies as st
 from sixlab.stamp._events import PacketSent
 from sixlab.stamp.batch import (
     BatchReflector,
+    loop_handback,
+    loop_hold,
+    loop_state,
     receive_batch,
     receive_one,
     send_due,
@@ -442,6 +445,59 @@ def test_receive_one_equals_receive(
     receive_one(fast, arrivals[0][1], M0 + 10**12, T0 + 10**12)  # after the end: dropped
     ref.receive(arrivals[0][1], M0 + 10**12, T0 + 10**12)
     assert _state(fast) == _state(ref)
+
+
+def test_a_session_handed_to_a_run_loop_and_back_answers_as_before() -> None:
+    """``loop_state`` then ``loop_hold`` then ``loop_handback`` with what the loop kept:
+    the session answers the same replies as a twin that never left the core (packets
+    outstanding, highest Seq, next slot and Seq); sessions a loop cannot run get no
+    state (a count, a duration, TLVs, a stateful reflector, a loss timeout beyond the
+    window, not running)."""
+    config = SenderConfig(ssid=9, interval_ns=INTERVAL, loss_timeout_ns=3 * INTERVAL)
+    ref, moved = SenderSession(config), SenderSession(config)
+    for session in (ref, moved):
+        session.start(M0, T0)
+        for k in (1, 2, 3):
+            session.handle_timer(M0 + k * INTERVAL, T0 + k * INTERVAL)
+    probes = {int.from_bytes(p[:4]): p for p in ref.datagrams_to_send()}
+    moved.datagrams_to_send()
+    refl = Reflector(ReflectorSessionConfig(None))
+    back = refl.reflect(probes[2], T0 + 5, itertools.repeat(T0 + 6).__next__, 64)
+    assert back is not None
+    for session in (ref, moved):
+        session.receive(back.payload, M0 + 3 * INTERVAL, T0 + 3 * INTERVAL)
+    assert _state(moved) == _state(ref)
+    state = loop_state(moved)
+    assert state is not None
+    assert (state.next_send, state.next_seq, state.highest) == (M0 + 4 * INTERVAL, 4, 2)
+    assert [seq for seq, _, _ in state.outstanding] == [1, 3]  # Seq 0 lost, 2 answered
+    assert state.window == 8  # 3 intervals of loss + 3, to a power of two
+    assert state.answered is moved._answered
+    loop_hold(moved)
+    assert moved._outstanding == {}
+    loop_handback(moved, state.next_send, state.next_seq, state.outstanding, state.highest)
+    assert moved.get_timer() == ref.get_timer()
+    for seq in (1, 2, 0):  # a result (reordered), a duplicate, a late one
+        reply = refl.reflect(probes[seq], T0 + 5, itertools.repeat(T0 + 6).__next__, 64)
+        assert reply is not None
+        for session in (ref, moved):
+            session.receive(reply.payload, M0 + 3 * INTERVAL + 1, T0 + 3 * INTERVAL + 1)
+        assert _state(moved) == _state(ref)
+    for session in (ref, moved):
+        session.handle_timer(M0 + 9 * INTERVAL, T0 + 9 * INTERVAL)
+    assert _state(moved) == _state(ref)  # Seq 3 lost on both, Seq 4 sent
+    assert moved.datagrams_to_send() == ref.datagrams_to_send()
+    for other in (
+        dataclasses.replace(config, count=5),
+        dataclasses.replace(config, duration_ns=10**9),
+        dataclasses.replace(config, tlvs=tlv.ExtraPadding(bytes(4)).to_tlv().encode()),
+        dataclasses.replace(config, reflector_stateful=True),
+        dataclasses.replace(config, loss_timeout_ns=5000 * INTERVAL),
+    ):
+        session = SenderSession(other)
+        session.start(M0, T0)
+        assert loop_state(session) is None
+    assert loop_state(SenderSession(config)) is None  # not started
 
 
 def test_send_template_refuses_what_changes_per_packet() -> None:

@@ -60,7 +60,13 @@ from sixlab.dataplane.base import (
 )
 from sixlab.stamp import DropReason
 from sixlab.stamp.batch import (
+    LOOP_EVICT,
+    LOOP_SENT,
     due_seq,
+    loop_handback,
+    loop_hold,
+    loop_record,
+    loop_state,
     receive_batch,
     receive_one,
     receive_record,
@@ -102,6 +108,13 @@ DEFAULT_TICK_NS = 250_000
 #: nearly double the wake-ups, each of which costs more than the packet it serves
 #: (benchmarks/README.md, "One sender agent, socket plane").
 _HOLD_TICKS = 8
+#: The longest one call of the compiled run loop runs (``SenderEngine.loop_slice_ns``):
+#: what it did reaches the sessions' FIFOs and waiters at least this often. The loop
+#: sends nothing while the engine files what it did, so a shorter slice shortens that
+#: pause at the cost of more returns from C: 2 ms against 20 ms took slip p99 from
+#: 1.3-1.9 ms to 0.4-1.7 ms at 10,000 probes/s for 0-5 µs more per probe
+#: (benchmarks/README.md, "The compiled run loop").
+DEFAULT_LOOP_SLICE_NS = 2_000_000
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -497,6 +510,9 @@ class _SenderEntry:
     #: ``spec.config``'s SSID and interval (ns), kept here for the per-probe work.
     ssid: int = 0
     interval: int = 0
+    #: The session's index in the compiled run loop while the loop sends its packets
+    #: (``SenderEngine.send_loop``), else None.
+    loop_idx: int | None = None
 
     @property
     def schedule(self) -> ScheduleStats:
@@ -529,6 +545,7 @@ class SenderEngine(_Loop):
         tick_ns: int = DEFAULT_TICK_NS,
         fast_path: bool = True,
         compiled: bool = True,
+        compiled_loop: bool = True,
         timer_slack_ns: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
@@ -546,6 +563,16 @@ class SenderEngine(_Loop):
         The C path reads the system's wall clock itself, so it is used only with
         ``clock=time.time_ns``.
 
+        ``compiled_loop`` (with ``compiled``, and ``monotonic=time.monotonic_ns``, the
+        clock the C loop reads): once started, the sessions the core lets it run
+        (``sixlab.stamp.batch.loop_state``: no count or duration, TLV, stateful
+        reflector; here also no SRv6 path) are served in C (``probeio.SendLoop``: the
+        schedule, sends, replies matched, losses; the GIL released while it runs and
+        sleeps), and the engine files what it did (``loop_record``). Every reply it
+        does not answer comes to the Python path as before; a session stopped,
+        removed, or answered oddly goes back to its core (docs/architecture.md,
+        "Time").
+
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
         it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
@@ -555,9 +582,24 @@ class SenderEngine(_Loop):
         self.tick_ns = tick_ns
         self.fast_path = fast_path
         self.compiled = compiled
+        self.compiled_loop = compiled_loop
         self.timer_slack_ns = timer_slack_ns
         #: The plane's batched probe path, once the loop runs (None: the Python path).
         self.probe_io: probeio.ProbeIO | None = None
+        #: The compiled run loop, once the loop runs (None: the Python schedule).
+        self.send_loop: probeio.SendLoop | None = None
+        #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``); with
+        #: ``loop_thread`` how often this thread files what the loop did at least.
+        self.loop_slice_ns = DEFAULT_LOOP_SLICE_NS
+        #: The run loop on a thread of its own (``_run_threaded``), set before ``start``.
+        self.loop_thread = False
+        #: The run loop's resume pipe while it runs on its own thread (``_run_threaded``).
+        self._resume: int | None = None
+        #: Sessions with an SRv6 path (``_on_tick_exclusive``).
+        self._segmented = 0
+        #: The sessions in ``send_loop`` by their index there, and the free indexes.
+        self._loop_entries: list[_SenderEntry | None] = []
+        self._loop_free: list[int] = []
         #: When timers last ran (monotonic ns).
         self._last_run = -tick_ns
         self.fifo_capacity = fifo_capacity
@@ -579,13 +621,131 @@ class SenderEngine(_Loop):
         if self.compiled and self.fast_path and make is not None and self.clock is time.time_ns:
             with contextlib.suppress(DataplaneError):  # not open: the loop reports it
                 self.probe_io = make()
+            if (
+                self.probe_io is not None
+                and self.compiled_loop
+                and self.monotonic is time.monotonic_ns
+            ):
+                self.send_loop = self.probe_io.send_loop()
         super().start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        super().shutdown(timeout)
+        loop = self.send_loop
+        if loop is not None and not self.running:  # still in C: leave it allocated
+            loop.close()
 
     def _run(self) -> None:
         if self.timer_slack_ns is not None:  # this thread's; a refusal leaves the default
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(self.timer_slack_ns), 0, 0, 0)
-        super()._run()
+        if self.send_loop is None:
+            super()._run()
+            return
+        try:
+            self._run_compiled(self.send_loop)
+        except BaseException as exc:  # noqa: BLE001 - kept for the owner to report
+            self.error = exc
+
+    def _run_compiled(self, loop: probeio.SendLoop) -> None:
+        """The loop with the compiled run loop: ``SendLoop.run`` serves the sessions it
+        holds and reads every reply, until the next Python timer (sessions it does not
+        hold, loss deadlines of stopped ones), a control call's wake-up, replies it
+        leaves to Python, or a full out buffer; then, under the lock, its records go to
+        the cores (``_sync_loop``) and the Python timers run."""
+        if self.loop_thread:
+            self._run_threaded(loop)
+            return
+        pio = self.probe_io
+        assert pio is not None
+        waker = self._waker.r
+        hold = _HOLD_TICKS * self.tick_ns
+        while not self._stop.is_set():
+            with self.lock:
+                timeout, _ = self._wait()
+                until = self.monotonic() + min(int(timeout * 1e9), self.loop_slice_ns)
+                if self._loop_entries:
+                    pio.clear_routing_header()  # the loop's sends carry none
+            try:
+                why = loop.run(waker, until, self.tick_ns, hold)
+            except OSError as exc:
+                raise DataplaneError(f"socket: receive failed: {exc.strerror}") from exc
+            if why & probeio.LOOP_WAKER:
+                self._waker.drain()
+            with self.lock:
+                self._sync_loop(loop)
+            self._on_tick()
+            self.dataplane.flush()
+
+    def _run_threaded(self, loop: probeio.SendLoop) -> None:
+        """``loop_thread``: the run loop on a thread of its own that stays in C (it
+        writes a byte to a pipe when it leaves replies for Python or its records are
+        full, and goes on), while this thread files its records every slice or when
+        told, runs the Python timers, and tells it to look again (a byte on ``resume``).
+        The loop's sends go on while Python files what it did."""
+        pio = self.probe_io
+        assert pio is not None
+        notify_r, notify_w = os.pipe()
+        resume_r, resume_w = os.pipe()
+        stop_r, stop_w = os.pipe()
+        for fd in (notify_r, notify_w, resume_r, resume_w):
+            os.set_blocking(fd, False)
+        self._resume = resume_w
+        hold = _HOLD_TICKS * self.tick_ns
+        failed: list[BaseException] = []
+
+        def drive() -> None:
+            try:
+                while not self._stop.is_set():
+                    until = self.monotonic() + int(_IDLE_WAKE_S * 1e9)
+                    loop.run(stop_r, until, self.tick_ns, hold, notify=notify_w, resume=resume_r)
+            except BaseException as exc:  # noqa: BLE001 - reported by the engine thread
+                failed.append(exc)
+                self.wake()
+
+        with self.lock:
+            pio.clear_routing_header()  # the loop's sends carry none
+        runner = threading.Thread(target=drive, name="stamp-sender-loop", daemon=True)
+        runner.start()
+        fds = [self._waker.r, notify_r]
+        try:
+            while not self._stop.is_set() and not failed:
+                timeout, _ = self._wait()
+                wait = min(timeout, self.loop_slice_ns / 1e9)
+                readable, _, _ = select.select(fds, [], [], wait)
+                if self._waker.r in readable:
+                    self._waker.drain()
+                if notify_r in readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(notify_r, 512)
+                with self.lock:
+                    self._sync_loop(loop)
+                    self._on_tick_exclusive(loop, pio)
+                with contextlib.suppress(BlockingIOError):
+                    os.write(resume_w, b"x")
+                self.dataplane.flush()
+            if failed:
+                raise DataplaneError(f"socket: the run loop failed: {failed[0]}")
+        finally:
+            self._resume = None
+            os.write(stop_w, b"x")
+            runner.join(5.0)
+            for fd in (notify_r, notify_w, resume_r, resume_w, stop_r, stop_w):
+                os.close(fd)
+
+    def _on_tick_exclusive(self, loop: probeio.SendLoop, pio: probeio.ProbeIO) -> None:
+        """``_on_tick`` beside a run loop on its own thread (lock held): with the loop's
+        mutex when a session has an SRv6 path, whose sends on the heap set the socket's
+        sticky routing header (cleared again before the loop sends)."""
+        if not self._segmented:
+            self._on_tick()
+            return
+        loop.lock()
+        try:
+            self._on_tick()
+            pio.clear_routing_header()
+        finally:
+            loop.unlock()
 
     # -- control (any thread) ----------------------------------------------------------
 
@@ -604,6 +764,7 @@ class SenderEngine(_Loop):
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
+            self._segmented += bool(spec.segments)
             if not _announced(spec, self.dataplane):
                 return
             try:
@@ -617,16 +778,36 @@ class SenderEngine(_Loop):
             entry = self._entry(ssid)
             now = self.monotonic()
             self._feed_data(entry)
-            entry.session.start(now, self.clock())
-            entry.start = now
-            self._pump(entry, now)
-            self._arm(entry)
+            # With a run loop, its mutex from the first packet until the loop has the
+            # session: the reply must not reach the loop before the session does (and
+            # the socket's sticky SRv6 header, set for this send, must not be on the
+            # loop's packets).
+            loop = self.send_loop
+            if loop is not None:
+                loop.lock()
+            try:
+                entry.session.start(now, self.clock())
+                entry.start = now
+                self._pump(entry, now)
+                self._arm(entry)
+                if loop is not None:
+                    if entry.spec.segments:
+                        assert self.probe_io is not None
+                        self.probe_io.clear_routing_header()
+                    self._adopt(entry)
+            finally:
+                if loop is not None:
+                    loop.unlock()
             self._notify_pending()
+            if self._resume is not None:  # its heap changed: the loop looks again
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._resume, b"x")
         self.wake()
 
     def stop_session(self, ssid: int) -> None:
         with self.lock:
             entry = self._entry(ssid)
+            self._evict(entry)
             entry.session.stop()
             self._pump(entry)
             self._arm(entry)
@@ -636,9 +817,11 @@ class SenderEngine(_Loop):
     def remove_session(self, ssid: int) -> None:
         with self.lock:
             entry = self._entry(ssid)
+            self._evict(entry)
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
             del self._entries[ssid]
+            self._segmented -= bool(entry.spec.segments)
             if _announced(entry.spec, self.dataplane):
                 self.dataplane.sender_session_removed(ssid)
             self._notify()
@@ -650,9 +833,20 @@ class SenderEngine(_Loop):
     def snapshot(self, ssid: int) -> SessionSnapshot:
         with self.lock:
             e = self._entry(ssid)
+            schedule = e.schedule
+            loop = self.send_loop
+            if loop is not None and e.loop_idx is not None:
+                held = self._sync_loop(loop, e.loop_idx)
+                if held is not None:
+                    schedule = ScheduleStats(
+                        e.skipped + held.skipped,
+                        e.on_slot + held.on_slot,
+                        e.late_ns_total + held.late_ns_total,
+                        max(e.late_ns_max, held.late_ns_max),
+                    )
             c = e.session.counters
             copy = dataclasses.replace(c, dropped=dict(c.dropped))
-            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, e.schedule)
+            return SessionSnapshot(ssid, e.session.state, copy, len(e.fifo), e.overflow, schedule)
 
     def results(self, ssid: int, max_items: int | None = None) -> list[ev.StampResult]:
         """Drain up to ``max_items`` queued records of a session (polling mode)."""
@@ -793,8 +987,161 @@ class SenderEngine(_Loop):
             stop = min(len(entry.fifo), start + max_items)
             return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
 
+    def _adopt(self, entry: _SenderEntry) -> None:
+        """Hand a started session to the compiled run loop if it takes it (lock and the
+        loop's mutex held):
+        a session on ``send_due`` with a batched-send record and no SRv6 path whose
+        core says the loop can run it (``loop_state``). Its timers leave the heap; its
+        packets outstanding go with it (``loop_hold``)."""
+        loop, pio = self.send_loop, self.probe_io
+        if loop is None or pio is None or entry.template is None or entry.start is None:
+            return
+        session = entry.session
+        state = loop_state(session)
+        record = self._record(entry, pio) if state is not None else None
+        if state is None or record is None or entry.rthdr not in (b"", None):
+            return
+        cfg = entry.spec.config
+        tai = cfg.tai_utc_offset_ns if cfg.fmt is TimestampFormat.PTP else 0
+        loss = cfg.loss_timeout_ns
+        timing = (state.next_send, entry.interval, entry.start, entry.last_slot, loss, tai)
+        idx = self._loop_free.pop() if self._loop_free else len(self._loop_entries)
+        added = loop.add(
+            idx,
+            record,
+            ssid=entry.ssid,
+            timing=timing,
+            seq=state.next_seq,
+            highest=state.highest,
+            window=state.window,
+            outstanding=state.outstanding,
+            answered=state.answered,
+        )
+        if not added:
+            if idx < len(self._loop_entries):
+                self._loop_free.append(idx)
+            return
+        if idx == len(self._loop_entries):
+            self._loop_entries.append(entry)
+        else:
+            self._loop_entries[idx] = entry
+        loop_hold(session)
+        entry.loop_idx = idx
+        entry.timer = None  # what the heap holds of it is stale now
+
+    def _evict(self, entry: _SenderEntry) -> None:
+        """Take a session back from the run loop (lock held): what the loop did so far
+        goes to the cores first, then the session's schedule, packets outstanding and
+        statistics come back to the entry and its core, which runs it from here on
+        the heap."""
+        loop, idx = self.send_loop, entry.loop_idx
+        if loop is None or idx is None:
+            return
+        loop.lock()
+        try:
+            took, records = self._take(loop)
+            held = loop.get(idx, remove=True)
+        finally:
+            loop.unlock()
+        entry.loop_idx = None  # its LOOP_EVICT record, if any, is this
+        self._apply_loop(loop, took, records)
+        self._handback(entry, idx, held)
+        if took.left:
+            self._leftovers(loop, took.left)
+        self._notify_pending()
+
+    def _handback(self, entry: _SenderEntry, idx: int, held: probeio.LoopSession | None) -> None:
+        """The Python half of ``_evict`` (lock held): ``held``, what the loop kept of
+        the session at index ``idx`` (now out of it), back to the entry and the core."""
+        entry.loop_idx = None
+        self._loop_entries[idx] = None
+        self._loop_free.append(idx)
+        if held is not None:
+            loop_handback(entry.session, held.due, held.seq, held.outstanding, held.highest)
+            entry.skipped += held.skipped
+            entry.on_slot += held.on_slot
+            entry.late_ns_total += held.late_ns_total
+            entry.late_ns_max = max(entry.late_ns_max, held.late_ns_max)
+            entry.last_slot = held.last_slot
+        self._arm(entry)
+
+    @staticmethod
+    def _take(loop: probeio.SendLoop) -> tuple[probeio.LoopTake, bytes]:
+        """The loop's records since the last take, copied (its mutex held): they are
+        filed without the mutex, while the loop goes on (``_apply_loop``)."""
+        took = loop.take()
+        return took, bytes(memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size])
+
+    def _sync_loop(
+        self, loop: probeio.SendLoop, idx: int | None = None
+    ) -> probeio.LoopSession | None:
+        """What the run loop did since the last time to the cores (lock held), the
+        datagrams it left handled; and the state of its session ``idx`` if given."""
+        loop.lock()
+        try:
+            took, records = self._take(loop)
+            held = None if idx is None else loop.get(idx)
+        finally:
+            loop.unlock()
+        self._apply_loop(loop, took, records)
+        if took.left:
+            self._leftovers(loop, took.left)
+        self._notify_pending()
+        return held
+
+    def _apply_loop(self, loop: probeio.SendLoop, took: probeio.LoopTake, records: bytes) -> None:
+        """The run loop's records to their sessions (lock held, not the loop's mutex):
+        counters and events filed by ``loop_record``, ``PacketSent`` to ``on_event``; a
+        session that left the loop (``LOOP_EVICT``) back to its core."""
+        counters = self.counters
+        counters.send_failed += took.failed
+        counters.received += took.received - took.left  # those: ``_deliver_records``
+        if not records:
+            return
+        entries = self._loop_entries
+        on_event = self.on_event
+        pump = self._pump
+        for record in probeio.LOOP_OUT.iter_unpack(records):
+            idx = record[4]
+            entry = entries[idx]
+            if entry is None:
+                continue  # cannot be: a session leaves the loop after its records
+            session = entry.session
+            kind = record[8]
+            if kind == LOOP_EVICT:
+                if entry.loop_idx is not None:  # else ``_evict`` hands it back itself
+                    loop.lock()
+                    try:
+                        held = loop.get(idx, remove=True)
+                    finally:
+                        loop.unlock()
+                    self._handback(entry, idx, held)
+                continue
+            loop_record(session, record)
+            if kind == LOOP_SENT:
+                if on_event is not None:
+                    on_event(ev.PacketSent(entry.ssid, record[5], record[0]))
+            elif session.has_output:
+                pump(entry)
+
+    def _leftovers(self, loop: probeio.SendLoop, left: int) -> None:
+        """The datagrams the run loop left at the start of the receive buffers (replies
+        it does not answer: the sessions they could be for have left it), in the order
+        they came, through the Python path (``_deliver_records``), lock held."""
+        pio = self.probe_io
+        assert pio is not None
+        self._deliver_records(pio, left)
+        loop.lock()
+        try:
+            loop.left_done()
+        finally:
+            loop.unlock()
+
     def _arm(self, entry: _SenderEntry) -> None:
-        """Put the session's next timer in the heap if it changed (lock held)."""
+        """Put the session's next timer in the heap if it changed (lock held); none
+        while the run loop holds the session's schedule."""
+        if entry.loop_idx is not None:
+            return
         timer = entry.session.get_timer()
         if timer != entry.timer:
             entry.timer = timer

@@ -30,6 +30,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 #define MAX_BATCH 256
 #define SEND_HEAD 56
@@ -92,48 +96,40 @@ static uint64_t ns_from_ntp(uint64_t ts)
     return (uint64_t)(ns < NTP_MAX_NS - 1 ? ns : NTP_MAX_NS - 1);
 }
 
-/* Send n records of buf; *t1 gets the wall time written into them. Returns the number
- * of packets the kernel refused (each one skipped, the rest still sent); *err the errno
- * of the last refusal. */
-int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int *err)
+/* Point msg/iov at the send record rec (SEND_HEAD layout) with Seq seq and the
+ * Timestamp of wall written into its payload; returns the record's size in the buffer. */
+static size_t fill_msg(uint8_t *rec, uint32_t seq, int64_t wall, struct mmsghdr *msg,
+                       struct iovec *iov)
 {
-    struct mmsghdr msgs[MAX_BATCH];
-    struct iovec iov[MAX_BATCH];
-    struct timespec now;
-    if (n > MAX_BATCH)
-        n = MAX_BATCH;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t wall = (int64_t)now.tv_sec * (int64_t)NS + now.tv_nsec;
-    *t1 = wall;
-    *err = 0;
-    size_t off = 0;
-    memset(msgs, 0, sizeof(msgs[0]) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        uint8_t *rec = buf + off;
-        uint32_t plen, alen, fmt;
-        int64_t tai;
-        memcpy(&plen, rec, 4);
-        memcpy(&alen, rec + 4, 4);
-        memcpy(&fmt, rec + 8, 4);
-        memcpy(&tai, rec + 16, 8);
-        uint8_t *payload = rec + SEND_HEAD;
-        uint64_t stamp;
-        if (fmt == 1) {
-            uint64_t ns = (uint64_t)(wall + tai);
-            stamp = (ns / NS) << 32 | (ns % NS);
-        } else {
-            stamp = ntp_from_ns(wall);
-        }
-        put_be(payload, seqs[i], 4);
-        put_be(payload + 4, stamp, 8);
-        iov[i].iov_base = payload;
-        iov[i].iov_len = plen;
-        msgs[i].msg_hdr.msg_name = rec + 24;
-        msgs[i].msg_hdr.msg_namelen = alen;
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        off += SEND_HEAD + ((plen + 7) & ~7U);
+    uint32_t plen, alen, fmt;
+    int64_t tai;
+    memcpy(&plen, rec, 4);
+    memcpy(&alen, rec + 4, 4);
+    memcpy(&fmt, rec + 8, 4);
+    memcpy(&tai, rec + 16, 8);
+    uint8_t *payload = rec + SEND_HEAD;
+    uint64_t stamp;
+    if (fmt == 1) {
+        uint64_t ns = (uint64_t)(wall + tai);
+        stamp = (ns / NS) << 32 | (ns % NS);
+    } else {
+        stamp = ntp_from_ns(wall);
     }
+    put_be(payload, seq, 4);
+    put_be(payload + 4, stamp, 8);
+    iov->iov_base = payload;
+    iov->iov_len = plen;
+    memset(msg, 0, sizeof(*msg));
+    msg->msg_hdr.msg_name = rec + 24;
+    msg->msg_hdr.msg_namelen = alen;
+    msg->msg_hdr.msg_iov = iov;
+    msg->msg_hdr.msg_iovlen = 1;
+    return SEND_HEAD + ((plen + 7) & ~7U);
+}
+
+/* sendmmsg(2) of n prepared messages, a refused one skipped; the refusals. */
+static int send_all(int fd, struct mmsghdr *msgs, int n, int *err)
+{
     int failed = 0, i = 0;
     while (i < n) {
         int r = sendmmsg(fd, msgs + i, (unsigned)(n - i), MSG_DONTWAIT);
@@ -148,6 +144,31 @@ int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int
         }
     }
     return failed;
+}
+
+static int64_t clock_ns(clockid_t id)
+{
+    struct timespec now;
+    clock_gettime(id, &now);
+    return (int64_t)now.tv_sec * (int64_t)NS + now.tv_nsec;
+}
+
+/* Send n records of buf; *t1 gets the wall time written into them. Returns the number
+ * of packets the kernel refused (each one skipped, the rest still sent); *err the errno
+ * of the last refusal. */
+int pio_send(int fd, uint8_t *buf, int n, const uint32_t *seqs, int64_t *t1, int *err)
+{
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    if (n > MAX_BATCH)
+        n = MAX_BATCH;
+    int64_t wall = clock_ns(CLOCK_REALTIME);
+    *t1 = wall;
+    *err = 0;
+    size_t off = 0;
+    for (int i = 0; i < n; i++)
+        off += fill_msg(buf + off, seqs[i], wall, &msgs[i], &iov[i]);
+    return send_all(fd, msgs, n, err);
 }
 
 /* Receive up to n datagrams into data (slot bytes each) and recs; the number received,
@@ -269,4 +290,685 @@ int pio_recv(int fd, uint8_t *data, int slot, int n, struct recv_rec *recs)
 int pio_record_size(void)
 {
     return (int)sizeof(struct recv_rec);
+}
+
+/* ----------------------------------------------------------------------------------
+ * The compiled run loop (sixlab.dataplane.probeio.SendLoop; docs/architecture.md,
+ * "Time"): the sessions a SenderEngine hands over, served by sl_run with the
+ * GIL released. Each is an unauthenticated RFC 8762 session whose packets differ only
+ * in Seq and Timestamp and whose replies carry no TLV (44 bytes, RFC 8762 §4.3.1).
+ *
+ * Send: a binary heap of the sessions' slots on CLOCK_MONOTONIC; a run, at most once
+ * per tick, takes every due slot: Seq from the session's counter, the next slot on the
+ * grid after now, next = due + ((now - due) / interval + 1) * interval (the arithmetic
+ * of sixlab.stamp.batch.due_seq: slots missed are skipped, never burst), the slip
+ * counted as SenderEngine._slip counts it, then one CLOCK_REALTIME reading and one
+ * sendmmsg per MAX_BATCH packets (T1 written right before it, as pio_send).
+ *
+ * Receive: at each run and whenever the socket wakes the loop (only while no run is
+ * due within hold ns, as the engine's Python loop does), recvmmsg (pio_recv) and, per
+ * reply, what sixlab.stamp.batch.receive_record does for such a session: expire the
+ * packets whose loss deadline passed (before the reply), drop a zero Multiplier
+ * (RFC 4656 §4.1.2), match the sender's Seq to the packets outstanding (a window of
+ * Seq -> T1, deadline per session), tell a duplicate (the session core's answered
+ * bitmap, written in place) from a late or unknown Seq, check the echoed T1 exactly,
+ * count reordering against the highest Seq answered. Every outcome is an out record
+ * (struct sl_out) that the engine turns into the core's counters and events.
+ *
+ * What the loop does not answer goes back to the engine untouched, in arrival order:
+ * the first reply of a batch that is not a held session's plain 44-byte reply (SSID 0,
+ * another SSID, short, long, truncated) and every reply after it are left in the
+ * receive buffers (sl_take reports how many) and sl_run returns; a held session that
+ * got such a reply leaves the loop first (an SL_EVICT record: the engine gives its
+ * state back to the core, which answers from then on).
+ *
+ * Locking: the state's mutex is held by sl_run while it runs, never while it sleeps;
+ * every other sl_* function expects the caller to hold it (sl_lock / sl_unlock).
+ */
+
+#define SL_REC 512 /* bytes of one session's send record (SEND_HEAD + payload, padded) */
+#define SL_WAKER 1 /* sl_run's reasons to return: the waker fd is readable */
+#define SL_SOCKET 2 /* replies the loop leaves to the engine */
+#define SL_UNTIL 4 /* the deadline came */
+#define SL_FULL 8 /* the out records are (nearly) full */
+#define SL_NONE INT64_MIN
+#define DUP_WINDOW 65536 /* sixlab.stamp.sender.DUPLICATE_WINDOW: bits of answered */
+#define Z_BIT 0x4000
+
+enum { SL_SENT = 1, SL_RESULT, SL_LOST, SL_DUP, SL_DROP, SL_EVICT };
+/* Drop reasons of an SL_DROP record (probeio.LOOP_DROPS maps them to DropReason). */
+enum { SL_LATE = 1, SL_UNKNOWN_SEQ, SL_BAD_TIMESTAMP, SL_MULTIPLIER_ZERO };
+
+struct sl_slot { /* one packet in a session's window */
+    int64_t t1;       /* UTC ns */
+    int64_t deadline; /* monotonic ns; SL_NONE: answered, lost or never sent */
+    uint32_t seq;
+    uint32_t pad;
+};
+
+struct sl_sess {
+    int64_t due;        /* the next slot, CLOCK_MONOTONIC ns */
+    int64_t interval;   /* ns */
+    int64_t start;      /* the schedule's origin (slip) */
+    int64_t last_slot;  /* slot of the last packet sent */
+    int64_t skipped;    /* slots passed over */
+    int64_t on_slot;    /* packets sent */
+    int64_t late_total; /* ns after their slots, in total */
+    int64_t late_max;
+    int64_t loss;       /* the loss timeout, ns */
+    int64_t tai;        /* TAI - UTC, ns (PTP timestamps) */
+    int64_t highest;    /* the highest Seq answered; -1: none */
+    struct sl_slot *win;
+    uint8_t *answered;  /* the core's answered bitmap (DUP_WINDOW bits), not owned */
+    uint32_t seq;       /* the next Seq */
+    uint32_t oldest;    /* the oldest Seq that may still be outstanding */
+    uint32_t mask;      /* window slots - 1 */
+    int32_t pos;        /* index in the heap; -1: not scheduled */
+    uint16_t ssid;
+    uint8_t held;       /* in the loop (0: free, or left it and not yet taken back) */
+    uint8_t pad[5];
+};
+
+/* One out record (48 bytes; probeio.LOOP_OUT). */
+struct sl_out {
+    int64_t t1;   /* T1 of the packet, UTC ns */
+    int64_t a;    /* SENT: the run's monotonic time; RESULT: T2 */
+    int64_t b;    /* SENT: the next slot; RESULT: T3 */
+    int64_t c;    /* RESULT: T4 */
+    uint32_t idx; /* the session's index */
+    uint32_t seq; /* the sender's Seq */
+    uint32_t rseq; /* RESULT: the reflector's Seq; DROP: the reason */
+    uint16_t ree; /* RESULT: the reflector's Error Estimate */
+    uint8_t kind; /* SL_SENT ...; RESULT | 0x80: reordered */
+    uint8_t ttl;  /* RESULT: Ses-Sender TTL */
+};
+
+struct sl_state {
+    pthread_mutex_t mu;
+    int cap, heap_n, n_out, out_cap, failed, err, n_left, received, slot;
+    int rx_next, rx_got; /* replies of the last recvmmsg handled, and received */
+    int left_new;        /* n_left not yet reported by sl_take */
+    int left_at;         /* replies of the current batch left so far */
+    int64_t rx_mono, rx_wall, last_run;
+    int32_t *heap;
+    struct sl_sess *sess;
+    uint8_t *arena; /* SL_REC bytes per session */
+    struct sl_out *out;
+    int32_t by_ssid[65536]; /* held session's index by SSID; -1: none */
+    uint8_t *data;          /* the receive buffers (ProbeIO.data, .records) */
+    struct recv_rec *recs;
+};
+
+static int sl_less(struct sl_state *st, int a, int b)
+{
+    return st->sess[st->heap[a]].due < st->sess[st->heap[b]].due;
+}
+
+static void sl_swap(struct sl_state *st, int a, int b)
+{
+    int32_t t = st->heap[a];
+    st->heap[a] = st->heap[b];
+    st->heap[b] = t;
+    st->sess[st->heap[a]].pos = a;
+    st->sess[st->heap[b]].pos = b;
+}
+
+static void sl_up(struct sl_state *st, int i)
+{
+    while (i > 0 && sl_less(st, i, (i - 1) / 2)) {
+        sl_swap(st, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void sl_down(struct sl_state *st, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < st->heap_n && sl_less(st, l, m))
+            m = l;
+        if (r < st->heap_n && sl_less(st, r, m))
+            m = r;
+        if (m == i)
+            return;
+        sl_swap(st, i, m);
+        i = m;
+    }
+}
+
+static void sl_unheap(struct sl_state *st, int idx)
+{
+    int i = st->sess[idx].pos;
+    if (i < 0)
+        return;
+    st->sess[idx].pos = -1;
+    int last = --st->heap_n;
+    if (i != last) {
+        st->heap[i] = st->heap[last];
+        st->sess[st->heap[i]].pos = i;
+        sl_down(st, i);
+        sl_up(st, i);
+    }
+}
+
+static int sl_resize(struct sl_state *st, int cap)
+{
+    int32_t *heap = realloc(st->heap, sizeof(*heap) * (size_t)cap);
+    if (heap)
+        st->heap = heap;
+    struct sl_sess *sess = realloc(st->sess, sizeof(*sess) * (size_t)cap);
+    if (sess)
+        st->sess = sess;
+    uint8_t *arena = realloc(st->arena, (size_t)SL_REC * (size_t)cap);
+    if (arena)
+        st->arena = arena;
+    if (!heap || !sess || !arena)
+        return -1;
+    memset(st->sess + st->cap, 0, sizeof(*sess) * (size_t)(cap - st->cap));
+    for (int i = st->cap; i < cap; i++)
+        st->sess[i].pos = -1;
+    st->cap = cap;
+    return 0;
+}
+
+void sl_free(struct sl_state *st)
+{
+    if (!st)
+        return;
+    pthread_mutex_destroy(&st->mu);
+    for (int i = 0; i < st->cap; i++)
+        free(st->sess[i].win);
+    free(st->heap);
+    free(st->sess);
+    free(st->arena);
+    free(st->out);
+    free(st);
+}
+
+/* A loop for up to cap sessions (sl_add grows it), out_cap out records, receiving
+ * into data (MAX_BATCH slots of slot bytes) and recs (MAX_BATCH records). */
+struct sl_state *sl_new(int cap, int out_cap, uint8_t *data, int slot, struct recv_rec *recs)
+{
+    struct sl_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return NULL;
+    pthread_mutex_init(&st->mu, NULL);
+    st->out = calloc((size_t)out_cap, sizeof(*st->out));
+    st->out_cap = out_cap;
+    st->last_run = INT64_MIN / 2;
+    st->data = data;
+    st->slot = slot;
+    st->recs = recs;
+    for (int i = 0; i < 65536; i++)
+        st->by_ssid[i] = -1;
+    if (!st->out || sl_resize(st, cap < 1 ? 1 : cap)) {
+        sl_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+void sl_lock(struct sl_state *st)
+{
+    pthread_mutex_lock(&st->mu);
+}
+
+void sl_unlock(struct sl_state *st)
+{
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Hand session idx (a free index) to the loop. cfg: next slot due, interval, the
+ * schedule's origin, last slot sent, loss timeout, TAI - UTC (ns), highest Seq
+ * answered (-1: none); seq: its next Seq; ssid; window: 2^k slots, at least the
+ * packets that can be outstanding (loss timeout / interval + 2); out: the packets
+ * outstanding, n (Seq, T1, deadline) triples in Seq order; answered: the core's
+ * bitmap. 0, or -1 when the loop cannot take it (the engine keeps it on Python). */
+int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int64_t *cfg,
+           uint32_t seq, uint16_t ssid, int window, const int64_t *out, int n,
+           uint8_t *answered)
+{
+    if (idx < 0 || len > SL_REC || len < SEND_HEAD || cfg[1] <= 0 || ssid == 0
+        || window < 1 || (window & (window - 1)) || n < 0 || n > window
+        || st->by_ssid[ssid] >= 0 || !answered)
+        return -1;
+    if (idx >= st->cap) {
+        int cap = st->cap;
+        while (cap <= idx)
+            cap *= 2;
+        if (sl_resize(st, cap))
+            return -1;
+    }
+    struct sl_sess *s = &st->sess[idx];
+    if (s->held || s->win)
+        return -1;
+    struct sl_slot *win = malloc(sizeof(*win) * (size_t)window);
+    if (!win)
+        return -1;
+    for (int i = 0; i < window; i++)
+        win[i].deadline = SL_NONE;
+    memcpy(st->arena + (size_t)idx * SL_REC, rec, (size_t)len);
+    memset(s, 0, sizeof(*s));
+    s->due = cfg[0];
+    s->interval = cfg[1];
+    s->start = cfg[2];
+    s->last_slot = cfg[3];
+    s->loss = cfg[4];
+    s->tai = cfg[5];
+    s->highest = cfg[6];
+    s->seq = seq;
+    s->oldest = n ? (uint32_t)out[0] : seq;
+    s->mask = (uint32_t)window - 1;
+    s->win = win;
+    s->answered = answered;
+    s->ssid = ssid;
+    for (int i = 0; i < n; i++) {
+        uint32_t q = (uint32_t)out[3 * i];
+        if (seq - q > (uint32_t)window || seq - q == 0) { /* outside the window */
+            free(win);
+            s->win = NULL;
+            return -1;
+        }
+        win[q & s->mask] = (struct sl_slot){out[3 * i + 1], out[3 * i + 2], q, 0};
+    }
+    s->held = 1;
+    st->by_ssid[ssid] = idx;
+    s->pos = st->heap_n;
+    st->heap[st->heap_n++] = idx;
+    sl_up(st, s->pos);
+    return 0;
+}
+
+/* Session idx's state into v: next slot, next Seq, skipped, packets sent, late ns
+ * total and max, last slot, highest Seq answered (-1: none), whether still held; and
+ * into win (room for its window: 3 int64 per packet) the packets outstanding, Seq,
+ * T1, deadline, in Seq order. The number of those; -1: no such session. With remove,
+ * the session leaves the loop and its index is free again. */
+int sl_get(struct sl_state *st, int idx, int remove, int64_t *v, int64_t *win, int room)
+{
+    if (idx < 0 || idx >= st->cap || !st->sess[idx].win)
+        return -1;
+    struct sl_sess *s = &st->sess[idx];
+    v[0] = s->due;
+    v[1] = s->seq;
+    v[2] = s->skipped;
+    v[3] = s->on_slot;
+    v[4] = s->late_total;
+    v[5] = s->late_max;
+    v[6] = s->last_slot;
+    v[7] = s->highest;
+    v[8] = s->held;
+    int n = 0;
+    for (uint32_t q = s->oldest; q != s->seq && n < room; q++) {
+        struct sl_slot *w = &s->win[q & s->mask];
+        if (w->deadline != SL_NONE && w->seq == q) {
+            win[3 * n] = q;
+            win[3 * n + 1] = w->t1;
+            win[3 * n + 2] = w->deadline;
+            n++;
+        }
+    }
+    if (remove) {
+        sl_unheap(st, idx);
+        if (s->held && st->by_ssid[s->ssid] == idx)
+            st->by_ssid[s->ssid] = -1;
+        s->held = 0;
+        free(s->win);
+        s->win = NULL;
+    }
+    return n;
+}
+
+/* Move the out records into dst (room for out_cap); how many. counts: packets the
+ * kernel refused since the last take, the errno of the last, datagrams received,
+ * datagrams left in the receive buffers for the engine (at their start; reported by
+ * one take, and nothing more is received until sl_left_done). */
+int sl_take(struct sl_state *st, struct sl_out *dst, int *counts)
+{
+    int n = st->n_out;
+    memcpy(dst, st->out, sizeof(*dst) * (size_t)n);
+    st->n_out = 0;
+    counts[0] = st->failed;
+    counts[1] = st->err;
+    counts[2] = st->received;
+    counts[3] = st->left_new; /* once; receiving waits for sl_left_done */
+    st->left_new = 0;
+    st->failed = st->err = st->received = 0;
+    return n;
+}
+
+/* The datagrams sl_take reported left for the engine are handled. */
+void sl_left_done(struct sl_state *st)
+{
+    st->n_left = 0;
+}
+
+static struct sl_out *sl_emit(struct sl_state *st, int kind, int idx, uint32_t seq)
+{
+    struct sl_out *o = &st->out[st->n_out++];
+    memset(o, 0, sizeof(*o));
+    o->kind = (uint8_t)kind;
+    o->idx = (uint32_t)idx;
+    o->seq = seq;
+    return o;
+}
+
+/* The packets of session idx whose loss deadline is at or before now: lost. */
+static void sl_expire(struct sl_state *st, int idx, int64_t now)
+{
+    struct sl_sess *s = &st->sess[idx];
+    while (s->oldest != s->seq) {
+        struct sl_slot *w = &s->win[s->oldest & s->mask];
+        if (w->deadline != SL_NONE && w->seq == s->oldest) {
+            if (w->deadline > now)
+                return;
+            sl_emit(st, SL_LOST, idx, w->seq)->t1 = w->t1;
+            w->deadline = SL_NONE;
+        }
+        s->oldest++;
+    }
+}
+
+/* One run of the due slots at monotonic now (mutex held; room for them in out). */
+static void sl_pass(struct sl_state *st, int fd, int64_t now)
+{
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sl_out *batch[MAX_BATCH];
+    int k = 0;
+    /* Room: each session due leaves a SENT record and at most its window of LOST. */
+    while (st->heap_n && st->sess[st->heap[0]].due <= now
+           && st->n_out + 1 + (int)st->sess[st->heap[0]].mask + 1 < st->out_cap) {
+        int idx = st->heap[0];
+        struct sl_sess *s = &st->sess[idx];
+        int64_t slot = (now - s->start) / s->interval, late = (now - s->start) % s->interval;
+        if (slot > s->last_slot + 1)
+            s->skipped += slot - s->last_slot - 1;
+        s->on_slot++;
+        s->late_total += late;
+        if (late > s->late_max)
+            s->late_max = late;
+        s->last_slot = slot;
+        uint32_t seq = s->seq++;
+        uint32_t bit = seq % DUP_WINDOW; /* its answered bit, last the Seq's a window ago */
+        s->answered[bit >> 3] &= (uint8_t) ~(1u << (bit & 7));
+        struct sl_slot *w = &s->win[seq & s->mask];
+        if (w->deadline != SL_NONE) { /* cannot be: the window holds loss / interval + 2 */
+            sl_emit(st, SL_LOST, idx, w->seq)->t1 = w->t1;
+        }
+        if (s->oldest == seq - s->mask - 1)
+            s->oldest++;
+        *w = (struct sl_slot){0, now + s->loss, seq, 0};
+        struct sl_out *o = sl_emit(st, SL_SENT, idx, seq);
+        o->a = now;
+        s->due += ((now - s->due) / s->interval + 1) * s->interval;
+        o->b = s->due;
+        batch[k++] = o;
+        sl_expire(st, idx, now);
+        sl_down(st, 0);
+        if (k == MAX_BATCH
+            || !(st->heap_n && st->sess[st->heap[0]].due <= now
+                 && st->n_out + 1 + (int)st->sess[st->heap[0]].mask + 1 < st->out_cap)) {
+            int64_t wall = clock_ns(CLOCK_REALTIME);
+            for (int i = 0; i < k; i++) {
+                struct sl_out *p = batch[i];
+                struct sl_sess *ps = &st->sess[p->idx];
+                p->t1 = wall;
+                ps->win[p->seq & ps->mask].t1 = wall;
+                fill_msg(st->arena + (size_t)p->idx * SL_REC, p->seq, wall, &msgs[i], &iov[i]);
+            }
+            int err = 0, failed = send_all(fd, msgs, k, &err);
+            if (failed) {
+                st->failed += failed;
+                st->err = err;
+            }
+            k = 0;
+        }
+    }
+}
+
+/* A timestamp of a reply in UTC ns (pio_recv leaves PTP ones raw): -1 when a PTP
+ * nanoseconds field is not below 10^9 (sixlab.wire.timestamp.ns_from_ptp refuses it). */
+static int utc(uint64_t ts, int ptp, int64_t tai, int64_t *out)
+{
+    if (!ptp) {
+        *out = (int64_t)ts;
+        return 0;
+    }
+    uint64_t nanos = ts & 0xFFFFFFFFULL;
+    if (nanos >= NS)
+        return -1;
+    *out = (int64_t)((ts >> 32) * NS + nanos) - tai;
+    return 0;
+}
+
+/* One reply r of held session idx, arrived at monotonic now (receive_record). */
+static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int64_t now,
+                     int64_t t4)
+{
+    struct sl_sess *s = &st->sess[idx];
+    sl_expire(st, idx, now);
+    uint32_t seq = r->sseq;
+    if (!(r->ree & 0xFF)) {
+        sl_emit(st, SL_DROP, idx, seq)->rseq = SL_MULTIPLIER_ZERO;
+        return;
+    }
+    struct sl_slot *w = &s->win[seq & s->mask];
+    if (w->deadline == SL_NONE || w->seq != seq) {
+        uint32_t bit = seq % DUP_WINDOW;
+        if ((uint32_t)(s->seq - 1 - seq) < DUP_WINDOW && (s->answered[bit >> 3] >> (bit & 7) & 1))
+            sl_emit(st, SL_DUP, idx, seq);
+        else
+            sl_emit(st, SL_DROP, idx, seq)->rseq = seq < s->seq ? SL_LATE : SL_UNKNOWN_SEQ;
+        return;
+    }
+    int64_t t1 = 0, t2 = 0, t3 = 0;
+    int bad = utc(r->ts[0], r->see & Z_BIT, s->tai, &t1);
+    bad |= utc(r->ts[1], r->ree & Z_BIT, s->tai, &t2);
+    bad |= utc(r->ts[2], r->ree & Z_BIT, s->tai, &t3);
+    if (bad || t1 != w->t1) {
+        sl_emit(st, SL_DROP, idx, seq)->rseq = SL_BAD_TIMESTAMP;
+        return;
+    }
+    w->deadline = SL_NONE;
+    uint32_t bit = seq % DUP_WINDOW;
+    s->answered[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+    int reordered = s->highest >= 0 && (int64_t)seq < s->highest;
+    if (!reordered)
+        s->highest = seq;
+    struct sl_out *o = sl_emit(st, reordered ? SL_RESULT | 0x80 : SL_RESULT, idx, seq);
+    o->t1 = w->t1;
+    o->a = t2;
+    o->b = t3;
+    o->c = t4;
+    o->rseq = r->seq;
+    o->ree = r->ree;
+    o->ttl = r->ttl;
+}
+
+/* Take a held session out of the loop for the engine (an SL_EVICT record). */
+static void sl_evict(struct sl_state *st, int idx)
+{
+    struct sl_sess *s = &st->sess[idx];
+    sl_unheap(st, idx);
+    st->by_ssid[s->ssid] = -1;
+    s->held = 0;
+    sl_emit(st, SL_EVICT, idx, s->seq);
+}
+
+/* Whether session idx's packets go to the reply r's source address and port. */
+static int sl_peer(struct sl_state *st, int idx, const struct recv_rec *r)
+{
+    const uint8_t *sa = st->arena + (size_t)idx * SL_REC + 24;
+    sa_family_t family;
+    memcpy(&family, sa, sizeof(family));
+    uint16_t port = (uint16_t)(sa[2] << 8 | sa[3]);
+    if (port != r->sport)
+        return 0;
+    if (family == AF_INET)
+        return (r->flags & 2) && !memcmp(sa + 4, r->src, 4);
+    const uint8_t *a = sa + 8; /* sin6_addr */
+    if (!memcmp(a, mapped, 12))
+        return (r->flags & 2) && !memcmp(a + 12, r->src, 4);
+    return !(r->flags & 2) && !memcmp(a, r->src, 16);
+}
+
+/* Read replies until the socket is empty (mutex held). Each one a held session's
+ * plain reply (44 bytes, its SSID) is answered here (sl_reply); every other one is
+ * left for the engine, in arrival order, at the start of the receive buffers
+ * (n_left): one to a held session (not 44 bytes, or truncated) takes that session out
+ * of the loop first (sl_evict), and one with SSID 0 every held session whose packets
+ * go to its source (the engine matches it by Seq and T1 among those: RFC 8972 §3),
+ * so that the engine answers every reply the loop leaves with the session's whole
+ * state. 0; 1 when some are left (the loop receives no more until sl_left_done); 2
+ * when the out records have no room for the next reply's (it and those after it wait
+ * in the buffers for the next call); -errno. */
+static int sl_receive(struct sl_state *st, int fd)
+{
+    for (;;) {
+        if (st->rx_next >= st->rx_got) {
+            int got = pio_recv(fd, st->data, st->slot, MAX_BATCH, st->recs);
+            if (got <= 0)
+                return got;
+            st->received += got;
+            st->rx_got = got;
+            st->rx_next = 0;
+            st->rx_mono = clock_ns(CLOCK_MONOTONIC);
+            st->rx_wall = clock_ns(CLOCK_REALTIME);
+        }
+        int64_t mono = st->rx_mono, wall = st->rx_wall;
+        for (int i = st->rx_next; i < st->rx_got; i++) {
+            const struct recv_rec *r = &st->recs[i];
+            int plain = r->len >= 44 && !(r->flags & 1);
+            int idx = plain ? st->by_ssid[r->ssid] : -1;
+            int zero = plain && r->ssid == 0;
+            /* room for the reply's records: its losses (the window), or evictions */
+            int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : zero ? st->heap_n + 1 : 1;
+            if (st->n_out + room > st->out_cap) {
+                st->rx_next = i;
+                return 2;
+            }
+            if (idx >= 0 && r->len == 44) {
+                int64_t t4 = r->t4 ? r->t4 : wall;
+                sl_reply(st, idx, r, t4 < wall ? mono - wall + t4 : mono, t4);
+                continue;
+            }
+            if (idx >= 0)
+                sl_evict(st, idx);
+            if (zero) {
+                for (int j = 0; j < st->cap; j++)
+                    if (st->sess[j].held && sl_peer(st, j, r))
+                        sl_evict(st, j);
+            }
+            int k = st->left_at++;
+            if (k != i) {
+                memmove(st->data + (size_t)k * (size_t)st->slot,
+                        st->data + (size_t)i * (size_t)st->slot,
+                        r->len < (uint32_t)st->slot ? r->len : (size_t)st->slot);
+                st->recs[k] = *r;
+            }
+        }
+        int whole = st->rx_got == MAX_BATCH, left = st->left_at;
+        st->rx_next = st->rx_got = st->left_at = 0;
+        if (left) {
+            st->n_left = st->left_new = left;
+            return 1;
+        }
+        if (!whole)
+            return 0;
+    }
+}
+
+/* Run the loop until monotonic ns until, or until the waker fd is readable; a run at
+ * most once per tick ns, replies read at each run and, while no run is due within hold
+ * ns, whenever they come. With notify < 0 it also returns when replies are left for the
+ * engine or the out records are (nearly) full. With notify >= 0 (the loop on a thread
+ * of its own) it writes a byte to notify then and goes on: sending, but receiving no
+ * more until sl_left_done, nothing at all while the out records are full; a byte on
+ * resume (drained here) makes it look again (sl_left_done, sl_take, sl_add done).
+ * Which of those ended it (SL_* bits); -errno on a socket error. */
+int sl_run(struct sl_state *st, int fd, int waker, int notify, int resume, int64_t until,
+           int64_t tick, int64_t hold)
+{
+    int read_now = 1, told = 0;
+    for (;;) {
+        int64_t now = clock_ns(CLOCK_MONOTONIC);
+        pthread_mutex_lock(&st->mu);
+        int rc = 0, left = st->n_left;
+        if (left && notify < 0) { /* the engine has not taken the last ones yet */
+            pthread_mutex_unlock(&st->mu);
+            return SL_SOCKET;
+        }
+        int full = st->n_out + 2 * MAX_BATCH > st->out_cap;
+        int due = st->heap_n && st->sess[st->heap[0]].due <= now && now - st->last_run >= tick;
+        if (!left && !full && (read_now || due || st->rx_next < st->rx_got))
+            rc = sl_receive(st, fd);
+        if (rc >= 0 && rc != 2 && due && !full) {
+            sl_pass(st, fd, now);
+            st->last_run = now;
+        }
+        full = full || rc == 2 || st->n_out + 2 * MAX_BATCH > st->out_cap;
+        left = st->n_left;
+        int64_t next = until;
+        if (st->heap_n) {
+            int64_t slot = st->sess[st->heap[0]].due, after = st->last_run + tick;
+            slot = slot > after ? slot : after;
+            next = slot < until ? slot : until;
+        }
+        int pending = st->heap_n;
+        pthread_mutex_unlock(&st->mu);
+        if (rc < 0)
+            return rc;
+        if (notify < 0) {
+            if (rc == 1)
+                return SL_SOCKET;
+            if (full)
+                return SL_FULL;
+        } else if ((left || full) && !told) {
+            ssize_t w = write(notify, "x", 1); /* full pipe: the engine is told already */
+            (void)w;
+            told = 1;
+        }
+        read_now = 0;
+        now = clock_ns(CLOCK_MONOTONIC);
+        if (now >= until)
+            return SL_UNTIL;
+        int64_t wait = full ? until - now : next - now;
+        if (wait <= 0)
+            continue;
+        int watch = !left && !full && (!pending || wait > hold);
+        struct pollfd fds[3] = {{waker, POLLIN, 0}, {resume, POLLIN, 0}, {fd, POLLIN, 0}};
+        if (resume < 0) {
+            fds[1] = fds[2];
+            fds[2].fd = -1;
+        }
+        int n = (resume < 0 ? 1 : 2) + watch;
+        struct timespec ts = {wait / (int64_t)NS, wait % (int64_t)NS};
+        int r = ppoll(fds, (nfds_t)n, &ts, NULL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (fds[0].revents)
+            return SL_WAKER;
+        if (resume >= 0 && fds[1].revents) {
+            char buf[64];
+            while (read(resume, buf, sizeof(buf)) > 0)
+                ;
+            told = 0;
+        }
+        if (watch && fds[n - 1].revents)
+            read_now = 1;
+    }
+}
+
+int sl_session_size(void)
+{
+    return (int)sizeof(struct sl_sess);
+}
+
+int sl_out_size(void)
+{
+    return (int)sizeof(struct sl_out);
 }

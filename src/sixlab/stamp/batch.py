@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sixlab.stamp._events import DropReason, StampResult
+from sixlab.stamp._events import DropReason, DuplicateReceived, PacketLost, StampResult
 from sixlab.stamp.reflector import Reflection, Reflector, ReturnPath, _Session
 from sixlab.stamp.sender import SenderConfig, SenderSession, State, _Input
 from sixlab.wire import WireError
@@ -73,6 +73,7 @@ __all__ = [
     "BatchReflection",
     "BatchReflector",
     "due_seq",
+    "loop_state",
     "receive_batch",
     "receive_one",
     "receive_record",
@@ -689,6 +690,127 @@ def sent_at(session: SenderSession, seq: int, t1: int) -> None:
     carries."""
     if seq in session._outstanding:
         session._outstanding[seq] = t1
+
+
+# ------------------------------------------------- the sender, in a compiled run loop
+#
+# A compiled run loop (``sixlab.dataplane.probeio.SendLoop``) may take over a running
+# session's packets and replies: the schedule, the Seq counter, the packets outstanding
+# (Seq -> T1, loss deadline) and the highest Seq answered live there, the answered
+# bitmap stays the core's (written in place), and every outcome comes back as a record
+# that ``loop_record`` files exactly as ``due_seq``, ``receive_record`` and ``_expire``
+# would. ``loop_handback`` returns the state when the session leaves the loop; from
+# then on the core answers as before (tests/unit/test_send_loop.py checks both).
+
+#: Record kinds of the run loop (``SL_*`` in sixlab/dataplane/probeio.c).
+LOOP_SENT, LOOP_RESULT, LOOP_LOST, LOOP_DUP, LOOP_DROP, LOOP_EVICT = range(1, 7)
+#: Its drop reasons (``SL_LATE`` ... in probeio.c), by code.
+LOOP_DROPS = {
+    1: DropReason.LATE,
+    2: DropReason.UNKNOWN_SEQ,
+    3: DropReason.BAD_TIMESTAMP,
+    4: DropReason.MULTIPLIER_ZERO,
+}
+#: The most packets a session in the loop may have outstanding (its window).
+LOOP_WINDOW_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LoopState:
+    """What a run loop takes over from a session (``loop_state``)."""
+
+    next_send: int
+    next_seq: int
+    #: The packets outstanding, (Seq, T1, loss deadline), in the order they were sent.
+    outstanding: list[tuple[int, int, int]]
+    #: The highest Seq answered, -1 for none.
+    highest: int
+    #: Packets the window must hold: a power of two above loss timeout / interval + 2.
+    window: int
+    #: The core's answered bitmap (``DUPLICATE_WINDOW`` bits), for the loop to keep.
+    answered: bytearray
+
+
+def loop_state(session: SenderSession) -> LoopState | None:
+    """The state a compiled run loop takes over, for a session it can run: running,
+    a send scheduled, no count or duration (ends ``due_seq`` handles), no TLV (its
+    replies are the 44-byte base packet, RFC 8762 §4.3.1), a stateless reflector (no
+    loss classification, whose list of lost Seqs grows without bound), a loss timeout
+    within ``LOOP_WINDOW_MAX`` intervals; None otherwise."""
+    cfg = session.config
+    due = session._next_send_ns
+    if session.state is not State.RUNNING or due is None:
+        return None
+    if cfg.count is not None or cfg.duration_ns is not None or cfg.reflector_stateful:
+        return None
+    if cfg.tlvs or send_template(cfg) is None:
+        return None
+    need = cfg.loss_timeout_ns // cfg.interval_ns + 3
+    window = 1 << (need - 1).bit_length()
+    if window > LOOP_WINDOW_MAX:
+        return None
+    outstanding = session._outstanding
+    out = [(seq, outstanding[seq], at) for at, seq in session._deadlines if seq in outstanding]
+    highest = -1 if session._highest_seq is None else session._highest_seq
+    return LoopState(due, session._next_seq, out, highest, window, session._answered)
+
+
+def loop_hold(session: SenderSession) -> None:
+    """The run loop took the session (``loop_state``): its packets outstanding are the
+    loop's now, not the core's."""
+    session._outstanding = {}
+    session._deadlines.clear()
+
+
+def loop_handback(
+    session: SenderSession,
+    next_send: int,
+    next_seq: int,
+    outstanding: list[tuple[int, int, int]],
+    highest: int,
+) -> None:
+    """The session leaves the run loop: its next slot and Seq, the packets still
+    outstanding (Seq, T1, loss deadline; in send order) and the highest Seq answered
+    (-1: none) back to the core."""
+    session._next_send_ns = next_send
+    session._next_seq = next_seq & 0xFFFF_FFFF
+    session._outstanding = {seq: t1 for seq, t1, _ in outstanding}
+    session._deadlines.clear()
+    session._deadlines.extend((at, seq) for seq, _, at in outstanding)
+    session._highest_seq = None if highest < 0 else highest
+
+
+def loop_record(session: SenderSession, record: tuple[int, ...]) -> None:
+    """One record of the run loop for the session, as its fields come (``LOOP_OUT`` in
+    sixlab.dataplane.probeio): T1, three times (a result's T2, T3, T4), the session's
+    index, Seq, the reflector's Seq (a drop: its reason's code), its Error Estimate,
+    the kind, Ses-Sender TTL. A packet sent (``LOOP_SENT``), a result (``LOOP_RESULT``,
+    bit 7 set when it came reordered), a loss, a duplicate or a drop: the counters and
+    events ``due_seq``, ``_expire`` and ``_match_fields`` make of it."""
+    t1, t2, t3, t4, _, seq, rseq, r_ee, kind, ttl = record
+    counters = session.counters
+    base = kind & 0x7F
+    if base == LOOP_SENT:
+        counters.sent += 1
+    elif base == LOOP_RESULT:
+        counters.received += 1
+        if kind & 0x80:
+            counters.reordered += 1
+        estimate = _ESTIMATES.get(r_ee)
+        if estimate is None:
+            estimate = _ESTIMATES[r_ee] = ErrorEstimate.from_int(r_ee)
+        ssid = session.config.ssid
+        session._events.append(
+            StampResult(ssid, seq, t1, t2, t3, t4, session._ee, estimate, ttl, rseq, b"")
+        )
+    elif base == LOOP_LOST:
+        counters.lost += 1
+        session._events.append(PacketLost(session.config.ssid, seq, t1))
+    elif base == LOOP_DUP:
+        counters.duplicates += 1
+        session._events.append(DuplicateReceived(session.config.ssid, seq))
+    elif base == LOOP_DROP:
+        session._drop(LOOP_DROPS[rseq])
 
 
 def _utc(session: SenderSession, timestamp: int, ee: int) -> tuple[int, bool]:

@@ -1,0 +1,675 @@
+"""The compiled run loop (``probeio.SendLoop``, ``sl_*`` in probeio.c) and a
+``SenderEngine`` that uses it: the C schedule on its own (slots, Seq, T1, skipped slots,
+bad input), then whole engines with and without it against one scripted reflector on
+loopback that drops, duplicates, reorders, delays past the loss timeout, answers with
+SSID 0 and with an SSID nobody has: the same counters and records by the same rules."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from ipaddress import IPv6Address
+from typing import Any
+
+import pytest
+
+from sixlab.dataplane import probeio
+from sixlab.dataplane.base import DataplaneConfig, create
+from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec
+from sixlab.dataplane.udpsocket import SocketDataplane
+from sixlab.stamp import DropReason, PacketSent, StampResult
+from sixlab.stamp.batch import (
+    LOOP_DROP,
+    LOOP_DROPS,
+    LOOP_DUP,
+    LOOP_EVICT,
+    LOOP_LOST,
+    LOOP_RESULT,
+    LOOP_SENT,
+    send_template,
+)
+from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
+from sixlab.stamp.sender import DUPLICATE_WINDOW, SenderConfig, State
+from sixlab.wire import stamp as wire
+from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp, ntp_from_ns
+
+LOOP = IPv6Address("::1")
+MS = 10**6
+
+pytestmark = pytest.mark.skipif(probeio.load() is None, reason="no C compiler here")
+
+
+@pytest.fixture
+def plane() -> Iterator[SocketDataplane]:
+    dp = create("socket", DataplaneConfig(port=0))
+    assert isinstance(dp, SocketDataplane)
+    dp.open()
+    try:
+        yield dp
+    finally:
+        dp.close()
+
+
+@pytest.fixture
+def sink() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.bind(("::1", 0))
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _loop(plane: SocketDataplane) -> tuple[probeio.ProbeIO, probeio.SendLoop]:
+    pio = plane.probe_io()
+    assert pio is not None
+    return pio, pio.send_loop()
+
+
+def _drain(sock: socket.socket) -> list[bytes]:
+    out = []
+    while select.select([sock], [], [], 0.2)[0]:
+        out.append(sock.recv(9000))
+    return out
+
+
+Out = tuple[int, int, int, int, int, int, int, int, int, int]
+#: Answered bitmaps handed to loops in these tests, kept alive while they run.
+_BITMAPS: list[bytearray] = []
+
+
+def _add(
+    loop: probeio.SendLoop,
+    idx: int,
+    record: bytes,
+    *,
+    ssid: int,
+    due: int,
+    interval: int,
+    seq: int = 0,
+    loss: int = 10**9,
+    tai: int = 0,
+    window: int = 8,
+    outstanding: tuple[tuple[int, int, int], ...] = (),
+    highest: int = -1,
+) -> bool:
+    bitmap = bytearray(DUPLICATE_WINDOW // 8)
+    _BITMAPS.append(bitmap)
+    loop.lock()
+    try:
+        return loop.add(
+            idx,
+            record,
+            ssid=ssid,
+            timing=(due, interval, due, -1, loss, tai),
+            seq=seq,
+            highest=highest,
+            window=window,
+            outstanding=list(outstanding),
+            answered=bitmap,
+        )
+    finally:
+        loop.unlock()
+
+
+def _take(loop: probeio.SendLoop) -> tuple[list[Out], probeio.LoopTake]:
+    loop.lock()
+    try:
+        took = loop.take()
+    finally:
+        loop.unlock()
+    assert took.failed == 0
+    out = memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size]
+    return list(probeio.LOOP_OUT.iter_unpack(out)), took
+
+
+def _serve(loop: probeio.SendLoop, ms: float, tick: int = 0) -> None:
+    """Run the loop for ``ms`` milliseconds."""
+    waker_r, waker_w = socket.socketpair()
+    try:
+        deadline = time.monotonic_ns() + int(ms * MS)
+        while time.monotonic_ns() < deadline:
+            loop.run(waker_r.fileno(), deadline, tick, 8 * MS)
+            loop.lock()
+            try:
+                if loop.take().left:
+                    loop.left_done()
+            finally:
+                loop.unlock()
+    finally:
+        waker_r.close()
+        waker_w.close()
+
+
+def test_the_loop_sends_each_slot_once_with_its_seq_and_t1(
+    plane: SocketDataplane, sink: socket.socket
+) -> None:
+    """Two sessions, 5 and 7 ms apart, for 60 ms: every packet carries the session's
+    next Seq and the T1 its out record names (NTP, RFC 5905 §6), and each next slot is
+    the grid's first after the run (``due_seq``'s arithmetic)."""
+    pio, loop = _loop(plane)
+    port = sink.getsockname()[1]
+    now = time.monotonic_ns()
+    for idx, (ssid, interval) in enumerate([(1, 5 * MS), (2, 7 * MS)]):
+        template = send_template(SenderConfig(ssid, interval_ns=interval))
+        assert template is not None
+        record = pio.record(LOOP, port, template, ptp=False, tai_ns=0)
+        assert record is not None
+        assert _add(loop, idx, record, ssid=ssid, due=now, interval=interval, seq=10, window=64)
+    waker_r, waker_w = socket.socketpair()
+    try:
+        deadline = now + 60 * MS
+        while time.monotonic_ns() < deadline:
+            loop.run(waker_r.fileno(), deadline, 0, 8 * MS)
+    finally:
+        waker_r.close()
+        waker_w.close()
+    out, _ = _take(loop)
+    packets = _drain(sink)
+    loop.close()
+    assert {r[8] for r in out} == {LOOP_SENT}
+    assert len(packets) == len(out)
+    by_session: dict[int, list[Out]] = {0: [], 1: []}
+    for rec in out:
+        by_session[rec[4]].append(rec)
+    assert 3 <= len(by_session[0]) <= 13
+    assert 3 <= len(by_session[1]) <= 10
+    for idx, interval in ((0, 5 * MS), (1, 7 * MS)):
+        recs = by_session[idx]
+        assert [r[5] for r in recs] == list(range(10, 10 + len(recs)))
+        for rec in recs:
+            ran, nxt = rec[1], rec[2]
+            assert (nxt - now) % interval == 0
+            assert ran < nxt <= ran + interval
+        assert [r[2] for r in recs] == sorted({r[2] for r in recs})
+    sent = {(int.from_bytes(p[14:16]), int.from_bytes(p[:4])): p for p in packets}
+    for rec in out:
+        payload = sent[rec[4] + 1, rec[5]]
+        assert ns_from_ntp(int.from_bytes(payload[4:12])) == rec[0]
+
+
+def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
+    plane: SocketDataplane, sink: socket.socket
+) -> None:
+    """A slot 10.5 intervals in the past: one packet, the next slot the grid's first
+    after now (``due_seq``'s arithmetic), the slots between counted as skipped."""
+    pio, loop = _loop(plane)
+    template = send_template(SenderConfig(1, interval_ns=10 * MS, fmt=TimestampFormat.PTP))
+    assert template is not None
+    record = pio.record(LOOP, sink.getsockname()[1], template, ptp=True, tai_ns=37 * 10**9)
+    assert record is not None
+    now = time.monotonic_ns()
+    start = now - 105 * MS
+    assert _add(loop, 0, record, ssid=1, due=start, interval=10 * MS)
+    r, w = socket.socketpair()
+    loop.run(r.fileno(), now + MS, 0, 8 * MS)
+    r.close()
+    w.close()
+    out, _ = _take(loop)
+    assert len(out) == 1
+    t1, ran, nxt, seq = out[0][0], out[0][1], out[0][2], out[0][5]
+    assert seq == 0
+    assert nxt == start + ((ran - start) // (10 * MS) + 1) * 10 * MS
+    loop.lock()
+    try:
+        held = loop.get(0, remove=True)
+        assert loop.get(0) is None
+    finally:
+        loop.unlock()
+    assert held is not None
+    assert (held.due, held.seq, held.on_slot, held.highest, held.held) == (nxt, 1, 1, -1, True)
+    assert held.skipped == (ran - start) // (10 * MS)
+    assert held.outstanding == [(0, t1, ran + 10**9)]
+    (payload,) = _drain(sink)
+    stamp = int.from_bytes(payload[4:12])  # PTP (IEEE 1588): TAI seconds, nanoseconds
+    assert (stamp >> 32) * 10**9 + (stamp & 0xFFFF_FFFF) == t1 + 37 * 10**9
+    loop.close()
+
+
+def _reply(seq: int, t1: int, *, ssid: int = 7, r_ee: int = 0x0101, rseq: int = 0) -> bytes:
+    """A 44-byte reflected packet (RFC 8762 §4.3.1) with NTP times, T2 = T3 = T1 + 1 µs."""
+    t2 = ntp_from_ns(t1 + 1000)
+    return wire.REFLECTOR_UNAUTH.pack(rseq, t2, r_ee, ssid, t2, seq, ntp_from_ns(t1), 0x0101, 64)
+
+
+def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> None:
+    """Replies to a session the loop holds, with packets outstanding that it never
+    sent (its slot is far off): a result, a duplicate, one reordered, a zero
+    Multiplier (RFC 4656 §4.1.2), an echoed T1 that differs, a Seq never sent, a Seq
+    sent before and no longer outstanding (late), a loss whose deadline passed (found
+    at the first reply); then a reply with TLVs takes the session out of the loop and is left,
+    with everything after it, for the engine."""
+    pio, loop = _loop(plane)
+    template = send_template(SenderConfig(7, interval_ns=10**9))
+    assert template is not None
+    record = pio.record(LOOP, 9, template, ptp=False, tai_ns=0)
+    assert record is not None
+    now = time.monotonic_ns()
+    wall = time.time_ns()
+    far, t1 = now + 10**12, {s: wall - 10**6 * s for s in range(10)}
+    outstanding = ((3, t1[3], now - 1), *((s, t1[s], far) for s in (4, 5, 6, 7, 8)))
+    assert _add(loop, 0, record, ssid=7, due=far, interval=10**9, seq=10, outstanding=outstanding)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind(("::1", 0))
+    to = ("::1", plane.local_port)
+    replies = [
+        _reply(5, t1[5], rseq=50),
+        _reply(5, t1[5]),  # duplicate
+        _reply(7, t1[7]),
+        _reply(6, t1[6]),  # reordered: below 7
+        _reply(4, t1[4], r_ee=0x0100),  # Multiplier zero
+        _reply(8, t1[8] + 10**6),  # T1 not the one sent
+        _reply(77, t1[0]),  # never sent
+        _reply(2, t1[2]),  # sent before, not outstanding: late
+        _reply(4, t1[4]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs: the engine's
+        _reply(4, t1[4]),  # after it: the engine's too
+    ]
+    for data in replies:
+        client.sendto(data, to)
+    client.close()
+    time.sleep(0.05)
+    waker_r, waker_w = socket.socketpair()
+    why = loop.run(waker_r.fileno(), time.monotonic_ns() + 20 * MS, 0, 8 * MS)
+    waker_r.close()
+    waker_w.close()
+    assert why == probeio.LOOP_SOCKET
+    out, took = _take(loop)
+    assert (took.received, took.left) == (len(replies), 2)
+    kinds = [(r[8], r[5]) for r in out]
+    assert kinds == [
+        (LOOP_LOST, 3),
+        (LOOP_RESULT, 5),
+        (LOOP_DUP, 5),
+        (LOOP_RESULT, 7),
+        (LOOP_RESULT | 0x80, 6),
+        (LOOP_DROP, 4),
+        (LOOP_DROP, 8),
+        (LOOP_DROP, 77),
+        (LOOP_DROP, 2),
+        (LOOP_EVICT, 10),
+    ]
+    drops = {r[5]: LOOP_DROPS[r[6]] for r in out if r[8] == LOOP_DROP}
+    assert drops == {
+        4: DropReason.MULTIPLIER_ZERO,
+        8: DropReason.BAD_TIMESTAMP,
+        77: DropReason.UNKNOWN_SEQ,
+        2: DropReason.LATE,
+    }
+    result = next(r for r in out if r[8] == LOOP_RESULT)
+    assert result[:3] == (t1[5], t1[5] + 1000, t1[5] + 1000)
+    assert (result[6], result[7], result[9]) == (50, 0x0101, 64)
+    left = [probeio.RECORD.unpack_from(pio.records, i * probeio.RECORD.size) for i in range(2)]
+    assert [rec[4] for rec in left] == [52, 44]
+    loop.lock()
+    try:
+        held = loop.get(0, remove=True)
+    finally:
+        loop.unlock()
+    assert held is not None
+    assert not held.held
+    assert (held.seq, held.highest) == (10, 7)
+    assert held.outstanding == [(4, t1[4], far), (8, t1[8], far)]
+    loop.close()
+
+
+def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
+    """A record too long or too short, no interval, SSID 0, a window that is not a
+    power of two or holds fewer than the packets outstanding, a negative index, an
+    index or SSID already held: refused (the engine keeps such a session on Python);
+    a session it never had has no state."""
+    pio, loop = _loop(plane)
+    template = send_template(SenderConfig(1, interval_ns=MS))
+    assert template is not None
+    record = pio.record(LOOP, 9, template, ptp=False, tai_ns=0)
+    assert record is not None
+    now = time.monotonic_ns()
+    three = ((0, 1, now), (1, 1, now), (2, 1, now))
+    assert not _add(loop, 0, bytes(probeio.LOOP_RECORD_MAX + 8), ssid=1, due=now, interval=MS)
+    assert not _add(loop, 0, bytes(8), ssid=1, due=now, interval=MS)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=0)
+    assert not _add(loop, 0, record, ssid=0, due=now, interval=MS)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, window=6)
+    assert not _add(
+        loop, 0, record, ssid=1, due=now, interval=MS, seq=3, window=2, outstanding=three
+    )
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, seq=2, outstanding=three)
+    assert not _add(loop, -1, record, ssid=1, due=now, interval=MS)
+    assert _add(loop, 5000, record, ssid=1, due=now + 10**9, interval=MS)
+    assert not _add(loop, 5000, record, ssid=2, due=now, interval=MS)
+    assert not _add(loop, 5001, record, ssid=1, due=now, interval=MS)
+    loop.lock()
+    try:
+        assert loop.get(3) is None
+        assert loop.get(-1) is None
+        assert loop.get(10**6) is None
+        assert loop.get(5000) is not None
+    finally:
+        loop.unlock()
+    loop.close()
+    loop.close()  # twice: nothing
+
+
+# ------------------------------------------------------------------ whole engines
+
+INTERVAL = 20 * MS
+LOSS = 200 * MS
+#: Replies by Seq % 10: 1 dropped, 3 sent twice, 5 with SSID 0 (RFC 8972 §3) from a
+#: reflector made with ``zero``, 7 with an SSID no session has, 8 delayed past the
+#: loss timeout, 9 delayed past the next packet's reply (reordered); the rest
+#: answered at once. Only session ``ZERO`` sends to the reflector that answers with
+#: SSID 0: such a reply goes to the one session that sent its Seq at its T1
+#: (``SenderEngine._match_ssid_zero``), and packets of one batched send share a T1.
+DELAY = {8: 2 * LOSS, 9: 50 * MS}
+NOBODY = 999
+ZERO = 4
+
+
+class ScriptedReflector:
+    """A reflector core behind a socket that mangles its replies by Seq (``DELAY``)."""
+
+    def __init__(self, *, zero: bool = False) -> None:
+        self.zero = zero
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        self.sock.bind(("::1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.core = Reflector(ReflectorSessionConfig(None))
+        self._stop = threading.Event()
+        self._later: list[tuple[float, bytes, tuple[str, int]]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if select.select([self.sock], [], [], 0.005)[0]:
+                data, peer = self.sock.recvfrom(9000)
+                self._answer(data, peer[:2])
+            now = time.monotonic()
+            due = [x for x in self._later if x[0] <= now]
+            self._later = [x for x in self._later if x[0] > now]
+            for _, reply, peer in due:
+                self.sock.sendto(reply, peer)
+
+    def _answer(self, data: bytes, peer: tuple[str, int]) -> None:
+        out = self.core.reflect(data, time.time_ns(), time.time_ns, 64)
+        if out is None:
+            return
+        reply = bytearray(out.payload)
+        seq = int.from_bytes(data[:4])
+        kind = seq % 10
+        if kind == 1:
+            return
+        if kind == 7 or (kind == 5 and self.zero):
+            reply[14:16] = (0 if kind == 5 else NOBODY).to_bytes(2)
+        if kind in DELAY:
+            self._later.append((time.monotonic() + DELAY[kind] / 1e9, bytes(reply), peer))
+            return
+        self.sock.sendto(reply, peer)
+        if kind == 3:
+            self.sock.sendto(reply, peer)
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedReflector]:
+    refl = ScriptedReflector()
+    try:
+        yield refl
+    finally:
+        refl.close()
+
+
+@pytest.fixture
+def ssid_zero() -> Iterator[ScriptedReflector]:
+    refl = ScriptedReflector(zero=True)
+    try:
+        yield refl
+    finally:
+        refl.close()
+
+
+def _configs() -> list[SenderConfig]:
+    return [
+        SenderConfig(1, interval_ns=INTERVAL, loss_timeout_ns=LOSS),
+        SenderConfig(2, interval_ns=INTERVAL, loss_timeout_ns=LOSS, fmt=TimestampFormat.PTP),
+        SenderConfig(
+            3, interval_ns=INTERVAL, loss_timeout_ns=LOSS, tlvs=b"\x00\x01\x00\x08" + bytes(8)
+        ),
+        SenderConfig(ZERO, interval_ns=INTERVAL, loss_timeout_ns=LOSS),
+    ]
+
+
+#: Which sessions the loop holds halfway: not the one with a TLV (``loop_state``), not
+#: the one whose reflector answered with SSID 0 (it left the loop for its core).
+HELD = {1: True, 2: True, 3: False, ZERO: False}
+
+
+def _run(
+    ports: tuple[int, int], *, loop: bool, seconds: float = 1.2, thread: bool = False
+) -> tuple[SenderEngine, dict[int, Any]]:
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    sent: list[PacketSent] = []
+    engine = SenderEngine(dp, compiled_loop=loop, on_event=_keep(sent))
+    engine.loop_thread = thread
+    out: dict[int, Any] = {}
+    try:
+        for cfg in _configs():
+            port = ports[cfg.ssid == ZERO]
+            engine.add_session(SenderSessionSpec(cfg, LOOP, port))
+        engine.start()
+        assert (engine.send_loop is not None) is loop
+        for cfg in _configs():
+            engine.start_session(cfg.ssid)
+        time.sleep(seconds / 2)
+        with engine.lock:
+            held = {s: e.loop_idx is not None for s, e in engine._entries.items()}
+        assert held == {s: loop and h for s, h in HELD.items()}
+        time.sleep(seconds / 2)
+        for cfg in _configs():
+            engine.stop_session(cfg.ssid)
+        for cfg in _configs():
+            assert engine.wait_finished(cfg.ssid, 5.0)
+        time.sleep(3 * LOSS / 1e9)  # the late replies: all in
+        for cfg in _configs():
+            snap = engine.snapshot(cfg.ssid)
+            out[cfg.ssid] = (snap, engine.results(cfg.ssid), engine.lost(cfg.ssid))
+        out[0] = [(e.ssid, e.seq) for e in sent]
+        assert engine.error is None
+    finally:
+        engine.shutdown()
+        dp.close()
+    return engine, out
+
+
+def _keep(into: list[PacketSent]) -> Any:
+    def hook(event: object) -> None:
+        if isinstance(event, PacketSent):
+            into.append(event)
+
+    return hook
+
+
+def _check(engine: SenderEngine, out: dict[int, Any]) -> None:
+    """Every counter and record as the script makes them, whatever the count sent."""
+    no_session = 0
+    for cfg in _configs():
+        snap, results, lost = out[cfg.ssid]
+        c = snap.counters
+        n = c.sent
+        assert n >= 20
+        assert snap.state is State.FINISHED
+        seqs = range(n)
+
+        def count(kinds: set[int], seqs: range = seqs) -> int:
+            return sum(1 for s in seqs if s % 10 in kinds)
+
+        assert [r.seq for r in sorted(results, key=lambda r: r.seq)] == [
+            s for s in seqs if s % 10 not in {1, 7, 8}
+        ]
+        assert all(isinstance(r, StampResult) and r.ssid == cfg.ssid for r in results)
+        assert all(r.t1_ns <= r.t2_ns <= r.t3_ns <= r.t4_ns for r in results)
+        assert sorted(x.seq for x in lost) == [s for s in seqs if s % 10 in {1, 7, 8}]
+        assert c.received == len(results)
+        assert c.lost == count({1, 7, 8})
+        assert c.duplicates == count({3})
+        assert c.ssid_zero == (count({5}) if cfg.ssid == ZERO else 0)
+        # A Seq 9 reply comes after its successor's: reordered, unless it was the last.
+        assert c.reordered == sum(1 for s in seqs if s % 10 == 9 and s + 1 < n)
+        assert c.dropped.get(DropReason.LATE, 0) + c.dropped.get(
+            DropReason.NOT_RUNNING, 0
+        ) == count({8})
+        assert set(c.dropped) <= {DropReason.LATE, DropReason.NOT_RUNNING}
+        assert snap.schedule.sent == n
+        assert sorted(s for ssid, s in out[0] if ssid == cfg.ssid) == list(seqs)
+        no_session += count({7})
+    assert engine.counters.no_session == no_session
+    assert engine.counters.send_failed == 0
+
+
+#: The run loop called from the engine's thread, and on a thread of its own.
+THREAD = pytest.mark.parametrize("thread", [False, True], ids=["one-thread", "loop-thread"])
+
+
+@THREAD
+def test_an_engine_with_and_without_the_loop_counts_the_same_by_the_script(
+    scripted: ScriptedReflector, ssid_zero: ScriptedReflector, thread: bool
+) -> None:
+    ports = (scripted.port, ssid_zero.port)
+    looped, with_loop = _run(ports, loop=True, thread=thread)
+    plain, without = _run(ports, loop=False)
+    _check(looped, with_loop)
+    _check(plain, without)
+
+
+def _spec(ssid: int, port: int, count: int | None = None) -> SenderSessionSpec:
+    cfg = SenderConfig(ssid, interval_ns=10 * MS, loss_timeout_ns=LOSS, count=count)
+    return SenderSessionSpec(cfg, LOOP, port)
+
+
+@THREAD
+def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector, thread: bool) -> None:
+    """Sessions added, started, stopped and removed while the loop serves others: each
+    leaves the loop with its state (packets and Seq go on where the loop left them),
+    the others keep their schedule, a removed one is gone, and a session the loop
+    does not take (a count) runs beside it on Python."""
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp)
+    engine.loop_thread = thread
+    try:
+        specs = {s: _spec(s, scripted.port) for s in (20, 21, 22)}
+        for spec in specs.values():
+            engine.add_session(spec)
+        engine.start()
+        assert engine.send_loop is not None
+        for s in specs:
+            engine.start_session(s)
+        time.sleep(0.2)
+        engine.remove_session(21)
+        with pytest.raises(Exception, match="no session 21"):
+            engine.snapshot(21)
+        counted = _spec(23, scripted.port, count=8)
+        engine.add_session(counted)
+        engine.start_session(23)
+        late = _spec(24, scripted.port)
+        engine.add_session(late)
+        engine.start_session(24)
+        with engine.lock:
+            assert engine._entries[23].loop_idx is None  # a count: the core ends it
+            assert engine._entries[24].loop_idx is not None
+        time.sleep(0.2)
+        before = engine.snapshot(20).counters.sent
+        engine.stop_session(20)
+        after = engine.snapshot(20)
+        assert after.state in (State.DRAINING, State.FINISHED)
+        time.sleep(0.05)
+        assert engine.snapshot(20).counters.sent == after.counters.sent >= before
+        assert engine.wait_finished(23, 5.0)
+        assert engine.snapshot(23).counters.sent == 8
+        time.sleep(0.1)
+        for s in (22, 24):
+            engine.stop_session(s)
+        for s in (20, 22, 23, 24):
+            assert engine.wait_finished(s, 5.0)
+            snap = engine.snapshot(s)
+            assert snap.schedule.sent == snap.counters.sent
+            seqs = sorted(r.seq for r in engine.results(s))
+            assert seqs == [q for q in range(snap.counters.sent) if q % 10 not in {1, 7, 8}]
+        assert engine.snapshot(22).counters.sent > engine.snapshot(24).counters.sent > 0
+        assert engine.error is None
+    finally:
+        engine.shutdown()
+        dp.close()
+
+
+def test_without_the_loop_option_no_session_enters_it(scripted: ScriptedReflector) -> None:
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp, compiled_loop=False)
+    try:
+        engine.add_session(_spec(1, scripted.port))
+        engine.start()
+        engine.start_session(1)
+        assert engine.send_loop is None
+        assert engine.probe_io is not None
+        time.sleep(0.1)
+        engine.stop_session(1)
+        assert engine.wait_finished(1, 5.0)
+        assert len(engine.results(1)) >= 5
+    finally:
+        engine.shutdown()
+        dp.close()
+
+
+@THREAD
+def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
+    scripted: ScriptedReflector, thread: bool
+) -> None:
+    """Datagrams that are no reply (empty, short, 44 bytes of an SSID nobody has, a
+    held session's SSID with a length no reply of it has, 9,000 bytes) while the loop
+    runs two sessions: each counted by the path that takes it, the engine's thread
+    alive, the session that got the odd one back on its core with its state, the
+    other still in the loop, both answered to the end."""
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp)
+    engine.loop_thread = thread
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        for s in (30, 31):
+            engine.add_session(_spec(s, scripted.port))
+        engine.start()
+        for s in (30, 31):
+            engine.start_session(s)
+        time.sleep(0.15)
+        to = ("::1", dp.local_port)
+        odd = _reply(3, 0, ssid=30) + b"\x01"  # Seq 3, answered: a duplicate
+        for data in (b"", bytes(10), _reply(3, 0, ssid=NOBODY), odd, bytes(9000)):
+            client.sendto(data, to)
+        time.sleep(0.15)
+        with engine.lock:
+            assert engine._entries[30].loop_idx is None
+            assert engine._entries[31].loop_idx is not None
+        for s in (30, 31):
+            engine.stop_session(s)
+        nobody = 4  # empty, 10 bytes, SSID 999, 9,000 zero bytes (SSID 0, unclaimed)
+        for s in (30, 31):
+            assert engine.wait_finished(s, 5.0)
+            c = engine.snapshot(s).counters
+            seqs = sorted(r.seq for r in engine.results(s))
+            assert seqs == [q for q in range(c.sent) if q % 10 not in {1, 7, 8}]
+            assert c.duplicates == sum(1 for q in range(c.sent) if q % 10 == 3) + (s == 30)
+            nobody += sum(1 for q in range(c.sent) if q % 10 == 7)
+        assert engine.counters.no_session == nobody
+        assert engine.error is None
+    finally:
+        client.close()
+        engine.shutdown()
+        dp.close()
