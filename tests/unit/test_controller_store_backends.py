@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import sixlab.controller.rollup as rollup_module
 import sixlab.controller.store as store_module
 from sixlab.controller.events import EventKind, EventState, SessionEvent
 from sixlab.controller.pgstore import _STEPS, PostgresStore
@@ -185,7 +186,7 @@ def test_records_are_rolled_up_with_the_store_free_for_collection(
     store.store_results(sid, [(s + 1, _r(s)) for s in range(100)])
     stored_meanwhile: list[bool] = []
     threads: list[threading.Thread] = []
-    reference = store_module.roll_up
+    reference = rollup_module.roll_up
 
     def rolling(*args: object, **kwargs: object) -> object:
         if not stored_meanwhile:
