@@ -186,7 +186,7 @@ def test_records_are_rolled_up_with_the_store_free_for_collection(
     store.store_results(sid, [(s + 1, _r(s)) for s in range(100)])
     stored_meanwhile: list[bool] = []
     threads: list[threading.Thread] = []
-    reference = rollup_module.roll_up
+    reference = rollup_module.roll_up_columns
 
     def rolling(*args: object, **kwargs: object) -> object:
         if not stored_meanwhile:
@@ -199,7 +199,7 @@ def test_records_are_rolled_up_with_the_store_free_for_collection(
             stored_meanwhile.append(not later.is_alive())
         return reference(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store_module, "roll_up", rolling)
+    monkeypatch.setattr(store_module, "roll_up_columns", rolling)
     assert store.roll_up() == 100
     threads[0].join()
     assert stored_meanwhile == [True]

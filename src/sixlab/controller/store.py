@@ -61,7 +61,7 @@ from sixlab.controller.rollup import (
     DelayHistogram,
     DirectionRollup,
     MinuteRollup,
-    roll_up,
+    roll_up_columns,
 )
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -1559,20 +1559,18 @@ class Store(ABC):
             ).fetchall()
         if not rows:
             return 0
-        pending: dict[tuple[int, int], list[tuple[int, StampResult]]] = {}
         cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
+        last: dict[tuple[int, int], int] = {}
         for r in rows:
             key = (r[2], r[3])
             cursors.setdefault(key, (r[0], r[1]))
-            pending.setdefault(key, []).append((r[4], _result(r[2:])))
-        fresh: dict[tuple[int, int, int], MinuteRollup] = {}
-        moved = []
-        for (sid, ep), recs in pending.items():
-            rolled, top = cursors[sid, ep]
-            minutes, new_top = roll_up(recs, top)
-            for minute, m in minutes.items():
-                fresh[sid, ep, minute] = m
-            moved.append((recs[-1][0], new_top, sid, ep, rolled))
+            last[key] = r[4]  # the rows of an epoch come by record id
+        columns = list(zip(*rows, strict=True))
+        fresh, tops = roll_up_columns(
+            columns[2:12], {key: cursor[1] for key, cursor in cursors.items()}
+        )
+        moved = [(last[sid, ep], tops[sid, ep], sid, ep, rolled)
+                 for (sid, ep), (rolled, _) in cursors.items()]  # fmt: skip
         moved.sort(key=lambda m: (m[2], m[3]))
         with self._transaction() as db:
             for at, old in self._rollups_at(db, list(fresh)).items():
