@@ -10,7 +10,8 @@ layers, not sixlab's codecs.
 ``ScapyReflector(..., echo_ssid=True)`` answers like an RFC 8972 Session-Reflector
 instead: the SSID comes back as the Session-Sender sent it (RFC 8972 §3). ``drop`` and
 ``duplicate`` pick sender Seqs whose reply is not sent, or sent twice, so that loss and
-duplicates are known in advance.
+duplicates are known in advance; ``stray`` picks those whose reply is preceded by a copy
+with SSID 0, what anyone who sees the packet could forge from the reflector's address.
 
 scapy's layers have no authenticated layout, and building a PTP timestamp through them
 fails (the ``ts`` field picks its NTP form while building), so PTP timestamps are put in
@@ -60,6 +61,7 @@ class ScapyReflector:
         echo_ssid: bool = False,
         drop: Callable[[int], bool] | None = None,
         duplicate: Callable[[int], bool] | None = None,
+        stray: Callable[[int], bool] | None = None,
     ) -> None:
         family = _family(address)
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -73,6 +75,7 @@ class ScapyReflector:
         self.echo_ssid = echo_ssid
         self.drop = drop
         self.duplicate = duplicate
+        self.stray = stray
         self.answered = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -99,6 +102,8 @@ class ScapyReflector:
                 continue
             try:
                 reply = self.reply(data, t2, ttl)
+                if self.stray is not None and self.stray(seq):
+                    self.sock.sendto(reply[:14] + bytes(2) + reply[16:], peer)
                 self.sock.sendto(reply, peer)
                 self.answered += 1
                 if self.duplicate is not None and self.duplicate(seq):

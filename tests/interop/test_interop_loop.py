@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from ipaddress import ip_address
 
 import pytest
@@ -23,6 +23,7 @@ import pytest
 from sixlab.dataplane import probeio
 from sixlab.dataplane.base import DataplaneConfig, create
 from sixlab.dataplane.engine import SenderEngine, SenderSessionSpec
+from sixlab.stamp import DropReason
 from sixlab.stamp.sender import SenderConfig, State
 from sixlab.wire.timestamp import TimestampFormat
 
@@ -95,10 +96,17 @@ def _finish(engine: SenderEngine, ssids: list[int]) -> None:
         assert engine.wait_finished(ssid, LOSS / 1e9 + 10)
 
 
-def _check_session(engine: SenderEngine, ssid: int, *, ssid_zero: bool) -> int:
-    """The session's records, losses and duplicates as the reflector's ``drop`` and
-    ``duplicate`` made them; the duplicates an RFC 8762-only reflector sent, which
-    its sessions cannot claim (docs/stamp-interop.md), for the caller to count."""
+def _check_session(
+    engine: SenderEngine,
+    ssid: int,
+    *,
+    ssid_zero: bool,
+    stray: Callable[[int], bool] | None = None,
+) -> int:
+    """The session's records, losses, duplicates and drops as the reflector's
+    ``drop``, ``duplicate`` and ``stray`` made them; the duplicates an RFC 8762-only
+    reflector sent, which its sessions cannot claim (docs/stamp-interop.md), for the
+    caller to count."""
     snap = engine.snapshot(ssid)
     c = snap.counters
     n = c.sent
@@ -112,7 +120,9 @@ def _check_session(engine: SenderEngine, ssid: int, *, ssid_zero: bool) -> int:
     assert (c.received, c.lost) == (len(answered), n - len(answered))
     assert c.ssid_zero == (len(answered) if ssid_zero else 0)
     assert c.duplicates == (0 if ssid_zero else doubled)
-    assert not c.dropped
+    strays = sum(1 for s in answered if stray is not None and stray(s))
+    assert strays > 0 or stray is None
+    assert c.dropped == ({DropReason.SSID_ZERO_STRAY: strays} if strays else {})
     assert snap.schedule.sent == n
     for r in records:
         assert r.ssid == ssid
@@ -196,3 +206,36 @@ def test_the_loop_holds_sessions_whose_reflector_port_is_closed(engine: SenderEn
     assert (c.received, c.lost) == (0, c.sent)
     assert sorted(x.seq for x in engine.lost(9)) == list(range(c.sent))
     assert engine.counters.received == 0
+
+
+def _strayed(seq: int) -> bool:
+    return seq % 10 == 5
+
+
+@pytest.mark.parametrize("engine", ADDRESSES, ids=_ids, indirect=True)
+def test_ssid_zero_replies_do_not_push_an_rfc8972_reflectors_sessions_off_the_loop(
+    engine: SenderEngine,
+) -> None:
+    """From the address and port of a reflector that returns the SSID come replies
+    with SSID 0 besides its own (docs/stamp-interop.md, "Sessions and SSIDs"): copies
+    of its replies (they claim a packet by Seq and T1) just before the real ones, and
+    44-byte ones that claim nothing. The sessions stay in the loop; each copy is a
+    stray dropped in the loop (``ssid-zero-stray``) and the real reply matched; the
+    others are counted ``no_session``; no record is lost."""
+    address = str(engine.dataplane.config.source)
+    with ScapyReflector(
+        address, echo_ssid=True, drop=_dropped, duplicate=_doubled, stray=_strayed
+    ) as peer:
+        _start(engine, address, {1: (peer.port, False), 2: (peer.port, True)})
+        time.sleep(0.3)
+        forged = bytes(14) + bytes(2) + bytes(28)  # SSID 0, Seq 0, T1 0: nobody's
+        for _ in range(5):
+            peer.sock.sendto(forged, (address, engine.dataplane.local_port))
+        for _ in range(3):
+            time.sleep(0.3)
+            assert _held(engine) == {1: True, 2: True}
+        _finish(engine, [1, 2])
+        assert not peer.errors
+    for ssid in (1, 2):
+        _check_session(engine, ssid, ssid_zero=False, stray=_strayed)
+    assert engine.counters.no_session == 5

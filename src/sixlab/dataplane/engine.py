@@ -605,6 +605,9 @@ class SenderEngine(_Loop):
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
+        #: The sessions by their reflector's (packed address, port): the only ones a
+        #: reply with SSID 0 from there can answer (``_match_ssid_zero``).
+        self._by_peer: dict[tuple[bytes, int], list[_SenderEntry]] = {}
         #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
         #: instead of asking every session. An entry whose ``timer`` differs is stale.
         self._heap: list[tuple[int, int, int]] = []
@@ -764,13 +767,15 @@ class SenderEngine(_Loop):
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
+            peer = self._by_peer.setdefault((spec.reflector.packed, spec.reflector_port), [])
+            peer.append(entry)
             self._segmented += bool(spec.segments)
             if not _announced(spec, self.dataplane):
                 return
             try:
                 self.dataplane.sender_session_added(ssid)
             except BaseException:
-                del self._entries[ssid]
+                self._forget(entry)
                 raise
 
     def start_session(self, ssid: int) -> None:
@@ -820,11 +825,21 @@ class SenderEngine(_Loop):
             self._evict(entry)
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
-            del self._entries[ssid]
-            self._segmented -= bool(entry.spec.segments)
+            self._forget(entry)
             if _announced(entry.spec, self.dataplane):
                 self.dataplane.sender_session_removed(ssid)
             self._notify()
+
+    def _forget(self, entry: _SenderEntry) -> None:
+        """Take the session out of the engine's tables (lock held)."""
+        spec = entry.spec
+        del self._entries[entry.ssid]
+        key = (spec.reflector.packed, spec.reflector_port)
+        peer = self._by_peer[key]
+        peer.remove(entry)
+        if not peer:
+            del self._by_peer[key]
+        self._segmented -= bool(spec.segments)
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -1016,6 +1031,7 @@ class SenderEngine(_Loop):
             window=state.window,
             outstanding=state.outstanding,
             answered=state.answered,
+            echoed=state.echoed,
         )
         if not added:
             if idx < len(self._loop_entries):
@@ -1345,18 +1361,19 @@ class SenderEngine(_Loop):
         sent the packet with the reply's Seq and T1 (``SenderSession.claims``). None when
         no session, or more than one, claims it: sessions that share the reflector's
         address and port and sent the same Seq at the same T1 cannot be told apart
-        without the SSID, and such a reply is counted ``no_session``."""
+        without the SSID, and such a reply is counted ``no_session``. Only the sessions
+        to that address and port are asked (``_by_peer``), and of those not the ones
+        the run loop holds (their packets outstanding are the loop's: it handed over
+        every one that claims the reply, ``sl_zero`` in probeio.c)."""
         payload = rx.payload
         found = None
-        for entry in self._entries.values():
-            spec = entry.spec
-            auth = spec.config.authenticated
+        for entry in self._by_peer.get((rx.src, rx.src_port), ()):
+            auth = entry.spec.config.authenticated
             at = 26 if auth else 14
             if (
-                len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
+                entry.loop_idx is None
+                and len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
                 and payload[at : at + 2] == b"\0\0"
-                and spec.reflector.packed == rx.src
-                and spec.reflector_port == rx.src_port
                 and entry.session.claims(payload)
             ):
                 if found is not None:

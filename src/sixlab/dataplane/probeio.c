@@ -316,11 +316,12 @@ int pio_record_size(void)
  * (struct sl_out) that the engine turns into the core's counters and events.
  *
  * What the loop does not answer goes back to the engine untouched, in arrival order:
- * the first reply of a batch that is not a held session's plain 44-byte reply (SSID 0,
- * another SSID, short, long, truncated) and every reply after it are left in the
- * receive buffers (sl_take reports how many) and sl_run returns; a held session that
+ * every reply of a batch that is not a held session's plain 44-byte reply (SSID 0,
+ * another SSID, short, long, truncated) is left at the start of the receive buffers
+ * (sl_take reports how many) and sl_run returns at the batch's end; a held session that
  * got such a reply leaves the loop first (an SL_EVICT record: the engine gives its
- * state back to the core, which answers from then on).
+ * state back to the core, which answers from then on). A reply with SSID 0 concerns
+ * only the held sessions that claim it by Seq and T1 (sl_zero).
  *
  * Locking: the state's mutex is held by sl_run while it runs, never while it sleeps;
  * every other sl_* function expects the caller to hold it (sl_lock / sl_unlock).
@@ -337,7 +338,7 @@ int pio_record_size(void)
 
 enum { SL_SENT = 1, SL_RESULT, SL_LOST, SL_DUP, SL_DROP, SL_EVICT };
 /* Drop reasons of an SL_DROP record (probeio.LOOP_DROPS maps them to DropReason). */
-enum { SL_LATE = 1, SL_UNKNOWN_SEQ, SL_BAD_TIMESTAMP, SL_MULTIPLIER_ZERO };
+enum { SL_LATE = 1, SL_UNKNOWN_SEQ, SL_BAD_TIMESTAMP, SL_MULTIPLIER_ZERO, SL_SSID_ZERO_STRAY };
 
 struct sl_slot { /* one packet in a session's window */
     int64_t t1;       /* UTC ns */
@@ -366,7 +367,8 @@ struct sl_sess {
     int32_t pos;        /* index in the heap; -1: not scheduled */
     uint16_t ssid;
     uint8_t held;       /* in the loop (0: free, or left it and not yet taken back) */
-    uint8_t pad[5];
+    uint8_t echoed;     /* a reply with its own SSID was answered: RFC 8972 reflector */
+    uint8_t pad[4];
 };
 
 /* One out record (48 bytes; probeio.LOOP_OUT). */
@@ -520,16 +522,19 @@ void sl_unlock(struct sl_state *st)
 
 /* Hand session idx (a free index) to the loop. cfg: next slot due, interval, the
  * schedule's origin, last slot sent, loss timeout, TAI - UTC (ns), highest Seq
- * answered (-1: none); seq: its next Seq; ssid; window: 2^k slots, at least the
+ * answered (-1: none), whether a reply with its SSID was answered; seq: its next Seq; ssid; window: 2^k slots, at least the
  * packets that can be outstanding (loss timeout / interval + 2); out: the packets
  * outstanding, n (Seq, T1, deadline) triples in Seq order; answered: the core's
- * bitmap. 0, or -1 when the loop cannot take it (the engine keeps it on Python). */
+ * bitmap. 0, or -1 when the loop cannot take it (the engine keeps it on Python): among
+ * others, a window whose losses, with the send or reply that finds them, would not fit
+ * in empty out records (it would never be served). */
 int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int64_t *cfg,
            uint32_t seq, uint16_t ssid, int window, const int64_t *out, int n,
            uint8_t *answered)
 {
     if (idx < 0 || len > SL_REC || len < SEND_HEAD || cfg[1] <= 0 || ssid == 0
-        || window < 1 || (window & (window - 1)) || n < 0 || n > window
+        || window < 1 || (window & (window - 1)) || window + 3 > st->out_cap || n < 0
+        || n > window
         || st->by_ssid[ssid] >= 0 || !answered)
         return -1;
     if (idx >= st->cap) {
@@ -556,6 +561,7 @@ int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int6
     s->loss = cfg[4];
     s->tai = cfg[5];
     s->highest = cfg[6];
+    s->echoed = cfg[7] != 0;
     s->seq = seq;
     s->oldest = n ? (uint32_t)out[0] : seq;
     s->mask = (uint32_t)window - 1;
@@ -771,6 +777,7 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
         return;
     }
     w->deadline = SL_NONE;
+    s->echoed = 1;
     uint32_t bit = seq % DUP_WINDOW;
     s->answered[bit >> 3] |= (uint8_t)(1u << (bit & 7));
     int reordered = s->highest >= 0 && (int64_t)seq < s->highest;
@@ -813,14 +820,64 @@ static int sl_peer(struct sl_state *st, int idx, const struct recv_rec *r)
     return !(r->flags & 2) && !memcmp(a, r->src, 16);
 }
 
+/* Whether held session idx claims reply r by its source, Seq and T1 alone
+ * (SenderSession.claims): r comes from the session's reflector address and port, and
+ * its sender Seq is outstanding with exactly the T1 it echoes. */
+static int sl_claims(struct sl_state *st, int idx, const struct recv_rec *r)
+{
+    struct sl_sess *s = &st->sess[idx];
+    const struct sl_slot *w = &s->win[r->sseq & s->mask];
+    int64_t t1;
+    return s->held && w->deadline != SL_NONE && w->seq == r->sseq && sl_peer(st, idx, r)
+        && !utc(r->ts[0], r->see & Z_BIT, s->tai, &t1) && t1 == w->t1;
+}
+
+/* A plain reply r with SSID 0, an RFC 8762-only reflector's (RFC 8972 §3), arrived at
+ * monotonic now (docs/stamp-interop.md, "Sessions and SSIDs"). Only the held sessions
+ * that claim it (sl_claims) are concerned: it cannot be another's, on the loop or on
+ * the engine's path. When the one session that claims it has had a reply with its own
+ * SSID (an RFC 8972 reflector never answers it with 0), the reply is a stray, counted
+ * as the core counts it (an SL_SSID_ZERO_STRAY drop, its packet still outstanding):
+ * 1. Otherwise every claimant without such a reply leaves the loop (SL_EVICT), so that
+ * the engine matches the reply with their whole state, and the reply is left: 0 (none
+ * claims it: the engine's sessions may; else it counts no_session). 2 when the out
+ * records lack the room (the reply waits; left, with no eviction, when even empty out
+ * records could not hold them: so many claimants leave it to no session anyway). */
+static int sl_zero(struct sl_state *st, const struct recv_rec *r, int64_t now)
+{
+    int n = 0, evict = 0, first = -1;
+    for (int j = 0; j < st->cap; j++) {
+        if (sl_claims(st, j, r)) {
+            n++;
+            evict += !st->sess[j].echoed;
+            first = j;
+        }
+    }
+    if (n == 1 && !evict) {
+        if (st->n_out + (int)st->sess[first].mask + 3 > st->out_cap)
+            return 2;
+        sl_expire(st, first, now);
+        sl_emit(st, SL_DROP, first, r->sseq)->rseq = SL_SSID_ZERO_STRAY;
+        return 1;
+    }
+    if (st->n_out + evict > st->out_cap)
+        return st->n_out ? 2 : 0;
+    for (int j = 0; evict && j < st->cap; j++) {
+        if (!st->sess[j].echoed && sl_claims(st, j, r)) {
+            sl_evict(st, j);
+            evict--;
+        }
+    }
+    return 0;
+}
+
 /* Read replies until the socket is empty (mutex held). Each one a held session's
  * plain reply (44 bytes, its SSID) is answered here (sl_reply); every other one is
  * left for the engine, in arrival order, at the start of the receive buffers
  * (n_left): one to a held session (not 44 bytes, or truncated) takes that session out
- * of the loop first (sl_evict), and one with SSID 0 every held session whose packets
- * go to its source (the engine matches it by Seq and T1 among those: RFC 8972 §3),
- * so that the engine answers every reply the loop leaves with the session's whole
- * state. 0; 1 when some are left (the loop receives no more until sl_left_done); 2
+ * of the loop first (sl_evict), and one with SSID 0 the held sessions that claim it
+ * (sl_zero, which answers a stray one itself), so that the engine answers every
+ * reply the loop leaves with the session's whole state. 0; 1 when some are left (the loop receives no more until sl_left_done); 2
  * when the out records have no room for the next reply's (it and those after it wait
  * in the buffers for the next call); -errno. */
 static int sl_receive(struct sl_state *st, int fd)
@@ -842,23 +899,29 @@ static int sl_receive(struct sl_state *st, int fd)
             int plain = r->len >= 44 && !(r->flags & 1);
             int idx = plain ? st->by_ssid[r->ssid] : -1;
             int zero = plain && r->ssid == 0;
-            /* room for the reply's records: its losses (the window), or evictions */
-            int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : zero ? st->heap_n + 1 : 1;
+            /* room for the reply's records: its losses (the window), or an eviction;
+             * sl_zero sees to its own */
+            int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : 1;
             if (st->n_out + room > st->out_cap) {
                 st->rx_next = i;
                 return 2;
             }
+            int64_t t4 = r->t4 ? r->t4 : wall;
+            int64_t now = t4 < wall ? mono - wall + t4 : mono;
             if (idx >= 0 && r->len == 44) {
-                int64_t t4 = r->t4 ? r->t4 : wall;
-                sl_reply(st, idx, r, t4 < wall ? mono - wall + t4 : mono, t4);
+                sl_reply(st, idx, r, now, t4);
                 continue;
             }
             if (idx >= 0)
                 sl_evict(st, idx);
             if (zero) {
-                for (int j = 0; j < st->cap; j++)
-                    if (st->sess[j].held && sl_peer(st, j, r))
-                        sl_evict(st, j);
+                int rc = sl_zero(st, r, now);
+                if (rc == 2) {
+                    st->rx_next = i;
+                    return 2;
+                }
+                if (rc == 1)
+                    continue;
             }
             int k = st->left_at++;
             if (k != i) {
