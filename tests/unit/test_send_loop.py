@@ -271,8 +271,9 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
     sent (its slot is far off): a result, a duplicate, one reordered, a zero
     Multiplier (RFC 4656 §4.1.2), an echoed T1 that differs, a Seq never sent, a Seq
     sent before and no longer outstanding (late), a loss whose deadline passed (found
-    at the first reply); then a reply with TLVs takes the session out of the loop and is left,
-    with everything after it, for the engine."""
+    at the first reply), a reply with TLVs that answers no packet (dropped as the core
+    drops it); then a reply with TLVs that answers one takes the session out of the
+    loop and is left, with everything after it, for the engine."""
     pio, loop = _loop(plane)
     template = send_template(SenderConfig(7, interval_ns=10**9))
     assert template is not None
@@ -295,6 +296,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         _reply(8, t1[8] + 10**6),  # T1 not the one sent
         _reply(77, t1[0]),  # never sent
         _reply(2, t1[2]),  # sent before, not outstanding: late
+        _reply(78, t1[0]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs, never sent
         _reply(4, t1[4]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs: the engine's
         _reply(4, t1[4]),  # after it: the engine's too
     ]
@@ -316,6 +318,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         (LOOP_DROP, 8),
         (LOOP_DROP, 77),
         (LOOP_DROP, 2),
+        (LOOP_DROP, 78),
         (LOOP_EVICT, 10),
     ]
     drops = {r[5]: LOOP_DROPS[r[6]] for r in out if r[8] == LOOP_DROP}
@@ -324,6 +327,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         8: DropReason.BAD_TIMESTAMP,
         77: DropReason.UNKNOWN_SEQ,
         2: DropReason.LATE,
+        78: DropReason.UNKNOWN_SEQ,
     }
     result = next(r for r in out if r[8] == LOOP_RESULT)
     assert result[:3] == (t1[5], t1[5] + 1000, t1[5] + 1000)
@@ -784,8 +788,8 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
     """Datagrams that are no reply (empty, short, 44 bytes of an SSID nobody has, a
     held session's SSID with a length no reply of it has, 9,000 bytes) while the loop
     runs two sessions: each counted by the path that takes it, the engine's thread
-    alive, the session that got the odd one back on its core with its state, the
-    other still in the loop, both answered to the end."""
+    alive, both sessions still in the loop (the odd one answers no packet: the loop
+    counts it as the core would, a duplicate), both answered to the end."""
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     engine = SenderEngine(dp)
@@ -804,7 +808,7 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
             client.sendto(data, to)
         time.sleep(0.15)
         with engine.lock:
-            assert engine._entries[30].loop_idx is None
+            assert engine._entries[30].loop_idx is not None
             assert engine._entries[31].loop_idx is not None
         for s in (30, 31):
             engine.stop_session(s)

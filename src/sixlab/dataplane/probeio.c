@@ -748,16 +748,23 @@ static int utc(uint64_t ts, int ptp, int64_t tai, int64_t *out)
     return 0;
 }
 
-/* One reply r of held session idx, arrived at monotonic now (receive_record). */
-static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int64_t now,
-                     int64_t t4)
+static void sl_evict(struct sl_state *st, int idx);
+
+/* One reply r of held session idx, arrived at monotonic now (receive_record): 0. A
+ * reply that answers an outstanding packet but is not plain (longer than 44 bytes:
+ * its record would carry what follows the base packet, RFC 8972 §4) takes the session
+ * out of the loop instead (sl_evict) and is the engine's: 1. Every other one is
+ * dropped here as the core would drop it, the session held (the core's checks come
+ * before it reads what follows the base packet). */
+static int sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int64_t now,
+                    int64_t t4, int plain)
 {
     struct sl_sess *s = &st->sess[idx];
     sl_expire(st, idx, now);
     uint32_t seq = r->sseq;
     if (!(r->ree & 0xFF)) {
         sl_emit(st, SL_DROP, idx, seq)->rseq = SL_MULTIPLIER_ZERO;
-        return;
+        return 0;
     }
     struct sl_slot *w = &s->win[seq & s->mask];
     if (w->deadline == SL_NONE || w->seq != seq) {
@@ -766,7 +773,7 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
             sl_emit(st, SL_DUP, idx, seq);
         else
             sl_emit(st, SL_DROP, idx, seq)->rseq = seq < s->seq ? SL_LATE : SL_UNKNOWN_SEQ;
-        return;
+        return 0;
     }
     int64_t t1 = 0, t2 = 0, t3 = 0;
     int bad = utc(r->ts[0], r->see & Z_BIT, s->tai, &t1);
@@ -774,7 +781,11 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
     bad |= utc(r->ts[2], r->ree & Z_BIT, s->tai, &t3);
     if (bad || t1 != w->t1) {
         sl_emit(st, SL_DROP, idx, seq)->rseq = SL_BAD_TIMESTAMP;
-        return;
+        return 0;
+    }
+    if (!plain) {
+        sl_evict(st, idx);
+        return 1;
     }
     w->deadline = SL_NONE;
     s->echoed = 1;
@@ -791,6 +802,7 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
     o->rseq = r->seq;
     o->ree = r->ree;
     o->ttl = r->ttl;
+    return 0;
 }
 
 /* Take a held session out of the loop for the engine (an SL_EVICT record). */
@@ -874,8 +886,9 @@ static int sl_zero(struct sl_state *st, const struct recv_rec *r, int64_t now)
 /* Read replies until the socket is empty (mutex held). Each one a held session's
  * plain reply (44 bytes, its SSID) is answered here (sl_reply); every other one is
  * left for the engine, in arrival order, at the start of the receive buffers
- * (n_left): one to a held session (not 44 bytes, or truncated) takes that session out
- * of the loop first (sl_evict), and one with SSID 0 the held sessions that claim it
+ * (n_left): one to a held session that answers a packet of it but is longer than 44
+ * bytes takes that session out of the loop first (sl_reply), and one with SSID 0
+ * the held sessions that claim it
  * (sl_zero, which answers a stray one itself), so that the engine answers every
  * reply the loop leaves with the session's whole state. 0; 1 when some are left (the loop receives no more until sl_left_done); 2
  * when the out records have no room for the next reply's (it and those after it wait
@@ -896,11 +909,11 @@ static int sl_receive(struct sl_state *st, int fd)
         int64_t mono = st->rx_mono, wall = st->rx_wall;
         for (int i = st->rx_next; i < st->rx_got; i++) {
             const struct recv_rec *r = &st->recs[i];
-            int plain = r->len >= 44 && !(r->flags & 1);
+            int plain = r->len >= 44 && !(r->flags & 1); /* decoded by pio_recv */
             int idx = plain ? st->by_ssid[r->ssid] : -1;
             int zero = plain && r->ssid == 0;
-            /* room for the reply's records: its losses (the window), or an eviction;
-             * sl_zero sees to its own */
+            /* room for the reply's records: its losses (the window) and one more, or
+             * an eviction; sl_zero sees to its own */
             int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : 1;
             if (st->n_out + room > st->out_cap) {
                 st->rx_next = i;
@@ -908,12 +921,8 @@ static int sl_receive(struct sl_state *st, int fd)
             }
             int64_t t4 = r->t4 ? r->t4 : wall;
             int64_t now = t4 < wall ? mono - wall + t4 : mono;
-            if (idx >= 0 && r->len == 44) {
-                sl_reply(st, idx, r, now, t4);
+            if (idx >= 0 && !sl_reply(st, idx, r, now, t4, r->len == 44))
                 continue;
-            }
-            if (idx >= 0)
-                sl_evict(st, idx);
             if (zero) {
                 int rc = sl_zero(st, r, now);
                 if (rc == 2) {
