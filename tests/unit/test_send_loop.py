@@ -462,7 +462,7 @@ def test_a_session_with_the_widest_window_is_served(
 
 
 def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
-    """A record too long or too short, no interval, SSID 0, a window that is not a
+    """A record too long or too short, no interval or loss timeout, SSID 0, a window that is not a
     power of two, too wide for the out records or holds fewer than the packets
     outstanding, a negative index, an
     index or SSID already held: refused (the engine keeps such a session on Python);
@@ -477,6 +477,7 @@ def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
     assert not _add(loop, 0, bytes(probeio.LOOP_RECORD_MAX + 8), ssid=1, due=now, interval=MS)
     assert not _add(loop, 0, bytes(8), ssid=1, due=now, interval=MS)
     assert not _add(loop, 0, record, ssid=1, due=now, interval=0)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, loss=0)
     assert not _add(loop, 0, record, ssid=0, due=now, interval=MS)
     assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, window=6)
     too_wide = probeio.LOOP_OUT_CAP  # its losses would not fit in the out records
