@@ -621,7 +621,9 @@ def _run(
         time.sleep(seconds / 2)
         with engine.lock:
             held = {s: e.loop_idx is not None for s, e in engine._entries.items()}
+            asked = {s for peer in engine._by_peer.values() for s in peer}
         assert held == {s: loop and h for s, h in HELD.items()}
+        assert asked == {s for s, h in held.items() if not h}  # for SSID 0: the unheld
         time.sleep(seconds / 2)
         for cfg in _configs():
             engine.stop_session(cfg.ssid)
@@ -750,6 +752,8 @@ def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector, thread
         time.sleep(0.1)
         for s in (22, 24):
             engine.stop_session(s)
+        with engine.lock:
+            assert {s for peer in engine._by_peer.values() for s in peer} == {20, 22, 23, 24}
         for s in (20, 22, 23, 24):
             assert engine.wait_finished(s, 5.0)
             snap = engine.snapshot(s)

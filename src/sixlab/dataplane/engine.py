@@ -590,9 +590,10 @@ class SenderEngine(_Loop):
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
-        #: The sessions by their reflector's (packed address, port): the only ones a
-        #: reply with SSID 0 from there can answer (``_match_ssid_zero``).
-        self._by_peer: dict[tuple[bytes, int], list[_SenderEntry]] = {}
+        #: The sessions the run loop does not hold, by their reflector's (packed
+        #: address, port) and SSID: the only ones a reply with SSID 0 from there can
+        #: answer on the Python path (``_match_ssid_zero``).
+        self._by_peer: dict[tuple[bytes, int], dict[int, _SenderEntry]] = {}
         #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
         #: instead of asking every session. An entry whose ``timer`` differs is stale.
         self._heap: list[tuple[int, int, int]] = []
@@ -752,8 +753,7 @@ class SenderEngine(_Loop):
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
-            peer = self._by_peer.setdefault((spec.reflector.packed, spec.reflector_port), [])
-            peer.append(entry)
+            self._unheld(entry, True)
             self._segmented += bool(spec.segments)
             if not _announced(spec, self.dataplane):
                 return
@@ -819,12 +819,22 @@ class SenderEngine(_Loop):
         """Take the session out of the engine's tables (lock held)."""
         spec = entry.spec
         del self._entries[entry.ssid]
-        key = (spec.reflector.packed, spec.reflector_port)
-        peer = self._by_peer[key]
-        peer.remove(entry)
-        if not peer:
-            del self._by_peer[key]
+        self._unheld(entry, False)
         self._segmented -= bool(spec.segments)
+
+    def _unheld(self, entry: _SenderEntry, unheld: bool) -> None:
+        """Put the session in ``_by_peer`` (it runs on the Python path) or take it out
+        (the run loop holds it, or it went), lock held."""
+        spec = entry.spec
+        key = (spec.reflector.packed, spec.reflector_port)
+        if unheld:
+            self._by_peer.setdefault(key, {})[entry.ssid] = entry
+            return
+        peer = self._by_peer.get(key)
+        if peer is not None:
+            peer.pop(entry.ssid, None)
+            if not peer:
+                del self._by_peer[key]
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -1006,6 +1016,7 @@ class SenderEngine(_Loop):
         loop_hold(session)
         entry.loop_idx = idx
         entry.timer = None  # what the heap holds of it is stale now
+        self._unheld(entry, False)
 
     def _evict(self, entry: _SenderEntry) -> None:
         """Take a session back from the run loop (lock held): what the loop did so far
@@ -1034,6 +1045,7 @@ class SenderEngine(_Loop):
         entry.loop_idx = None
         self._loop_entries[idx] = None
         self._loop_free.append(idx)
+        self._unheld(entry, True)
         if held is not None:
             loop_handback(entry.session, held.due, held.seq, held.outstanding, held.highest)
             entry.skipped += held.skipped
@@ -1324,17 +1336,16 @@ class SenderEngine(_Loop):
         no session, or more than one, claims it: sessions that share the reflector's
         address and port and sent the same Seq at the same T1 cannot be told apart
         without the SSID, and such a reply is counted ``no_session``. Only the sessions
-        to that address and port are asked (``_by_peer``), and of those not the ones
-        the run loop holds (their packets outstanding are the loop's: it handed over
-        every one that claims the reply, ``sl_zero`` in probeio.c)."""
+        to that address and port that the run loop does not hold are asked
+        (``_by_peer``): the packets outstanding of a held one are the loop's, which
+        hands over every one that claims the reply (``sl_zero`` in probeio.c)."""
         payload = rx.payload
         found = None
-        for entry in self._by_peer.get((rx.src, rx.src_port), ()):
+        for entry in self._by_peer.get((rx.src, rx.src_port), {}).values():
             auth = entry.spec.config.authenticated
             at = 26 if auth else 14
             if (
-                entry.loop_idx is None
-                and len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
+                len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
                 and payload[at : at + 2] == b"\0\0"
                 and entry.session.claims(payload)
             ):
