@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from ipaddress import ip_address
+from typing import Any
 
 import pytest
 
@@ -212,30 +213,38 @@ def _strayed(seq: int) -> bool:
     return seq % 10 == 5
 
 
+@pytest.mark.parametrize("thread", [False, True], ids=["one-thread", "loop-thread"])
 @pytest.mark.parametrize("engine", ADDRESSES, ids=_ids, indirect=True)
 def test_ssid_zero_replies_do_not_push_an_rfc8972_reflectors_sessions_off_the_loop(
-    engine: SenderEngine,
+    engine: SenderEngine, thread: bool
 ) -> None:
-    """From the address and port of a reflector that returns the SSID come replies
-    with SSID 0 besides its own (docs/stamp-interop.md, "Sessions and SSIDs"): copies
-    of its replies (they claim a packet by Seq and T1) just before the real ones, and
+    """From the address and port of reflectors that return the SSID come replies
+    with SSID 0 besides their own (docs/stamp-interop.md, "Sessions and SSIDs"): copies
+    of their replies (they claim a packet by Seq and T1) just before the real ones, and
     44-byte ones that claim nothing. The sessions stay in the loop; each copy is a
     stray dropped in the loop (``ssid-zero-stray``) and the real reply matched; the
-    others are counted ``no_session``; no record is lost."""
+    others are counted ``no_session``; no record is lost. The run loop on the engine's
+    thread and on a thread of its own (``loop_thread``). One reflector per session:
+    two sessions to one reflector that sent a Seq in one batch (one T1) would both
+    claim its copy, which then is nobody's (``no_session``), as on the Python path."""
+    engine.loop_thread = thread
     address = str(engine.dataplane.config.source)
-    with ScapyReflector(
-        address, echo_ssid=True, drop=_dropped, duplicate=_doubled, stray=_strayed
-    ) as peer:
-        _start(engine, address, {1: (peer.port, False), 2: (peer.port, True)})
+    knobs: dict[str, Any] = {"drop": _dropped, "duplicate": _doubled, "stray": _strayed}
+    with (
+        ScapyReflector(address, echo_ssid=True, **knobs) as one,
+        ScapyReflector(address, echo_ssid=True, ptp=True, **knobs) as two,
+    ):
+        _start(engine, address, {1: (one.port, False), 2: (two.port, True)})
         time.sleep(0.3)
         forged = bytes(14) + bytes(2) + bytes(28)  # SSID 0, Seq 0, T1 0: nobody's
         for _ in range(5):
-            peer.sock.sendto(forged, (address, engine.dataplane.local_port))
+            one.sock.sendto(forged, (address, engine.dataplane.local_port))
         for _ in range(3):
             time.sleep(0.3)
             assert _held(engine) == {1: True, 2: True}
         _finish(engine, [1, 2])
-        assert not peer.errors
+        assert not one.errors
+        assert not two.errors
     for ssid in (1, 2):
         _check_session(engine, ssid, ssid_zero=False, stray=_strayed)
     assert engine.counters.no_session == 5
