@@ -547,6 +547,7 @@ class SenderEngine(_Loop):
         compiled: bool = True,
         compiled_loop: bool = True,
         timer_slack_ns: int | None = None,
+        realtime_priority: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
         ``tick_ns``: the least time between two runs of the timers (0: none), see
@@ -576,7 +577,18 @@ class SenderEngine(_Loop):
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
         it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
-        steadier slip (benchmarks/README.md, "One sender agent, socket plane")."""
+        steadier slip (benchmarks/README.md, "One sender agent, socket plane").
+
+        ``realtime_priority``: run the engine thread (alone, not the process) under
+        ``SCHED_FIFO`` at this priority (1-99; needs ``CAP_SYS_NICE``). On a loaded host
+        an ordinary thread's wake-ups wait for the CPU by milliseconds, and that, not
+        the engine's work, set the slip tail (benchmarks/README.md, "Where the slip
+        tail comes from"). Set by ``start``; a refusal leaves the thread's scheduling
+        as it was: ``realtime`` stays False and ``realtime_error`` says why. The thread
+        sleeps between ticks; were it ever to spin, the kernel's real-time throttling
+        (``sched_rt_runtime_us``) caps it at 95 % of a CPU by default."""
+        if realtime_priority is not None and not 1 <= realtime_priority <= 99:
+            raise ValueError(f"realtime_priority: {realtime_priority}, not 1-99 (SCHED_FIFO)")
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
         self.tick_ns = tick_ns
@@ -584,6 +596,11 @@ class SenderEngine(_Loop):
         self.compiled = compiled
         self.compiled_loop = compiled_loop
         self.timer_slack_ns = timer_slack_ns
+        self.realtime_priority = realtime_priority
+        #: Whether the engine thread runs under SCHED_FIFO (``realtime_priority``).
+        self.realtime = False
+        #: Why ``realtime_priority`` was refused (None: asked for and granted, or not asked).
+        self.realtime_error: str | None = None
         #: The plane's batched probe path, once the loop runs (None: the Python path).
         self.probe_io: probeio.ProbeIO | None = None
         #: The compiled run loop, once the loop runs (None: the Python schedule).
@@ -628,6 +645,8 @@ class SenderEngine(_Loop):
             ):
                 self.send_loop = self.probe_io.send_loop()
         super().start()
+        if self.realtime_priority is not None:
+            self._go_realtime(self.realtime_priority)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         super().shutdown(timeout)
@@ -646,6 +665,18 @@ class SenderEngine(_Loop):
             self._run_compiled(self.send_loop)
         except BaseException as exc:  # noqa: BLE001 - kept for the owner to report
             self.error = exc
+
+    def _go_realtime(self, priority: int) -> None:
+        """The engine thread, once started, under SCHED_FIFO (by its thread id: the
+        policy is per thread on Linux), or the refusal kept in ``realtime_error``."""
+        tid = self._thread.native_id
+        assert tid is not None  # started
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+        except OSError as exc:
+            self.realtime_error = f"SCHED_FIFO priority {priority}: {exc.strerror}"
+            return
+        self.realtime = True
 
     def _run_compiled(self, loop: probeio.SendLoop) -> None:
         """The loop with the compiled run loop: ``SendLoop.run`` serves the sessions it
