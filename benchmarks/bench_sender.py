@@ -58,6 +58,13 @@ def _reflector(port: int) -> None:
     engine.shutdown()
 
 
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat: user, nice, system, idle,
+    iowait, irq, softirq, steal), in clock ticks."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0]
+    return [int(x) for x in first.split()[1:9]]
+
+
 def _pct(data: list[int], p: float) -> int:
     data = sorted(data)
     return data[min(len(data) - 1, max(0, -(-int(p * len(data)) // 100) - 1))]
@@ -110,12 +117,11 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     if path == "loop-thread":
         engine.loop_thread = True
     engine.start()
+    tid = engine._thread.native_id or 0
     if args.slice_us is not None:
-        _set_slice(engine._thread.native_id, int(args.slice_us * 1e3))
+        _set_slice(tid, int(args.slice_us * 1e3))
     if args.fifo_priority is not None:  # the engine thread alone, not the reflector
-        os.sched_setscheduler(
-            engine._thread.native_id, os.SCHED_FIFO, os.sched_param(args.fifo_priority)
-        )
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(args.fifo_priority))
     realtime = getattr(engine, "realtime", None)
     trace = _Trace(engine, measuring) if args.trace and looped_at_start(engine) else None
     # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
@@ -155,9 +161,9 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     gc.callbacks.append(on_gc)
     if trace is not None:
         gc.callbacks.append(trace.on_gc)
-    c0, w0 = os.times(), time.monotonic()
+    s0, c0, w0 = _cpu_ticks(), os.times(), time.monotonic()
     time.sleep(args.seconds)
-    c1, w1 = os.times(), time.monotonic()
+    s1, c1, w1 = _cpu_ticks(), os.times(), time.monotonic()
     gc.callbacks.remove(on_gc)
     measuring[0] = False
     if trace is not None:
@@ -201,6 +207,10 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         "gc_full_ms_max": round(max(full, default=0) / 1e6, 1),
         "gc_freeze": args.gc_freeze,
         "load_average": os.getloadavg()[0],
+        # Of all the guest's CPU time in the window: what the host took (steal), and
+        # what went to interrupts: neither waits for a real-time thread.
+        "host_steal_share": round((s1[7] - s0[7]) / max(1, sum(s1) - sum(s0)), 3),
+        "irq_softirq_share": round((s1[5] + s1[6] - s0[5] - s0[6]) / max(1, sum(s1) - sum(s0)), 3),
         "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
         "engine_fifo_priority": args.fifo_priority,
         "engine_realtime": realtime,
@@ -211,14 +221,13 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     }
 
 
-def _set_slice(tid: int | None, ns: int) -> None:
+def _set_slice(tid: int, ns: int) -> None:
     """``--slice-us``: the thread's EEVDF slice (``sched_setattr`` with SCHED_OTHER and
     ``sched_runtime``, Linux 6.12 on): a shorter one gives its wake-ups an earlier
     deadline, so they preempt the task on the CPU sooner."""
     import ctypes  # noqa: PLC0415
     import struct  # noqa: PLC0415
 
-    assert tid is not None
     attr = ctypes.create_string_buffer(struct.pack("=IIQiIQQQ", 48, 0, 0, 0, 0, ns, 0, 0))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(314, tid, attr, 0) != 0:  # SYS_sched_setattr on x86_64
