@@ -115,6 +115,9 @@ _HOLD_TICKS = 8
 #: 1.3-1.9 ms to 0.4-1.7 ms at 10,000 probes/s for 0-5 µs more per probe
 #: (benchmarks/README.md, "The compiled run loop").
 DEFAULT_LOOP_SLICE_NS = 2_000_000
+#: While the engine files the run loop's records, how many go between two looks at the
+#: clock for a pass of the loop (``SenderEngine._apply_loop``).
+_POLL_EVERY = 8
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -704,7 +707,7 @@ class SenderEngine(_Loop):
             if why & probeio.LOOP_WAKER:
                 self._waker.drain()
             with self.lock:
-                self._sync_loop(loop)
+                self._sync_loop(loop, poll=(waker, hold))
             self._on_tick()
             self.dataplane.flush()
 
@@ -1104,26 +1107,43 @@ class SenderEngine(_Loop):
         return took, bytes(memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size])
 
     def _sync_loop(
-        self, loop: probeio.SendLoop, idx: int | None = None
+        self,
+        loop: probeio.SendLoop,
+        idx: int | None = None,
+        poll: tuple[int, int] | None = None,
     ) -> probeio.LoopSession | None:
         """What the run loop did since the last time to the cores (lock held), the
-        datagrams it left handled; and the state of its session ``idx`` if given."""
+        datagrams it left handled; and the state of its session ``idx`` if given.
+        ``poll`` (the engine thread only, the one that runs the loop): its waker fd and
+        hold, for ``_apply_loop``'s passes of the loop while it files."""
         loop.lock()
         try:
             took, records = self._take(loop)
             held = None if idx is None else loop.get(idx)
         finally:
             loop.unlock()
-        self._apply_loop(loop, took, records)
+        self._apply_loop(loop, took, records, poll)
         if took.left:
             self._leftovers(loop, took.left)
         self._notify_pending()
         return held
 
-    def _apply_loop(self, loop: probeio.SendLoop, took: probeio.LoopTake, records: bytes) -> None:
+    def _apply_loop(
+        self,
+        loop: probeio.SendLoop,
+        took: probeio.LoopTake,
+        records: bytes,
+        poll: tuple[int, int] | None = None,
+    ) -> None:
         """The run loop's records to their sessions (lock held, not the loop's mutex):
         counters and events filed by ``loop_record``, ``PacketSent`` to ``on_event``; a
-        session that left the loop (``LOOP_EVICT``) back to its core."""
+        session that left the loop (``LOOP_EVICT``) back to its core.
+
+        The loop sends nothing while this runs, so with ``poll`` (waker fd, hold) one
+        pass of it (``SendLoop.run`` with ``until`` now: the packets due sent, the
+        replies read, into records the next take files) runs whenever a tick has gone
+        by since the call returned or the last pass: no packet waits for the whole
+        filing (benchmarks/README.md, "Where the slip tail comes from")."""
         counters = self.counters
         counters.send_failed += took.failed
         counters.received += took.received - took.left  # those: ``_deliver_records``
@@ -1132,7 +1152,16 @@ class SenderEngine(_Loop):
         entries = self._loop_entries
         on_event = self.on_event
         pump = self._pump
-        for record in probeio.LOOP_OUT.iter_unpack(records):
+        clock, tick = self.monotonic, self.tick_ns
+        next_pass = clock() + tick if poll is not None else None
+        for n, record in enumerate(probeio.LOOP_OUT.iter_unpack(records)):
+            if next_pass is not None and not n % _POLL_EVERY and clock() >= next_pass:
+                assert poll is not None
+                try:
+                    loop.run(poll[0], 0, tick, poll[1])
+                except OSError as exc:
+                    raise DataplaneError(f"socket: receive failed: {exc.strerror}") from exc
+                next_pass = clock() + tick
             idx = record[4]
             entry = entries[idx]
             if entry is None:
