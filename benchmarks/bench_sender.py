@@ -116,6 +116,8 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         engine.loop_slice_ns = int(args.loop_slice_ms * 1e6)
     if path == "loop-thread":
         engine.loop_thread = True
+    if args.no_loop_passes:
+        engine.loop_passes = False
     engine.start()
     tid = engine._thread.native_id or 0
     if args.slice_us is not None:
@@ -214,6 +216,7 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
         "engine_fifo_priority": args.fifo_priority,
         "engine_realtime": realtime,
+        "loop_passes": getattr(engine, "loop_passes", None),
         "engine_slice_us": args.slice_us,
         "timer_slack_ns": getattr(engine, "timer_slack_ns", None) or "kernel default",
         "loop_slice_ms": getattr(engine, "loop_slice_ns", 0) / 1e6 if looped else None,
@@ -239,8 +242,9 @@ def looped_at_start(engine: Any) -> bool:
 
 
 class _Trace:
-    """``--trace``: when the engine thread was in the run loop's C call and when in
-    Python between two calls (filing what the call did, the Python timers), what each
+    """``--trace``: when the engine thread was in the run loop's C call (a pass while
+    the engine files counts as one) and when in Python between two (filing what a call
+    did, the Python timers), how late each call with a deadline returned, what each
     take held, and the garbage collector's passes, all on the monotonic clock; then,
     for every packet sent more than 1 ms after its slot, whether its slot fell in a
     Python gap (the loop sends nothing then) or while C was running."""
@@ -266,7 +270,8 @@ class _Trace:
                 enters.append(t)
                 exits.append(left)
                 whys.append(why)
-                overrun.append(left - a[1])
+                if a[1] > 0:  # not a pass while the engine files (``until`` 0)
+                    overrun.append(left - a[1])
             return why
 
         def traced_take(loop: Any) -> Any:
@@ -508,6 +513,10 @@ def main() -> None:
         "--fifo-priority", type=int, default=None,
         help="run the engine thread alone (not the process, not the reflector) as SCHED_FIFO"
         " at this priority",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-loop-passes", action="store_true",
+        help="no passes of the run loop while the engine files a call's records",
     )  # fmt: skip
     parser.add_argument(
         "--trace", action="store_true",

@@ -611,6 +611,9 @@ class SenderEngine(_Loop):
         #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``); with
         #: ``loop_thread`` how often this thread files what the loop did at least.
         self.loop_slice_ns = DEFAULT_LOOP_SLICE_NS
+        #: Passes of the run loop while this thread files what a call did
+        #: (``_apply_loop``), every tick.
+        self.loop_passes = True
         #: The run loop on a thread of its own (``_run_threaded``), set before ``start``.
         self.loop_thread = False
         #: The run loop's resume pipe while it runs on its own thread (``_run_threaded``).
@@ -707,7 +710,7 @@ class SenderEngine(_Loop):
             if why & probeio.LOOP_WAKER:
                 self._waker.drain()
             with self.lock:
-                self._sync_loop(loop, poll=(waker, hold))
+                self._sync_loop(loop, poll=(waker, hold) if self.loop_passes else None)
             self._on_tick()
             self.dataplane.flush()
 
