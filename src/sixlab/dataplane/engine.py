@@ -110,8 +110,9 @@ DEFAULT_TICK_NS = 250_000
 _HOLD_TICKS = 8
 #: The longest one call of the compiled run loop runs (``SenderEngine.loop_slice_ns``):
 #: what it did reaches the sessions' FIFOs and waiters at least this often. The loop
-#: sends nothing while the engine files what it did, so a shorter slice shortens that
-#: pause at the cost of more returns from C: 2 ms against 20 ms took slip p99 from
+#: sends nothing while the engine files what it did (but for one pass per tick of
+#: filing, ``SenderEngine._apply_loop``), so a shorter slice shortens that pause at the
+#: cost of more returns from C: 2 ms against 20 ms took slip p99 from
 #: 1.3-1.9 ms to 0.4-1.7 ms at 10,000 probes/s for 0-5 µs more per probe
 #: (benchmarks/README.md, "The compiled run loop").
 DEFAULT_LOOP_SLICE_NS = 2_000_000
