@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+from array import array
 from ipaddress import IPv6Address
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,13 @@ def _reflector(port: int) -> None:
     print("ready", dp.local_port, flush=True)
     sys.stdin.read()
     engine.shutdown()
+
+
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat: user, nice, system, idle,
+    iowait, irq, softirq, steal), in clock ticks."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0]
+    return [int(x) for x in first.split()[1:9]]
 
 
 def _pct(data: list[int], p: float) -> int:
@@ -75,12 +83,16 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     measuring = [False]
     offset = [0]  # wall - monotonic, ns
 
+    sent_at: list[int] = []  # with --trace: each packet's send time (monotonic ns)
+
     def on_event(event: object) -> None:
         if isinstance(event, PacketSent):
             origin = base.get(event.ssid)
             if measuring[0] and origin is not None:
                 slips.append((event.t1_ns - offset[0] - origin) % interval)
                 counts["sent"] += 1
+                if args.trace:
+                    sent_at.append(event.t1_ns - offset[0])
         elif isinstance(event, StampResult) and measuring[0]:
             counts["results"] += 1
 
@@ -95,6 +107,8 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         extra["compiled_loop"] = False
     if args.timer_slack_ns is not None:
         extra["timer_slack_ns"] = args.timer_slack_ns or None
+    if args.realtime_priority is not None:
+        extra["realtime_priority"] = args.realtime_priority
     engine = SenderEngine(
         dp, on_event=on_event, fifo_capacity=2, tick_ns=int(tick_us * 1e3), **extra
     )
@@ -102,7 +116,16 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         engine.loop_slice_ns = int(args.loop_slice_ms * 1e6)
     if path == "loop-thread":
         engine.loop_thread = True
+    if args.no_loop_passes:
+        engine.loop_passes = False
     engine.start()
+    tid = engine._thread.native_id or 0
+    if args.slice_us is not None:
+        _set_slice(tid, int(args.slice_us * 1e3))
+    if args.fifo_priority is not None:  # the engine thread alone, not the reflector
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(args.fifo_priority))
+    realtime = getattr(engine, "realtime", None)
+    trace = _Trace(engine, measuring) if args.trace and looped_at_start(engine) else None
     # The batched C path (sendmmsg/recvmmsg) when this tree has it and it was built.
     compiled = getattr(engine, "probe_io", None) is not None
     looped = getattr(engine, "send_loop", None) is not None
@@ -138,17 +161,22 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
     offset[0] = time.time_ns() - time.monotonic_ns()
     measuring[0] = True
     gc.callbacks.append(on_gc)
-    c0, w0 = os.times(), time.monotonic()
+    if trace is not None:
+        gc.callbacks.append(trace.on_gc)
+    s0, c0, w0 = _cpu_ticks(), os.times(), time.monotonic()
     time.sleep(args.seconds)
-    c1, w1 = os.times(), time.monotonic()
+    s1, c1, w1 = _cpu_ticks(), os.times(), time.monotonic()
     gc.callbacks.remove(on_gc)
     measuring[0] = False
+    if trace is not None:
+        gc.callbacks.remove(trace.on_gc)
     skipped = sum(engine.snapshot(s).schedule.skipped for s in range(1, n + 1)) - skipped0
     engine.shutdown()
     dp.close()
     if args.gc_freeze:
         gc.unfreeze()
     full = [ns for generation, ns in pauses if generation == 2]
+    traced = {} if trace is None else trace.report(sent_at, slips)
     span = w1 - w0
     user, system = c1.user - c0.user, c1.system - c0.system
     sent = max(counts["sent"], 1)
@@ -181,10 +209,153 @@ def run(args: argparse.Namespace, tick_us: float, path: str | None = None) -> di
         "gc_full_ms_max": round(max(full, default=0) / 1e6, 1),
         "gc_freeze": args.gc_freeze,
         "load_average": os.getloadavg()[0],
+        # Of all the guest's CPU time in the window: what the host took (steal), and
+        # what went to interrupts: neither waits for a real-time thread.
+        "host_steal_share": round((s1[7] - s0[7]) / max(1, sum(s1) - sum(s0)), 3),
+        "irq_softirq_share": round((s1[5] + s1[6] - s0[5] - s0[6]) / max(1, sum(s1) - sum(s0)), 3),
         "sched_fifo": os.sched_getscheduler(0) == os.SCHED_FIFO,
+        "engine_fifo_priority": args.fifo_priority,
+        "engine_realtime": realtime,
+        "loop_passes": getattr(engine, "loop_passes", None),
+        "engine_slice_us": args.slice_us,
         "timer_slack_ns": getattr(engine, "timer_slack_ns", None) or "kernel default",
         "loop_slice_ms": getattr(engine, "loop_slice_ns", 0) / 1e6 if looped else None,
+        **traced,
     }
+
+
+def _set_slice(tid: int, ns: int) -> None:
+    """``--slice-us``: the thread's EEVDF slice (``sched_setattr`` with SCHED_OTHER and
+    ``sched_runtime``, Linux 6.12 on): a shorter one gives its wake-ups an earlier
+    deadline, so they preempt the task on the CPU sooner."""
+    import ctypes  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    attr = ctypes.create_string_buffer(struct.pack("=IIQiIQQQ", 48, 0, 0, 0, 0, ns, 0, 0))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(314, tid, attr, 0) != 0:  # SYS_sched_setattr on x86_64
+        raise OSError(ctypes.get_errno(), "sched_setattr")
+
+
+def looped_at_start(engine: Any) -> bool:
+    return getattr(engine, "send_loop", None) is not None
+
+
+class _Trace:
+    """``--trace``: when the engine thread was in the run loop's C call (a pass while
+    the engine files counts as one) and when in Python between two (filing what a call
+    did, the Python timers), how late each call with a deadline returned, what each
+    take held, and the garbage collector's passes, all on the monotonic clock; then,
+    for every packet sent more than 1 ms after its slot, whether its slot fell in a
+    Python gap (the loop sends nothing then) or while C was running."""
+
+    def __init__(self, engine: Any, measuring: list[bool]) -> None:
+        # Flat arrays, no tuples: tuples kept would be the garbage collector's work and
+        # set off the passes this is to find.
+        self.enters, self.exits, self.whys = array("q"), array("q"), array("q")
+        self.overrun = array("q")  # how long after its ``until`` each call returned
+        self.take_records = array("q")
+        self.gcs: list[tuple[int, int, int]] = []  # (start, stop, generation)
+        self._gc_start = 0
+        loop = engine.send_loop
+        run, take = loop.run, engine._take
+        enters, exits, whys, overrun = self.enters, self.exits, self.whys, self.overrun
+        take_records, clock = self.take_records, time.monotonic_ns
+
+        def traced_run(*a: Any, **k: Any) -> int:
+            t = clock()
+            why: int = run(*a, **k)
+            if measuring[0]:
+                left = clock()
+                enters.append(t)
+                exits.append(left)
+                whys.append(why)
+                if a[1] > 0:  # not a pass while the engine files (``until`` 0)
+                    overrun.append(left - a[1])
+            return why
+
+        def traced_take(loop: Any) -> Any:
+            took = take(loop)
+            if measuring[0]:
+                take_records.append(took[0].records)
+            return took
+
+        loop.run = traced_run
+        engine._take = traced_take
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.monotonic_ns()
+        else:
+            self.gcs.append((self._gc_start, time.monotonic_ns(), info["generation"]))
+
+    def report(self, sent_at: list[int], slips: list[int]) -> dict[str, Any]:
+        import bisect  # noqa: PLC0415
+
+        enters, exits = self.enters, self.exits
+        calls = list(zip(enters, exits, self.whys, strict=True))
+        lens = [enters[i + 1] - exits[i] for i in range(len(calls) - 1)]
+        in_c = [b - a for a, b in zip(enters, exits, strict=True)]
+        late = waited = waited_gc = 0
+        waited_gaps: list[int] = []
+        in_call: list[int] = []  # how long after its call began a late packet's slot was
+        for t, slip in zip(sent_at, slips, strict=True):
+            if slip <= 1_000_000:
+                continue
+            late += 1
+            slot = t - slip
+            i = bisect.bisect_right(enters, t) - 1  # the call that sent it
+            if i < 0:
+                continue
+            if slot < calls[i][0] and i > 0:  # due before that call: it waited the gap
+                waited += 1
+                a, b = calls[i - 1][1], calls[i][0]
+                waited_gaps.append(b - a)
+                if any(s < b and e > a for s, e, _ in self.gcs):
+                    waited_gc += 1
+            else:
+                in_call.append(slot - calls[i][0])
+        recs = list(self.take_records)
+        whys: dict[int, int] = {}
+        for _, _, why in calls:
+            whys[why] = whys.get(why, 0) + 1
+        return {
+            "trace_calls": len(calls),
+            "trace_returns_by_why": whys,
+            "trace_in_c_us_p50": round(_pct(in_c, 50) / 1e3, 1) if in_c else None,
+            "trace_gap_us_p50_p99_max": [
+                round(_pct(lens, 50) / 1e3, 1),
+                round(_pct(lens, 99) / 1e3, 1),
+                round(max(lens) / 1e3, 1),
+            ]
+            if lens
+            else None,
+            "trace_overrun_us_p50_p99_max": [
+                round(_pct(list(self.overrun), 50) / 1e3, 1),
+                round(_pct(list(self.overrun), 99) / 1e3, 1),
+                round(max(self.overrun) / 1e3, 1),
+            ]
+            if self.overrun
+            else None,
+            "trace_gc_ms_by_generation": {
+                g: [round((e - s) / 1e6, 2) for s, e, gen in self.gcs if gen == g]
+                for g in (0, 1, 2)
+            },
+            "trace_calls_overrun_over_500us": sum(o > 500_000 for o in self.overrun),
+            "trace_gap_share": round(sum(lens) / max(1, calls[-1][1] - calls[0][0]), 3)
+            if calls
+            else None,
+            "trace_records_per_take_p50_max": [_pct(recs, 50), max(recs)] if recs else None,
+            "trace_late_over_1ms": late,
+            "trace_late_due_before_its_call": waited,
+            "trace_late_waited_gap_with_gc": waited_gc,
+            "trace_late_waited_gap_us_p50": round(_pct(waited_gaps, 50) / 1e3, 1)
+            if waited_gaps
+            else None,
+            "trace_late_due_in_its_call_us_after_entry_p50": round(_pct(in_call, 50) / 1e3, 1)
+            if in_call
+            else None,
+        }
 
 
 def floor(args: argparse.Namespace, tick_us: float) -> dict[str, Any]:
@@ -329,6 +500,28 @@ def main() -> None:
         "--gc-freeze", action="store_true",
         help="gc.freeze() once the sessions are started: what the garbage collector's "
         "full passes over them cost the schedule",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slice-us", type=float, default=None,
+        help="the engine thread's EEVDF slice in µs (sched_setattr; default: the kernel's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--realtime-priority", type=int, default=None,
+        help="SenderEngine(realtime_priority=...): the engine thread under SCHED_FIFO",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fifo-priority", type=int, default=None,
+        help="run the engine thread alone (not the process, not the reflector) as SCHED_FIFO"
+        " at this priority",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-loop-passes", action="store_true",
+        help="no passes of the run loop while the engine files a call's records",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace", action="store_true",
+        help="with the run loop: time in C and in Python between its calls, and where each"
+        " packet sent over 1 ms late had its slot (in a Python gap or while C ran)",
     )  # fmt: skip
     parser.add_argument(
         "--floor", action="store_true",

@@ -866,3 +866,26 @@ def test_batch_calls_carry_out_each_request_as_its_own_call_would(pair: Pair) ->
     assert isinstance(made[1], SouthboundError)
     assert made[1].code is grpc.StatusCode.ALREADY_EXISTS
     assert pair.reflector.info().ssids == [5]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs CAP_SYS_NICE")
+def test_realtime_priority_reaches_the_sender_engine_thread() -> None:
+    """``serve(realtime_priority=...)``: Init starts the sender's engine thread under
+    SCHED_FIFO (and only that thread: the caller's stays as it was)."""
+    server = serve("[::1]:0", "sender", realtime_priority=3)
+    client = AgentClient(f"[::1]:{server.port}")
+    try:
+        client.init(port=0, source="::1")
+        rt = server.servicer._rt
+        assert rt is not None
+        assert rt.sender is not None
+        tid = rt.sender._thread.native_id
+        assert tid is not None
+        assert os.sched_getscheduler(tid) == os.SCHED_FIFO
+        assert os.sched_getparam(tid).sched_priority == 3
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        client.close()
+        server.stop(None)
+    with pytest.raises(ValueError, match="realtime_priority"):
+        serve("[::1]:0", "sender", realtime_priority=100)

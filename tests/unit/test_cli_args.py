@@ -58,6 +58,8 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["stamp", "agent", "--role", "sender", "--max-workers", "0"], "0 is not in 1..1024"),
         (["stamp", "agent", "--role", "sender", "--max-workers", BIG], "is not in 1..1024"),
         (["stamp", "agent", "--role", "sender", "--max-workers", "1e9"], "not a number of"),
+        (["stamp", "agent", "--role", "sender", "--realtime-priority", "0"], "0 is not in 1..99"),
+        (["stamp", "agent", "--role", "sender", "--realtime-priority", "x"], "not a SCHED_FIFO"),
         # sixlab controller
         ([*CREATE, "--count", BIG], "--count: 18446744073709551616 is not in 0..4294967295"),
         ([*CREATE, "--duration", "1e12"], "--duration: 1e12 s: at most 31622400 s"),

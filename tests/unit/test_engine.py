@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from ipaddress import IPv6Address
@@ -859,3 +863,55 @@ def test_a_loss_report_wakes_the_waiters() -> None:
     assert engine.wait_change(seen, 0) != seen
     splane.close()
     sink.close()
+
+
+def _policy_of_engine_thread(realtime_priority: int | None, setpriv: bool = False) -> str:
+    """In a fresh process (the policy is per thread, and a test must not leave one):
+    a sender engine's thread's scheduling policy while it serves a session, with its
+    ``realtime`` and ``realtime_error``; ``setpriv``: without CAP_SYS_NICE."""
+    code = f"""
+import os, time
+from ipaddress import IPv6Address
+from sixlab.dataplane.base import DataplaneConfig
+from sixlab.dataplane.engine import ReflectorEngine, SenderEngine, SenderSessionSpec
+from sixlab.dataplane.memory import MemoryNetwork
+from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
+from sixlab.stamp.sender import SenderConfig
+net = MemoryNetwork()
+r = net.plane(DataplaneConfig(port=862, source=IPv6Address("fd00::2")))
+s = net.plane(DataplaneConfig(port=0, source=IPv6Address("fd00::1")))
+r.open(); s.open()
+re = ReflectorEngine(r, Reflector(ReflectorSessionConfig(None))); re.start()
+se = SenderEngine(s, realtime_priority={realtime_priority!r}); se.start()
+cfg = SenderConfig(ssid=1, interval_ns=10**6, count=20, loss_timeout_ns=5 * 10**9)
+se.add_session(SenderSessionSpec(cfg, IPv6Address("fd00::2"), 862))
+se.start_session(1)
+assert se.wait_finished(1, 10)
+policy = os.sched_getscheduler(se._thread.native_id)
+print(policy == os.SCHED_FIFO, se.realtime, se.realtime_error, len(se.results(1)))
+se.shutdown(); re.shutdown()
+"""
+    argv = [sys.executable, "-c", code]
+    if setpriv:
+        argv = ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs CAP_SYS_NICE")
+def test_realtime_priority_puts_the_engine_thread_alone_under_sched_fifo() -> None:
+    assert _policy_of_engine_thread(5) == "True True None 20"
+    assert _policy_of_engine_thread(None) == "False False None 20"
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv here")
+def test_a_refused_realtime_priority_is_reported_and_the_engine_runs_on() -> None:
+    out = _policy_of_engine_thread(5, setpriv=True)
+    assert out == "False False SCHED_FIFO priority 5: Operation not permitted 20"
+
+
+@pytest.mark.parametrize("priority", [0, 100, -1])
+def test_a_realtime_priority_out_of_range_is_refused(priority: int) -> None:
+    plane = MemoryNetwork().plane(DataplaneConfig(port=0, source=S_ADDR))
+    with pytest.raises(ValueError, match="realtime_priority"):
+        SenderEngine(plane, realtime_priority=priority)

@@ -831,3 +831,63 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
         client.close()
         engine.shutdown()
         dp.close()
+
+
+def test_the_loop_sends_while_the_engine_files_a_long_batch(scripted: ScriptedReflector) -> None:
+    """The loop sends nothing while the engine files what a call did: filing that takes
+    longer than a tick (here a hook that sleeps on every ``PacketSent``) is broken by
+    passes of the loop, so packets due meanwhile leave; and every session's counters
+    and records are still those of the script."""
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp, on_event=None)
+    seen: list[tuple[int, int]] = []  # (takes, runs) at each PacketSent filed
+    counts = [0, 0]
+
+    def slow(event: object) -> None:
+        if isinstance(event, PacketSent):
+            if threading.current_thread() is engine._thread:  # not a stop's filing
+                seen.append((counts[0], counts[1]))
+            time.sleep(0.002)
+
+    engine.on_event = slow
+    try:
+        ssids = range(30, 40)
+        for s in ssids:
+            engine.add_session(_spec(s, scripted.port))
+        engine.start()
+        loop = engine.send_loop
+        assert loop is not None
+        run, take = loop.run, engine._take
+
+        def counted_run(*a: Any, **k: Any) -> int:
+            counts[1] += 1
+            return run(*a, **k)
+
+        def counted_take(loop: probeio.SendLoop) -> Any:
+            counts[0] += 1
+            return take(loop)
+
+        loop.run = counted_run  # type: ignore[method-assign]
+        engine._take = counted_take  # type: ignore[method-assign]
+        for s in ssids:
+            engine.start_session(s)
+        time.sleep(0.5)
+        for s in ssids:
+            engine.stop_session(s)
+        for s in ssids:
+            assert engine.wait_finished(s, 5.0)
+        time.sleep(3 * LOSS / 1e9)
+        by_take: dict[int, set[int]] = {}
+        for took, runs in seen:
+            by_take.setdefault(took, set()).add(runs)
+        assert any(len(runs) > 1 for runs in by_take.values())  # a pass while filing
+        for s in ssids:
+            snap = engine.snapshot(s)
+            assert snap.schedule.sent == snap.counters.sent > 0
+            seqs = sorted(r.seq for r in engine.results(s))
+            assert seqs == [q for q in range(snap.counters.sent) if q % 10 not in {1, 7, 8}]
+        assert engine.error is None
+    finally:
+        engine.shutdown()
+        dp.close()

@@ -71,6 +71,15 @@ def add_parsers(stamp_subparsers: Any) -> None:
         help=f"gRPC worker threads, each open result stream holds one "
         f"(default {DEFAULT_MAX_WORKERS})",
     )
+    parser.add_argument(
+        "--realtime-priority",
+        type=argtypes.integer(1, 99, "a SCHED_FIFO priority"),
+        default=None,
+        metavar="N",
+        help="run a sender's engine thread under SCHED_FIFO at priority N (needs "
+        "CAP_SYS_NICE; keeps the send schedule on a loaded host; refused: logged, and "
+        "the engine runs unprioritized)",
+    )
     _daemon.add_logging_arguments(parser, default_level="info")
     parser.add_argument("--config", metavar="FILE", help="TOML file of flags (keys: long names)")
     parser.set_defaults(handler=run_agent)
@@ -91,7 +100,14 @@ def _run_agent(args: argparse.Namespace) -> int:
         tls = None if files is None else TlsFiles(*files)
         if warning is not None:
             log.warning("%s", warning)
-        server = serve(args.grpc, args.role, args.dataplane, tls=tls, max_workers=args.max_workers)
+        server = serve(
+            args.grpc,
+            args.role,
+            args.dataplane,
+            tls=tls,
+            max_workers=args.max_workers,
+            realtime_priority=args.realtime_priority,
+        )
     except (ValueError, OSError) as exc:
         print(f"sixlab stamp agent: {exc}", file=sys.stderr)
         return 2

@@ -110,11 +110,15 @@ DEFAULT_TICK_NS = 250_000
 _HOLD_TICKS = 8
 #: The longest one call of the compiled run loop runs (``SenderEngine.loop_slice_ns``):
 #: what it did reaches the sessions' FIFOs and waiters at least this often. The loop
-#: sends nothing while the engine files what it did, so a shorter slice shortens that
-#: pause at the cost of more returns from C: 2 ms against 20 ms took slip p99 from
+#: sends nothing while the engine files what it did (but for one pass per tick of
+#: filing, ``SenderEngine._apply_loop``), so a shorter slice shortens that pause at the
+#: cost of more returns from C: 2 ms against 20 ms took slip p99 from
 #: 1.3-1.9 ms to 0.4-1.7 ms at 10,000 probes/s for 0-5 µs more per probe
 #: (benchmarks/README.md, "The compiled run loop").
 DEFAULT_LOOP_SLICE_NS = 2_000_000
+#: While the engine files the run loop's records, how many go between two looks at the
+#: clock for a pass of the loop (``SenderEngine._apply_loop``).
+_POLL_EVERY = 8
 #: The loop re-checks its stop flag at least this often even when nothing happens.
 _IDLE_WAKE_S = 0.5
 _ZERO_ADDR = bytes(16)
@@ -532,6 +536,7 @@ class SenderEngine(_Loop):
         compiled: bool = True,
         compiled_loop: bool = True,
         timer_slack_ns: int | None = None,
+        realtime_priority: int | None = None,
     ) -> None:
         """``clock``: the wall clock (T1, T4); ``monotonic``: the schedules' clock;
         ``tick_ns``: the least time between two runs of the timers (0: none), see
@@ -561,7 +566,18 @@ class SenderEngine(_Loop):
         ``timer_slack_ns``: the engine thread's timer slack (``PR_SET_TIMERSLACK``;
         None: the kernel's, 50 µs by default, by which it may defer a wake-up to group
         it with others). 1 ns did not pay at 10,000 probes/s: more system time, no
-        steadier slip (benchmarks/README.md, "One sender agent, socket plane")."""
+        steadier slip (benchmarks/README.md, "One sender agent, socket plane").
+
+        ``realtime_priority``: run the engine thread (alone, not the process) under
+        ``SCHED_FIFO`` at this priority (1-99; needs ``CAP_SYS_NICE``). On a loaded host
+        an ordinary thread's wake-ups wait for the CPU by milliseconds, and that, not
+        the engine's work, set the slip tail (benchmarks/README.md, "Where the slip
+        tail comes from"). Set by ``start``; a refusal leaves the thread's scheduling
+        as it was: ``realtime`` stays False and ``realtime_error`` says why. The thread
+        sleeps between ticks; were it ever to spin, the kernel's real-time throttling
+        (``sched_rt_runtime_us``) caps it at 95 % of a CPU by default."""
+        if realtime_priority is not None and not 1 <= realtime_priority <= 99:
+            raise ValueError(f"realtime_priority: {realtime_priority}, not 1-99 (SCHED_FIFO)")
         super().__init__(dataplane, clock, "stamp-sender")
         self.monotonic = monotonic
         self.tick_ns = tick_ns
@@ -569,6 +585,11 @@ class SenderEngine(_Loop):
         self.compiled = compiled
         self.compiled_loop = compiled_loop
         self.timer_slack_ns = timer_slack_ns
+        self.realtime_priority = realtime_priority
+        #: Whether the engine thread runs under SCHED_FIFO (``realtime_priority``).
+        self.realtime = False
+        #: Why ``realtime_priority`` was refused (None: asked for and granted, or not asked).
+        self.realtime_error: str | None = None
         #: The plane's batched probe path, once the loop runs (None: the Python path).
         self.probe_io: probeio.ProbeIO | None = None
         #: The compiled run loop, once the loop runs (None: the Python schedule).
@@ -576,6 +597,9 @@ class SenderEngine(_Loop):
         #: The longest one call of the run loop lasts (``DEFAULT_LOOP_SLICE_NS``); with
         #: ``loop_thread`` how often this thread files what the loop did at least.
         self.loop_slice_ns = DEFAULT_LOOP_SLICE_NS
+        #: Passes of the run loop while this thread files what a call did
+        #: (``_apply_loop``), every tick.
+        self.loop_passes = True
         #: The run loop on a thread of its own (``_run_threaded``), set before ``start``.
         self.loop_thread = False
         #: The run loop's resume pipe while it runs on its own thread (``_run_threaded``).
@@ -617,6 +641,8 @@ class SenderEngine(_Loop):
             ):
                 self.send_loop = self.probe_io.send_loop()
         super().start()
+        if self.realtime_priority is not None:
+            self._go_realtime(self.realtime_priority)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         super().shutdown(timeout)
@@ -635,6 +661,18 @@ class SenderEngine(_Loop):
             self._run_compiled(self.send_loop)
         except BaseException as exc:  # noqa: BLE001 - kept for the owner to report
             self.error = exc
+
+    def _go_realtime(self, priority: int) -> None:
+        """The engine thread, once started, under SCHED_FIFO (by its thread id: the
+        policy is per thread on Linux), or the refusal kept in ``realtime_error``."""
+        tid = self._thread.native_id
+        assert tid is not None  # started
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+        except OSError as exc:
+            self.realtime_error = f"SCHED_FIFO priority {priority}: {exc.strerror}"
+            return
+        self.realtime = True
 
     def _run_compiled(self, loop: probeio.SendLoop) -> None:
         """The loop with the compiled run loop: ``SendLoop.run`` serves the sessions it
@@ -662,7 +700,7 @@ class SenderEngine(_Loop):
             if why & probeio.LOOP_WAKER:
                 self._waker.drain()
             with self.lock:
-                self._sync_loop(loop)
+                self._sync_loop(loop, poll=(waker, hold) if self.loop_passes else None)
             self._on_tick()
             self.dataplane.flush()
 
@@ -1063,26 +1101,43 @@ class SenderEngine(_Loop):
         return took, bytes(memoryview(loop.out)[: took.records * probeio.LOOP_OUT.size])
 
     def _sync_loop(
-        self, loop: probeio.SendLoop, idx: int | None = None
+        self,
+        loop: probeio.SendLoop,
+        idx: int | None = None,
+        poll: tuple[int, int] | None = None,
     ) -> probeio.LoopSession | None:
         """What the run loop did since the last time to the cores (lock held), the
-        datagrams it left handled; and the state of its session ``idx`` if given."""
+        datagrams it left handled; and the state of its session ``idx`` if given.
+        ``poll`` (the engine thread only, the one that runs the loop): its waker fd and
+        hold, for ``_apply_loop``'s passes of the loop while it files."""
         loop.lock()
         try:
             took, records = self._take(loop)
             held = None if idx is None else loop.get(idx)
         finally:
             loop.unlock()
-        self._apply_loop(loop, took, records)
+        self._apply_loop(loop, took, records, poll)
         if took.left:
             self._leftovers(loop, took.left)
         self._notify_pending()
         return held
 
-    def _apply_loop(self, loop: probeio.SendLoop, took: probeio.LoopTake, records: bytes) -> None:
+    def _apply_loop(
+        self,
+        loop: probeio.SendLoop,
+        took: probeio.LoopTake,
+        records: bytes,
+        poll: tuple[int, int] | None = None,
+    ) -> None:
         """The run loop's records to their sessions (lock held, not the loop's mutex):
         counters and events filed by ``loop_record``, ``PacketSent`` to ``on_event``; a
-        session that left the loop (``LOOP_EVICT``) back to its core."""
+        session that left the loop (``LOOP_EVICT``) back to its core.
+
+        The loop sends nothing while this runs, so with ``poll`` (waker fd, hold) one
+        pass of it (``SendLoop.run`` with ``until`` now: the packets due sent, the
+        replies read, into records the next take files) runs whenever a tick has gone
+        by since the call returned or the last pass: no packet waits for the whole
+        filing (benchmarks/README.md, "Where the slip tail comes from")."""
         counters = self.counters
         counters.send_failed += took.failed
         counters.received += took.received - took.left  # those: ``_deliver_records``
@@ -1091,7 +1146,16 @@ class SenderEngine(_Loop):
         entries = self._loop_entries
         on_event = self.on_event
         pump = self._pump
-        for record in probeio.LOOP_OUT.iter_unpack(records):
+        clock, tick = self.monotonic, self.tick_ns
+        next_pass = clock() + tick if poll is not None else None
+        for n, record in enumerate(probeio.LOOP_OUT.iter_unpack(records)):
+            if next_pass is not None and not n % _POLL_EVERY and clock() >= next_pass:
+                assert poll is not None
+                try:
+                    loop.run(poll[0], 0, tick, poll[1])
+                except OSError as exc:
+                    raise DataplaneError(f"socket: receive failed: {exc.strerror}") from exc
+                next_pass = clock() + tick
             idx = record[4]
             entry = entries[idx]
             if entry is None:

@@ -67,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import logging
 import secrets
 import threading
 import time
@@ -107,6 +108,8 @@ from sixlab.wire import WireError
 from sixlab.wire import stamp as wire
 from sixlab.wire.stamp_tlv import ReturnPath, Srv6SegmentList
 from sixlab.wire.timestamp import ErrorEstimate, TimestampFormat
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_WORKERS",
@@ -635,7 +638,10 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         clock: Callable[[], int] = time.time_ns,
         max_streams: int = DEFAULT_MAX_WORKERS - RESERVED_WORKERS,
         reply_budget: int = REPLY_BUDGET_BYTES,
+        realtime_priority: int | None = None,
     ) -> None:
+        """``realtime_priority``: a sender's engine thread under SCHED_FIFO at this
+        priority (``SenderEngine``'s; a refusal is logged and the engine runs on)."""
         if reply_budget < MIN_REPLY_BUDGET_BYTES:
             raise ValueError(
                 f"reply_budget: {reply_budget} bytes, at least {MIN_REPLY_BUDGET_BYTES}"
@@ -648,6 +654,9 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
         self._streams = 0
         self.default_dataplane = dataplane
         self._fifo_capacity = fifo_capacity
+        if realtime_priority is not None and not 1 <= realtime_priority <= 99:
+            raise ValueError(f"realtime_priority: {realtime_priority}, not 1-99 (SCHED_FIFO)")
+        self.realtime_priority = realtime_priority
         self._clock = clock
         #: This run of the agent (GetAgentInfo.epoch): a controller that sees it change
         #: knows the agent restarted and lost its sessions, even if no call failed.
@@ -746,8 +755,17 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
             bound = dataplane.local_port
             rt = _Runtime(dataplane, name, bound, source)
             if self.role is Role.SENDER:
-                rt.sender = SenderEngine(dataplane, self._clock, self._fifo_capacity)
+                rt.sender = SenderEngine(
+                    dataplane,
+                    self._clock,
+                    self._fifo_capacity,
+                    realtime_priority=self.realtime_priority,
+                )
                 rt.sender.start()
+                if rt.sender.realtime_error is not None:
+                    log.warning(
+                        "sender engine: %s; it runs unprioritized", rt.sender.realtime_error
+                    )
             else:
                 rt.reflector = ReflectorEngine(dataplane, Reflector(), self._clock)
                 rt.reflector.start()
@@ -1391,6 +1409,7 @@ def serve(
     max_workers: int = DEFAULT_MAX_WORKERS,
     fifo_capacity: int = DEFAULT_FIFO_CAPACITY,
     reply_budget: int = REPLY_BUDGET_BYTES,
+    realtime_priority: int | None = None,
 ) -> AgentServer:
     """Start an agent serving gRPC on ``address`` (``"[::1]:50051"``, ``"unix:/path"``).
 
@@ -1399,6 +1418,7 @@ def serve(
     (:func:`~sixlab.southbound.rpcserver.claim_unix_address`). Returns once the server
     accepts calls; the agent is not initialised until a client calls Init.
     ``reply_budget``: the largest results message it sends (``sixlab.southbound.budget``).
+    ``realtime_priority``: a sender's engine thread under SCHED_FIFO at this priority.
     """
     if dataplane not in available():
         raise ValueError(
@@ -1411,6 +1431,7 @@ def serve(
         fifo_capacity=fifo_capacity,
         max_streams=max(1, max_workers - RESERVED_WORKERS),
         reply_budget=reply_budget,
+        realtime_priority=realtime_priority,
     )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stamp-agent"),
