@@ -53,14 +53,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+import numpy as np
+
 from sixlab.controller.errors import ControllerError
 from sixlab.controller.events import SessionEvent
 from sixlab.controller.rollup import (
     DIRECTIONS,
     MINUTE_NS,
+    ROW_COLUMNS,
     DelayHistogram,
     DirectionRollup,
     MinuteRollup,
+    fold_columns,
     roll_up_columns,
 )
 from sixlab.stamp import DataCounters, StampResult
@@ -305,13 +309,8 @@ _INSERT_RESULTS = (
     "INSERT INTO results(" + ", ".join(RESULT_COLUMNS) + ") VALUES ("  # noqa: S608
     + ",".join("?" * len(RESULT_COLUMNS)) + ")"
 )  # fmt: skip
-#: The columns of ``rollups``, in the order of ``_rollup_row``.
-ROLLUP_COLUMNS = (
-    "session_id", "epoch", "minute_ns", "count", "lost",
-    *(f"{d}_{k}" for d in DIRECTIONS for k in ("min", "mean", "p50", "p99", "max", "sum", "hist")),
-    "direct_ipdv_abs", "direct_ipdv_pairs", "return_ipdv_abs", "return_ipdv_pairs",
-    "max_error_ns", "last_record",
-)  # fmt: skip
+#: The columns of ``rollups``, in the order of ``_rollup_row`` (and ``Fold.rows``).
+ROLLUP_COLUMNS = ROW_COLUMNS
 _SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noqa: S608
 
 
@@ -1547,8 +1546,10 @@ class Store(ABC):
         """
         with self._lock:
             rows = self._db.execute(
-                "SELECT e.rolled, e.rolled_seq, "  # noqa: S608 - column names only
-                + ", ".join(f"r.{c}" for c in RESULT_COLUMNS)
+                # The cursor, then the columns ``fold_columns`` takes (no NULL: one
+                # int64 array of them all).
+                "SELECT e.rolled, COALESCE(e.rolled_seq, -1), "  # noqa: S608 - column names
+                + ", ".join(f"r.{c}" for c in RESULT_COLUMNS[:10])
                 # Epochs first (SQLite keeps a CROSS JOIN's order): only those with
                 # records past their cursor, each read by a range of the primary key.
                 + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
@@ -1559,30 +1560,48 @@ class Store(ABC):
             ).fetchall()
         if not rows:
             return 0
-        cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
-        last: dict[tuple[int, int], int] = {}
-        for r in rows:
-            key = (r[2], r[3])
-            cursors.setdefault(key, (r[0], r[1]))
-            last[key] = r[4]  # the rows of an epoch come by record id
-        columns = list(zip(*rows, strict=True))
-        fresh, tops = roll_up_columns(
-            columns[2:12], {key: cursor[1] for key, cursor in cursors.items()}
-        )
-        moved = [(last[sid, ep], tops[sid, ep], sid, ep, rolled)
-                 for (sid, ep), (rolled, _) in cursors.items()]  # fmt: skip
-        moved.sort(key=lambda m: (m[2], m[3]))
+        try:
+            table = np.array(rows, dtype=np.int64)
+        except OverflowError:  # timestamps past int64: ``roll_up`` of each epoch
+            columns: Any = list(zip(*rows, strict=True))
+            starts = [i for i in range(len(rows)) if i == 0 or rows[i][2:4] != rows[i - 1][2:4]]
+        else:
+            columns = table.T
+            new = np.ones(len(rows), dtype=bool)
+            new[1:] = (table[1:, 2] != table[:-1, 2]) | (table[1:, 3] != table[:-1, 3])
+            starts = np.flatnonzero(new).tolist()
+        # Each epoch's cursor as read, and the last record read (its rows come by id).
+        ends = [*(i - 1 for i in starts[1:]), len(rows) - 1]
+        cursors = {(rows[i][2], rows[i][3]): (rows[i][0], None if rows[i][1] < 0 else rows[i][1])
+                   for i in starts}  # fmt: skip
+        last = {(rows[i][2], rows[i][3]): rows[i][4] for i in ends}
+        seqs = {key: cursor[1] for key, cursor in cursors.items()}
+        fold = fold_columns(columns[2:12], seqs)
+        fresh = None
+        if fold is None:  # values too large for the arrays: ``roll_up`` of each epoch
+            fresh, tops = roll_up_columns(columns[2:12], seqs)
+        else:
+            tops = fold.tops
         with self._transaction() as db:
-            for at, old in self._rollups_at(db, list(fresh)).items():
-                old.merge(fresh[at])
-                fresh[at] = old
+            out = None
+            if fold is not None:
+                out = fold.rows(self._rollup_rows_at(db, fold.keys))
+                if out is None:  # stored rows the arrays do not take
+                    fresh = fold.minutes()
+            if out is None:  # the reference merge
+                assert fresh is not None
+                for at, old in self._rollups_at(db, list(fresh)).items():
+                    old.merge(fresh[at])
+                    fresh[at] = old
+                out = [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()]
             db.executemany(
                 "INSERT INTO rollups(" + ", ".join(ROLLUP_COLUMNS) + ") VALUES ("  # noqa: S608
                 + ", ".join("?" * len(ROLLUP_COLUMNS)) + ") ON CONFLICT(session_id, epoch,"
                 " minute_ns) DO UPDATE SET "
                 + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
-                [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()],
+                out,
             )  # fmt: skip
+            moved = [(last[key], tops[key], *key, cursors[key][0]) for key in sorted(cursors)]
             done = db.executemany(
                 "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
                 " AND rolled=?",
@@ -1592,11 +1611,10 @@ class Store(ABC):
                 raise ConcurrentPassError("roll_up: another pass moved a cursor first")
         return len(rows)
 
-    def _rollups_at(
-        self, db: _Db, keys: list[tuple[int, int, int]]
-    ) -> dict[tuple[int, int, int], MinuteRollup]:
-        """The stored rollups of these (session, epoch, minute) keys that exist."""
-        out: dict[tuple[int, int, int], MinuteRollup] = {}
+    def _rollup_rows_at(self, db: _Db, keys: list[tuple[int, int, int]]) -> list[Any]:
+        """The stored rollup rows (``ROLLUP_COLUMNS``) of these (session, epoch, minute)
+        keys that exist."""
+        out: list[Any] = []
         for i in range(0, len(keys), 300):
             chunk = keys[i : i + 300]
             # The keys first, each a lookup of the primary key: SQLite keeps a CROSS JOIN's
@@ -1608,9 +1626,14 @@ class Store(ABC):
                 + ") AS k CROSS JOIN rollups r WHERE r.session_id = k.column1"
                 " AND r.epoch = k.column2 AND r.minute_ns = k.column3"
             )  # fmt: skip
-            for r in db.execute(query, [v for k in chunk for v in k]).fetchall():
-                out[r[0], r[1], r[2]] = _rollup(r)
+            out += db.execute(query, [v for k in chunk for v in k]).fetchall()
         return out
+
+    def _rollups_at(
+        self, db: _Db, keys: list[tuple[int, int, int]]
+    ) -> dict[tuple[int, int, int], MinuteRollup]:
+        """The stored rollups of these (session, epoch, minute) keys that exist."""
+        return {(r[0], r[1], r[2]): _rollup(r) for r in self._rollup_rows_at(db, keys)}
 
     def rollups(
         self, session_id: int, *, since_ns: int | None = None, until_ns: int | None = None
