@@ -245,6 +245,36 @@ def test_roll_up_stores_what_the_reference_merge_stores(
     assert got == expected
 
 
+def test_a_pass_reads_the_records_while_collection_holds_a_transaction(store: Store) -> None:
+    """The roll-up's read waits for no write transaction (SQLite: it reads on a
+    connection of its own, in WAL mode beside the writer; PostgreSQL: another pooled
+    connection)."""
+    (sid,) = _sessions(store, 1)
+    store.store_results(sid, [(s + 1, _r(s)) for s in range(50)])
+    holding, release = threading.Event(), threading.Event()
+
+    def collect() -> None:
+        with store._transaction():
+            holding.set()
+            release.wait(10)
+
+    writer = threading.Thread(target=collect)
+    writer.start()
+    try:
+        assert holding.wait(10)
+        read: list[int] = []
+        reader = threading.Thread(
+            target=lambda: read.append(len(store._read_unrolled(100)))
+        )
+        reader.start()
+        reader.join(5)
+        assert read == [50], "the read waited for the write transaction"
+    finally:
+        release.set()
+        writer.join()
+    assert store.roll_up() == 50
+
+
 def test_expire_deletes_old_raw_records_only_once_rolled_up(store: Store) -> None:
     (sid,) = _sessions(store, 1)
     recs = [(s + 1, _r(s)) for s in range(180)]  # 3 minutes

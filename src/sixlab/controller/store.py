@@ -1538,26 +1538,14 @@ class Store(ABC):
         rollups, with each epoch's rollup cursor. Returns how many records it rolled
         (call again while it returns ``limit``).
 
-        The records are read by one statement, rolled up with no lock or transaction
+        The records are read by one statement (``_read_unrolled``: SQLite's on a
+        connection of its own, beside the writer), rolled up with no lock or transaction
         held (collection goes on meanwhile: it adds records past the ones read and moves
         no rollup cursor), and written in one short transaction that moves each epoch's
         cursor from the value read. A pass that finds a cursor moved since (another
         replica's pass) rolls back and rolls nothing: a record is rolled up once.
         """
-        with self._lock:
-            rows = self._db.execute(
-                # The cursor, then the columns ``fold_columns`` takes (no NULL: one
-                # int64 array of them all).
-                "SELECT e.rolled, COALESCE(e.rolled_seq, -1), "  # noqa: S608 - column names
-                + ", ".join(f"r.{c}" for c in RESULT_COLUMNS[:10])
-                # Epochs first (SQLite keeps a CROSS JOIN's order): only those with
-                # records past their cursor, each read by a range of the primary key.
-                + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
-                " AND r.session_id = e.session_id AND r.epoch = e.epoch"
-                " AND r.record_id > e.rolled"
-                " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?",
-                (limit,),
-            ).fetchall()
+        rows = self._read_unrolled(limit)
         if not rows:
             return 0
         try:
@@ -1610,6 +1598,23 @@ class Store(ABC):
             if done.rowcount != len(moved):
                 raise ConcurrentPassError("roll_up: another pass moved a cursor first")
         return len(rows)
+
+    #: The records a roll-up pass reads: each epoch's rollup cursor, then the columns
+    #: ``fold_columns`` takes (no NULL: one int64 array of them all).
+    _SELECT_UNROLLED = (
+        "SELECT e.rolled, COALESCE(e.rolled_seq, -1), "  # noqa: S608 - column names only
+        + ", ".join(f"r.{c}" for c in RESULT_COLUMNS[:10])
+        # Epochs first (SQLite keeps a CROSS JOIN's order): only those with records
+        # past their cursor, each read by a range of the primary key.
+        + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
+        " AND r.session_id = e.session_id AND r.epoch = e.epoch AND r.record_id > e.rolled"
+        " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?"
+    )
+
+    def _read_unrolled(self, limit: int) -> list[Any]:
+        """Up to ``limit`` records past their epoch's rollup cursor, by one statement."""
+        with self._lock:
+            return self._db.execute(self._SELECT_UNROLLED, (limit,)).fetchall()
 
     def _rollup_rows_at(self, db: _Db, keys: list[tuple[int, int, int]]) -> list[Any]:
         """The stored rollup rows (``ROLLUP_COLUMNS``) of these (session, epoch, minute)
@@ -1851,6 +1856,13 @@ class SqliteStore(Store):
             self._conn.execute("PRAGMA wal_autocheckpoint=16384")
             _migrate(self._conn)
 
+        #: A connection of the roll-up pass's reads alone (``_read_unrolled``), opened
+        #: at its first: in WAL mode it reads beside the writer, so that collection does
+        #: not wait on the store's lock while a pass reads (and the GIL is free while
+        #: SQLite walks the tables). None: not opened yet, or a database in memory.
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+
     @property
     def _db(self) -> _Db:
         return self._conn
@@ -1858,6 +1870,20 @@ class SqliteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+
+    def _read_unrolled(self, limit: int) -> list[Any]:
+        if self.path in ("", ":memory:") or "mode=memory" in self.path:
+            return super()._read_unrolled(limit)  # a second connection: another database
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+            # One statement: one snapshot of the epochs' cursors and their records.
+            return self._reader.execute(self._SELECT_UNROLLED, (limit,)).fetchall()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:
