@@ -263,9 +263,7 @@ def test_a_pass_reads_the_records_while_collection_holds_a_transaction(store: St
     try:
         assert holding.wait(10)
         read: list[int] = []
-        reader = threading.Thread(
-            target=lambda: read.append(len(store._read_unrolled(100)))
-        )
+        reader = threading.Thread(target=lambda: read.append(len(store._read_unrolled(100))))
         reader.start()
         reader.join(5)
         assert read == [50], "the read waited for the write transaction"

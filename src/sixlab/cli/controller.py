@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -411,6 +412,14 @@ def _add_serve(cmds: Any) -> None:
         help=f"seconds between roll-up and retention passes (default {DEFAULT_HOUSEKEEPING_S:g})",
     )
     serve.add_argument(
+        "--housekeeping-duty",
+        metavar="SHARE",
+        type=float,
+        default=None,
+        help="share of a pass's time spent rolling up, waiting between its reads the rest"
+        " (0 < SHARE <= 1; default: the Retention default)",
+    )
+    serve.add_argument(
         "--grpc",
         metavar="ADDR",
         type=argtypes.text,
@@ -754,10 +763,12 @@ def _socket_dir(address: str) -> Path | None:
 
 
 def _retention(args: argparse.Namespace) -> Any:
-    """--retention, --rollup-retention, --housekeeping-interval, checked."""
+    """--retention, --rollup-retention, --housekeeping-interval and -duty, checked."""
     from sixlab.controller.housekeeping import Retention  # noqa: PLC0415
 
     retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
+    if args.housekeeping_duty is not None:
+        retention = dataclasses.replace(retention, duty=args.housekeeping_duty)
     retention.validate()
     return retention
 
