@@ -49,9 +49,11 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     return s
 
 
-def _keeper(store: Store, duty: float, waits: _Waits) -> Housekeeper:
+def _keeper(store: Store, duty: float, waits: _Waits, interval_s: float = 60) -> Housekeeper:
     ticks = iter(range(0, 1000, 2))  # each read "takes" 2 s
-    keeper = Housekeeper(store, Retention(duty=duty), timer=lambda: float(next(ticks)))
+    keeper = Housekeeper(
+        store, Retention(duty=duty, interval_s=interval_s), timer=lambda: float(next(ticks))
+    )
     keeper._stop = waits
     return keeper
 
@@ -66,6 +68,15 @@ def test_a_pass_waits_between_its_reads_for_the_rest_of_its_duty(
     store.close()
 
 
+def test_a_pass_that_ran_for_an_interval_waits_no_more(store: Store) -> None:
+    """The pass begins at 0 s; its first read ends at 4 s, its second at 8 s, past an
+    interval of 5 s: only the first is followed by a wait."""
+    waits = _Waits()
+    assert _keeper(store, 0.5, waits, interval_s=5).run_once() == (25, 0, 0)
+    assert waits.timeouts == [2.0]
+    store.close()
+
+
 def test_a_pass_that_is_closed_while_waiting_stops_after_its_read(store: Store) -> None:
     waits = _Waits(closing=True)
     assert _keeper(store, 0.5, waits).run_once() == (10, 0, 0)
@@ -77,3 +88,9 @@ def test_a_pass_that_is_closed_while_waiting_stops_after_its_read(store: Store) 
 def test_a_duty_out_of_range_is_refused(duty: float) -> None:
     with pytest.raises(ValueError, match="duty"):
         Retention(duty=duty).validate()
+
+
+def test_the_cli_default_duty_is_the_retentions() -> None:
+    from sixlab.cli.controller import DEFAULT_HOUSEKEEPING_DUTY  # noqa: PLC0415
+
+    assert Retention().duty == DEFAULT_HOUSEKEEPING_DUTY

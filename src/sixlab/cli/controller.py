@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import ipaddress
 import json
@@ -94,6 +93,8 @@ DEFAULT_INTERVAL_S = 1.0
 DEFAULT_LEASE_TTL_S = 5.0
 #: Seconds between roll-up and retention passes.
 DEFAULT_HOUSEKEEPING_S = 60.0
+#: ``Retention.duty``'s default (the controller's modules load when a command runs).
+DEFAULT_HOUSEKEEPING_DUTY = 0.25
 #: Prometheus exporters listen on loopback unless told otherwise.
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -415,9 +416,9 @@ def _add_serve(cmds: Any) -> None:
         "--housekeeping-duty",
         metavar="SHARE",
         type=float,
-        default=None,
-        help="share of a pass's time spent rolling up, waiting between its reads the rest"
-        " (0 < SHARE <= 1; default: the Retention default)",
+        default=DEFAULT_HOUSEKEEPING_DUTY,
+        help="share of a pass's time spent rolling up, waiting between its reads the rest,"
+        f" for a pass's first interval (0 < SHARE <= 1, default {DEFAULT_HOUSEKEEPING_DUTY:g})",
     )
     serve.add_argument(
         "--grpc",
@@ -766,9 +767,9 @@ def _retention(args: argparse.Namespace) -> Any:
     """--retention, --rollup-retention, --housekeeping-interval and -duty, checked."""
     from sixlab.controller.housekeeping import Retention  # noqa: PLC0415
 
-    retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
-    if args.housekeeping_duty is not None:
-        retention = dataclasses.replace(retention, duty=args.housekeeping_duty)
+    retention = Retention(
+        args.retention, args.rollup_retention, args.housekeeping_interval, args.housekeeping_duty
+    )
     retention.validate()
     return retention
 

@@ -38,10 +38,11 @@ class Retention:
     #: Seconds between passes.
     interval_s: float = 60.0
     #: The share of a pass's time spent rolling up: after each read of records it waits
-    #: (1 − duty) / duty times as long as that read took, so that a pass at 10,000
-    #: results/s leaves the interpreter to collection most of the time instead of
-    #: raising its lag (benchmarks/README.md, issue 15). 1: no waits.
-    duty: float = 1.0
+    #: (1 − duty) / duty times as long as that read took (until the pass has run for
+    #: ``interval_s``), so that a pass at 10,000 results/s leaves the interpreter to
+    #: collection most of the time instead of raising its lag (benchmarks/README.md,
+    #: issue 15). 1: no waits.
+    duty: float = 0.25
 
     def validate(self) -> None:
         for name, value in (("retention", self.raw_s), ("rollup retention", self.rollup_s)):
@@ -80,6 +81,7 @@ class Housekeeper:
         """One pass: (records rolled up, raw records deleted, rollups deleted)."""
         rolled = 0
         rest = (1 - self.retention.duty) / self.retention.duty
+        began = self._timer()
         while True:
             start = self._timer()
             try:
@@ -90,7 +92,13 @@ class Housekeeper:
             rolled += n
             if n < ROLL_UP_LIMIT:
                 break
-            if rest and self._stop.wait((self._timer() - start) * rest):
+            now = self._timer()
+            # Waits no more once the pass has run for an interval: it then catches up.
+            if (
+                rest
+                and now - began < self.retention.interval_s
+                and self._stop.wait((now - start) * rest)
+            ):
                 break  # closing
         raw = rollups = 0
         r = self.retention
