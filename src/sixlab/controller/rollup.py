@@ -453,8 +453,8 @@ class Fold:
         of the fresh one into it, its row), computed on the arrays.
 
         None if a stored row holds what the arrays do not take (a value near the int64
-        limits, a missing or malformed histogram, an error bound of NULL, a key not
-        among ``keys``): the caller then merges the reference way."""
+        limits or NULL, a missing, empty or malformed histogram, a key not among
+        ``keys``): the caller then merges the reference way."""
         n = len(self.keys)
         count, lost, last = self.count.copy(), self.lost.copy(), self.last_record.copy()
         ipdv = {"direct": self.ipdv_direct.copy(), "return": self.ipdv_return.copy()}
@@ -516,8 +516,8 @@ class Fold:
         return list(zip(*out, strict=True))
 
 
-#: Histogram keys the arrays take: every int64 delay's (and a representative of each
-#: that fits in int64).
+#: Histogram keys the arrays take: those of every delay below 2^62 (all that a fold
+#: holds), each with a representative that fits in int64.
 _KEY_LIMIT = 2180
 #: Bucket counts the arrays take (a nearest rank computed exactly as ``percentile`` does).
 _COUNT_LIMIT = 2**36
