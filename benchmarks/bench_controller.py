@@ -78,6 +78,22 @@ def _threads_cpu_s(pid: int) -> dict[int, float]:
     return threads
 
 
+def _write_statements(conn: Any, path: str, stored: int) -> None:
+    """``--pg-statements``: the server's time per statement over the window
+    (pg_stat_statements), most first, with µs per stored result, into ``path`` (JSON)."""
+    rows = conn.execute(
+        "SELECT query, calls, rows, total_exec_time, shared_blks_dirtied, wal_bytes"
+        " FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25"
+    ).fetchall()
+    out = [
+        {"query": q[:300], "calls": c, "rows": r, "ms": round(t, 1),
+         "us_per_result": round(t * 1e3 / max(1, stored), 2), "blocks_dirtied": d,
+         "wal_bytes": int(w)}
+        for q, c, r, t, d, w in rows
+    ]  # fmt: skip
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
 def _backlog(senders: list[str]) -> int:
     """Records the sender agents hold unacknowledged, all sessions together."""
     from sixlab.southbound import AgentClient  # noqa: PLC0415
@@ -160,6 +176,18 @@ def _stages(address: str) -> dict[str, tuple[list[tuple[float, float]], float]]:
             elif sample.name.endswith("_sum"):
                 total = sample.value
             out[stage] = (buckets, total)
+    return out
+
+
+def _merged_stages(addresses: list[str]) -> dict[str, tuple[list[tuple[float, float]], float]]:
+    """``_stages`` of several controllers (replicas) added up: their buckets share
+    bounds, so counts and sums add."""
+    out: dict[str, tuple[list[tuple[float, float]], float]] = {}
+    for address in addresses:
+        for stage, (buckets, total) in _stages(address).items():
+            old_b, old_total = out.get(stage, ([], 0.0))
+            old = dict(old_b)
+            out[stage] = ([(b, n + old.get(b, 0.0)) for b, n in buckets], old_total + total)
     return out
 
 
@@ -307,16 +335,21 @@ def _create_apply(
 def _measure(
     args: argparse.Namespace,
     url: str,
-    pid: int,
+    pids: list[int],
     pg_pid: int | None,
     agents: list[int],
     *,
-    metrics: str | None,
+    metrics: list[str],
     senders: list[str],
 ) -> dict[str, Any]:
     """The measuring window: stored per second, CPU, RSS, lag, bytes per result, and the
     records the sender agents held unacknowledged (read, or not yet, by the controller)
-    at its start and end: a backlog the controller has not caught up with."""
+    at its start and end: a backlog the controller has not caught up with.
+
+    With several controller processes (``pids``, replicas), their CPU is added up
+    (``controller_cpu``; each in ``controller_cpus``), their RSS too, and their stage
+    histograms merged (``metrics``: each one's metrics address)."""
+    pid = pids[0]
     from sixlab.controller.store import open_store  # noqa: PLC0415
 
     db = open_store(url)
@@ -340,8 +373,8 @@ def _measure(
 
     # A controller without the histogram would read the store for a restricted scrape too.
     if not hasattr(sixlab.controller.metrics, "STAGES"):
-        metrics = None
-    stages0 = _stages(metrics) if metrics else {}
+        metrics = []
+    stages0 = _merged_stages(metrics)
     pg0 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag0 = sum(_cpu_s(a) for a in agents)
     spy = None
@@ -354,9 +387,11 @@ def _measure(
              "--threads", "--format", "raw", "--output", args.py_spy],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+    if args.pg_statements:
+        conn.execute("SELECT pg_stat_statements_reset()")
     backlog0 = _backlog(senders)
     threads0 = _threads_cpu_s(pid) if spy else {}
-    n0, cpu0, t0 = _stored(conn), _cpu_s(pid), time.monotonic()
+    n0, cpu0, t0 = _stored(conn), [_cpu_s(p) for p in pids], time.monotonic()
     # What was stored before the window; the first look in it is one period later (the
     # figures above were read before this, so no look waits for them).
     _new_lags(conn, seen, placeholder)
@@ -371,11 +406,13 @@ def _measure(
         worst += [0.0] * (second + 1 - len(worst))
         worst[second] = max([worst[second], *(hi for hi, _ in got)])
         gaps.append((next(iter(seen.values()))[1] - before) / 1e6)
-        rss.append(_rss_mb(pid))
-    n1, cpu1, t1 = _stored(conn), _cpu_s(pid), time.monotonic()
+        rss.append(sum(_rss_mb(p) for p in pids))
+    n1, cpu1, t1 = _stored(conn), [_cpu_s(p) for p in pids], time.monotonic()
     pg1 = _tree_cpu_s(pg_pid) if pg_pid else 0.0
     ag1 = sum(_cpu_s(a) for a in agents)
-    stages1 = _stages(metrics) if metrics else {}
+    stages1 = _merged_stages(metrics)
+    if args.pg_statements:
+        _write_statements(conn, args.pg_statements, n1 - n0)
     backlog1 = _backlog(senders)
     if spy is not None:
         threads1 = _threads_cpu_s(pid)
@@ -390,7 +427,8 @@ def _measure(
     high, low = [hi for hi, _ in lags], [lo for _, lo in lags]
     return {
         "stored_per_s": round((n1 - n0) / (t1 - t0)),
-        "controller_cpu": round((cpu1 - cpu0) / (t1 - t0), 3),
+        "controller_cpu": round((sum(cpu1) - sum(cpu0)) / (t1 - t0), 3),
+        "controller_cpus": [round((b - a) / (t1 - t0), 3) for a, b in zip(cpu0, cpu1, strict=True)],
         "postgres_cpu": round((pg1 - pg0) / (t1 - t0), 3) if pg_pid else None,
         "agents_cpu": round((ag1 - ag0) / (t1 - t0), 3),
         "rss_mb": round(max(rss), 1),
@@ -498,8 +536,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
     pg = None
     if args.db == "postgresql":
-        pg = LabPostgres(settings={"max_connections": "50", "shared_buffers": "256MB"})
+        settings = {"max_connections": "50", "shared_buffers": "256MB"}
+        if args.pg_statements:
+            settings["shared_preload_libraries"] = "pg_stat_statements"
+        pg = LabPostgres(settings=settings)
         url: str = pg.create_database("bench")
+        if args.pg_statements:
+            pg.psql("CREATE EXTENSION pg_stat_statements", "bench")
     else:
         url = str(tmp / "controller.db")
     procs: list[subprocess.Popen[str]] = []
@@ -521,18 +564,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "load_average": os.getloadavg()[0],
             }  # fmt: skip
         timing = _create_batch(url, nodes, specs) if args.create == "batch" else []
-        address = f"unix:{tmp}/ctl.sock"
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            metrics = f"127.0.0.1:{free.getsockname()[1]}"
-        ctl = subprocess.Popen(
-            [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
-             "--grpc", address, "--metrics", metrics, *args.serve_arg],
-            stdout=subprocess.PIPE, stderr=(tmp / "controller.log").open("w"), text=True,
-        )  # fmt: skip
-        procs.append(ctl)
-        assert ctl.stdout is not None
-        ctl.stdout.readline()
+        # One controller, or --replicas of them on the one PostgreSQL database (each
+        # with its own northbound socket and metrics port; the Apply goes to the first).
+        ctls: list[subprocess.Popen[str]] = []
+        scrapes: list[str] = []
+        for k in range(args.replicas):
+            sock = f"unix:{tmp}/ctl{k}.sock"
+            with socket.socket() as free:
+                free.bind(("127.0.0.1", 0))
+                scrapes.append(f"127.0.0.1:{free.getsockname()[1]}")
+            replica = ["--replica", f"r{k}"] if args.replicas > 1 else []
+            ctls.append(subprocess.Popen(
+                [sys.executable, "-m", "sixlab", "controller", "serve", "--db", url,
+                 "--grpc", sock, "--metrics", scrapes[-1], *replica, *args.serve_arg],
+                stdout=subprocess.PIPE, stderr=(tmp / f"controller{k}.log").open("w"),
+                text=True,
+            ))  # fmt: skip
+        procs += ctls
+        for ctl in ctls:
+            assert ctl.stdout is not None
+            ctl.stdout.readline()
+        ctl, address = ctls[0], f"unix:{tmp}/ctl0.sock"
         served = time.monotonic()
         # An Apply of 10,000 sessions takes a minute or more on a loaded machine.
         with ControllerClient(address, timeout=600) as client:
@@ -543,11 +595,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pg_pid = None
             if pg is not None:
                 pg_pid = int((pg.data / "postmaster.pid").read_text().split()[0])
-            agents = [p.pid for p in procs if p is not ctl]
+            agents = [p.pid for p in procs if p not in ctls]
             senders = [address for _, address, role in nodes if role == "sender"]
             measured = _measure(
-                args, url, ctl.pid, pg_pid, agents, metrics=metrics, senders=senders
-            )
+                args, url, [c.pid for c in ctls], pg_pid, agents, metrics=scrapes,
+                senders=senders,
+            )  # fmt: skip
             # When the window began after the controller came up: its housekeeping pass
             # (every --housekeeping-interval, 60 s) runs at multiples of that.
             measured["window_after_serve_s"] = round(measured.pop("_t0") - served, 1)
@@ -558,6 +611,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate_per_session": args.rate,
             "offered_per_s": args.sessions * args.rate,
             "create": args.create,
+            "replicas": args.replicas,
             "serve_args": args.serve_arg,
             "create_s": round(timing[0], 2),
             "create_start_s": round(timing[1], 2),
@@ -593,6 +647,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--loss-every", type=int, default=0)
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="controller processes (serve --replica) sharing the agents; PostgreSQL only",
+    )
+    parser.add_argument(
         "--poll", type=float, default=0.1, help="seconds between looks at the sampled sessions"
     )
     parser.add_argument(
@@ -614,6 +674,13 @@ def main() -> None:
         help="an argument more for the controller's serve, e.g. --serve-arg=--commit-interval=0.1",
     )
     parser.add_argument(
+        "--pg-statements",
+        metavar="FILE",
+        default="",
+        help="--db postgresql: the server's time per statement over the window"
+        " (pg_stat_statements) into FILE (JSON)",
+    )
+    parser.add_argument(
         "--py-spy",
         metavar="FILE",
         default="",
@@ -627,7 +694,10 @@ def main() -> None:
         " Controller.create_sessions/start_sessions in the benchmark's process, or with one"
         " northbound call each",
     )
-    print(json.dumps(run(parser.parse_args())), flush=True)
+    args = parser.parse_args()
+    if args.replicas < 1 or (args.replicas > 1 and args.db != "postgresql"):
+        parser.error("--replicas: at least 1, and more than 1 only with --db postgresql")
+    print(json.dumps(run(args)), flush=True)
 
 
 if __name__ == "__main__":

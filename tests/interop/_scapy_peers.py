@@ -7,6 +7,12 @@ T1, its Error Estimate and Seq are echoed byte for byte, Ses-Sender TTL is the r
 Hop Limit / TTL. Every packet it parses and every reply it builds goes through scapy's
 layers, not sixlab's codecs.
 
+``ScapyReflector(..., echo_ssid=True)`` answers like an RFC 8972 Session-Reflector
+instead: the SSID comes back as the Session-Sender sent it (RFC 8972 §3). ``drop`` and
+``duplicate`` pick sender Seqs whose reply is not sent, or sent twice, so that loss and
+duplicates are known in advance; ``stray`` picks those whose reply is preceded by a copy
+with SSID 0, what anyone who sees the packet could forge from the reflector's address.
+
 scapy's layers have no authenticated layout, and building a PTP timestamp through them
 fails (the ``ts`` field picks its NTP form while building), so PTP timestamps are put in
 as raw bytes (``RawVal``); parsing PTP works.
@@ -19,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scapy.contrib import stamp as sc
@@ -46,7 +53,16 @@ def ntp_seconds(unix_ns: int) -> float:
 class ScapyReflector:
     """An RFC 8762-only Session-Reflector on a UDP socket, in a thread (module doc)."""
 
-    def __init__(self, address: str, *, ptp: bool = False) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        ptp: bool = False,
+        echo_ssid: bool = False,
+        drop: Callable[[int], bool] | None = None,
+        duplicate: Callable[[int], bool] | None = None,
+        stray: Callable[[int], bool] | None = None,
+    ) -> None:
         family = _family(address)
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         if family == socket.AF_INET6:
@@ -56,6 +72,10 @@ class ScapyReflector:
         self.sock.bind((address, 0))
         self.port: int = self.sock.getsockname()[1]
         self.ptp = ptp
+        self.echo_ssid = echo_ssid
+        self.drop = drop
+        self.duplicate = duplicate
+        self.stray = stray
         self.answered = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -77,9 +97,17 @@ class ScapyReflector:
             data, anc, _, peer = self.sock.recvmsg(9000, socket.CMSG_SPACE(4))
             t2 = time.time_ns()
             ttl = next((struct.unpack("@i", v)[0] for _, _, v in anc), 255)
+            seq = struct.unpack_from("!I", data)[0] if len(data) >= 4 else -1
+            if self.drop is not None and self.drop(seq):
+                continue
             try:
-                self.sock.sendto(self.reply(data, t2, ttl), peer)
+                reply = self.reply(data, t2, ttl)
+                if self.stray is not None and self.stray(seq):
+                    self.sock.sendto(reply[:14] + bytes(2) + reply[16:], peer)
+                self.sock.sendto(reply, peer)
                 self.answered += 1
+                if self.duplicate is not None and self.duplicate(seq):
+                    self.sock.sendto(reply, peer)
             except Exception as exc:  # noqa: BLE001 - reported by the test
                 self.errors.append(repr(exc))
 
@@ -90,7 +118,7 @@ class ScapyReflector:
         fields: dict[str, Any] = {
             "seq": got.seq,
             "err_estimate": ee,
-            "ssid": 0,  # MBZ to an RFC 8762 reflector
+            "ssid": got.ssid if self.echo_ssid else 0,  # MBZ to an RFC 8762 reflector
             "seq_sender": got.seq,
             "ts_sender": RawVal(data[4:12]),
             "err_estimate_sender": sc.ErrorEstimate(data[12:14]),

@@ -283,7 +283,8 @@ def test_a_database_made_before_the_new_columns_gets_them(
     tmp_path: Path, had_columns: bool
 ) -> None:
     """A version-0 file, with or without the loss columns (added to version 0 before the
-    schema had a version), opens with them and keeps what they held."""
+    schema had a version), opens with them and keeps what they held (in its epoch's row:
+    a session's totals are the sums over its epochs)."""
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
         db.executescript(SCHEMA_V0)
@@ -294,7 +295,7 @@ def test_a_database_made_before_the_new_columns_gets_them(
         db.execute("INSERT INTO nodes (name, address, role) VALUES ('r', 'h:2', 'reflector')")
         db.execute(
             "INSERT INTO sessions (name, ssid, sender, reflector, params, state, created_ns)"
-            " VALUES ('p', 1, 's', 'r', '{}', 'created', 5)"
+            " VALUES ('p', 1, 's', 'r', '{}', 'running', 5)"
         )
         if had_columns:
             db.execute("UPDATE sessions SET unclassified_lost=3, ssid_zero=4")
@@ -306,3 +307,65 @@ def test_a_database_made_before_the_new_columns_gets_them(
     s.store_results(row.id, [], (3, 1, 0, 0), unclassified_lost=1, ssid_zero=2)
     assert (s.session("p").unclassified_lost, s.session("p").ssid_zero) == (1, 2)
     s.close()
+
+
+def test_a_seq_stored_under_another_record_id_still_moves_the_cursor(store: Store) -> None:
+    """The cursor is the highest record id the store was given for the epoch, stored or
+    skipped: a record refused as a repeated Seq is not asked for again."""
+    sid = store.add_session("p", 1, sender="s1", reflector="r1", params={}, now_ns=0).id
+    assert store.store_results(sid, [(1, _r(0))]) == 1
+    assert store.store_results(sid, [(2, _r(0))]) == 0
+    row = store.session("p")
+    assert (row.cursor, store.epochs(sid)[0].received) == (2, 1)
+    assert store.record_ids(sid) == [(0, 1)]
+
+
+#: Sessions of a version-6 file: (name, epoch, cursor, its current epoch row's top or
+#: None for no row, each epoch's (sent, lost)). The cursors become the tops: equal (the
+#: usual case), beyond the top, and an epoch without a row; the totals the file kept were
+#: the sums over the epochs, and are read as those.
+V6_SESSIONS = (
+    ("a", 0, 5, 5, ((7, 2),)),
+    ("b", 1, 9, 7, ((12, 1), (8, 2))),
+    ("c", 0, 3, None, ()),
+    ("d", 0, 0, None, ()),
+)
+
+
+def test_a_version_6_file_keeps_its_cursors_and_totals_in_the_epochs(tmp_path: Path) -> None:
+    path = tmp_path / "v6.sqlite"
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as db:  # version 6: the sessions' cursor and totals
+        for column in ("cursor", "sent", "lost", "overflow", "ssid_zero"):
+            db.execute(f"ALTER TABLE sessions ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        for column in ("forward_lost", "unclassified_lost"):
+            db.execute(f"ALTER TABLE sessions ADD COLUMN {column} INTEGER")
+        db.execute("PRAGMA user_version=6")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('s', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes (name, address, role) VALUES ('r', 'h:2', 'reflector')")
+        for i, (name, epoch, cursor, top, counts) in enumerate(V6_SESSIONS):
+            db.execute(
+                "INSERT INTO sessions (name, ssid, sender, reflector, params, state, epoch,"
+                " cursor, sent, lost, created_ns) VALUES (?, ?, 's', 'r', '{}', 'running', ?,"
+                " ?, ?, ?, 5)",
+                (name, i + 1, epoch, cursor, sum(c[0] for c in counts), sum(c[1] for c in counts)),
+            )
+            for e, (sent, lost) in enumerate(counts):
+                db.execute(
+                    "INSERT INTO epochs (session_id, epoch, started_ns, received, top, sent,"
+                    " lost) VALUES (?, ?, 6, ?, ?, ?, ?)",
+                    (i + 1, e, top, top, sent, lost),
+                )
+    s = SqliteStore(path)
+    try:
+        got = [(r.name, r.cursor, r.sent, r.lost) for r in s.sessions()]
+        assert got == [("a", 5, 7, 2), ("b", 9, 20, 3), ("c", 3, 0, 0), ("d", 0, 0, 0)]
+        b = s.session("b")
+        assert s.store_results(b.id, [(10, _r(10))], (30, 4, None, 0), epoch=1) == 1
+        assert (s.session("b").cursor, s.session("b").sent, s.session("b").lost) == (10, 42, 5)
+    finally:
+        s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
+        assert not columns & {"cursor", "sent", "lost", "forward_lost", "overflow"}

@@ -20,7 +20,7 @@ import pytest
 import sixlab.controller.rollup as rollup_module
 import sixlab.controller.store as store_module
 from sixlab.controller.events import EventKind, EventState, SessionEvent
-from sixlab.controller.pgstore import _STEPS, PostgresStore
+from sixlab.controller.pgstore import _STEPS, PostgresStore, _PgDb
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
 from sixlab.controller.rollup import MINUTE_NS, Fold, merged_stats
 from sixlab.controller.store import (
@@ -670,13 +670,16 @@ class _Counting:
     def __init__(self, db: Any) -> None:
         self.db = db
         self.statements = 0
+        self.sql: list[str] = []
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         self.statements += 1
+        self.sql.append(args[0])
         return self.db.execute(*args, **kwargs)
 
     def executemany(self, *args: Any) -> Any:
         self.statements += 1
+        self.sql.append(args[0])
         return self.db.executemany(*args)
 
 
@@ -1010,7 +1013,8 @@ def test_postgresql_per_pass_statements_read_the_live_rows_only(
                 assert not re.search(r"Seq Scan on (sessions|epochs)\b", plan), (sql, plan)
                 used = set(re.findall(r"(?:Scan using|Bitmap Index Scan on) (\w+)", plan))
                 allowed = _V6_INDEXES | {"results_pkey", "rollups_pkey"}
-                if sql.startswith("UPDATE epochs"):
+                if sql.startswith("UPDATE epochs") or "e.session_id = sessions.id" in sql:
+                    # One epoch by its key; or a session's epochs (its cursor, totals).
                     allowed.add("epochs_pkey")
                 assert used <= allowed, (sql, plan)
     finally:
@@ -1027,7 +1031,7 @@ def test_sqlite_a_version_5_file_gets_the_passes_indexes(tmp_path: Path) -> None
     SqliteStore(path).close()
     with sqlite3.connect(path) as db:
         assert {r[0] for r in db.execute("SELECT name FROM sqlite_master")} >= _V6_INDEXES
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def test_postgresql_migrates_a_version_5_database(pg_url: str) -> None:
@@ -1042,3 +1046,98 @@ def test_postgresql_migrates_a_version_5_database(pg_url: str) -> None:
         names = {r[0] for r in db.execute("SELECT indexname FROM pg_indexes")}
         assert names >= _V6_INDEXES
         assert db.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def _written_sql(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements the store runs from now on (SQLite: each as traced, once per row
+    of an ``executemany``; PostgreSQL: each sent)."""
+    seen: list[str] = []
+    if isinstance(store, SqliteStore):
+        store._conn.set_trace_callback(seen.append)
+        return seen
+    for name in ("execute", "executemany"):
+        method = getattr(_PgDb, name)
+
+        def recording(self: Any, sql: str, *args: Any, _m: Any = method, **kw: Any) -> Any:
+            seen.append(sql)
+            return _m(self, sql, *args, **kw)
+
+        monkeypatch.setattr(_PgDb, name, recording)
+    return seen
+
+
+def test_a_batch_of_results_writes_the_results_and_each_epochs_row_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction of results of 300 sessions, counters with half of them: no
+    ``sessions`` row is written (before: the cursors' and the totals' updates, two
+    statements that rewrote each session's row, parameters and all), one row per epoch
+    is (its count, top and counters in one upsert), and the cursors and totals read back
+    as before: the top given, the sums over the epochs."""
+    ids = _sessions(store, 300)
+    store.store_results(ids[0], [(1, _r(0))], (5, 1, None, 0))
+    store.begin_epoch("p0", 2)  # p0 in epoch 1 now, with epoch 0's counters kept
+    seen = _written_sql(store, monkeypatch)
+    batches = [
+        ResultBatch(sid, 1 if i == 0 else 0, [(3, _r(2)), (4, _r(3))],
+                    Counters(10, 2, 1, 0) if i % 2 == 0 else None)
+        for i, sid in enumerate(ids)
+    ]  # fmt: skip
+    assert store.store_many(batches, now_ns=9) == [2] * 300
+    assert any(re.search(r"\bINTO\s+epochs\b", sql) for sql in seen), seen
+    assert not [sql for sql in seen if re.search(r"\bUPDATE\s+sessions\b", sql)], seen
+    rows = {r.id: r for r in store.sessions()}
+    assert (rows[ids[0]].epoch, rows[ids[0]].cursor) == (1, 4)
+    assert (rows[ids[0]].sent, rows[ids[0]].lost, rows[ids[0]].forward_lost) == (15, 3, 1)
+    assert [(rows[sid].cursor, rows[sid].sent, rows[sid].forward_lost) for sid in ids[1:3]] == [
+        (4, 0, None), (4, 10, 1),
+    ]  # fmt: skip
+    assert [(e.epoch, e.received, e.sent) for e in store.epochs(ids[0])] == [(0, 1, 5), (1, 2, 10)]
+
+
+def test_postgresql_migrates_a_version_6_database_keeping_cursors_and_totals(
+    pg_url: str,
+) -> None:
+    """Version 6 kept each session's cursor and totals in ``sessions``; version 7 reads
+    the cursor as its current epoch's ``top`` (carried over: kept if beyond it, or if
+    the epoch had no row) and the totals as the sums over its epochs."""
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (6)")
+        for version in range(1, 7):
+            for statement in _STEPS[version]:
+                db.execute(statement)
+        db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+        db.execute("INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector')")
+        for i, (name, epoch, cursor, top, counts) in enumerate(
+            (("a", 0, 5, 5, ((7, 2),)), ("b", 1, 9, 7, ((12, 1), (8, 2))), ("c", 0, 3, None, ()))
+        ):
+            db.execute(
+                "INSERT INTO sessions(name, ssid, sender, reflector, params, state, epoch,"
+                " cursor, sent, lost, created_ns) VALUES (%s, %s, 's1', 'r1', '{}', 'running',"
+                " %s, %s, %s, %s, 1)",
+                (name, i + 1, epoch, cursor, sum(c[0] for c in counts), sum(c[1] for c in counts)),
+            )
+            for e, (sent, lost) in enumerate(counts):
+                db.execute(
+                    "INSERT INTO epochs(session_id, epoch, started_ns, received, top, sent, lost)"
+                    " VALUES (%s, %s, 2, %s, %s, %s, %s)",
+                    (i + 1, e, top, top, sent, lost),
+                )
+    store = open_store(pg_url)
+    try:
+        assert [(r.name, r.cursor, r.sent, r.lost) for r in store.sessions()] == [
+            ("a", 5, 7, 2), ("b", 9, 20, 3), ("c", 3, 0, 0)
+        ]  # fmt: skip
+        b = store.session("b")
+        assert store.store_results(b.id, [(10, _r(10))], (30, 4, None, 0), epoch=1) == 1
+        assert (store.session("b").cursor, store.session("b").sent) == (10, 42)
+        with psycopg.connect(pg_url) as db:
+            assert db.execute("SELECT version FROM schema_version").fetchone() == (7,)
+            dropped = db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name ="
+                " 'sessions' AND column_name IN ('cursor', 'sent', 'lost', 'ssid_zero')"
+            ).fetchall()
+            assert dropped == []
+    finally:
+        store.close()

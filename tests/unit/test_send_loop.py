@@ -29,6 +29,7 @@ from sixlab.stamp.batch import (
     LOOP_LOST,
     LOOP_RESULT,
     LOOP_SENT,
+    LOOP_WINDOW_MAX,
     send_template,
 )
 from sixlab.stamp.reflector import Reflector, ReflectorSessionConfig
@@ -95,6 +96,7 @@ def _add(
     window: int = 8,
     outstanding: tuple[tuple[int, int, int], ...] = (),
     highest: int = -1,
+    echoed: bool = False,
 ) -> bool:
     bitmap = bytearray(DUPLICATE_WINDOW // 8)
     _BITMAPS.append(bitmap)
@@ -110,6 +112,7 @@ def _add(
             window=window,
             outstanding=list(outstanding),
             answered=bitmap,
+            echoed=echoed,
         )
     finally:
         loop.unlock()
@@ -235,13 +238,42 @@ def _reply(seq: int, t1: int, *, ssid: int = 7, r_ee: int = 0x0101, rseq: int = 
     return wire.REFLECTOR_UNAUTH.pack(rseq, t2, r_ee, ssid, t2, seq, ntp_from_ns(t1), 0x0101, 64)
 
 
+def _held_now(loop: probeio.SendLoop, indexes: range) -> list[bool]:
+    loop.lock()
+    try:
+        got = [loop.get(i) for i in indexes]
+    finally:
+        loop.unlock()
+    return [g is not None and g.held for g in got]
+
+
+def _record(pio: probeio.ProbeIO, ssid: int, port: int, interval: int = 10**9) -> bytes:
+    """The send record of a plain NTP session to ``[::1]:port``."""
+    template = send_template(SenderConfig(ssid, interval_ns=interval))
+    assert template is not None
+    record = pio.record(LOOP, port, template, ptp=False, tai_ns=0)
+    assert record is not None
+    return record
+
+
+def _run_once(loop: probeio.SendLoop, ms: int = 20, tick: int = 0) -> int:
+    """One call of the loop, ``ms`` milliseconds at most: why it returned."""
+    waker_r, waker_w = socket.socketpair()
+    try:
+        return loop.run(waker_r.fileno(), time.monotonic_ns() + ms * MS, tick, 8 * MS)
+    finally:
+        waker_r.close()
+        waker_w.close()
+
+
 def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> None:
     """Replies to a session the loop holds, with packets outstanding that it never
     sent (its slot is far off): a result, a duplicate, one reordered, a zero
     Multiplier (RFC 4656 §4.1.2), an echoed T1 that differs, a Seq never sent, a Seq
     sent before and no longer outstanding (late), a loss whose deadline passed (found
-    at the first reply); then a reply with TLVs takes the session out of the loop and is left,
-    with everything after it, for the engine."""
+    at the first reply), a reply with TLVs that answers no packet (dropped as the core
+    drops it); then a reply with TLVs that answers one takes the session out of the
+    loop and is left, with everything after it, for the engine."""
     pio, loop = _loop(plane)
     template = send_template(SenderConfig(7, interval_ns=10**9))
     assert template is not None
@@ -264,6 +296,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         _reply(8, t1[8] + 10**6),  # T1 not the one sent
         _reply(77, t1[0]),  # never sent
         _reply(2, t1[2]),  # sent before, not outstanding: late
+        _reply(78, t1[0]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs, never sent
         _reply(4, t1[4]) + b"\x00\x01\x00\x04" + bytes(4),  # TLVs: the engine's
         _reply(4, t1[4]),  # after it: the engine's too
     ]
@@ -271,11 +304,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         client.sendto(data, to)
     client.close()
     time.sleep(0.05)
-    waker_r, waker_w = socket.socketpair()
-    why = loop.run(waker_r.fileno(), time.monotonic_ns() + 20 * MS, 0, 8 * MS)
-    waker_r.close()
-    waker_w.close()
-    assert why == probeio.LOOP_SOCKET
+    assert _run_once(loop) == probeio.LOOP_SOCKET
     out, took = _take(loop)
     assert (took.received, took.left) == (len(replies), 2)
     kinds = [(r[8], r[5]) for r in out]
@@ -289,6 +318,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         (LOOP_DROP, 8),
         (LOOP_DROP, 77),
         (LOOP_DROP, 2),
+        (LOOP_DROP, 78),
         (LOOP_EVICT, 10),
     ]
     drops = {r[5]: LOOP_DROPS[r[6]] for r in out if r[8] == LOOP_DROP}
@@ -297,6 +327,7 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
         8: DropReason.BAD_TIMESTAMP,
         77: DropReason.UNKNOWN_SEQ,
         2: DropReason.LATE,
+        78: DropReason.UNKNOWN_SEQ,
     }
     result = next(r for r in out if r[8] == LOOP_RESULT)
     assert result[:3] == (t1[5], t1[5] + 1000, t1[5] + 1000)
@@ -315,9 +346,125 @@ def test_the_loop_answers_replies_as_the_core_does(plane: SocketDataplane) -> No
     loop.close()
 
 
+def test_an_ssid_zero_reply_concerns_only_the_sessions_that_claim_it(
+    plane: SocketDataplane,
+) -> None:
+    """Four held sessions with Seq 4 outstanding, three to one reflector (one whose
+    reflector returned its SSID before: ``echoed``), one to another. Replies with
+    SSID 0 (RFC 8972 §3) from the first reflector: one that no session claims (T1
+    nobody sent) is left for the engine and takes no session out; one claiming the
+    echoed session's packet is a stray, dropped in the loop (``SSID_ZERO_STRAY``),
+    the packet still outstanding; one with the T1 of the session of the other
+    reflector is left and takes nothing out; one claiming a session without an echo
+    takes that session, and only it, out of the loop and is left for its core."""
+    pio, loop = _loop(plane)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind(("::1", 0))
+    other = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    other.bind(("::1", 0))
+    now = time.monotonic_ns()
+    wall = time.time_ns()
+    far = now + 10**12
+    t1 = {i: wall - (i + 1) * MS for i in range(5)}
+    ports = [client.getsockname()[1]] * 3 + [other.getsockname()[1]]
+    for idx, port in enumerate(ports):
+        assert _add(
+            loop, idx, _record(pio, idx + 1, port), ssid=idx + 1, due=far, interval=10**9, seq=5,
+            outstanding=((4, t1[idx], far),), echoed=idx == 1,
+        )  # fmt: skip
+    replies = [
+        _reply(4, t1[4], ssid=0),  # nobody's T1
+        _reply(4, t1[1], ssid=0),  # the echoed session's: a stray
+        _reply(4, t1[3], ssid=0),  # the other reflector's session's T1
+        _reply(4, t1[2], ssid=0),  # session 3's (no echo): it leaves the loop
+    ]
+    for data in replies:
+        client.sendto(data, ("::1", plane.local_port))
+    client.close()
+    other.close()
+    time.sleep(0.05)
+    assert _run_once(loop) == probeio.LOOP_SOCKET
+    out, took = _take(loop)
+    assert (took.received, took.left) == (4, 3)
+    assert [(r[8], r[4], r[5]) for r in out] == [(LOOP_DROP, 1, 4), (LOOP_EVICT, 2, 5)]
+    assert LOOP_DROPS[out[0][6]] is DropReason.SSID_ZERO_STRAY
+    assert _held_now(loop, range(4)) == [True, True, False, True]
+    left = [probeio.RECORD.unpack_from(pio.records, i * probeio.RECORD.size) for i in range(3)]
+    assert [rec[1] for rec in left] == [t1[4], t1[3], t1[2]]  # T1, Unix ns (NTP)
+    loop.lock()
+    try:
+        held = loop.get(1)
+    finally:
+        loop.unlock()
+    assert held is not None
+    assert held.outstanding == [(4, t1[1], far)]  # the stray did not answer it
+    loop.close()
+
+
+def test_an_ssid_zero_reply_with_more_held_sessions_than_out_records(
+    plane: SocketDataplane,
+) -> None:
+    """More held sessions than the loop has out records (``LOOP_OUT_CAP``): a reply
+    with SSID 0 that none of them claims is left for the engine at once, and the loop
+    goes on receiving (it once asked for a record of room per held session, which
+    never came: the loop stopped receiving and sending)."""
+    pio, loop = _loop(plane)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind(("::1", 0))
+    port = client.getsockname()[1]
+    far = time.monotonic_ns() + 10**12
+    n = probeio.LOOP_OUT_CAP + 10
+    for idx in range(n):
+        record = _record(pio, idx + 1, port)
+        assert _add(loop, idx, record, ssid=idx + 1, due=far, interval=10**9, seq=5)
+    client.sendto(_reply(4, time.time_ns(), ssid=0), ("::1", plane.local_port))
+    client.sendto(_reply(4, time.time_ns(), ssid=1), ("::1", plane.local_port))
+    client.close()
+    time.sleep(0.05)
+    assert _run_once(loop) == probeio.LOOP_SOCKET
+    out, took = _take(loop)
+    assert (took.received, took.left) == (2, 1)
+    assert [(r[8], r[4]) for r in out] == [(LOOP_DROP, 0)]  # Seq 4 never sent: unknown
+    assert all(_held_now(loop, range(n)))
+    loop.close()
+
+
+def test_a_session_with_the_widest_window_is_served(
+    plane: SocketDataplane, sink: socket.socket
+) -> None:
+    """A session whose window is ``LOOP_WINDOW_MAX`` slots (a loss timeout of about
+    4,000 intervals, e.g. 3 s at 1 ms) is sent and answered: the loop keeps room in its
+    out records for a whole window of losses (it once asked for more room than it
+    had, and sent nothing for any session while such a one was due)."""
+    pio, loop = _loop(plane)
+    port = sink.getsockname()[1]
+    now = time.monotonic_ns()
+    for idx, window in enumerate((LOOP_WINDOW_MAX, 8)):
+        record = _record(pio, idx + 1, port, MS)
+        assert _add(loop, idx, record, ssid=idx + 1, due=now, interval=MS, window=window)
+    _run_once(loop, 30)
+    out, _ = _take(loop)
+    packets = _drain(sink)
+    sent = [r[4] for r in out if r[8] == LOOP_SENT]
+    assert sent.count(0) >= 5
+    assert sent.count(1) >= 5
+    assert len(packets) == len(sent)
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    reply = next(p for p in packets if int.from_bytes(p[14:16]) == 1)
+    t1 = ns_from_ntp(int.from_bytes(reply[4:12]))
+    sock.sendto(_reply(int.from_bytes(reply[:4]), t1, ssid=1), ("::1", plane.local_port))
+    sock.close()
+    time.sleep(0.05)
+    _run_once(loop, 5, tick=10**9)
+    out, _ = _take(loop)
+    assert [(r[4], r[5]) for r in out if r[8] == LOOP_RESULT] == [(0, int.from_bytes(reply[:4]))]
+    loop.close()
+
+
 def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
-    """A record too long or too short, no interval, SSID 0, a window that is not a
-    power of two or holds fewer than the packets outstanding, a negative index, an
+    """A record too long or too short, no interval or loss timeout, SSID 0, a window that is not a
+    power of two, too wide for the out records or holds fewer than the packets
+    outstanding, a negative index, an
     index or SSID already held: refused (the engine keeps such a session on Python);
     a session it never had has no state."""
     pio, loop = _loop(plane)
@@ -330,8 +477,11 @@ def test_bad_input_is_refused_not_sent(plane: SocketDataplane) -> None:
     assert not _add(loop, 0, bytes(probeio.LOOP_RECORD_MAX + 8), ssid=1, due=now, interval=MS)
     assert not _add(loop, 0, bytes(8), ssid=1, due=now, interval=MS)
     assert not _add(loop, 0, record, ssid=1, due=now, interval=0)
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, loss=0)
     assert not _add(loop, 0, record, ssid=0, due=now, interval=MS)
     assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, window=6)
+    too_wide = probeio.LOOP_OUT_CAP  # its losses would not fit in the out records
+    assert not _add(loop, 0, record, ssid=1, due=now, interval=MS, window=too_wide)
     assert not _add(
         loop, 0, record, ssid=1, due=now, interval=MS, seq=3, window=2, outstanding=three
     )
@@ -360,8 +510,9 @@ LOSS = 200 * MS
 #: reflector made with ``zero``, 7 with an SSID no session has, 8 delayed past the
 #: loss timeout, 9 delayed past the next packet's reply (reordered); the rest
 #: answered at once. Only session ``ZERO`` sends to the reflector that answers with
-#: SSID 0: such a reply goes to the one session that sent its Seq at its T1
-#: (``SenderEngine._match_ssid_zero``), and packets of one batched send share a T1.
+#: SSID 0: its other replies carry the SSID, so those are strays (an RFC 8972
+#: reflector returns the SSID, RFC 8972 §3), dropped with its packet still waiting
+#: for a reply that never comes (docs/stamp-interop.md, "Sessions and SSIDs").
 DELAY = {8: 2 * LOSS, 9: 50 * MS}
 NOBODY = 999
 ZERO = 4
@@ -445,9 +596,9 @@ def _configs() -> list[SenderConfig]:
     ]
 
 
-#: Which sessions the loop holds halfway: not the one with a TLV (``loop_state``), not
-#: the one whose reflector answered with SSID 0 (it left the loop for its core).
-HELD = {1: True, 2: True, 3: False, ZERO: False}
+#: Which sessions the loop holds halfway: not the one with a TLV (``loop_state``); the
+#: one with stray SSID-0 replies too (the loop drops them).
+HELD = {1: True, 2: True, 3: False, ZERO: True}
 
 
 def _run(
@@ -470,7 +621,9 @@ def _run(
         time.sleep(seconds / 2)
         with engine.lock:
             held = {s: e.loop_idx is not None for s, e in engine._entries.items()}
+            asked = {s for peer in engine._by_peer.values() for s in peer}
         assert held == {s: loop and h for s, h in HELD.items()}
+        assert asked == {s for s, h in held.items() if not h}  # for SSID 0: the unheld
         time.sleep(seconds / 2)
         for cfg in _configs():
             engine.stop_session(cfg.ssid)
@@ -510,16 +663,19 @@ def _check(engine: SenderEngine, out: dict[int, Any]) -> None:
         def count(kinds: set[int], seqs: range = seqs) -> int:
             return sum(1 for s in seqs if s % 10 in kinds)
 
+        unanswered = {1, 7, 8} | ({5} if cfg.ssid == ZERO else set())
         assert [r.seq for r in sorted(results, key=lambda r: r.seq)] == [
-            s for s in seqs if s % 10 not in {1, 7, 8}
+            s for s in seqs if s % 10 not in unanswered
         ]
         assert all(isinstance(r, StampResult) and r.ssid == cfg.ssid for r in results)
         assert all(r.t1_ns <= r.t2_ns <= r.t3_ns <= r.t4_ns for r in results)
-        assert sorted(x.seq for x in lost) == [s for s in seqs if s % 10 in {1, 7, 8}]
+        assert sorted(x.seq for x in lost) == [s for s in seqs if s % 10 in unanswered]
         assert c.received == len(results)
-        assert c.lost == count({1, 7, 8})
+        assert c.lost == count(unanswered)
         assert c.duplicates == count({3})
-        assert c.ssid_zero == (count({5}) if cfg.ssid == ZERO else 0)
+        assert c.ssid_zero == 0
+        strays = count({5}) if cfg.ssid == ZERO else 0
+        assert c.dropped.pop(DropReason.SSID_ZERO_STRAY, 0) == strays
         # A Seq 9 reply comes after its successor's: reordered, unless it was the last.
         assert c.reordered == sum(1 for s in seqs if s % 10 == 9 and s + 1 < n)
         assert c.dropped.get(DropReason.LATE, 0) + c.dropped.get(
@@ -596,6 +752,8 @@ def test_sessions_change_while_the_loop_runs(scripted: ScriptedReflector, thread
         time.sleep(0.1)
         for s in (22, 24):
             engine.stop_session(s)
+        with engine.lock:
+            assert {s for peer in engine._by_peer.values() for s in peer} == {20, 22, 23, 24}
         for s in (20, 22, 23, 24):
             assert engine.wait_finished(s, 5.0)
             snap = engine.snapshot(s)
@@ -635,8 +793,8 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
     """Datagrams that are no reply (empty, short, 44 bytes of an SSID nobody has, a
     held session's SSID with a length no reply of it has, 9,000 bytes) while the loop
     runs two sessions: each counted by the path that takes it, the engine's thread
-    alive, the session that got the odd one back on its core with its state, the
-    other still in the loop, both answered to the end."""
+    alive, both sessions still in the loop (the odd one answers no packet: the loop
+    counts it as the core would, a duplicate), both answered to the end."""
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
     engine = SenderEngine(dp)
@@ -655,7 +813,7 @@ def test_garbage_to_the_loop_is_counted_and_the_sessions_run_on(
             client.sendto(data, to)
         time.sleep(0.15)
         with engine.lock:
-            assert engine._entries[30].loop_idx is None
+            assert engine._entries[30].loop_idx is not None
             assert engine._entries[31].loop_idx is not None
         for s in (30, 31):
             engine.stop_session(s)

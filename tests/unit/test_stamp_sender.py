@@ -12,6 +12,7 @@ import pytest
 
 from sixlab.stamp import _events as ev
 from sixlab.stamp._events import DropReason, SessionConfigError, SessionStateError
+from sixlab.stamp.batch import receive_one
 from sixlab.stamp.reflector import Reflector, ReflectorMode, ReflectorSessionConfig
 from sixlab.stamp.sender import SenderConfig, SenderSession, State
 from sixlab.wire import stamp as wire
@@ -546,6 +547,37 @@ def test_ssid_zero_reply_is_refused_with_strict_ssid() -> None:
         session, reply_by_hand(first, ssid=0), DropReason.SSID_ZERO, good
     )
     assert not session.counters.reflector_ssid_zero
+
+
+@pytest.mark.parametrize("path", ["receive", "receive_one"])
+def test_ssid_zero_reply_after_the_reflector_returned_the_ssid_is_a_stray(path: str) -> None:
+    """Once the reflector returned the session's SSID (RFC 8972 §3) it is no RFC
+    8762-only one: a later reply with SSID 0, even one that claims a packet, is refused
+    as a stray (counted ``ssid-zero-stray``) and the packet waits for its real reply;
+    before that, the same reply would be accepted (the test above)."""
+    cfg = SenderConfig(ssid=1, interval_ns=MS)
+    session, first = started(cfg)
+
+    def feed(data: bytes, now: int) -> None:
+        if path == "receive":
+            session.receive(data, now)
+        else:
+            receive_one(session, data, now, now)
+
+    feed(reply_by_hand(first), T0 + 2 * MS)
+    assert session.echoed_ssid
+    session.handle_timer(T0 + MS)
+    (second,) = session.datagrams_to_send()
+    events(session)
+    stray = reply_by_hand(second, ssid=0)
+    assert session.claims(stray)
+    assert session.ssid_zero_refused() is DropReason.SSID_ZERO_STRAY
+    feed(stray, T0 + 3 * MS)
+    assert drops(session) == [DropReason.SSID_ZERO_STRAY]
+    assert (session.counters.received, session.counters.ssid_zero) == (1, 0)
+    feed(reply_by_hand(second), T0 + 4 * MS)
+    assert [type(e) for e in events(session)] == [ev.StampResult]
+    assert session.counters.dropped == {DropReason.SSID_ZERO_STRAY: 1}
 
 
 def test_ssid_zero_reply_must_still_match_seq_and_t1() -> None:

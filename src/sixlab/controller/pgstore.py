@@ -38,10 +38,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sixlab.controller.store import (
     _ROLLUPS_CONFLICT,
+    MIGRATE_CURSOR,
     RESULT_COLUMNS,
     RESYNC,
     ROLLUP_COLUMNS,
     SCHEMA_VERSION,
+    SESSION_COLUMNS_DROPPED,
     Counters,
     Storage,
     Store,
@@ -195,6 +197,11 @@ _STEPS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX sessions_restart ON sessions(state) WHERE restart_reason IS NOT NULL",
         "CREATE UNIQUE INDEX epochs_unrolled ON epochs(session_id, epoch) WHERE rolled < top",
         "CREATE UNIQUE INDEX epochs_unexpired ON epochs(session_id, epoch) WHERE expired < rolled",
+    ),
+    # 7: the cursor and the totals read from the epochs, not stored in ``sessions``.
+    7: (
+        *MIGRATE_CURSOR,
+        "ALTER TABLE sessions " + ", ".join(f"DROP COLUMN {c}" for c in SESSION_COLUMNS_DROPPED),
     ),
 }
 assert max(_STEPS) == SCHEMA_VERSION
@@ -412,17 +419,6 @@ class PostgresStore(Store):
     # One statement over arrays instead of one per session: the server plans and runs
     # it once for the batch (thousands of sessions per transaction at scale).
 
-    def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
-        assert isinstance(db, _PgDb)
-        ids, epochs, tops = (list(c) for c in zip(*cursors, strict=True))
-        db.execute(
-            "UPDATE sessions s SET cursor = v.top FROM unnest(?::bigint[], ?::int[],"
-            " ?::bigint[]) AS v(id, epoch, top) WHERE s.id = v.id AND s.epoch = v.epoch"
-            " AND s.cursor < v.top",
-            (ids, epochs, tops),
-            binary=True,
-        )
-
     def _add_received(self, db: _Db, rows: list[tuple[int, int, int | None, int, int]]) -> None:
         assert isinstance(db, _PgDb)
         sids, epochs, nows, counts, tops = (list(c) for c in zip(*rows, strict=True))
@@ -438,41 +434,30 @@ class PostgresStore(Store):
         )
 
     def _set_counters(
-        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters]]
+        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters, int, int]]
     ) -> None:
         assert isinstance(db, _PgDb)
-        # One row per epoch (one statement cannot update a row twice): the last counters
-        # given for it, as one statement each would leave them; in key order.
-        last = sorted({(sid, ep): c for sid, ep, c in counted}.items())
-        sids = [sid for (sid, _), _ in last]
-        columns = [list(c) for c in zip(*(c for _, c in last), strict=True)]
+        # One row per epoch (``_store`` gives each once, in key order).
+        columns = [list(c) for c in zip(*(c for _, _, c, _, _ in counted), strict=True)]
         db.execute(
             "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
             " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
-            " ssid_zero) SELECT v.s, v.e, COALESCE(?::bigint, 0), v.sent, v.lost, v.fl,"
-            " v.ov, ?::bigint, v.sk, v.lt, v.lm, v.ul, v.sz FROM unnest(?::bigint[],"
-            " ?::int[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],"
-            " ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[])"
-            " AS v(s, e, sent, lost, fl, ov, sk, lt, lm, ul, sz)"
+            " ssid_zero, received, top) SELECT v.s, v.e, COALESCE(?::bigint, 0), v.sent,"
+            " v.lost, v.fl, v.ov, ?::bigint, v.sk, v.lt, v.lm, v.ul, v.sz, v.n, v.top FROM"
+            " unnest(?::bigint[], ?::int[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],"
+            " ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],"
+            " ?::bigint[]) AS v(s, e, sent, lost, fl, ov, sk, lt, lm, ul, sz, n, top)"
             " ON CONFLICT (session_id, epoch) DO UPDATE SET sent=excluded.sent,"
             " lost=excluded.lost, forward_lost=excluded.forward_lost,"
             " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
             " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
             " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
-            " ssid_zero=excluded.ssid_zero",
-            (now_ns, now_ns, sids, [ep for (_, ep), _ in last], *columns),
+            " ssid_zero=excluded.ssid_zero, received = epochs.received + excluded.received,"
+            " top = GREATEST(epochs.top, excluded.top)",
+            (now_ns, now_ns, [k[0] for k in counted], [k[1] for k in counted], *columns,
+             [k[3] for k in counted], [k[4] for k in counted]),
             binary=True,
-        )
-        # The sessions' rows are locked already (``_current_epochs``), in id order.
-        db.execute(
-            "UPDATE sessions s SET (sent, lost, forward_lost, overflow, unclassified_lost,"
-            " ssid_zero) = (SELECT SUM(sent)::bigint, SUM(lost)::bigint,"
-            " SUM(forward_lost)::bigint, SUM(overflow)::bigint, SUM(unclassified_lost)::bigint,"
-            " SUM(ssid_zero)::bigint FROM epochs WHERE session_id = s.id)"
-            " WHERE s.id = ANY(?::bigint[])",
-            (sorted(set(sids)),),
-            binary=True,
-        )
+        )  # fmt: skip
 
     def _constraint(self, exc: Exception) -> str:
         if isinstance(exc, psycopg.errors.UniqueViolation):

@@ -10,7 +10,12 @@ picks one from ``--db``: a ``postgresql://`` URL, else a file path.
 Exactly-once. Agents number the records of a session from 1 and keep each one until
 the controller acknowledges it (``SenderEngine.fetch``). The controller writes a batch
 of records and the session's new cursor (the highest id stored) in one transaction, and
-asks the agent for "records after the cursor". Killed between the fetch and the commit,
+asks the agent for "records after the cursor". The cursor is ``epochs.top`` of the
+session's current epoch, advanced by the same upsert of the epoch's row that counts its
+results and keeps its sender's counters: a batch writes no other row than its results
+and that one (a session's totals are the sums over its epochs, read, not stored; the
+``sessions`` rows, which carry the JSON parameters, are not rewritten per batch).
+Killed between the fetch and the commit,
 it asks again after restart and gets the same records; killed after the commit, it
 acknowledges them with its next call. The primary key (session, record id) makes a
 repeated insert a no-op, so even a misbehaving agent cannot duplicate a row.
@@ -155,14 +160,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     params      TEXT NOT NULL,          -- JSON: segments, return segments, interval, ...
     state       TEXT NOT NULL,          -- created, running, ..., destroying, destroyed
     epoch       INTEGER NOT NULL DEFAULT 0,  -- times the session was (re)created on its sender
-    cursor      INTEGER NOT NULL DEFAULT 0,  -- highest agent record id stored, this epoch
-    sent        INTEGER NOT NULL DEFAULT 0,  -- totals: the sums over its epochs
-    lost        INTEGER NOT NULL DEFAULT 0,
-    forward_lost INTEGER,
-    overflow    INTEGER NOT NULL DEFAULT 0,
     created_ns  INTEGER NOT NULL,
-    unclassified_lost INTEGER,          -- lost after the last reply, not placed (sum of epochs)
-    ssid_zero   INTEGER NOT NULL DEFAULT 0,  -- replies with SSID 0, RFC 8762-only (sum of epochs)
     claimed_by  TEXT,                   -- starting: the controller carrying the start out
     restart_reason TEXT                 -- stopping/finished: start afresh once drained (why)
 );
@@ -216,7 +214,7 @@ CREATE TABLE IF NOT EXISTS epochs (
     received    INTEGER NOT NULL DEFAULT 0,  -- results stored for this epoch
     unclassified_lost INTEGER,          -- lost after its last reply, never placed if it ended
     ssid_zero   INTEGER NOT NULL DEFAULT 0,  -- replies with SSID 0 (RFC 8762-only reflector)
-    top         INTEGER NOT NULL DEFAULT 0,  -- highest record id stored
+    top         INTEGER NOT NULL DEFAULT 0,  -- highest record id stored: the cursor
     rolled      INTEGER NOT NULL DEFAULT 0,  -- highest record id rolled up (roll_up)
     rolled_seq  INTEGER,                -- highest Seq rolled up (NULL: none yet)
     expired     INTEGER NOT NULL DEFAULT 0,  -- raw records deleted through this id (expire)
@@ -283,12 +281,30 @@ CREATE UNIQUE INDEX IF NOT EXISTS epochs_unexpired ON epochs(session_id, epoch)
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
 #: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
-#: Row queries, with the columns in the order of SessionRow's and NodeRow's fields.
+#: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
+#: session's cursor is the ``top`` of its current epoch's row (0 before it has one), its
+#: totals the sums over its epochs' counters: read, never stored, so that a batch of
+#: results writes its epoch's row alone (docs/architecture.md, "The store").
 _SELECT_SESSIONS = (
-    "SELECT id, name, ssid, sender, reflector, params, state, epoch, cursor, sent, lost,"
-    " forward_lost, overflow, created_ns, unclassified_lost, ssid_zero FROM sessions"
+    "SELECT id, name, ssid, sender, reflector, params, state, epoch,"
+    " COALESCE((SELECT e.top FROM epochs e WHERE e.session_id = sessions.id"
+    " AND e.epoch = sessions.epoch), 0),"
+    " (SELECT COALESCE(CAST(SUM(e.sent) AS BIGINT), 0) FROM epochs e"
+    " WHERE e.session_id = sessions.id),"
+    " (SELECT COALESCE(CAST(SUM(e.lost) AS BIGINT), 0) FROM epochs e"
+    " WHERE e.session_id = sessions.id),"
+    " (SELECT CAST(SUM(e.forward_lost) AS BIGINT) FROM epochs e"
+    " WHERE e.session_id = sessions.id),"
+    " (SELECT COALESCE(CAST(SUM(e.overflow) AS BIGINT), 0) FROM epochs e"
+    " WHERE e.session_id = sessions.id),"
+    " created_ns,"
+    " (SELECT CAST(SUM(e.unclassified_lost) AS BIGINT) FROM epochs e"
+    " WHERE e.session_id = sessions.id),"
+    " (SELECT COALESCE(CAST(SUM(e.ssid_zero) AS BIGINT), 0) FROM epochs e"
+    " WHERE e.session_id = sessions.id)"
+    " FROM sessions"
 )
 _SELECT_NODES = (
     "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
@@ -1356,17 +1372,25 @@ class Store(ABC):
             if top > tops.get(key, 0):
                 tops[key] = top
         new = self._insert_results(db, rows, counts) if rows else {}
-        # Rows are updated in (session, epoch) order: PostgreSQL transactions of two
-        # threads then lock them in one order (no deadlock).
-        ordered = sorted(tops.items())
-        if ordered:
-            self._set_cursors(db, [(sid, ep, top) for (sid, ep), top in ordered])
+        # One row written per (session, epoch), its epoch's: the count of new rows, the
+        # top record id given (the cursor: it moves past rows given even if none was new,
+        # e.g. a Seq already stored under another record id) and the sender's latest
+        # counters if any came (the last given). No ``sessions`` row is written: its
+        # cursor and totals are read from its epochs. Rows are updated in (session,
+        # epoch) order: PostgreSQL transactions of two threads then lock them in one
+        # order (no deadlock).
+        latest = {(b.session_id, b.epoch): b.counters for b in fresh if b.counters is not None}
         received = [
-            (sid, ep, now_ns, n, tops[sid, ep]) for (sid, ep), n in sorted(new.items()) if n
+            (sid, ep, now_ns, new.get((sid, ep), 0), top)
+            for (sid, ep), top in sorted(tops.items())
+            if (sid, ep) not in latest
         ]
         if received:
             self._add_received(db, received)
-        counted = [(b.session_id, b.epoch, b.counters) for b in fresh if b.counters is not None]
+        counted = [
+            (sid, ep, c, new.get((sid, ep), 0), tops.get((sid, ep), 0))
+            for (sid, ep), c in sorted(latest.items())
+        ]
         if counted:
             self._set_counters(db, now_ns, counted)
         return [
@@ -1375,40 +1399,28 @@ class Store(ABC):
         ]
 
     def _set_counters(
-        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters]]
+        self, db: _Db, now_ns: int | None, counted: list[tuple[int, int, Counters, int, int]]
     ) -> None:
-        """Each epoch's counters as its sender last reported them (session id, epoch,
-        counters), read at ``now_ns``, and the sessions' totals: their sums."""
+        """Each epoch's counters as its sender last reported them, read at ``now_ns``,
+        with its results counted and its top advanced: (session id, epoch, counters, new
+        rows, highest record id given), one per epoch."""
         db.executemany(
             "INSERT INTO epochs(session_id, epoch, started_ns, sent, lost, forward_lost,"
             " overflow, seen_ns, skipped, late_ns_total, late_ns_max, unclassified_lost,"
-            " ssid_zero) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
+            " ssid_zero, received, top) VALUES (?, ?, COALESCE(?, 0), ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?, ?) ON CONFLICT(session_id, epoch) DO UPDATE SET sent=excluded.sent,"
             " lost=excluded.lost, forward_lost=excluded.forward_lost,"
             " overflow=excluded.overflow, seen_ns=excluded.seen_ns,"
             " skipped=excluded.skipped, late_ns_total=excluded.late_ns_total,"
             " late_ns_max=excluded.late_ns_max, unclassified_lost=excluded.unclassified_lost,"
-            " ssid_zero=excluded.ssid_zero",
-            [(sid, ep, now_ns, *c[:4], now_ns, *c[4:]) for sid, ep, c in counted],
-        )
-        db.executemany(
-            "UPDATE sessions SET (sent, lost, forward_lost, overflow, unclassified_lost,"
-            " ssid_zero) = (SELECT CAST(SUM(sent) AS BIGINT), CAST(SUM(lost) AS BIGINT),"
-            " CAST(SUM(forward_lost) AS BIGINT), CAST(SUM(overflow) AS BIGINT),"
-            " CAST(SUM(unclassified_lost) AS BIGINT), CAST(SUM(ssid_zero) AS BIGINT)"
-            " FROM epochs WHERE session_id=?) WHERE id=?",
-            [(sid, sid) for sid, _, _ in counted],
-        )
-
-    def _set_cursors(self, db: _Db, cursors: list[tuple[int, int, int]]) -> None:
-        """Advance the cursors, (session id, epoch, highest record id stored)."""
-        db.executemany(
-            "UPDATE sessions SET cursor=? WHERE id=? AND epoch=? AND cursor<?",
-            [(top, sid, ep, top) for sid, ep, top in cursors],
+            " ssid_zero=excluded.ssid_zero, received = epochs.received + excluded.received,"
+            " top = CASE WHEN epochs.top > excluded.top THEN epochs.top ELSE excluded.top END",
+            [(sid, ep, now_ns, *c[:4], now_ns, *c[4:], n, top) for sid, ep, c, n, top in counted],
         )
 
     def _add_received(self, db: _Db, rows: list[tuple[int, int, int | None, int, int]]) -> None:
-        """Count stored results per epoch: (session id, epoch, now, new rows, top id)."""
+        """Count stored results per epoch and advance its top, the cursor: (session id,
+        epoch, now, new rows, highest record id given)."""
         db.executemany(
             "INSERT INTO epochs(session_id, epoch, started_ns, received, top)"
             " VALUES (?, ?, COALESCE(?, 0), ?, ?) ON CONFLICT(session_id, epoch)"
@@ -2115,8 +2127,6 @@ def _migrate(db: sqlite3.Connection) -> None:
         for statement in _statements(SCHEMA):
             db.execute(statement)
         for table, column, kind in (
-            ("sessions", "unclassified_lost", "INTEGER"),
-            ("sessions", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
             ("epochs", "unclassified_lost", "INTEGER"),
             ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
             ("sessions", "claimed_by", "TEXT"),
@@ -2131,12 +2141,18 @@ def _migrate(db: sqlite3.Connection) -> None:
         if "rolled_seq" not in have:
             db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
         if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
+            extra = "".join(
+                f", {c}"
+                for c in ("unclassified_lost", "ssid_zero")
+                if c in _columns(db, "epochs_v0")
+            )
             db.execute(
-                "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"
-                " lost, forward_lost, overflow) SELECT id, epoch, created_ns,"
+                "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"  # noqa: S608 - column names of the file's schema
+                f" lost, forward_lost, overflow{extra}) SELECT id, epoch, created_ns,"
                 " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
                 " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
-                " sent, lost, forward_lost, overflow FROM epochs_v0 WHERE state != 'created'"
+                f" sent, lost, forward_lost, overflow{extra} FROM epochs_v0"
+                " WHERE state != 'created'"
             )
             db.execute(
                 "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
@@ -2148,6 +2164,12 @@ def _migrate(db: sqlite3.Connection) -> None:
                 "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
                 " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
             )
+        if "cursor" in _columns(db, "sessions"):
+            for statement in MIGRATE_CURSOR:
+                db.execute(statement)
+        for column in SESSION_COLUMNS_DROPPED:
+            if column in _columns(db, "sessions"):
+                db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         _check_references(db)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
@@ -2158,10 +2180,40 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA foreign_keys=ON")
 
 
+#: Version 6 and older kept each session's cursor and totals in its ``sessions`` row,
+#: written with every batch of results; from version 7 they are read from its epochs
+#: (the cursor: its current epoch's ``top``; the totals: sums). ``MIGRATE_CURSOR`` carries
+#: the cursor over (one beyond its epoch's top, or of an epoch without a row, is kept:
+#: the agent was acknowledged up to it), for SQLite and PostgreSQL alike; the totals
+#: were those sums already.
+MIGRATE_CURSOR = (
+    "INSERT INTO epochs(session_id, epoch, started_ns) SELECT s.id, s.epoch, s.created_ns"
+    " FROM sessions s WHERE s.cursor > 0 AND NOT EXISTS (SELECT 1 FROM epochs e"
+    " WHERE e.session_id = s.id AND e.epoch = s.epoch)",
+    "UPDATE epochs SET top = (SELECT s.cursor FROM sessions s WHERE s.id = epochs.session_id)"
+    " WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.id = epochs.session_id"
+    " AND s.epoch = epochs.epoch AND s.cursor > epochs.top)",
+)
+SESSION_COLUMNS_DROPPED = (
+    "cursor", "sent", "lost", "forward_lost", "overflow", "unclassified_lost", "ssid_zero",
+)  # fmt: skip
+
+
 def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     """Version 0 (no user_version): nodes without the agent's run and bound port, and
     session names unique even among destroyed sessions (the table is rebuilt: SQLite
     cannot drop a column's constraint)."""
+    # Version 0 kept no history per epoch: each session gets one row for its current
+    # epoch, holding its totals (and ended if the session is).
+    # The loss columns some version-0 files had (added before the schema had a version)
+    # go with them: a session's totals are read from its epochs.
+    extra = "".join(
+        f", {c}" for c in ("unclassified_lost", "ssid_zero") if c in _columns(db, "sessions")
+    )
+    db.execute(
+        "CREATE TABLE epochs_v0 AS SELECT id, epoch, created_ns, sent, lost, forward_lost,"  # noqa: S608 - column names of the file's schema
+        f" overflow, state{extra} FROM sessions"
+    )
     create = next(
         s for s in _statements(SCHEMA) if "CREATE TABLE IF NOT EXISTS sessions (" in s
     ).replace("IF NOT EXISTS sessions", "sessions_new")
@@ -2171,12 +2223,6 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     db.execute(f"INSERT INTO sessions_new({common}) SELECT {common} FROM sessions")  # noqa: S608
     db.execute("DROP TABLE sessions")
     db.execute("ALTER TABLE sessions_new RENAME TO sessions")
-    # Version 0 kept no history per epoch: each session gets one row for its current
-    # epoch, holding its totals (and ended if the session is).
-    db.execute(
-        "CREATE TABLE epochs_v0 AS SELECT id, epoch, created_ns, sent, lost, forward_lost,"
-        " overflow, state FROM sessions"
-    )
     have = _columns(db, "nodes")
     for column, kind in (
         ("port", "INTEGER"),
@@ -2236,7 +2282,7 @@ def _begin_epoch(db: _Db, name: str, now_ns: int, sender_agent: str | None, reas
     if db.execute("SELECT 1 FROM epochs WHERE session_id=? AND epoch=?", (sid, epoch)).fetchone():
         _end_epoch(db, sid, epoch, now_ns, reason)
         epoch += 1
-        db.execute("UPDATE sessions SET epoch=?, cursor=0 WHERE id=?", (epoch, sid))
+        db.execute("UPDATE sessions SET epoch=? WHERE id=?", (epoch, sid))
     db.execute(
         "INSERT INTO epochs(session_id, epoch, started_ns, sender_agent) VALUES (?, ?, ?, ?)",
         (sid, epoch, now_ns, sender_agent),

@@ -41,7 +41,6 @@ import os
 import select
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +49,7 @@ import numpy as np
 
 from sixlab import stamp as ev
 from sixlab.dataplane import probeio
+from sixlab.dataplane._idqueue import IdQueue
 from sixlab.dataplane.base import (
     Dataplane,
     DataplaneError,
@@ -475,16 +475,13 @@ class _Batch:
 class _SenderEntry:
     spec: SenderSessionSpec
     session: SenderSession
-    fifo: deque[ev.StampResult]
-    #: Loss reports not yet removed; ``lost_first_id`` is the id of ``lost[0]`` (ids
-    #: count from 1 in the order declared, like the records' ``first_id``).
-    lost: deque[ev.PacketLost] = field(default_factory=deque)
-    lost_first_id: int = 1
+    #: Records not yet removed, by ids counting from 1 in arrival order, and loss
+    #: reports not yet removed, by ids counting from 1 in the order declared.
+    fifo: IdQueue[ev.StampResult] = field(default_factory=IdQueue)
+    lost: IdQueue[ev.PacketLost] = field(default_factory=IdQueue)
+    #: Records and loss reports dropped for room, and records removed.
     overflow: int = 0
     fetched: int = 0
-    #: Cursor id of ``fifo[0]``: record ids count from 1 in arrival order, so a reader
-    #: that stored everything up to id N asks for "after N" and never sees one twice.
-    first_id: int = 1
     #: The timer this entry has in the engine's heap (None: none), on the monotonic clock.
     timer: int | None = None
     #: The session's fixed packet after Seq and T1 when its packets and replies take
@@ -517,18 +514,6 @@ class _SenderEntry:
     @property
     def schedule(self) -> ScheduleStats:
         return ScheduleStats(self.skipped, self.on_slot, self.late_ns_total, self.late_ns_max)
-
-    def index_after(self, record_id: int) -> int:
-        """Index in ``fifo`` of the first record with an id above ``record_id``."""
-        return max(0, record_id + 1 - self.first_id)
-
-    def pop_oldest(self) -> ev.StampResult:
-        self.first_id += 1
-        return self.fifo.popleft()
-
-    def pop_oldest_lost(self) -> ev.PacketLost:
-        self.lost_first_id += 1
-        return self.lost.popleft()
 
 
 class SenderEngine(_Loop):
@@ -605,6 +590,10 @@ class SenderEngine(_Loop):
         self.fifo_capacity = fifo_capacity
         self.on_event = on_event
         self._entries: dict[int, _SenderEntry] = {}
+        #: The sessions the run loop does not hold, by their reflector's (packed
+        #: address, port) and SSID: the only ones a reply with SSID 0 from there can
+        #: answer on the Python path (``_match_ssid_zero``).
+        self._by_peer: dict[tuple[bytes, int], dict[int, _SenderEntry]] = {}
         #: Timers of every session, (when, tie-breaker, ssid): the loop pops what is due
         #: instead of asking every session. An entry whose ``timer`` differs is stale.
         self._heap: list[tuple[int, int, int]] = []
@@ -759,18 +748,19 @@ class SenderEngine(_Loop):
                     f"flow_labels: the {self.dataplane.name} data plane cannot set flow "
                     "labels (the socket plane can)"
                 )
-            entry = _SenderEntry(spec, SenderSession(spec.config), deque(maxlen=None))
+            entry = _SenderEntry(spec, SenderSession(spec.config))
             entry.ssid, entry.interval = ssid, spec.config.interval_ns
             if self.fast_path and _batchable(spec):
                 entry.template = send_template(spec.config)
             self._entries[ssid] = entry
+            self._unheld(entry, True)
             self._segmented += bool(spec.segments)
             if not _announced(spec, self.dataplane):
                 return
             try:
                 self.dataplane.sender_session_added(ssid)
             except BaseException:
-                del self._entries[ssid]
+                self._forget(entry)
                 raise
 
     def start_session(self, ssid: int) -> None:
@@ -820,11 +810,31 @@ class SenderEngine(_Loop):
             self._evict(entry)
             if entry.session.state in (State.RUNNING, State.DRAINING):
                 entry.session.stop()
-            del self._entries[ssid]
-            self._segmented -= bool(entry.spec.segments)
+            self._forget(entry)
             if _announced(entry.spec, self.dataplane):
                 self.dataplane.sender_session_removed(ssid)
             self._notify()
+
+    def _forget(self, entry: _SenderEntry) -> None:
+        """Take the session out of the engine's tables (lock held)."""
+        spec = entry.spec
+        del self._entries[entry.ssid]
+        self._unheld(entry, False)
+        self._segmented -= bool(spec.segments)
+
+    def _unheld(self, entry: _SenderEntry, unheld: bool) -> None:
+        """Put the session in ``_by_peer`` (it runs on the Python path) or take it out
+        (the run loop holds it, or it went), lock held."""
+        spec = entry.spec
+        key = (spec.reflector.packed, spec.reflector_port)
+        if unheld:
+            self._by_peer.setdefault(key, {})[entry.ssid] = entry
+            return
+        peer = self._by_peer.get(key)
+        if peer is not None:
+            peer.pop(entry.ssid, None)
+            if not peer:
+                del self._by_peer[key]
 
     def sessions(self) -> list[int]:
         with self.lock:
@@ -882,16 +892,13 @@ class SenderEngine(_Loop):
         """The id of the newest record of the session (queued or not): records with
         higher ids are yet to come; 0 before the first."""
         with self.lock:
-            entry = self._entry(ssid)
-            return entry.first_id + len(entry.fifo) - 1
+            return self._entry(ssid).fifo.last_id
 
     def lost(self, ssid: int, max_items: int | None = None) -> list[ev.PacketLost]:
         """Drain the loss events of a session (each lost Seq once), the oldest
         ``max_items`` of them if given (the rest stay for the next call)."""
         with self.lock:
-            entry = self._entry(ssid)
-            n = len(entry.lost) if max_items is None else min(max_items, len(entry.lost))
-            return [entry.pop_oldest_lost() for _ in range(n)]
+            return self._entry(ssid).lost.pop(max_items)
 
     def peek_lost(
         self, ssid: int, after: int, max_items: int | None = None
@@ -899,29 +906,18 @@ class SenderEngine(_Loop):
         """The loss events with ids above ``after`` (up to ``max_items``), with their
         ids, left queued: cursor mode for loss events, as ``peek`` for records."""
         with self.lock:
-            entry = self._entry(ssid)
-            start = max(0, after + 1 - entry.lost_first_id)
-            stop = len(entry.lost) if max_items is None else start + max_items
-            stop = min(len(entry.lost), stop)
-            first = entry.lost_first_id
-            return [(first + i, entry.lost[i]) for i in range(start, stop)]
+            return self._entry(ssid).lost.after(after, max_items)
 
     def lost_after(self, ssid: int, after: int) -> bool:
         """Whether loss events with ids above ``after`` are queued (``peek_lost`` would
         return some)."""
         with self.lock:
-            entry = self._entry(ssid)
-            return bool(entry.lost) and entry.lost_first_id + len(entry.lost) - 1 > after
+            return self._entry(ssid).lost.has_after(after)
 
     def acknowledge_lost(self, ssid: int, through: int) -> int:
         """Remove the loss events with ids up to ``through``; returns how many went."""
         with self.lock:
-            entry = self._entry(ssid)
-            n = 0
-            while entry.lost and entry.lost_first_id <= through:
-                entry.pop_oldest_lost()
-                n += 1
-            return n
+            return self._entry(ssid).lost.acknowledge(through)
 
     def wait_finished(self, ssid: int, timeout: float) -> bool:
         with self._cond:
@@ -938,9 +934,8 @@ class SenderEngine(_Loop):
             raise ev.SessionConfigError(f"ssid: no session {ssid}") from None
 
     def _drain(self, entry: _SenderEntry, max_items: int | None) -> list[ev.StampResult]:
-        n = len(entry.fifo) if max_items is None else min(max_items, len(entry.fifo))
-        out = [entry.pop_oldest() for _ in range(n)]
-        entry.fetched += n
+        out = entry.fifo.pop(max_items)
+        entry.fetched += len(out)
         return out
 
     def fetch(
@@ -961,10 +956,7 @@ class SenderEngine(_Loop):
         """Remove the records with ids up to ``through``; returns how many went."""
         with self.lock:
             entry = self._entry(ssid)
-            n = 0
-            while entry.fifo and entry.first_id <= through:
-                entry.pop_oldest()
-                n += 1
+            n = entry.fifo.acknowledge(through)
             entry.fetched += n
             return n
 
@@ -976,16 +968,11 @@ class SenderEngine(_Loop):
 
         def ready() -> bool:
             entry = self._entry(ssid)
-            return len(entry.fifo) > entry.index_after(after) or (
-                entry.session.state is State.FINISHED
-            )
+            return entry.fifo.has_after(after) or entry.session.state is State.FINISHED
 
         with self._cond:
             self._cond.wait_for(ready, timeout)
-            entry = self._entry(ssid)
-            start = entry.index_after(after)
-            stop = min(len(entry.fifo), start + max_items)
-            return [(entry.first_id + i, entry.fifo[i]) for i in range(start, stop)]
+            return self._entry(ssid).fifo.after(after, max_items)
 
     def _adopt(self, entry: _SenderEntry) -> None:
         """Hand a started session to the compiled run loop if it takes it (lock and the
@@ -1016,6 +1003,7 @@ class SenderEngine(_Loop):
             window=state.window,
             outstanding=state.outstanding,
             answered=state.answered,
+            echoed=state.echoed,
         )
         if not added:
             if idx < len(self._loop_entries):
@@ -1028,6 +1016,7 @@ class SenderEngine(_Loop):
         loop_hold(session)
         entry.loop_idx = idx
         entry.timer = None  # what the heap holds of it is stale now
+        self._unheld(entry, False)
 
     def _evict(self, entry: _SenderEntry) -> None:
         """Take a session back from the run loop (lock held): what the loop did so far
@@ -1056,6 +1045,7 @@ class SenderEngine(_Loop):
         entry.loop_idx = None
         self._loop_entries[idx] = None
         self._loop_free.append(idx)
+        self._unheld(entry, True)
         if held is not None:
             loop_handback(entry.session, held.due, held.seq, held.outstanding, held.highest)
             entry.skipped += held.skipped
@@ -1345,18 +1335,18 @@ class SenderEngine(_Loop):
         sent the packet with the reply's Seq and T1 (``SenderSession.claims``). None when
         no session, or more than one, claims it: sessions that share the reflector's
         address and port and sent the same Seq at the same T1 cannot be told apart
-        without the SSID, and such a reply is counted ``no_session``."""
+        without the SSID, and such a reply is counted ``no_session``. Only the sessions
+        to that address and port that the run loop does not hold are asked
+        (``_by_peer``): the packets outstanding of a held one are the loop's, which
+        hands over every one that claims the reply (``sl_zero`` in probeio.c)."""
         payload = rx.payload
         found = None
-        for entry in self._entries.values():
-            spec = entry.spec
-            auth = spec.config.authenticated
+        for entry in self._by_peer.get((rx.src, rx.src_port), {}).values():
+            auth = entry.spec.config.authenticated
             at = 26 if auth else 14
             if (
                 len(payload) >= (wire.AUTH_PACKET_SIZE if auth else wire.UNAUTH_PACKET_SIZE)
                 and payload[at : at + 2] == b"\0\0"
-                and spec.reflector.packed == rx.src
-                and spec.reflector_port == rx.src_port
                 and entry.session.claims(payload)
             ):
                 if found is not None:
@@ -1506,19 +1496,15 @@ class SenderEngine(_Loop):
         next_event = session.next_event
         while (event := next_event()) is not None:
             if isinstance(event, ev.StampResult):  # the common case first
-                if len(entry.fifo) >= self.fifo_capacity:
-                    entry.pop_oldest()
+                if entry.fifo.push(event, self.fifo_capacity):
                     entry.overflow += 1
-                entry.fifo.append(event)
                 notify = True
             elif isinstance(event, ev.PacketSent):
                 if now is not None and entry.start is not None:
                     self._slip(entry, now)
             elif isinstance(event, ev.PacketLost):
-                if len(entry.lost) >= self.fifo_capacity:
-                    entry.pop_oldest_lost()
+                if entry.lost.push(event, self.fifo_capacity):
                     entry.overflow += 1
-                entry.lost.append(event)
                 notify = True  # a lossy path's only news: no record comes
             elif isinstance(event, ev.SessionFinished):
                 notify = True

@@ -316,11 +316,12 @@ int pio_record_size(void)
  * (struct sl_out) that the engine turns into the core's counters and events.
  *
  * What the loop does not answer goes back to the engine untouched, in arrival order:
- * the first reply of a batch that is not a held session's plain 44-byte reply (SSID 0,
- * another SSID, short, long, truncated) and every reply after it are left in the
- * receive buffers (sl_take reports how many) and sl_run returns; a held session that
+ * every reply of a batch that is not a held session's plain 44-byte reply (SSID 0,
+ * another SSID, short, long, truncated) is left at the start of the receive buffers
+ * (sl_take reports how many) and sl_run returns at the batch's end; a held session that
  * got such a reply leaves the loop first (an SL_EVICT record: the engine gives its
- * state back to the core, which answers from then on).
+ * state back to the core, which answers from then on). A reply with SSID 0 concerns
+ * only the held sessions that claim it by Seq and T1 (sl_zero).
  *
  * Locking: the state's mutex is held by sl_run while it runs, never while it sleeps;
  * every other sl_* function expects the caller to hold it (sl_lock / sl_unlock).
@@ -332,12 +333,15 @@ int pio_record_size(void)
 #define SL_UNTIL 4 /* the deadline came */
 #define SL_FULL 8 /* the out records are (nearly) full */
 #define SL_NONE INT64_MIN
+/* Buckets of the count of packets outstanding by T1 (sl_zero's first test). */
+#define SL_T1_BITS 18
+#define SL_T1_BUCKETS (1u << SL_T1_BITS)
 #define DUP_WINDOW 65536 /* sixlab.stamp.sender.DUPLICATE_WINDOW: bits of answered */
 #define Z_BIT 0x4000
 
 enum { SL_SENT = 1, SL_RESULT, SL_LOST, SL_DUP, SL_DROP, SL_EVICT };
 /* Drop reasons of an SL_DROP record (probeio.LOOP_DROPS maps them to DropReason). */
-enum { SL_LATE = 1, SL_UNKNOWN_SEQ, SL_BAD_TIMESTAMP, SL_MULTIPLIER_ZERO };
+enum { SL_LATE = 1, SL_UNKNOWN_SEQ, SL_BAD_TIMESTAMP, SL_MULTIPLIER_ZERO, SL_SSID_ZERO_STRAY };
 
 struct sl_slot { /* one packet in a session's window */
     int64_t t1;       /* UTC ns */
@@ -366,7 +370,8 @@ struct sl_sess {
     int32_t pos;        /* index in the heap; -1: not scheduled */
     uint16_t ssid;
     uint8_t held;       /* in the loop (0: free, or left it and not yet taken back) */
-    uint8_t pad[5];
+    uint8_t echoed;     /* a reply with its own SSID was answered: RFC 8972 reflector */
+    uint8_t pad[4];
 };
 
 /* One out record (48 bytes; probeio.LOOP_OUT). */
@@ -395,9 +400,24 @@ struct sl_state {
     uint8_t *arena; /* SL_REC bytes per session */
     struct sl_out *out;
     int32_t by_ssid[65536]; /* held session's index by SSID; -1: none */
+    uint32_t *t1s;          /* packets outstanding by T1 on the wire (sl_t1), hashed */
     uint8_t *data;          /* the receive buffers (ProbeIO.data, .records) */
     struct recv_rec *recs;
 };
+
+/* The bucket of st->t1s of a T1 as the wire carries it, in ns: UTC for NTP, TAI for
+ * PTP (a slot's UTC T1 plus its session's TAI - UTC, which is 0 for NTP sessions). */
+static uint32_t sl_t1(int64_t wire_ns)
+{
+    return (uint32_t)(((uint64_t)wire_ns * 0x9E3779B97F4A7C15ULL) >> (64 - SL_T1_BITS));
+}
+
+/* Count slot w of session s in or out of st->t1s (it becomes outstanding, or stops). */
+static void sl_count(struct sl_state *st, const struct sl_sess *s, const struct sl_slot *w,
+                     int by)
+{
+    st->t1s[sl_t1(w->t1 + s->tai)] += (uint32_t)by;
+}
 
 static int sl_less(struct sl_state *st, int a, int b)
 {
@@ -482,6 +502,7 @@ void sl_free(struct sl_state *st)
     free(st->sess);
     free(st->arena);
     free(st->out);
+    free(st->t1s);
     free(st);
 }
 
@@ -494,6 +515,7 @@ struct sl_state *sl_new(int cap, int out_cap, uint8_t *data, int slot, struct re
         return NULL;
     pthread_mutex_init(&st->mu, NULL);
     st->out = calloc((size_t)out_cap, sizeof(*st->out));
+    st->t1s = calloc(SL_T1_BUCKETS, sizeof(*st->t1s));
     st->out_cap = out_cap;
     st->last_run = INT64_MIN / 2;
     st->data = data;
@@ -501,7 +523,7 @@ struct sl_state *sl_new(int cap, int out_cap, uint8_t *data, int slot, struct re
     st->recs = recs;
     for (int i = 0; i < 65536; i++)
         st->by_ssid[i] = -1;
-    if (!st->out || sl_resize(st, cap < 1 ? 1 : cap)) {
+    if (!st->out || !st->t1s || sl_resize(st, cap < 1 ? 1 : cap)) {
         sl_free(st);
         return NULL;
     }
@@ -520,17 +542,19 @@ void sl_unlock(struct sl_state *st)
 
 /* Hand session idx (a free index) to the loop. cfg: next slot due, interval, the
  * schedule's origin, last slot sent, loss timeout, TAI - UTC (ns), highest Seq
- * answered (-1: none); seq: its next Seq; ssid; window: 2^k slots, at least the
- * packets that can be outstanding (loss timeout / interval + 2); out: the packets
- * outstanding, n (Seq, T1, deadline) triples in Seq order; answered: the core's
- * bitmap. 0, or -1 when the loop cannot take it (the engine keeps it on Python). */
+ * answered (-1: none), whether a reply with its SSID was answered; seq: its next
+ * Seq; ssid; window: 2^k slots, at least the packets that can be outstanding (loss
+ * timeout / interval + 2); out: the packets outstanding, n (Seq, T1, deadline)
+ * triples in Seq order; answered: the core's bitmap. 0, or -1 when the loop cannot take it (the engine keeps it on Python): among
+ * others, a window whose losses, with the send or reply that finds them, would not fit
+ * in empty out records (it would never be served). */
 int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int64_t *cfg,
            uint32_t seq, uint16_t ssid, int window, const int64_t *out, int n,
            uint8_t *answered)
 {
-    if (idx < 0 || len > SL_REC || len < SEND_HEAD || cfg[1] <= 0 || ssid == 0
-        || window < 1 || (window & (window - 1)) || n < 0 || n > window
-        || st->by_ssid[ssid] >= 0 || !answered)
+    if (idx < 0 || len > SL_REC || len < SEND_HEAD || cfg[1] <= 0 || cfg[4] <= 0
+        || ssid == 0 || window < 1 || (window & (window - 1)) || window + 3 > st->out_cap
+        || n < 0 || n > window || st->by_ssid[ssid] >= 0 || !answered)
         return -1;
     if (idx >= st->cap) {
         int cap = st->cap;
@@ -556,6 +580,7 @@ int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int6
     s->loss = cfg[4];
     s->tai = cfg[5];
     s->highest = cfg[6];
+    s->echoed = cfg[7] != 0;
     s->seq = seq;
     s->oldest = n ? (uint32_t)out[0] : seq;
     s->mask = (uint32_t)window - 1;
@@ -571,6 +596,9 @@ int sl_add(struct sl_state *st, int idx, const uint8_t *rec, int len, const int6
         }
         win[q & s->mask] = (struct sl_slot){out[3 * i + 1], out[3 * i + 2], q, 0};
     }
+    for (uint32_t i = 0; i <= s->mask; i++)
+        if (win[i].deadline != SL_NONE)
+            sl_count(st, s, &win[i], 1);
     s->held = 1;
     st->by_ssid[ssid] = idx;
     s->pos = st->heap_n;
@@ -609,6 +637,9 @@ int sl_get(struct sl_state *st, int idx, int remove, int64_t *v, int64_t *win, i
         }
     }
     if (remove) {
+        for (uint32_t i = 0; i <= s->mask; i++)
+            if (s->win[i].deadline != SL_NONE)
+                sl_count(st, s, &s->win[i], -1);
         sl_unheap(st, idx);
         if (s->held && st->by_ssid[s->ssid] == idx)
             st->by_ssid[s->ssid] = -1;
@@ -663,6 +694,7 @@ static void sl_expire(struct sl_state *st, int idx, int64_t now)
             if (w->deadline > now)
                 return;
             sl_emit(st, SL_LOST, idx, w->seq)->t1 = w->t1;
+            sl_count(st, s, w, -1);
             w->deadline = SL_NONE;
         }
         s->oldest++;
@@ -695,9 +727,12 @@ static void sl_pass(struct sl_state *st, int fd, int64_t now)
         struct sl_slot *w = &s->win[seq & s->mask];
         if (w->deadline != SL_NONE) { /* cannot be: the window holds loss / interval + 2 */
             sl_emit(st, SL_LOST, idx, w->seq)->t1 = w->t1;
+            sl_count(st, s, w, -1);
         }
         if (s->oldest == seq - s->mask - 1)
             s->oldest++;
+        /* T1, and so its count in t1s, at the send below: a loss timeout above 0
+         * (sl_add) keeps the slot outstanding until then */
         *w = (struct sl_slot){0, now + s->loss, seq, 0};
         struct sl_out *o = sl_emit(st, SL_SENT, idx, seq);
         o->a = now;
@@ -714,7 +749,9 @@ static void sl_pass(struct sl_state *st, int fd, int64_t now)
                 struct sl_out *p = batch[i];
                 struct sl_sess *ps = &st->sess[p->idx];
                 p->t1 = wall;
-                ps->win[p->seq & ps->mask].t1 = wall;
+                struct sl_slot *pw = &ps->win[p->seq & ps->mask];
+                pw->t1 = wall;
+                sl_count(st, ps, pw, 1);
                 fill_msg(st->arena + (size_t)p->idx * SL_REC, p->seq, wall, &msgs[i], &iov[i]);
             }
             int err = 0, failed = send_all(fd, msgs, k, &err);
@@ -742,16 +779,23 @@ static int utc(uint64_t ts, int ptp, int64_t tai, int64_t *out)
     return 0;
 }
 
-/* One reply r of held session idx, arrived at monotonic now (receive_record). */
-static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int64_t now,
-                     int64_t t4)
+static void sl_evict(struct sl_state *st, int idx);
+
+/* One reply r of held session idx, arrived at monotonic now (receive_record): 0. A
+ * reply that answers an outstanding packet but is not plain (longer than 44 bytes:
+ * its record would carry what follows the base packet, RFC 8972 §4) takes the session
+ * out of the loop instead (sl_evict) and is the engine's: 1. Every other one is
+ * dropped here as the core would drop it, the session held (the core's checks come
+ * before it reads what follows the base packet). */
+static int sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int64_t now,
+                    int64_t t4, int plain)
 {
     struct sl_sess *s = &st->sess[idx];
     sl_expire(st, idx, now);
     uint32_t seq = r->sseq;
     if (!(r->ree & 0xFF)) {
         sl_emit(st, SL_DROP, idx, seq)->rseq = SL_MULTIPLIER_ZERO;
-        return;
+        return 0;
     }
     struct sl_slot *w = &s->win[seq & s->mask];
     if (w->deadline == SL_NONE || w->seq != seq) {
@@ -760,7 +804,7 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
             sl_emit(st, SL_DUP, idx, seq);
         else
             sl_emit(st, SL_DROP, idx, seq)->rseq = seq < s->seq ? SL_LATE : SL_UNKNOWN_SEQ;
-        return;
+        return 0;
     }
     int64_t t1 = 0, t2 = 0, t3 = 0;
     int bad = utc(r->ts[0], r->see & Z_BIT, s->tai, &t1);
@@ -768,9 +812,15 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
     bad |= utc(r->ts[2], r->ree & Z_BIT, s->tai, &t3);
     if (bad || t1 != w->t1) {
         sl_emit(st, SL_DROP, idx, seq)->rseq = SL_BAD_TIMESTAMP;
-        return;
+        return 0;
     }
+    if (!plain) {
+        sl_evict(st, idx);
+        return 1;
+    }
+    sl_count(st, s, w, -1);
     w->deadline = SL_NONE;
+    s->echoed = 1;
     uint32_t bit = seq % DUP_WINDOW;
     s->answered[bit >> 3] |= (uint8_t)(1u << (bit & 7));
     int reordered = s->highest >= 0 && (int64_t)seq < s->highest;
@@ -784,6 +834,7 @@ static void sl_reply(struct sl_state *st, int idx, const struct recv_rec *r, int
     o->rseq = r->seq;
     o->ree = r->ree;
     o->ttl = r->ttl;
+    return 0;
 }
 
 /* Take a held session out of the loop for the engine (an SL_EVICT record). */
@@ -813,16 +864,74 @@ static int sl_peer(struct sl_state *st, int idx, const struct recv_rec *r)
     return !(r->flags & 2) && !memcmp(a, r->src, 16);
 }
 
-/* Read replies until the socket is empty (mutex held). Each one a held session's
- * plain reply (44 bytes, its SSID) is answered here (sl_reply); every other one is
- * left for the engine, in arrival order, at the start of the receive buffers
- * (n_left): one to a held session (not 44 bytes, or truncated) takes that session out
- * of the loop first (sl_evict), and one with SSID 0 every held session whose packets
- * go to its source (the engine matches it by Seq and T1 among those: RFC 8972 §3),
- * so that the engine answers every reply the loop leaves with the session's whole
- * state. 0; 1 when some are left (the loop receives no more until sl_left_done); 2
- * when the out records have no room for the next reply's (it and those after it wait
- * in the buffers for the next call); -errno. */
+/* Whether held session idx claims reply r by its source, Seq and T1 alone
+ * (SenderSession.claims): r comes from the session's reflector address and port, and
+ * its sender Seq is outstanding with exactly the T1 it echoes. */
+static int sl_claims(struct sl_state *st, int idx, const struct recv_rec *r)
+{
+    struct sl_sess *s = &st->sess[idx];
+    if (!s->held)
+        return 0;
+    const struct sl_slot *w = &s->win[r->sseq & s->mask];
+    int64_t t1;
+    return w->deadline != SL_NONE && w->seq == r->sseq && sl_peer(st, idx, r)
+        && !utc(r->ts[0], r->see & Z_BIT, s->tai, &t1) && t1 == w->t1;
+}
+
+/* A plain reply r with SSID 0, an RFC 8762-only reflector's (RFC 8972 §3), arrived at
+ * monotonic now (docs/stamp-interop.md, "Sessions and SSIDs"). Only the held sessions
+ * that claim it (sl_claims) are concerned: it cannot be another's, on the loop or on
+ * the engine's path. When the one session that claims it has had a reply with its own
+ * SSID (an RFC 8972 reflector never answers it with 0), the reply is a stray, counted
+ * as the core counts it (an SL_SSID_ZERO_STRAY drop, its packet still outstanding):
+ * 1. Otherwise every claimant without such a reply leaves the loop (SL_EVICT), so that
+ * the engine matches the reply with their whole state, and the reply is left: 0 (none
+ * claims it: the engine's sessions may; else it counts no_session). 2 when the out
+ * records lack the room (the reply waits; left, with no eviction, when even empty out
+ * records could not hold them: so many claimants leave it to no session anyway). A
+ * reply whose T1 no packet outstanding has (st->t1s, by its bucket) is nobody's in the
+ * loop at once: only an echo of a real T1 costs a pass over the held sessions. */
+static int sl_zero(struct sl_state *st, const struct recv_rec *r, int64_t now)
+{
+    int64_t wire_t1;
+    if (utc(r->ts[0], r->see & Z_BIT, 0, &wire_t1) || !st->t1s[sl_t1(wire_t1)])
+        return 0; /* no packet outstanding has its T1: nobody claims it, no scan */
+    int n = 0, evict = 0, first = -1;
+    for (int j = 0; j < st->cap; j++) {
+        if (sl_claims(st, j, r)) {
+            n++;
+            evict += !st->sess[j].echoed;
+            first = j;
+        }
+    }
+    if (n == 1 && !evict) {
+        if (st->n_out + (int)st->sess[first].mask + 3 > st->out_cap)
+            return 2;
+        sl_expire(st, first, now);
+        sl_emit(st, SL_DROP, first, r->sseq)->rseq = SL_SSID_ZERO_STRAY;
+        return 1;
+    }
+    if (st->n_out + evict > st->out_cap)
+        return st->n_out ? 2 : 0;
+    for (int j = 0; evict && j < st->cap; j++) {
+        if (!st->sess[j].echoed && sl_claims(st, j, r)) {
+            sl_evict(st, j);
+            evict--;
+        }
+    }
+    return 0;
+}
+
+/* Read replies until the socket is empty (mutex held). Each one with a held session's
+ * SSID is answered or dropped here (sl_reply), and a stray with SSID 0 (sl_zero);
+ * every other one is left for the engine, in arrival order, at the start of the
+ * receive buffers (n_left): one longer than 44 bytes that answers a packet of a held
+ * session takes that session out of the loop first (sl_reply), and one with SSID 0
+ * the held sessions that claim it (sl_zero), so that the engine answers every reply
+ * the loop leaves with the session's whole state. 0; 1 when some are left (the loop
+ * receives no more until sl_left_done); 2 when the out records have no room for the
+ * next reply's (it and those after it wait in the buffers for the next call);
+ * -errno. */
 static int sl_receive(struct sl_state *st, int fd)
 {
     for (;;) {
@@ -839,26 +948,28 @@ static int sl_receive(struct sl_state *st, int fd)
         int64_t mono = st->rx_mono, wall = st->rx_wall;
         for (int i = st->rx_next; i < st->rx_got; i++) {
             const struct recv_rec *r = &st->recs[i];
-            int plain = r->len >= 44 && !(r->flags & 1);
+            int plain = r->len >= 44 && !(r->flags & 1); /* decoded by pio_recv */
             int idx = plain ? st->by_ssid[r->ssid] : -1;
             int zero = plain && r->ssid == 0;
-            /* room for the reply's records: its losses (the window), or evictions */
-            int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : zero ? st->heap_n + 1 : 1;
+            /* room for the reply's records: its losses (the window) and one more, or
+             * an eviction; sl_zero sees to its own */
+            int room = idx >= 0 ? (int)st->sess[idx].mask + 3 : 1;
             if (st->n_out + room > st->out_cap) {
                 st->rx_next = i;
                 return 2;
             }
-            if (idx >= 0 && r->len == 44) {
-                int64_t t4 = r->t4 ? r->t4 : wall;
-                sl_reply(st, idx, r, t4 < wall ? mono - wall + t4 : mono, t4);
+            int64_t t4 = r->t4 ? r->t4 : wall;
+            int64_t now = t4 < wall ? mono - wall + t4 : mono;
+            if (idx >= 0 && !sl_reply(st, idx, r, now, t4, r->len == 44))
                 continue;
-            }
-            if (idx >= 0)
-                sl_evict(st, idx);
             if (zero) {
-                for (int j = 0; j < st->cap; j++)
-                    if (st->sess[j].held && sl_peer(st, j, r))
-                        sl_evict(st, j);
+                int rc = sl_zero(st, r, now);
+                if (rc == 2) {
+                    st->rx_next = i;
+                    return 2;
+                }
+                if (rc == 1)
+                    continue;
             }
             int k = st->left_at++;
             if (k != i) {

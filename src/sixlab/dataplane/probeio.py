@@ -65,8 +65,10 @@ _LOOP_SESSION_SIZE = 128
 LOOP_RECORD_MAX = 512
 #: ``sl_run``'s reasons to return (``SL_*`` in probeio.c).
 LOOP_WAKER, LOOP_SOCKET, LOOP_UNTIL, LOOP_FULL = 1, 2, 4, 8
-#: Out records the run loop holds before it returns for the engine to take them.
-LOOP_OUT_CAP = 4096
+#: Out records the run loop holds before it returns for the engine to take them: room
+#: for a whole window of losses of a session (``sixlab.stamp.batch.LOOP_WINDOW_MAX``,
+#: which ``sl_add`` checks) and a batch of sends besides.
+LOOP_OUT_CAP = 8192
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -307,14 +309,16 @@ class SendLoop:
         window: int,
         outstanding: list[tuple[int, int, int]],
         answered: bytearray,
+        echoed: bool = False,
     ) -> bool:
         """Hand session ``idx`` (a free index) to the loop: its send record
         (``ProbeIO.record``), SSID, ``timing`` (next slot, interval, schedule origin,
         last slot sent, loss timeout, TAI - UTC; ns), next Seq, highest Seq answered
         (-1: none), window (a power of two), packets outstanding (Seq, T1, deadline)
-        and answered bitmap (``sixlab.stamp.batch.loop_state``). False when the loop
+        and answered bitmap, and whether a reply with its own SSID was answered
+        (``sixlab.stamp.batch.loop_state``). False when the loop
         cannot take it (bad input, record too long, SSID held, no memory)."""
-        cfg = (ctypes.c_int64 * 7)(*timing, highest)
+        cfg = (ctypes.c_int64 * 8)(*timing, highest, int(echoed))
         flat = [v for triple in outstanding for v in triple]
         out = (ctypes.c_int64 * max(1, len(flat)))(*flat)
         bitmap = (ctypes.c_char * len(answered)).from_buffer(answered)

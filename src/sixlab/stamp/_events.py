@@ -56,6 +56,9 @@ class DropReason(StrEnum):
     NO_SESSION = "no-session"  # SSID of no session and no default session
     #: A reply with SSID 0 (an RFC 8762-only reflector) refused by strict SSID matching.
     SSID_ZERO = "ssid-zero"
+    #: A reply with SSID 0 to a session whose reflector returned its SSID before (an
+    #: RFC 8972 reflector: RFC 8972 §3), its packet still waiting for the real reply.
+    SSID_ZERO_STRAY = "ssid-zero-stray"
     #: An unauthenticated packet whose SSID names an authenticated session.
     AUTH_REQUIRED = "auth-required"
     BAD_TIMESTAMP = "bad-timestamp"  # PTP nanoseconds >= 10^9, or a T1 we never sent

@@ -550,12 +550,9 @@ def receive_batch(
         session._expire(nows[i])
         ssid_zero = False
         if ssid != cfg.ssid:
-            if ssid != 0:
-                session._drop(DropReason.NO_SESSION)
-                session._maybe_drained()
-                continue
-            if cfg.strict_ssid:
-                session._drop(DropReason.SSID_ZERO)
+            refused = DropReason.NO_SESSION if ssid != 0 else session.ssid_zero_refused()
+            if refused is not None:
+                session._drop(refused)
                 session._maybe_drained()
                 continue
             ssid_zero = True  # an RFC 8762-only reflector (RFC 8972 §3)
@@ -710,6 +707,7 @@ LOOP_DROPS = {
     2: DropReason.UNKNOWN_SEQ,
     3: DropReason.BAD_TIMESTAMP,
     4: DropReason.MULTIPLIER_ZERO,
+    5: DropReason.SSID_ZERO_STRAY,
 }
 #: The most packets a session in the loop may have outstanding (its window).
 LOOP_WINDOW_MAX = 4096
@@ -729,6 +727,8 @@ class LoopState:
     window: int
     #: The core's answered bitmap (``DUPLICATE_WINDOW`` bits), for the loop to keep.
     answered: bytearray
+    #: Whether a reply with the session's own SSID was answered (``echoed_ssid``).
+    echoed: bool
 
 
 def loop_state(session: SenderSession) -> LoopState | None:
@@ -752,7 +752,9 @@ def loop_state(session: SenderSession) -> LoopState | None:
     outstanding = session._outstanding
     out = [(seq, outstanding[seq], at) for at, seq in session._deadlines if seq in outstanding]
     highest = -1 if session._highest_seq is None else session._highest_seq
-    return LoopState(due, session._next_seq, out, highest, window, session._answered)
+    return LoopState(
+        due, session._next_seq, out, highest, window, session._answered, session.echoed_ssid
+    )
 
 
 def loop_hold(session: SenderSession) -> None:
@@ -888,8 +890,9 @@ def _receive_row(
     cfg = session.config
     ssid_zero = False
     if ssid != cfg.ssid:
-        if ssid != 0 or cfg.strict_ssid:
-            session._drop(DropReason.SSID_ZERO if ssid == 0 else DropReason.NO_SESSION)
+        refused = DropReason.NO_SESSION if ssid != 0 else session.ssid_zero_refused()
+        if refused is not None:
+            session._drop(refused)
             session._maybe_drained()
             return
         ssid_zero = True  # an RFC 8762-only reflector (RFC 8972 §3)

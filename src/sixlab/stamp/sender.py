@@ -42,7 +42,11 @@ Session-Reflector that implements RFC 8762 but not RFC 8972 returns the field as
 (to it the field is MBZ). By default such a reply is accepted when its Seq and T1 are
 those of a packet this session sent (the adapter has already matched the addresses and
 ports), and counted in ``ssid_zero`` so that the results can say the reflector is
-RFC 8762-only; ``strict_ssid`` refuses it (counted ``ssid-zero``).
+RFC 8762-only; ``strict_ssid`` refuses it (counted ``ssid-zero``). Once a reply with the
+session's own SSID was accepted, its reflector implements RFC 8972 and never answers
+with 0: a later reply with SSID 0 is a stray (another's, or forged) and is refused
+(counted ``ssid-zero-stray``), its packet still waiting for the real reply
+(docs/stamp-interop.md, "Sessions and SSIDs").
 
 Authenticated mode with TLVs (RFC 8972 §4.8). Every packet carries an HMAC TLV over its
 Sequence Number and the TLVs before it, computed per packet, placed after every TLV but
@@ -380,9 +384,9 @@ class SenderSession:
         reason = None
         if pkt.ssid not in (cfg.ssid, 0):
             reason = DropReason.NO_SESSION
-        elif pkt.ssid != cfg.ssid and cfg.strict_ssid:
-            reason = DropReason.SSID_ZERO
-        elif not pkt.error_estimate.is_valid:
+        elif pkt.ssid != cfg.ssid:
+            reason = self.ssid_zero_refused()
+        if reason is None and not pkt.error_estimate.is_valid:
             reason = DropReason.MULTIPLIER_ZERO
         if reason is not None:
             self._drop(reason)
@@ -492,6 +496,21 @@ class SenderSession:
                 except WireError:
                     return None
                 return DataCounters(dm.s_txc, dm.r_rxc, dm.r_txc, self._data_rx)
+        return None
+
+    @property
+    def echoed_ssid(self) -> bool:
+        """Whether a reply with the session's own SSID was accepted: its reflector
+        implements RFC 8972 (§3) and returns the SSID."""
+        return self.counters.received > self.counters.ssid_zero
+
+    def ssid_zero_refused(self) -> DropReason | None:
+        """Why a reply with SSID 0 that answers a packet of this session is refused
+        (module doc, "SSID"), None when it is accepted."""
+        if self.config.strict_ssid:
+            return DropReason.SSID_ZERO
+        if self.echoed_ssid:
+            return DropReason.SSID_ZERO_STRAY
         return None
 
     def claims(self, data: bytes) -> bool:
