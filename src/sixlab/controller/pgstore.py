@@ -37,11 +37,9 @@ import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
 
 from sixlab.controller.store import (
-    _ROLLUPS_CONFLICT,
     MIGRATE_CURSOR,
     RESULT_COLUMNS,
     RESYNC,
-    ROLLUP_COLUMNS,
     SCHEMA_VERSION,
     SESSION_COLUMNS_DROPPED,
     Counters,
@@ -213,10 +211,6 @@ SCHEMA = ";\n".join(s for v in sorted(_STEPS) for s in _STEPS[v]) + ";\n"
 _COPY_TYPES = ("int8", "int4", "int8", "int8", "int8", "int8", "int8", "int8",
                "int4", "int4", "int2", "int8", "int4", "int2", "int8", "int8", "int8",
                "int8")  # fmt: skip
-#: The PostgreSQL types of the rollups columns (``ROLLUP_COLUMNS`` order).
-_ROLLUP_TYPES = ("bigint", "int", "bigint", "bigint", "bigint",
-                 *(("bigint",) * 6 + ("bytea",)) * 3, *("bigint",) * 6)  # fmt: skip
-assert len(_ROLLUP_TYPES) == len(ROLLUP_COLUMNS)
 #: Any constant: the advisory lock key under which replicas migrate one at a time.
 _MIGRATION_LOCK = 0x5181AB
 #: The channel of the store's notices: ``KIND:ARGUMENT``.
@@ -500,18 +494,6 @@ class PostgresStore(Store):
             )
             new[key] = done.rowcount
         return new
-
-    def _upsert_rollups(self, db: _Db, rows: list[tuple[Any, ...]]) -> None:
-        # One statement over a column array each, not one per row (a pass writes a row
-        # per session and minute).
-        assert isinstance(db, _PgDb)
-        arrays = ", ".join(f"?::{t}[]" for t in _ROLLUP_TYPES)
-        db.execute(
-            f"INSERT INTO rollups ({', '.join(ROLLUP_COLUMNS)}) SELECT * FROM unnest({arrays})"  # noqa: S608
-            + _ROLLUPS_CONFLICT,
-            [list(c) for c in zip(*rows, strict=True)],
-            binary=True,
-        )
 
     def storage(self) -> Storage:
         with self._pool as pg:

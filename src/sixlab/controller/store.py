@@ -328,10 +328,6 @@ _INSERT_RESULTS = (
 #: The columns of ``rollups``, in the order of ``_rollup_row`` (and ``Fold.rows``).
 ROLLUP_COLUMNS = ROW_COLUMNS
 _SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noqa: S608
-#: A rollup row's upsert: the row given replaces the stored one (its merge).
-_ROLLUPS_CONFLICT = " ON CONFLICT(session_id, epoch, minute_ns) DO UPDATE SET " + ", ".join(
-    f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]
-)
 
 
 class StoreError(ControllerError):
@@ -1598,7 +1594,13 @@ class Store(ABC):
                     old.merge(fresh[at])
                     fresh[at] = old
                 out = [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()]
-            self._upsert_rollups(db, out)
+            db.executemany(
+                "INSERT INTO rollups(" + ", ".join(ROLLUP_COLUMNS) + ") VALUES ("  # noqa: S608
+                + ", ".join("?" * len(ROLLUP_COLUMNS)) + ") ON CONFLICT(session_id, epoch,"
+                " minute_ns) DO UPDATE SET "
+                + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
+                out,
+            )  # fmt: skip
             moved = [(last[key], tops[key], *key, cursors[key][0]) for key in sorted(cursors)]
             done = db.executemany(
                 "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
@@ -1608,15 +1610,6 @@ class Store(ABC):
             if done.rowcount != len(moved):
                 raise ConcurrentPassError("roll_up: another pass moved a cursor first")
         return len(rows)
-
-    def _upsert_rollups(self, db: _Db, rows: list[tuple[Any, ...]]) -> None:
-        """Insert rollup rows (``ROLLUP_COLUMNS``), replacing those stored with their keys;
-        inside the caller's transaction."""
-        db.executemany(
-            "INSERT INTO rollups(" + ", ".join(ROLLUP_COLUMNS) + ") VALUES ("  # noqa: S608
-            + ", ".join("?" * len(ROLLUP_COLUMNS)) + ")" + _ROLLUPS_CONFLICT,
-            rows,
-        )  # fmt: skip
 
     #: The records a roll-up pass reads: each epoch's rollup cursor, then the columns
     #: ``fold_columns`` takes (no NULL: one int64 array of them all).
