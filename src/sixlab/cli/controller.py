@@ -94,7 +94,7 @@ DEFAULT_LEASE_TTL_S = 5.0
 #: Seconds between roll-up and retention passes.
 DEFAULT_HOUSEKEEPING_S = 60.0
 #: ``Retention.duty``'s default (the controller's modules load when a command runs).
-DEFAULT_HOUSEKEEPING_DUTY = 0.25
+DEFAULT_HOUSEKEEPING_DUTY = 0.1
 #: Prometheus exporters listen on loopback unless told otherwise.
 DEFAULT_METRICS_HOST = "127.0.0.1"
 

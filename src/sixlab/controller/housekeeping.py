@@ -42,7 +42,7 @@ class Retention:
     #: ``interval_s``), so that a pass at 10,000 results/s leaves the interpreter to
     #: collection most of the time instead of raising its lag (benchmarks/README.md,
     #: issue 15). 1: no waits.
-    duty: float = 0.25
+    duty: float = 0.1
 
     def validate(self) -> None:
         for name, value in (("retention", self.raw_s), ("rollup retention", self.rollup_s)):
