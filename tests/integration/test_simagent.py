@@ -5,16 +5,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from sixlab.controller import Controller, SessionSpec
 from sixlab.controller.store import SqliteStore
 from sixlab.southbound import AgentClient, AgentServer, SenderSession
+from sixlab.southbound._generated import stamp_pb2 as pb
+from sixlab.southbound._generated import stamp_pb2_grpc as pb_grpc
 from sixlab.southbound.agentinfo import ssids_digest
-from sixlab.southbound.simagent import record_times, serve_simulated
+from sixlab.southbound.simagent import SimulatedAgentServicer, record_times, serve_simulated
 
 
 @pytest.fixture
@@ -239,3 +243,50 @@ def test_simulated_agent_cuts_its_messages_at_the_byte_budget() -> None:
     finally:
         client.close()
         server.stop(None)
+
+
+def test_a_stream_sent_as_bytes_carries_what_message_objects_carry() -> None:
+    """``serve_simulated`` sends StreamResults messages as the servicer serialized
+    them; the same servicer registered the generated way sends message objects: over
+    gRPC both streams carry every record of each session once, as its schedule makes
+    them, in order (open-ended sessions: the messages encoded all at once)."""
+    as_bytes = serve_simulated("127.0.0.1:0", "sender", loss_every=5)
+    servicer = SimulatedAgentServicer("sender", loss_every=5)
+    plain = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_StampAgentServicer_to_server(servicer, plain)  # type: ignore[no-untyped-call]
+    port = plain.add_insecure_port("127.0.0.1:0")
+    plain.start()
+    assert as_bytes.servicer.sends_bytes  # type: ignore[attr-defined]
+    assert not servicer.sends_bytes
+    try:
+        for address in (f"127.0.0.1:{as_bytes.port}", f"127.0.0.1:{port}"):
+            client = AgentClient(address)
+            try:
+                client.init()
+                for ssid in range(1, 41):
+                    client.create_sender_session(
+                        SenderSession(ssid, "2001:db8::2", interval_ns=1_000_000)
+                    )
+                    client.start_session(ssid)
+                records: dict[int, list[pb.StampResult]] = {ssid: [] for ssid in range(1, 41)}
+                stream = client.stream_many(dict.fromkeys(records, 0), batch_window_ns=10**7)
+                for message in stream:
+                    assert isinstance(message, pb.ResultBatches)
+                    for batch in message.batches:
+                        records[batch.ssid] += batch.results
+                    if min(len(got) for got in records.values()) >= 240:
+                        break
+                stream.cancel()
+                for ssid, got in records.items():
+                    # Every 5th Seq lost: ids 1, 2, ... in Seq order.
+                    assert [r.record_id for r in got] == list(range(1, len(got) + 1)), address
+                    assert [r.seq for r in got[:240]] == [s for s in range(300) if s % 5 != 4]
+                    for r in got:
+                        assert r.ssid == ssid
+                        assert (r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns) == record_times(r.t1_ns, r.seq)
+                        assert (r.reflector_seq, r.ses_sender_ttl) == (r.seq, 255)
+            finally:
+                client.close()
+    finally:
+        as_bytes.stop(None)
+        plain.stop(None)
