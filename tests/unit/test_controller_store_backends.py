@@ -4,6 +4,7 @@ migrations, bytes per result."""
 from __future__ import annotations
 
 import contextlib
+import random
 import re
 import sqlite3
 import threading
@@ -21,7 +22,7 @@ import sixlab.controller.store as store_module
 from sixlab.controller.events import EventKind, EventState, SessionEvent
 from sixlab.controller.pgstore import _STEPS, PostgresStore, _PgDb
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
-from sixlab.controller.rollup import MINUTE_NS, merged_stats
+from sixlab.controller.rollup import MINUTE_NS, Fold, merged_stats
 from sixlab.controller.store import (
     SCHEMA_VERSION,
     AlreadyExistsError,
@@ -39,6 +40,7 @@ from sixlab.controller.store import (
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.stamp.stats import path_stats
 from sixlab.wire.timestamp import ErrorEstimate
+from tests.unit.test_controller_rollup_rows import fill_and_roll_up, random_reads
 
 EE = ErrorEstimate(scale=10, multiplier=3)
 T0 = 1_700_000_000 * 10**9 // MINUTE_NS * MINUTE_NS
@@ -186,7 +188,7 @@ def test_records_are_rolled_up_with_the_store_free_for_collection(
     store.store_results(sid, [(s + 1, _r(s)) for s in range(100)])
     stored_meanwhile: list[bool] = []
     threads: list[threading.Thread] = []
-    reference = rollup_module.roll_up_columns
+    reference = rollup_module.fold_columns
 
     def rolling(*args: object, **kwargs: object) -> object:
         if not stored_meanwhile:
@@ -199,13 +201,76 @@ def test_records_are_rolled_up_with_the_store_free_for_collection(
             stored_meanwhile.append(not later.is_alive())
         return reference(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store_module, "roll_up_columns", rolling)
+    monkeypatch.setattr(store_module, "fold_columns", rolling)
     assert store.roll_up() == 100
     threads[0].join()
     assert stored_meanwhile == [True]
     assert store.roll_up() == 5
     assert store.roll_up() == 0
     assert sum(m.count for _, m in store.rollups(sid)) == 105
+
+
+def test_roll_up_stores_what_the_reference_merge_stores(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random records of 40 sessions, several epochs each, stored in four reads and
+    rolled up in passes of 97 records (each merging into minutes stored before): the
+    rollups table holds the same rows, column by column, as a SQLite store that merges
+    the reference way."""
+    reads = random_reads(random.Random(11), 40, 50, 10**7, 4)
+    calls: list[tuple[int, bool]] = []
+    rows = Fold.rows
+
+    def counted(fold: Fold, stored: Any) -> Any:
+        out = rows(fold, stored)
+        calls.append((len(stored), out is None))
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(Fold, "rows", counted)
+        got = fill_and_roll_up(store, reads, 97)
+    # The arrays' path each time, merging into stored rows most times.
+    assert not any(fallback for _, fallback in calls)
+    assert sum(n > 0 for n, _ in calls) > len(calls) // 2
+    with monkeypatch.context() as m:
+        m.setattr(store_module, "fold_columns", lambda *_a: None)
+        reference = open_store(tmp_path / "reference.sqlite")
+        reference.add_node("s1", "127.0.0.1:5001", "sender")
+        reference.add_node("r1", "127.0.0.1:5002", "reflector")
+        try:
+            expected = fill_and_roll_up(reference, reads, 97)
+        finally:
+            reference.close()
+    assert len(got) > 100
+    assert got == expected
+
+
+def test_a_pass_reads_the_records_while_collection_holds_a_transaction(store: Store) -> None:
+    """The roll-up's read waits for no write transaction (SQLite: it reads on a
+    connection of its own, in WAL mode beside the writer; PostgreSQL: another pooled
+    connection)."""
+    (sid,) = _sessions(store, 1)
+    store.store_results(sid, [(s + 1, _r(s)) for s in range(50)])
+    holding, release = threading.Event(), threading.Event()
+
+    def collect() -> None:
+        with store._transaction():
+            holding.set()
+            release.wait(10)
+
+    writer = threading.Thread(target=collect)
+    writer.start()
+    try:
+        assert holding.wait(10)
+        read: list[int] = []
+        reader = threading.Thread(target=lambda: read.append(len(store._read_unrolled(100))))
+        reader.start()
+        reader.join(5)
+        assert read == [50], "the read waited for the write transaction"
+    finally:
+        release.set()
+        writer.join()
+    assert store.roll_up() == 50
 
 
 def test_expire_deletes_old_raw_records_only_once_rolled_up(store: Store) -> None:

@@ -93,6 +93,8 @@ DEFAULT_INTERVAL_S = 1.0
 DEFAULT_LEASE_TTL_S = 5.0
 #: Seconds between roll-up and retention passes.
 DEFAULT_HOUSEKEEPING_S = 60.0
+#: ``Retention.duty``'s default (the controller's modules load when a command runs).
+DEFAULT_HOUSEKEEPING_DUTY = 0.1
 #: Prometheus exporters listen on loopback unless told otherwise.
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -409,6 +411,14 @@ def _add_serve(cmds: Any) -> None:
         type=argtypes.timeout,
         default=DEFAULT_HOUSEKEEPING_S,
         help=f"seconds between roll-up and retention passes (default {DEFAULT_HOUSEKEEPING_S:g})",
+    )
+    serve.add_argument(
+        "--housekeeping-duty",
+        metavar="SHARE",
+        type=float,
+        default=DEFAULT_HOUSEKEEPING_DUTY,
+        help="share of a pass's time spent rolling up, waiting between its reads the rest,"
+        f" for a pass's first interval (0 < SHARE <= 1, default {DEFAULT_HOUSEKEEPING_DUTY:g})",
     )
     serve.add_argument(
         "--grpc",
@@ -754,10 +764,12 @@ def _socket_dir(address: str) -> Path | None:
 
 
 def _retention(args: argparse.Namespace) -> Any:
-    """--retention, --rollup-retention, --housekeeping-interval, checked."""
+    """--retention, --rollup-retention, --housekeeping-interval and -duty, checked."""
     from sixlab.controller.housekeeping import Retention  # noqa: PLC0415
 
-    retention = Retention(args.retention, args.rollup_retention, args.housekeeping_interval)
+    retention = Retention(
+        args.retention, args.rollup_retention, args.housekeeping_interval, args.housekeeping_duty
+    )
     retention.validate()
     return retention
 

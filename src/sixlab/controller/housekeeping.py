@@ -37,6 +37,12 @@ class Retention:
     rollup_s: float | None = None
     #: Seconds between passes.
     interval_s: float = 60.0
+    #: The share of a pass's time spent rolling up: after each read of records it waits
+    #: (1 − duty) / duty times as long as that read took (until the pass has run for
+    #: ``interval_s``), so that a pass at 10,000 results/s leaves the interpreter to
+    #: collection most of the time instead of raising its lag (benchmarks/README.md,
+    #: issue 15). 1: no waits.
+    duty: float = 0.1
 
     def validate(self) -> None:
         for name, value in (("retention", self.raw_s), ("rollup retention", self.rollup_s)):
@@ -46,6 +52,8 @@ class Retention:
             raise ValueError("rollup retention: shorter than the raw results' retention")
         if self.interval_s <= 0:
             raise ValueError("housekeeping interval: must be positive")
+        if not 0 < self.duty <= 1:
+            raise ValueError("housekeeping duty: above 0, at most 1")
 
 
 class Housekeeper:
@@ -58,19 +66,24 @@ class Housekeeper:
         *,
         owns: Callable[[str], bool] = lambda _name: True,
         clock: Callable[[], int] = time.time_ns,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         retention.validate()
         self.store = store
         self.retention = retention
         self._owns = owns
         self._clock = clock
+        self._timer = timer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> tuple[int, int, int]:
         """One pass: (records rolled up, raw records deleted, rollups deleted)."""
         rolled = 0
+        rest = (1 - self.retention.duty) / self.retention.duty
+        began = self._timer()
         while True:
+            start = self._timer()
             try:
                 n = self.store.roll_up(limit=ROLL_UP_LIMIT)
             except ConcurrentPassError:
@@ -79,6 +92,14 @@ class Housekeeper:
             rolled += n
             if n < ROLL_UP_LIMIT:
                 break
+            now = self._timer()
+            # Waits no more once the pass has run for an interval: it then catches up.
+            if (
+                rest
+                and now - began < self.retention.interval_s
+                and self._stop.wait((now - start) * rest)
+            ):
+                break  # closing
         raw = rollups = 0
         r = self.retention
         if r.raw_s is not None:

@@ -29,10 +29,12 @@ rollup pass; a pair split across two passes is not counted.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,9 +47,12 @@ __all__ = [
     "ALPHA",
     "DIRECTIONS",
     "MINUTE_NS",
+    "ROW_COLUMNS",
     "DelayHistogram",
     "DirectionRollup",
+    "Fold",
     "MinuteRollup",
+    "fold_columns",
     "merged_stats",
     "roll_up",
     "roll_up_columns",
@@ -61,6 +66,14 @@ _LN_GAMMA = math.log(_GAMMA)
 MINUTE_NS = 60_000_000_000
 #: Directions of a rollup, in the order of the store's columns.
 DIRECTIONS = ("direct", "return", "rtt")
+#: The columns of a stored rollup (the store's ``rollups`` table), in order: what
+#: ``Fold.rows`` gives.
+ROW_COLUMNS = (
+    "session_id", "epoch", "minute_ns", "count", "lost",
+    *(f"{d}_{k}" for d in DIRECTIONS for k in ("min", "mean", "p50", "p99", "max", "sum", "hist")),
+    "direct_ipdv_abs", "direct_ipdv_pairs", "return_ipdv_abs", "return_ipdv_pairs",
+    "max_error_ns", "last_record",
+)  # fmt: skip
 
 
 def _bucket(value: int) -> int:
@@ -331,24 +344,10 @@ def roll_up_columns(
     rollups by (session, epoch, minute) and each group's new highest Seq: exactly what
     ``roll_up`` returns for each group.
     """
-    if len(columns) != 10:
-        raise ValueError(f"roll_up_columns: {len(columns)} columns, not 10")
-    n = len(columns[3])
-    if not n:
-        return {}, {}
-    try:
-        ints = [np.asarray(c, dtype=np.int64) for c in columns]
-    except OverflowError:
-        ints = []
-    if ints and min(int(c.min()) for c in ints[4:8]) >= 0:
-        t1, t2, t3, t4 = ints[4:8]
-        direct = t2 - t1  # no overflow: both are in [0, 2^63)
-        back = t4 - t3
-        biggest = max(int(np.abs(direct).max()), int(np.abs(back).max()))
-        if 4 * biggest * n < _INT64_SAFE:
-            ees = (ints[8] << 16) | ints[9]
-            return _roll_up_np((*ints[:5], direct, back, ees), highest_seq)
-    return _roll_up_each(columns, highest_seq)
+    fold = fold_columns(columns, highest_seq)
+    if fold is None:
+        return _roll_up_each(columns, highest_seq)
+    return fold.minutes(), fold.tops
 
 
 def _roll_up_each(
@@ -383,17 +382,285 @@ def _buckets(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return keys
 
 
-def _roll_up_np(
-    arrays: tuple[npt.NDArray[np.int64], ...], highest_seq: Mapping[tuple[int, int], int | None]
-) -> tuple[dict[tuple[int, int, int], MinuteRollup], dict[tuple[int, int], int | None]]:
-    """``roll_up_columns`` of session, epoch, record id, Seq, T1, the direct and return
+Int64s = npt.NDArray[np.int64]
+
+
+@dataclass
+class _Entries:
+    """Histogram buckets of many minutes: each one's minute (an index), key and count,
+    by minute then key, one entry per distinct (minute, key)."""
+
+    minute: Int64s
+    key: Int64s
+    count: Int64s
+
+
+@dataclass
+class _Direction:
+    """One direction of many minutes: exact minimum, maximum and sum; histograms."""
+
+    min: Int64s
+    max: Int64s
+    sum: Int64s
+    hist: _Entries
+
+
+@dataclass
+class Fold:
+    """The rollups of one read of records as arrays, element ``i`` of each that of the
+    (session, epoch, minute) ``keys[i]``; ``tops``: each epoch's new highest Seq.
+
+    ``minutes`` makes them the ``MinuteRollup``s ``roll_up_columns`` returns; ``rows``
+    makes them, merged with the rows stored for some of them, the rows to store, with
+    no object per minute."""
+
+    keys: list[tuple[int, int, int]]
+    tops: dict[tuple[int, int], int | None]
+    count: Int64s
+    lost: Int64s
+    ipdv_direct: Int64s
+    ipdv_return: Int64s
+    pairs: Int64s
+    #: Python ints: a bound can be past int64 (RFC 8762 §4.1.1).
+    max_error: list[int]
+    last_record: Int64s
+    directions: dict[str, _Direction]
+
+    def minutes(self) -> dict[tuple[int, int, int], MinuteRollup]:
+        """What ``roll_up_columns`` returns: a ``MinuteRollup`` per key."""
+        stats = {name: (d.min.tolist(), d.max.tolist(), d.sum.tolist(),
+                        _histograms(d.hist, len(self.keys)))
+                 for name, d in self.directions.items()}  # fmt: skip
+        columns = zip(
+            self.keys, self.count.tolist(), self.lost.tolist(), self.ipdv_direct.tolist(),
+            self.pairs.tolist(), self.ipdv_return.tolist(), self.max_error,
+            self.last_record.tolist(), strict=True,
+        )  # fmt: skip
+        out: dict[tuple[int, int, int], MinuteRollup] = {}
+        for i, (key, count, ls, ipd, npairs, ipb, err, lr) in enumerate(columns):
+            out[key] = MinuteRollup(
+                key[2], count, ls,
+                {name: DirectionRollup(count, lo[i], hi[i], total[i], hists[i])
+                 for name, (lo, hi, total, hists) in stats.items()},
+                {"direct": ipd, "return": ipb}, {"direct": npairs, "return": npairs}, err, lr,
+            )  # fmt: skip
+        return out
+
+    def rows(self, stored: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]] | None:
+        """The rows to store (``ROW_COLUMNS``) of these minutes, each merged with the row
+        stored for it if ``stored`` holds one (rows as read, ``ROW_COLUMNS`` order):
+        what the store's reference gives (each stored row's ``MinuteRollup``, ``merge``
+        of the fresh one into it, its row), computed on the arrays.
+
+        None if a stored row holds what the arrays do not take (a value near the int64
+        limits or NULL, a missing, empty or malformed histogram, a key not among
+        ``keys``): the caller then merges the reference way."""
+        n = len(self.keys)
+        count, lost, last = self.count.copy(), self.lost.copy(), self.last_record.copy()
+        ipdv = {"direct": self.ipdv_direct.copy(), "return": self.ipdv_return.copy()}
+        pairs = {"direct": self.pairs.copy(), "return": self.pairs.copy()}
+        err = list(self.max_error)
+        dirs = {name: _Direction(d.min.copy(), d.max.copy(), d.sum.copy(), d.hist)
+                for name, d in self.directions.items()}  # fmt: skip
+        if stored:
+            index = {key: i for i, key in enumerate(self.keys)}
+            try:
+                at = np.array([index[r[0], r[1], r[2]] for r in stored], dtype=np.int64)
+                columns = list(zip(*stored, strict=True))
+
+                def ints(c: int) -> Int64s:
+                    a = np.array(columns[c], dtype=np.int64)
+                    if not bool(((a > -_INT64_SAFE) & (a < _INT64_SAFE)).all()):
+                        raise OverflowError  # noqa: TRY301 - the arrays' one way out
+                    return a
+
+                count[at] += ints(3)
+                lost[at] += ints(4)
+                base = 5 + 7 * len(DIRECTIONS)
+                for c, name in enumerate(("direct", "return")):
+                    ipdv[name][at] += ints(base + 2 * c)
+                    pairs[name][at] += ints(base + 2 * c + 1)
+                for i, e in zip(at.tolist(), columns[base + 4], strict=True):
+                    if e is not None and e > err[i]:  # NULL: the fresh bound, as ``merge``
+                        err[i] = e
+                last[at] = np.maximum(last[at], ints(base + 5))
+                for c, d in enumerate(dirs.values()):
+                    lo, hi, total = ints(5 + 7 * c), ints(9 + 7 * c), ints(10 + 7 * c)
+                    old = _decode(columns[11 + 7 * c], at)
+                    if old is None:
+                        return None
+                    d.min[at] = np.minimum(d.min[at], lo)
+                    d.max[at] = np.maximum(d.max[at], hi)
+                    d.sum[at] += total
+                    d.hist = _combine(d.hist, old)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                return None
+        table = _representatives()
+        out: list[Any] = [*zip(*self.keys, strict=True), count.tolist(), lost.tolist()]
+        for d in dirs.values():
+            h = d.hist
+            starts = np.flatnonzero(_firsts(h.minute))
+            n_dir = np.add.reduceat(h.count, starts)
+            if int(n_dir.max()) >= _COUNT_LIMIT:
+                return None
+            cum = np.cumsum(h.count)
+            before = cum[starts] - h.count[starts]
+            reps = table[h.key + _KEY_LIMIT]
+            p50, p99 = (np.minimum(np.maximum(reps[np.searchsorted(cum, before + rank)], d.min),
+                                   d.max).tolist()
+                        for rank in (_rank(50, n_dir), _rank(99, n_dir)))  # fmt: skip
+            out += [d.min.tolist(), _means(d.sum, n_dir), p50, p99, d.max.tolist(),
+                    d.sum.tolist(), _encode(h, n)]  # fmt: skip
+        out += [ipdv["direct"].tolist(), pairs["direct"].tolist(), ipdv["return"].tolist(),
+                pairs["return"].tolist(), err, last.tolist()]  # fmt: skip
+        return list(zip(*out, strict=True))
+
+
+#: Histogram keys the arrays take: those of every delay below 2^62 (all that a fold
+#: holds), each with a representative that fits in int64.
+_KEY_LIMIT = 2180
+#: Bucket counts the arrays take (a nearest rank computed exactly as ``percentile`` does).
+_COUNT_LIMIT = 2**36
+
+
+@functools.cache
+def _representatives() -> Int64s:
+    """``_representative`` of each key from −_KEY_LIMIT to _KEY_LIMIT, by key + limit."""
+    return np.array([_representative(k) for k in range(-_KEY_LIMIT, _KEY_LIMIT + 1)],
+                    dtype=np.int64)  # fmt: skip
+
+
+def _firsts(a: Int64s) -> npt.NDArray[np.bool_]:
+    """Where each run of equal values begins."""
+    first = np.ones(len(a), dtype=bool)
+    first[1:] = a[1:] != a[:-1]
+    return first
+
+
+def _rank(p: int, n: Int64s) -> Int64s:
+    """``DelayHistogram.percentile``'s nearest rank, ceil(p/100 · n), at least 1."""
+    return np.maximum(1, -(-(p * 1000 * n) // 100_000))
+
+
+def _means(total: Int64s, n: Int64s) -> list[int]:
+    """round(total / n) of each, as Python's float division and ``round`` give it."""
+    means: list[int] = np.rint(total / n).astype(np.int64).tolist()
+    for i in np.flatnonzero(np.abs(total) >= 2**53).tolist():  # not exact in a float
+        means[i] = round(int(total[i]) / int(n[i]))
+    return means
+
+
+def _combine(a: _Entries, b: _Entries) -> _Entries:
+    """The buckets of both, counts of a key in a minute added."""
+    minute = np.concatenate((a.minute, b.minute))
+    key = np.concatenate((a.key, b.key))
+    count = np.concatenate((a.count, b.count))
+    order = np.lexsort((key, minute))
+    minute, key, count = minute[order], key[order], count[order]
+    new = _firsts(minute) | _firsts(key)
+    starts = np.flatnonzero(new)
+    return _Entries(minute[starts], key[starts], np.add.reduceat(count, starts))
+
+
+def _encode(h: _Entries, size: int) -> list[bytes]:
+    """``DelayHistogram.to_bytes`` of each of ``size`` minutes (each has buckets)."""
+    first = _firsts(h.minute)
+    delta = h.key.copy()
+    delta[1:] -= np.where(first[1:], 0, h.key[:-1])
+    values = np.empty(2 * len(delta), dtype=np.int64)
+    values[0::2] = (delta << 1) ^ (delta >> 63)  # zigzag
+    values[1::2] = h.count
+    length = np.ones(len(values), dtype=np.int64)
+    for shift in range(7, 63, 7):
+        length += values >= 1 << shift
+    end = np.cumsum(length)
+    start = end - length
+    buf = np.empty(int(end[-1]), dtype=np.uint8)
+    for j in range(int(length.max())):
+        has = np.flatnonzero(length > j)
+        more = (length[has] > j + 1).astype(np.int64) << 7
+        buf[start[has] + j] = ((values[has] >> 7 * j) & 0x7F) | more
+    data = buf.tobytes()
+    bounds = [*start[2 * np.flatnonzero(first)].tolist(), len(data)]
+    if len(bounds) != size + 1:
+        raise AssertionError("a minute without buckets")
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _decode(blobs: Sequence[Any], minutes: Int64s) -> _Entries | None:
+    """The buckets of stored histograms (``to_bytes``), blob ``i`` those of minute
+    ``minutes[i]``; None if one is empty, truncated, not key-ascending, or beyond the
+    limits above (``from_bytes`` decides those)."""
+    lengths = np.array([len(b) for b in blobs], dtype=np.int64)
+    if not len(lengths) or not bool((lengths > 0).all()):
+        return None
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    ends = np.cumsum(lengths)
+    last_byte = (data & 0x80) == 0
+    if not bool(last_byte[ends - 1].all()):
+        return None
+    stop = np.flatnonzero(last_byte)
+    begin = np.empty_like(stop)
+    begin[0] = 0
+    begin[1:] = stop[:-1] + 1
+    size = stop - begin + 1
+    if int(size.max()) > 9:  # past 63 bits
+        return None
+    position = np.arange(len(data)) - np.repeat(begin, size)
+    values = np.bitwise_or.reduceat((data & 0x7F).astype(np.int64) << 7 * position, begin)
+    owner = np.searchsorted(ends, begin, side="right")
+    per_blob = np.bincount(owner, minlength=len(lengths))
+    if bool((per_blob % 2).any()):
+        return None
+    zz, count, owner = values[0::2], values[1::2], owner[0::2]
+    delta = (zz >> 1) ^ -(zz & 1)  # unzigzag
+    if int(np.abs(delta).max()) > 2 * _KEY_LIMIT or int(count.max()) >= _COUNT_LIMIT:
+        return None
+    cum = np.cumsum(delta)
+    first = _firsts(owner)
+    at = np.flatnonzero(first)
+    key = cum - np.repeat(cum[at] - delta[at], np.diff(np.append(at, len(cum))))
+    if not bool((np.add.reduceat(count, at) > 0).all()):
+        return None  # a direction of no records: ``merge`` takes the other's extremes
+    if int(np.abs(key).max()) > _KEY_LIMIT or bool(((np.diff(key) <= 0) & ~first[1:]).any()):
+        return None
+    return _Entries(minutes[owner], key, count)
+
+
+def fold_columns(
+    columns: Sequence[Sequence[int]], highest_seq: Mapping[tuple[int, int], int | None]
+) -> Fold | None:
+    """``roll_up_columns`` as a ``Fold``; None where it rolls up by ``roll_up`` (values
+    too large for int64 sums) or for no rows."""
+    if len(columns) != 10:
+        raise ValueError(f"roll_up_columns: {len(columns)} columns, not 10")
+    n = len(columns[3])
+    if not n:
+        return None
+    try:
+        ints = [np.asarray(c, dtype=np.int64) for c in columns]
+    except OverflowError:
+        return None
+    if min(int(c.min()) for c in ints[4:8]) < 0:
+        return None
+    t1, t2, t3, t4 = ints[4:8]
+    direct = t2 - t1  # no overflow: both are in [0, 2^63)
+    back = t4 - t3
+    biggest = max(int(np.abs(direct).max()), int(np.abs(back).max()))
+    if 4 * biggest * n >= _INT64_SAFE:
+        return None
+    ees = (ints[8] << 16) | ints[9]
+    return _fold((*ints[:5], direct, back, ees), highest_seq)
+
+
+def _fold(arrays: tuple[Int64s, ...], highest_seq: Mapping[tuple[int, int], int | None]) -> Fold:
+    """``fold_columns`` of session, epoch, record id, Seq, T1, the direct and return
     delays and the two Error Estimates (sender's << 16 | reflector's) as int64 arrays."""
     sid, ep, rid, seq, t1, direct, back, ees = arrays
     n = len(seq)
     # Groups (session, epoch) in the order given; within each, rows by Seq, record id
     # order kept among equal Seqs (as ``sorted`` keeps it).
-    new_group = np.ones(n, dtype=bool)
-    new_group[1:] = (sid[1:] != sid[:-1]) | (ep[1:] != ep[:-1])
+    new_group = _firsts(sid) | _firsts(ep)
     gid = np.cumsum(new_group) - 1
     starts = np.flatnonzero(new_group)
     group_keys = list(zip(sid[starts].tolist(), ep[starts].tolist(), strict=True))
@@ -402,8 +669,7 @@ def _roll_up_np(
     order = np.lexsort((seq, gid))
     gid, rid, seq, t1 = gid[order], rid[order], seq[order], t1[order]
     direct, back, ees = direct[order], back[order], ees[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = gid[1:] != gid[:-1]
+    first = _firsts(gid)
     # Loss: the Seqs skipped above the highest one before each row (Seqs ascend in a
     # group, so that is the row before, or the cursor); a row not above it takes one back.
     before = np.where(first, init[gid], np.maximum(np.roll(seq, 1), init[gid]))
@@ -422,62 +688,51 @@ def _roll_up_np(
     minute = t1 - t1 % MINUTE_NS
     by_minute = np.lexsort((minute, gid))
     gm, mm = gid[by_minute], minute[by_minute]
-    new_m = np.ones(n, dtype=bool)
-    new_m[1:] = (gm[1:] != gm[:-1]) | (mm[1:] != mm[:-1])
+    new_m = _firsts(gm) | _firsts(mm)
     m_starts = np.flatnonzero(new_m)
     m_index = np.cumsum(new_m) - 1
-    counts = np.diff(np.append(m_starts, n))
-    rtt = direct + back
     add = np.add.reduceat
-    stats = {}
-    for name, values in (("direct", direct), ("return", back), ("rtt", rtt)):
+    directions = {}
+    for name, values in (("direct", direct), ("return", back), ("rtt", direct + back)):
         v = values[by_minute]
-        stats[name] = (np.minimum.reduceat(v, m_starts).tolist(),
-                       np.maximum.reduceat(v, m_starts).tolist(), add(v, m_starts).tolist(),
-                       _histograms(m_index, _buckets(v), len(m_starts)))  # fmt: skip
-    # Error bounds: exact ints per distinct (sender, reflector) pair; the largest per
-    # minute found by rank.
-    pairs, which = np.unique(ees, return_inverse=True)
+        directions[name] = _Direction(np.minimum.reduceat(v, m_starts),
+                                      np.maximum.reduceat(v, m_starts), add(v, m_starts),
+                                      _entries(m_index, _buckets(v)))  # fmt: skip
+    # Error bounds: exact ints per distinct (sender, reflector) pair (past int64 at the
+    # largest Error Estimates, RFC 8762 §4.1.1); the largest per minute found by rank.
+    ee_pairs, which = np.unique(ees, return_inverse=True)
     bounds = [ErrorEstimate.from_int(p >> 16).error_ns + ErrorEstimate.from_int(p & 0xFFFF).error_ns
-              for p in pairs.tolist()]  # fmt: skip
+              for p in ee_pairs.tolist()]  # fmt: skip
     rank_order = sorted(range(len(bounds)), key=bounds.__getitem__)
     rank = np.empty(len(bounds), dtype=np.int64)
     rank[rank_order] = np.arange(len(bounds))
     max_rank = np.maximum.reduceat(rank[which.reshape(-1)][by_minute], m_starts).tolist()
-    out: dict[tuple[int, int, int], MinuteRollup] = {}
-    columns = zip(
-        gm[m_starts].tolist(), mm[m_starts].tolist(), counts.tolist(),
-        add(lost[by_minute], m_starts).tolist(),
-        add(ipdv_direct[by_minute], m_starts).tolist(),
-        add(pair[by_minute].astype(np.int64), m_starts).tolist(),
-        add(ipdv_back[by_minute], m_starts).tolist(),
-        max_rank, np.maximum.reduceat(rid[by_minute], m_starts).tolist(),
-        strict=True,
-    )  # fmt: skip
-    for i, (g, mn, count, ls, ipd, npairs, ipb, mr, lr) in enumerate(columns):
-        m = MinuteRollup(
-            mn, count, ls,
-            {name: DirectionRollup(count, lo[i], hi[i], total[i], hists[i])
-             for name, (lo, hi, total, hists) in stats.items()},
-            {"direct": ipd, "return": ipb}, {"direct": npairs, "return": npairs},
-            bounds[rank_order[mr]], lr,
-        )  # fmt: skip
-        s, e = group_keys[g]
-        out[s, e, mn] = m
-    return out, tops
+    groups = gm[m_starts].tolist()
+    return Fold(
+        keys=[(*group_keys[g], m) for g, m in zip(groups, mm[m_starts].tolist(), strict=True)],
+        tops=tops,
+        count=np.diff(np.append(m_starts, n)),
+        lost=add(lost[by_minute], m_starts),
+        ipdv_direct=add(ipdv_direct[by_minute], m_starts),
+        ipdv_return=add(ipdv_back[by_minute], m_starts),
+        pairs=add(pair[by_minute].astype(np.int64), m_starts),
+        max_error=[bounds[rank_order[r]] for r in max_rank],
+        last_record=np.maximum.reduceat(rid[by_minute], m_starts),
+        directions=directions,
+    )
 
 
-def _histograms(
-    m_index: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], size: int
-) -> list[DelayHistogram]:
-    """One histogram per minute from each row's minute index and bucket key."""
+def _entries(m_index: Int64s, keys: Int64s) -> _Entries:
+    """The buckets of each minute from each row's minute index and bucket key."""
     order = np.lexsort((keys, m_index))
     mi, k = m_index[order], keys[order]
-    new = np.ones(len(k), dtype=bool)
-    new[1:] = (mi[1:] != mi[:-1]) | (k[1:] != k[:-1])
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.append(starts, len(k))).tolist()
+    starts = np.flatnonzero(_firsts(mi) | _firsts(k))
+    return _Entries(mi[starts], k[starts], np.diff(np.append(starts, len(k))))
+
+
+def _histograms(h: _Entries, size: int) -> list[DelayHistogram]:
+    """One histogram per minute from the buckets."""
     dicts: list[dict[int, int]] = [{} for _ in range(size)]
-    for owner, key, n in zip(mi[starts].tolist(), k[starts].tolist(), counts, strict=True):
+    for owner, key, n in zip(h.minute.tolist(), h.key.tolist(), h.count.tolist(), strict=True):
         dicts[owner][key] = n
     return [DelayHistogram(d) for d in dicts]

@@ -58,14 +58,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+import numpy as np
+
 from sixlab.controller.errors import ControllerError
 from sixlab.controller.events import SessionEvent
 from sixlab.controller.rollup import (
     DIRECTIONS,
     MINUTE_NS,
+    ROW_COLUMNS,
     DelayHistogram,
     DirectionRollup,
     MinuteRollup,
+    fold_columns,
     roll_up_columns,
 )
 from sixlab.stamp import DataCounters, StampResult
@@ -321,13 +325,8 @@ _INSERT_RESULTS = (
     "INSERT INTO results(" + ", ".join(RESULT_COLUMNS) + ") VALUES ("  # noqa: S608
     + ",".join("?" * len(RESULT_COLUMNS)) + ")"
 )  # fmt: skip
-#: The columns of ``rollups``, in the order of ``_rollup_row``.
-ROLLUP_COLUMNS = (
-    "session_id", "epoch", "minute_ns", "count", "lost",
-    *(f"{d}_{k}" for d in DIRECTIONS for k in ("min", "mean", "p50", "p99", "max", "sum", "hist")),
-    "direct_ipdv_abs", "direct_ipdv_pairs", "return_ipdv_abs", "return_ipdv_pairs",
-    "max_error_ns", "last_record",
-)  # fmt: skip
+#: The columns of ``rollups``, in the order of ``_rollup_row`` (and ``Fold.rows``).
+ROLLUP_COLUMNS = ROW_COLUMNS
 _SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noqa: S608
 
 
@@ -1551,50 +1550,58 @@ class Store(ABC):
         rollups, with each epoch's rollup cursor. Returns how many records it rolled
         (call again while it returns ``limit``).
 
-        The records are read by one statement, rolled up with no lock or transaction
+        The records are read by one statement (``_read_unrolled``: SQLite's on a
+        connection of its own, beside the writer), rolled up with no lock or transaction
         held (collection goes on meanwhile: it adds records past the ones read and moves
         no rollup cursor), and written in one short transaction that moves each epoch's
         cursor from the value read. A pass that finds a cursor moved since (another
         replica's pass) rolls back and rolls nothing: a record is rolled up once.
         """
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT e.rolled, e.rolled_seq, "  # noqa: S608 - column names only
-                + ", ".join(f"r.{c}" for c in RESULT_COLUMNS)
-                # Epochs first (SQLite keeps a CROSS JOIN's order): only those with
-                # records past their cursor, each read by a range of the primary key.
-                + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
-                " AND r.session_id = e.session_id AND r.epoch = e.epoch"
-                " AND r.record_id > e.rolled"
-                " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?",
-                (limit,),
-            ).fetchall()
+        rows = self._read_unrolled(limit)
         if not rows:
             return 0
-        cursors: dict[tuple[int, int], tuple[int, int | None]] = {}
-        last: dict[tuple[int, int], int] = {}
-        for r in rows:
-            key = (r[2], r[3])
-            cursors.setdefault(key, (r[0], r[1]))
-            last[key] = r[4]  # the rows of an epoch come by record id
-        columns = list(zip(*rows, strict=True))
-        fresh, tops = roll_up_columns(
-            columns[2:12], {key: cursor[1] for key, cursor in cursors.items()}
-        )
-        moved = [(last[sid, ep], tops[sid, ep], sid, ep, rolled)
-                 for (sid, ep), (rolled, _) in cursors.items()]  # fmt: skip
-        moved.sort(key=lambda m: (m[2], m[3]))
+        try:
+            table = np.array(rows, dtype=np.int64)
+        except OverflowError:  # timestamps past int64: ``roll_up`` of each epoch
+            columns: Any = list(zip(*rows, strict=True))
+            starts = [i for i in range(len(rows)) if i == 0 or rows[i][2:4] != rows[i - 1][2:4]]
+        else:
+            columns = table.T
+            new = np.ones(len(rows), dtype=bool)
+            new[1:] = (table[1:, 2] != table[:-1, 2]) | (table[1:, 3] != table[:-1, 3])
+            starts = np.flatnonzero(new).tolist()
+        # Each epoch's cursor as read, and the last record read (its rows come by id).
+        ends = [*(i - 1 for i in starts[1:]), len(rows) - 1]
+        cursors = {(rows[i][2], rows[i][3]): (rows[i][0], None if rows[i][1] < 0 else rows[i][1])
+                   for i in starts}  # fmt: skip
+        last = {(rows[i][2], rows[i][3]): rows[i][4] for i in ends}
+        seqs = {key: cursor[1] for key, cursor in cursors.items()}
+        fold = fold_columns(columns[2:12], seqs)
+        fresh = None
+        if fold is None:  # values too large for the arrays: ``roll_up`` of each epoch
+            fresh, tops = roll_up_columns(columns[2:12], seqs)
+        else:
+            tops = fold.tops
         with self._transaction() as db:
-            for at, old in self._rollups_at(db, list(fresh)).items():
-                old.merge(fresh[at])
-                fresh[at] = old
+            out = None
+            if fold is not None:
+                out = fold.rows(self._rollup_rows_at(db, fold.keys))
+                if out is None:  # stored rows the arrays do not take
+                    fresh = fold.minutes()
+            if out is None:  # the reference merge
+                assert fresh is not None
+                for at, old in self._rollups_at(db, list(fresh)).items():
+                    old.merge(fresh[at])
+                    fresh[at] = old
+                out = [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()]
             db.executemany(
                 "INSERT INTO rollups(" + ", ".join(ROLLUP_COLUMNS) + ") VALUES ("  # noqa: S608
                 + ", ".join("?" * len(ROLLUP_COLUMNS)) + ") ON CONFLICT(session_id, epoch,"
                 " minute_ns) DO UPDATE SET "
                 + ", ".join(f"{c}=excluded.{c}" for c in ROLLUP_COLUMNS[3:]),
-                [_rollup_row(sid, ep, m) for (sid, ep, _), m in fresh.items()],
+                out,
             )  # fmt: skip
+            moved = [(last[key], tops[key], *key, cursors[key][0]) for key in sorted(cursors)]
             done = db.executemany(
                 "UPDATE epochs SET rolled=?, rolled_seq=? WHERE session_id=? AND epoch=?"
                 " AND rolled=?",
@@ -1604,11 +1611,27 @@ class Store(ABC):
                 raise ConcurrentPassError("roll_up: another pass moved a cursor first")
         return len(rows)
 
-    def _rollups_at(
-        self, db: _Db, keys: list[tuple[int, int, int]]
-    ) -> dict[tuple[int, int, int], MinuteRollup]:
-        """The stored rollups of these (session, epoch, minute) keys that exist."""
-        out: dict[tuple[int, int, int], MinuteRollup] = {}
+    #: The records a roll-up pass reads: each epoch's rollup cursor, then the columns
+    #: ``fold_columns`` takes (no NULL: one int64 array of them all).
+    _SELECT_UNROLLED = (
+        "SELECT e.rolled, COALESCE(e.rolled_seq, -1), "  # noqa: S608 - column names only
+        + ", ".join(f"r.{c}" for c in RESULT_COLUMNS[:10])
+        # Epochs first (SQLite keeps a CROSS JOIN's order): only those with records
+        # past their cursor, each read by a range of the primary key.
+        + " FROM epochs e CROSS JOIN results r WHERE e.rolled < e.top"
+        " AND r.session_id = e.session_id AND r.epoch = e.epoch AND r.record_id > e.rolled"
+        " ORDER BY e.session_id, e.epoch, r.record_id LIMIT ?"
+    )
+
+    def _read_unrolled(self, limit: int) -> list[Any]:
+        """Up to ``limit`` records past their epoch's rollup cursor, by one statement."""
+        with self._lock:
+            return self._db.execute(self._SELECT_UNROLLED, (limit,)).fetchall()
+
+    def _rollup_rows_at(self, db: _Db, keys: list[tuple[int, int, int]]) -> list[Any]:
+        """The stored rollup rows (``ROLLUP_COLUMNS``) of these (session, epoch, minute)
+        keys that exist."""
+        out: list[Any] = []
         for i in range(0, len(keys), 300):
             chunk = keys[i : i + 300]
             # The keys first, each a lookup of the primary key: SQLite keeps a CROSS JOIN's
@@ -1620,9 +1643,14 @@ class Store(ABC):
                 + ") AS k CROSS JOIN rollups r WHERE r.session_id = k.column1"
                 " AND r.epoch = k.column2 AND r.minute_ns = k.column3"
             )  # fmt: skip
-            for r in db.execute(query, [v for k in chunk for v in k]).fetchall():
-                out[r[0], r[1], r[2]] = _rollup(r)
+            out += db.execute(query, [v for k in chunk for v in k]).fetchall()
         return out
+
+    def _rollups_at(
+        self, db: _Db, keys: list[tuple[int, int, int]]
+    ) -> dict[tuple[int, int, int], MinuteRollup]:
+        """The stored rollups of these (session, epoch, minute) keys that exist."""
+        return {(r[0], r[1], r[2]): _rollup(r) for r in self._rollup_rows_at(db, keys)}
 
     def rollups(
         self, session_id: int, *, since_ns: int | None = None, until_ns: int | None = None
@@ -1840,6 +1868,13 @@ class SqliteStore(Store):
             self._conn.execute("PRAGMA wal_autocheckpoint=16384")
             _migrate(self._conn)
 
+        #: A connection of the roll-up pass's reads alone (``_read_unrolled``), opened
+        #: at its first: in WAL mode it reads beside the writer, so that collection does
+        #: not wait on the store's lock while a pass reads (and the GIL is free while
+        #: SQLite walks the tables). None: not opened yet, or a database in memory.
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+
     @property
     def _db(self) -> _Db:
         return self._conn
@@ -1847,6 +1882,20 @@ class SqliteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+
+    def _read_unrolled(self, limit: int) -> list[Any]:
+        if self.path in ("", ":memory:") or "mode=memory" in self.path:
+            return super()._read_unrolled(limit)  # a second connection: another database
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+            # One statement: one snapshot of the epochs' cursors and their records.
+            return self._reader.execute(self._SELECT_UNROLLED, (limit,)).fetchall()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:
