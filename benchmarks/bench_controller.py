@@ -568,8 +568,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # with its own northbound socket and metrics port; the Apply goes to the first).
         ctls: list[subprocess.Popen[str]] = []
         scrapes: list[str] = []
-        for k in range(args.replicas):
-            sock = f"unix:{tmp}/ctl{k}.sock"
+        socks = [f"unix:{tmp}/ctl{k}.sock" for k in range(args.replicas)]
+        for k, sock in enumerate(socks):
             with socket.socket() as free:
                 free.bind(("127.0.0.1", 0))
                 scrapes.append(f"127.0.0.1:{free.getsockname()[1]}")
@@ -584,7 +584,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ctl in ctls:
             assert ctl.stdout is not None
             ctl.stdout.readline()
-        ctl, address = ctls[0], f"unix:{tmp}/ctl0.sock"
+        ctl, address = ctls[0], socks[0]
         served = time.monotonic()
         # An Apply of 10,000 sessions takes a minute or more on a loaded machine.
         with ControllerClient(address, timeout=600) as client:

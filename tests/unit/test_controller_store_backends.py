@@ -310,12 +310,18 @@ def test_bad_postgresql_urls_are_refused() -> None:
         open_store("postgresql://[broken")
 
 
+def _at_version(db: psycopg.Connection[Any], version: int) -> None:
+    """Make the empty database ``db`` one of schema ``version``: its steps up to it."""
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (%s)", (version,))
+    for step in range(1, version + 1):
+        for statement in _STEPS[step]:
+            db.execute(statement)
+
+
 def test_postgresql_migrates_a_version_1_database(lab_postgres: object, pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as db:
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (1)")
-        for statement in _STEPS[1]:
-            db.execute(statement)
+        _at_version(db, 1)
         db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
         db.execute("INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector')")
         db.execute(
@@ -1036,11 +1042,7 @@ def test_sqlite_a_version_5_file_gets_the_passes_indexes(tmp_path: Path) -> None
 
 def test_postgresql_migrates_a_version_5_database(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as db:
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (5)")
-        for version in range(1, 6):
-            for statement in _STEPS[version]:
-                db.execute(statement)
+        _at_version(db, 5)
     open_store(pg_url).close()
     with psycopg.connect(pg_url) as db:
         names = {r[0] for r in db.execute("SELECT indexname FROM pg_indexes")}
@@ -1102,11 +1104,7 @@ def test_postgresql_migrates_a_version_6_database_keeping_cursors_and_totals(
     the cursor as its current epoch's ``top`` (carried over: kept if beyond it, or if
     the epoch had no row) and the totals as the sums over its epochs."""
     with psycopg.connect(pg_url, autocommit=True) as db:
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (6)")
-        for version in range(1, 7):
-            for statement in _STEPS[version]:
-                db.execute(statement)
+        _at_version(db, 6)
         db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
         db.execute("INSERT INTO nodes(name, address, role) VALUES ('r1', 'h:2', 'reflector')")
         for i, (name, epoch, cursor, top, counts) in enumerate(
