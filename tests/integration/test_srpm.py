@@ -131,8 +131,12 @@ def test_loopback_round_trips_match_the_emulated_loops(far_testbed: SRv6TwoPaths
             assert st.direct is None
             want = loop.round_trip_delay_ms
             # The median: a scheduling stall on the shared machine delays one probe now
-            # and then; the loop's round trip is what most probes take.
-            assert abs(st.rtt.p50_ns / MS - want) <= TOLERANCE_MS, (name, st.rtt, want)
+            # and then; the loop's round trip is what most probes take. Each emulated leg
+            # adds its own wake-up error (as for a one-way delay), so the loop is allowed
+            # the one-way tolerance per leg: a CI run beside other work saw loop B (two
+            # legs, 23 ms) at a median of 24.08 ms.
+            tolerance = TOLERANCE_MS * len(loop.leg_delays_ms)
+            assert abs(st.rtt.p50_ns / MS - want) <= tolerance, (name, st.rtt, want)
             assert st.rtt.min_ns / MS >= want - 0.1, name  # no loop beats its links
     assert {"A", "B", "F"} <= set(tb.loopback_paths)
     assert tb.loopback_paths["F"].round_trip_delay_ms == 20.0 + 2.0 + 4.0 + 12.0
@@ -289,7 +293,7 @@ def test_the_sender_command_runs_loopback_and_flow_label_sessions(
     assert (doc["loopback"], doc["received"], doc["lost"]) == (True, 20, 0)
     assert doc["summary"]["direct"] is None
     p50 = doc["summary"]["rtt"]["p50"] / MS
-    assert abs(p50 - loop.round_trip_delay_ms) <= TOLERANCE_MS
+    assert abs(p50 - loop.round_trip_delay_ms) <= TOLERANCE_MS * len(loop.leg_delays_ms)
     assert sorted(doc["flows"]) == ["1", "2", "3", "4"]
     assert all(f["received"] == 5 for f in doc["flows"].values())
     assert {r["flow_label"] for r in doc["records"]} == {1, 2, 3, 4}
