@@ -1001,7 +1001,7 @@ def test_a_truncated_datagram_is_counted_and_never_given_to_a_session(
     state on the core is then stale) or not. The session's counters are the script's."""
     dp = create("socket", DataplaneConfig(port=0))
     dp.open()
-    engine = SenderEngine(dp, compiled=compiled, compiled_loop=loop)
+    engine = SenderEngine(dp, compiled=compiled, compiled_loop=loop, on_event=scripted.lost)
     engine.loop_thread = thread
     client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
@@ -1016,7 +1016,7 @@ def test_a_truncated_datagram_is_counted_and_never_given_to_a_session(
             client.sendto(_reply(seq, 0, ssid=30) + bytes(9100), ("::1", dp.local_port))
         time.sleep(0.15)
         engine.stop_session(30)
-        assert engine.wait_finished(30, 5.0)
+        assert engine.wait_finished(30, FINISH_S)
         c = engine.snapshot(30).counters
         assert c.duplicates == sum(1 for q in range(c.sent) if q % 10 == 3)
         assert DropReason.UNKNOWN_SEQ not in c.dropped
