@@ -207,15 +207,19 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     plane: SocketDataplane, sink: socket.socket
 ) -> None:
     """A slot 10.5 intervals in the past: one packet, the next slot the grid's first
-    after now (``due_seq``'s arithmetic), the slots between counted as skipped."""
+    after now (``due_seq``'s arithmetic), the slots between counted as skipped. The
+    interval is 1 s: the next slot comes half a second after the run is to end, so
+    that a loaded machine, which may wake the loop milliseconds late, does not find it
+    due too."""
     pio, loop = _loop(plane)
-    template = send_template(SenderConfig(1, interval_ns=10 * MS, fmt=TimestampFormat.PTP))
+    interval = 10**9
+    template = send_template(SenderConfig(1, interval_ns=interval, fmt=TimestampFormat.PTP))
     assert template is not None
     record = pio.record(LOOP, sink.getsockname()[1], template, ptp=True, tai_ns=37 * 10**9)
     assert record is not None
     now = time.monotonic_ns()
-    start = now - 105 * MS
-    assert _add(loop, 0, record, ssid=1, due=start, interval=10 * MS)
+    start = now - 10 * interval - interval // 2
+    assert _add(loop, 0, record, ssid=1, due=start, interval=interval)
     r, w = socket.socketpair()
     loop.run(r.fileno(), now + MS, 0, 8 * MS)
     r.close()
@@ -224,7 +228,7 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     assert len(out) == 1
     t1, ran, nxt, seq = out[0][0], out[0][1], out[0][2], out[0][5]
     assert seq == 0
-    assert nxt == start + ((ran - start) // (10 * MS) + 1) * 10 * MS
+    assert nxt == start + ((ran - start) // interval + 1) * interval
     loop.lock()
     try:
         held = loop.get(0, remove=True)
@@ -233,7 +237,7 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
         loop.unlock()
     assert held is not None
     assert (held.due, held.seq, held.on_slot, held.highest, held.held) == (nxt, 1, 1, -1, True)
-    assert held.skipped == (ran - start) // (10 * MS)
+    assert held.skipped == (ran - start) // interval == 10
     assert held.outstanding == [(0, t1, ran + 10**9)]
     (payload,) = _drain(sink)
     stamp = int.from_bytes(payload[4:12])  # PTP (IEEE 1588): TAI seconds, nanoseconds
