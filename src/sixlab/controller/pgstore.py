@@ -42,6 +42,7 @@ from sixlab.controller.store import (
     RESYNC,
     SCHEMA_VERSION,
     SESSION_COLUMNS_DROPPED,
+    SESSION_TOTALS,
     Counters,
     Storage,
     Store,
@@ -49,6 +50,7 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     _Cursor,
     _Db,
+    _sessions_query,
 )
 
 __all__ = ["CHANNEL", "SCHEMA", "PostgresStore"]
@@ -319,6 +321,16 @@ class PostgresStore(Store):
     _now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)"
     _row_lock_sql = " FOR UPDATE"
     _share_lock_sql = " FOR SHARE"
+    # Each session's epochs aggregated by a LATERAL subquery: an index scan of the
+    # session's rows of ``epochs`` per session, where a join grouped by session may be
+    # planned as a scan of every epoch ever kept (destroyed sessions' too).
+    _sessions_sql = _sessions_query(
+        [f"t.c{i}" for i in range(len(SESSION_TOTALS))],
+        " CROSS JOIN LATERAL (SELECT " + ", ".join(SESSION_TOTALS)  # noqa: S608
+        + " FROM epochs e WHERE e.session_id = sessions.id) AS t("
+        + ", ".join(f"c{i}" for i in range(len(SESSION_TOTALS))) + ")",
+    )  # fmt: skip
+    _sessions_group = ""
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:
