@@ -3,16 +3,18 @@ behind ``Store.sessions`` (the northbound ListSessions and Export, ``apply``, th
 controller's metrics and ``resume``), ``Store.session`` (one session by name: every
 request on one), ``Store.sessions_named`` (a poll round's 256 sessions, the stops
 completed in a supervisor round) and ``Store.sessions_of`` (a sender's sessions: its
-result stream reopened, an agent's sessions repaired).
+result stream reopened, an agent's sessions repaired); and the listing's statement
+alone, its rows fetched but not made ``SessionRow``s (``sessions() SQL only``).
 
 ``--sessions`` sessions over ``--nodes`` sender and reflector pairs, each with
 ``--epochs`` epochs, ``--records`` results and counters in each, on SQLite (a
 temporary file) or PostgreSQL (a throwaway lab server, ``LabPostgres``, analysed
 after the fill). Only the store's public API is used, so that the same file measures
 another tree (``PYTHONPATH=/tmp/base/src``). Reported per statement: the median and
-the fastest wall-clock time of ``--repeat`` reads (ms), after a warm-up read;
-``--explain`` prints each statement's plan (``EXPLAIN QUERY PLAN`` / ``EXPLAIN``) on
-stderr.
+the fastest wall-clock time of ``--repeat`` reads (ms), after a warm-up read, and the
+median CPU time of the reading thread (``cpu_ms``: SQLite's whole work, PostgreSQL's
+client side only); ``--explain`` prints each statement's plan (``EXPLAIN QUERY PLAN``
+/ ``EXPLAIN (ANALYZE)``, with PostgreSQL's JIT compilation time) on stderr.
 
     .venv/bin/python benchmarks/bench_listing.py --db sqlite --sessions 10000 --epochs 3
 """
@@ -85,13 +87,15 @@ def _check(rows: list[SessionRow], epochs: int, records: int) -> None:
 
 def _time(fn: Callable[[], object], repeat: int) -> dict[str, float]:
     fn()
-    laps = []
+    laps, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         fn()
         laps.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     return {"median_ms": round(statistics.median(laps) * 1e3, 3),
-            "min_ms": round(min(laps) * 1e3, 3)}  # fmt: skip
+            "min_ms": round(min(laps) * 1e3, 3),
+            "cpu_ms": round(statistics.median(cpu) * 1e3, 3)}  # fmt: skip
 
 
 def _statement(store: Store, where: str, tail: str) -> str:
@@ -99,7 +103,14 @@ def _statement(store: Store, where: str, tail: str) -> str:
     build = getattr(store, "_select_sessions", None)
     if build is not None:
         return str(build(where, tail))
-    return f"{store_module._SELECT_SESSIONS} WHERE {where} {tail}"
+    # A tree before this method: one query text, the WHERE clause appended.
+    return f"{vars(store_module)['_SELECT_SESSIONS']} WHERE {where} {tail}"
+
+
+def _fetch(store: Store, sql: str) -> None:
+    """The statement's rows fetched as the store fetches them, not made SessionRows."""
+    with store._lock:
+        store._db.execute(sql).fetchall()
 
 
 def _explain(url: str, statements: dict[str, tuple[str, list[Any]]]) -> None:
@@ -109,7 +120,7 @@ def _explain(url: str, statements: dict[str, tuple[str, list[Any]]]) -> None:
 
             with psycopg.connect(url, autocommit=True) as db:
                 text = sql.replace("?", "%s")
-                plan = [r[0] for r in db.execute("EXPLAIN " + text, params).fetchall()]
+                plan = [r[0] for r in db.execute("EXPLAIN (ANALYZE) " + text, params).fetchall()]
         else:
             import sqlite3  # noqa: PLC0415
 
@@ -129,6 +140,7 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         with psycopg.connect(url, autocommit=True) as db:
             db.execute("ANALYZE")
     _check(store.sessions(), args.epochs, args.records)
+    listing = _statement(store, "state != 'destroyed'", "ORDER BY id")
     rng = random.Random(1)
     named = rng.sample(names, 256)
     out: dict[str, Any] = {
@@ -142,6 +154,7 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "session(name)": _time(lambda: store.session(rng.choice(names)), args.repeat * 20),
         "sessions_named(256)": _time(lambda: store.sessions_named(named), args.repeat * 4),
         "sessions_of(sender)": _time(lambda: store.sessions_of("s0"), args.repeat * 4),
+        "sessions() SQL only": _time(lambda: _fetch(store, listing), args.repeat),
     }
     store.close()
     if args.explain:
