@@ -42,7 +42,6 @@ from sixlab.controller.store import (
     RESYNC,
     SCHEMA_VERSION,
     SESSION_COLUMNS_DROPPED,
-    SESSION_TOTALS,
     Counters,
     Storage,
     Store,
@@ -50,6 +49,7 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     _Cursor,
     _Db,
+    _session_totals,
     _sessions_query,
 )
 
@@ -321,16 +321,19 @@ class PostgresStore(Store):
     _now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)"
     _row_lock_sql = " FOR UPDATE"
     _share_lock_sql = " FOR SHARE"
-    # Each session's epochs aggregated by a LATERAL subquery: an index scan of the
-    # session's rows of ``epochs`` per session, where a join grouped by session may be
-    # planned as a scan of every epoch ever kept (destroyed sessions' too).
+    # SUM of BIGINT is an exact NUMERIC: saturated before the cast (LEAST would turn NULL
+    # into the limit). Each session's epochs aggregated by a LATERAL subquery: an index
+    # scan of the session's rows of ``epochs`` per session, where a join grouped by
+    # session may be planned as a scan of every epoch ever kept (destroyed sessions' too).
     _sessions_sql = _sessions_query(
-        [f"t.c{i}" for i in range(len(SESSION_TOTALS))],
-        " CROSS JOIN LATERAL (SELECT " + ", ".join(SESSION_TOTALS)  # noqa: S608
+        [f"t.c{i}" for i in range(7)],
+        " CROSS JOIN LATERAL (SELECT " + ", ".join(_session_totals(  # noqa: S608
+            "CAST(CASE WHEN SUM({0}) > 9223372036854775807 THEN 9223372036854775807"
+            " ELSE SUM({0}) END AS BIGINT)"
+        ))
         + " FROM epochs e WHERE e.session_id = sessions.id) AS t("
-        + ", ".join(f"c{i}" for i in range(len(SESSION_TOTALS))) + ")",
+        + ", ".join(f"c{i}" for i in range(7)) + ")",
     )  # fmt: skip
-    _sessions_group = ""
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:

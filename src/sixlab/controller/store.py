@@ -71,6 +71,7 @@ from sixlab.controller.rollup import (
     MinuteRollup,
     fold_columns,
     roll_up_columns,
+    saturate,
 )
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -283,21 +284,27 @@ CREATE UNIQUE INDEX IF NOT EXISTS epochs_unexpired ON epochs(session_id, epoch)
 #: the ``schema_version`` table); older databases are migrated on open.
 SCHEMA_VERSION = 7
 
+
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
 #: session's cursor is the ``top`` of its current epoch's row (0 before it has one), its
 #: totals the sums over its epochs' counters: read, never stored, so that a batch of
 #: results writes its epoch's row alone (docs/architecture.md, "The store"). The seven
 #: are read in one pass over the session's epochs (``e``), not a subquery each (seven
 #: index searches per session: docs/architecture.md, "Reading sessions").
-SESSION_TOTALS = (
-    "COALESCE(MAX(CASE WHEN e.epoch = sessions.epoch THEN e.top END), 0)",
-    "COALESCE(CAST(SUM(e.sent) AS BIGINT), 0)",
-    "COALESCE(CAST(SUM(e.lost) AS BIGINT), 0)",
-    "CAST(SUM(e.forward_lost) AS BIGINT)",
-    "COALESCE(CAST(SUM(e.overflow) AS BIGINT), 0)",
-    "CAST(SUM(e.unclassified_lost) AS BIGINT)",
-    "COALESCE(CAST(SUM(e.ssid_zero) AS BIGINT), 0)",
-)
+def _session_totals(total: str) -> tuple[str, ...]:
+    """The seven values of a session row read from its epochs (``e``), as aggregates:
+    the cursor, then the totals, each epoch sum written as ``total`` (a template of its
+    column, ``{}``: the sum saturated at 2^63 − 1, NULL for no value, as ``SUM``)."""
+
+    def summed(column: str, *, zero: bool = True) -> str:
+        value = total.format(f"e.{column}")
+        return f"COALESCE({value}, 0)" if zero else value
+
+    return (
+        "COALESCE(MAX(CASE WHEN e.epoch = sessions.epoch THEN e.top END), 0)",
+        summed("sent"), summed("lost"), summed("forward_lost", zero=False),
+        summed("overflow"), summed("unclassified_lost", zero=False), summed("ssid_zero"),
+    )  # fmt: skip
 
 
 def _sessions_query(totals: Sequence[str], joined: str) -> str:
@@ -586,13 +593,11 @@ class Store(ABC):
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
-    #: The session rows' query (``_sessions_query``) and what follows its WHERE clause:
-    #: here each session's epochs joined and grouped by session (a nested loop over the
-    #: primary key of ``epochs``, the way SQLite plans it).
-    _sessions_sql: ClassVar[str] = _sessions_query(
-        SESSION_TOTALS, " LEFT JOIN epochs e ON e.session_id = sessions.id"
-    )
-    _sessions_group: ClassVar[str] = " GROUP BY sessions.id"
+    #: The session rows' query (``_sessions_query``) and what follows its WHERE clause.
+    #: Their totals are sums over the epochs, each of which may be a counter saturated
+    #: at 2^63 − 1 (``core._counters``): summed without failing, saturated again.
+    _sessions_sql: ClassVar[str]
+    _sessions_group: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self._handlers: list[NoticeHandler] = []
@@ -1870,6 +1875,14 @@ class SqliteStore(Store):
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
+    # SQLite's SUM fails past int64 ("integer overflow"); TOTAL sums as a float (exact
+    # below 2^53), and CAST saturates a float past the range. Each session's epochs are
+    # joined and grouped by session: a nested loop over the primary key of ``epochs``.
+    _sessions_sql = _sessions_query(
+        _session_totals("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END"),
+        " LEFT JOIN epochs e ON e.session_id = sessions.id",
+    )
+    _sessions_group = " GROUP BY sessions.id"
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -2074,16 +2087,21 @@ def _result(r: Sequence[Any]) -> StampResult:
 
 
 def _rollup_row(session_id: int, epoch: int, m: MinuteRollup) -> tuple[Any, ...]:
+    """The stored row of a rollup: each value saturated at the columns' 64-bit limits
+    (``rollup.saturate``: an error bound past 2^63 ns is stored as "at least" that)."""
     values: list[Any] = [session_id, epoch, m.minute_ns, m.count, m.lost]
     for d in DIRECTIONS:
         s = m.directions[d]
         if s.count:
-            values += [s.min_ns, round(s.sum_ns / s.count), s.percentile(50), s.percentile(99),
-                       s.max_ns, s.sum_ns, s.hist.to_bytes()]  # fmt: skip
+            values += [saturate(s.min_ns), saturate(round(s.sum_ns / s.count)),
+                       saturate(s.percentile(50)), saturate(s.percentile(99)),
+                       saturate(s.max_ns), saturate(s.sum_ns), s.hist.to_bytes()]  # fmt: skip
         else:
             values += [None] * 7
-    values += [m.ipdv_sum_abs["direct"], m.ipdv_pairs["direct"], m.ipdv_sum_abs["return"],
-               m.ipdv_pairs["return"], m.max_error_ns, m.last_record]  # fmt: skip
+    error = None if m.max_error_ns is None else saturate(m.max_error_ns)
+    values += [saturate(m.ipdv_sum_abs["direct"]), m.ipdv_pairs["direct"],
+               saturate(m.ipdv_sum_abs["return"]), m.ipdv_pairs["return"], error,
+               m.last_record]  # fmt: skip
     return tuple(values)
 
 
