@@ -103,8 +103,10 @@ def _statement(store: Store, where: str, tail: str) -> str:
     build = getattr(store, "_select_sessions", None)
     if build is not None:
         return str(build(where, tail))
-    # A tree before this method: one query text, the WHERE clause appended.
-    return f"{vars(store_module)['_SELECT_SESSIONS']} WHERE {where} {tail}"
+    # A tree before this method: one query text (the store's own, or the module's),
+    # the WHERE clause appended.
+    select = getattr(store, "_sessions_sql", None) or vars(store_module)["_SELECT_SESSIONS"]
+    return f"{select} WHERE {where} {tail}"
 
 
 def _fetch(store: Store, sql: str) -> None:
