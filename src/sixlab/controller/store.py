@@ -2101,76 +2101,81 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 def _migrate(db: sqlite3.Connection) -> None:
     """Create the schema in a new file, or bring an older file's up to SCHEMA_VERSION."""
-    version: int = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
-        )
-    existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
     # Rebuilding a table drops the one its results refer to: no foreign key checks
     # until the migration is done (the pragma is a no-op inside a transaction).
     db.execute("PRAGMA foreign_keys=OFF")
     db.execute("BEGIN IMMEDIATE")
     try:
-        if existing is not None and version < 1:
-            _migrate_0_to_1(db)
-        if existing is not None and version < 2:
-            _migrate_1_to_2(db)
-        # One statement at a time: executescript would commit the transaction first.
-        for statement in _statements(SCHEMA):
-            db.execute(statement)
-        for table, column, kind in (
-            ("epochs", "unclassified_lost", "INTEGER"),
-            ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
-            ("sessions", "claimed_by", "TEXT"),
-            ("sessions", "restart_reason", "TEXT"),
-        ):
-            if column not in _columns(db, table):
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-        have = _columns(db, "epochs")
-        for column in ("top", "rolled", "expired"):
-            if column not in have:
-                db.execute(f"ALTER TABLE epochs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
-        if "rolled_seq" not in have:
-            db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
-            extra = "".join(
-                f", {c}"
-                for c in ("unclassified_lost", "ssid_zero")
-                if c in _columns(db, "epochs_v0")
-            )
-            db.execute(
-                "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"  # noqa: S608 - column names of the file's schema
-                f" lost, forward_lost, overflow{extra}) SELECT id, epoch, created_ns,"
-                " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
-                " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
-                f" sent, lost, forward_lost, overflow{extra} FROM epochs_v0"
-                " WHERE state != 'created'"
-            )
-            db.execute(
-                "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
-                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
-            )
-            db.execute("DROP TABLE epochs_v0")
-        if version < 3:
-            db.execute(
-                "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
-                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
-            )
-        if "cursor" in _columns(db, "sessions"):
-            for statement in MIGRATE_CURSOR:
-                db.execute(statement)
-        for column in SESSION_COLUMNS_DROPPED:
-            if column in _columns(db, "sessions"):
-                db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
-        _check_references(db)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        _migrate_locked(db)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
     finally:
         db.execute("PRAGMA foreign_keys=ON")
+
+
+def _migrate_locked(db: sqlite3.Connection) -> None:
+    """``_migrate``'s steps, in its transaction. The version is read under the write
+    lock: replicas opening one file at once migrate it once, the later ones finding it
+    done."""
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
+        )
+    existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
+    if existing is not None and version < 1:
+        _migrate_0_to_1(db)
+    if existing is not None and version < 2:
+        _migrate_1_to_2(db)
+    # One statement at a time: executescript would commit the transaction first.
+    for statement in _statements(SCHEMA):
+        db.execute(statement)
+    for table, column, kind in (
+        ("epochs", "unclassified_lost", "INTEGER"),
+        ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
+        ("sessions", "claimed_by", "TEXT"),
+        ("sessions", "restart_reason", "TEXT"),
+    ):
+        if column not in _columns(db, table):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    have = _columns(db, "epochs")
+    for column in ("top", "rolled", "expired"):
+        if column not in have:
+            db.execute(f"ALTER TABLE epochs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+    if "rolled_seq" not in have:
+        db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
+        extra = "".join(
+            f", {c}" for c in ("unclassified_lost", "ssid_zero") if c in _columns(db, "epochs_v0")
+        )
+        db.execute(
+            "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"  # noqa: S608 - column names of the file's schema
+            f" lost, forward_lost, overflow{extra}) SELECT id, epoch, created_ns,"
+            " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
+            " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
+            f" sent, lost, forward_lost, overflow{extra} FROM epochs_v0"
+            " WHERE state != 'created'"
+        )
+        db.execute(
+            "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
+            " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
+        )
+        db.execute("DROP TABLE epochs_v0")
+    if version < 3:
+        db.execute(
+            "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
+            " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
+        )
+    if "cursor" in _columns(db, "sessions"):
+        for statement in MIGRATE_CURSOR:
+            db.execute(statement)
+    for column in SESSION_COLUMNS_DROPPED:
+        if column in _columns(db, "sessions"):
+            db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
+    _check_references(db)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 #: Version 6 and older kept each session's cursor and totals in its ``sessions`` row,
