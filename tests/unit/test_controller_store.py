@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,35 @@ def test_two_processes_opening_an_old_file_at_once_migrate_it_once(
                 s.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_write_waits_out_another_processs_transaction_longer_than_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    """Replicas on one SQLite file queue for its write lock: a heartbeat waiting on
+    another replica's long transaction (a big batch on a loaded machine) is not failed
+    by SQLite's busy timeout (5 s) with "database is locked"."""
+    path = tmp_path / "c.sqlite"
+    a, b = SqliteStore(path), SqliteStore(path)  # two connections, as two processes have
+    holding = threading.Event()
+
+    def hold() -> None:
+        with a._transaction() as db:
+            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+            holding.set()
+            time.sleep(6)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert holding.wait(10)
+        state = b.lease_tick("B", {"sender": ["s1"]}, 5_000_000_000)
+        assert state.owned == {"s1"}
+        assert b.node("s1").name == "s1"  # it waited for a's commit
+    finally:
+        t.join()
+        a.close()
+        b.close()
 
 
 def test_survives_reopen(tmp_path: Path) -> None:

@@ -48,8 +48,10 @@ The schema is created, or migrated from an older version, on open.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -1868,6 +1870,14 @@ class SqliteStore(Store):
             self._conn.execute("PRAGMA wal_autocheckpoint=16384")
             _migrate(self._conn)
 
+        #: Writers of this file in other processes (controller replicas on one host)
+        #: queue for its write lock on this file beside it (``flock``), each woken as
+        #: the holder lets go. SQLite's own wait for the lock (the busy timeout) polls,
+        #: sleeping up to 100 ms between tries: a process whose transactions follow one
+        #: another closely would keep the lock from the other nearly always.
+        self._writers: int | None = None
+        if self.path not in ("", ":memory:"):
+            self._writers = os.open(self.path + "-writer", os.O_RDWR | os.O_CREAT, 0o600)
         #: A connection of the roll-up pass's reads alone (``_read_unrolled``), opened
         #: at its first: in WAL mode it reads beside the writer, so that collection does
         #: not wait on the store's lock while a pass reads (and the GIL is free while
@@ -1882,6 +1892,9 @@ class SqliteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._writers is not None:
+                os.close(self._writers)
+                self._writers = None
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
@@ -1899,7 +1912,7 @@ class SqliteStore(Store):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:
-        with self._lock:
+        with self._lock, self._queued():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -1907,6 +1920,18 @@ class SqliteStore(Store):
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _queued(self) -> Iterator[None]:
+        """Hold the file's writer lock (``_writers``) for a write transaction."""
+        if self._writers is None:
+            yield
+            return
+        fcntl.flock(self._writers, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._writers, fcntl.LOCK_UN)
 
     def _constraint(self, exc: Exception) -> str:
         # The extended result code tells the constraints apart.
