@@ -1846,7 +1846,8 @@ class ConcurrentPassError(StoreError):
 
 class SqliteStore(Store):
     """One SQLite file in WAL mode: one connection, serialised; readers (a CLI) may run
-    beside the one writer."""
+    beside the one writer. Replicas in several processes of one host share the file,
+    their write transactions queued on its writer lock (``_writers``)."""
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
