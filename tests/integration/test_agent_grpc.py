@@ -133,6 +133,27 @@ def _check_records(records: list[pb.StampResult], ssid: int) -> None:
     assert (COUNT - 1) * INTERVAL_NS * 0.8 <= span < 10 * (COUNT - 1) * INTERVAL_NS
 
 
+def test_a_truncated_test_packet_is_counted_by_the_agent_and_not_reflected(pair: Pair) -> None:
+    """A datagram longer than the data plane's receive buffer (9,000 bytes) reaches the
+    reflector agent cut: GetCounters reports it in the engine's ``truncated``, and the
+    reflector core never saw it."""
+    pair.reflector.create_reflector_session(ReflectorSession(12))
+    pair.reflector.start_session(12)
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as client:
+        client.bind(("::1", 0))
+        head = (1).to_bytes(4) + bytes(8) + (0x0101).to_bytes(2) + (12).to_bytes(2) + bytes(28)
+        client.sendto(head + bytes(9100), ("::1", pair.reflector_port))
+        deadline = time.monotonic() + 5.0
+        while pair.reflector.counters().engine.truncated == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(65536)
+    counters = pair.reflector.counters()
+    assert (counters.engine.received, counters.engine.truncated) == (1, 1)
+    assert (counters.reflector.received, counters.reflector.reflected) == (0, 0)
+
+
 def test_poll_results_stateless(pair: Pair) -> None:
     pair.reflector.create_reflector_session(ReflectorSession(11))
     pair.reflector.start_session(11)

@@ -8,12 +8,19 @@ from hypothesis import strategies as st
 
 from sixlab.controller.rollup import (
     ALPHA,
+    I64_MAX,
+    I64_MIN,
     MINUTE_NS,
+    ROW_COLUMNS,
     DelayHistogram,
     MinuteRollup,
+    fold_columns,
     merged_stats,
     roll_up,
+    roll_up_columns,
+    saturate,
 )
+from sixlab.controller.store import _rollup, _rollup_row
 from sixlab.stamp import StampResult
 from sixlab.stamp.stats import path_stats
 from sixlab.wire.timestamp import ErrorEstimate
@@ -124,3 +131,76 @@ def test_jitter_is_the_mean_absolute_ipdv_of_consecutive_seqs() -> None:
     exact = path_stats([r for _, r in recs])
     assert stats.direct_jitter_ns == exact.direct_jitter_ns == 25
     assert stats.return_jitter_ns == exact.return_jitter_ns == 50
+
+
+# -- values past the stores' 64-bit columns --------------------------------------------
+
+#: 255 × 2^(57−32) s each (RFC 4656 §4.1.2), about 8.6e18 ns: together past 2^63 ns.
+HUGE = ErrorEstimate(scale=57, multiplier=255)
+LARGEST = ErrorEstimate(scale=63, multiplier=255)
+
+
+def _columns(recs: list[tuple[int, StampResult]]) -> list[list[int]]:
+    """``fold_columns``' ten columns of one session's epoch-0 records."""
+    return [list(c) for c in zip(*[(1, 0, rid, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns,
+                                    r.sender_error.to_int(), r.reflector_error.to_int())
+                                   for rid, r in recs], strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sender", "reflector"), [(HUGE, HUGE), (EE, LARGEST), (LARGEST, LARGEST)])
+def test_an_error_bound_past_int64_is_kept_exact_and_stored_saturated(
+    sender: ErrorEstimate, reflector: ErrorEstimate
+) -> None:
+    recs = [(k + 1, StampResult(0, k, T0 + k * 10**9, T0 + k * 10**9 + 100, T0 + k * 10**9 + 150,
+                                T0 + k * 10**9 + 300, sender if k else EE, reflector if k else EE,
+                                64, k))
+            for k in range(3)]  # fmt: skip
+    bound = recs[1][1].error_bound_ns
+    assert bound > I64_MAX
+    minutes, _ = roll_up(recs, None)
+    (m,) = minutes.values()
+    assert m.max_error_ns == bound  # exact in memory
+    row = _rollup_row(1, 0, m)
+    assert row[ROW_COLUMNS.index("max_error_ns")] == I64_MAX  # "at least"
+    assert all(I64_MIN <= v <= I64_MAX for v in row if isinstance(v, int))
+    # The arrays' rows are the reference's, fresh and merged with a stored row.
+    fold = fold_columns(_columns(recs), {})
+    assert fold is not None
+    assert fold.rows([]) == [row]
+    stored = _rollup_row(1, 0, roll_up(recs[:1], None)[0][T0])
+    again = fold_columns(_columns(recs[1:]), {(1, 0): 0})
+    assert again is not None
+    merged = again.rows([stored])
+    assert merged is not None
+    assert merged[0][ROW_COLUMNS.index("max_error_ns")] == I64_MAX
+    # Read back, merged, as stats: the saturated bound.
+    assert merged_stats([_rollup(row)]).max_error_bound_ns == I64_MAX
+
+
+def test_delays_and_sums_past_int64_are_stored_saturated() -> None:
+    """Timestamps the columns hold (below 2^63) whose delays, sums and IPDVs do not:
+    T2 and T3 at the column's limit, T1 and T4 near 0 (clocks not set)."""
+    far = I64_MAX
+    recs = [(k + 1, StampResult(0, k, k, far - k, far - k, 2 * k + 1, EE, EE, 64, k))
+            for k in range(4)]  # fmt: skip
+    minutes, _ = roll_up(recs, None)
+    (m,) = minutes.values()
+    assert m.directions["direct"].sum_ns > I64_MAX
+    assert m.directions["return"].sum_ns < I64_MIN
+    row = dict(zip(ROW_COLUMNS, _rollup_row(1, 0, m), strict=True))
+    assert row["direct_sum"] == I64_MAX
+    assert row["return_sum"] == I64_MIN
+    assert (row["direct_min"], row["direct_max"]) == (far - 6, far)  # in range: exact
+    assert all(I64_MIN <= v <= I64_MAX for v in row.values() if isinstance(v, int))
+    # The arrays leave such values to the reference: the same row.
+    assert roll_up_columns(_columns(recs), {})[0] == {(1, 0, 0): m}
+    # Stored and merged with more: still saturated, never failing.
+    total = _rollup(tuple(row.values()))
+    total.merge(m)
+    assert _rollup_row(1, 0, total)[ROW_COLUMNS.index("direct_sum")] == I64_MAX
+
+
+def test_saturate_keeps_values_in_range_and_clamps_the_rest() -> None:
+    assert [saturate(v) for v in (0, -5, I64_MAX, I64_MIN, 2**63, -(2**63) - 1, 2**80)] == [
+        0, -5, I64_MAX, I64_MIN, I64_MAX, I64_MIN, I64_MAX
+    ]  # fmt: skip

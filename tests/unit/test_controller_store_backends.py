@@ -17,9 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 
+import sixlab.controller.core as core
 import sixlab.controller.rollup as rollup_module
 import sixlab.controller.store as store_module
 from sixlab.controller.events import EventKind, EventState, SessionEvent
+from sixlab.controller.housekeeping import Housekeeper, Retention
 from sixlab.controller.pgstore import _STEPS, PostgresStore, _PgDb
 from sixlab.controller.pgstore import SCHEMA as PG_SCHEMA
 from sixlab.controller.rollup import MINUTE_NS, Fold, merged_stats
@@ -37,6 +39,7 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     open_store,
 )
+from sixlab.southbound import stamp_pb2 as pb
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.stamp.stats import path_stats
 from sixlab.wire.timestamp import ErrorEstimate
@@ -860,10 +863,12 @@ def test_sqlite_a_sessions_row_and_events_are_read_through_indexes(tmp_path: Pat
 def test_postgresql_a_sessions_row_and_events_are_read_through_indexes(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """The same statements (PostgreSQL runs the same text), explained by PostgreSQL on
-    tables of 5,000 sessions and 5,000 events, analysed: no sequential scan of either."""
+    """The same statements (PostgreSQL runs the same text, but for the sums of the
+    sessions' totals), explained by PostgreSQL on tables of 5,000 sessions and 5,000
+    events, analysed: no sequential scan of either."""
     sqlite = SqliteStore(tmp_path / "c.sqlite")
-    statements = [sql for sql, _ in _per_session_statements(sqlite)]
+    statements = [sql.replace(SqliteStore._sessions_sql, PostgresStore._sessions_sql)
+                  for sql, _ in _per_session_statements(sqlite)]  # fmt: skip
     sqlite.close()
     store = open_store(pg_url)
     try:
@@ -990,13 +995,15 @@ _V6_INDEXES = {
 def test_postgresql_per_pass_statements_read_the_live_rows_only(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """The same statements, explained by PostgreSQL over analysed tables: 10 senders and
+    """The same statements (the sums of the sessions' totals in PostgreSQL's text),
+    explained by PostgreSQL over analysed tables: 10 senders and
     10 reflectors, 10,000 live sessions (ten stopping to restart) with new records since
     the last roll-up, and 20,000 destroyed ones rolled up and expired, one epoch each.
     The sessions and epochs are read through the passes' partial indexes (or one epoch
     by its key): no sequential scan, and no index of every session ever kept."""
     sqlite = SqliteStore(tmp_path / "c.sqlite")
-    statements = [sql for sql, _ in _per_pass_statements(sqlite)]
+    statements = [sql.replace(SqliteStore._sessions_sql, PostgresStore._sessions_sql)
+                  for sql, _ in _per_pass_statements(sqlite)]  # fmt: skip
     sqlite.close()
     store = open_store(pg_url)
     try:
@@ -1148,3 +1155,87 @@ def test_postgresql_migrates_a_version_6_database_keeping_cursors_and_totals(
             assert dropped == []
     finally:
         store.close()
+
+
+# -- values past the 64-bit columns ------------------------------------------------------
+
+I64_MAX = 2**63 - 1
+#: 255 × 2^(57−32) s (RFC 4656 §4.1.2): two of them are past 2^63 ns.
+HUGE_EE = ErrorEstimate(scale=57, multiplier=255).to_int()
+
+
+def _api_record(rid: int, seq: int, ee: int = EE.to_int(), t2: int | None = None) -> pb.StampResult:
+    """An agent's record; ``t2``: the reflector's T2 and T3 (default: T1 + 100 ns)."""
+    t1 = T0 + seq * 10**9
+    t2 = t1 + 100 if t2 is None else t2
+    return pb.StampResult(seq=seq, t1_ns=t1, t2_ns=t2, t3_ns=t2, t4_ns=t1 + 300,
+                          sender_error_estimate=ee, reflector_error_estimate=ee,
+                          ses_sender_ttl=64, reflector_seq=seq, record_id=rid)  # fmt: skip
+
+
+def test_a_rollup_with_an_error_bound_past_int64_is_stored_and_later_passes_run(
+    store: Store,
+) -> None:
+    """A record whose Error Estimates (Scale 57, Multiplier 255 each) bound its error
+    beyond 2^63 ns: the pass stores the minute's bound as 2^63 − 1 ("at least"), by the
+    arrays and by the reference merge alike, and the next passes run."""
+    (sid,) = _sessions(store, 1)
+    huge = ErrorEstimate.from_int(HUGE_EE)
+    assert store.store_results(sid, [(1, replace(_r(0), sender_error=huge, reflector_error=huge)),
+                                     (2, _r(1))]) == 2  # fmt: skip
+    assert store.roll_up() == 2
+    store.store_results(sid, [(3, _r(2)), (4, replace(_r(3), reflector_error=huge))])
+    assert store.roll_up() == 2
+    assert store.roll_up() == 0
+    ((_, minute),) = store.rollups(sid)
+    assert (minute.count, minute.max_error_ns) == (4, I64_MAX)
+
+
+def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_after_pass(
+    store: Store,
+) -> None:
+    """Records as collection builds them from an agent's messages (``core._batch``): an
+    Error Estimate whose bound is past 2^63 ns, timestamps and counters past what a
+    64-bit column holds. They are stored (saturated: "at least"), the housekeeping
+    pass rolls them up, and later passes go on rolling up this session and another."""
+    a, b = _sessions(store, 2)
+    row_a, row_b = store.session("p0"), store.session("p1")
+    u64 = 2**64 - 1
+    counters = pb.SessionCounters(sent=u64, lost=u64 - 1, overflow=u64, schedule_late_ns_total=u64,
+                                  schedule_late_ns_max=u64, schedule_skipped=u64)  # fmt: skip
+    # A reflector whose clock reads past 2^64 ns (not set): delays of ~7.5e18 ns, two of
+    # them a sum past 2^63.
+    records = [_api_record(1, 0, HUGE_EE), _api_record(2, 1, t2=u64),
+               _api_record(3, 2, t2=u64 - 9)]  # fmt: skip
+    records[0].data.s_txc, records[0].data.s_rxc = 7, u64
+    housekeeper = Housekeeper(store, Retention(duty=1.0))
+    assert store.store_many([core._batch(row_a, records, counters)], now_ns=1) == [3]
+    assert housekeeper.run_once() == (3, 0, 0)
+    minutes = {m.minute_ns: m for _, m in store.rollups(a)}
+    assert minutes[T0].max_error_ns == I64_MAX
+    assert minutes[T0].directions["direct"].sum_ns == I64_MAX
+    assert minutes[T0].directions["direct"].max_ns == I64_MAX - T0 - 10**9
+    stored = {r.seq: r for r in store.results(a)}
+    assert (stored[1].t2_ns, stored[2].t3_ns) == (I64_MAX, I64_MAX)  # no clock gives it
+    assert stored[0].data is not None
+    assert stored[0].data.s_rxc == I64_MAX
+    # Later passes: more records of both sessions, into the minute already stored.
+    more = [_api_record(4, 3, HUGE_EE), _api_record(5, 4)]
+    assert store.store_many(
+        [core._batch(row_a, more, None), core._batch(row_b, [_api_record(1, 0)], None)], now_ns=2
+    ) == [2, 1]
+    assert housekeeper.run_once() == (3, 0, 0)
+    minutes = {m.minute_ns: m for _, m in store.rollups(a)}
+    assert minutes[T0].count == 5
+    assert minutes[T0].max_error_ns == I64_MAX
+    assert merged_stats(list(minutes.values())).max_error_bound_ns == I64_MAX
+    assert [m.count for _, m in store.rollups(b)] == [1]
+    assert housekeeper.run_once() == (0, 0, 0)
+    # The counters of two epochs, each saturated: the session's totals, saturated too.
+    assert store.session("p0").sent == I64_MAX
+    store.begin_epoch("p0", 3)
+    store.store_many([core._batch(store.session("p0"), [_api_record(1, 0)], counters)], now_ns=4)
+    s = store.session("p0")
+    assert (s.sent, s.lost, s.overflow, s.forward_lost) == (I64_MAX, I64_MAX, I64_MAX, None)
+    assert [e.late_ns_max for e in store.epochs(a)] == [I64_MAX, I64_MAX]
+    assert housekeeper.run_once()[0] == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -915,3 +916,37 @@ def test_a_realtime_priority_out_of_range_is_refused(priority: int) -> None:
     plane = MemoryNetwork().plane(DataplaneConfig(port=0, source=S_ADDR))
     with pytest.raises(ValueError, match="realtime_priority"):
         SenderEngine(plane, realtime_priority=priority)
+
+
+def test_a_truncated_test_packet_is_counted_and_never_reflected() -> None:
+    """A test packet longer than the socket plane's receive buffer (9,000 bytes) comes
+    cut by the kernel: the reflector engine counts it ``truncated`` and its core never
+    sees it (it would answer the cut packet as if it were whole); a whole one is
+    answered."""
+    plane = create("socket", DataplaneConfig(port=0))
+    plane.open()
+    reflector = Reflector(ReflectorSessionConfig(None))  # answers every SSID
+    engine = ReflectorEngine(plane, reflector)
+    engine.start()
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.bind(("::1", 0))
+    client.settimeout(1.0)
+    try:
+        to = ("::1", plane.local_port)
+        test = wire.SENDER_UNAUTH.pack(5, 0, 0x0101, 9)
+        client.sendto(test + bytes(9100), to)
+        client.sendto(test, to)
+        reply = client.recv(65536)
+        assert len(reply) == wire.UNAUTH_PACKET_SIZE  # the whole one's, not the cut one's
+        time.sleep(0.1)
+        client.settimeout(0.0)
+        with pytest.raises(BlockingIOError):
+            client.recv(65536)
+        with engine.lock:
+            assert (engine.counters.received, engine.counters.truncated) == (2, 1)
+            assert (reflector.counters.received, reflector.counters.reflected) == (1, 1)
+        assert engine.error is None
+    finally:
+        client.close()
+        engine.shutdown()
+        plane.close()

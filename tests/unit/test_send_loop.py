@@ -891,3 +891,51 @@ def test_the_loop_sends_while_the_engine_files_a_long_batch(scripted: ScriptedRe
     finally:
         engine.shutdown()
         dp.close()
+
+
+#: The sender's receive paths: the run loop holding the session (on the engine's thread
+#: or its own), recvmmsg in C without it, and the socket plane's recvmsg in Python.
+PATHS = pytest.mark.parametrize(
+    ("compiled", "loop", "thread"),
+    [(True, True, False), (True, True, True), (True, False, False), (False, False, False)],
+    ids=["loop", "loop-thread", "recvmmsg", "python"],
+)
+
+
+@PATHS
+def test_a_truncated_datagram_is_counted_and_never_given_to_a_session(
+    scripted: ScriptedReflector, compiled: bool, loop: bool, thread: bool
+) -> None:
+    """Datagrams longer than the receive buffer (9,000 bytes) that start as replies of a
+    running session (Seq 3, answered: a duplicate; a Seq it never sent): cut by the
+    kernel, malformed, so counted ``truncated`` by the engine and seen by no session,
+    whichever path receives them and whether the run loop holds the session (whose
+    state on the core is then stale) or not. The session's counters are the script's."""
+    dp = create("socket", DataplaneConfig(port=0))
+    dp.open()
+    engine = SenderEngine(dp, compiled=compiled, compiled_loop=loop)
+    engine.loop_thread = thread
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        engine.add_session(_spec(30, scripted.port))
+        engine.start()
+        engine.start_session(30)
+        time.sleep(0.15)
+        with engine.lock:
+            held = engine._entries[30].loop_idx is not None
+        assert held is loop
+        for seq in (3, 999_999):
+            client.sendto(_reply(seq, 0, ssid=30) + bytes(9100), ("::1", dp.local_port))
+        time.sleep(0.15)
+        engine.stop_session(30)
+        assert engine.wait_finished(30, 5.0)
+        c = engine.snapshot(30).counters
+        assert c.duplicates == sum(1 for q in range(c.sent) if q % 10 == 3)
+        assert DropReason.UNKNOWN_SEQ not in c.dropped
+        assert engine.counters.truncated == 2
+        assert engine.counters.no_session == sum(1 for q in range(c.sent) if q % 10 == 7)
+        assert engine.error is None
+    finally:
+        client.close()
+        engine.shutdown()
+        dp.close()

@@ -100,7 +100,7 @@ from sixlab.controller.events import (
     window_sample,
 )
 from sixlab.controller.metrics import ControllerMetrics, NodeTotals, PathTotals, Totals
-from sixlab.controller.rollup import merged_stats, roll_up
+from sixlab.controller.rollup import I64_MAX, merged_stats, roll_up, saturate
 from sixlab.controller.store import (
     CHANGED,
     DESTROYED,
@@ -704,22 +704,30 @@ def _rows(sid: int, epoch: int, results: Sequence[pb.StampResult]) -> list[tuple
     messages: a controller stores tens of thousands a second, and a ``StampResult``
     (with two ``ErrorEstimate``) per record cost as much again as the row. The Error
     Estimates are stored as on the wire (RFC 8762 §4.1.1: 16 bits); a wider value is
-    refused as ``ErrorEstimate.from_int`` refuses it."""
+    refused as ``ErrorEstimate.from_int`` refuses it.
+
+    The API's timestamps and S_RxC are uint64, the columns signed 64-bit: a value past
+    2^63 − 1 (no STAMP timestamp converts to one: that is past the year 2262) is stored
+    saturated at it, "at least this" (``rollup.saturate``), rather than failing the
+    transaction of every session of the agent, again at each retry."""
     out: list[tuple[Any, ...]] = []
     append = out.append
     for r in results:
         ee_s, ee_r = r.sender_error_estimate, r.reflector_error_estimate
         if (ee_s | ee_r) > 0xFFFF:
             ErrorEstimate.from_int(max(ee_s, ee_r))  # raises InvalidFieldError
+        t1, t2, t3, t4 = r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns
+        if (t1 | t2 | t3 | t4) > I64_MAX:
+            t1, t2, t3, t4 = saturate(t1), saturate(t2), saturate(t3), saturate(t4)
         if r.HasField("data"):
             d = r.data
             data: tuple[int | None, ...] = (
-                d.s_txc, d.r_rxc, d.r_txc, d.s_rxc if d.HasField("s_rxc") else None,
+                d.s_txc, d.r_rxc, d.r_txc, saturate(d.s_rxc) if d.HasField("s_rxc") else None,
             )  # fmt: skip
         else:
             data = _NO_DATA
         append(
-            (sid, epoch, r.record_id, r.seq, r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns, ee_s, ee_r,
+            (sid, epoch, r.record_id, r.seq, t1, t2, t3, t4, ee_s, ee_r,
              r.ses_sender_ttl, r.reflector_seq,
              r.flow_label if r.HasField("flow_label") else None, int(r.loopback), *data)
         )  # fmt: skip
@@ -774,17 +782,19 @@ def _gather_rows(
 
 
 def _counters(counters: pb.SessionCounters) -> Counters:
-    """A sender's counters as the store takes them."""
+    """A sender's counters as the store takes them: each uint64 of the API saturated at
+    the columns' 2^63 − 1 ("at least this", ``rollup.saturate``)."""
+    c = counters
     return Counters(
-        counters.sent,
-        counters.lost,
-        counters.forward_lost if counters.HasField("forward_lost") else None,
-        counters.overflow,
-        counters.schedule_skipped,
-        counters.schedule_late_ns_total,
-        counters.schedule_late_ns_max,
-        counters.unclassified_lost if counters.HasField("unclassified_lost") else None,
-        counters.ssid_zero,
+        saturate(c.sent),
+        saturate(c.lost),
+        saturate(c.forward_lost) if c.HasField("forward_lost") else None,
+        saturate(c.overflow),
+        saturate(c.schedule_skipped),
+        saturate(c.schedule_late_ns_total),
+        saturate(c.schedule_late_ns_max),
+        saturate(c.unclassified_lost) if c.HasField("unclassified_lost") else None,
+        saturate(c.ssid_zero),
     )
 
 

@@ -49,6 +49,7 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     _Cursor,
     _Db,
+    _select_sessions,
 )
 
 __all__ = ["CHANNEL", "SCHEMA", "PostgresStore"]
@@ -319,6 +320,12 @@ class PostgresStore(Store):
     _now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)"
     _row_lock_sql = " FOR UPDATE"
     _share_lock_sql = " FOR SHARE"
+    # SUM of BIGINT is an exact NUMERIC: saturated before the cast (LEAST would turn NULL
+    # into the limit).
+    _sessions_sql = _select_sessions(
+        "CAST(CASE WHEN SUM({0}) > 9223372036854775807 THEN 9223372036854775807"
+        " ELSE SUM({0}) END AS BIGINT)"
+    )
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:

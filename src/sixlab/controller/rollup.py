@@ -25,6 +25,15 @@ totals; rollups say in which minute the loss happened.
 
 IPDV (RFC 3393 §4.1: consecutive Seqs that both arrived) is summed over pairs inside one
 rollup pass; a pair split across two passes is not counted.
+
+Stored rows hold signed 64-bit integers (both stores' columns). A value of a row that
+does not fit is stored saturated at the column's limit (``saturate``), which then reads
+"at least this" (or "at most" at the negative limit): an error bound can claim up to
+2 × 255 × 2^31 s (a Multiplier of 255 at Scale 63, RFC 4656 §4.1.2, in each of the two
+Error Estimates of RFC 8762 §4.1.1), past 2^63 ns from Scale 57 on, which means an
+unknown, unbounded error; delays, their sums and IPDVs leave the range only with
+timestamps decades apart (clocks that are not set). A mean computed from a saturated
+sum is likewise a bound, not the mean.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from sixlab.wire.timestamp import ErrorEstimate
 __all__ = [
     "ALPHA",
     "DIRECTIONS",
+    "I64_MAX",
+    "I64_MIN",
     "MINUTE_NS",
     "ROW_COLUMNS",
     "DelayHistogram",
@@ -56,6 +67,7 @@ __all__ = [
     "merged_stats",
     "roll_up",
     "roll_up_columns",
+    "saturate",
 ]
 
 #: The histogram's relative accuracy: a percentile read from it is within 1 % of a
@@ -74,6 +86,16 @@ ROW_COLUMNS = (
     "direct_ipdv_abs", "direct_ipdv_pairs", "return_ipdv_abs", "return_ipdv_pairs",
     "max_error_ns", "last_record",
 )  # fmt: skip
+
+
+#: The limits of a stored integer (SQLite INTEGER, PostgreSQL BIGINT).
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+
+def saturate(value: int) -> int:
+    """``value`` inside the signed 64-bit range, at its limit if beyond: what a stored
+    row holds of it ("at least"/"at most" at a limit; module docstring)."""
+    return I64_MIN if value < I64_MIN else I64_MAX if value > I64_MAX else value
 
 
 def _bucket(value: int) -> int:
@@ -353,9 +375,12 @@ def roll_up_columns(
 def _roll_up_each(
     columns: Sequence[Sequence[int]], highest_seq: Mapping[tuple[int, int], int | None]
 ) -> tuple[dict[tuple[int, int, int], MinuteRollup], dict[tuple[int, int], int | None]]:
-    """``roll_up_columns`` by ``roll_up`` (values too large for int64 sums)."""
+    """``roll_up_columns`` by ``roll_up`` (values too large for int64 sums), on Python
+    ints: columns given as NumPy arrays would make each delay, sum and error bound an
+    int64 that wraps around."""
+    ints = [c.tolist() if isinstance(c, np.ndarray) else c for c in columns]
     groups: dict[tuple[int, int], list[tuple[int, StampResult]]] = {}
-    for sid, ep, rid, seq, t1, t2, t3, t4, se, re in zip(*columns, strict=True):
+    for sid, ep, rid, seq, t1, t2, t3, t4, se, re in zip(*ints, strict=True):
         r = StampResult(0, seq, t1, t2, t3, t4, ErrorEstimate.from_int(se),
                         ErrorEstimate.from_int(re), 0, 0)  # fmt: skip
         groups.setdefault((sid, ep), []).append((rid, r))
@@ -511,8 +536,9 @@ class Fold:
                         for rank in (_rank(50, n_dir), _rank(99, n_dir)))  # fmt: skip
             out += [d.min.tolist(), _means(d.sum, n_dir), p50, p99, d.max.tolist(),
                     d.sum.tolist(), _encode(h, n)]  # fmt: skip
+        # The arrays hold values below 2^62; an error bound may be past int64.
         out += [ipdv["direct"].tolist(), pairs["direct"].tolist(), ipdv["return"].tolist(),
-                pairs["return"].tolist(), err, last.tolist()]  # fmt: skip
+                pairs["return"].tolist(), [saturate(e) for e in err], last.tolist()]  # fmt: skip
         return list(zip(*out, strict=True))
 
 

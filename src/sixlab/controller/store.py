@@ -73,6 +73,7 @@ from sixlab.controller.rollup import (
     MinuteRollup,
     fold_columns,
     roll_up_columns,
+    saturate,
 )
 from sixlab.stamp import DataCounters, StampResult
 from sixlab.wire.timestamp import ErrorEstimate
@@ -285,29 +286,32 @@ CREATE UNIQUE INDEX IF NOT EXISTS epochs_unexpired ON epochs(session_id, epoch)
 #: the ``schema_version`` table); older databases are migrated on open.
 SCHEMA_VERSION = 7
 
+
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
 #: session's cursor is the ``top`` of its current epoch's row (0 before it has one), its
 #: totals the sums over its epochs' counters: read, never stored, so that a batch of
 #: results writes its epoch's row alone (docs/architecture.md, "The store").
-_SELECT_SESSIONS = (
-    "SELECT id, name, ssid, sender, reflector, params, state, epoch,"
-    " COALESCE((SELECT e.top FROM epochs e WHERE e.session_id = sessions.id"
-    " AND e.epoch = sessions.epoch), 0),"
-    " (SELECT COALESCE(CAST(SUM(e.sent) AS BIGINT), 0) FROM epochs e"
-    " WHERE e.session_id = sessions.id),"
-    " (SELECT COALESCE(CAST(SUM(e.lost) AS BIGINT), 0) FROM epochs e"
-    " WHERE e.session_id = sessions.id),"
-    " (SELECT CAST(SUM(e.forward_lost) AS BIGINT) FROM epochs e"
-    " WHERE e.session_id = sessions.id),"
-    " (SELECT COALESCE(CAST(SUM(e.overflow) AS BIGINT), 0) FROM epochs e"
-    " WHERE e.session_id = sessions.id),"
-    " created_ns,"
-    " (SELECT CAST(SUM(e.unclassified_lost) AS BIGINT) FROM epochs e"
-    " WHERE e.session_id = sessions.id),"
-    " (SELECT COALESCE(CAST(SUM(e.ssid_zero) AS BIGINT), 0) FROM epochs e"
-    " WHERE e.session_id = sessions.id)"
-    " FROM sessions"
-)
+def _select_sessions(total: str) -> str:
+    """The sessions query, each epoch sum written as ``total`` (a template of its column,
+    ``{}``): the sum saturated at 2^63 − 1, NULL for no value (as ``SUM``)."""
+
+    def summed(column: str, *, zero: bool = True) -> str:
+        value = total.format(f"e.{column}")
+        if zero:
+            value = f"COALESCE({value}, 0)"
+        return f"(SELECT {value} FROM epochs e WHERE e.session_id = sessions.id)"  # noqa: S608
+
+    return (
+        "SELECT id, name, ssid, sender, reflector, params, state, epoch,"  # noqa: S608
+        " COALESCE((SELECT e.top FROM epochs e WHERE e.session_id = sessions.id"
+        " AND e.epoch = sessions.epoch), 0), "
+        + ", ".join((summed("sent"), summed("lost"), summed("forward_lost", zero=False),
+                     summed("overflow"), "created_ns", summed("unclassified_lost", zero=False),
+                     summed("ssid_zero")))
+        + " FROM sessions"
+    )  # fmt: skip
+
+
 _SELECT_NODES = (
     "SELECT name, address, role, healthy, last_seen, last_error, init, port, agent_epoch,"
     " agent_started_ns, restarts FROM nodes"
@@ -582,6 +586,10 @@ class Store(ABC):
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
+    #: Row queries of sessions (``_select_sessions``): their totals are sums over the
+    #: epochs, each of which may be a counter saturated at 2^63 − 1 (``core._counters``):
+    #: summed without failing, saturated again.
+    _sessions_sql: ClassVar[str]
 
     def __init__(self) -> None:
         self._handlers: list[NoticeHandler] = []
@@ -861,7 +869,7 @@ class Store(ABC):
             chunk = list(names[i : i + 500])
             with self._lock:
                 rows = self._db.execute(
-                    _SELECT_SESSIONS + " WHERE state != 'destroyed' AND name IN ("
+                    self._sessions_sql + " WHERE state != 'destroyed' AND name IN ("
                     + ",".join("?" * len(chunk)) + ")",
                     chunk,
                 ).fetchall()  # fmt: skip
@@ -935,7 +943,7 @@ class Store(ABC):
         """The session of that name: the live one, else the last one destroyed."""
         with self._lock:
             row = self._db.execute(
-                _SELECT_SESSIONS + " WHERE name=? ORDER BY state = 'destroyed', id DESC LIMIT 1",
+                self._sessions_sql + " WHERE name=? ORDER BY state = 'destroyed', id DESC LIMIT 1",
                 (name,),
             ).fetchone()
         if row is None:
@@ -943,7 +951,7 @@ class Store(ABC):
         return _session_row(row)
 
     def sessions(self, *, include_destroyed: bool = False) -> list[SessionRow]:
-        query = _SELECT_SESSIONS
+        query = self._sessions_sql
         if not include_destroyed:
             query += " WHERE state != 'destroyed'"
         with self._lock:
@@ -1229,7 +1237,7 @@ class Store(ABC):
         column = "reflector" if role == "reflector" else "sender"
         with self._lock:
             rows = self._db.execute(
-                _SELECT_SESSIONS + f" WHERE {column}=? AND state != 'destroyed' ORDER BY id",
+                self._sessions_sql + f" WHERE {column}=? AND state != 'destroyed' ORDER BY id",
                 (node,),
             ).fetchall()
         return [_session_row(r) for r in rows]
@@ -1851,6 +1859,9 @@ class SqliteStore(Store):
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
+    # SQLite's SUM fails past int64 ("integer overflow"); TOTAL sums as a float (exact
+    # below 2^53), and CAST saturates a float past the range.
+    _sessions_sql = _select_sessions("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END")
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -2078,16 +2089,21 @@ def _result(r: Sequence[Any]) -> StampResult:
 
 
 def _rollup_row(session_id: int, epoch: int, m: MinuteRollup) -> tuple[Any, ...]:
+    """The stored row of a rollup: each value saturated at the columns' 64-bit limits
+    (``rollup.saturate``: an error bound past 2^63 ns is stored as "at least" that)."""
     values: list[Any] = [session_id, epoch, m.minute_ns, m.count, m.lost]
     for d in DIRECTIONS:
         s = m.directions[d]
         if s.count:
-            values += [s.min_ns, round(s.sum_ns / s.count), s.percentile(50), s.percentile(99),
-                       s.max_ns, s.sum_ns, s.hist.to_bytes()]  # fmt: skip
+            values += [saturate(s.min_ns), saturate(round(s.sum_ns / s.count)),
+                       saturate(s.percentile(50)), saturate(s.percentile(99)),
+                       saturate(s.max_ns), saturate(s.sum_ns), s.hist.to_bytes()]  # fmt: skip
         else:
             values += [None] * 7
-    values += [m.ipdv_sum_abs["direct"], m.ipdv_pairs["direct"], m.ipdv_sum_abs["return"],
-               m.ipdv_pairs["return"], m.max_error_ns, m.last_record]  # fmt: skip
+    error = None if m.max_error_ns is None else saturate(m.max_error_ns)
+    values += [saturate(m.ipdv_sum_abs["direct"]), m.ipdv_pairs["direct"],
+               saturate(m.ipdv_sum_abs["return"]), m.ipdv_pairs["return"], error,
+               m.last_record]  # fmt: skip
     return tuple(values)
 
 

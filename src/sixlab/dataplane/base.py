@@ -77,7 +77,9 @@ class Received:
     """One datagram, as the core needs it. Addresses are packed: 16 bytes for IPv6, 4 for
     IPv4 (``ipaddress.ip_address`` reads either). ``hop_limit`` is the IPv6 Hop Limit or
     the IPv4 TTL; ``tclass`` the IPv6 Traffic Class or IPv4 TOS byte, None where the
-    plane cannot read it.
+    plane cannot read it. ``truncated``: the datagram was longer than the plane's
+    receive buffer and ``payload`` is only its start (the kernel's ``MSG_TRUNC``): a
+    malformed packet, which the engines count and hand to no session.
 
     A value: nothing changes one once made. It is not ``frozen`` because a frozen
     dataclass sets each field through ``object.__setattr__``, which made building one
@@ -92,6 +94,7 @@ class Received:
     hop_limit: int
     rx_ns: int  # Unix-epoch UTC ns; a kernel timestamp where the plane has one
     tclass: int | None = None
+    truncated: bool = False
 
     @property
     def flow(self) -> bytes:

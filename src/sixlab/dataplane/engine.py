@@ -166,6 +166,9 @@ class EngineCounters:
     send_failed: int = 0
     #: Reads of a session's data counters that failed (docs/srpm.md, direct-mode loss).
     data_counter_failed: int = 0
+    #: Datagrams longer than the data plane's receive buffer, so cut (``Received``):
+    #: malformed, handed to no session, whatever SSID their first bytes carry.
+    truncated: int = 0
 
 
 class _Loop:
@@ -374,6 +377,9 @@ class ReflectorEngine(_Loop):
         sets_tclass = self.dataplane.sets_tclass
         self.counters.received += len(batch)
         for rx in batch:
+            if rx.truncated:
+                self.counters.truncated += 1
+                continue
             payload = rx.payload
             context = None
             if len(payload) > wire.UNAUTH_PACKET_SIZE:  # TLVs may ask for addresses
@@ -1240,7 +1246,12 @@ class SenderEngine(_Loop):
 
     def _deliver(self, rx: Received, mono: int, wall: int) -> None:
         """One reflected packet to its session (lock held); ``mono``/``wall``: the
-        monotonic and wall clocks read once for the batch it came in."""
+        monotonic and wall clocks read once for the batch it came in. A truncated one
+        is counted and goes to no session: its session's state (the run loop may hold
+        it) has nothing to say about a malformed packet."""
+        if rx.truncated:
+            self.counters.truncated += 1
+            return
         entry = self._match(rx)
         if entry is None:
             self.counters.no_session += 1
@@ -1357,7 +1368,7 @@ class SenderEngine(_Loop):
         port = self.dataplane.config.port
         return Received(
             bytes(pio.data[at : at + size]), src[:n], dst[:n], sport, port, hop, t4,
-            None if tclass < 0 else tclass,
+            None if tclass < 0 else tclass, bool(flags & probeio.TRUNCATED),
         )  # fmt: skip
 
     def _deliver_arrays(

@@ -126,7 +126,7 @@ class ScapyDataplane(Dataplane):
         out: list[Received] = []
         for _ in range(max_batch):
             try:
-                data, ancdata, _flags, addr = rx.recvmsg(_MAX_PACKET, _CMSG_SPACE)
+                data, ancdata, flags, addr = rx.recvmsg(_MAX_PACKET, _CMSG_SPACE)
             except BlockingIOError:
                 break
             if addr[2] != PACKET_HOST:  # (ifname, proto, pkttype, hatype, mac)
@@ -151,6 +151,7 @@ class ScapyDataplane(Dataplane):
                     dst_port=udp.dport,
                     hop_limit=packet.hlim,
                     rx_ns=rx_ns,
+                    truncated=bool(flags & socket.MSG_TRUNC),  # the frame was cut
                 )
             )
         return out

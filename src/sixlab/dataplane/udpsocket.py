@@ -86,6 +86,8 @@ _CMSG_SPACE = (
 #: Largest STAMP payload accepted: base packet plus TLVs within an IPv6 minimum MTU
 #: would be 1232 bytes, but jumbo-frame links exist; 9000 covers them.
 _MAX_PAYLOAD = 9000
+#: recvmsg's flag of a datagram longer than the buffer (its payload is cut: ``Received``).
+_TRUNC = socket.MSG_TRUNC
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 _ZEROS = {4: bytes(4), 16: bytes(16)}
 #: Source addresses remembered in packed form (``_source``) before the cache starts over.
@@ -220,7 +222,7 @@ class SocketDataplane(Dataplane):
         out: list[Received] = []
         for _ in range(max_batch):
             try:
-                data, ancdata, _flags, addr = recvmsg(_MAX_PAYLOAD, _CMSG_SPACE)
+                data, ancdata, flags, addr = recvmsg(_MAX_PAYLOAD, _CMSG_SPACE)
             except BlockingIOError:
                 break
             except OSError as exc:
@@ -233,7 +235,9 @@ class SocketDataplane(Dataplane):
             if src is None:
                 src = self._source(addr[0])
             rx_ns, hop, dst, tclass = _ancillary(ancdata, _ZEROS[len(src)])
-            out.append(Received(data, src, dst, addr[1], port, hop, rx_ns, tclass))
+            out.append(
+                Received(data, src, dst, addr[1], port, hop, rx_ns, tclass, bool(flags & _TRUNC))
+            )
         return out
 
     def probe_io(self) -> ProbeIO | None:

@@ -1287,6 +1287,7 @@ class StampAgentServicer(pb_grpc.StampAgentServicer):
                         no_session=c.no_session,
                         send_failed=c.send_failed,
                         data_counter_failed=c.data_counter_failed,
+                        truncated=c.truncated,
                     )
                 )
         if self.role is Role.REFLECTOR:

@@ -1605,6 +1605,7 @@ class EngineCounters(_message.Message):
     NO_SESSION_FIELD_NUMBER: _builtins.int
     SEND_FAILED_FIELD_NUMBER: _builtins.int
     DATA_COUNTER_FAILED_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     received: _builtins.int
     """Datagrams the data plane delivered."""
     no_session: _builtins.int
@@ -1613,6 +1614,10 @@ class EngineCounters(_message.Message):
     """Datagrams the data plane failed to send."""
     data_counter_failed: _builtins.int
     """Reads of a session's data-flow counters that failed (direct measurement)."""
+    truncated: _builtins.int
+    """Datagrams longer than the data plane's receive buffer (cut by the kernel): malformed,
+    handed to no session whatever SSID they carry.
+    """
     def __init__(
         self,
         *,
@@ -1620,10 +1625,11 @@ class EngineCounters(_message.Message):
         no_session: _builtins.int = ...,
         send_failed: _builtins.int = ...,
         data_counter_failed: _builtins.int = ...,
+        truncated: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_counter_failed", b"data_counter_failed", "no_session", b"no_session", "received", b"received", "send_failed", b"send_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_counter_failed", b"data_counter_failed", "no_session", b"no_session", "received", b"received", "send_failed", b"send_failed", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
