@@ -324,6 +324,35 @@ def test_a_write_waits_out_another_processs_transaction_longer_than_the_busy_tim
         b.close()
 
 
+def test_a_write_outside_a_transaction_waits_out_another_processs_long_transaction(
+    tmp_path: Path,
+) -> None:
+    """A single statement that writes (here a node added; a node's health, an event)
+    does not queue with the transactions: it waits for the file's lock through SQLite's
+    busy timeout, which must outlast another replica's transaction of more than
+    SQLite's default 5 s."""
+    path = tmp_path / "c.sqlite"
+    a, b = SqliteStore(path), SqliteStore(path)
+    holding = threading.Event()
+
+    def hold() -> None:
+        with a._transaction() as db:
+            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+            holding.set()
+            time.sleep(6)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert holding.wait(10)
+        b.add_node("r1", "h:2", "reflector")
+        assert [n.name for n in b.nodes()] == ["r1", "s1"]
+    finally:
+        t.join()
+        a.close()
+        b.close()
+
+
 def test_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     a = SqliteStore(path)

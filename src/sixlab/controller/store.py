@@ -1848,6 +1848,11 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+#: How long an SQLite statement waits for the file's write lock held by another
+#: connection (another replica's process) before it fails (s).
+BUSY_TIMEOUT_S = 60.0
+
+
 class ConcurrentPassError(StoreError):
     """Another roll-up pass (another replica's) moved a cursor first; this one rolled back."""
 
@@ -1866,7 +1871,13 @@ class SqliteStore(Store):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = str(path)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # A statement that writes outside a transaction (a node's health, an event) does
+        # not queue on ``_writers``: it waits through SQLite's busy timeout while other
+        # replicas' transactions, queued, hold the file's lock; longer than SQLite's
+        # default 5 s, so that it is not failed with "database is locked" behind them.
+        self._conn = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
+        )
         self._lock = threading.Lock()
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
