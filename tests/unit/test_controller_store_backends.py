@@ -401,6 +401,15 @@ def test_leases_are_shared_fairly_and_the_surplus_is_handed_over(store: Store) -
     assert [r.id for r in store.replicas()] == ["A", "B"]
 
 
+def test_the_lease_clock_is_unix_time_in_ns(store: Store) -> None:
+    """Leases run on the database's clock: on SQLite the host's, read by each replica
+    process alike (whole milliseconds), on PostgreSQL the server's (here the same host)."""
+    before = time.time_ns()
+    now = store.lease_tick("A", GROUPS, TTL).now_ns
+    after = time.time_ns()
+    assert before - 2_000_000 <= now <= after + 1_000_000
+
+
 def test_an_expired_replicas_leases_are_claimed_by_the_others(store: Store) -> None:
     short = 300_000_000
     store.lease_tick("A", GROUPS, short)
