@@ -564,7 +564,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "load_average": os.getloadavg()[0],
             }  # fmt: skip
         timing = _create_batch(url, nodes, specs) if args.create == "batch" else []
-        # One controller, or --replicas of them on the one PostgreSQL database (each
+        # One controller, or --replicas of them on the one database or SQLite file (each
         # with its own northbound socket and metrics port; the Apply goes to the first).
         ctls: list[subprocess.Popen[str]] = []
         scrapes: list[str] = []
@@ -604,6 +604,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # When the window began after the controller came up: its housekeeping pass
             # (every --housekeeping-interval, 60 s) runs at multiples of that.
             measured["window_after_serve_s"] = round(measured.pop("_t0") - served, 1)
+            # Errors each controller logged by the window's end (a store error, e.g.
+            # SQLite's "database is locked" after its busy timeout, fails a transaction).
+            measured["controller_log_errors"] = [
+                sum(" ERROR " in line for line in (tmp / f"controller{k}.log").open())
+                for k in range(len(ctls))
+            ]
         return {
             "db": args.db,
             "sessions": args.sessions,
@@ -650,7 +656,8 @@ def main() -> None:
         "--replicas",
         type=int,
         default=1,
-        help="controller processes (serve --replica) sharing the agents; PostgreSQL only",
+        help="controller processes (serve --replica) sharing the agents, on the one"
+        " PostgreSQL database or the one SQLite file",
     )
     parser.add_argument(
         "--poll", type=float, default=0.1, help="seconds between looks at the sampled sessions"
@@ -695,8 +702,8 @@ def main() -> None:
         " northbound call each",
     )
     args = parser.parse_args()
-    if args.replicas < 1 or (args.replicas > 1 and args.db != "postgresql"):
-        parser.error("--replicas: at least 1, and more than 1 only with --db postgresql")
+    if args.replicas < 1:
+        parser.error("--replicas: at least 1")
     print(json.dumps(run(args)), flush=True)
 
 

@@ -168,7 +168,9 @@ def test_external_collector_is_counted_by_its_records_command(
     points, info = run_paper(bench_testbed, [impl], roles=["collector"], fractions=[0.5],
                              settings=settings, log=lambda _m: None)  # fmt: skip
     (point,) = points
-    assert point.pdr > 0
+    # What is checked is the counting, not a rate: on a loaded machine every trial of the
+    # search can lose more than 0.5 % (a CI run beside other work: a PDR of 0 with load
+    # average 10.4), while the collector still counted what it got.
     assert any(t.stamp_handled > 0 for t in point.trials)
     for t in point.trials:
         assert 0 <= t.stamp_handled <= t.stamp_offered

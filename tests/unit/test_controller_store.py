@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -232,6 +235,122 @@ def test_migrates_a_version_0_file(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_two_processes_opening_an_old_file_at_once_migrate_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas on one SQLite file may start together: each reads the file's schema
+    version, then waits for the write lock that the other's migration holds. The
+    second must find the file migrated, not migrate it again from the version it read
+    before (a version-0 file: its sessions table rebuilt a second time from columns it
+    no longer has)."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
+        db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+    # Both openers reach their BEGIN IMMEDIATE while a third connection holds the lock.
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("BEGIN IMMEDIATE")
+    waiting = threading.Semaphore(0)
+    connect = sqlite3.connect
+
+    def begins(sql: str) -> None:
+        if sql == "BEGIN IMMEDIATE":
+            waiting.release()
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+        conn.set_trace_callback(begins)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    opened: list[SqliteStore | Exception] = []
+
+    def open_it() -> None:
+        try:
+            opened.append(SqliteStore(path))
+        except Exception as exc:  # noqa: BLE001 - the test shows which failed, and how
+            opened.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert waiting.acquire(timeout=30)
+    holder.execute("ROLLBACK")
+    for t in threads:
+        t.join(30)
+    monkeypatch.undo()
+    holder.close()
+    try:
+        assert [type(s) for s in opened] == [SqliteStore, SqliteStore], opened
+        assert opened[0].node("s1").name == "s1"  # type: ignore[union-attr]
+    finally:
+        for s in opened:
+            if isinstance(s, SqliteStore):
+                s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_write_waits_out_another_processs_transaction_longer_than_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    """Replicas on one SQLite file queue for its write lock: a heartbeat waiting on
+    another replica's long transaction (a big batch on a loaded machine) is not failed
+    by SQLite's busy timeout (5 s) with "database is locked"."""
+    path = tmp_path / "c.sqlite"
+    a, b = SqliteStore(path), SqliteStore(path)  # two connections, as two processes have
+    holding = threading.Event()
+
+    def hold() -> None:
+        with a._transaction() as db:
+            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+            holding.set()
+            time.sleep(6)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert holding.wait(10)
+        state = b.lease_tick("B", {"sender": ["s1"]}, 5_000_000_000)
+        assert state.owned == {"s1"}
+        assert b.node("s1").name == "s1"  # it waited for a's commit
+    finally:
+        t.join()
+        a.close()
+        b.close()
+
+
+def test_a_write_outside_a_transaction_waits_out_another_processs_long_transaction(
+    tmp_path: Path,
+) -> None:
+    """A single statement that writes (here a node added; a node's health, an event)
+    does not queue with the transactions: it waits for the file's lock through SQLite's
+    busy timeout, which must outlast another replica's transaction of more than
+    SQLite's default 5 s."""
+    path = tmp_path / "c.sqlite"
+    a, b = SqliteStore(path), SqliteStore(path)
+    holding = threading.Event()
+
+    def hold() -> None:
+        with a._transaction() as db:
+            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+            holding.set()
+            time.sleep(6)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert holding.wait(10)
+        b.add_node("r1", "h:2", "reflector")
+        assert [n.name for n in b.nodes()] == ["r1", "s1"]
+    finally:
+        t.join()
+        a.close()
+        b.close()
 
 
 def test_survives_reopen(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from ipaddress import IPv6Address
 from typing import Any
 
@@ -39,6 +39,7 @@ from sixlab.wire.timestamp import TimestampFormat, ns_from_ntp, ntp_from_ns
 
 LOOP = IPv6Address("::1")
 MS = 10**6
+SECOND = 10**9
 
 pytestmark = pytest.mark.skipif(probeio.load() is None, reason="no C compiler here")
 
@@ -207,19 +208,19 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     plane: SocketDataplane, sink: socket.socket
 ) -> None:
     """A slot 10.5 intervals in the past: one packet, the next slot the grid's first
-    after now (``due_seq``'s arithmetic), the slots between counted as skipped. The
-    interval is 1 s: the next slot comes half a second after the run is to end, so
-    that a loaded machine, which may wake the loop milliseconds late, does not find it
-    due too."""
+    after now (``due_seq``'s arithmetic), the slots between counted as skipped.
+
+    The interval is 1 s so that the next slot, half an interval after ``now``, cannot
+    come due inside the run however late a loaded machine starts it (with 10 ms, a run
+    that began 5 ms late sent that slot too)."""
     pio, loop = _loop(plane)
-    interval = 10**9
-    template = send_template(SenderConfig(1, interval_ns=interval, fmt=TimestampFormat.PTP))
+    template = send_template(SenderConfig(1, interval_ns=SECOND, fmt=TimestampFormat.PTP))
     assert template is not None
     record = pio.record(LOOP, sink.getsockname()[1], template, ptp=True, tai_ns=37 * 10**9)
     assert record is not None
     now = time.monotonic_ns()
-    start = now - 10 * interval - interval // 2
-    assert _add(loop, 0, record, ssid=1, due=start, interval=interval)
+    start = now - 10 * SECOND - SECOND // 2
+    assert _add(loop, 0, record, ssid=1, due=start, interval=SECOND)
     r, w = socket.socketpair()
     loop.run(r.fileno(), now + MS, 0, 8 * MS)
     r.close()
@@ -228,7 +229,7 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
     assert len(out) == 1
     t1, ran, nxt, seq = out[0][0], out[0][1], out[0][2], out[0][5]
     assert seq == 0
-    assert nxt == start + ((ran - start) // interval + 1) * interval
+    assert nxt == start + ((ran - start) // SECOND + 1) * SECOND
     loop.lock()
     try:
         held = loop.get(0, remove=True)
@@ -237,7 +238,7 @@ def test_a_late_loop_skips_the_slots_it_missed_and_counts_them(
         loop.unlock()
     assert held is not None
     assert (held.due, held.seq, held.on_slot, held.highest, held.held) == (nxt, 1, 1, -1, True)
-    assert held.skipped == (ran - start) // interval == 10
+    assert held.skipped == (ran - start) // SECOND
     assert held.outstanding == [(0, t1, ran + 10**9)]
     (payload,) = _drain(sink)
     stamp = int.from_bytes(payload[4:12])  # PTP (IEEE 1588): TAI seconds, nanoseconds
@@ -722,11 +723,14 @@ def _keep(into: list[PacketSent], reflectors: tuple[ScriptedReflector, ...]) -> 
 FINISH_S = 30.0
 
 
-def _until(ready: Any, timeout: float = FINISH_S) -> None:
-    """Wait until ``ready()`` (the assertions after it say what it should be)."""
+def _until(predicate: Callable[[], bool], timeout: float = FINISH_S) -> bool:
+    """Whether ``predicate`` came true within ``timeout`` seconds (polled)."""
     deadline = time.monotonic() + timeout
-    while not ready() and time.monotonic() < deadline:
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def _late_in(engine: SenderEngine, ssid: int) -> bool:
@@ -1012,13 +1016,17 @@ def test_a_truncated_datagram_is_counted_and_never_given_to_a_session(
         engine.add_session(_spec(30, scripted.port))
         engine.start()
         engine.start_session(30)
-        time.sleep(0.15)
-        with engine.lock:
-            held = engine._entries[30].loop_idx is not None
-        assert held is loop
+
+        def held() -> bool:
+            with engine.lock:
+                return engine._entries[30].loop_idx is not None
+
+        # Waits on conditions, not fixed sleeps: a loaded machine may take its time.
+        time.sleep(0.05)
+        assert _until(held) if loop else not held()
         for seq in (3, 999_999):
             client.sendto(_reply(seq, 0, ssid=30) + bytes(9100), ("::1", dp.local_port))
-        time.sleep(0.15)
+        assert _until(lambda: engine.counters.truncated >= 2)
         engine.stop_session(30)
         assert engine.wait_finished(30, FINISH_S)
         c = engine.snapshot(30).counters

@@ -86,6 +86,7 @@ __all__ = [
     "DEFAULT_PAYLOAD",
     "ECHO_PORT",
     "GEN_NONCE",
+    "PREFLIGHT_ATTEMPTS",
     "IlnpEchoSut",
     "IlnpEchoTrialRunner",
     "build_udpecho",
@@ -337,12 +338,26 @@ def _terminate(proc: subprocess.Popen[bytes]) -> str:
     return out.decode(errors="replace")
 
 
-def preflight(runner: IlnpEchoTrialRunner, sut: IlnpEchoSut) -> TrialResult:
+#: Preflight trials that offered nothing are run again up to this many times in all.
+PREFLIGHT_ATTEMPTS = 5
+
+
+def preflight(
+    runner: IlnpEchoTrialRunner, sut: IlnpEchoSut, *, attempts: int = PREFLIGHT_ATTEMPTS
+) -> TrialResult:
     """Offer one echo request; raise unless exactly one echo came back.
 
-    10 frames/s for 0.15 s is one frame (the generator sends floor(rate * elapsed)).
+    10 frames/s for 0.15 s is one frame (the generator sends floor(rate * elapsed), from
+    0.1 s on). A generator that got no CPU from then until its window closed (a loaded
+    machine) offered nothing, which says nothing of the bench: such a trial is run again,
+    up to ``attempts`` in all. Any other outcome than one frame offered and its echo
+    counted fails at once.
     """
     result = runner.trial(10.0, 0.15)
+    for _ in range(attempts - 1):
+        if result.offered:
+            break
+        result = runner.trial(10.0, 0.15)
     if result.offered != 1 or result.received != 1 or result.stale != 0:
         status: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):

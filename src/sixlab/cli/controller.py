@@ -381,9 +381,10 @@ def _add_serve(cmds: Any) -> None:
         "--replica",
         metavar="NAME",
         type=argtypes.text,
-        help="run as one of several replicas on one PostgreSQL database, under this unique"
-        " name: each takes a fair share of the nodes by lease, and takes over those of a"
-        " replica that dies",
+        help="run as one of several replicas on one PostgreSQL database, or on one SQLite"
+        " file of this host (to survive a crashed process: one write lock serves them all;"
+        " never over a network filesystem), under this unique name: each takes a fair share"
+        " of the nodes by lease, and takes over those of a replica that dies",
     )
     serve.add_argument(
         "--lease-ttl",

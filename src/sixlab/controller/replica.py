@@ -1,4 +1,5 @@
-"""Controller replicas: several ``sixlab controller serve`` sharing one PostgreSQL database.
+"""Controller replicas: several ``sixlab controller serve`` sharing one PostgreSQL database,
+or one SQLite file on one host (docs/architecture.md: failover there, not throughput).
 
 Theory of operation
 -------------------

@@ -48,8 +48,10 @@ The schema is created, or migrated from an older version, on open.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -288,25 +290,34 @@ SCHEMA_VERSION = 7
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
 #: session's cursor is the ``top`` of its current epoch's row (0 before it has one), its
 #: totals the sums over its epochs' counters: read, never stored, so that a batch of
-#: results writes its epoch's row alone (docs/architecture.md, "The store").
-def _select_sessions(total: str) -> str:
-    """The sessions query, each epoch sum written as ``total`` (a template of its column,
-    ``{}``): the sum saturated at 2^63 − 1, NULL for no value (as ``SUM``)."""
+#: results writes its epoch's row alone (docs/architecture.md, "The store"). The seven
+#: are read in one pass over the session's epochs (``e``), not a subquery each (seven
+#: index searches per session: docs/architecture.md, "Reading sessions").
+def _session_totals(total: str) -> tuple[str, ...]:
+    """The seven values of a session row read from its epochs (``e``), as aggregates:
+    the cursor, then the totals, each epoch sum written as ``total`` (a template of its
+    column, ``{}``: the sum saturated at 2^63 − 1, NULL for no value, as ``SUM``)."""
 
     def summed(column: str, *, zero: bool = True) -> str:
         value = total.format(f"e.{column}")
-        if zero:
-            value = f"COALESCE({value}, 0)"
-        return f"(SELECT {value} FROM epochs e WHERE e.session_id = sessions.id)"  # noqa: S608
+        return f"COALESCE({value}, 0)" if zero else value
 
     return (
-        "SELECT id, name, ssid, sender, reflector, params, state, epoch,"  # noqa: S608
-        " COALESCE((SELECT e.top FROM epochs e WHERE e.session_id = sessions.id"
-        " AND e.epoch = sessions.epoch), 0), "
-        + ", ".join((summed("sent"), summed("lost"), summed("forward_lost", zero=False),
-                     summed("overflow"), "created_ns", summed("unclassified_lost", zero=False),
-                     summed("ssid_zero")))
-        + " FROM sessions"
+        "COALESCE(MAX(CASE WHEN e.epoch = sessions.epoch THEN e.top END), 0)",
+        summed("sent"), summed("lost"), summed("forward_lost", zero=False),
+        summed("overflow"), summed("unclassified_lost", zero=False), summed("ssid_zero"),
+    )  # fmt: skip
+
+
+def _sessions_query(totals: Sequence[str], joined: str) -> str:
+    """The session rows' SELECT: ``sessions``' columns and the seven ``totals`` in
+    SessionRow's order, from ``sessions`` and what ``joined`` joins to it."""
+    t = list(totals)
+    return (
+        "SELECT sessions.id, sessions.name, sessions.ssid, sessions.sender,"  # noqa: S608
+        " sessions.reflector, sessions.params, sessions.state, sessions.epoch, "
+        + ", ".join(t[:5]) + ", sessions.created_ns, " + ", ".join(t[5:])
+        + " FROM sessions" + joined
     )  # fmt: skip
 
 
@@ -584,10 +595,11 @@ class Store(ABC):
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
-    #: Row queries of sessions (``_select_sessions``): their totals are sums over the
-    #: epochs, each of which may be a counter saturated at 2^63 − 1 (``core._counters``):
-    #: summed without failing, saturated again.
+    #: The session rows' query (``_sessions_query``) and what follows its WHERE clause.
+    #: Their totals are sums over the epochs, each of which may be a counter saturated
+    #: at 2^63 − 1 (``core._counters``): summed without failing, saturated again.
     _sessions_sql: ClassVar[str]
+    _sessions_group: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self._handlers: list[NoticeHandler] = []
@@ -860,6 +872,14 @@ class Store(ABC):
         by_name = {r.name: r for r in self.sessions_named([i[0] for i in items])}
         return [by_name[i[0]] for i in items]
 
+    def _select_sessions(self, where: str = "", tail: str = "") -> str:
+        """The session rows' query: ``where`` (terms on ``sessions``' columns) chooses
+        the rows, ``tail`` orders them (``ORDER BY``, ``LIMIT``)."""
+        return (
+            self._sessions_sql + (f" WHERE {where}" if where else "")
+            + self._sessions_group + (f" {tail}" if tail else "")
+        )  # fmt: skip
+
     def sessions_named(self, names: Sequence[str]) -> list[SessionRow]:
         """The live sessions of these names (those that exist), in chunks of 500."""
         out: list[SessionRow] = []
@@ -867,8 +887,9 @@ class Store(ABC):
             chunk = list(names[i : i + 500])
             with self._lock:
                 rows = self._db.execute(
-                    self._sessions_sql + " WHERE state != 'destroyed' AND name IN ("
-                    + ",".join("?" * len(chunk)) + ")",
+                    self._select_sessions(
+                        "state != 'destroyed' AND name IN (" + ",".join("?" * len(chunk)) + ")"
+                    ),
                     chunk,
                 ).fetchall()  # fmt: skip
             out += [_session_row(r) for r in rows]
@@ -941,7 +962,7 @@ class Store(ABC):
         """The session of that name: the live one, else the last one destroyed."""
         with self._lock:
             row = self._db.execute(
-                self._sessions_sql + " WHERE name=? ORDER BY state = 'destroyed', id DESC LIMIT 1",
+                self._select_sessions("name=?", "ORDER BY state = 'destroyed', id DESC LIMIT 1"),
                 (name,),
             ).fetchone()
         if row is None:
@@ -949,11 +970,11 @@ class Store(ABC):
         return _session_row(row)
 
     def sessions(self, *, include_destroyed: bool = False) -> list[SessionRow]:
-        query = self._sessions_sql
-        if not include_destroyed:
-            query += " WHERE state != 'destroyed'"
+        query = self._select_sessions(
+            "" if include_destroyed else "state != 'destroyed'", "ORDER BY id"
+        )
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY id").fetchall()
+            rows = self._db.execute(query).fetchall()
         return [_session_row(r) for r in rows]
 
     def set_state(self, name: str, state: str) -> None:
@@ -1235,7 +1256,7 @@ class Store(ABC):
         column = "reflector" if role == "reflector" else "sender"
         with self._lock:
             rows = self._db.execute(
-                self._sessions_sql + f" WHERE {column}=? AND state != 'destroyed' ORDER BY id",
+                self._select_sessions(f"{column}=? AND state != 'destroyed'", "ORDER BY id"),
                 (node,),
             ).fetchall()
         return [_session_row(r) for r in rows]
@@ -1846,24 +1867,41 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+#: How long an SQLite statement waits for the file's write lock held by another
+#: connection (another replica's process) before it fails (s).
+BUSY_TIMEOUT_S = 60.0
+
+
 class ConcurrentPassError(StoreError):
     """Another roll-up pass (another replica's) moved a cursor first; this one rolled back."""
 
 
 class SqliteStore(Store):
     """One SQLite file in WAL mode: one connection, serialised; readers (a CLI) may run
-    beside the one writer."""
+    beside the one writer. Replicas in several processes of one host share the file,
+    their write transactions queued on its writer lock (``_writers``)."""
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
     # SQLite's SUM fails past int64 ("integer overflow"); TOTAL sums as a float (exact
-    # below 2^53), and CAST saturates a float past the range.
-    _sessions_sql = _select_sessions("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END")
+    # below 2^53), and CAST saturates a float past the range. Each session's epochs are
+    # joined and grouped by session: a nested loop over the primary key of ``epochs``.
+    _sessions_sql = _sessions_query(
+        _session_totals("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END"),
+        " LEFT JOIN epochs e ON e.session_id = sessions.id",
+    )
+    _sessions_group = " GROUP BY sessions.id"
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = str(path)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # A statement that writes outside a transaction (a node's health, an event) does
+        # not queue on ``_writers``: it waits through SQLite's busy timeout while other
+        # replicas' transactions, queued, hold the file's lock; longer than SQLite's
+        # default 5 s, so that it is not failed with "database is locked" behind them.
+        self._conn = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
+        )
         self._lock = threading.Lock()
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -1879,6 +1917,14 @@ class SqliteStore(Store):
             self._conn.execute("PRAGMA wal_autocheckpoint=16384")
             _migrate(self._conn)
 
+        #: Writers of this file in other processes (controller replicas on one host)
+        #: queue for its write lock on this file beside it (``flock``), each woken as
+        #: the holder lets go. SQLite's own wait for the lock (the busy timeout) polls,
+        #: sleeping up to 100 ms between tries: a process whose transactions follow one
+        #: another closely would keep the lock from the other nearly always.
+        self._writers: int | None = None
+        if self.path not in ("", ":memory:"):
+            self._writers = os.open(self.path + "-writer", os.O_RDWR | os.O_CREAT, 0o600)
         #: A connection of the roll-up pass's reads alone (``_read_unrolled``), opened
         #: at its first: in WAL mode it reads beside the writer, so that collection does
         #: not wait on the store's lock while a pass reads (and the GIL is free while
@@ -1893,6 +1939,9 @@ class SqliteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._writers is not None:
+                os.close(self._writers)
+                self._writers = None
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
@@ -1910,7 +1959,7 @@ class SqliteStore(Store):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[_Db]:
-        with self._lock:
+        with self._lock, self._queued():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -1918,6 +1967,18 @@ class SqliteStore(Store):
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _queued(self) -> Iterator[None]:
+        """Hold the file's writer lock (``_writers``) for a write transaction."""
+        if self._writers is None:
+            yield
+            return
+        fcntl.flock(self._writers, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._writers, fcntl.LOCK_UN)
 
     def _constraint(self, exc: Exception) -> str:
         # The extended result code tells the constraints apart.
@@ -2117,76 +2178,81 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 def _migrate(db: sqlite3.Connection) -> None:
     """Create the schema in a new file, or bring an older file's up to SCHEMA_VERSION."""
-    version: int = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
-        )
-    existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
     # Rebuilding a table drops the one its results refer to: no foreign key checks
     # until the migration is done (the pragma is a no-op inside a transaction).
     db.execute("PRAGMA foreign_keys=OFF")
     db.execute("BEGIN IMMEDIATE")
     try:
-        if existing is not None and version < 1:
-            _migrate_0_to_1(db)
-        if existing is not None and version < 2:
-            _migrate_1_to_2(db)
-        # One statement at a time: executescript would commit the transaction first.
-        for statement in _statements(SCHEMA):
-            db.execute(statement)
-        for table, column, kind in (
-            ("epochs", "unclassified_lost", "INTEGER"),
-            ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
-            ("sessions", "claimed_by", "TEXT"),
-            ("sessions", "restart_reason", "TEXT"),
-        ):
-            if column not in _columns(db, table):
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-        have = _columns(db, "epochs")
-        for column in ("top", "rolled", "expired"):
-            if column not in have:
-                db.execute(f"ALTER TABLE epochs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
-        if "rolled_seq" not in have:
-            db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
-            extra = "".join(
-                f", {c}"
-                for c in ("unclassified_lost", "ssid_zero")
-                if c in _columns(db, "epochs_v0")
-            )
-            db.execute(
-                "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"  # noqa: S608 - column names of the file's schema
-                f" lost, forward_lost, overflow{extra}) SELECT id, epoch, created_ns,"
-                " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
-                " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
-                f" sent, lost, forward_lost, overflow{extra} FROM epochs_v0"
-                " WHERE state != 'created'"
-            )
-            db.execute(
-                "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
-                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
-            )
-            db.execute("DROP TABLE epochs_v0")
-        if version < 3:
-            db.execute(
-                "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
-                " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
-            )
-        if "cursor" in _columns(db, "sessions"):
-            for statement in MIGRATE_CURSOR:
-                db.execute(statement)
-        for column in SESSION_COLUMNS_DROPPED:
-            if column in _columns(db, "sessions"):
-                db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
-        _check_references(db)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        _migrate_locked(db)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
     finally:
         db.execute("PRAGMA foreign_keys=ON")
+
+
+def _migrate_locked(db: sqlite3.Connection) -> None:
+    """``_migrate``'s steps, in its transaction. The version is read under the write
+    lock: replicas opening one file at once migrate it once, the later ones finding it
+    done."""
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"store: schema version {version} is newer than this sixlab's ({SCHEMA_VERSION})"
+        )
+    existing = db.execute("SELECT 1 FROM sqlite_master WHERE name='nodes'").fetchone()
+    if existing is not None and version < 1:
+        _migrate_0_to_1(db)
+    if existing is not None and version < 2:
+        _migrate_1_to_2(db)
+    # One statement at a time: executescript would commit the transaction first.
+    for statement in _statements(SCHEMA):
+        db.execute(statement)
+    for table, column, kind in (
+        ("epochs", "unclassified_lost", "INTEGER"),
+        ("epochs", "ssid_zero", "INTEGER NOT NULL DEFAULT 0"),
+        ("sessions", "claimed_by", "TEXT"),
+        ("sessions", "restart_reason", "TEXT"),
+    ):
+        if column not in _columns(db, table):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    have = _columns(db, "epochs")
+    for column in ("top", "rolled", "expired"):
+        if column not in have:
+            db.execute(f"ALTER TABLE epochs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+    if "rolled_seq" not in have:
+        db.execute("ALTER TABLE epochs ADD COLUMN rolled_seq INTEGER")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name='epochs_v0'").fetchone():
+        extra = "".join(
+            f", {c}" for c in ("unclassified_lost", "ssid_zero") if c in _columns(db, "epochs_v0")
+        )
+        db.execute(
+            "INSERT INTO epochs(session_id, epoch, started_ns, ended_ns, end_reason, sent,"  # noqa: S608 - column names of the file's schema
+            f" lost, forward_lost, overflow{extra}) SELECT id, epoch, created_ns,"
+            " CASE WHEN state IN ('finished', 'destroyed') THEN created_ns END,"
+            " CASE WHEN state IN ('finished', 'destroyed') THEN state END,"
+            f" sent, lost, forward_lost, overflow{extra} FROM epochs_v0"
+            " WHERE state != 'created'"
+        )
+        db.execute(
+            "UPDATE epochs SET received = (SELECT COUNT(*) FROM results r WHERE"
+            " r.session_id = epochs.session_id AND r.epoch = epochs.epoch)"
+        )
+        db.execute("DROP TABLE epochs_v0")
+    if version < 3:
+        db.execute(
+            "UPDATE epochs SET top = COALESCE((SELECT MAX(record_id) FROM results r WHERE"
+            " r.session_id = epochs.session_id AND r.epoch = epochs.epoch), 0)"
+        )
+    if "cursor" in _columns(db, "sessions"):
+        for statement in MIGRATE_CURSOR:
+            db.execute(statement)
+    for column in SESSION_COLUMNS_DROPPED:
+        if column in _columns(db, "sessions"):
+            db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
+    _check_references(db)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 #: Version 6 and older kept each session's cursor and totals in its ``sessions`` row,
