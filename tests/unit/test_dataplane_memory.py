@@ -34,7 +34,7 @@ def test_a_datagram_queued_while_receive_empties_the_queue_keeps_the_plane_reada
             a.send(b"second", b.address, b.port)
         return real_read(fd, n)
 
-    monkeypatch.setattr(memory.os, "read", read)
+    monkeypatch.setattr(os, "read", read)  # the plane reads its pipe with os.read
     got = [r.payload for r in b.receive()]
     monkeypatch.undo()
     assert raced
