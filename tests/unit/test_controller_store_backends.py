@@ -1221,9 +1221,8 @@ def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_afte
     assert stored[0].data.s_rxc == I64_MAX
     # Later passes: more records of both sessions, into the minute already stored.
     more = [_api_record(4, 3, HUGE_EE), _api_record(5, 4)]
-    assert store.store_many(
-        [core._batch(row_a, more, None)[0], core._batch(row_b, [_api_record(1, 0)], None)[0]], now_ns=2
-    ) == [2, 1]
+    batches = [core._batch(row_a, more, None)[0], core._batch(row_b, [_api_record(1, 0)], None)[0]]
+    assert store.store_many(batches, now_ns=2) == [2, 1]
     assert housekeeper.run_once() == (3, 0, 0)
     minutes = {m.minute_ns: m for _, m in store.rollups(a)}
     assert minutes[T0].count == 5
