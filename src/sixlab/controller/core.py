@@ -708,7 +708,7 @@ def _batch(
 
 
 #: The widest value of each record field a STAMP packet can carry (RFC 8762 §4.1.1 /
-#: RFC 4656 §4.1.2: a 16-bit Error Estimate; RFC 8762 §4.2.1: an 8-bit Session-Sender
+#: RFC 4656 §4.1.2: a 16-bit Error Estimate; RFC 8762 §4.3.1: a one-octet Ses-Sender
 #: TTL; RFC 8200 §6: a 20-bit flow label); a record id must fit the signed 64-bit
 #: columns (the cursor). A record past one of them comes from a broken or hostile agent:
 #: it is refused (``_rows``).
