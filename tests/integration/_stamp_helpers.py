@@ -12,9 +12,19 @@ from sixlab.testbed import SRv6Path, SRv6TwoPaths
 
 #: The STAMP command line, run with this interpreter.
 SIXLAB = [sys.executable, "-m", "sixlab", "stamp"]
+#: The senders' loss timeout (s) where every probe is to be answered (``check_delays``):
+#: a session ends when its last reply comes, so a long one costs a passing run nothing;
+#: a short one would count a reply lost that the loaded machine's link emulators and
+#: processes held past it.
+TIMEOUT_S = "10"
+#: A warm-up session's (its records are not checked; a probe lost to Neighbour
+#: Discovery is not waited for long).
+WARMUP_TIMEOUT_S = "1"
 
 
-def run_sender(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int) -> dict[str, Any]:
+def run_sender(
+    tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int, timeout: str = TIMEOUT_S
+) -> dict[str, Any]:
     """Run ``sixlab stamp sender`` in the sender namespace over ``path``; its JSON summary."""
     out = tb.testbed.exec_in(
         tb.sender,
@@ -28,7 +38,7 @@ def run_sender(tb: SRv6TwoPaths, path: SRv6Path, *args: str, count: int) -> dict
             "--interval",
             "0.02",
             "--timeout",
-            "1",
+            timeout,
             "--segments",
             ",".join(path.forward_segments),
             *args,
@@ -60,10 +70,10 @@ def check_delays(
     """The session of ``count`` probes met ``path``'s emulated one-way delays; its median
     (direct, return) in ms.
 
-    Every probe answered, and no record faster than the link by more than ``spread_ms``
-    (load cannot cause either: plain ``AssertionError``); each direction's median within
-    ±``tolerance_ms`` and ``share`` of the records within ±``spread_ms`` (else
-    :class:`LateRecordsError`).
+    Every probe answered (within ``TIMEOUT_S``), and no record faster than the link by
+    more than ``spread_ms`` (load cannot cause either: plain ``AssertionError``); each
+    direction's median within ±``tolerance_ms`` and ``share`` of the records within
+    ±``spread_ms`` (else :class:`LateRecordsError`).
     """
     assert (doc["sent"], doc["received"], doc["lost"]) == (count, count, 0), doc["summary"]
     medians = []
@@ -111,7 +121,7 @@ def measure_path(
     is real but not the delay under test."""
 
     def once() -> dict[str, Any]:
-        run_sender(tb, path, *args, count=2)
+        run_sender(tb, path, *args, count=2, timeout=WARMUP_TIMEOUT_S)
         return run_sender(tb, path, *args, count=count)
 
     return measure_delays(once, path, count=count, **limits)

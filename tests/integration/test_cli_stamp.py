@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration._ports import free_port
+from tests.integration._stamp_helpers import TIMEOUT_S
 
 SIXLAB = [sys.executable, "-m", "sixlab"]
 
@@ -51,7 +52,7 @@ def _send(port: int, *extra: str, count: int = 20) -> dict[str, Any]:
             "--interval",
             "0.01",
             "--timeout",
-            "1",
+            TIMEOUT_S,
             "--json",
             *extra,
         ],

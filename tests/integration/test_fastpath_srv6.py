@@ -25,7 +25,12 @@ from pathlib import Path
 import pytest
 
 from sixlab.testbed import SRv6Path, SRv6TwoPaths
-from tests.integration._stamp_helpers import SIXLAB, measure_delays, run_sender
+from tests.integration._stamp_helpers import (
+    SIXLAB,
+    WARMUP_TIMEOUT_S,
+    measure_delays,
+    run_sender,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.interop]
 
@@ -184,7 +189,7 @@ def test_fast_path_answers_both_srv6_paths(
             ret = ",".join(path.return_segments)
             with _reflector(tb, plane, "--ssid", ssid, "--return-segments", ret, *mode) as summary:
                 args = ("--ssid", ssid, *(["--ptp"] if "--ptp" in mode else []))
-                run_sender(tb, path, *args, count=WARMUP)
+                run_sender(tb, path, *args, count=WARMUP, timeout=WARMUP_TIMEOUT_S)
                 runs = measure_delays(
                     lambda: run_sender(tb, path, *args, count=COUNT),  # noqa: B023
                     path,

@@ -42,7 +42,7 @@ from sixlab.testbed import (
 from sixlab.testbed._netns import namespace_pids
 from sixlab.wire.ipv6 import NextHeader
 from sixlab.wire.srh import SegmentRoutingHeader
-from tests.integration._stamp_helpers import SIXLAB
+from tests.integration._stamp_helpers import SIXLAB, TIMEOUT_S, WARMUP_TIMEOUT_S
 from tests.integration._tap import Frame, Tap
 from tests.integration.conftest import TEST_PREFIX
 
@@ -286,8 +286,10 @@ def test_the_sender_command_runs_loopback_and_flow_label_sessions(
     tb = far_testbed
     loop = tb.loopback_paths["F"]
     argv = [*SIXLAB, "sender", "--loopback", "--source", tb.sender_addr, "--segments",
-            ",".join(loop.segments), "--interval", "0.02", "--timeout", "1", "--json"]  # fmt: skip
-    tb.testbed.exec_in(tb.sender, [*argv, "--count", "2"], timeout=60)  # neighbours
+            ",".join(loop.segments), "--interval", "0.02", "--timeout", TIMEOUT_S,
+            "--json"]  # fmt: skip
+    warm = [*argv, "--count", "2", "--timeout", WARMUP_TIMEOUT_S]
+    tb.testbed.exec_in(tb.sender, warm, timeout=60)  # neighbours
     out = tb.testbed.exec_in(tb.sender, [*argv, "--count", "20", "--flow-labels", "4"], timeout=60)
     doc = json.loads(out.stdout)
     assert (doc["loopback"], doc["received"], doc["lost"]) == (True, 20, 0)

@@ -38,6 +38,7 @@ from sixlab.wire import stamp as wire
 from sixlab.wire import stamp_auth
 from sixlab.wire import stamp_tlv as t
 from sixlab.wire.timestamp import ErrorEstimate, ntp_from_ns
+from tests.integration._stamp_helpers import TIMEOUT_S
 
 from .conftest import TEST_PREFIX
 
@@ -175,7 +176,7 @@ def run_sender(p: Pair, reflector: str, *args: str, count: int = 30) -> dict[str
             "--interval",
             "0.01",
             "--timeout",
-            "1",
+            TIMEOUT_S,
             *args,
         ],
         timeout=60,
@@ -191,7 +192,7 @@ def test_two_senders_with_one_ssid_have_their_own_stateful_counts(pair: Pair, pl
     try:
         argv = [
             *SIXLAB, "sender", ADDR[6][1], "--json", "--count", str(count), "--interval",
-            "0.01", "--timeout", "1", "--ssid", "9", "--stateful-reflector",
+            "0.01", "--timeout", TIMEOUT_S, "--ssid", "9", "--stateful-reflector",
         ]  # fmt: skip
         procs = [
             pair.snd.run([*argv, "--source", source], stdout=subprocess.PIPE)

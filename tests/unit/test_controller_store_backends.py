@@ -32,6 +32,7 @@ from sixlab.controller.store import (
     Fence,
     FencedError,
     ResultBatch,
+    SessionRow,
     SqliteStore,
     StaleEpochError,
     Store,
@@ -409,14 +410,20 @@ def test_the_lease_clock_is_unix_time_in_ns(store: Store) -> None:
     assert before - 2_000_000 <= now <= after + 1_000_000
 
 
+#: A lease that is to expire while a test sleeps ``SHORT_S`` more than it, and to hold
+#: until then: a loaded machine may pause the test for hundreds of milliseconds
+#: between two calls. Only the replica that is to lose its leases takes it.
+SHORT = 10**9
+SHORT_S = 1.2
+
+
 def test_an_expired_replicas_leases_are_claimed_by_the_others(store: Store) -> None:
-    short = 300_000_000
-    store.lease_tick("A", GROUPS, short)
-    b = store.lease_tick("B", GROUPS, short)
+    store.lease_tick("A", GROUPS, SHORT)
+    b = store.lease_tick("B", GROUPS, TTL)
     assert b.owned == frozenset()
-    time.sleep(0.4)  # A stops renewing: its leases expire (database clock)
+    time.sleep(SHORT_S)  # A stops renewing: its leases expire (database clock)
     assert store.lease_owners()["s1"] is None
-    b = store.lease_tick("B", GROUPS, short)
+    b = store.lease_tick("B", GROUPS, TTL)
     assert (b.live, b.owned) == (1, frozenset({"s1", "s2", "r1", "housekeeping"}))
     # A comes back: it holds nothing and gets its share handed over by B.
     a = store.lease_tick("A", GROUPS, TTL)
@@ -437,12 +444,11 @@ def test_a_stale_fence_stores_nothing_once_another_replica_took_the_lease(
     store: Store,
 ) -> None:
     (sid,) = _sessions(store, 1)
-    short = 300_000_000
-    a = store.lease_tick("A", GROUPS, short)
+    a = store.lease_tick("A", GROUPS, SHORT)
     fence_a = Fence("s1", "A", a.generations["s1"])
     assert store.store_many([ResultBatch(sid, 0, [(1, _r(0))], None)], 1, fence=fence_a) == [1]
-    time.sleep(0.4)  # A is paused past its lease; B takes s1 over
-    b = store.lease_tick("B", GROUPS, short)
+    time.sleep(SHORT_S)  # A is paused past its lease; B takes s1 over
+    b = store.lease_tick("B", GROUPS, TTL)
     assert "s1" in b.owned
     assert b.generations["s1"] == a.generations["s1"] + 1
     before = store.session("p0")
@@ -766,6 +772,15 @@ def test_a_batch_with_a_taken_name_adds_none_and_names_it(store: Store) -> None:
     assert [r.name for r in store.sessions()] == ["p1"]
 
 
+def _as_postgresql(sql: str) -> str:
+    """A statement SQLite was given, as the PostgreSQL store words it: the session
+    rows' query is each store's own (the same columns, the same rows)."""
+    if sql.startswith(SqliteStore._sessions_sql):
+        rest = sql[len(SqliteStore._sessions_sql) :].replace(SqliteStore._sessions_group, "")
+        return PostgresStore._sessions_sql + rest
+    return sql
+
+
 def _plans(store: SqliteStore, run: Callable[[], object]) -> list[tuple[str, str]]:
     """(statement, EXPLAIN QUERY PLAN) of each statement ``run`` has the store execute
     (traced with their parameters, then asked of SQLite), transaction control left out."""
@@ -863,12 +878,11 @@ def test_sqlite_a_sessions_row_and_events_are_read_through_indexes(tmp_path: Pat
 def test_postgresql_a_sessions_row_and_events_are_read_through_indexes(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """The same statements (PostgreSQL runs the same text, but for the sums of the
-    sessions' totals), explained by PostgreSQL on tables of 5,000 sessions and 5,000
+    """The same statements (PostgreSQL runs the same text, but for its own session
+    rows' query: ``_as_postgresql``), explained by PostgreSQL on tables of 5,000 sessions and 5,000
     events, analysed: no sequential scan of either."""
     sqlite = SqliteStore(tmp_path / "c.sqlite")
-    statements = [sql.replace(SqliteStore._sessions_sql, PostgresStore._sessions_sql)
-                  for sql, _ in _per_session_statements(sqlite)]  # fmt: skip
+    statements = [_as_postgresql(sql) for sql, _ in _per_session_statements(sqlite)]
     sqlite.close()
     store = open_store(pg_url)
     try:
@@ -1002,8 +1016,8 @@ def test_postgresql_per_pass_statements_read_the_live_rows_only(
     The sessions and epochs are read through the passes' partial indexes (or one epoch
     by its key): no sequential scan, and no index of every session ever kept."""
     sqlite = SqliteStore(tmp_path / "c.sqlite")
-    statements = [sql.replace(SqliteStore._sessions_sql, PostgresStore._sessions_sql)
-                  for sql, _ in _per_pass_statements(sqlite)]  # fmt: skip
+    statements = [_as_postgresql(sql) for sql, _ in _per_pass_statements(sqlite)]
+    assert any(sql.startswith(PostgresStore._sessions_sql) for sql in statements)
     sqlite.close()
     store = open_store(pg_url)
     try:
@@ -1111,6 +1125,54 @@ def test_a_batch_of_results_writes_the_results_and_each_epochs_row_alone(
         (4, 0, None), (4, 10, 1),
     ]  # fmt: skip
     assert [(e.epoch, e.received, e.sent) for e in store.epochs(ids[0])] == [(0, 1, 5), (1, 2, 10)]
+
+
+def test_every_read_of_a_session_row_gives_its_current_epochs_cursor_and_sums_over_epochs(
+    store: Store,
+) -> None:
+    """The session rows' query (one pass over each session's epochs, each store's own
+    wording) on its edges, read the same through every path (all sessions, one by name,
+    some by name, a node's): three epochs (the cursor is the current one's top, lower
+    than an earlier epoch's; the totals their sums, a NULL counter left out of its sum);
+    a session begun with nothing stored; one created and never begun (no epoch row: a
+    cursor and totals of 0, the nullable sums NULL); one destroyed (listed on request
+    with its totals)."""
+    ids = _sessions(store, 3)
+    store.store_results(ids[0], [(k, _r(k - 1)) for k in range(1, 6)],
+                        Counters(5, 1, None, 1, 0, 0, 0, 2, 1), epoch=0)  # fmt: skip
+    assert store.begin_epoch("p0", 2) == 1
+    store.store_results(ids[0], [(k, _r(k - 1)) for k in range(1, 8)],
+                        Counters(7, 2, 3, 0, 0, 0, 0, None, 0), epoch=1)  # fmt: skip
+    assert store.begin_epoch("p0", 3) == 2
+    store.store_results(ids[0], [(1, _r(0)), (2, _r(1))],
+                        Counters(2, 0, 1, 0, 0, 0, 0, 1, 4), epoch=2)  # fmt: skip
+    store.store_results(ids[2], [(1, _r(0))], Counters(3, 1, 1, 0), epoch=0)
+    store.add_session("p3", 4, sender="s1", reflector="r1", params={}, now_ns=0)
+    store.mark_destroying(["p2"])
+    assert store.finish_destroy(ids[2], 4)
+
+    def totals(row: SessionRow) -> tuple[Any, ...]:
+        return (row.epoch, row.cursor, row.sent, row.lost, row.forward_lost, row.overflow,
+                row.unclassified_lost, row.ssid_zero)  # fmt: skip
+
+    expected = {
+        "p0": (2, 2, 14, 3, 4, 1, 3, 5),
+        "p1": (0, 0, 0, 0, None, 0, None, 0),
+        "p2": (0, 1, 3, 1, 1, 0, None, 0),
+        "p3": (0, 0, 0, 0, None, 0, None, 0),
+    }
+    live = ["p0", "p1", "p3"]
+    assert {r.name: totals(r) for r in store.sessions(include_destroyed=True)} == expected
+    assert [r.name for r in store.sessions()] == live
+    assert [totals(r) for r in store.sessions()] == [expected[n] for n in live]
+    assert {n: totals(store.session(n)) for n in expected} == expected
+    assert {r.name: totals(r) for r in store.sessions_named([*live, "p2"])} == {
+        n: expected[n] for n in live
+    }
+    assert [totals(r) for r in store.sessions_of("s1")] == [expected[n] for n in live]
+    assert [totals(r) for r in store.sessions_of("r1", role="reflector")] == [
+        expected[n] for n in live
+    ]
 
 
 def test_postgresql_migrates_a_version_6_database_keeping_cursors_and_totals(

@@ -726,11 +726,13 @@ def test_class_of_service_through_the_engines() -> None:
     _, (sender,), rengine = _engines(reflector, S_ADDR)
     try:
         cos = t.ClassOfService(dscp1=46).to_tlv().encode()
-        cfg = SenderConfig(ssid=1, interval_ns=MS, count=2, loss_timeout_ns=200 * MS, tlvs=cos)
+        cfg = SenderConfig(ssid=1, interval_ns=MS, count=2, loss_timeout_ns=SLACK, tlvs=cos)
         sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
         sender.start_session(1)
         assert sender.wait_finished(1, 10)
-        for record in sender.results(1):
+        records = sender.results(1)
+        assert len(records) == 2
+        for record in records:
             (tlv,) = t.decode_tlvs(record.tlvs)
             got = t.ClassOfService.from_tlv(tlv)
             assert (tlv.flags, got.dscp1, got.dscp2, got.ecn2, got.rp) == (0, 46, 0, 0, 0)
@@ -746,7 +748,7 @@ def test_flow_labelled_packets_go_through_send_labelled(
 ) -> None:
     network, sender, _rengine, reflector = net
     reflector.add_session(ReflectorSessionConfig(ssid=20))
-    cfg = SenderConfig(ssid=20, interval_ns=MS, count=5, flow_labels=(7, 9))
+    cfg = SenderConfig(ssid=20, interval_ns=MS, count=5, loss_timeout_ns=SLACK, flow_labels=(7, 9))
     sender.add_session(SenderSessionSpec(cfg, R_ADDR, 862))
     sender.start_session(20)
     assert sender.wait_finished(20, 10)

@@ -49,7 +49,8 @@ from sixlab.controller.store import (
     StoreUnavailableError,
     _Cursor,
     _Db,
-    _select_sessions,
+    _session_totals,
+    _sessions_query,
 )
 
 __all__ = ["CHANNEL", "SCHEMA", "PostgresStore"]
@@ -321,11 +322,18 @@ class PostgresStore(Store):
     _row_lock_sql = " FOR UPDATE"
     _share_lock_sql = " FOR SHARE"
     # SUM of BIGINT is an exact NUMERIC: saturated before the cast (LEAST would turn NULL
-    # into the limit).
-    _sessions_sql = _select_sessions(
-        "CAST(CASE WHEN SUM({0}) > 9223372036854775807 THEN 9223372036854775807"
-        " ELSE SUM({0}) END AS BIGINT)"
-    )
+    # into the limit). Each session's epochs aggregated by a LATERAL subquery: an index
+    # scan of the session's rows of ``epochs`` per session, where a join grouped by
+    # session may be planned as a scan of every epoch ever kept (destroyed sessions' too).
+    _sessions_sql = _sessions_query(
+        [f"t.c{i}" for i in range(7)],
+        " CROSS JOIN LATERAL (SELECT " + ", ".join(_session_totals(  # noqa: S608
+            "CAST(CASE WHEN SUM({0}) > 9223372036854775807 THEN 9223372036854775807"
+            " ELSE SUM({0}) END AS BIGINT)"
+        ))
+        + " FROM epochs e WHERE e.session_id = sessions.id) AS t("
+        + ", ".join(f"c{i}" for i in range(7)) + ")",
+    )  # fmt: skip
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10, pool_size: int = 8) -> None:
         try:

@@ -290,25 +290,34 @@ SCHEMA_VERSION = 7
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
 #: session's cursor is the ``top`` of its current epoch's row (0 before it has one), its
 #: totals the sums over its epochs' counters: read, never stored, so that a batch of
-#: results writes its epoch's row alone (docs/architecture.md, "The store").
-def _select_sessions(total: str) -> str:
-    """The sessions query, each epoch sum written as ``total`` (a template of its column,
-    ``{}``): the sum saturated at 2^63 − 1, NULL for no value (as ``SUM``)."""
+#: results writes its epoch's row alone (docs/architecture.md, "The store"). The seven
+#: are read in one pass over the session's epochs (``e``), not a subquery each (seven
+#: index searches per session: docs/architecture.md, "Reading sessions").
+def _session_totals(total: str) -> tuple[str, ...]:
+    """The seven values of a session row read from its epochs (``e``), as aggregates:
+    the cursor, then the totals, each epoch sum written as ``total`` (a template of its
+    column, ``{}``: the sum saturated at 2^63 − 1, NULL for no value, as ``SUM``)."""
 
     def summed(column: str, *, zero: bool = True) -> str:
         value = total.format(f"e.{column}")
-        if zero:
-            value = f"COALESCE({value}, 0)"
-        return f"(SELECT {value} FROM epochs e WHERE e.session_id = sessions.id)"  # noqa: S608
+        return f"COALESCE({value}, 0)" if zero else value
 
     return (
-        "SELECT id, name, ssid, sender, reflector, params, state, epoch,"  # noqa: S608
-        " COALESCE((SELECT e.top FROM epochs e WHERE e.session_id = sessions.id"
-        " AND e.epoch = sessions.epoch), 0), "
-        + ", ".join((summed("sent"), summed("lost"), summed("forward_lost", zero=False),
-                     summed("overflow"), "created_ns", summed("unclassified_lost", zero=False),
-                     summed("ssid_zero")))
-        + " FROM sessions"
+        "COALESCE(MAX(CASE WHEN e.epoch = sessions.epoch THEN e.top END), 0)",
+        summed("sent"), summed("lost"), summed("forward_lost", zero=False),
+        summed("overflow"), summed("unclassified_lost", zero=False), summed("ssid_zero"),
+    )  # fmt: skip
+
+
+def _sessions_query(totals: Sequence[str], joined: str) -> str:
+    """The session rows' SELECT: ``sessions``' columns and the seven ``totals`` in
+    SessionRow's order, from ``sessions`` and what ``joined`` joins to it."""
+    t = list(totals)
+    return (
+        "SELECT sessions.id, sessions.name, sessions.ssid, sessions.sender,"  # noqa: S608
+        " sessions.reflector, sessions.params, sessions.state, sessions.epoch, "
+        + ", ".join(t[:5]) + ", sessions.created_ns, " + ", ".join(t[5:])
+        + " FROM sessions" + joined
     )  # fmt: skip
 
 
@@ -589,10 +598,11 @@ class Store(ABC):
     #: An SQL expression of the database's clock, Unix ns (leases use it, so that
     #: replicas on different hosts need not agree on the time).
     _now_sql: ClassVar[str]
-    #: Row queries of sessions (``_select_sessions``): their totals are sums over the
-    #: epochs, each of which may be a counter saturated at 2^63 − 1 (``core._counters``):
-    #: summed without failing, saturated again.
+    #: The session rows' query (``_sessions_query``) and what follows its WHERE clause.
+    #: Their totals are sums over the epochs, each of which may be a counter saturated
+    #: at 2^63 − 1 (``core._counters``): summed without failing, saturated again.
     _sessions_sql: ClassVar[str]
+    _sessions_group: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self._handlers: list[NoticeHandler] = []
@@ -865,6 +875,14 @@ class Store(ABC):
         by_name = {r.name: r for r in self.sessions_named([i[0] for i in items])}
         return [by_name[i[0]] for i in items]
 
+    def _select_sessions(self, where: str = "", tail: str = "") -> str:
+        """The session rows' query: ``where`` (terms on ``sessions``' columns) chooses
+        the rows, ``tail`` orders them (``ORDER BY``, ``LIMIT``)."""
+        return (
+            self._sessions_sql + (f" WHERE {where}" if where else "")
+            + self._sessions_group + (f" {tail}" if tail else "")
+        )  # fmt: skip
+
     def sessions_named(self, names: Sequence[str]) -> list[SessionRow]:
         """The live sessions of these names (those that exist), in chunks of 500."""
         out: list[SessionRow] = []
@@ -872,8 +890,9 @@ class Store(ABC):
             chunk = list(names[i : i + 500])
             with self._lock:
                 rows = self._db.execute(
-                    self._sessions_sql + " WHERE state != 'destroyed' AND name IN ("
-                    + ",".join("?" * len(chunk)) + ")",
+                    self._select_sessions(
+                        "state != 'destroyed' AND name IN (" + ",".join("?" * len(chunk)) + ")"
+                    ),
                     chunk,
                 ).fetchall()  # fmt: skip
             out += [_session_row(r) for r in rows]
@@ -946,7 +965,7 @@ class Store(ABC):
         """The session of that name: the live one, else the last one destroyed."""
         with self._lock:
             row = self._db.execute(
-                self._sessions_sql + " WHERE name=? ORDER BY state = 'destroyed', id DESC LIMIT 1",
+                self._select_sessions("name=?", "ORDER BY state = 'destroyed', id DESC LIMIT 1"),
                 (name,),
             ).fetchone()
         if row is None:
@@ -954,11 +973,11 @@ class Store(ABC):
         return _session_row(row)
 
     def sessions(self, *, include_destroyed: bool = False) -> list[SessionRow]:
-        query = self._sessions_sql
-        if not include_destroyed:
-            query += " WHERE state != 'destroyed'"
+        query = self._select_sessions(
+            "" if include_destroyed else "state != 'destroyed'", "ORDER BY id"
+        )
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY id").fetchall()
+            rows = self._db.execute(query).fetchall()
         return [_session_row(r) for r in rows]
 
     def set_state(self, name: str, state: str) -> None:
@@ -1240,7 +1259,7 @@ class Store(ABC):
         column = "reflector" if role == "reflector" else "sender"
         with self._lock:
             rows = self._db.execute(
-                self._sessions_sql + f" WHERE {column}=? AND state != 'destroyed' ORDER BY id",
+                self._select_sessions(f"{column}=? AND state != 'destroyed'", "ORDER BY id"),
                 (node,),
             ).fetchall()
         return [_session_row(r) for r in rows]
@@ -1868,8 +1887,13 @@ class SqliteStore(Store):
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
     # SQLite's SUM fails past int64 ("integer overflow"); TOTAL sums as a float (exact
-    # below 2^53), and CAST saturates a float past the range.
-    _sessions_sql = _select_sessions("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END")
+    # below 2^53), and CAST saturates a float past the range. Each session's epochs are
+    # joined and grouped by session: a nested loop over the primary key of ``epochs``.
+    _sessions_sql = _sessions_query(
+        _session_totals("CASE WHEN COUNT({0}) THEN CAST(TOTAL({0}) AS INTEGER) END"),
+        " LEFT JOIN epochs e ON e.session_id = sessions.id",
+    )
+    _sessions_group = " GROUP BY sessions.id"
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()

@@ -107,13 +107,20 @@ class MemoryDataplane(Dataplane):
         return self._pipe[0]
 
     def receive(self, max_batch: int = 64) -> list[Received]:
-        out: list[Received] = []
-        while self._queue and len(out) < max_batch:
-            out.append(self._queue.popleft())
-        if self._pipe is not None and not self._queue:
+        # The wake-up pipe is emptied before the queue is read, never after: a datagram
+        # queued (and its byte written) between the two would otherwise lose its byte
+        # and no select would wake the engine for it. What is left queued past
+        # ``max_batch`` gets a byte of its own.
+        if self._pipe is not None:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._pipe[0], 4096):
                     pass
+        out: list[Received] = []
+        while self._queue and len(out) < max_batch:
+            out.append(self._queue.popleft())
+        if self._pipe is not None and self._queue:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._pipe[1], b"x")
         return out
 
     def send(
