@@ -45,16 +45,36 @@ def _records() -> list[pb.StampResult]:
 def test_rows_are_the_rows_of_the_converted_results() -> None:
     records = _records()
     expected = [_result_row(3, 2, r.record_id, result_from_proto(r)) for r in records]
-    assert _rows(3, 2, records) == expected
+    assert _rows(3, 2, records) == (expected, [])
 
 
 def test_a_record_with_an_error_estimate_wider_than_16_bits_is_refused() -> None:
     records = _records()
+    expected = [_result_row(3, 2, r.record_id, result_from_proto(r)) for r in records]
     records[4].reflector_error_estimate = 0x1_0001
-    with pytest.raises(InvalidFieldError):
-        _rows(3, 2, records)
+    rows, bad = _rows(3, 2, records)
+    assert (rows, bad) == (expected[:4] + expected[5:], [records[4]])
     with pytest.raises(InvalidFieldError):  # as the conversion refuses it
         result_from_proto(records[4])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("record_id", 2**63), ("ses_sender_ttl", 256), ("flow_label", 0x100000),
+     ("sender_error_estimate", 0x10000)],
+)  # fmt: skip
+def test_each_field_past_what_a_stamp_packet_carries_refuses_the_record(
+    field: str, value: int
+) -> None:
+    """Just past the range refused; at its edge (2^63 - 1, 255, 2^20 - 1, 0xFFFF)
+    stored."""
+    records = _records()
+    setattr(records[1], field, value - 1)
+    setattr(records[2], field, value)
+    rows, bad = _rows(3, 2, records)
+    assert bad == [records[2]]
+    assert len(rows) == len(records) - 1
+    assert [row[2] for row in rows][1] == records[1].record_id
 
 
 def _state(m: ControllerMetrics) -> tuple[object, ...]:
@@ -71,7 +91,7 @@ def _state(m: ControllerMetrics) -> tuple[object, ...]:
 
 def test_observe_rows_is_observe_and_collected() -> None:
     records = _records()
-    rows = _rows(3, 2, records)
+    rows, _ = _rows(3, 2, records)
     by_rows, by_results = ControllerMetrics(), ControllerMetrics()
     # Two batches: the data metrics join the second to the first.
     for part in (slice(0, 6), slice(6, None)):
@@ -98,13 +118,13 @@ def test_a_batch_of_rows_stores_what_a_batch_of_results_stores(tmp_path: Path) -
         row = store.session("p")
         counters = pb.SessionCounters(ssid=7, sent=9, lost=1, schedule_skipped=2)
         if how == "rows":
-            batch = _batch(row, records, counters)
+            batch, _ = _batch(row, records, counters)
         else:
             batch = ResultBatch(
                 row.id,
                 row.epoch,
                 [(r.record_id, result_from_proto(r)) for r in records],
-                _batch(row, [], counters).counters,
+                _batch(row, [], counters)[0].counters,
             )
         assert store.store_many([batch], T + 5) == [len(records)]
         assert store.store_many([batch], T + 6) == [0]  # a repeat is stored once
@@ -122,7 +142,7 @@ def test_observe_many_is_observe_rows_of_each_batch() -> None:
     """A transaction's batches observed under one lock (``observe_many``), one-record
     batches by the short way, leave the metrics as ``observe_rows`` of each does."""
     records = _records()
-    rows = _rows(3, 2, records)
+    rows, _ = _rows(3, 2, records)
     # One-record batches of every kind (two-way, labelled, loopback, with data), a
     # batch of several, an empty one; two paths.
     batches = [("p", [row]) for row in rows] + [("q", rows[:4]), ("q", rows[4:]), ("r", [])]

@@ -1271,7 +1271,7 @@ def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_afte
                _api_record(3, 2, t2=u64 - 9)]  # fmt: skip
     records[0].data.s_txc, records[0].data.s_rxc = 7, u64
     housekeeper = Housekeeper(store, Retention(duty=1.0))
-    assert store.store_many([core._batch(row_a, records, counters)], now_ns=1) == [3]
+    assert store.store_many([core._batch(row_a, records, counters)[0]], now_ns=1) == [3]
     assert housekeeper.run_once() == (3, 0, 0)
     minutes = {m.minute_ns: m for _, m in store.rollups(a)}
     assert minutes[T0].max_error_ns == I64_MAX
@@ -1283,9 +1283,8 @@ def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_afte
     assert stored[0].data.s_rxc == I64_MAX
     # Later passes: more records of both sessions, into the minute already stored.
     more = [_api_record(4, 3, HUGE_EE), _api_record(5, 4)]
-    assert store.store_many(
-        [core._batch(row_a, more, None), core._batch(row_b, [_api_record(1, 0)], None)], now_ns=2
-    ) == [2, 1]
+    batches = [core._batch(row_a, more, None)[0], core._batch(row_b, [_api_record(1, 0)], None)[0]]
+    assert store.store_many(batches, now_ns=2) == [2, 1]
     assert housekeeper.run_once() == (3, 0, 0)
     minutes = {m.minute_ns: m for _, m in store.rollups(a)}
     assert minutes[T0].count == 5
@@ -1296,7 +1295,7 @@ def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_afte
     # The counters of two epochs, each saturated: the session's totals, saturated too.
     assert store.session("p0").sent == I64_MAX
     store.begin_epoch("p0", 3)
-    store.store_many([core._batch(store.session("p0"), [_api_record(1, 0)], counters)], now_ns=4)
+    store.store_many([core._batch(store.session("p0"), [_api_record(1, 0)], counters)[0]], now_ns=4)
     s = store.session("p0")
     assert (s.sent, s.lost, s.overflow, s.forward_lost) == (I64_MAX, I64_MAX, I64_MAX, None)
     assert [e.late_ns_max for e in store.epochs(a)] == [I64_MAX, I64_MAX]

@@ -216,7 +216,9 @@ def test_the_rows_of_messages_already_there_are_built_before_the_slot(
     built: list[tuple[int, bool]] = []
     rows_of = core._rows
 
-    def counting(sid: int, epoch: int, results: Any) -> list[tuple[Any, ...]]:
+    def counting(
+        sid: int, epoch: int, results: Any
+    ) -> tuple[list[tuple[Any, ...]], list[pb.StampResult]]:
         slot = ctl._commit_slot
         free = slot.acquire(blocking=False)  # not if this thread (the only one) holds it
         if free:

@@ -139,7 +139,6 @@ from sixlab.stamp import (
     per_flow_stats,
 )
 from sixlab.stamp.stats import PathStats, path_stats
-from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
     "REFLECTOR_LOST",
@@ -160,6 +159,10 @@ log = logging.getLogger(__name__)
 
 #: Records per poll or stream batch: large enough to keep up with 10 kpps at 2 polls/s.
 BATCH = 5000
+#: At most one log line a node per this many seconds about records refused as out of
+#: range (``Controller._refused``); the metric counts every one.
+REFUSED_LOG_S = 10.0
+
 #: Back-off between retries to a node that does not answer (doubling, capped).
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
@@ -618,8 +621,9 @@ class _PathCounts:
             return False
         received, top = e.received, e.top
         rows = batch.result_rows()
-        if rows and rows[-1][2] > top:
-            received, top = received + new, rows[-1][2]
+        last = max(rows[-1][2] if rows else 0, batch.top)
+        if last > top:
+            received, top = received + new, last
         c = batch.counters
         if c is not None and (e.seen_ns is None or now >= e.seen_ns):
             self.epochs[batch.epoch] = EpochRow(
@@ -687,35 +691,75 @@ def epoch_stats(e: EpochRow, spec: SessionSpec) -> EpochStats:
 
 def _batch(
     row: SessionRow, results: Sequence[pb.StampResult], counters: pb.SessionCounters | None
-) -> ResultBatch:
+) -> tuple[ResultBatch, list[pb.StampResult]]:
     """A batch read from the session's sender, as the store takes it (``counters`` None:
-    the batch came without them): its records as result rows (``_rows``)."""
-    return ResultBatch(
+    the batch came without them): its records as result rows (``_rows``), its cursor
+    past the records refused; and the records refused (``_rows``)."""
+    rows, bad = _rows(row.id, row.epoch, results)
+    batch = ResultBatch(
         row.id,
         row.epoch,
         (),
         None if counters is None else _counters(counters),
-        _rows(row.id, row.epoch, results),
+        rows,
+        _top(bad),
     )
+    return batch, bad
 
 
-def _rows(sid: int, epoch: int, results: Sequence[pb.StampResult]) -> list[tuple[Any, ...]]:
+#: The widest value of each record field a STAMP packet can carry (RFC 8762 §4.1.1 /
+#: RFC 4656 §4.1.2: a 16-bit Error Estimate; RFC 8762 §4.3.1: a one-octet Ses-Sender
+#: TTL; RFC 8200 §6: a 20-bit flow label); a record id must fit the signed 64-bit
+#: columns (the cursor). A record past one of them comes from a broken or hostile agent:
+#: it is refused (``_rows``).
+_EE_MAX = 0xFFFF
+_TTL_MAX = 0xFF
+_LABEL_MAX = 0xFFFFF
+
+
+def _refusal(r: pb.StampResult) -> str:
+    """Why ``_rows`` refused a record (for the log)."""
+    if r.record_id > I64_MAX:
+        return f"record id {r.record_id} past 2^63 - 1"
+    if max(r.sender_error_estimate, r.reflector_error_estimate) > _EE_MAX:
+        ee = max(r.sender_error_estimate, r.reflector_error_estimate)
+        return f"Error Estimate {ee:#x} wider than 16 bits"
+    if r.ses_sender_ttl > _TTL_MAX:
+        return f"TTL {r.ses_sender_ttl} past 255"
+    return f"flow label {r.flow_label:#x} wider than 20 bits"
+
+
+def _top(bad: Sequence[pb.StampResult]) -> int:
+    """The highest id of refused records the cursor can move past (0: none): one past
+    2^63 - 1 cannot be a cursor, and is acknowledged only."""
+    return max((r.record_id for r in bad if r.record_id <= I64_MAX), default=0)
+
+
+def _rows(
+    sid: int, epoch: int, results: Sequence[pb.StampResult]
+) -> tuple[list[tuple[Any, ...]], list[pb.StampResult]]:
     """API records as ``results`` rows (``store.RESULT_COLUMNS``), read straight off the
     messages: a controller stores tens of thousands a second, and a ``StampResult``
     (with two ``ErrorEstimate``) per record cost as much again as the row. The Error
-    Estimates are stored as on the wire (RFC 8762 §4.1.1: 16 bits); a wider value is
-    refused as ``ErrorEstimate.from_int`` refuses it.
+    Estimates are stored as on the wire (RFC 8762 §4.1.1: 16 bits).
 
-    The API's timestamps and S_RxC are uint64, the columns signed 64-bit: a value past
-    2^63 − 1 (no STAMP timestamp converts to one: that is past the year 2262) is stored
-    saturated at it, "at least this" (``rollup.saturate``), rather than failing the
-    transaction of every session of the agent, again at each retry."""
+    A record with a field no STAMP packet can carry, or an id past the columns'
+    2^63 - 1, is refused: not a row but in the second list, for the caller to count,
+    acknowledge and move the cursor past (docs/architecture.md, "Records out of
+    range"); failing the transaction instead would fail it for every session of the
+    agent, again at each retry. The API's timestamps and S_RxC are uint64, the columns
+    signed 64-bit: a value past 2^63 - 1 (no STAMP timestamp converts to one: that is
+    past the year 2262) is stored saturated at it, "at least this" (``rollup.saturate``)."""
     out: list[tuple[Any, ...]] = []
+    bad: list[pb.StampResult] = []
     append = out.append
     for r in results:
+        rid = r.record_id
         ee_s, ee_r = r.sender_error_estimate, r.reflector_error_estimate
-        if (ee_s | ee_r) > 0xFFFF:
-            ErrorEstimate.from_int(max(ee_s, ee_r))  # raises InvalidFieldError
+        ttl, label = r.ses_sender_ttl, r.flow_label
+        if rid > I64_MAX or (ee_s | ee_r) > _EE_MAX or ttl > _TTL_MAX or label > _LABEL_MAX:
+            bad.append(r)
+            continue
         t1, t2, t3, t4 = r.t1_ns, r.t2_ns, r.t3_ns, r.t4_ns
         if (t1 | t2 | t3 | t4) > I64_MAX:
             t1, t2, t3, t4 = saturate(t1), saturate(t2), saturate(t3), saturate(t4)
@@ -727,11 +771,10 @@ def _rows(sid: int, epoch: int, results: Sequence[pb.StampResult]) -> list[tuple
         else:
             data = _NO_DATA
         append(
-            (sid, epoch, r.record_id, r.seq, t1, t2, t3, t4, ee_s, ee_r,
-             r.ses_sender_ttl, r.reflector_seq,
-             r.flow_label if r.HasField("flow_label") else None, int(r.loopback), *data)
+            (sid, epoch, rid, r.seq, t1, t2, t3, t4, ee_s, ee_r, ttl, r.reflector_seq,
+             label if r.HasField("flow_label") else None, int(r.loopback), *data)
         )  # fmt: skip
-    return out
+    return out, bad
 
 
 _NO_DATA: tuple[int | None, ...] = (None, None, None, None)
@@ -742,7 +785,9 @@ class _Gathered:
     """A session's records gathered from one transaction's stream messages, as rows
     (``_rows``), and the latest of the rest: a session's records in several messages are
     joined as rows, never by copying the messages' records. ``lost_top``: the highest
-    ``loss_id`` of its loss reports (0: none), acknowledged with the records."""
+    ``loss_id`` of its loss reports (0: none), acknowledged with the records.
+    ``refused``: its records ``_rows`` refused; ``last_id``: the id of its last record
+    (refused or not; 0: none), acknowledged."""
 
     ssid: int
     rows: list[tuple[Any, ...]]
@@ -750,6 +795,8 @@ class _Gathered:
     final: bool
     gone: bool
     lost_top: int = 0
+    refused: list[pb.StampResult] = field(default_factory=list)
+    last_id: int = 0
 
 
 def _gather_rows(
@@ -764,15 +811,21 @@ def _gather_rows(
         sub = subs.get(b.ssid)
         if sub is None:
             continue
-        rows = _rows(sub.id, sub.epoch, b.results)
+        rows, bad = _rows(sub.id, sub.epoch, b.results)
         t4s += [row[7] for row in rows]
         counters = b.counters if b.HasField("counters") else None
         lost_top = b.lost[-1].loss_id if b.lost else 0
+        last_id = b.results[-1].record_id if b.results else 0
         into = pending.get(b.ssid)
         if into is None:
-            pending[b.ssid] = _Gathered(b.ssid, rows, counters, b.final, b.gone, lost_top)
+            pending[b.ssid] = _Gathered(
+                b.ssid, rows, counters, b.final, b.gone, lost_top, bad, last_id
+            )
             continue
         into.rows += rows
+        into.refused += bad
+        if last_id:
+            into.last_id = last_id
         if counters is not None:
             into.counters = counters
         into.lost_top = max(into.lost_top, lost_top)
@@ -953,6 +1006,9 @@ class Controller:
         #: Each node whose last comparison found nothing to do: the agent's answer then
         #: (``_agent_state``), ``_store_gen`` read before its store read, and when.
         self._settled: dict[str, tuple[tuple[int, bool, int, int], int, float]] = {}
+        #: Per node: when its last line about refused records was logged, and how many
+        #: were refused since (``_refused``).
+        self._refused_log: dict[str, tuple[float, int]] = {}
         #: Each ``stopping`` (sender, name, epoch) seen by this owner's supervisor: when
         #: to ask its sender next, and the back-off (``_complete_stops``).
         self._stops: dict[tuple[str, str, int], tuple[float, float]] = {}
@@ -2130,7 +2186,7 @@ class Controller:
             reply = client.results(cur.ssid, BATCH, after_id=cur.cursor)
             if not reply.results:
                 return
-            batch = _batch(cur, reply.results, reply.counters)
+            batch = self._read_batch(row.sender, cur, reply.results, reply.counters)
             now = self.clock()
             (new,) = self.store.store_many([batch], now, fence=self._fence(row.sender))
             rows = batch.result_rows()
@@ -2138,8 +2194,8 @@ class Controller:
                 self.metrics.dropped(row.sender, len(rows))
                 return
             self._stored(cur, batch, new, now)
-            client.acknowledge(cur.ssid, rows[-1][2])
-            collected += len(rows)
+            client.acknowledge(cur.ssid, reply.results[-1].record_id)
+            collected += len(reply.results)
             if not reply.remaining:
                 return
             if collected >= FINAL_RECORDS_MAX:
@@ -2567,7 +2623,9 @@ class Controller:
                     continue
                 with self._lock:
                     p.retry.pop(row.name, None)
-                todo.append((row, reply, _batch(row, reply.results, reply.counters)))
+                todo.append(
+                    (row, reply, self._read_batch(p.node, row, reply.results, reply.counters))
+                )
             if live and len(todo) == len(live):
                 self._health(p.node, healthy=True, refresh=False)
             now = self.clock()
@@ -2586,8 +2644,8 @@ class Controller:
                     self.metrics.dropped(p.node, len(got))
                     continue
                 self._stored(row, stored, new, now)
-                if got:
-                    acks[row.ssid] = got[-1][2]
+                if reply.results:
+                    acks[row.ssid] = reply.results[-1].record_id
                     if reply.remaining:
                         behind.append(row.name)
                 elif reply.state == pb.SESSION_STATE_FINISHED:
@@ -2618,6 +2676,36 @@ class Controller:
                     " polling %d sessions a round",
                     p.node, max(sizes), max_bytes, POLL_ROUND_BYTES // REPLY_BUDGET_BYTES,
                 )  # fmt: skip
+
+    def _read_batch(
+        self,
+        node: str,
+        row: SessionRow,
+        results: Sequence[pb.StampResult],
+        counters: pb.SessionCounters | None,
+    ) -> ResultBatch:
+        """``_batch``, its refused records counted (``_refused``)."""
+        batch, bad = _batch(row, results, counters)
+        if bad:
+            self._refused(node, row.name, bad)
+        return batch
+
+    def _refused(self, node: str, session: str, bad: Sequence[pb.StampResult]) -> None:
+        """Count records of the node's agent refused as out of range (``_rows``), and
+        log it, at most once per ``REFUSED_LOG_S`` a node."""
+        self.metrics.refused(node, len(bad))
+        now = time.monotonic()
+        with self._lock:
+            last, since = self._refused_log.get(node, (-REFUSED_LOG_S, 0))
+            if now - last < REFUSED_LOG_S:
+                self._refused_log[node] = (last, since + len(bad))
+                return
+            self._refused_log[node] = (now, 0)
+        log.warning(
+            "node %s: session %s: %d record(s) out of range not stored (record %d: %s);"
+            " %d more refused since the last such line",
+            node, session, len(bad), bad[0].record_id, _refusal(bad[0]), since,
+        )  # fmt: skip
 
     def _stored(self, row: SessionRow, batch: ResultBatch, new: int, now: int) -> None:
         """What follows a stored batch (``new`` of its rows new): warnings and metrics."""
@@ -2934,6 +3022,8 @@ class Controller:
         for g in gathered:
             if g.ssid not in subs:
                 continue
+            if g.refused:
+                self._refused(st.node, subs[g.ssid].name, g.refused)
             if g.gone:
                 # Gone from the agent, or created again there: the supervisor
                 # repairs it; a new epoch's start reopens the stream with it.
@@ -2943,7 +3033,8 @@ class Controller:
                 continue
             sub = subs[g.ssid]
             counters = None if g.counters is None else _counters(g.counters)
-            todo.append((sub, g, ResultBatch(sub.id, sub.epoch, (), counters, g.rows)))
+            batch = ResultBatch(sub.id, sub.epoch, (), counters, g.rows, _top(g.refused))
+            todo.append((sub, g, batch))
         # One transaction for all the messages; the store checks each epoch.
         now = self.clock()
         news = self.store.store_many([b for _, _, b in todo], now, fence=self._fence(st.node))
@@ -2957,8 +3048,8 @@ class Controller:
                 del subs[g.ssid]
                 continue
             stored.append((sub, batch, new))
-            if rows:
-                acks[g.ssid] = rows[-1][2]
+            if g.last_id:
+                acks[g.ssid] = g.last_id
             if g.lost_top:
                 lost_acks[g.ssid] = g.lost_top
         self._stored_many(stored, now)

@@ -52,6 +52,9 @@ metric                                         meaning
 ``sixlab_dropped_results_total``               results read from the node's agent and
                                                not stored: their session had left that
                                                epoch, been destroyed, or been pruned
+``sixlab_refused_results_total``               results read from the node's agent and
+                                               not stored: a field out of what a STAMP
+                                               packet carries (docs/architecture.md)
 ``sixlab_agent_restarts_total``                new runs (epochs) of the node's agent seen
 ``sixlab_agent_start_time_seconds``            when the node's agent's run started (Unix s)
 =============================================  ==========================================
@@ -236,6 +239,7 @@ class ControllerMetrics:
         self._up: dict[str, bool] = {}
         self._fenced: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
+        self._refused: dict[str, int] = {}
         self._flow_delay: dict[tuple[str, int, str], float] = {}
         #: Direct-mode loss: (path, direction, outcome) -> packets, and each path's last
         #: sample (Seq, T1, counters) to join the next batch's first to.
@@ -421,6 +425,13 @@ class ControllerMetrics:
             with self._lock:
                 self._dropped[node] = self._dropped.get(node, 0) + results
 
+    def refused(self, node: str, results: int) -> None:
+        """Results read from the node's agent were not stored: a field out of range
+        (``Controller._refused``)."""
+        if results:
+            with self._lock:
+                self._refused[node] = self._refused.get(node, 0) + results
+
     def set_agent_up(self, node: str, up: bool) -> None:
         with self._lock:
             self._up[node] = up
@@ -510,6 +521,7 @@ class _Exporter(Collector):
             lag, last_read, up = dict(m._lag), dict(m._last_read), dict(m._up)
             fenced = dict(m._fenced)
             dropped = dict(m._dropped)
+            refused_results = dict(m._refused)
             flow_delay, data = dict(m._flow_delay), dict(m._data)
         live = {p.path for p in totals.paths}
 
@@ -626,7 +638,15 @@ class _Exporter(Collector):
         )
         for node, n in sorted(dropped.items()):
             gone.add_metric([node], n)
-        yield from (up_gauge, restarts, started, refused, gone)
+        bad = CounterMetricFamily(
+            "sixlab_refused_results",
+            "Results read from the node's agent and not stored: a field out of what a STAMP"
+            " packet carries",
+            labels=["node"],
+        )
+        for node, n in sorted(refused_results.items()):
+            bad.add_metric([node], n)
+        yield from (up_gauge, restarts, started, refused, gone, bad)
 
 
 def _srpm_families(

@@ -448,6 +448,9 @@ class ResultBatch:
     #: session and epoch), given instead of ``records``: a collector builds them
     #: straight from the API's records (``Controller``), with no ``StampResult`` each.
     rows: Sequence[tuple[Any, ...]] | None = None
+    #: The highest id of the session's records read but not given (refused as out of
+    #: range by the collector; 0: none): the cursor moves past it all the same.
+    top: int = 0
 
     def result_rows(self) -> Sequence[tuple[Any, ...]]:
         """The batch's ``results`` rows."""
@@ -1388,12 +1391,12 @@ class Store(ABC):
         tops: dict[tuple[int, int], int] = {}
         for b in fresh:
             got = b.result_rows()
-            if not got:
-                continue
-            rows += got
             key = (b.session_id, b.epoch)
-            counts[key] = counts.get(key, 0) + len(got)
-            top = max(row[2] for row in got)
+            top = b.top
+            if got:
+                rows += got
+                counts[key] = counts.get(key, 0) + len(got)
+                top = max(top, *(row[2] for row in got))
             if top > tops.get(key, 0):
                 tops[key] = top
         new = self._insert_results(db, rows, counts) if rows else {}
