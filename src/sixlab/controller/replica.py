@@ -1,5 +1,5 @@
 """Controller replicas: several ``sixlab controller serve`` sharing one PostgreSQL database,
-or one SQLite file on one host (docs/architecture.md: failover there, not throughput).
+or one SQLite file on one host (docs/architecture.md: failover there, before throughput).
 
 Theory of operation
 -------------------
