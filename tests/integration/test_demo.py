@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sixlab.controller.store import SqliteStore
 from sixlab.dataplane.base import available
 
 pytestmark = pytest.mark.root
@@ -75,6 +76,8 @@ TOLERANCE_MS = {"scapy": 2.0}
 #: tolerance per direction it crosses; none is ever faster than its links.
 TWO_WAY_LEGS = 2
 LOOP_LEGS = 4
+#: The loss timeout (s) of the runs whose every probe is to be answered (``loss == 0``).
+ANSWERED_TIMEOUT_S = 10
 RUNS = [("socket", "stream"), ("socket", "poll")] + [
     (plane, "stream") for plane in available() if plane != "socket"
 ]
@@ -90,6 +93,10 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
             "3",
             "--interval",
             "0.05",
+            # A loss timeout no reply the loaded machine holds reaches (each session ends
+            # with its last reply, so it costs a passing run nothing).
+            "--timeout",
+            str(ANSWERED_TIMEOUT_S),
             "--json",
             "--out",
             str(tmp_path),
@@ -147,6 +154,12 @@ def test_demo_measures_the_configured_delays(tmp_path: Path, plane: str, collect
     assert len(sqlite) == len(png) == 1
     assert png[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"results: {sqlite[0]}" in stderr
+    store = SqliteStore(sqlite[0])  # --timeout reached every session
+    try:
+        timeouts = [r.params["loss_timeout_ns"] for r in store.sessions(include_destroyed=True)]
+        assert timeouts == [ANSWERED_TIMEOUT_S * 10**9] * 3
+    finally:
+        store.close()
     _assert_left_nothing(proc.pid, mark, tmp_path / "tmp")
 
 

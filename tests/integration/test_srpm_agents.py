@@ -86,10 +86,20 @@ def test_loopback_over_the_agent_api(lab: Lab) -> None:
     assert tb.far is not None
     assert namespace_pids([tb.far.ns]) == []
     loop = tb.loopback_paths["F"]
-    for ssid, count in ((1, 2), (2, 20)):  # the first resolves neighbours
+    # The first resolves neighbours (the agent's default loss timeout: a probe lost to
+    # Neighbour Discovery is not waited for long). Every probe of the second is to come
+    # back: a loss timeout no loop the loaded machine holds reaches (the session ends
+    # with its last reply, so it costs a passing run nothing).
+    for ssid, count, loss_timeout_ns in ((1, 2, 0), (2, 20, 10_000 * MS)):
         lab.sender.create_sender_session(
             SenderSession(
-                ssid, "", sid_list=loop.segments, loopback=True, count=count, interval_ns=20 * MS
+                ssid,
+                "",
+                sid_list=loop.segments,
+                loopback=True,
+                count=count,
+                interval_ns=20 * MS,
+                loss_timeout_ns=loss_timeout_ns,
             )
         )
         lab.sender.start_session(ssid)

@@ -81,6 +81,8 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["demo", "--duration", "nan"], "must be a positive number"),
         (["demo", "--interval", "1e300"], "--interval: 1e300 s: at most"),
         (["demo", "--interval", "0"], "must be a positive number"),
+        (["demo", "--timeout", "0"], "must be a positive number"),
+        (["demo", "--timeout", "1e12"], "--timeout: 1e12 s: at most"),
         (["demo", "--path-a", "inf,1"], "must be in 0..10000 ms"),
         (["demo", "--path-b", "nan,1"], "not a number of ms"),
         (["demo", "--metrics", "[::1]:x"], "not a port number"),

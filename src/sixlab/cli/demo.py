@@ -95,6 +95,12 @@ def add_parsers(sub: Any) -> None:
         default=0.05,
         help="seconds between probes (default 0.05)",
     )
+    p.add_argument(
+        "--timeout",
+        type=argtypes.timeout,
+        default=1.0,
+        help="loss timeout: seconds a reply may take before its probe counts lost (default 1)",
+    )
     p.add_argument("--path-a", type=_pair, default=(5.0, 12.0), help="FWD,RET ms (5,12)")
     p.add_argument("--path-b", type=_pair, default=(20.0, 3.0), help="FWD,RET ms (20,3)")
     p.add_argument(
@@ -413,7 +419,7 @@ def _measure(
                     reflector_port=REFLECTOR_PORT,
                     interval_ns=round(args.interval * NS_PER_S),
                     duration_ns=round(args.duration * NS_PER_S),
-                    loss_timeout_ns=NS_PER_S,
+                    loss_timeout_ns=round(args.timeout * NS_PER_S),
                     collect=args.collect,
                 )
             )
@@ -432,7 +438,7 @@ def _measure(
                 source_address=tb.sender_addr,
                 interval_ns=round(args.interval * NS_PER_S),
                 duration_ns=round(args.duration * NS_PER_S),
-                loss_timeout_ns=NS_PER_S,
+                loss_timeout_ns=round(args.timeout * NS_PER_S),
                 collect=args.collect,
             )
         )
@@ -451,7 +457,7 @@ def _measure(
                 live.update(Group(progress, _table(paths, stats, "sixlab demo — STAMP over SRv6")))
                 if all(controller.wait_finished(p.name, 0) for p in paths):
                     break
-                if elapsed > args.duration + 10:
+                if elapsed > args.duration + args.timeout + 10:
                     break
                 time.sleep(0.25)
         stats = {p.name: controller.stats(p.name) for p in paths}
@@ -521,7 +527,7 @@ def _loopback(
         ssid=1,
         interval_ns=round(args.interval * NS_PER_S),
         duration_ns=round(args.duration * NS_PER_S),
-        loss_timeout_ns=NS_PER_S,
+        loss_timeout_ns=round(args.timeout * NS_PER_S),
     )
     sender.add_session(SenderSessionSpec(config, lo, rplane.local_port))
     paths = [_Path("loopback", (), None)]
@@ -541,7 +547,7 @@ def _loopback(
                 progress.update(task, completed=min(elapsed, args.duration))
                 stats = {"loopback": path_stats(records, lost)}
                 live.update(Group(progress, _table(paths, stats, "sixlab demo — loopback")))
-                if elapsed > args.duration + 5:
+                if elapsed > args.duration + args.timeout + 5:
                     break
             records += sender.results(1)
             lost += len(sender.lost(1))
