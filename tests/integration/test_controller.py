@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,20 +159,21 @@ def test_kill_between_read_and_store_loses_nothing(agents: Agents, tmp_path: Pat
     db = tmp_path / "c.db"
     c1 = _controller(agents, db)
     c1.create_session(_spec(c1, count=30))
-    real = c1.store.store_results
+    real = c1.store.store_many  # every collection path stores through it
     calls = {"n": 0}
 
-    def dying(*args: object, **kwargs: object) -> int:
+    def dying(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:
             raise SystemExit("controller killed")  # ends the collector thread abruptly
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return real(*args, **kwargs)
 
-    c1.store.store_results = dying  # type: ignore[method-assign]
+    c1.store.store_many = dying  # type: ignore[method-assign]
     c1.start_session("p")
     deadline = time.monotonic() + 10
     while calls["n"] < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert calls["n"] >= 2  # the collector did die between reading and storing
     c1.close()
     c2 = Controller(SqliteStore(db), poll_interval_s=0.05)
     try:
