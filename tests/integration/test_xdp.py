@@ -216,10 +216,13 @@ def _check_delays(results: list[StampResult], count: int) -> None:
     assert len(results) == count
     assert sorted(r.seq for r in results) == list(range(count))
     for r in results:
-        # One host clock on both sides: every delay is positive and small.
+        # One host clock on both sides: every delay is positive and small. The
+        # reflector's residence time (T3 - T2) gets the same bound: a user-space
+        # reflector descheduled between receive and send holds a reply for milliseconds
+        # (a CI run saw 8.04 ms on the socket plane).
         assert 0 < r.direct_ns < 50_000_000, r
         assert 0 < r.return_ns < 50_000_000, r
-        assert 0 <= r.t3_ns - r.t2_ns < 5_000_000, r
+        assert 0 <= r.t3_ns - r.t2_ns < 50_000_000, r
         assert 0 < r.rtt_ns < 50_000_000, r
         assert r.ses_sender_ttl == 63  # 64, less one for the router
 
