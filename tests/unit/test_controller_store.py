@@ -6,6 +6,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,28 @@ def test_two_processes_opening_an_old_file_at_once_migrate_it_once(
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+@contextmanager
+def _transaction_held(store: SqliteStore, seconds: float = 6.0) -> Iterator[None]:
+    """Inside: another connection (``store``, as another process's) holds a write
+    transaction of the file, having added node s1, for ``seconds`` (longer than
+    SQLite's default busy timeout); on leaving, it has committed."""
+    holding = threading.Event()
+
+    def hold() -> None:
+        with store._transaction() as db:
+            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
+            holding.set()
+            time.sleep(seconds)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        t.join()
+
+
 def test_a_write_waits_out_another_processs_transaction_longer_than_the_busy_timeout(
     tmp_path: Path,
 ) -> None:
@@ -303,23 +326,12 @@ def test_a_write_waits_out_another_processs_transaction_longer_than_the_busy_tim
     by SQLite's busy timeout (5 s) with "database is locked"."""
     path = tmp_path / "c.sqlite"
     a, b = SqliteStore(path), SqliteStore(path)  # two connections, as two processes have
-    holding = threading.Event()
-
-    def hold() -> None:
-        with a._transaction() as db:
-            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
-            holding.set()
-            time.sleep(6)
-
-    t = threading.Thread(target=hold)
-    t.start()
     try:
-        assert holding.wait(10)
-        state = b.lease_tick("B", {"sender": ["s1"]}, 5_000_000_000)
+        with _transaction_held(a):
+            state = b.lease_tick("B", {"sender": ["s1"]}, 5_000_000_000)
         assert state.owned == {"s1"}
         assert b.node("s1").name == "s1"  # it waited for a's commit
     finally:
-        t.join()
         a.close()
         b.close()
 
@@ -333,22 +345,11 @@ def test_a_write_outside_a_transaction_waits_out_another_processs_long_transacti
     SQLite's default 5 s."""
     path = tmp_path / "c.sqlite"
     a, b = SqliteStore(path), SqliteStore(path)
-    holding = threading.Event()
-
-    def hold() -> None:
-        with a._transaction() as db:
-            db.execute("INSERT INTO nodes(name, address, role) VALUES ('s1', 'h:1', 'sender')")
-            holding.set()
-            time.sleep(6)
-
-    t = threading.Thread(target=hold)
-    t.start()
     try:
-        assert holding.wait(10)
-        b.add_node("r1", "h:2", "reflector")
+        with _transaction_held(a):
+            b.add_node("r1", "h:2", "reflector")
         assert [n.name for n in b.nodes()] == ["r1", "s1"]
     finally:
-        t.join()
         a.close()
         b.close()
 
