@@ -1300,3 +1300,59 @@ def test_a_huge_error_bound_and_absurd_values_are_stored_and_rolled_up_pass_afte
     assert (s.sent, s.lost, s.overflow, s.forward_lost) == (I64_MAX, I64_MAX, I64_MAX, None)
     assert [e.late_ns_max for e in store.epochs(a)] == [I64_MAX, I64_MAX]
     assert housekeeper.run_once()[0] == 1
+
+
+def test_sqlite_stores_a_batch_of_new_results_without_a_savepoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All new rows, the usual case: one insert, no savepoint. With one, SQLite keeps an
+    image of every page the insert changes, and at thousands of sessions (a page each)
+    that copy spills to a temporary file (docs/architecture.md, "The SQLite store's
+    write path")."""
+    store = open_store(tmp_path / "c.sqlite")
+    store.add_node("s1", "127.0.0.1:5001", "sender")
+    store.add_node("r1", "127.0.0.1:5002", "reflector")
+    ids = _sessions(store, 50)
+    seen = _written_sql(store, monkeypatch)
+    assert (
+        store.store_many([ResultBatch(sid, 0, [(1, _r(0)), (2, _r(1))]) for sid in ids]) == [2] * 50
+    )
+    assert not [sql for sql in seen if re.search(r"\bSAVEPOINT\b", sql, re.I)], seen
+    assert sum(bool(re.search(r"\bINTO\s+results\b", sql)) for sql in seen) == 100
+    store.close()
+
+
+def test_repeats_in_a_batch_of_many_sessions_are_counted_per_session(store: Store) -> None:
+    """A batch where some sessions' records are stored already (by record id, by Seq) and
+    the others' are new: each session's new rows counted exactly, each epoch's count and
+    cursor as if the repeats had not come, nothing stored twice."""
+    ids = _sessions(store, 6)
+    assert (
+        store.store_many([ResultBatch(sid, 0, [(1, _r(0)), (2, _r(1))]) for sid in ids]) == [2] * 6
+    )
+    batches = [
+        ResultBatch(ids[0], 0, [(3, _r(2)), (4, _r(3))]),  # new
+        ResultBatch(ids[1], 0, [(2, _r(9)), (3, _r(10))]),  # record id 2 repeated
+        ResultBatch(ids[2], 0, [(3, _r(1)), (4, _r(5))]),  # Seq 1 repeated
+        ResultBatch(ids[3], 0, [(1, _r(0)), (2, _r(1))]),  # all repeated
+        ResultBatch(ids[4], 0, [(3, _r(2))]),  # new
+        ResultBatch(ids[5], 0, [(5, _r(4)), (5, _r(4))]),  # repeated within the batch
+    ]
+    assert store.store_many(batches, now_ns=7) == [2, 1, 1, 0, 1, 1]
+    assert [len(store.results(sid)) for sid in ids] == [4, 3, 3, 2, 3, 3]
+    assert [store.epochs(sid)[0].received for sid in ids] == [4, 3, 3, 2, 3, 3]
+    assert [store.session(f"p{i}").cursor for i in range(6)] == [4, 3, 4, 2, 3, 5]
+
+
+def test_a_row_breaking_a_not_null_column_stores_nothing_of_the_batch(store: Store) -> None:
+    """A repeat is skipped; any other broken constraint fails the whole transaction, on
+    the fast path as on the careful one."""
+    ids = _sessions(store, 2)
+    assert store.store_results(ids[0], [(1, _r(0))]) == 1
+    bad = ResultBatch(ids[1], 0, [(1, replace(_r(0), t1_ns=None))])  # type: ignore[arg-type]
+    for first in ([(2, _r(1))], [(1, _r(0))]):  # new (fast path); a repeat (careful)
+        with pytest.raises((sqlite3.IntegrityError, psycopg.errors.NotNullViolation)):
+            store.store_many([ResultBatch(ids[0], 0, first), bad], now_ns=8)
+        assert [r.seq for r in store.results(ids[0])] == [0]
+        assert store.results(ids[1]) == []
+        assert [store.epochs(sid)[0].received for sid in ids] == [1, 0]

@@ -340,6 +340,8 @@ _INSERT_RESULTS = (
     "INSERT INTO results(" + ", ".join(RESULT_COLUMNS) + ") VALUES ("  # noqa: S608
     + ",".join("?" * len(RESULT_COLUMNS)) + ")"
 )  # fmt: skip
+#: ``_INSERT_RESULTS`` skipping a row whose keys are stored (only a key's conflict).
+_INSERT_RESULTS_NEW = _INSERT_RESULTS + " ON CONFLICT DO NOTHING"
 #: The columns of ``rollups``, in the order of ``_rollup_row`` (and ``Fold.rows``).
 ROLLUP_COLUMNS = ROW_COLUMNS
 _SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noqa: S608
@@ -347,6 +349,11 @@ _SELECT_ROLLUPS = "SELECT " + ", ".join(ROLLUP_COLUMNS) + " FROM rollups"  # noq
 
 class StoreError(ControllerError):
     """A request the store refuses; the message names the field."""
+
+
+class _RowsRepeated(Exception):  # noqa: N818 - a signal within the store, not an error
+    """Some result rows were stored already, and the fast insert cannot say whose: the
+    transaction is run again, counting each session's new rows (``_store_retrying``)."""
 
 
 class NotFoundError(StoreError):
@@ -656,12 +663,20 @@ class Store(ABC):
 
     @abstractmethod
     def _insert_results(
-        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+        self,
+        db: _Db,
+        rows: list[tuple[Any, ...]],
+        counts: dict[tuple[int, int], int],
+        careful: bool,
     ) -> dict[tuple[int, int], int]:
         """Insert result rows (``RESULT_COLUMNS``), skipping any whose (session, epoch,
         record id) or (session, epoch, Seq) is stored; inside the caller's transaction.
         ``counts``: the rows of each (session, epoch). Returns how many were new per
-        (session, epoch)."""
+        (session, epoch).
+
+        A store may take a fast path that cannot count a group's new rows when some are
+        repeats: it then raises ``_RowsRepeated``, the caller rolls the transaction back
+        and runs it again with ``careful``, when the store counts them group by group."""
 
     @abstractmethod
     def storage(self) -> Storage:
@@ -1321,8 +1336,7 @@ class Store(ABC):
             c = c._replace(unclassified_lost=unclassified_lost)
         if c is not None and ssid_zero is not None:
             c = c._replace(ssid_zero=ssid_zero)
-        with self._transaction() as db:
-            (new,) = self._store(db, [ResultBatch(session_id, epoch, records, c)], now_ns, True)
+        (new,) = self._store_retrying([ResultBatch(session_id, epoch, records, c)], now_ns, True)
         assert new is not None
         return new
 
@@ -1339,10 +1353,26 @@ class Store(ABC):
         which stores nothing.
 
         Raises FencedError, storing nothing, if ``fence`` no longer holds."""
-        with self._transaction() as db:
-            if fence is not None:
-                self._check_fence(db, fence)
-            return self._store(db, batches, now_ns, False)
+        return self._store_retrying(batches, now_ns, False, fence)
+
+    def _store_retrying(
+        self,
+        batches: Sequence[ResultBatch],
+        now_ns: int | None,
+        strict: bool,
+        fence: Fence | None = None,
+    ) -> list[int | None]:
+        """``_store`` in a transaction of its own; once more, counting each session's new
+        rows apart, if the first found rows already stored (``_insert_results``)."""
+        for careful in (False, True):
+            try:
+                with self._transaction() as db:
+                    if fence is not None:
+                        self._check_fence(db, fence)
+                    return self._store(db, batches, now_ns, strict, careful)
+            except _RowsRepeated:
+                continue
+        raise AssertionError("unreachable: a careful insert counts repeats")
 
     def _check_fence(self, db: _Db, fence: Fence) -> None:
         row = db.execute(
@@ -1359,7 +1389,12 @@ class Store(ABC):
             )
 
     def _store(
-        self, db: _Db, batches: Sequence[ResultBatch], now_ns: int | None, strict: bool
+        self,
+        db: _Db,
+        batches: Sequence[ResultBatch],
+        now_ns: int | None,
+        strict: bool,
+        careful: bool,
     ) -> list[int | None]:
         """The body of ``store_many`` (in the caller's transaction)."""
         current = _current_epochs(db, {b.session_id for b in batches}, self._row_lock_sql)
@@ -1399,7 +1434,7 @@ class Store(ABC):
                 top = max(top, *(row[2] for row in got))
             if top > tops.get(key, 0):
                 tops[key] = top
-        new = self._insert_results(db, rows, counts) if rows else {}
+        new = self._insert_results(db, rows, counts, careful) if rows else {}
         # One row written per (session, epoch), its epoch's: the count of new rows, the
         # top record id given (the cursor: it moves past rows given even if none was new,
         # e.g. a Seq already stored under another record id) and the sender's latest
@@ -1993,28 +2028,28 @@ class SqliteStore(Store):
         return "other"
 
     def _insert_results(
-        self, db: _Db, rows: list[tuple[Any, ...]], counts: dict[tuple[int, int], int]
+        self,
+        db: _Db,
+        rows: list[tuple[Any, ...]],
+        counts: dict[tuple[int, int], int],
+        careful: bool,
     ) -> dict[tuple[int, int], int]:
-        # One statement for all rows, in a savepoint: a row already stored (a misbehaving
-        # agent resent it) aborts it, and the rows go in again group by group, skipping
-        # the repeats.
-        db.execute("SAVEPOINT results_in")
-        try:
-            db.executemany(_INSERT_RESULTS, rows)
-        except sqlite3.IntegrityError as exc:
-            db.execute("ROLLBACK TO results_in")
-            db.execute("RELEASE results_in")
-            if self._constraint(exc) != "unique":
-                raise
-        else:
-            db.execute("RELEASE results_in")
-            return counts
+        # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is skipped
+        # (a misbehaving agent resent a record): OR IGNORE would also swallow a NOT NULL
+        # violation.
+        if not careful:
+            # One statement for all rows, no savepoint: rolling back to one means SQLite
+            # keeps every page the insert changes as it was, and with thousands of
+            # sessions' rows (a page each) that copy spills to a temporary file, which
+            # more than doubled the insert's cost (docs/architecture.md, "The SQLite
+            # store's write path"). All new, the usual case: the counts are the rows. A
+            # repeat leaves them unknown: the caller rolls back and comes again careful.
+            if db.executemany(_INSERT_RESULTS_NEW, rows).rowcount == len(rows):
+                return counts
+            raise _RowsRepeated
         new: dict[tuple[int, int], int] = {}
         for key, group in _by_epoch(rows):
-            # Only a repeated (session, epoch, record id) or (session, epoch, Seq) is
-            # skipped: OR IGNORE would also swallow a NOT NULL violation.
-            cur = db.executemany(_INSERT_RESULTS + " ON CONFLICT DO NOTHING", group)
-            new[key] = cur.rowcount
+            new[key] = db.executemany(_INSERT_RESULTS_NEW, group).rowcount
         return new
 
     def storage(self) -> Storage:
