@@ -1921,14 +1921,14 @@ class SqliteStore(Store):
     never per batch of results.
 
     A store with subscribers hears the others' notices in a thread of its own
-    (``_listen_loop``) over a read-only connection of its own: every ``notice_poll_s``
-    it reads ``PRAGMA data_version``, which changes when another connection committed,
-    and only then the notices after the last it read; it delivers those another store
-    wrote (each row names its writer: a store's own were delivered as it made them). The
-    table keeps the newest ``notices_kept`` rows (the writer deletes older ones): a
-    listener that fell further behind, or could not read for a while, is told
-    ``RESYNC``, as a PostgreSQL listener that lost its connection is. A database in
-    memory has no other connection: its notices stay in the process."""
+    (``_listen_loop``), over a connection of its own that only reads: every
+    ``notice_poll_s`` it reads ``PRAGMA data_version``, which changes when another
+    connection committed, and only then the notices after the last it read; it delivers
+    those another store wrote (each row names its writer: a store's own were delivered
+    as it made them). The table keeps the newest ``notices_kept`` rows (the writer
+    deletes older ones): a listener that fell further behind, or could not read for a
+    while, is told ``RESYNC``, as a PostgreSQL listener that lost its connection is. A
+    database in memory has no other connection: its notices stay in the process."""
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
