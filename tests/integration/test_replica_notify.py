@@ -1,6 +1,7 @@
 """Controller replicas told of each other's changes (``Store.subscribe``: LISTEN/NOTIFY on
-PostgreSQL, in-process on SQLite), orphan sessions on agents, and ``/metrics`` served
-from memory (docs/architecture.md, "Session lifecycle across replicas").
+PostgreSQL, the ``notices`` table on one SQLite file), orphan sessions on agents, and
+``/metrics`` served from memory (docs/architecture.md, "Session lifecycle across
+replicas", "Notices").
 
 The agents are simulated (``sixlab.southbound.simagent``): the real southbound gRPC API.
 Times are compared with the supervisor's round, set long here: what a replica does "at
@@ -84,15 +85,25 @@ def _running(c: Controller, names: list[str]) -> None:
     wait_for("results", lambda: all(c.store.session(n).cursor > 0 for n in names), 30)
 
 
-def _pg_replicas(
-    pg_url: str, agents: dict[str, AgentServer], round_s: float
+@pytest.fixture(params=["postgresql", "sqlite"])
+def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """What two replicas share: a database on the lab's PostgreSQL, or one SQLite file
+    (each replica's store a connection of its own, as in two processes)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "controller.sqlite")
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _replicas(
+    db: str, agents: dict[str, AgentServer], round_s: float
 ) -> tuple[Controller, ReplicaManager, Controller, ReplicaManager]:
-    """A, holding every lease, and B, holding none, with supervisor rounds of ``round_s``."""
-    a = _owner(open_store(pg_url), agents, supervise_interval_s=round_s)
+    """A, holding every lease, and B, holding none, with supervisor rounds of ``round_s``
+    (``db``: a PostgreSQL URL or an SQLite file; each replica has a store of its own)."""
+    a = _owner(open_store(db), agents, supervise_interval_s=round_s)
     ra = ReplicaManager(a, "A", ttl_s=TTL_S, tick_s=TICK_S)
     ra.start()
     assert ra.owned == {*agents, "housekeeping"}
-    b = Controller(open_store(pg_url), supervise_interval_s=round_s, commit_interval_s=0.0)
+    b = Controller(open_store(db), supervise_interval_s=round_s, commit_interval_s=0.0)
     rb = ReplicaManager(b, "B", ttl_s=TTL_S, tick_s=TICK_S)
     rb.start()
     assert rb.owned == frozenset()
@@ -123,13 +134,13 @@ def _destroyed_at_once(
 
 
 def test_a_destroy_through_a_replica_that_does_not_own_the_sender_is_carried_out_at_once(
-    pg_url: str, agents: dict[str, AgentServer], monkeypatch: pytest.MonkeyPatch
+    shared_db: str, agents: dict[str, AgentServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """B records the destroy; A, the sender's owner, hears of it (NOTIFY) and carries it
-    out at once rather than at its next round; B hears it is done (NOTIFY) rather than
-    at its next look at the store (set to a round here)."""
+    """B records the destroy; A, the sender's owner, hears of it (NOTIFY; the notices
+    table on SQLite) and carries it out at once rather than at its next round; B hears
+    it is done rather than at its next look at the store (set to a round here)."""
     monkeypatch.setattr(core, "DESTROY_POLL_S", ROUND_S)
-    a, ra, b, rb = _pg_replicas(pg_url, agents, ROUND_S)
+    a, ra, b, rb = _replicas(shared_db, agents, ROUND_S)
     try:
         names = [f"p{i}" for i in range(3)]
         _running(a, names)
@@ -137,6 +148,26 @@ def test_a_destroy_through_a_replica_that_does_not_own_the_sender_is_carried_out
         # A second one: the owner still listens after carrying one out.
         _destroyed_at_once(a, b, agents, "p1")
         assert a.store.session("p2").state == "running"
+    finally:
+        _close(rb, ra, b, a)
+
+
+def test_a_session_created_through_one_replica_is_in_the_owners_metrics_at_once(
+    shared_db: str, agents: dict[str, AgentServer]
+) -> None:
+    """A exports the totals of the sessions of the sender it owns from memory, read
+    again when the store tells it something changed: a session created through B is in
+    A's next scrape, not only once A happens to read again (never, for a session that
+    stores no result)."""
+    a, ra, b, rb = _replicas(shared_db, agents, ROUND_S)
+    try:
+        _running(a, ["p0"])
+        assert {p for p, _ in _packets(a)} == {"p0"}
+        _, errors = b.create_sessions([_spec("p1")])
+        assert not errors
+        took = wait_for("p1 in A's scrape", lambda: ("p1", "sent") in _packets(a), ROUND_S / 4)
+        assert _packets(b) == {}  # B owns no sender: it exports none of their sessions
+        print(f"a session created through B is in A's scrape after {took:.2f} s")
     finally:
         _close(rb, ra, b, a)
 
@@ -321,7 +352,7 @@ def test_metric_totals_kept_in_memory_match_the_store_after_a_takeover(
     reads the totals once and then counts what it stores: every scrape lies between the
     store read just before and just after it, without reading the store again; and
     once the sessions finished, it equals the store."""
-    a, ra, b, rb = _pg_replicas(pg_url, agents, 1.0)
+    a, ra, b, rb = _replicas(pg_url, agents, 1.0)
     names = [f"p{i}" for i in range(3)]
     try:
         _running(a, names)
@@ -375,7 +406,7 @@ def test_a_destroy_whose_notices_are_lost_is_still_carried_out_and_answered(
     Each store listens again and tells its controller it may have missed notices: the
     owner looks at every sender it holds at once, rather than at its next round; and a
     waiter that hears nothing still looks at the store (``DESTROY_POLL_S``)."""
-    a, ra, b, rb = _pg_replicas(pg_url, agents, ROUND_S)
+    a, ra, b, rb = _replicas(pg_url, agents, ROUND_S)
     try:
         _running(a, ["p0", "p1"])
         with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,12 +46,21 @@ TAKEOVER_BOUND_S = 10.0
 
 
 class Replica:
-    def __init__(self, name: str, url: str, tmp: Path) -> None:
+    def __init__(self, name: str, url: str, tmp: Path, *, destroy_poll_s: float = 0.0) -> None:
+        """``destroy_poll_s``: how often a destroy's waiter looks at the store should no
+        notice wake it (``core.DESTROY_POLL_S``; 0: as released)."""
         self.name = name
         self.address = f"unix:{tmp}/{name}.sock"
         self.log = (tmp / f"{name}.log").open("w")
+        cmd = CONTROLLER_CMD
+        if destroy_poll_s:
+            cmd = [sys.executable, "-c",
+                   "import sys; from sixlab.controller import core;"
+                   " core.DESTROY_POLL_S = float(sys.argv.pop(1));"
+                   " from sixlab.cli.controller import main; sys.exit(main(sys.argv[1:]))",
+                   str(destroy_poll_s), "controller"]  # fmt: skip
         self.proc = subprocess.Popen(
-            [*CONTROLLER_CMD, "serve", "--db", url, "--grpc", self.address,
+            [*cmd, "serve", "--db", url, "--grpc", self.address,
              "--replica", name, "--lease-ttl", str(LEASE_TTL_S), "--verbose"],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
@@ -176,6 +186,90 @@ def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
             assert watch.record_ids(row.id) == [(0, i) for i in range(1, len(expected) + 1)]
             assert watch.session(name).lost == sent // LOSS_EVERY
         print(f"after kill -9: lease taken in {taken:.1f} s, results stored in {takeover:.1f} s")
+    finally:
+        watch.close()
+        for r in replicas.values():
+            r.close()
+
+
+#: A destroy's waiter looks at the store this seldom in the test below (s): longer than
+#: it waits (``core.DESTROY_WAIT_S``), so that only the owner's notice can answer it.
+NO_POLL_S = 60.0
+#: What a destroy through the replica that does not own the sender may take there (s):
+#: generous for a loaded host, and far below the 20 s the waiter would wait otherwise.
+DESTROY_BOUND_S = 5.0
+
+
+def _time_destroyed(db: str, name: str, start: float, out: list[float]) -> None:
+    """Append when (since ``start``) the session's row is seen destroyed, from a store
+    of its own; give up after four times the bound."""
+    store = open_store(db)
+    try:
+        while time.monotonic() - start < DESTROY_BOUND_S * 4:
+            if store.session(name).state == "destroyed":
+                out.append(time.monotonic() - start)
+                return
+            time.sleep(0.01)
+    finally:
+        store.close()
+
+
+def test_a_destroy_through_a_replica_is_carried_out_and_answered_at_once_by_notices(
+    db: str, agents: dict[str, AgentServer], tmp_path: Path
+) -> None:
+    """Two ``serve --replica`` processes, each holding one sender's lease. A session is
+    destroyed through the replica that does not own its sender: the owner hears of it
+    (the store's notice, from the other process) and carries it out, and the replica
+    that was asked hears that it is done, both at once rather than at the owner's next
+    round and the waiter's next look (set past its wait here)."""
+    replicas = {n: Replica(n, db, tmp_path, destroy_poll_s=NO_POLL_S) for n in ("c1", "c2")}
+    watch = open_store(db)
+    try:
+        api = replicas["c1"].client
+        for name, server in agents.items():
+            role = "reflector" if name.startswith("r") else "sender"
+            api.register_node(name, f"127.0.0.1:{server.port}", role)
+            api.init_node(name)
+        names = {"s1": ["a0", "a1"], "s2": ["b0", "b1"]}
+        for sender, paths in names.items():
+            for path in paths:
+                api.create_session(
+                    SessionSpec(path, sender, "r1", "2001:db8::2", interval_ns=INTERVAL_NS,
+                                loss_timeout_ns=200_000_000, collect="stream")
+                )  # fmt: skip
+                api.start_session(path)
+        owners: dict[str, str | None] = {}
+
+        def settled() -> bool:
+            owners.update(watch.lease_owners())
+            return all(owners.get(n) in replicas for n in agents) and owners["s1"] != owners["s2"]
+
+        wait_for("leases to settle", settled, 30)
+        every = [p for paths in names.values() for p in paths]
+        wait_for("results", lambda: all(watch.session(p).cursor > 0 for p in every), 30)
+        for sender, (gone, kept) in names.items():
+            asked = next(n for n in replicas if n != owners[sender])
+            row = watch.session(gone)
+            done: list[float] = []
+            start = time.monotonic()
+            watcher = threading.Thread(target=_time_destroyed, args=(db, gone, start, done))
+            watcher.start()
+            replicas[asked].client.destroy_session(gone)
+            answered = time.monotonic() - start
+            watcher.join()
+            assert done, f"{gone} was not seen destroyed"
+            print(f"destroy of {gone} through {asked}: carried out by {owners[sender]} after"
+                  f" {done[0]:.2f} s, answered after {answered:.2f} s")  # fmt: skip
+            assert answered < DESTROY_BOUND_S, (gone, answered)
+            assert watch.session(gone).state == "destroyed"
+            assert [e.end_reason for e in watch.epochs(row.id)] == ["destroyed"]
+            for node in (sender, "r1"):
+                carried = AgentClient(f"127.0.0.1:{agents[node].port}")
+                try:
+                    assert row.ssid not in carried.info(5).ssids, node
+                finally:
+                    carried.close()
+            assert watch.session(kept).state == "running"
     finally:
         watch.close()
         for r in replicas.values():

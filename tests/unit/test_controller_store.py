@@ -486,6 +486,6 @@ def test_a_version_6_file_keeps_its_cursors_and_totals_in_the_epochs(tmp_path: P
     finally:
         s.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
         columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
         assert not columns & {"cursor", "sent", "lost", "forward_lost", "overflow"}

@@ -105,4 +105,4 @@ def test_a_version_1_file_gets_the_new_columns_and_keeps_its_results(tmp_path: P
     assert s.raised(row.id) == ["loss"]
     s.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8

@@ -2094,8 +2094,9 @@ class Controller:
         return errors
 
     def _on_notice(self, kind: str, arg: str) -> None:
-        """A notice of the store (``Store.subscribe``: this controller's changes, and on
-        PostgreSQL the other replicas'): act now rather than at the next round."""
+        """A notice of the store (``Store.subscribe``: this controller's changes, and the
+        other replicas' on the same database or SQLite file): act now rather than at the
+        next round."""
         self._store_gen += 1  # the supervisor compares the nodes again
         if kind in (CHANGED, RESYNC):
             self._counts_stale = True  # read again at the next scrape

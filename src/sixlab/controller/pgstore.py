@@ -20,7 +20,8 @@ PostgreSQL's types; several controllers may share one database. Differences:
   ``NOTIFY`` (``pg_notify``) after its change committed, and a thread of each store that
   has subscribers ``LISTEN``s on a connection of its own, connecting again (and giving a
   ``RESYNC`` notice) if that connection is lost. A notice of this process is also
-  given to its own subscribers at once.
+  given to its own subscribers at once. (SQLite writes its notices to a ``notices``
+  table instead, which this schema does not have: version 8 changed nothing here.)
 """
 
 from __future__ import annotations
@@ -203,6 +204,8 @@ _STEPS: dict[int, tuple[str, ...]] = {
         *MIGRATE_CURSOR,
         "ALTER TABLE sessions " + ", ".join(f"DROP COLUMN {c}" for c in SESSION_COLUMNS_DROPPED),
     ),
+    # 8: SQLite's ``notices`` table (its LISTEN/NOTIFY); PostgreSQL has NOTIFY: nothing.
+    8: (),
 }
 assert max(_STEPS) == SCHEMA_VERSION
 

@@ -54,6 +54,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,7 +120,8 @@ DESTROYING = "destroying"
 DESTROYED = "destroyed"
 #: ... sessions, epochs, events or nodes changed otherwise (not by stored results) ...
 CHANGED = "changed"
-#: ... notices may have been missed (PostgreSQL: the listening connection was lost).
+#: ... notices may have been missed (PostgreSQL: the listening connection was lost;
+#: SQLite: the notices were pruned before they were read, or reading them failed).
 RESYNC = "resync"
 #: Called with a notice's kind and argument, in a thread of the store's (quick, no I/O).
 NoticeHandler = Callable[[str, str], None]
@@ -257,6 +259,16 @@ CREATE TABLE IF NOT EXISTS leases (
     generation  INTEGER NOT NULL DEFAULT 0   -- times it changed hands
 );
 CREATE UNIQUE INDEX IF NOT EXISTS results_seq ON results(session_id, epoch, seq);
+-- Notices of committed changes for the other stores on this file, the other replicas'
+-- processes (``SqliteStore``: SQLite's LISTEN/NOTIFY): the newest ``notices_kept`` rows.
+-- Results announce nothing: a row per control-plane change, never per stored result.
+CREATE TABLE IF NOT EXISTS notices (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- in commit order, without gaps
+    kind        TEXT NOT NULL,          -- changed, destroying, destroyed
+    arg         TEXT NOT NULL,          -- destroying: the sender node; destroyed: the session id
+    at_ns       INTEGER NOT NULL,       -- when it was written, Unix ns (for people)
+    origin      TEXT NOT NULL           -- the store that wrote it (told its own at once)
+);
 CREATE INDEX IF NOT EXISTS rollups_minute ON rollups(minute_ns);
 CREATE INDEX IF NOT EXISTS sessions_sender ON sessions(sender);
 CREATE INDEX IF NOT EXISTS sessions_reflector ON sessions(reflector);
@@ -283,8 +295,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS epochs_unexpired ON epochs(session_id, epoch)
 """
 
 #: The schema version this code writes (SQLite: ``PRAGMA user_version``; PostgreSQL:
-#: the ``schema_version`` table); older databases are migrated on open.
-SCHEMA_VERSION = 7
+#: the ``schema_version`` table); older databases are migrated on open. Version 8 added
+#: SQLite's ``notices`` table (nothing on PostgreSQL, whose notices are NOTIFY's).
+SCHEMA_VERSION = 8
 
 
 #: Row queries, with the columns in the order of SessionRow's and NodeRow's fields. A
@@ -623,10 +636,13 @@ class Store(ABC):
 
     def subscribe(self, handler: NoticeHandler) -> None:
         """Be told of changes once committed (``DESTROYING``, ``DESTROYED``, ``CHANGED``,
-        ``RESYNC``): those of this process at once, and on PostgreSQL those of the other
-        replicas too (LISTEN/NOTIFY). A notice is a hint to look now rather than at the
-        next round: one may be lost (a connection dropped), so whoever waits on one
-        polls as well, more slowly."""
+        ``RESYNC``): those made through this store at once, and those of the other
+        replicas too: on PostgreSQL by LISTEN/NOTIFY, on an SQLite file by its
+        ``notices`` table (``SqliteStore``), within a fraction of a second. Stored
+        results give no notice (a notice is a control-plane change). A notice is a hint
+        to look now rather than at the next round: one may be lost (a connection
+        dropped, a process killed between a commit and its notice), so whoever waits on
+        one polls as well, more slowly; ``RESYNC`` says some may have been."""
         self._handlers.append(handler)
         self._listen()
 
@@ -635,8 +651,8 @@ class Store(ABC):
         with contextlib.suppress(ValueError):
             self._handlers.remove(handler)
 
-    def _listen(self) -> None:  # noqa: B027 - SQLite: one process, nothing to hear
-        """Start hearing the notices of other processes (PostgreSQL)."""
+    def _listen(self) -> None:  # noqa: B027 - a database in memory: nothing to hear
+        """Start hearing the notices of the other replicas (their stores)."""
 
     def _announce(self, kind: str, arg: str = "") -> None:
         """Give a notice of a committed change (call after the transaction)."""
@@ -1908,6 +1924,14 @@ def _int(value: Any) -> int:
 #: How long an SQLite statement waits for the file's write lock held by another
 #: connection (another replica's process) before it fails (s).
 BUSY_TIMEOUT_S = 60.0
+#: An SQLite file keeps its newest notices (``SqliteStore``), this many: a listener
+#: that falls further behind than that hears ``RESYNC``. Notices come with
+#: control-plane changes only (tens of bytes a row).
+NOTICES_KEPT = 10_000
+#: How often a listener looks whether another connection committed (s): what another
+#: replica's notice may take to be heard, at most (and the time it may take
+#: ``close`` to stop the listener).
+NOTICE_POLL_S = 0.25
 
 
 class ConcurrentPassError(StoreError):
@@ -1917,7 +1941,29 @@ class ConcurrentPassError(StoreError):
 class SqliteStore(Store):
     """One SQLite file in WAL mode: one connection, serialised; readers (a CLI) may run
     beside the one writer. Replicas in several processes of one host share the file,
-    their write transactions queued on its writer lock (``_writers``)."""
+    their write transactions queued on its writer lock (``_writers``).
+
+    Notices (``Store.subscribe``) reach the other stores of the file, in this process or
+    another, as PostgreSQL's LISTEN/NOTIFY does (``pgstore``): a notice is a row of the
+    ``notices`` table, written in a transaction of its own right after the change's
+    commit (as ``pgstore`` sends NOTIFY right after it), so that it is only ever written
+    for a committed change and read, by another connection, once that change is
+    visible to it; each call that announces, announcing after its transaction on either
+    store, is the same code on both. A process killed between the two loses that notice,
+    as on PostgreSQL: the replicas' polling covers it. The row's write queues on the
+    file's writer lock like any transaction. Stored results announce nothing: a row is
+    written per control-plane change (a node, a session's state, an epoch, an event),
+    never per batch of results.
+
+    A store with subscribers hears the others' notices in a thread of its own
+    (``_listen_loop``), over a connection of its own that only reads: every
+    ``notice_poll_s`` it reads ``PRAGMA data_version``, which changes when another
+    connection committed, and only then the notices after the last it read; it delivers
+    those another store wrote (each row names its writer: a store's own were delivered
+    as it made them). The table keeps the newest ``notices_kept`` rows (the writer
+    deletes older ones): a listener that fell further behind, or could not read for a
+    while, is told ``RESYNC``, as a PostgreSQL listener that lost its connection is. A
+    database in memory has no other connection: its notices stay in the process."""
 
     _integrity_errors = (sqlite3.IntegrityError,)
     _now_sql = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
@@ -1969,12 +2015,24 @@ class SqliteStore(Store):
         #: SQLite walks the tables). None: not opened yet, or a database in memory.
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
+        #: Notices: how many rows the table keeps, how often a listener looks (s), who
+        #: this store is in the rows it writes, and its listening thread.
+        self.notices_kept = NOTICES_KEPT
+        self.notice_poll_s = NOTICE_POLL_S
+        self._origin = f"{os.getpid()}-{os.urandom(8).hex()}"
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
 
     @property
     def _db(self) -> _Db:
         return self._conn
 
     def close(self) -> None:
+        self._closing.set()
+        listener = self._listener
+        if listener is not None and listener is not threading.current_thread():
+            # It looks every notice_poll_s; a read in progress is short (a few rows).
+            listener.join(self.notice_poll_s + BUSY_TIMEOUT_S)
         with self._lock:
             self._conn.close()
             if self._writers is not None:
@@ -1983,6 +2041,90 @@ class SqliteStore(Store):
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
+
+    def _announce(self, kind: str, arg: str = "") -> None:
+        self._deliver(kind, arg)
+        if self._writers is None:
+            return  # in memory: no other connection to tell
+        try:
+            with self._transaction() as db:
+                nid = db.execute(  # read to the end: the statement is done before COMMIT
+                    "INSERT INTO notices(kind, arg, at_ns, origin) VALUES (?, ?, ?, ?)"
+                    " RETURNING id",
+                    (kind, arg, time.time_ns(), self._origin),
+                ).fetchall()[0][0]
+                # The oldest beyond those kept go: a range of the key (a row, mostly).
+                db.execute("DELETE FROM notices WHERE id <= ?", (nid - self.notices_kept,))
+        except sqlite3.Error as exc:
+            # The other replicas look at their next round instead.
+            log.warning("store: notice %s %s not written for the other replicas: %s",
+                        kind, arg, exc)  # fmt: skip
+
+    def _listen(self) -> None:
+        if self._writers is None or self._listener is not None or self._closing.is_set():
+            return
+        # The last notice written so far, read now: every later one is heard, even one
+        # written before the thread runs. The sequence, not MAX(id): it survives pruning.
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'notices'"
+            ).fetchone()
+        self._listener = threading.Thread(
+            target=self._listen_loop, args=(0 if row is None else int(row[0]),),
+            name="store-listen", daemon=True,
+        )  # fmt: skip
+        self._listener.start()
+
+    def _listen_loop(self, last: int) -> None:
+        """Hear the notices the other stores of the file write after ``last`` (an id of
+        ``notices``), until the store closes."""
+        reader: sqlite3.Connection | None = None
+        seen: int | None = None  # PRAGMA data_version when the notices were last read
+        failing = False  # the last look failed: notices may have been missed
+        try:
+            while not self._closing.is_set():
+                try:
+                    if reader is None:
+                        reader = sqlite3.connect(
+                            self.path, check_same_thread=False, isolation_level=None,
+                            timeout=BUSY_TIMEOUT_S,
+                        )  # fmt: skip
+                    version = reader.execute("PRAGMA data_version").fetchone()[0]
+                    rows: list[Any] = []
+                    if version != seen or failing:
+                        # Read to the end (autocommit): no snapshot is held between looks.
+                        rows = reader.execute(
+                            "SELECT id, kind, arg, origin FROM notices WHERE id > ? ORDER BY id",
+                            (last,),
+                        ).fetchall()
+                        seen = version
+                except sqlite3.Error as exc:
+                    if not failing:
+                        log.warning(
+                            "store: reading notices of %s: %s; trying again every %g s",
+                            self.path, exc, self.notice_poll_s,
+                        )  # fmt: skip
+                    failing = True
+                    if reader is not None:
+                        reader.close()
+                        reader = None
+                    self._closing.wait(self.notice_poll_s)
+                    continue
+                # Ids run without gaps (one per committed write): the first one unread
+                # gone means notices were pruned before this listener read them.
+                if failing or (rows and rows[0][0] != last + 1):
+                    if failing:
+                        log.info("store: reading notices of %s again", self.path)
+                    failing = False
+                    self._deliver(RESYNC, "")
+                for nid, kind, arg, origin in rows:
+                    last = nid
+                    if origin != self._origin:  # its own: delivered when it was made
+                        self._deliver(kind, arg)
+                self._closing.wait(self.notice_poll_s)
+        finally:
+            if reader is not None:
+                reader.close()
 
     def _read_unrolled(self, limit: int) -> list[Any]:
         if self.path in ("", ":memory:") or "mode=memory" in self.path:
