@@ -923,6 +923,10 @@ def _open_stream(
 _Inbound = tuple[int, pb.ResultBatches] | BaseException
 
 
+#: How often a storer letting go of a stream looks whether its reader has ended (s).
+READER_END_POLL_S = 0.05
+
+
 def _read_stream(stream: ResultStream[pb.ResultBatches], inbox: queue.Queue[_Inbound]) -> None:
     """Put the stream's messages into ``inbox`` as they come, then how it ended."""
     try:
@@ -2871,10 +2875,14 @@ class Controller:
                 raise end
         finally:
             stream.cancel()
-            while end is None:  # let the reader put its last item and end
-                item = inbox.get()
-                if isinstance(item, BaseException):
-                    end = item
+            # Let the reader put its last items and end: take them off until its thread
+            # has. Not until an end is seen: the storer may have taken that already
+            # (``_store_messages`` looks for more messages inside the commit slot) and
+            # then failed (an acknowledgement to an agent just gone); waiting for it
+            # again waited forever, and the sender was never read again.
+            while reader.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    inbox.get(timeout=READER_END_POLL_S)
             reader.join()
 
     def _gather(
