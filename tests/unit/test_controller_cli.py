@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from sixlab.controller.client import (
     stats_from_proto,
 )
 from sixlab.controller.core import (
+    SWITCH_INTERVAL_S,
     ControllerError,
     NoFreeSsidError,
     SessionExistsError,
@@ -112,6 +114,9 @@ def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["controller", "serve", "--db", "x", "--poll-interval", "0"], "must be a positive number"),
         (["controller", "serve", "--db", "x", "--metrics", "localhost:9464"], "IP address"),
         (["controller", "serve", "--db", "x", "--metrics", "[::1]:0"], "must not be 0"),
+        (["controller", "serve", "--db", "x", "--switch-interval", "0"], "positive number"),
+        (["controller", "serve", "--db", "x", "--switch-interval", "2"], "at most 1 s"),
+        (["controller", "serve", "--db", "x", "--switch-interval", "fast"], "not a number"),
     ],
 )
 def test_argument_errors_exit_2_with_one_clear_line(
@@ -160,6 +165,22 @@ def test_serve_with_unopenable_store_exits_2(
     err = capsys.readouterr().err
     assert err.startswith(f"sixlab controller: cannot open the store {db}: ")
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), [([], SWITCH_INTERVAL_S), (["--switch-interval", "0.01"], 0.01)]
+)
+def test_serve_sets_the_processes_switch_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: float
+) -> None:
+    """``serve`` sets how long a thread holds the GIL while others wait (20 ms by
+    default, not CPython's 5: benchmarks/README.md, "The SQLite store at 10,000
+    sessions"), before it opens anything: here the store, which fails."""
+    seen: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", seen.append)
+    db = tmp_path / "missing" / "c.db"
+    assert main(["controller", "serve", "--db", str(db), *argv]) == 2
+    assert seen == [expected]
 
 
 def test_serve_with_unusable_socket_directory_exits_2(

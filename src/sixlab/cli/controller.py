@@ -60,6 +60,7 @@ from sixlab.controller.core import (
     COMMIT_INTERVAL_S,
     COMMIT_SLOTS,
     STREAM_WINDOW_NS,
+    SWITCH_INTERVAL_S,
     CollectMode,
     SessionSpec,
 )
@@ -489,6 +490,15 @@ def _add_serve(cmds: Any) -> None:
         f" (default {COMMIT_SLOTS}; SQLite runs one at a time whatever this says)",
     )
     serve.add_argument(
+        "--switch-interval",
+        metavar="S",
+        type=argtypes.seconds_in(0.0005, 1.0),
+        default=SWITCH_INTERVAL_S,
+        help="how long one of the process's threads runs Python before another waiting for"
+        f" it may (sys.setswitchinterval; default {SWITCH_INTERVAL_S:g}, CPython's own"
+        " 0.005): longer means fewer hand-overs between the collection's threads",
+    )
+    serve.add_argument(
         "--max-workers",
         type=argtypes.workers,
         default=DEFAULT_MAX_WORKERS,
@@ -643,6 +653,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.store import StoreError, open_store  # noqa: PLC0415
 
     address: str = args.grpc or default_address(server=True)
+    sys.setswitchinterval(args.switch_interval)
     try:
         files = _daemon.server_tls_files(args)
         warning = _daemon.exposure_warning(

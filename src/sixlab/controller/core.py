@@ -180,6 +180,14 @@ COMMIT_INTERVAL_S = 0.0
 #: they are one at a time whatever this says (one connection); on PostgreSQL each has a
 #: connection of the pool, and while the server works on one, another can be built.
 COMMIT_SLOTS = 1
+#: How long a thread of the controller's process holds Python's GIL while others wait
+#: for it (s; ``sys.setswitchinterval``, set by ``controller serve``). Collection runs a
+#: reader and a storer thread per sender agent beside gRPC's: at CPython's default of
+#: 5 ms, one controller on SQLite stored 44,164-45,388 results/s of 50,000 offered
+#: (10,000 sessions, 10 agents), at 20 ms 47,685-50,751 with the same CPU, alternated,
+#: and at 50 ms 45,932; the collection lag at 1 pps did not move (benchmarks/README.md,
+#: "The SQLite store at 10,000 sessions").
+SWITCH_INTERVAL_S = 0.02
 #: Stream messages read but not stored yet, at most, per sender: beyond them the reader
 #: stops reading and gRPC's flow control holds the rest on the agent.
 STREAM_INBOX = 64
