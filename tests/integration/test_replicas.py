@@ -103,6 +103,14 @@ def agents() -> Iterator[dict[str, AgentServer]]:
         yield servers
 
 
+def _register(api: ControllerClient, agents: dict[str, AgentServer]) -> None:
+    """The simulated agents registered and initialised through ``api`` (a replica's)."""
+    for name, server in agents.items():
+        role = "reflector" if name.startswith("r") else "sender"
+        api.register_node(name, f"127.0.0.1:{server.port}", role)
+        api.init_node(name)
+
+
 def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
     db: str, agents: dict[str, AgentServer], tmp_path: Path
 ) -> None:
@@ -110,10 +118,7 @@ def test_a_killed_replicas_sessions_are_taken_over_and_stored_exactly_once(
     watch = open_store(db)
     try:
         api = replicas["c1"].client
-        for name, server in agents.items():
-            role = "reflector" if name.startswith("r") else "sender"
-            api.register_node(name, f"127.0.0.1:{server.port}", role)
-            api.init_node(name)
+        _register(api, agents)
         for i in range(SESSIONS):
             sender = "s1" if i < SESSIONS // 2 else "s2"
             # Requests go to every replica in turn: any of them answers.
@@ -226,10 +231,7 @@ def test_a_destroy_through_a_replica_is_carried_out_and_answered_at_once_by_noti
     watch = open_store(db)
     try:
         api = replicas["c1"].client
-        for name, server in agents.items():
-            role = "reflector" if name.startswith("r") else "sender"
-            api.register_node(name, f"127.0.0.1:{server.port}", role)
-            api.init_node(name)
+        _register(api, agents)
         names = {"s1": ["a0", "a1"], "s2": ["b0", "b1"]}
         for sender, paths in names.items():
             for path in paths:

@@ -175,12 +175,14 @@ def test_serve_sets_the_processes_switch_interval(
 ) -> None:
     """``serve`` sets how long a thread holds the GIL while others wait (20 ms by
     default, not CPython's 5: benchmarks/README.md, "The SQLite store at 10,000
-    sessions"), before it opens anything: here the store, which fails."""
+    sessions"), before it opens anything (here the store, which fails), and sets the
+    caller's back when it returns."""
+    before = sys.getswitchinterval()
     seen: list[float] = []
     monkeypatch.setattr(sys, "setswitchinterval", seen.append)
     db = tmp_path / "missing" / "c.db"
     assert main(["controller", "serve", "--db", str(db), *argv]) == 2
-    assert seen == [expected]
+    assert seen == [expected, before]
 
 
 def test_serve_with_unusable_socket_directory_exits_2(

@@ -642,8 +642,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad store or address."""
     level = "debug" if args.verbose else args.log_level
-    with _daemon.daemon_logging(args.log_format, level):
-        return _run_serve(args)
+    # The process's, for as long as it serves: a caller that serves in its own process
+    # (a test) gets its own back.
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(args.switch_interval)
+    try:
+        with _daemon.daemon_logging(args.log_format, level):
+            return _run_serve(args)
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -653,7 +660,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     from sixlab.controller.store import StoreError, open_store  # noqa: PLC0415
 
     address: str = args.grpc or default_address(server=True)
-    sys.setswitchinterval(args.switch_interval)
     try:
         files = _daemon.server_tls_files(args)
         warning = _daemon.exposure_warning(
