@@ -1352,7 +1352,9 @@ class Store(ABC):
             c = c._replace(unclassified_lost=unclassified_lost)
         if c is not None and ssid_zero is not None:
             c = c._replace(ssid_zero=ssid_zero)
-        (new,) = self._store_retrying([ResultBatch(session_id, epoch, records, c)], now_ns, True)
+        # A list: a second, careful run (``_store_retrying``) reads the records again.
+        batch = ResultBatch(session_id, epoch, list(records), c)
+        (new,) = self._store_retrying([batch], now_ns, True)
         assert new is not None
         return new
 
@@ -2022,6 +2024,7 @@ class SqliteStore(Store):
         self._origin = f"{os.getpid()}-{os.urandom(8).hex()}"
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
+        self._listen_lock = threading.Lock()  # one listener, whoever subscribes at once
 
     @property
     def _db(self) -> _Db:
@@ -2061,19 +2064,21 @@ class SqliteStore(Store):
                         kind, arg, exc)  # fmt: skip
 
     def _listen(self) -> None:
-        if self._writers is None or self._listener is not None or self._closing.is_set():
-            return
-        # The last notice written so far, read now: every later one is heard, even one
-        # written before the thread runs. The sequence, not MAX(id): it survives pruning.
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT seq FROM sqlite_sequence WHERE name = 'notices'"
-            ).fetchone()
-        self._listener = threading.Thread(
-            target=self._listen_loop, args=(0 if row is None else int(row[0]),),
-            name="store-listen", daemon=True,
-        )  # fmt: skip
-        self._listener.start()
+        with self._listen_lock:
+            if self._writers is None or self._listener is not None or self._closing.is_set():
+                return
+            # The last notice written so far, read now: every later one is heard, even
+            # one written before the thread runs. The sequence, not MAX(id): it survives
+            # pruning.
+            with self._lock:
+                row = self._conn.execute(
+                    "SELECT seq FROM sqlite_sequence WHERE name = 'notices'"
+                ).fetchone()
+            self._listener = threading.Thread(
+                target=self._listen_loop, args=(0 if row is None else int(row[0]),),
+                name="store-listen", daemon=True,
+            )  # fmt: skip
+            self._listener.start()
 
     def _listen_loop(self, last: int) -> None:
         """Hear the notices the other stores of the file write after ``last`` (an id of
