@@ -27,6 +27,7 @@ from sixlab.controller.store import (
     ResultBatch,
     SqliteStore,
 )
+from tests.integration._simagents import wait_for
 
 #: How long a notice may take to reach the other store in these tests (s): generous
 #: (the listener looks every ``notice_poll_s``, a fraction of a second).
@@ -35,12 +36,8 @@ HEARD_S = 10.0
 POLL_S = 0.05
 
 
-def _wait(what: str, check: Callable[[], object], timeout: float = HEARD_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+def _wait(what: str, check: Callable[[], object]) -> None:
+    wait_for(what, check, HEARD_S)
 
 
 class _Heard:
