@@ -630,11 +630,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if p.stdin is not None:
                 p.stdin.close()
             p.terminate()
+        stopping = time.monotonic()
         for p in procs:
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+                print(f"killed after 20 s: {' '.join(map(str, p.args[:6]))}", file=sys.stderr)
+        # How long the processes took to stop (SIGTERM to exit), for a process that
+        # hangs on its way out (a controller replica's stream thread did, once).
+        print(f"stopped in {time.monotonic() - stopping:.1f} s", file=sys.stderr)
         if pg is not None:
             pg.close()
         shutil.rmtree(tmp, ignore_errors=True)

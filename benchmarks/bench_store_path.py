@@ -15,7 +15,9 @@ session batch, over ``--rounds`` rounds after ``--warmup`` rounds, for the parse
 for the whole (and the wall-clock time, with the slowest round: a commit that
 checkpoints waits for the disk); ``--profile`` prints a cProfile of the measured
 rounds. ``--messages M`` stores M rounds' messages in one transaction, as group
-commit gathers a backlog (each session then has M batches to join).
+commit gathers a backlog (each session then has M batches to join). ``--statements``
+(SQLite) prints the thread's CPU per row stored spent in each SQL statement, warm-up
+rounds included.
 
     .venv/bin/python benchmarks/bench_store_path.py --db sqlite --sessions 1000 \\
         --records 5 --rounds 20
@@ -36,12 +38,41 @@ from pathlib import Path
 from typing import Any, cast
 
 from sixlab.controller import Controller
-from sixlab.controller.store import SessionRow, Store, open_store
+from sixlab.controller.store import SessionRow, SqliteStore, Store, open_store
 from sixlab.southbound import AgentClient
 from sixlab.southbound import stamp_pb2 as pb
 
 BASE_NS = 1_800_000_000_000_000_000
 INTERVAL_NS = 200_000_000
+
+
+class _TimedConnection:
+    """The SQLite store's connection, timing each statement (``--statements``): the
+    calling thread's CPU in ``execute``/``executemany`` by the statement's first 60
+    characters; everything else passed through."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def _timed(self, name: str, sql: str, args: tuple[Any, ...]) -> Any:
+        key = ("many " if name == "executemany" else "") + " ".join(sql.split())[:60]
+        t0 = time.thread_time()
+        try:
+            return getattr(self._conn, name)(sql, *args)
+        finally:
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.thread_time() - t0
+            self.calls[key] = self.calls.get(key, 0) + 1
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        return self._timed("execute", sql, args)
+
+    def executemany(self, sql: str, *args: Any) -> Any:
+        return self._timed("executemany", sql, args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
 
 
 class _NoAgent:
@@ -114,6 +145,12 @@ def _setup(store: Store, sessions: int) -> list[SessionRow]:
 
 def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     store = open_store(url)
+    timed = None
+    if args.statements:
+        if not isinstance(store, SqliteStore):
+            raise SystemExit("--statements: SQLite only")
+        timed = _TimedConnection(store._conn)
+        store._conn = cast(Any, timed)
     rows = _setup(store, args.sessions)
     ctl = Controller(
         store,
@@ -170,6 +207,10 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         raise SystemExit(f"stored {in_store} of {sampled} sampled records")
     if profile is not None:
         pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(35)
+    if timed is not None:
+        for key, secs in sorted(timed.seconds.items(), key=lambda kv: -kv[1])[:12]:
+            per_row = secs / expected * 1e6
+            print(f"{per_row:8.2f} us/row {timed.calls[key]:7d} calls  {key}", file=sys.stderr)
     return {
         "db": args.db,
         "sessions": args.sessions,
@@ -201,6 +242,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--counters-every", type=int, default=4)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--statements", action="store_true",
+        help="SQLite: the CPU per row stored of each SQL statement (stderr)",
+    )  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.db == "sqlite":
