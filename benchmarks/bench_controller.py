@@ -636,7 +636,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-                print(f"killed after 20 s: {' '.join(map(str, p.args[:6]))}", file=sys.stderr)
+                print(f"killed after 20 s: {p.args!r:.120}", file=sys.stderr)
         # How long the processes took to stop (SIGTERM to exit), for a process that
         # hangs on its way out (a controller replica's stream thread did, once).
         print(f"stopped in {time.monotonic() - stopping:.1f} s", file=sys.stderr)
