@@ -58,6 +58,7 @@ from sixlab.controller.store import (
     NotFoundError,
     SessionRow,
     StoreError,
+    StoreUnavailableError,
 )
 from sixlab.southbound.client import SouthboundError
 from sixlab.stamp._events import StampResult
@@ -265,6 +266,9 @@ def test_default_address(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
         (NoFreeSsidError("ssid: no free SSID left on these nodes"), Code.RESOURCE_EXHAUSTED),
         (ControllerError("interval_ns: must be positive"), Code.INVALID_ARGUMENT),
         (StoreError("address: 'x' is not host:port"), Code.INVALID_ARGUMENT),
+        # The database down (or its writer lock held too long) is the service's fault:
+        # the caller may try again, never a bad field.
+        (StoreUnavailableError("store: the database is unreachable"), Code.UNAVAILABLE),
         # The exception's type decides, never its message: a plain refusal that reads
         # like one of the typed ones is still a bad field.
         (ControllerError("name: session 'p' already exists"), Code.INVALID_ARGUMENT),

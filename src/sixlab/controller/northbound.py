@@ -20,6 +20,7 @@ Failures become gRPC statuses in one place (``_status_of``):
                                          RESOURCE_EXHAUSTED, a destroy recorded but
                                          not carried out in time by the replica that
                                          owns the sender → DEADLINE_EXCEEDED; the
+                                         database out of reach → UNAVAILABLE; the
                                          bases (a bad field) → INVALID_ARGUMENT
 ``SouthboundError`` (an agent refused)   INVALID_ARGUMENT if the agent refused a value
                                          the caller chose; UNAVAILABLE if it could not
@@ -66,6 +67,7 @@ from sixlab.controller.store import (
     NotFoundError,
     SessionRow,
     StoreError,
+    StoreUnavailableError,
 )
 from sixlab.southbound.client import SouthboundError
 from sixlab.southbound.rpcserver import claim_unix_address, server_credentials, unary
@@ -134,13 +136,15 @@ _STATES_PB = {
 }
 
 #: The core's and the store's refusals, and the status each means; any other
-#: ControllerError or StoreError is a bad field (INVALID_ARGUMENT).
+#: ControllerError or StoreError is a bad field (INVALID_ARGUMENT). The database out of
+#: reach is the service's, for a while: the caller may try again (UNAVAILABLE).
 _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
     ((AlreadyExistsError, SessionExistsError), Code.ALREADY_EXISTS),
     (NotFoundError, Code.NOT_FOUND),
     ((WrongStateError, InUseError), Code.FAILED_PRECONDITION),
     (NoFreeSsidError, Code.RESOURCE_EXHAUSTED),
     (DestroyPendingError, Code.DEADLINE_EXCEEDED),
+    (StoreUnavailableError, Code.UNAVAILABLE),
 )
 
 

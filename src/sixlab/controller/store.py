@@ -382,7 +382,8 @@ class InUseError(StoreError):
 
 
 class StoreUnavailableError(StoreError):
-    """The database could not be reached, or dropped the connection (PostgreSQL)."""
+    """The database could not be reached, or dropped the connection (PostgreSQL), or
+    another process held the SQLite file's writer lock past the time limit."""
 
 
 class FencedError(StoreError):
@@ -1940,6 +1941,99 @@ class ConcurrentPassError(StoreError):
     """Another roll-up pass (another replica's) moved a cursor first; this one rolled back."""
 
 
+class _WriterLock:
+    """The exclusive ``flock`` of the file beside an SQLite database that its writers in
+    several processes queue on (``SqliteStore``), waited for no longer than a time limit.
+
+    flock(2) has none of its own: a blocking call waits until the holder lets go, which
+    a stopped process (SIGSTOP, a debugger) never does, and every write of every other
+    replica would wait with it. A try that does not block takes the lock when it is
+    free. When it is not, a thread of its own blocks on it for the caller, who waits up
+    to ``timeout`` and then gives up (``StoreUnavailableError``); the thread, once it
+    holds the lock, passes it to whoever waits by then, or lets go of it. Waiting stays
+    the kernel's queue (a blocked flock is woken as the holder lets go), not a poll.
+
+    One caller at a time: the lock belongs to the open file, not to a thread, so that a
+    second caller of this process would be let in beside the first (``SqliteStore``
+    takes it under its own lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._mutex = threading.Lock()  # the fields below
+        self._held = False  # a caller holds the lock
+        self._waiter: threading.Event | None = None  # a caller waits for the thread
+        self._blocked = False  # the thread is in flock (or about to be)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def acquire(self, timeout: float) -> None:
+        with self._mutex:
+            if self._closed:
+                raise StoreUnavailableError(f"store: {self.path} is closed")
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            else:
+                self._held = True
+                return
+            granted = self._waiter = threading.Event()
+            if not self._blocked:  # else it is in flock already, for a caller that left
+                self._blocked = True
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._wait_loop, name="store-writer-lock", daemon=True
+                    )
+                    self._thread.start()
+                self._wake.set()
+        if granted.wait(timeout):
+            return
+        with self._mutex:
+            if granted.is_set():  # given between the wait's end and the mutex
+                return
+            self._waiter = None
+        raise StoreUnavailableError(
+            f"store: another process has held {self.path} (the SQLite file's writer lock)"
+            f" for {timeout:g} s; is a replica stopped?"
+        )
+
+    def release(self) -> None:
+        with self._mutex:
+            self._held = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            self._wake.set()
+            if not self._blocked:
+                os.close(self._fd)
+            # else the thread closes it when its flock returns: closing a descriptor
+            # another thread is blocked on could let a new file take its number.
+
+    def _wait_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._mutex:
+                self._wake.clear()
+                if self._closed:
+                    return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with self._mutex:
+                self._blocked = False
+                if self._closed:
+                    os.close(self._fd)
+                    return
+                if self._waiter is not None:
+                    self._held = True
+                    self._waiter.set()
+                    self._waiter = None
+                elif not self._held:  # nobody waits any more (a caller that took the
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)  # held lock without blocking holds it)
+
+
 class SqliteStore(Store):
     """One SQLite file in WAL mode: one connection, serialised; readers (a CLI) may run
     beside the one writer. Replicas in several processes of one host share the file,
@@ -2007,10 +2101,14 @@ class SqliteStore(Store):
         #: queue for its write lock on this file beside it (``flock``), each woken as
         #: the holder lets go. SQLite's own wait for the lock (the busy timeout) polls,
         #: sleeping up to 100 ms between tries: a process whose transactions follow one
-        #: another closely would keep the lock from the other nearly always.
-        self._writers: int | None = None
+        #: another closely would keep the lock from the other nearly always. A
+        #: transaction waits for it as long as a statement waits for SQLite's lock
+        #: (``writer_wait_s``), then fails: a replica stopped while it held the lock
+        #: must not stop every other one's writes with it.
+        self._writers: _WriterLock | None = None
+        self.writer_wait_s = BUSY_TIMEOUT_S
         if self.path not in ("", ":memory:"):
-            self._writers = os.open(self.path + "-writer", os.O_RDWR | os.O_CREAT, 0o600)
+            self._writers = _WriterLock(self.path + "-writer")
         #: A connection of the roll-up pass's reads alone (``_read_unrolled``), opened
         #: at its first: in WAL mode it reads beside the writer, so that collection does
         #: not wait on the store's lock while a pass reads (and the GIL is free while
@@ -2039,7 +2137,7 @@ class SqliteStore(Store):
         with self._lock:
             self._conn.close()
             if self._writers is not None:
-                os.close(self._writers)
+                self._writers.close()
                 self._writers = None
         with self._reader_lock:
             if self._reader is not None:
@@ -2058,7 +2156,7 @@ class SqliteStore(Store):
                 ).fetchall()[0][0]
                 # The oldest beyond those kept go: a range of the key (a row, mostly).
                 db.execute("DELETE FROM notices WHERE id <= ?", (nid - self.notices_kept,))
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreUnavailableError) as exc:
             # The other replicas look at their next round instead.
             log.warning("store: notice %s %s not written for the other replicas: %s",
                         kind, arg, exc)  # fmt: skip
@@ -2156,14 +2254,15 @@ class SqliteStore(Store):
     @contextlib.contextmanager
     def _queued(self) -> Iterator[None]:
         """Hold the file's writer lock (``_writers``) for a write transaction."""
-        if self._writers is None:
+        writers = self._writers
+        if writers is None:
             yield
             return
-        fcntl.flock(self._writers, fcntl.LOCK_EX)
+        writers.acquire(self.writer_wait_s)
         try:
             yield
         finally:
-            fcntl.flock(self._writers, fcntl.LOCK_UN)
+            writers.release()
 
     def _constraint(self, exc: Exception) -> str:
         # The extended result code tells the constraints apart.
