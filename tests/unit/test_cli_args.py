@@ -75,12 +75,16 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         ([*SERVE, "--poll-interval", "1e300"], "at most 86400 s"),
         ([*SERVE, "--poll-interval", "0"], "must be a positive number"),
         ([*SERVE, "--max-workers", "0"], "is not in 1..1024"),
+        # A bound under a day is said in seconds alone, as written.
+        ([*SERVE, "--switch-interval", "2"], "--switch-interval: 2 s: at most 1 s"),
+        ([*SERVE, "--switch-interval", "1e-5"], "--switch-interval: 1e-5 s: at least 0.0005 s"),
         ([*SERVE, "--metrics", f"[::1]:{BIG}"], "is not in 0..65535"),
         # sixlab demo
         (["demo", "--duration", "1e12"], "--duration: 1e12 s: at most"),
         (["demo", "--duration", "nan"], "must be a positive number"),
         (["demo", "--interval", "1e300"], "--interval: 1e300 s: at most"),
         (["demo", "--interval", "0"], "must be a positive number"),
+        (["demo", "--interval", "61"], "--interval: 61 s: at most 60 s"),
         (["demo", "--timeout", "0"], "must be a positive number"),
         (["demo", "--timeout", "1e12"], "--timeout: 1e12 s: at most"),
         (["demo", "--path-a", "inf,1"], "must be in 0..10000 ms"),

@@ -166,15 +166,18 @@ def seconds_in(lo: float, hi: float, *, zero: bool = False) -> Callable[[str], f
         if number < lo:
             raise argparse.ArgumentTypeError(f"{value} s: at least {lo:g} s")
         if number > hi:
-            raise argparse.ArgumentTypeError(f"{value} s: at most {hi:.0f} s ({_days(hi)})")
+            raise argparse.ArgumentTypeError(f"{value} s: at most {_span(hi)}")
         return number
 
     parse.__name__ = "seconds"
     return parse
 
 
-def _days(s: float) -> str:
-    return f"{s / 86_400:g} day" + ("" if s == 86_400 else "s")
+def _span(s: float) -> str:
+    """``s`` seconds as written, and in days from a day up (``86400 s (1 day)``)."""
+    if s < 86_400:
+        return f"{s:g} s"
+    return f"{s:.0f} s ({s / 86_400:g} day" + ("" if s == 86_400 else "s") + ")"
 
 
 #: Time between test packets.
