@@ -331,6 +331,26 @@ def test_record_round_trip(
     assert record_json(r)["rtt_ns"] == r.rtt_ns
 
 
+def test_a_record_the_controller_should_not_send_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Error Estimate wider than the packet's 16 bits (the API's field has 32), as a
+    controller of another make or version might send: NorthboundError, which the CLI
+    prints as one line, not a decoding error's traceback."""
+    good = record_to_proto(_result((1, 2, 3, 4), 7, (0x8001, 0x8001), 255))
+    bad = pb.Record()
+    bad.CopyFrom(good)
+    bad.seq, bad.sender_error_estimate = 8, 0x1FFFF
+    reply = pb.GetResultsReply(records=[good, bad])
+    with ControllerClient(f"unix:{tmp_path}/none.sock") as c:
+        monkeypatch.setattr(c, "_call", lambda method, request: reply)
+        with pytest.raises(NorthboundError, match=r"record seq 8: .*131071") as err:
+            c.results("p")
+        assert err.value.code is Code.INTERNAL
+        reply.records.pop()
+        assert [r.seq for r in c.results("p").records] == [7]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.tuples(U64, U64, U64, U64))
 def test_record_of_absurd_timestamps_saturates_instead_of_failing(

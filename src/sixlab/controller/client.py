@@ -41,6 +41,7 @@ from sixlab.southbound.client import ClientTls
 from sixlab.southbound.rpcclient import GrpcClient, RpcError
 from sixlab.stamp import DataLoss, StampResult
 from sixlab.stamp.stats import DelaySummary
+from sixlab.wire import WireError
 from sixlab.wire.timestamp import ErrorEstimate
 
 __all__ = [
@@ -582,11 +583,15 @@ class ControllerClient(GrpcClient):
         if since_ns is not None:
             request.since_ns = since_ns
         reply: pb.GetResultsReply = self._call("GetResults", request)
-        return ResultPage(
-            tuple(record_from_proto(r) for r in reply.records),
-            reply.more,
-            tuple(r.epoch for r in reply.records),
-        )
+        records = []
+        for r in reply.records:
+            try:
+                records.append(record_from_proto(r))
+            except WireError as exc:  # a 32-bit field where the packet's is 16 bits
+                raise NorthboundError(
+                    grpc.StatusCode.INTERNAL, f"the controller's record seq {r.seq}: {exc}"
+                ) from None
+        return ResultPage(tuple(records), reply.more, tuple(r.epoch for r in reply.records))
 
     # -- declarative ------------------------------------------------------------------
 
