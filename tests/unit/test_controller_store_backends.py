@@ -4,6 +4,7 @@ migrations, bytes per result."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import sqlite3
@@ -356,6 +357,19 @@ def test_postgresql_refuses_a_newer_schema(pg_url: str) -> None:
         db.execute("UPDATE schema_version SET version = version + 1")
     with pytest.raises(StoreError, match="newer than this sixlab"):
         open_store(pg_url)
+
+
+def test_postgresql_a_server_that_may_lose_commits_is_warned_of(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lab's server runs without fsync and synchronous commits (for speed): a crash
+    of it could lose results already acknowledged to their agents. A durable server is
+    not warned of (test_controller_db_outage's log)."""
+    with caplog.at_level(logging.WARNING, "sixlab.controller.pgstore"):
+        open_store(pg_url).close()
+    said = [r.getMessage() for r in caplog.records if "synchronous_commit=off" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "fsync=off" in said[0]
 
 
 def test_postgresql_schema_text_creates_what_the_steps_create(pg_url: str) -> None:

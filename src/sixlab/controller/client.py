@@ -487,7 +487,10 @@ class ControllerClient(GrpcClient):
             return getattr(self._stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
-            if code is grpc.StatusCode.UNAVAILABLE and not details.startswith("agent:"):
+            # The controller's own UNAVAILABLE names what it could not reach.
+            if code is grpc.StatusCode.UNAVAILABLE and not details.startswith(
+                ("agent:", "database:")
+            ):
                 details = f"cannot reach the controller at {self.target}: {_reason(details)}"
             raise NorthboundError(code, details) from None
 

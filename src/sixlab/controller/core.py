@@ -105,6 +105,7 @@ from sixlab.controller.store import (
     CHANGED,
     DESTROYED,
     DESTROYING,
+    OUTAGES_IN_ONE_LINE,
     RESYNC,
     AlreadyExistsError,
     Counters,
@@ -117,6 +118,7 @@ from sixlab.controller.store import (
     ResultBatch,
     SessionRow,
     Store,
+    StoreUnavailableError,
 )
 from sixlab.linux import FlowMatch
 from sixlab.southbound import stamp_pb2 as pb
@@ -156,6 +158,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+log.addFilter(OUTAGES_IN_ONE_LINE)  # a database outage: a line a round
 
 #: Records per poll or stream batch: large enough to keep up with 10 kpps at 2 polls/s.
 BATCH = 5000
@@ -1460,27 +1463,37 @@ class Controller:
     def _supervise(self) -> None:
         assert self.supervise_interval_s is not None
         while not self._closed:
+            # The thread must outlive any round: a database down for a while ended it,
+            # and with it every repair until the controller restarted.
             try:
-                self._restart_drained()
+                self._supervise_round()
             except Exception:
-                log.exception("restarting drained sessions failed; retrying")
-            for node in self.store.nodes():
-                if self._closed:
-                    return
-                if not self._owns(node.name):
-                    with self._lock:  # compared afresh if it comes back
-                        self._settled.pop(node.name, None)
-                    continue
-                try:
-                    self.check_node(node.name, full=False)
-                except NotFoundError:
-                    if self._node_exists(node.name):
-                        log.exception("node %s: check failed", node.name)
-                    # else removed since the list was read (another replica's prune)
-                except Exception:
-                    log.exception("node %s: check failed", node.name)
+                log.exception("supervisor: its round failed; retrying")
             self._wake.wait(self.supervise_interval_s)
             self._wake.clear()
+
+    def _supervise_round(self) -> None:
+        try:
+            self._restart_drained()
+        except StoreUnavailableError:
+            raise  # nothing of the round can be done: the caller says so once
+        except Exception:
+            log.exception("restarting drained sessions failed; retrying")
+        for node in self.store.nodes():
+            if self._closed:
+                return
+            if not self._owns(node.name):
+                with self._lock:  # compared afresh if it comes back
+                    self._settled.pop(node.name, None)
+                continue
+            try:
+                self.check_node(node.name, full=False)
+            except NotFoundError:
+                if self._node_exists(node.name):
+                    log.exception("node %s: check failed", node.name)
+                # else removed since the list was read (another replica's prune)
+            except Exception:
+                log.exception("node %s: check failed", node.name)
 
     def _node_exists(self, name: str) -> bool:
         try:
@@ -2810,7 +2823,14 @@ class Controller:
             st.changed.clear()
             with self._lock:
                 names = sorted(st.names)
-            rows = {r.name: r for r in self.store.sessions_of(st.node)}
+            try:
+                rows = {r.name: r for r in self.store.sessions_of(st.node)}
+            except Exception:
+                # The thread must outlive it: a database down for longer than a retry
+                # ended it, and the node's sessions were never collected again.
+                log.exception("stream of %s: reading its sessions failed; retrying", st.node)
+                st.changed.wait(RETRY_MAX_S)
+                continue
             subs: dict[int, SessionRow] = {}
             for name in names:
                 row = rows.get(name)

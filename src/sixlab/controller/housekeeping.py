@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sixlab.controller.store import ConcurrentPassError, Store
+from sixlab.controller.store import OUTAGES_IN_ONE_LINE, ConcurrentPassError, Store
 
 __all__ = ["HOUSEKEEPING", "Housekeeper", "Retention"]
 
 log = logging.getLogger(__name__)
+log.addFilter(OUTAGES_IN_ONE_LINE)  # a database outage: a line a round
 
 #: The lease name of the housekeeping work.
 HOUSEKEEPING = "housekeeping"

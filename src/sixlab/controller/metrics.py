@@ -89,6 +89,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sixlab.controller.store import OUTAGES_IN_ONE_LINE
 from sixlab.stamp import DataCounters, StampResult, data_loss
 from sixlab.wire.timestamp import ErrorEstimate
 
@@ -138,6 +139,7 @@ LAG_BUCKETS_S = (
 STAGES = ("agent", "queued", "transaction", "total")
 _NS = 1e9
 log = logging.getLogger(__name__)
+log.addFilter(OUTAGES_IN_ONE_LINE)  # a database outage: a line a round
 
 
 @dataclass(frozen=True, slots=True)

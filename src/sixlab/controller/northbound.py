@@ -20,8 +20,12 @@ Failures become gRPC statuses in one place (``_status_of``):
                                          RESOURCE_EXHAUSTED, a destroy recorded but
                                          not carried out in time by the replica that
                                          owns the sender → DEADLINE_EXCEEDED; the
-                                         database out of reach → UNAVAILABLE; the
                                          bases (a bad field) → INVALID_ARGUMENT
+``StoreUnavailableError``                UNAVAILABLE, the message prefixed
+                                         ``database:``: the store's database out of
+                                         reach for now (PostgreSQL down, the SQLite
+                                         file's writer lock held too long); the call
+                                         may be tried again
 ``SouthboundError`` (an agent refused)   INVALID_ARGUMENT if the agent refused a value
                                          the caller chose; UNAVAILABLE if it could not
                                          be reached; else FAILED_PRECONDITION. The
@@ -136,15 +140,13 @@ _STATES_PB = {
 }
 
 #: The core's and the store's refusals, and the status each means; any other
-#: ControllerError or StoreError is a bad field (INVALID_ARGUMENT). The database out of
-#: reach is the service's, for a while: the caller may try again (UNAVAILABLE).
+#: ControllerError or StoreError is a bad field (INVALID_ARGUMENT).
 _CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
     ((AlreadyExistsError, SessionExistsError), Code.ALREADY_EXISTS),
     (NotFoundError, Code.NOT_FOUND),
     ((WrongStateError, InUseError), Code.FAILED_PRECONDITION),
     (NoFreeSsidError, Code.RESOURCE_EXHAUSTED),
     (DestroyPendingError, Code.DEADLINE_EXCEEDED),
-    (StoreUnavailableError, Code.UNAVAILABLE),
 )
 
 
@@ -172,6 +174,9 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
         else:
             code = Code.FAILED_PRECONDITION
         return code, f"agent: {exc.code.name}: {exc.details}"
+    if isinstance(exc, StoreUnavailableError):
+        # Said apart from a controller that cannot be reached (ControllerClient).
+        return Code.UNAVAILABLE, f"database: {exc}"
     if isinstance(exc, ControllerError | StoreError):
         code = next((c for kind, c in _CODES if isinstance(exc, kind)), Code.INVALID_ARGUMENT)
         return code, str(exc)

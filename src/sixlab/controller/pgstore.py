@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,6 +36,7 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from sixlab.controller.store import (
@@ -227,6 +229,11 @@ _LISTEN_POLL_S = 0.5
 log = logging.getLogger(__name__)
 
 
+def _unavailable(what: str, exc: psycopg.OperationalError) -> StoreUnavailableError:
+    """``what: libpq's message`` on one line (libpq's runs over several)."""
+    return StoreUnavailableError(" ".join(f"{what}: {exc}".split()))
+
+
 class _PgDb:
     """A psycopg connection that takes the shared code's ``?`` placeholders, and connects
     again before a statement if the server dropped it (outside a transaction)."""
@@ -241,6 +248,33 @@ class _PgDb:
         if (self.conn.closed or self.conn.broken) and not self.in_transaction:
             self.conn = self._connect()
         return self.conn
+
+    def drop_if_lost(self) -> None:
+        """Close the idle connection if its server is gone: its socket reads the end
+        (or the server's last words, then the end). The next statement then connects
+        afresh, where it would fail once on the dead connection after the server came
+        back: every pooled connection a call, one after the other. A poll of the socket,
+        no round trip; a server that went silent (a cut network) is found by the next
+        statement instead."""
+        conn = self.conn
+        if conn.closed:
+            return
+        try:
+            pgconn = conn.pgconn
+            readable = select.poll()
+            readable.register(pgconn.socket, select.POLLIN)
+            # An idle connection is sent nothing but a server's going (the pool's
+            # connections do not LISTEN): a few reads find the end.
+            for _ in range(4):
+                if not readable.poll(0):
+                    return
+                pgconn.consume_input()
+            lost = pgconn.status != pq.ConnStatus.OK
+        except (OSError, psycopg.OperationalError):
+            lost = True
+        if lost:
+            log.info("store: a pooled connection's server is gone; connecting again")
+            conn.close()
 
     def _translate(self, sql: str, binary: bool = False) -> str:
         key = ("b" if binary else "s") + sql
@@ -257,14 +291,14 @@ class _PgDb:
         try:
             return self.ensure().execute(self._translate(sql, binary), parameters)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"store: {exc}") from exc
+            raise _unavailable("store", exc) from exc
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> _Cursor:
         cur = self.ensure().cursor()
         try:
             cur.executemany(self._translate(sql), parameters)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"store: {exc}") from exc
+            raise _unavailable("store", exc) from exc
         return cur
 
 
@@ -291,6 +325,8 @@ class _Pool:
             if db is None:
                 db = _PgDb(self._connect)  # the pool's lock held: a few ms, once each
                 self._all.append(db)
+            else:
+                db.drop_if_lost()
         self._local.db = db
         return db
 
@@ -353,9 +389,27 @@ class PostgresStore(Store):
         self._closing = threading.Event()
         try:
             self._migrate()
+            self._check_durability()
         except BaseException:
             self._pool.close()
             raise
+
+    def _check_durability(self) -> None:
+        """Warn if the server may lose commits it confirmed: results are acknowledged to
+        the agents (which then drop them) once their transaction committed, so a commit
+        lost in a crash is results lost for good."""
+        with self._pool as pg:
+            row = pg.conn.execute(
+                "SELECT current_setting('synchronous_commit'), current_setting('fsync')"
+            ).fetchone()
+        assert row is not None
+        sync, fsync = row
+        if sync == "off" or fsync == "off":
+            log.warning(
+                "store: %s runs with synchronous_commit=%s, fsync=%s: a crash of the server"
+                " can lose results the agents were told were stored; keep both on for a"
+                " database whose results matter", self.path, sync, fsync,
+            )  # fmt: skip
 
     @property
     def _db(self) -> _Db:
@@ -365,7 +419,7 @@ class PostgresStore(Store):
         try:
             return psycopg.connect(self._url, autocommit=True, connect_timeout=self._timeout)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"db: cannot connect: {exc}".strip()) from exc
+            raise _unavailable("db: cannot connect", exc) from exc
 
     def close(self) -> None:
         self._closing.set()
@@ -392,16 +446,23 @@ class PostgresStore(Store):
     def _listen_loop(self) -> None:
         """Hear the other replicas' notices (``LISTEN``) until the store closes."""
         first = True
+        failing = False  # said once an outage, not at each try
         while not self._closing.is_set():
             try:
                 conn = self._connect()
             except StoreUnavailableError as exc:
-                log.warning("store: cannot listen for notices: %s", exc)
+                if not failing:
+                    log.warning("store: cannot listen for notices: %s; trying again every"
+                                " %g s", exc, _LISTEN_POLL_S)  # fmt: skip
+                failing = True
                 self._closing.wait(_LISTEN_POLL_S)
                 continue
             try:
                 with conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    if failing:
+                        log.info("store: listening for notices again")
+                    failing = False
                     if not first:  # what was sent while not listening is lost
                         self._deliver(RESYNC, "")
                     first = False
@@ -412,7 +473,10 @@ class PostgresStore(Store):
             except psycopg.Error as exc:
                 if self._closing.is_set():
                     return
-                log.warning("store: listening for notices: %s; again", exc)
+                if not failing:
+                    said = " ".join(str(exc).split())  # libpq's runs over several lines
+                    log.warning("store: listening for notices: %s; again", said)
+                failing = True
                 time.sleep(_LISTEN_POLL_S)
 
     @contextlib.contextmanager
@@ -426,7 +490,7 @@ class PostgresStore(Store):
                     finally:
                         pg.in_transaction = False
             except psycopg.OperationalError as exc:
-                raise StoreUnavailableError(f"store: {exc}") from exc
+                raise _unavailable("store", exc) from exc
 
     # One statement over arrays instead of one per session: the server plans and runs
     # it once for the batch (thousands of sessions per transaction at scale).

@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from sixlab.controller.core import Controller
 from sixlab.controller.housekeeping import HOUSEKEEPING
-from sixlab.controller.store import Fence, Store
+from sixlab.controller.store import OUTAGES_IN_ONE_LINE, Fence, Store
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+log.addFilter(OUTAGES_IN_ONE_LINE)  # a database outage: a line a round
 
 #: A lease lasts this long without renewal (s): the takeover delay after a crash.
 DEFAULT_LEASE_TTL_S = 5.0

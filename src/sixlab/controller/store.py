@@ -386,6 +386,27 @@ class StoreUnavailableError(StoreError):
     another process held the SQLite file's writer lock past the time limit."""
 
 
+class _OutagesInOneLine(logging.Filter):
+    """A filter for the loggers of loops that carry on after a failure (``log.exception``
+    in an ``except Exception``): a record of the database out of reach
+    (``StoreUnavailableError``) becomes one warning line naming it, without the
+    traceback. An outage is the operator's to see, each round while it lasts, not a
+    bug to debug; any other exception keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, StoreUnavailableError):
+            record.msg = f"{record.getMessage()}: the database is out of reach: {exc}"
+            record.args = None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+#: Add to a logger (``log.addFilter(OUTAGES_IN_ONE_LINE)``): see ``_OutagesInOneLine``.
+OUTAGES_IN_ONE_LINE = _OutagesInOneLine()
+
+
 class FencedError(StoreError):
     """The replica's lease of the node changed hands since it was given its ``Fence``:
     it must not store that node's results (another replica collects them now)."""

@@ -100,18 +100,34 @@ class LabPostgres(ClosingContext):
                 "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-sync", "-N",
             )  # fmt: skip
-            options = " ".join(
-                [f"-k {self.socket_dir}", "-c listen_addresses=''"]
-                + [f"-c {k}={v}" for k, v in self.settings.items()]
-            )
-            self._run(
-                "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options,
-                "-w", "-t", str(int(start_timeout_s)), "start",
-            )  # fmt: skip
-            self._running = True
+            self.start(start_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start the server (again, after ``stop``), waiting until it accepts connections."""
+        if self._closed:
+            raise TestbedError("postgres: the cluster is closed")
+        options = " ".join(
+            [f"-k {self.socket_dir}", "-c listen_addresses=''"]
+            + [f"-c {k}={v}" for k, v in self.settings.items()]
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options,
+            "-w", "-t", str(int(timeout_s)), "start",
+        )  # fmt: skip
+        self._running = True
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server, keeping its data: a database outage, ended by ``start``.
+        ``mode`` is pg_ctl's: ``immediate`` drops every connection at once (as a crash
+        does; the next start recovers from the WAL), ``fast`` rolls them back first."""
+        if mode not in ("immediate", "fast", "smart"):
+            raise TestbedError(f"postgres: {mode!r} is not a pg_ctl stop mode")
+        if self._running:
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+            self._running = False
 
     def _run(self, tool: str, *args: str) -> None:
         argv = [*self._as, str(self.bin / tool), *args]
