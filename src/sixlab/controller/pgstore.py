@@ -36,7 +36,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from sixlab.controller.store import (
@@ -250,26 +249,20 @@ class _PgDb:
         return self.conn
 
     def drop_if_lost(self) -> None:
-        """Close the idle connection if its server is gone: its socket reads the end
-        (or the server's last words, then the end). The next statement then connects
-        afresh, where it would fail once on the dead connection after the server came
-        back: every pooled connection a call, one after the other. A poll of the socket,
-        no round trip; a server that went silent (a cut network) is found by the next
-        statement instead."""
+        """Close the idle connection if the server sent it anything: an idle connection
+        of the pool (autocommit, never LISTENing) is sent nothing but the server's
+        going (a FATAL "terminating connection", then the end of the stream). The next
+        statement then connects afresh, where it would fail once on the dead connection
+        after a restart: every pooled connection one call, one after the other. A poll
+        of the socket, no round trip; a server that went silent (a cut network) is found
+        by the next statement instead."""
         conn = self.conn
         if conn.closed:
             return
         try:
-            pgconn = conn.pgconn
             readable = select.poll()
-            readable.register(pgconn.socket, select.POLLIN)
-            # An idle connection is sent nothing but a server's going (the pool's
-            # connections do not LISTEN): a few reads find the end.
-            for _ in range(4):
-                if not readable.poll(0):
-                    return
-                pgconn.consume_input()
-            lost = pgconn.status != pq.ConnStatus.OK
+            readable.register(conn.pgconn.socket, select.POLLIN)
+            lost = bool(readable.poll(0))
         except (OSError, psycopg.OperationalError):
             lost = True
         if lost:
