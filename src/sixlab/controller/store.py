@@ -2047,12 +2047,15 @@ class _WriterLock:
                 if self._closed:
                     os.close(self._fd)
                     return
-                if self._waiter is not None:
+                if self._waiter is not None:  # the caller waiting now gets it
                     self._held = True
                     self._waiter.set()
                     self._waiter = None
-                elif not self._held:  # nobody waits any more (a caller that took the
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)  # held lock without blocking holds it)
+                elif not self._held:
+                    # Nobody waits any more: let go. (Unless a caller took it meanwhile
+                    # with a try that does not block, which succeeds on a lock this
+                    # file already holds: that caller lets go when done.)
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 class SqliteStore(Store):
