@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sixlab.controller.store import (
     MIGRATE_CURSOR,
@@ -224,6 +224,20 @@ CHANNEL = "sixlab_store"
 #: How often the listening thread looks whether it is to stop, and its back-off after
 #: losing its connection (s).
 _LISTEN_POLL_S = 0.5
+#: libpq's TCP parameters a connection gets unless its URL sets them. A server cut off by
+#: the network (no FIN, no RST: a partition, a host gone) fails a statement once what it
+#: sent has gone unacknowledged for ``tcp_user_timeout`` ms, where TCP's retransmissions
+#: alone take about 15 minutes (``net.ipv4.tcp_retries2``), the commit slot and the
+#: store's lock held all along. An idle connection (the notice listener's, which only
+#: waits) finds out by keepalive probes, within idle + interval × count seconds. Unix
+#: sockets ignore them.
+TCP_DEFAULTS: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 
 log = logging.getLogger(__name__)
 
@@ -375,8 +389,10 @@ class PostgresStore(Store):
         super().__init__()
         params.pop("password", None)
         self.path = f"postgresql://{params.get('host', '')}/{params.get('dbname', '')}"
-        self._url = url
         self._timeout = connect_timeout_s
+        self._conninfo = make_conninfo(
+            url, **{k: v for k, v in TCP_DEFAULTS.items() if k not in params}
+        )
         self._lock = self._pool = _Pool(self._connect, pool_size)
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
@@ -410,7 +426,7 @@ class PostgresStore(Store):
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            return psycopg.connect(self._url, autocommit=True, connect_timeout=self._timeout)
+            return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=self._timeout)
         except psycopg.OperationalError as exc:
             raise _unavailable("db: cannot connect", exc) from exc
 

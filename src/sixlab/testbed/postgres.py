@@ -70,9 +70,14 @@ class LabPostgres(ClosingContext):
         settings: Mapping[str, str] | None = None,
         user: str = DEFAULT_PG_USER,
         start_timeout_s: float = 60.0,
+        netns: str | None = None,
     ) -> None:
+        """``netns``: run the server in that network namespace (its TCP side, with
+        ``settings={"listen_addresses": ...}``, is then reached from there only; its
+        Unix socket from anywhere)."""
         self.bin = find_pg_bin()
         self.settings = dict(THROWAWAY_SETTINGS if settings is None else settings)
+        self._in: list[str] = [] if netns is None else ["ip", "netns", "exec", netns]
         self._as: list[str] = []
         self._owner: tuple[int, int] | None = None
         if os.geteuid() == 0:
@@ -130,7 +135,7 @@ class LabPostgres(ClosingContext):
             self._running = False
 
     def _run(self, tool: str, *args: str) -> None:
-        argv = [*self._as, str(self.bin / tool), *args]
+        argv = [*self._in, *self._as, str(self.bin / tool), *args]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = ""
