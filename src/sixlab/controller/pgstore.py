@@ -227,10 +227,10 @@ _LISTEN_POLL_S = 0.5
 #: libpq's TCP parameters a connection gets unless its URL sets them. A server cut off by
 #: the network (no FIN, no RST: a partition, a host gone) fails a statement once what it
 #: sent has gone unacknowledged for ``tcp_user_timeout`` ms, where TCP's retransmissions
-#: alone take about 15 minutes (``net.ipv4.tcp_retries2``), the commit slot and the
-#: store's lock held all along. An idle connection (the notice listener's, which only
-#: waits) finds out by keepalive probes, within idle + interval × count seconds. Unix
-#: sockets ignore them.
+#: alone go on as long as ``net.ipv4.tcp_retries2`` allows (about 15 minutes at its
+#: default, by the kernel's documentation), the commit slot and the store's lock held.
+#: An idle connection (the notice listener's, which only waits) finds out by keepalive
+#: probes, within idle + interval × count seconds. Unix sockets ignore them.
 TCP_DEFAULTS: dict[str, str] = {
     "keepalives": "1",
     "keepalives_idle": "10",
