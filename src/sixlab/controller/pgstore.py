@@ -242,9 +242,13 @@ TCP_DEFAULTS: dict[str, str] = {
 log = logging.getLogger(__name__)
 
 
+def _one_line(text: str) -> str:
+    """libpq's messages run over several lines (a hint under the error): one line."""
+    return " ".join(text.split())
+
+
 def _unavailable(what: str, exc: psycopg.OperationalError) -> StoreUnavailableError:
-    """``what: libpq's message`` on one line (libpq's runs over several)."""
-    return StoreUnavailableError(" ".join(f"{what}: {exc}".split()))
+    return StoreUnavailableError(_one_line(f"{what}: {exc}"))
 
 
 class _PgDb:
@@ -483,8 +487,7 @@ class PostgresStore(Store):
                 if self._closing.is_set():
                     return
                 if not failing:
-                    said = " ".join(str(exc).split())  # libpq's runs over several lines
-                    log.warning("store: listening for notices: %s; again", said)
+                    log.warning("store: listening for notices: %s; again", _one_line(str(exc)))
                 failing = True
                 time.sleep(_LISTEN_POLL_S)
 
